@@ -1,0 +1,466 @@
+//! The shell around the pure core: shares it between connections, carries out its effects on
+//! member streams, and feeds it the inputs the network produces.
+//!
+//! Locking: one `RwLock` over the catalog (routing index and subscription table), read-locked by
+//! publishes and acks, write-locked only to create or expire a subscription; one `Mutex` per
+//! subscription. A publish locks the subscriptions it matches in key order (so two publishes can
+//! never deadlock) and checks every one has room before queuing on any. Nothing awaits while a
+//! lock is held.
+
+mod expiry;
+mod member;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use member::SubState;
+pub use member::{MemberStream, Outbound};
+
+use crate::{
+    clock::Clock,
+    core::{
+        Counters, Draft, Epoch, Error, Floors, Limits, MemberId, MemberInfo, OpenRequest,
+        PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
+    },
+    sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
+};
+
+type SubCell = Mutex<SubState>;
+/// Dead letters to publish once locks are released: (origin subscription key, message).
+type DeadLetters = Vec<(u64, Draft)>;
+
+/// The broker: cheap to clone, every clone is the same broker.
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    limits: Limits,
+    clock: Arc<dyn Clock>,
+    catalog: RwLock<Catalog>,
+    last_system_id: AtomicU64,
+    shutting_down: AtomicBool,
+    counters: AtomicCounters,
+    expiry_wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    published: AtomicU64,
+    unrouted: AtomicU64,
+    rejected_publishes: AtomicU64,
+    subscriptions_expired: AtomicU64,
+    messages_expired: AtomicU64,
+}
+
+struct Catalog {
+    index: PatternIndex<u64>,
+    by_key: BTreeMap<u64, Arc<SubCell>>,
+    by_name: BTreeMap<Arc<str>, u64>,
+    last_key: u64,
+    /// Highest epoch and member id of any expired subscription: new ones start above them.
+    retired: Floors,
+}
+
+impl Catalog {
+    fn get(&self, name: &str) -> Option<&Arc<SubCell>> {
+        self.by_name.get(name).and_then(|key| self.by_key.get(key))
+    }
+}
+
+/// The result of one publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// The message's broker-wide id.
+    pub system_id: SystemId,
+    /// How many subscriptions queued it.
+    pub queued_for: u32,
+}
+
+/// A batch publish that stopped part way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchError {
+    /// What was published before the failure, in order.
+    pub published: Vec<Published>,
+    /// Why the next message was refused.
+    pub error: Error,
+}
+
+/// Inspection view of one subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionView {
+    /// Its id.
+    pub subscription_id: Arc<str>,
+    /// Shared settings.
+    pub spec: SubscriptionSpec,
+    /// Members in join order.
+    pub members: Vec<MemberInfo>,
+    /// Highest epoch handed out.
+    pub epoch: Epoch,
+    /// Messages waiting.
+    pub queued_messages: u64,
+    /// Bytes waiting.
+    pub queued_bytes: u64,
+    /// Messages delivered, not yet acked.
+    pub in_flight: u64,
+    /// Counters.
+    pub counters: Counters,
+    /// Time left before it expires, when it has no members.
+    pub expires_in: Option<Duration>,
+}
+
+/// Broker-wide counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Messages published.
+    pub published: u64,
+    /// Published messages that matched no subscription.
+    pub unrouted: u64,
+    /// Publishes refused (a queue was full).
+    pub rejected_publishes: u64,
+    /// Subscriptions expired after their idle time.
+    pub subscriptions_expired: u64,
+    /// Messages they still held.
+    pub messages_expired: u64,
+    /// Live subscriptions.
+    pub subscriptions: u64,
+    /// Members across them.
+    pub members: u64,
+}
+
+impl Broker {
+    /// A broker with these limits, reading time from `clock`.
+    pub fn new(limits: Limits, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                limits,
+                clock,
+                catalog: RwLock::new(Catalog {
+                    index: PatternIndex::new(),
+                    by_key: BTreeMap::new(),
+                    by_name: BTreeMap::new(),
+                    last_key: 0,
+                    retired: Floors::default(),
+                }),
+                last_system_id: AtomicU64::new(0),
+                shutting_down: AtomicBool::new(false),
+                counters: AtomicCounters::default(),
+                expiry_wake: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    fn check_running(&self) -> Result<(), Error> {
+        if self.inner.shutting_down.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// Joins (creating if needed) a subscription; the returned stream carries this member's frames.
+    ///
+    /// # Errors
+    /// [`Error::SettingsMismatch`], [`Error::BroadcastTaken`], [`Error::TooManyMembers`],
+    /// [`Error::TooManySubscriptions`] or [`Error::ShuttingDown`]; nothing changes then.
+    pub fn open(&self, request: &OpenRequest) -> Result<MemberStream, Error> {
+        self.check_running()?;
+        {
+            let catalog = read(&self.inner.catalog);
+            if let Some(cell) = catalog.get(&request.subscription_id) {
+                // Holding the catalog lock keeps the expiry task from removing it meanwhile.
+                return self.join(cell, request);
+            }
+        }
+        let mut catalog = write(&self.inner.catalog);
+        if let Some(cell) = catalog.get(&request.subscription_id) {
+            let cell = cell.clone();
+            return self.join(&cell, request);
+        }
+        let limits = &self.inner.limits;
+        if catalog.by_key.len() >= limits.max_subscriptions {
+            return Err(Error::TooManySubscriptions {
+                max: limits.max_subscriptions,
+            });
+        }
+        let name: Arc<str> = Arc::from(request.subscription_id.as_str());
+        let core = Subscription::new(
+            name.clone(),
+            request.spec.clone(),
+            QueueLimits {
+                max_messages: limits.max_queue_messages,
+                max_bytes: limits.max_queue_bytes,
+                max_members: limits.max_members_per_subscription,
+                idle_timeout: limits.idle_timeout,
+            },
+            catalog.retired,
+            self.inner.clock.now(),
+        );
+        catalog.last_key += 1;
+        let key = catalog.last_key;
+        let cell = Arc::new(Mutex::new(SubState::new(key, core)));
+        // Join before publishing the subscription in the catalog, so a refused join leaves no trace.
+        let stream = self.join(&cell, request)?;
+        for pattern in &request.spec.patterns {
+            catalog.index.insert(pattern, key);
+        }
+        catalog.by_key.insert(key, cell);
+        catalog.by_name.insert(name.clone(), key);
+        tracing::info!(subscription = %name, mode = %request.spec.mode, "subscription created");
+        Ok(stream)
+    }
+
+    fn join(&self, cell: &Arc<SubCell>, request: &OpenRequest) -> Result<MemberStream, Error> {
+        let mut dead = DeadLetters::new();
+        let stream = {
+            let mut state = lock(cell);
+            state.core.check_join(&request.spec)?;
+            let (tx, rx) = SubState::outlet(request.member.max_in_flight);
+            let (member, effects) = state.core.join(&request.spec, request.member)?;
+            state.attach(member, tx);
+            state.apply(effects, &mut dead);
+            tracing::debug!(subscription = %state.core.id(), member, "member joined");
+            MemberStream::new(rx, self.clone(), cell.clone(), member)
+        };
+        self.publish_dead_letters(dead);
+        Ok(stream)
+    }
+
+    /// A member's stream ended: requeue what it held, promote if it was active.
+    fn leave(&self, cell: &Arc<SubCell>, member: MemberId) {
+        let mut dead = DeadLetters::new();
+        let now = self.inner.clock.now();
+        let emptied = {
+            let mut state = lock(cell);
+            state.detach(member);
+            let effects = state.core.leave(member, now);
+            for effect in &effects {
+                if let crate::core::Effect::Confirm {
+                    member: promoted,
+                    epoch,
+                } = effect
+                {
+                    tracing::info!(subscription = %state.core.id(), left = member, promoted, epoch, "standby promoted to active");
+                }
+            }
+            state.apply(effects, &mut dead);
+            tracing::debug!(subscription = %state.core.id(), member, "member left");
+            state.core.member_count() == 0
+        };
+        self.publish_dead_letters(dead);
+        if emptied {
+            self.inner.expiry_wake.notify_one();
+        }
+    }
+
+    /// Publishes one message to every subscription whose patterns match its topic.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] if any matching subscription is full (then no subscription queues
+    /// it), or [`Error::ShuttingDown`].
+    pub fn publish(&self, draft: Draft) -> Result<Published, Error> {
+        self.check_running()?;
+        let mut dead = DeadLetters::new();
+        let published = {
+            let catalog = read(&self.inner.catalog);
+            let keys = catalog.index.matches(&draft.topic);
+            // Key order: every multi-lock acquisition follows it, so publishes cannot deadlock.
+            let mut states: Vec<_> = keys
+                .iter()
+                .filter_map(|key| catalog.by_key.get(key))
+                .map(|cell| lock(cell))
+                .collect();
+            let size = draft.size();
+            for state in &mut states {
+                if let Err(error) = state.core.check_capacity(size) {
+                    state.core.note_rejected();
+                    self.inner
+                        .counters
+                        .rejected_publishes
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(error);
+                }
+            }
+            // Taken while holding every matched lock, so ids increase along every queue.
+            let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
+            let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
+            for state in &mut states {
+                let effects = state.core.enqueue(message.clone());
+                state.apply(effects, &mut dead);
+            }
+            Published {
+                system_id,
+                queued_for: states.len() as u32,
+            }
+        };
+        self.inner
+            .counters
+            .published
+            .fetch_add(1, Ordering::Relaxed);
+        if published.queued_for == 0 {
+            self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
+        }
+        self.publish_dead_letters(dead);
+        Ok(published)
+    }
+
+    /// Publishes validated messages in order, stopping at the first refusal.
+    ///
+    /// # Errors
+    /// A [`BatchError`] with what was published before the refused message.
+    pub fn publish_batch(&self, drafts: Vec<Draft>) -> Result<Vec<Published>, BatchError> {
+        let mut published = Vec::with_capacity(drafts.len());
+        for draft in drafts {
+            match self.publish(draft) {
+                Ok(p) => published.push(p),
+                Err(error) => return Err(BatchError { published, error }),
+            }
+        }
+        Ok(published)
+    }
+
+    /// Publishes dead letters; each skips the subscription it came from (so a subscription whose
+    /// dead-letter topic matches its own patterns cannot loop) and is dropped and counted where a
+    /// queue is full. Queuing never produces new dead letters, so this does not recurse.
+    fn publish_dead_letters(&self, dead: DeadLetters) {
+        for (origin, draft) in dead {
+            let catalog = read(&self.inner.catalog);
+            let keys = catalog.index.matches(&draft.topic);
+            let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
+            let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
+            let mut ignored = DeadLetters::new();
+            for key in keys.iter().filter(|key| **key != origin) {
+                if let Some(cell) = catalog.by_key.get(key) {
+                    let mut state = lock(cell);
+                    let effects = state.core.enqueue_or_drop(message.clone());
+                    state.apply(effects, &mut ignored);
+                }
+            }
+            self.inner
+                .counters
+                .published
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn with_subscription<T>(
+        &self,
+        subscription_id: &str,
+        f: impl FnOnce(&mut SubState, &mut DeadLetters) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut dead = DeadLetters::new();
+        let result = {
+            let catalog = read(&self.inner.catalog);
+            let cell = catalog
+                .get(subscription_id)
+                .ok_or_else(|| Error::SubscriptionNotFound(subscription_id.to_string()))?;
+            let mut state = lock(cell);
+            f(&mut state, &mut dead)
+        };
+        self.publish_dead_letters(dead);
+        result
+    }
+
+    /// Acknowledges a delivered message; `member` is the fence (see [`Subscription::ack`]).
+    ///
+    /// # Errors
+    /// [`Error::SubscriptionNotFound`], [`Error::NotInFlight`] or [`Error::NotHolder`].
+    pub fn ack(
+        &self,
+        subscription_id: &str,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<(), Error> {
+        self.with_subscription(subscription_id, |state, dead| {
+            let effects = state.core.ack(member, system_id)?;
+            state.apply(effects, dead);
+            Ok(())
+        })
+    }
+
+    /// Returns a delivered message for redelivery; fenced like [`ack`](Self::ack).
+    ///
+    /// # Errors
+    /// As [`ack`](Self::ack).
+    pub fn nack(
+        &self,
+        subscription_id: &str,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<(), Error> {
+        self.with_subscription(subscription_id, |state, dead| {
+            let effects = state.core.nack(member, system_id)?;
+            state.apply(effects, dead);
+            Ok(())
+        })
+    }
+
+    /// Inspects one subscription.
+    ///
+    /// # Errors
+    /// [`Error::SubscriptionNotFound`].
+    pub fn describe(&self, subscription_id: &str) -> Result<SubscriptionView, Error> {
+        let now = self.inner.clock.now();
+        self.with_subscription(subscription_id, |state, _| Ok(view(&state.core, now)))
+    }
+
+    /// Inspects every subscription, in id order, plus broker-wide counters.
+    pub fn list(&self) -> (Vec<SubscriptionView>, BrokerStats) {
+        let now = self.inner.clock.now();
+        let catalog = read(&self.inner.catalog);
+        let views: Vec<_> = catalog
+            .by_name
+            .values()
+            .filter_map(|key| catalog.by_key.get(key))
+            .map(|cell| view(&lock(cell).core, now))
+            .collect();
+        let c = &self.inner.counters;
+        let stats = BrokerStats {
+            published: c.published.load(Ordering::Relaxed),
+            unrouted: c.unrouted.load(Ordering::Relaxed),
+            rejected_publishes: c.rejected_publishes.load(Ordering::Relaxed),
+            subscriptions_expired: c.subscriptions_expired.load(Ordering::Relaxed),
+            messages_expired: c.messages_expired.load(Ordering::Relaxed),
+            subscriptions: views.len() as u64,
+            members: views.iter().map(|v| v.members.len() as u64).sum(),
+        };
+        (views, stats)
+    }
+
+    /// Stops taking new work and ends every member stream with [`Error::ShuttingDown`].
+    pub fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::Release);
+        let catalog = read(&self.inner.catalog);
+        for cell in catalog.by_key.values() {
+            lock(cell).end_all(&Error::ShuttingDown);
+        }
+        self.inner.expiry_wake.notify_one();
+    }
+}
+
+fn view(core: &Subscription, now: Duration) -> SubscriptionView {
+    SubscriptionView {
+        subscription_id: core.id().clone(),
+        spec: core.spec().clone(),
+        members: core.member_infos(),
+        epoch: core.epoch(),
+        queued_messages: core.queued() as u64,
+        queued_bytes: core.queued_bytes(),
+        in_flight: core.in_flight() as u64,
+        counters: *core.counters(),
+        expires_in: core.expires_at().map(|at| at.saturating_sub(now)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,113 @@
+//! Every outcome the broker refuses, as data. The transport maps each variant to a gRPC status in
+//! exactly one place (`service::status`).
+
+/// Why the broker refused a request. A refused request changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A topic failed validation.
+    #[error("invalid topic {topic:?}: {reason}")]
+    InvalidTopic {
+        /// The topic as given (truncated).
+        topic: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A pattern failed validation.
+    #[error("invalid topic pattern {pattern:?}: {reason}")]
+    InvalidPattern {
+        /// The pattern as given (truncated).
+        pattern: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Some other field of a request is missing or malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A member asked to join a live subscription with different settings.
+    #[error("subscription {subscription:?} exists with different settings: {differences}")]
+    SettingsMismatch {
+        /// The subscription joined.
+        subscription: String,
+        /// What differs, e.g. `mode is QUEUE, request asks SINGLETON`.
+        differences: String,
+    },
+    /// A broadcast subscription id already names a live stream.
+    #[error(
+        "broadcast subscription {0:?} already has a live stream; each broadcast stream needs its own subscription_id"
+    )]
+    BroadcastTaken(String),
+    /// No subscription has this id.
+    #[error("subscription {0:?} not found")]
+    SubscriptionNotFound(String),
+    /// Ack or nack for a message that is not in flight on the subscription.
+    #[error(
+        "message {system_id} is not in flight on subscription {subscription:?} (never delivered, already acked, or waiting for redelivery)"
+    )]
+    NotInFlight {
+        /// The subscription named.
+        subscription: String,
+        /// The message named.
+        system_id: u64,
+    },
+    /// Fenced ack or nack from a member that no longer holds the message.
+    #[error(
+        "message {system_id} on subscription {subscription:?} is held by member {holder}, not member {member}: this member's copy was redelivered, so its ack/nack is stale and changed nothing"
+    )]
+    NotHolder {
+        /// The subscription named.
+        subscription: String,
+        /// The message named.
+        system_id: u64,
+        /// The member that sent the ack.
+        member: u64,
+        /// The member that holds the message now.
+        holder: u64,
+    },
+    /// A subscription's queue limit would be exceeded.
+    #[error(
+        "subscription {subscription:?} is full: {limit} limit of {max} reached; ack messages or raise the limit"
+    )]
+    QueueFull {
+        /// The full subscription.
+        subscription: String,
+        /// Which limit: `max_queue_messages` or `max_queue_bytes`.
+        limit: &'static str,
+        /// The limit's value.
+        max: u64,
+    },
+    /// A message is larger than the broker accepts.
+    #[error("message is {size} bytes, over the max_message_bytes limit of {max}")]
+    MessageTooLarge {
+        /// Payload plus topic plus headers, in bytes.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A batch has more messages than the broker accepts in one call.
+    #[error("batch has {count} messages, over the max_batch_messages limit of {max}")]
+    BatchTooLarge {
+        /// Messages in the batch.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The broker holds as many subscriptions as it may.
+    #[error("the broker already holds {max} subscriptions (max_subscriptions)")]
+    TooManySubscriptions {
+        /// The limit.
+        max: usize,
+    },
+    /// The subscription has as many members as it may.
+    #[error(
+        "subscription {subscription:?} already has {max} members (max_members_per_subscription)"
+    )]
+    TooManyMembers {
+        /// The subscription joined.
+        subscription: String,
+        /// The limit.
+        max: usize,
+    },
+    /// The broker is shutting down and takes no new work.
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+}

@@ -1,0 +1,46 @@
+//! Published messages. One [`Message`] is shared (`Arc`) by every subscription it is queued on, so
+//! fan-out costs a pointer per queue, not a copy of the payload.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use bytes::Bytes;
+
+use super::topic::Topic;
+
+/// Broker-wide message id, increasing in publish order.
+pub type SystemId = u64;
+
+/// Message headers, in key order so their rendering is deterministic.
+pub type Headers = BTreeMap<String, String>;
+
+/// A published message, immutable once published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Broker-wide id.
+    pub system_id: SystemId,
+    /// Where it was published.
+    pub topic: Topic,
+    /// Opaque payload.
+    pub payload: Bytes,
+    /// Application headers.
+    pub headers: Arc<Headers>,
+    /// Publish time, milliseconds since the Unix epoch (from the broker's clock seam).
+    pub published_at_ms: u64,
+}
+
+impl Message {
+    /// The bytes this message counts against size and queue limits: payload, topic and headers.
+    pub fn size(&self) -> usize {
+        encoded_size(&self.topic, &self.payload, &self.headers)
+    }
+}
+
+/// Size of a message's parts as counted against the limits.
+pub fn encoded_size(topic: &Topic, payload: &[u8], headers: &Headers) -> usize {
+    topic.as_str().len()
+        + payload.len()
+        + headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+}

@@ -1,0 +1,116 @@
+//! The pure core: deterministic state machines with no I/O, no clock reads, no randomness and no
+//! locks. The shell (`crate::broker`) owns the concurrency and hands every input a `now`.
+//!
+//! - [`topic`]: topic and pattern parsing and naive matching;
+//! - [`index`]: the token trie that routes a topic to subscriptions;
+//! - [`subscription`]: one subscription's group state machine (members, queue, windows, epochs);
+//! - [`spec`]: what a member asks for, and the broker's limits;
+//! - [`message`]: published messages, shared between queues;
+//! - [`error`]: every refusal, as data.
+
+pub mod error;
+pub mod index;
+pub mod message;
+pub mod spec;
+pub mod subscription;
+pub mod topic;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use error::Error;
+pub use index::PatternIndex;
+pub use message::{Headers, Message, SystemId};
+pub use spec::{Limits, MemberOptions, Mode, OpenRequest, SubscriptionSpec};
+pub use subscription::{
+    Counters, DropReason, Effect, Epoch, Floors, MemberId, MemberInfo, QueueLimits, Subscription,
+};
+pub use topic::{Pattern, Topic};
+
+/// A validated message about to be published; the shell assigns its id and timestamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Draft {
+    /// Where to publish.
+    pub topic: Topic,
+    /// Opaque payload.
+    pub payload: Bytes,
+    /// Application headers.
+    pub headers: Arc<Headers>,
+}
+
+impl Draft {
+    /// Validates a message against the size limit.
+    ///
+    /// # Errors
+    /// [`Error::MessageTooLarge`] naming the limit.
+    pub fn new(
+        topic: Topic,
+        payload: Bytes,
+        headers: Headers,
+        limits: &Limits,
+    ) -> Result<Self, Error> {
+        let size = message::encoded_size(&topic, &payload, &headers);
+        if size > limits.max_message_bytes {
+            return Err(Error::MessageTooLarge {
+                size,
+                max: limits.max_message_bytes,
+            });
+        }
+        Ok(Self {
+            topic,
+            payload,
+            headers: Arc::new(headers),
+        })
+    }
+
+    /// Size counted against limits.
+    pub fn size(&self) -> usize {
+        message::encoded_size(&self.topic, &self.payload, &self.headers)
+    }
+
+    /// The message a poisoned `original` becomes on `topic`: same payload, original headers plus
+    /// `tinybroker-dead-letter-*` headers saying where it came from and why.
+    pub fn dead_letter(
+        original: &Message,
+        subscription: &str,
+        topic: Topic,
+        attempts: u32,
+    ) -> Self {
+        let mut headers = (*original.headers).clone();
+        for (key, value) in [
+            (
+                "tinybroker-dead-letter-reason",
+                "max_delivery_attempts".to_string(),
+            ),
+            (
+                "tinybroker-dead-letter-subscription",
+                subscription.to_string(),
+            ),
+            ("tinybroker-dead-letter-topic", original.topic.to_string()),
+            (
+                "tinybroker-dead-letter-system-id",
+                original.system_id.to_string(),
+            ),
+            ("tinybroker-dead-letter-attempts", attempts.to_string()),
+        ] {
+            headers.insert(key.to_string(), value);
+        }
+        Self {
+            topic,
+            payload: original.payload.clone(),
+            headers: Arc::new(headers),
+        }
+    }
+
+    /// Turns the draft into a message with its id and publish time.
+    pub fn into_message(self, system_id: SystemId, published_at_ms: u64) -> Message {
+        Message {
+            system_id,
+            topic: self.topic,
+            payload: self.payload,
+            headers: self.headers,
+            published_at_ms,
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! What a member asks for when it opens a subscription, and the broker's limits.
+
+use std::{fmt, time::Duration};
+
+use super::topic::{Pattern, Topic};
+
+/// How a subscription hands messages to its members (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    /// Every stream gets every matching message; one live stream per subscription id.
+    Broadcast,
+    /// Competing consumers: each message to exactly one member.
+    Queue,
+    /// One active member, the rest on standby, promoted in join order.
+    Singleton,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Broadcast => "BROADCAST",
+            Mode::Queue => "QUEUE",
+            Mode::Singleton => "SINGLETON",
+        })
+    }
+}
+
+/// The settings every member of one subscription must share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionSpec {
+    /// Delivery mode.
+    pub mode: Mode,
+    /// Consumer group; non-empty in group modes, may be empty in broadcast.
+    pub consumer_group: String,
+    /// Patterns, sorted and without duplicates, so two members listing them in another order agree.
+    pub patterns: Vec<Pattern>,
+    /// Deliveries after which an unacked message is poisoned; 0 = unlimited.
+    pub max_delivery_attempts: u32,
+    /// Where poisoned messages go; `None` = drop and count.
+    pub dead_letter_topic: Option<Topic>,
+}
+
+impl SubscriptionSpec {
+    /// Describes how `asked` differs from this (live) spec, or `None` when a member asking for
+    /// `asked` may join. An unset poison policy in `asked` (0 attempts, no topic) inherits the
+    /// subscription's.
+    pub fn differences(&self, asked: &SubscriptionSpec) -> Option<String> {
+        let mut diffs = Vec::new();
+        if self.mode != asked.mode {
+            diffs.push(format!(
+                "mode is {}, request asks {}",
+                self.mode, asked.mode
+            ));
+        }
+        if self.consumer_group != asked.consumer_group {
+            diffs.push(format!(
+                "consumer_group is {:?}, request asks {:?}",
+                self.consumer_group, asked.consumer_group
+            ));
+        }
+        if self.patterns != asked.patterns {
+            let list = |p: &[Pattern]| p.iter().map(Pattern::as_str).collect::<Vec<_>>().join(", ");
+            diffs.push(format!(
+                "topic_patterns are [{}], request asks [{}]",
+                list(&self.patterns),
+                list(&asked.patterns)
+            ));
+        }
+        if asked.max_delivery_attempts != 0
+            && asked.max_delivery_attempts != self.max_delivery_attempts
+        {
+            diffs.push(format!(
+                "max_delivery_attempts is {}, request asks {}",
+                self.max_delivery_attempts, asked.max_delivery_attempts
+            ));
+        }
+        if asked.dead_letter_topic.is_some() && asked.dead_letter_topic != self.dead_letter_topic {
+            diffs.push(format!(
+                "dead_letter_topic is {:?}, request asks {:?}",
+                self.dead_letter_topic
+                    .as_ref()
+                    .map(Topic::as_str)
+                    .unwrap_or(""),
+                asked
+                    .dead_letter_topic
+                    .as_ref()
+                    .map(Topic::as_str)
+                    .unwrap_or("")
+            ));
+        }
+        (!diffs.is_empty()).then(|| diffs.join("; "))
+    }
+}
+
+/// Per-member settings; members of one subscription may differ here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberOptions {
+    /// Window: unacked messages this member may hold (at least 1).
+    pub max_in_flight: u32,
+    /// Singleton only: send a standby notice with the place in line on joining.
+    pub notify_standby: bool,
+}
+
+impl Default for MemberOptions {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 1,
+            notify_standby: false,
+        }
+    }
+}
+
+/// A validated request to join a subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenRequest {
+    /// The subscription's id.
+    pub subscription_id: String,
+    /// Settings shared by all members.
+    pub spec: SubscriptionSpec,
+    /// This member's own settings.
+    pub member: MemberOptions,
+}
+
+/// Every limit that keeps the broker's memory bounded (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest message (payload + topic + headers), in bytes.
+    pub max_message_bytes: usize,
+    /// Most messages in one `PublishBatch`.
+    pub max_batch_messages: usize,
+    /// Most messages one subscription holds (queued + in flight).
+    pub max_queue_messages: u64,
+    /// Most bytes one subscription holds (queued + in flight).
+    pub max_queue_bytes: u64,
+    /// Most live subscriptions.
+    pub max_subscriptions: usize,
+    /// Most members of one subscription.
+    pub max_members_per_subscription: usize,
+    /// Largest window a member may ask for.
+    pub max_in_flight: u32,
+    /// Most patterns on one subscription.
+    pub max_patterns: usize,
+    /// Longest subscription id or consumer group, in bytes.
+    pub max_name_bytes: usize,
+    /// How long a subscription with no members keeps its queue before it expires.
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 1024 * 1024,
+            max_batch_messages: 1000,
+            max_queue_messages: 100_000,
+            max_queue_bytes: 64 * 1024 * 1024,
+            max_subscriptions: 10_000,
+            max_members_per_subscription: 1_000,
+            max_in_flight: 10_000,
+            max_patterns: 64,
+            max_name_bytes: 256,
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}

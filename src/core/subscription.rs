@@ -1,0 +1,700 @@
+//! One subscription's state machine: members in join order, the shared queue, per-member windows,
+//! in-flight records, epochs and counters (SPEC §3–§5).
+//!
+//! Inputs are the `join`, `leave`, `enqueue`, `ack` and `nack` methods; each returns the ordered
+//! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
+//! `now` argument (time since the broker started).
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    ops::Bound,
+    sync::Arc,
+    time::Duration,
+};
+
+use super::{
+    error::Error,
+    message::{Message, SystemId},
+    spec::{MemberOptions, Mode, SubscriptionSpec},
+};
+
+/// Identifies a member of a subscription; increases in join order, never reused.
+pub type MemberId = u64;
+/// Fencing token handed to each newly active member; strictly increasing per subscription id.
+pub type Epoch = u64;
+
+/// What the shell must do after an input, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Tell `member` it is active, with its epoch (always its first frame).
+    Confirm {
+        /// The member now active.
+        member: MemberId,
+        /// Its fencing token.
+        epoch: Epoch,
+    },
+    /// Tell a singleton standby that asked for it where it stands in line (1 = next).
+    Standby {
+        /// The standby member.
+        member: MemberId,
+        /// Its place in line.
+        position: u32,
+    },
+    /// Send `message` to `member`.
+    Deliver {
+        /// The receiving member.
+        member: MemberId,
+        /// The message.
+        message: Arc<Message>,
+        /// 1 on first delivery, +1 on each redelivery.
+        attempt: u32,
+        /// The receiving member's epoch.
+        epoch: Epoch,
+    },
+    /// Publish a poisoned message to the dead-letter topic.
+    DeadLetter {
+        /// The poisoned message.
+        message: Arc<Message>,
+        /// How many times it was delivered.
+        attempts: u32,
+    },
+    /// A message left the subscription without being acked (counted in [`Counters`]).
+    Dropped {
+        /// The dropped message.
+        system_id: SystemId,
+        /// Why.
+        reason: DropReason,
+    },
+}
+
+/// Why a message was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// It reached `max_delivery_attempts` and no dead-letter topic is set.
+    MaxDeliveryAttempts,
+    /// A dead letter or other broker-internal publish found the queue full.
+    QueueFull,
+}
+
+/// Monotonic counters of one subscription.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Messages queued.
+    pub enqueued: u64,
+    /// Deliveries, first or repeated.
+    pub delivered: u64,
+    /// Deliveries with attempt > 1.
+    pub redelivered: u64,
+    /// Messages released by an ack.
+    pub acked: u64,
+    /// Nacks accepted.
+    pub nacked: u64,
+    /// Poisoned messages sent to the dead-letter topic.
+    pub dead_lettered: u64,
+    /// Poisoned messages dropped (no dead-letter topic).
+    pub dropped_max_attempts: u64,
+    /// Publishes refused because this subscription was full.
+    pub rejected_full: u64,
+    /// Broker-internal publishes (dead letters) dropped because this subscription was full.
+    pub dropped_full: u64,
+    /// Standbys promoted to active.
+    pub promotions: u64,
+    /// Fenced acks or nacks refused because the member no longer held the message.
+    pub stale_acks: u64,
+}
+
+/// Where numbering starts for a subscription (re)created under an id used before, so that epochs
+/// and member ids keep increasing over the broker's lifetime (SPEC §5 invariant 5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Floors {
+    /// Highest epoch already handed out.
+    pub epoch: Epoch,
+    /// Highest member id already handed out.
+    pub member_id: MemberId,
+}
+
+/// Per-subscription limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Most messages held (queued + in flight).
+    pub max_messages: u64,
+    /// Most bytes held (queued + in flight).
+    pub max_bytes: u64,
+    /// Most members.
+    pub max_members: usize,
+    /// How long the queue outlives its last member.
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    options: MemberOptions,
+    /// `Some` once active.
+    epoch: Option<Epoch>,
+    /// Messages this member holds, in delivery order.
+    in_flight: Vec<SystemId>,
+}
+
+impl Member {
+    fn has_space(&self) -> bool {
+        self.epoch.is_some() && self.in_flight.len() < self.options.max_in_flight as usize
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    message: Arc<Message>,
+    /// The attempt number its next delivery will carry.
+    attempt: u32,
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    message: Arc<Message>,
+    attempt: u32,
+    member: MemberId,
+}
+
+/// Inspection view of one member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// The member.
+    pub member_id: MemberId,
+    /// Whether it is active.
+    pub active: bool,
+    /// Its epoch, 0 while on standby.
+    pub epoch: Epoch,
+    /// Messages it holds.
+    pub in_flight: u32,
+    /// Its window.
+    pub max_in_flight: u32,
+    /// Place in join order, 0 = earliest.
+    pub position: u32,
+}
+
+/// One subscription: its members and its queue.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    id: Arc<str>,
+    spec: SubscriptionSpec,
+    limits: QueueLimits,
+    /// Keyed by member id, which increases in join order: the first entry joined earliest.
+    members: BTreeMap<MemberId, Member>,
+    queue: VecDeque<Pending>,
+    in_flight: BTreeMap<SystemId, InFlight>,
+    held_bytes: u64,
+    epoch: Epoch,
+    last_member_id: MemberId,
+    /// Queue mode: the member served last, for round robin.
+    served_last: MemberId,
+    idle_since: Option<Duration>,
+    counters: Counters,
+}
+
+impl Subscription {
+    /// A new subscription with no members, idle from `now`.
+    pub fn new(
+        id: Arc<str>,
+        spec: SubscriptionSpec,
+        limits: QueueLimits,
+        floors: Floors,
+        now: Duration,
+    ) -> Self {
+        Self {
+            id,
+            spec,
+            limits,
+            members: BTreeMap::new(),
+            queue: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            held_bytes: 0,
+            epoch: floors.epoch,
+            last_member_id: floors.member_id,
+            served_last: 0,
+            idle_since: Some(now),
+            counters: Counters::default(),
+        }
+    }
+
+    // ---- getters ----
+
+    /// The subscription id.
+    pub fn id(&self) -> &Arc<str> {
+        &self.id
+    }
+
+    /// The settings its members share.
+    pub fn spec(&self) -> &SubscriptionSpec {
+        &self.spec
+    }
+
+    /// Highest epoch handed out so far.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// What a subscription recreated under this id must start above.
+    pub fn floors(&self) -> Floors {
+        Floors {
+            epoch: self.epoch,
+            member_id: self.last_member_id,
+        }
+    }
+
+    /// Number of members, active or standby.
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Active members' ids, in join order (at most one in singleton mode).
+    pub fn active_members(&self) -> impl Iterator<Item = MemberId> + '_ {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.epoch.is_some())
+            .map(|(id, _)| *id)
+    }
+
+    /// Messages waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Messages delivered and not yet acked.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Bytes of every message held (queued + in flight).
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+
+    /// Queued bytes only.
+    pub fn queued_bytes(&self) -> u64 {
+        self.queue.iter().map(|p| p.message.size() as u64).sum()
+    }
+
+    /// Ids of the queued messages, head first.
+    pub fn queued_ids(&self) -> impl Iterator<Item = SystemId> + '_ {
+        self.queue.iter().map(|p| p.message.system_id)
+    }
+
+    /// Ids of the in-flight messages with their holders.
+    pub fn in_flight_ids(&self) -> impl Iterator<Item = (SystemId, MemberId)> + '_ {
+        self.in_flight.iter().map(|(id, f)| (*id, f.member))
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// When this subscription expires, if it has no members.
+    pub fn expires_at(&self) -> Option<Duration> {
+        self.idle_since
+            .map(|since| since + self.limits.idle_timeout)
+    }
+
+    /// Whether it has had no members for its idle timeout as of `now`.
+    pub fn is_expired(&self, now: Duration) -> bool {
+        self.expires_at().is_some_and(|at| now >= at)
+    }
+
+    /// Inspection view of its members, in join order.
+    pub fn member_infos(&self) -> Vec<MemberInfo> {
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(position, (id, m))| MemberInfo {
+                member_id: *id,
+                active: m.epoch.is_some(),
+                epoch: m.epoch.unwrap_or(0),
+                in_flight: m.in_flight.len() as u32,
+                max_in_flight: m.options.max_in_flight,
+                position: position as u32,
+            })
+            .collect()
+    }
+
+    // ---- inputs ----
+
+    /// Checks, without changing anything, that a member asking for `spec` may join.
+    ///
+    /// # Errors
+    /// [`Error::SettingsMismatch`], [`Error::BroadcastTaken`] or [`Error::TooManyMembers`].
+    pub fn check_join(&self, spec: &SubscriptionSpec) -> Result<(), Error> {
+        if let Some(differences) = self.spec.differences(spec) {
+            return Err(Error::SettingsMismatch {
+                subscription: self.id.to_string(),
+                differences,
+            });
+        }
+        if self.spec.mode == Mode::Broadcast && !self.members.is_empty() {
+            return Err(Error::BroadcastTaken(self.id.to_string()));
+        }
+        if self.members.len() >= self.limits.max_members {
+            return Err(Error::TooManyMembers {
+                subscription: self.id.to_string(),
+                max: self.limits.max_members,
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds a member at the back of the line. It becomes active at once unless this is a
+    /// singleton subscription that already has an active member.
+    ///
+    /// # Errors
+    /// As [`check_join`](Self::check_join); nothing changes then.
+    pub fn join(
+        &mut self,
+        spec: &SubscriptionSpec,
+        options: MemberOptions,
+    ) -> Result<(MemberId, Vec<Effect>), Error> {
+        self.check_join(spec)?;
+        self.last_member_id += 1;
+        let id = self.last_member_id;
+        let ahead = self.members.len();
+        let mut member = Member {
+            options: MemberOptions {
+                max_in_flight: options.max_in_flight.max(1),
+                ..options
+            },
+            epoch: None,
+            in_flight: Vec::new(),
+        };
+        let mut out = Vec::new();
+        if self.spec.mode == Mode::Singleton && ahead > 0 {
+            if options.notify_standby {
+                out.push(Effect::Standby {
+                    member: id,
+                    position: ahead as u32,
+                });
+            }
+        } else {
+            self.epoch += 1;
+            member.epoch = Some(self.epoch);
+            out.push(Effect::Confirm {
+                member: id,
+                epoch: self.epoch,
+            });
+        }
+        self.members.insert(id, member);
+        self.idle_since = None;
+        self.dispatch(&mut out);
+        Ok((id, out))
+    }
+
+    /// Removes a member (its stream ended, for any reason). Its in-flight messages return to the
+    /// head of the queue in their original order; if it was the singleton's active member, the
+    /// earliest-joined standby is promoted. Unknown members are ignored.
+    pub fn leave(&mut self, member_id: MemberId, now: Duration) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let Some(member) = self.members.remove(&member_id) else {
+            return out;
+        };
+        // Reverse order with push_front puts them back at the head in delivery order.
+        for system_id in member.in_flight.iter().rev() {
+            if let Some(record) = self.in_flight.remove(system_id) {
+                self.give_back(record.message, record.attempt, &mut out);
+            }
+        }
+        if self.spec.mode == Mode::Singleton && member.epoch.is_some() {
+            // Promotion looks at the first entry only: its cost does not grow with the standbys.
+            if let Some((&next_id, next)) = self.members.iter_mut().next() {
+                self.epoch += 1;
+                next.epoch = Some(self.epoch);
+                self.counters.promotions += 1;
+                out.push(Effect::Confirm {
+                    member: next_id,
+                    epoch: self.epoch,
+                });
+            }
+        }
+        if self.members.is_empty() {
+            self.idle_since = Some(now);
+        }
+        self.dispatch(&mut out);
+        out
+    }
+
+    /// Checks that one more message of `size` bytes fits.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] naming the limit.
+    pub fn check_capacity(&self, size: usize) -> Result<(), Error> {
+        let held = (self.queue.len() + self.in_flight.len()) as u64;
+        let full = |limit, max| Error::QueueFull {
+            subscription: self.id.to_string(),
+            limit,
+            max,
+        };
+        if held >= self.limits.max_messages {
+            return Err(full("max_queue_messages", self.limits.max_messages));
+        }
+        if self.held_bytes + size as u64 > self.limits.max_bytes {
+            return Err(full("max_queue_bytes", self.limits.max_bytes));
+        }
+        Ok(())
+    }
+
+    /// Counts a publish refused because this subscription was full.
+    pub fn note_rejected(&mut self) {
+        self.counters.rejected_full += 1;
+    }
+
+    /// Queues a message and delivers what the windows allow. Callers check
+    /// [`check_capacity`](Self::check_capacity) first; publishes do so for every matching
+    /// subscription before queuing on any, so a refused publish changes nothing.
+    pub fn enqueue(&mut self, message: Arc<Message>) -> Vec<Effect> {
+        self.held_bytes += message.size() as u64;
+        self.counters.enqueued += 1;
+        self.queue.push_back(Pending {
+            message,
+            attempt: 1,
+        });
+        let mut out = Vec::new();
+        self.dispatch(&mut out);
+        out
+    }
+
+    /// Queues a broker-internal message (a dead letter), dropping and counting it if full.
+    pub fn enqueue_or_drop(&mut self, message: Arc<Message>) -> Vec<Effect> {
+        if self.check_capacity(message.size()).is_err() {
+            self.counters.dropped_full += 1;
+            return vec![Effect::Dropped {
+                system_id: message.system_id,
+                reason: DropReason::QueueFull,
+            }];
+        }
+        self.enqueue(message)
+    }
+
+    /// Releases a delivered message for good.
+    ///
+    /// `member` is the fence: when `Some`, only that member's ack counts.
+    ///
+    /// # Errors
+    /// [`Error::NotInFlight`] or [`Error::NotHolder`]; nothing changes then.
+    pub fn ack(
+        &mut self,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<Vec<Effect>, Error> {
+        let record = self.take_in_flight(member, system_id)?;
+        self.held_bytes -= record.message.size() as u64;
+        self.counters.acked += 1;
+        let mut out = Vec::new();
+        self.dispatch(&mut out);
+        Ok(out)
+    }
+
+    /// Returns a delivered message to the head of the queue for redelivery (or dead-letters it
+    /// when it has used its attempts). Fenced like [`ack`](Self::ack).
+    ///
+    /// # Errors
+    /// [`Error::NotInFlight`] or [`Error::NotHolder`]; nothing changes then.
+    pub fn nack(
+        &mut self,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<Vec<Effect>, Error> {
+        let record = self.take_in_flight(member, system_id)?;
+        self.counters.nacked += 1;
+        let mut out = Vec::new();
+        self.give_back(record.message, record.attempt, &mut out);
+        self.dispatch(&mut out);
+        Ok(out)
+    }
+
+    /// Empties the subscription as it expires; returns how many messages it still held.
+    pub fn drain(&mut self) -> usize {
+        let held = self.queue.len() + self.in_flight.len();
+        self.queue.clear();
+        self.in_flight.clear();
+        for member in self.members.values_mut() {
+            member.in_flight.clear();
+        }
+        self.held_bytes = 0;
+        held
+    }
+
+    // ---- internals ----
+
+    fn take_in_flight(
+        &mut self,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<InFlight, Error> {
+        let Some(record) = self.in_flight.get(&system_id) else {
+            return Err(Error::NotInFlight {
+                subscription: self.id.to_string(),
+                system_id,
+            });
+        };
+        if let Some(member) = member
+            && member != record.member
+        {
+            self.counters.stale_acks += 1;
+            return Err(Error::NotHolder {
+                subscription: self.id.to_string(),
+                system_id,
+                member,
+                holder: record.member,
+            });
+        }
+        let Some(record) = self.in_flight.remove(&system_id) else {
+            unreachable!("looked up above");
+        };
+        if let Some(holder) = self.members.get_mut(&record.member) {
+            holder.in_flight.retain(|id| *id != system_id);
+        }
+        Ok(record)
+    }
+
+    /// A message came back unacked after delivery number `attempt`: requeue it at the head, or
+    /// retire it if it has used its attempts.
+    fn give_back(&mut self, message: Arc<Message>, attempt: u32, out: &mut Vec<Effect>) {
+        let max = self.spec.max_delivery_attempts;
+        if max == 0 || attempt < max {
+            self.queue.push_front(Pending {
+                message,
+                attempt: attempt + 1,
+            });
+            return;
+        }
+        self.held_bytes -= message.size() as u64;
+        if self.spec.dead_letter_topic.is_some() {
+            self.counters.dead_lettered += 1;
+            out.push(Effect::DeadLetter {
+                message,
+                attempts: attempt,
+            });
+        } else {
+            self.counters.dropped_max_attempts += 1;
+            out.push(Effect::Dropped {
+                system_id: message.system_id,
+                reason: DropReason::MaxDeliveryAttempts,
+            });
+        }
+    }
+
+    /// Delivers from the head of the queue while some active member has window space.
+    fn dispatch(&mut self, out: &mut Vec<Effect>) {
+        while !self.queue.is_empty() {
+            let Some(member_id) = self.next_target() else {
+                return;
+            };
+            let (Some(pending), Some(member)) =
+                (self.queue.pop_front(), self.members.get_mut(&member_id))
+            else {
+                return;
+            };
+            let Some(epoch) = member.epoch else {
+                unreachable!("next_target only picks active members");
+            };
+            let system_id = pending.message.system_id;
+            member.in_flight.push(system_id);
+            self.served_last = member_id;
+            self.counters.delivered += 1;
+            if pending.attempt > 1 {
+                self.counters.redelivered += 1;
+            }
+            self.in_flight.insert(
+                system_id,
+                InFlight {
+                    message: pending.message.clone(),
+                    attempt: pending.attempt,
+                    member: member_id,
+                },
+            );
+            out.push(Effect::Deliver {
+                member: member_id,
+                message: pending.message,
+                attempt: pending.attempt,
+                epoch,
+            });
+        }
+    }
+
+    fn next_target(&self) -> Option<MemberId> {
+        let with_space = |(id, m): (&MemberId, &Member)| m.has_space().then_some(*id);
+        match self.spec.mode {
+            // The first member is the only one that can be active.
+            Mode::Singleton | Mode::Broadcast => self.members.iter().next().and_then(with_space),
+            // Round robin over members with space, starting after the one served last.
+            Mode::Queue => self
+                .members
+                .range((Bound::Excluded(self.served_last), Bound::Unbounded))
+                .chain(self.members.range(..=self.served_last))
+                .find_map(with_space),
+        }
+    }
+
+    /// Checks SPEC §5 invariants 1 and 4 and the internal bookkeeping; for tests, simulations
+    /// and fuzzing.
+    ///
+    /// # Errors
+    /// A description of the first broken invariant.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let active: Vec<_> = self.active_members().collect();
+        if self.spec.mode == Mode::Singleton {
+            if active.len() > 1 {
+                return Err(format!("{} active members: {active:?}", active.len()));
+            }
+            if !self.members.is_empty() && active.len() != 1 {
+                return Err("members but no active member".into());
+            }
+            if let (Some(first), Some(active)) = (self.members.keys().next(), active.first())
+                && first != active
+            {
+                return Err(format!(
+                    "active member {active} is not the earliest-joined {first}"
+                ));
+            }
+        } else if active.len() != self.members.len() {
+            return Err("a non-singleton member is not active".into());
+        }
+        let mut listed = 0;
+        for (id, member) in &self.members {
+            for system_id in &member.in_flight {
+                listed += 1;
+                match self.in_flight.get(system_id) {
+                    Some(record) if record.member == *id => {}
+                    _ => return Err(format!("member {id} lists {system_id} it does not hold")),
+                }
+            }
+            if member.in_flight.len() > member.options.max_in_flight as usize {
+                return Err(format!("member {id} is over its window"));
+            }
+        }
+        if listed != self.in_flight.len() {
+            return Err("an in-flight message has no holder".into());
+        }
+        if self
+            .queue
+            .iter()
+            .any(|p| self.in_flight.contains_key(&p.message.system_id))
+        {
+            return Err("a message is both queued and in flight".into());
+        }
+        let bytes: u64 = self
+            .queue
+            .iter()
+            .map(|p| &p.message)
+            .chain(self.in_flight.values().map(|f| &f.message))
+            .map(|m| m.size() as u64)
+            .sum();
+        if bytes != self.held_bytes {
+            return Err(format!(
+                "held_bytes {} but messages add up to {bytes}",
+                self.held_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "subscription_tests.rs"]
+mod tests;

@@ -1,0 +1,518 @@
+//! Unit tests of the group state machine, one per SPEC §3–§5 bullet.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+
+use super::*;
+use crate::core::{Pattern, Topic};
+
+const NOW: Duration = Duration::from_secs(1);
+
+fn spec(mode: Mode) -> SubscriptionSpec {
+    SubscriptionSpec {
+        mode,
+        consumer_group: if mode == Mode::Broadcast {
+            String::new()
+        } else {
+            "g".into()
+        },
+        patterns: vec![Pattern::parse("jobs.>").unwrap()],
+        max_delivery_attempts: 0,
+        dead_letter_topic: None,
+    }
+}
+
+fn limits() -> QueueLimits {
+    QueueLimits {
+        max_messages: 100,
+        max_bytes: 10_000,
+        max_members: 10,
+        idle_timeout: Duration::from_secs(60),
+    }
+}
+
+fn sub(mode: Mode) -> Subscription {
+    Subscription::new(
+        "s".into(),
+        spec(mode),
+        limits(),
+        Floors::default(),
+        Duration::ZERO,
+    )
+}
+
+fn msg(id: SystemId) -> Arc<Message> {
+    Arc::new(Message {
+        system_id: id,
+        topic: Topic::parse("jobs.a").unwrap(),
+        payload: Bytes::from_static(b"0123456789"),
+        headers: Default::default(),
+        published_at_ms: 0,
+    })
+}
+
+fn window(n: u32) -> MemberOptions {
+    MemberOptions {
+        max_in_flight: n,
+        notify_standby: false,
+    }
+}
+
+fn join(s: &mut Subscription) -> (MemberId, Vec<Effect>) {
+    let spec = s.spec().clone();
+    let r = s.join(&spec, MemberOptions::default()).unwrap();
+    s.check_invariants().unwrap();
+    r
+}
+
+/// Deliveries in `effects` as (member, system id, attempt, epoch).
+fn delivered(effects: &[Effect]) -> Vec<(MemberId, SystemId, u32, Epoch)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Deliver {
+                member,
+                message,
+                attempt,
+                epoch,
+            } => Some((*member, message.system_id, *attempt, *epoch)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn confirms(effects: &[Effect]) -> Vec<(MemberId, Epoch)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Confirm { member, epoch } => Some((*member, *epoch)),
+            _ => None,
+        })
+        .collect()
+}
+
+// SPEC §5: the first member becomes active; later ones wait and receive nothing.
+#[test]
+fn first_singleton_member_is_confirmed_and_standbys_get_nothing() {
+    let mut s = sub(Mode::Singleton);
+    let (a, fx) = join(&mut s);
+    assert_eq!(
+        fx,
+        vec![Effect::Confirm {
+            member: a,
+            epoch: 1
+        }]
+    );
+    let (_b, fx) = join(&mut s);
+    assert!(fx.is_empty(), "standby must get no frame: {fx:?}");
+    let fx = s.enqueue(msg(1));
+    assert_eq!(delivered(&fx), vec![(a, 1, 1, 1)]);
+    let fx = s.enqueue(msg(2));
+    assert!(
+        fx.is_empty(),
+        "window of 1 is full, standby gets nothing: {fx:?}"
+    );
+    s.check_invariants().unwrap();
+}
+
+// SPEC §5: on active close, the earliest standby gets confirm (higher epoch), then the
+// redelivered in-flight message with attempt 2, then the rest in order.
+#[test]
+fn active_leaving_promotes_earliest_standby_with_redelivery_first() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let (b, _) = join(&mut s);
+    let (c, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    let _ = s.enqueue(msg(2));
+    let fx = s.leave(a, NOW);
+    s.check_invariants().unwrap();
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Confirm {
+                member: b,
+                epoch: 2
+            },
+            Effect::Deliver {
+                member: b,
+                message: msg(1),
+                attempt: 2,
+                epoch: 2
+            }
+        ]
+    );
+    let fx = s.ack(Some(b), 1).unwrap();
+    assert_eq!(delivered(&fx), vec![(b, 2, 1, 2)]);
+    // C is still on standby and has received nothing.
+    assert_eq!(s.active_members().collect::<Vec<_>>(), vec![b]);
+    let fx = s.leave(b, NOW);
+    assert_eq!(confirms(&fx), vec![(c, 3)]);
+    assert_eq!(delivered(&fx), vec![(c, 2, 2, 3)]);
+    assert_eq!(s.counters().promotions, 2);
+}
+
+// SPEC §5: later joiners never take over from the active member.
+#[test]
+fn late_joiner_never_preempts() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    for _ in 0..3 {
+        let (_, fx) = join(&mut s);
+        assert!(fx.is_empty());
+    }
+    assert_eq!(s.active_members().collect::<Vec<_>>(), vec![a]);
+    assert_eq!(s.epoch(), 1);
+}
+
+// SPEC §5: promotion follows join order, even when a standby in the middle leaves first.
+#[test]
+fn promotion_skips_departed_standbys_and_follows_join_order() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let (b, _) = join(&mut s);
+    let (c, _) = join(&mut s);
+    let (d, _) = join(&mut s);
+    assert!(
+        s.leave(b, NOW).is_empty(),
+        "a standby leaving changes nothing visible"
+    );
+    assert_eq!(confirms(&s.leave(a, NOW)), vec![(c, 2)]);
+    assert_eq!(confirms(&s.leave(c, NOW)), vec![(d, 3)]);
+    s.check_invariants().unwrap();
+}
+
+// SPEC §5 invariant 5: epochs never go back, also after a period with no members.
+#[test]
+fn epochs_keep_increasing_after_the_group_empties() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let _ = s.leave(a, NOW);
+    let (b, fx) = join(&mut s);
+    assert_eq!(
+        fx,
+        vec![Effect::Confirm {
+            member: b,
+            epoch: 2
+        }]
+    );
+    assert!(b > a);
+    // A subscription recreated under the same id starts above the old one's floors.
+    let again = Subscription::new("s".into(), spec(Mode::Singleton), limits(), s.floors(), NOW);
+    let mut again = again;
+    let (c, fx) = join(&mut again);
+    assert!(c > b);
+    assert_eq!(confirms(&fx), vec![(c, 3)]);
+}
+
+// SPEC §5: notify_standby (off by default) tells a standby its place in line.
+#[test]
+fn standby_notice_only_when_asked() {
+    let mut s = sub(Mode::Singleton);
+    let spec = s.spec().clone();
+    let _ = s.join(&spec, MemberOptions::default()).unwrap();
+    let ask = MemberOptions {
+        max_in_flight: 1,
+        notify_standby: true,
+    };
+    let (b, fx) = s.join(&spec, ask).unwrap();
+    assert_eq!(
+        fx,
+        vec![Effect::Standby {
+            member: b,
+            position: 1
+        }]
+    );
+    let (c, fx) = s.join(&spec, ask).unwrap();
+    assert_eq!(
+        fx,
+        vec![Effect::Standby {
+            member: c,
+            position: 2
+        }]
+    );
+}
+
+// SPEC §5: a singleton subscription has one total order across all matched topics; redelivered
+// messages come first.
+#[test]
+fn singleton_delivers_in_publish_order_with_window() {
+    let mut s = sub(Mode::Singleton);
+    let spec = s.spec().clone();
+    let (a, _) = s.join(&spec, window(3)).unwrap();
+    let mut got = Vec::new();
+    for id in 1..=5 {
+        got.extend(delivered(&s.enqueue(msg(id))));
+    }
+    assert_eq!(got.iter().map(|d| d.1).collect::<Vec<_>>(), vec![1, 2, 3]);
+    // Ack out of order: the next in publish order follows.
+    assert_eq!(delivered(&s.ack(Some(a), 2).unwrap()), vec![(a, 4, 1, 1)]);
+    let (b, _) = s.join(&spec, window(3)).unwrap();
+    let fx = s.leave(a, NOW);
+    // In-flight 1, 3, 4 come back at the head in their original order, then 5.
+    assert_eq!(
+        delivered(&fx),
+        vec![(b, 1, 2, 2), (b, 3, 2, 2), (b, 4, 2, 2)]
+    );
+    assert_eq!(s.queued_ids().collect::<Vec<_>>(), vec![5]);
+    s.check_invariants().unwrap();
+}
+
+// SPEC §4: Ack releases for good; an ack of something not in flight is NOT_FOUND and changes nothing.
+#[test]
+fn unknown_ack_is_not_found_and_changes_nothing() {
+    let mut s = sub(Mode::Queue);
+    let (a, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    let before = (s.queued(), s.in_flight(), *s.counters());
+    let err = s.ack(Some(a), 99).unwrap_err();
+    assert!(
+        matches!(err, Error::NotInFlight { system_id: 99, .. }),
+        "{err}"
+    );
+    assert_eq!(before, (s.queued(), s.in_flight(), *s.counters()));
+    s.ack(Some(a), 1).unwrap();
+    assert!(
+        matches!(s.ack(Some(a), 1), Err(Error::NotInFlight { .. })),
+        "double ack"
+    );
+    assert_eq!(s.counters().acked, 1);
+    assert_eq!(s.held_bytes(), 0);
+}
+
+// SPEC §4: acks are fenced; a demoted member's late ack cannot release the new holder's copy.
+#[test]
+fn stale_ack_from_departed_member_cannot_release_new_holders_copy() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let (b, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    let _ = s.leave(a, NOW);
+    let err = s.ack(Some(a), 1).unwrap_err();
+    assert!(matches!(err, Error::NotHolder { member, holder, .. } if member == a && holder == b));
+    let err = s.nack(Some(a), 1).unwrap_err();
+    assert!(matches!(err, Error::NotHolder { .. }));
+    assert_eq!(s.in_flight_ids().collect::<Vec<_>>(), vec![(1, b)]);
+    assert_eq!(s.counters().stale_acks, 2);
+    assert_eq!(s.counters().acked, 0);
+    s.ack(Some(b), 1).unwrap();
+    s.check_invariants().unwrap();
+}
+
+// SPEC §4: an unfenced ack (no member id) releases whoever holds the message.
+#[test]
+fn unfenced_ack_releases_the_current_holder() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    let _ = s.enqueue(msg(2));
+    assert_eq!(delivered(&s.ack(None, 1).unwrap()), vec![(a, 2, 1, 1)]);
+}
+
+// SPEC §4: Nack puts the message back at the head with attempt + 1.
+#[test]
+fn nack_redelivers_at_the_head_with_next_attempt() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    let _ = s.enqueue(msg(2));
+    let fx = s.nack(Some(a), 1).unwrap();
+    assert_eq!(delivered(&fx), vec![(a, 1, 2, 1)]);
+    assert_eq!(s.counters().nacked, 1);
+    assert_eq!(s.counters().redelivered, 1);
+}
+
+// SPEC §4: poison messages are dead-lettered after max_delivery_attempts, or dropped and counted.
+#[test]
+fn poison_message_is_dead_lettered_after_max_attempts() {
+    let mut sp = spec(Mode::Singleton);
+    sp.max_delivery_attempts = 2;
+    sp.dead_letter_topic = Some(Topic::parse("dead.jobs").unwrap());
+    let mut s = Subscription::new("s".into(), sp.clone(), limits(), Floors::default(), NOW);
+    let (a, _) = s.join(&sp, MemberOptions::default()).unwrap();
+    let (b, _) = s.join(&sp, MemberOptions::default()).unwrap();
+    let _ = s.enqueue(msg(1));
+    let _ = s.enqueue(msg(2));
+    let fx = s.leave(a, NOW); // attempt 1 failed
+    assert_eq!(delivered(&fx), vec![(b, 1, 2, 2)]);
+    let fx = s.nack(Some(b), 1).unwrap(); // attempt 2 failed: poisoned
+    assert_eq!(
+        fx[0],
+        Effect::DeadLetter {
+            message: msg(1),
+            attempts: 2
+        }
+    );
+    assert_eq!(delivered(&fx), vec![(b, 2, 1, 2)]);
+    assert_eq!(s.counters().dead_lettered, 1);
+    s.check_invariants().unwrap();
+
+    sp.dead_letter_topic = None;
+    let mut s = Subscription::new("s".into(), sp.clone(), limits(), Floors::default(), NOW);
+    let (a, _) = s.join(&sp, MemberOptions::default()).unwrap();
+    let _ = s.enqueue(msg(1));
+    let _ = s.nack(Some(a), 1).unwrap();
+    let fx = s.nack(Some(a), 1).unwrap();
+    assert_eq!(
+        fx,
+        vec![Effect::Dropped {
+            system_id: 1,
+            reason: DropReason::MaxDeliveryAttempts
+        }]
+    );
+    assert_eq!(s.counters().dropped_max_attempts, 1);
+    assert_eq!((s.queued(), s.in_flight(), s.held_bytes()), (0, 0, 0));
+}
+
+// SPEC §3: queue mode gives each message to exactly one member, spread over those with space.
+#[test]
+fn queue_mode_spreads_messages_round_robin() {
+    let mut s = sub(Mode::Queue);
+    let (a, fa) = join(&mut s);
+    let (b, fb) = join(&mut s);
+    assert_eq!(confirms(&fa), vec![(a, 1)]);
+    assert_eq!(
+        confirms(&fb),
+        vec![(b, 2)],
+        "queue members are confirmed at once"
+    );
+    let mut got = Vec::new();
+    for id in 1..=3 {
+        got.extend(delivered(&s.enqueue(msg(id))));
+    }
+    assert_eq!(got, vec![(a, 1, 1, 1), (b, 2, 1, 2)]);
+    assert_eq!(s.queued(), 1);
+    // B acks first: the waiting message goes to B, the one with space.
+    assert_eq!(delivered(&s.ack(Some(b), 2).unwrap()), vec![(b, 3, 1, 2)]);
+    // A member leaving hands its in-flight message to the others.
+    let _ = s.ack(Some(b), 3).unwrap();
+    assert_eq!(delivered(&s.leave(a, NOW)), vec![(b, 1, 2, 2)]);
+    s.check_invariants().unwrap();
+}
+
+// SPEC §3: a broadcast subscription id names one live stream.
+#[test]
+fn broadcast_allows_one_live_stream_per_id() {
+    let mut s = sub(Mode::Broadcast);
+    let (a, fx) = join(&mut s);
+    assert_eq!(confirms(&fx), vec![(a, 1)]);
+    let spec = s.spec().clone();
+    assert!(matches!(
+        s.join(&spec, MemberOptions::default()),
+        Err(Error::BroadcastTaken(_))
+    ));
+    let _ = s.leave(a, NOW);
+    assert!(s.join(&spec, MemberOptions::default()).is_ok());
+}
+
+// SPEC §3: joining with different patterns, mode or group is refused, saying what differs.
+#[test]
+fn joining_with_different_settings_names_every_difference() {
+    let mut s = sub(Mode::Singleton);
+    let _ = join(&mut s);
+    let mut other = spec(Mode::Queue);
+    other.consumer_group = "h".into();
+    other.patterns = vec![Pattern::parse("jobs.*").unwrap()];
+    let err = s
+        .join(&other, MemberOptions::default())
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "mode is SINGLETON, request asks QUEUE",
+        "consumer_group",
+        "topic_patterns",
+    ] {
+        assert!(err.contains(needle), "{err}");
+    }
+    assert_eq!(s.member_count(), 1, "a refused join changes nothing");
+}
+
+// SPEC §6: bounded queues; a full subscription refuses with the limit named.
+#[test]
+fn capacity_limits_messages_and_bytes() {
+    let mut lim = limits();
+    lim.max_messages = 2;
+    let mut s = Subscription::new("s".into(), spec(Mode::Queue), lim, Floors::default(), NOW);
+    let _ = s.enqueue(msg(1));
+    let _ = s.enqueue(msg(2));
+    let err = s.check_capacity(10).unwrap_err();
+    assert!(
+        err.to_string().contains("max_queue_messages limit of 2"),
+        "{err}"
+    );
+    let fx = s.enqueue_or_drop(msg(3));
+    assert_eq!(
+        fx,
+        vec![Effect::Dropped {
+            system_id: 3,
+            reason: DropReason::QueueFull
+        }]
+    );
+    assert_eq!(s.counters().dropped_full, 1);
+
+    let mut lim = limits();
+    lim.max_bytes = 30;
+    let mut s = Subscription::new("s".into(), spec(Mode::Queue), lim, Floors::default(), NOW);
+    let _ = s.enqueue(msg(1)); // 16 bytes
+    let err = s.check_capacity(16).unwrap_err();
+    assert!(
+        err.to_string().contains("max_queue_bytes limit of 30"),
+        "{err}"
+    );
+    assert!(s.check_capacity(14).is_ok());
+}
+
+// SPEC §6: max members per subscription.
+#[test]
+fn member_limit_is_enforced() {
+    let mut lim = limits();
+    lim.max_members = 2;
+    let mut s = Subscription::new(
+        "s".into(),
+        spec(Mode::Singleton),
+        lim,
+        Floors::default(),
+        NOW,
+    );
+    let _ = join(&mut s);
+    let _ = join(&mut s);
+    let spec = s.spec().clone();
+    assert!(matches!(
+        s.join(&spec, MemberOptions::default()),
+        Err(Error::TooManyMembers { max: 2, .. })
+    ));
+}
+
+// SPEC §6: a subscription without members expires after its idle time, keeping its queue till then.
+#[test]
+fn idle_subscription_expires_after_its_timeout() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    assert_eq!(s.expires_at(), None);
+    let _ = s.enqueue(msg(1));
+    let _ = s.leave(a, NOW);
+    assert_eq!(s.expires_at(), Some(NOW + Duration::from_secs(60)));
+    assert!(!s.is_expired(NOW + Duration::from_secs(59)));
+    assert!(s.is_expired(NOW + Duration::from_secs(60)));
+    // Rejoining in time keeps the queue (the message comes back with attempt 2).
+    let (b, fx) = join(&mut s);
+    assert_eq!(delivered(&fx), vec![(b, 1, 2, 2)]);
+    assert_eq!(s.expires_at(), None);
+    assert_eq!(s.drain(), 1);
+}
+
+// SPEC §4: a window larger than 1 lets that many unacked messages flow.
+#[test]
+fn window_limits_unacked_messages_per_member() {
+    let mut s = sub(Mode::Queue);
+    let spec = s.spec().clone();
+    let (a, _) = s.join(&spec, window(2)).unwrap();
+    let mut got = Vec::new();
+    for id in 1..=4 {
+        got.extend(delivered(&s.enqueue(msg(id))));
+    }
+    assert_eq!(got, vec![(a, 1, 1, 1), (a, 2, 1, 1)]);
+    assert_eq!(delivered(&s.ack(Some(a), 1).unwrap()), vec![(a, 3, 1, 1)]);
+    s.check_invariants().unwrap();
+}

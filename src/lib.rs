@@ -1,0 +1,21 @@
+//! tinybroker: a single-node, in-memory message broker with a gRPC API.
+//!
+//! # Layout
+//! - [`core`]: the pure, deterministic group state machine, topic parsing and routing index. No
+//!   I/O, no clock reads, no unseeded randomness, no locks, no tokio, no tonic.
+//! - [`broker`]: the shell. Shares the core between connections with short per-subscription
+//!   locks, turns effects into frames on member streams, notices ended streams, expires idle
+//!   subscriptions. Time comes from a [`clock::Clock`].
+//! - [`clock`]: the clock seam (tokio's clock in production, turmoil's in simulation).
+//! - [`service`]: the tonic service; translates `pb` types to domain types and errors to `Status`.
+//! - [`server`]: `run(config, incoming, shutdown)`: the whole server on any listener.
+//! - [`pb`]: generated protobuf types.
+//! - [`sync`]: the lock types the shell uses, swappable for loom's.
+
+pub mod broker;
+pub mod clock;
+pub mod core;
+pub mod pb;
+pub mod server;
+pub mod service;
+pub mod sync;

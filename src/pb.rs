@@ -1,0 +1,9 @@
+//! Generated protobuf and gRPC types for `tinybroker.v1` (fenced off: hand-written code converts
+//! at the edge in `service`).
+#![allow(missing_docs, clippy::all, clippy::pedantic)]
+
+tonic::include_proto!("tinybroker.v1");
+
+/// Encoded file descriptor set, for the reflection service.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/tinybroker_descriptor.bin"));

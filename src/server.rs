@@ -1,0 +1,230 @@
+//! The whole server on any listener: `run(config, incoming, shutdown)`. The binary passes a TCP
+//! listener and a signal future; tests pass a port-0 listener; simulations pass turmoil's.
+
+use std::{error::Error as StdError, time::Duration};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_stream::Stream;
+use tonic::{
+    Request, Status,
+    service::Interceptor,
+    transport::{Identity, ServerTlsConfig, server::Connected},
+};
+
+use crate::{
+    broker::Broker,
+    clock::{Clock, TokioClock},
+    core::Limits,
+    pb::{self, broker_server::BrokerServer},
+    service::BrokerService,
+    sync::Arc,
+};
+
+/// Everything the server can be configured with; `Default` is the in-memory, loopback-friendly
+/// setup `tinybroker serve` starts with.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Queue, size and membership limits.
+    pub limits: Limits,
+    /// Largest gRPC request the transport decodes. Must exceed `limits.max_message_bytes` so an
+    /// oversized message gets the broker's own `RESOURCE_EXHAUSTED` naming the limit.
+    pub max_request_bytes: usize,
+    /// HTTP/2 keepalive ping interval; `None` disables keepalive (a vanished host then goes
+    /// unnoticed until TCP gives up).
+    pub keepalive_interval: Option<Duration>,
+    /// How long a keepalive ping may go unanswered before the connection, and every member
+    /// stream on it, is closed.
+    pub keepalive_timeout: Duration,
+    /// When set, every Broker RPC must carry `authorization: Bearer <token>`.
+    pub auth_token: Option<String>,
+    /// When set, serve TLS with this certificate and key.
+    pub tls: Option<Identity>,
+    /// How long shutdown waits for connections to drain after ending every stream.
+    pub drain_timeout: Duration,
+    /// Where time comes from.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let limits = Limits::default();
+        Self {
+            max_request_bytes: limits.max_message_bytes * 2 + 64 * 1024,
+            limits,
+            keepalive_interval: Some(Duration::from_secs(10)),
+            keepalive_timeout: Duration::from_secs(10),
+            auth_token: None,
+            tls: None,
+            drain_timeout: Duration::from_secs(5),
+            clock: Arc::new(TokioClock::new()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("limits", &self.limits)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("keepalive_interval", &self.keepalive_interval)
+            .field("keepalive_timeout", &self.keepalive_timeout)
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
+            .field("tls", &self.tls.is_some())
+            .field("drain_timeout", &self.drain_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the bearer token on Broker RPCs.
+#[derive(Clone)]
+struct BearerAuth(Option<Arc<str>>);
+
+impl Interceptor for BearerAuth {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Ok(request);
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => Ok(request),
+            Some(_) => Err(Status::unauthenticated("bearer token does not match")),
+            None => Err(Status::unauthenticated(
+                "missing `authorization: Bearer <token>` metadata",
+            )),
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The transport failed (bad TLS material, listener error).
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The reflection service could not be built from the descriptor set.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// A configured server and its broker, before it starts.
+#[derive(Debug)]
+pub struct Server {
+    config: ServerConfig,
+    broker: Broker,
+}
+
+impl Server {
+    /// A server with a fresh, empty broker.
+    pub fn new(config: ServerConfig) -> Self {
+        let broker = Broker::new(config.limits.clone(), config.clock.clone());
+        Self { config, broker }
+    }
+
+    /// The broker this server will serve (for in-process inspection).
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Serves the Broker, gRPC health and reflection services on `incoming` until `shutdown`
+    /// completes; then ends every member stream with `UNAVAILABLE`, waits up to the drain
+    /// timeout for connections to close, and returns.
+    ///
+    /// # Errors
+    /// [`ServeError`] if the transport or reflection service cannot start.
+    pub async fn run<I, IO, IE, F>(self, incoming: I, shutdown: F) -> Result<(), ServeError>
+    where
+        I: Stream<Item = Result<IO, IE>>,
+        IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn StdError + Send + Sync>>,
+        F: Future<Output = ()>,
+    {
+        let Self { config, broker } = self;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<BrokerServer<BrokerService>>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let reflection_alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+        let service = BrokerServer::new(BrokerService::new(broker.clone()))
+            .max_decoding_message_size(config.max_request_bytes);
+        let auth = BearerAuth(config.auth_token.as_deref().map(Arc::from));
+        let service = tonic::service::interceptor::InterceptedService::new(service, auth);
+
+        let mut builder = tonic::transport::Server::builder()
+            .http2_keepalive_interval(config.keepalive_interval)
+            .http2_keepalive_timeout(Some(config.keepalive_timeout));
+        if let Some(identity) = config.tls.clone() {
+            builder = builder.tls_config(ServerTlsConfig::new().identity(identity))?;
+        }
+
+        let expiry = tokio::spawn(broker.clone().run_expiry());
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+        let stopping = {
+            let broker = broker.clone();
+            async move {
+                shutdown.await;
+                tracing::info!("shutting down: ending every member stream");
+                health
+                    .set_not_serving::<BrokerServer<BrokerService>>()
+                    .await;
+                broker.shutdown();
+                let _ = drained_tx.send(());
+            }
+        };
+        let serve = builder
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(reflection_alpha)
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, stopping);
+        let drain_timeout = config.drain_timeout;
+        let result = tokio::select! {
+            biased;
+            result = serve => result.map_err(ServeError::from),
+            () = async {
+                if drained_rx.await.is_ok() {
+                    tokio::time::sleep(drain_timeout).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            } => {
+                tracing::warn!(?drain_timeout, "connections did not drain in time; closing them");
+                Ok(())
+            }
+        };
+        expiry.abort();
+        result
+    }
+}
+
+/// Shorthand for `Server::new(config).run(incoming, shutdown)`.
+///
+/// # Errors
+/// As [`Server::run`].
+pub async fn run<I, IO, IE, F>(
+    config: ServerConfig,
+    incoming: I,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn StdError + Send + Sync>>,
+    F: Future<Output = ()>,
+{
+    Server::new(config).run(incoming, shutdown).await
+}

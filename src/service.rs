@@ -1,0 +1,436 @@
+//! The tonic service: translates protobuf to domain types (validating once, here), calls the
+//! broker, and maps every [`Error`] to a gRPC status in one place ([`status`]).
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use prost_types::Timestamp;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    broker::{Broker, BrokerStats, MemberStream, Outbound, SubscriptionView},
+    core::{
+        Draft, Error, Headers, Limits, MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec,
+        Topic,
+    },
+    pb,
+};
+
+/// Maps a broker error to the gRPC status a client gets.
+pub fn status(error: &Error) -> Status {
+    let message = error.to_string();
+    match error {
+        Error::InvalidTopic { .. } | Error::InvalidPattern { .. } | Error::InvalidArgument(_) => {
+            Status::invalid_argument(message)
+        }
+        Error::SettingsMismatch { .. } | Error::NotHolder { .. } => {
+            Status::failed_precondition(message)
+        }
+        Error::BroadcastTaken(_) => Status::already_exists(message),
+        Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => Status::not_found(message),
+        Error::QueueFull { .. }
+        | Error::MessageTooLarge { .. }
+        | Error::BatchTooLarge { .. }
+        | Error::TooManySubscriptions { .. }
+        | Error::TooManyMembers { .. } => Status::resource_exhausted(message),
+        Error::ShuttingDown => Status::unavailable(message),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidArgument(message.into())
+}
+
+fn check_name(field: &str, value: &str, limits: &Limits) -> Result<(), Error> {
+    if value.len() > limits.max_name_bytes {
+        return Err(invalid(format!(
+            "{field} is {} bytes, longer than the limit of {}",
+            value.len(),
+            limits.max_name_bytes
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!("{field} contains a control character")));
+    }
+    Ok(())
+}
+
+/// Validates a publish request into a [`Draft`].
+///
+/// # Errors
+/// [`Error::InvalidTopic`] or [`Error::MessageTooLarge`].
+pub fn draft(request: pb::PublishRequest, limits: &Limits) -> Result<Draft, Error> {
+    let topic = Topic::parse(&request.topic)?;
+    let headers: Headers = request.headers.into_iter().collect();
+    Draft::new(topic, request.payload, headers, limits)
+}
+
+/// Validates an `OpenSubscription` (SPEC §3 "Validation").
+///
+/// # Errors
+/// [`Error::InvalidArgument`], [`Error::InvalidPattern`] or [`Error::InvalidTopic`] naming the
+/// problem.
+pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<OpenRequest, Error> {
+    if request.subscription_id.is_empty() {
+        return Err(invalid("subscription_id is required"));
+    }
+    check_name("subscription_id", &request.subscription_id, limits)?;
+    let mode = match pb::DeliveryMode::try_from(request.mode) {
+        Ok(pb::DeliveryMode::Broadcast) => Mode::Broadcast,
+        Ok(pb::DeliveryMode::Queue) => Mode::Queue,
+        Ok(pb::DeliveryMode::Singleton) => Mode::Singleton,
+        Ok(pb::DeliveryMode::Unspecified) => {
+            return Err(invalid(
+                "mode is required: DELIVERY_MODE_BROADCAST, DELIVERY_MODE_QUEUE or DELIVERY_MODE_SINGLETON",
+            ));
+        }
+        Err(_) => {
+            return Err(invalid(format!(
+                "mode {} is not a known DeliveryMode",
+                request.mode
+            )));
+        }
+    };
+    if request.topic_patterns.is_empty() {
+        return Err(invalid("topic_patterns needs at least one pattern"));
+    }
+    if request.topic_patterns.len() > limits.max_patterns {
+        return Err(invalid(format!(
+            "{} topic_patterns, more than the limit of {}",
+            request.topic_patterns.len(),
+            limits.max_patterns
+        )));
+    }
+    let mut patterns = request
+        .topic_patterns
+        .iter()
+        .map(|p| Pattern::parse(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    patterns.sort();
+    patterns.dedup();
+    if mode != Mode::Broadcast && request.consumer_group.is_empty() {
+        return Err(invalid(format!(
+            "consumer_group is required in {mode} mode"
+        )));
+    }
+    check_name("consumer_group", &request.consumer_group, limits)?;
+    if request.max_in_flight > limits.max_in_flight {
+        return Err(invalid(format!(
+            "max_in_flight {} is over the limit of {}",
+            request.max_in_flight, limits.max_in_flight
+        )));
+    }
+    if request.notify_standby && mode != Mode::Singleton {
+        return Err(invalid(
+            "notify_standby only applies to DELIVERY_MODE_SINGLETON",
+        ));
+    }
+    let dead_letter_topic = match request.dead_letter_topic.as_str() {
+        "" => None,
+        text => Some(Topic::parse(text).map_err(|e| invalid(format!("dead_letter_topic: {e}")))?),
+    };
+    Ok(OpenRequest {
+        subscription_id: request.subscription_id,
+        spec: SubscriptionSpec {
+            mode,
+            consumer_group: request.consumer_group,
+            patterns,
+            max_delivery_attempts: request.max_delivery_attempts,
+            dead_letter_topic,
+        },
+        member: MemberOptions {
+            max_in_flight: request.max_in_flight.max(1),
+            notify_standby: request.notify_standby,
+        },
+    })
+}
+
+fn fence(subscription_id: &str, system_id: u64, member_id: u64) -> Result<Option<u64>, Error> {
+    if subscription_id.is_empty() {
+        return Err(invalid("subscription_id is required"));
+    }
+    if system_id == 0 {
+        return Err(invalid("system_id is required"));
+    }
+    Ok((member_id != 0).then_some(member_id))
+}
+
+fn mode_to_pb(mode: Mode) -> pb::DeliveryMode {
+    match mode {
+        Mode::Broadcast => pb::DeliveryMode::Broadcast,
+        Mode::Queue => pb::DeliveryMode::Queue,
+        Mode::Singleton => pb::DeliveryMode::Singleton,
+    }
+}
+
+fn timestamp(unix_millis: u64) -> Timestamp {
+    Timestamp {
+        seconds: (unix_millis / 1000) as i64,
+        nanos: ((unix_millis % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// Turns a domain frame into its protobuf form; an `End` becomes the stream's final status.
+pub fn frame(outbound: Outbound) -> Result<pb::SubscriptionFrame, Status> {
+    use pb::subscription_frame::Frame;
+    let frame = match outbound {
+        Outbound::Confirm {
+            subscription_id,
+            member_id,
+            epoch,
+        } => Frame::Confirmation(pb::Confirmation {
+            subscription_id: subscription_id.to_string(),
+            member_id,
+            epoch,
+        }),
+        Outbound::Standby {
+            subscription_id,
+            member_id,
+            position,
+        } => Frame::Standby(pb::StandbyNotice {
+            subscription_id: subscription_id.to_string(),
+            member_id,
+            position,
+        }),
+        Outbound::Message {
+            message,
+            attempt,
+            epoch,
+        } => Frame::Message(pb::DeliveredMessage {
+            system_id: message.system_id,
+            topic: message.topic.to_string(),
+            payload: message.payload.clone(),
+            headers: message
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<HashMap<_, _>>(),
+            delivery_attempt: attempt,
+            published_at: Some(timestamp(message.published_at_ms)),
+            epoch,
+        }),
+        Outbound::End(error) => return Err(status(&error)),
+    };
+    Ok(pb::SubscriptionFrame { frame: Some(frame) })
+}
+
+fn info(view: SubscriptionView) -> pb::SubscriptionInfo {
+    let c = view.counters;
+    let active_member_id = match view.spec.mode {
+        Mode::Singleton => view
+            .members
+            .iter()
+            .find(|m| m.active)
+            .map_or(0, |m| m.member_id),
+        _ => 0,
+    };
+    pb::SubscriptionInfo {
+        subscription_id: view.subscription_id.to_string(),
+        mode: mode_to_pb(view.spec.mode).into(),
+        consumer_group: view.spec.consumer_group,
+        topic_patterns: view.spec.patterns.iter().map(|p| p.to_string()).collect(),
+        members: view
+            .members
+            .iter()
+            .map(|m| pb::MemberInfo {
+                member_id: m.member_id,
+                active: m.active,
+                epoch: m.epoch,
+                in_flight: m.in_flight,
+                max_in_flight: m.max_in_flight,
+                position: m.position,
+            })
+            .collect(),
+        active_member_id,
+        epoch: view.epoch,
+        queued_messages: view.queued_messages,
+        queued_bytes: view.queued_bytes,
+        in_flight: view.in_flight,
+        counters: Some(pb::SubscriptionCounters {
+            enqueued: c.enqueued,
+            delivered: c.delivered,
+            redelivered: c.redelivered,
+            acked: c.acked,
+            nacked: c.nacked,
+            dead_lettered: c.dead_lettered,
+            dropped_max_attempts: c.dropped_max_attempts,
+            rejected_full: c.rejected_full,
+            dropped_full: c.dropped_full,
+            promotions: c.promotions,
+            stale_acks: c.stale_acks,
+        }),
+        max_delivery_attempts: view.spec.max_delivery_attempts,
+        dead_letter_topic: view
+            .spec
+            .dead_letter_topic
+            .map(|t| t.to_string())
+            .unwrap_or_default(),
+        expires_in_ms: view.expires_in.map(|d| d.as_millis() as u64),
+    }
+}
+
+fn stats(stats: BrokerStats) -> pb::BrokerCounters {
+    pb::BrokerCounters {
+        published: stats.published,
+        unrouted: stats.unrouted,
+        rejected_publishes: stats.rejected_publishes,
+        subscriptions_expired: stats.subscriptions_expired,
+        messages_expired: stats.messages_expired,
+        subscriptions: stats.subscriptions,
+        members: stats.members,
+    }
+}
+
+/// A member's stream as protobuf frames.
+#[derive(Debug)]
+pub struct FrameStream(MemberStream);
+
+impl futures_core::Stream for FrameStream {
+    type Item = Result<pb::SubscriptionFrame, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.0).poll_next(cx).map(|o| o.map(frame))
+    }
+}
+
+/// The `tinybroker.v1.Broker` gRPC service.
+#[derive(Debug, Clone)]
+pub struct BrokerService {
+    broker: Broker,
+}
+
+impl BrokerService {
+    /// Serves `broker`.
+    pub fn new(broker: Broker) -> Self {
+        Self { broker }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::broker_server::Broker for BrokerService {
+    async fn publish(
+        &self,
+        request: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishResponse>, Status> {
+        let draft = draft(request.into_inner(), self.broker.limits()).map_err(|e| status(&e))?;
+        let published = self.broker.publish(draft).map_err(|e| status(&e))?;
+        Ok(Response::new(pb::PublishResponse {
+            system_id: published.system_id,
+            queued_for: published.queued_for,
+        }))
+    }
+
+    async fn publish_batch(
+        &self,
+        request: Request<pb::PublishBatchRequest>,
+    ) -> Result<Response<pb::PublishBatchResponse>, Status> {
+        let messages = request.into_inner().messages;
+        let limits = self.broker.limits();
+        if messages.len() > limits.max_batch_messages {
+            return Err(status(&Error::BatchTooLarge {
+                count: messages.len(),
+                max: limits.max_batch_messages,
+            }));
+        }
+        // Validate everything first: an invalid message rejects the whole batch untouched.
+        let drafts = messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                draft(m, limits).map_err(|e| {
+                    let s = status(&e);
+                    Status::new(
+                        s.code(),
+                        format!("message {} of the batch: {}", i + 1, s.message()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let total = drafts.len();
+        match self.broker.publish_batch(drafts) {
+            Ok(published) => Ok(Response::new(pb::PublishBatchResponse {
+                results: published
+                    .into_iter()
+                    .map(|p| pb::PublishResponse {
+                        system_id: p.system_id,
+                        queued_for: p.queued_for,
+                    })
+                    .collect(),
+            })),
+            Err(e) => {
+                let s = status(&e.error);
+                let done = e.published.len();
+                let mut s = Status::new(
+                    s.code(),
+                    format!(
+                        "published {done} of {total} messages; message {} was refused: {}",
+                        done + 1,
+                        s.message()
+                    ),
+                );
+                if let Ok(value) = done.to_string().parse() {
+                    s.metadata_mut().insert("tinybroker-published-count", value);
+                }
+                Err(s)
+            }
+        }
+    }
+
+    type SubscribeStream = FrameStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::OpenSubscription>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let open =
+            open_request(request.into_inner(), self.broker.limits()).map_err(|e| status(&e))?;
+        let stream = self.broker.open(&open).map_err(|e| status(&e))?;
+        Ok(Response::new(FrameStream(stream)))
+    }
+
+    async fn ack(&self, request: Request<pb::Ack>) -> Result<Response<pb::AckResponse>, Status> {
+        let ack = request.into_inner();
+        let member =
+            fence(&ack.subscription_id, ack.system_id, ack.member_id).map_err(|e| status(&e))?;
+        self.broker
+            .ack(&ack.subscription_id, member, ack.system_id)
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::AckResponse {}))
+    }
+
+    async fn nack(&self, request: Request<pb::Nack>) -> Result<Response<pb::NackResponse>, Status> {
+        let nack = request.into_inner();
+        let member =
+            fence(&nack.subscription_id, nack.system_id, nack.member_id).map_err(|e| status(&e))?;
+        self.broker
+            .nack(&nack.subscription_id, member, nack.system_id)
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::NackResponse {}))
+    }
+
+    async fn describe_subscription(
+        &self,
+        request: Request<pb::DescribeSubscriptionRequest>,
+    ) -> Result<Response<pb::SubscriptionInfo>, Status> {
+        let id = request.into_inner().subscription_id;
+        if id.is_empty() {
+            return Err(status(&invalid("subscription_id is required")));
+        }
+        let view = self.broker.describe(&id).map_err(|e| status(&e))?;
+        Ok(Response::new(info(view)))
+    }
+
+    async fn list_subscriptions(
+        &self,
+        _request: Request<pb::ListSubscriptionsRequest>,
+    ) -> Result<Response<pb::ListSubscriptionsResponse>, Status> {
+        let (views, broker) = self.broker.list();
+        Ok(Response::new(pb::ListSubscriptionsResponse {
+            subscriptions: views.into_iter().map(info).collect(),
+            broker: Some(stats(broker)),
+        }))
+    }
+}

@@ -1,0 +1,33 @@
+//! The synchronisation primitives the shell uses. Under `--cfg tinybroker_loom` they are loom's,
+//! so the same shell code can be model-checked; otherwise they are std's.
+//!
+//! std locks, not tokio's: every critical section is short and never awaits, and std locks can be
+//! taken from `Drop` (where a member's stream end is noticed).
+
+#[cfg(tinybroker_loom)]
+pub use loom::sync::{
+    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    atomic::{AtomicBool, AtomicU64, Ordering},
+};
+#[cfg(not(tinybroker_loom))]
+pub use std::sync::{
+    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    atomic::{AtomicBool, AtomicU64, Ordering},
+};
+
+/// Locks `mutex`, recovering from poisoning: the core's state stays consistent across a panic
+/// because each input is applied whole or not at all, and losing every queued message to one
+/// poisoned lock would be worse.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// Read-locks `lock`, recovering from poisoning (see [`lock`]).
+pub fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// Write-locks `lock`, recovering from poisoning (see [`lock`]).
+pub fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poison| poison.into_inner())
+}
