@@ -1,1 +1,173 @@
+//! Shell tests on tokio's paused clock: idle expiry, shutdown, atomic publish, dead letters.
 
+use std::time::Duration;
+
+use super::*;
+use crate::{
+    clock::VirtualClock,
+    core::{MemberOptions, Mode, Pattern, Topic},
+};
+
+fn broker(limits: Limits) -> Broker {
+    Broker::new(limits, Arc::new(VirtualClock::new(1_700_000_000_000)))
+}
+
+fn request(id: &str, mode: Mode, pattern: &str) -> OpenRequest {
+    OpenRequest {
+        subscription_id: id.into(),
+        spec: SubscriptionSpec {
+            mode,
+            consumer_group: "g".into(),
+            patterns: vec![Pattern::parse(pattern).unwrap()],
+            max_delivery_attempts: 0,
+            dead_letter_topic: None,
+        },
+        member: MemberOptions::default(),
+    }
+}
+
+fn draft(topic: &str) -> Draft {
+    Draft::new(
+        Topic::parse(topic).unwrap(),
+        bytes::Bytes::from_static(b"x"),
+        Default::default(),
+        &Limits::default(),
+    )
+    .unwrap()
+}
+
+// SPEC §6: the queue outlives its last member for idle_timeout, then the subscription expires,
+// counted; the expiry task wakes by itself.
+#[tokio::test(start_paused = true)]
+async fn idle_subscription_expires_on_its_own_after_the_timeout() {
+    let limits = Limits {
+        idle_timeout: Duration::from_secs(300),
+        ..Limits::default()
+    };
+    let broker = broker(limits);
+    let expiry = tokio::spawn(broker.clone().run_expiry());
+    let member = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    drop(member);
+    broker.publish(draft("a.b")).unwrap();
+    tokio::time::sleep(Duration::from_secs(299)).await;
+    let view = broker.describe("s").unwrap();
+    assert_eq!(view.queued_messages, 1, "queue kept during the idle time");
+    assert_eq!(view.expires_in, Some(Duration::from_secs(1)));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(matches!(
+        broker.describe("s"),
+        Err(Error::SubscriptionNotFound(_))
+    ));
+    let (_, stats) = broker.list();
+    assert_eq!(
+        (stats.subscriptions_expired, stats.messages_expired),
+        (1, 1)
+    );
+    // Unrouted now: the index no longer holds the expired subscription.
+    assert_eq!(broker.publish(draft("a.b")).unwrap().queued_for, 0);
+    expiry.abort();
+}
+
+// SPEC §5 invariant 5: a subscription recreated after expiry hands out higher epochs.
+#[tokio::test(start_paused = true)]
+async fn epochs_keep_increasing_across_expiry_and_recreation() {
+    let broker = broker(Limits {
+        idle_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    });
+    let mut first = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    let Some(Outbound::Confirm {
+        epoch: e1,
+        member_id: m1,
+        ..
+    }) = first.next().await
+    else {
+        panic!("expected confirmation");
+    };
+    drop(first);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(broker.expire_idle(), 1);
+    let mut second = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    let Some(Outbound::Confirm {
+        epoch: e2,
+        member_id: m2,
+        ..
+    }) = second.next().await
+    else {
+        panic!("expected confirmation");
+    };
+    assert!(e2 > e1 && m2 > m1, "epoch {e1}->{e2}, member {m1}->{m2}");
+}
+
+// SPEC §6: a refused publish changes nothing on any matching subscription.
+#[tokio::test]
+async fn refused_publish_queues_on_no_subscription() {
+    let broker = broker(Limits {
+        max_queue_messages: 1,
+        ..Limits::default()
+    });
+    let _a = broker.open(&request("a", Mode::Queue, "t.*")).unwrap();
+    let _b = broker.open(&request("b", Mode::Queue, "t.>")).unwrap();
+    let _ = broker.open(&request("c", Mode::Queue, "u.*")).unwrap();
+    broker.publish(draft("u.x")).unwrap();
+    broker.publish(draft("t.x")).unwrap();
+    // a and b each hold one now; "b" is full but so is "a": either refusal must leave both alone.
+    let err = broker.publish(draft("t.y")).unwrap_err();
+    assert!(matches!(err, Error::QueueFull { .. }));
+    for id in ["a", "b"] {
+        let view = broker.describe(id).unwrap();
+        assert_eq!(view.counters.enqueued, 1, "{id}");
+    }
+}
+
+// SPEC §7: shutdown ends every stream with ShuttingDown and refuses new work.
+#[tokio::test]
+async fn shutdown_ends_streams_and_refuses_new_work() {
+    let broker = broker(Limits::default());
+    let mut member = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    assert!(matches!(
+        member.next().await,
+        Some(Outbound::Confirm { .. })
+    ));
+    broker.shutdown();
+    assert_eq!(
+        member.next().await,
+        Some(Outbound::End(Error::ShuttingDown))
+    );
+    assert_eq!(member.next().await, None);
+    assert_eq!(broker.publish(draft("a.b")), Err(Error::ShuttingDown));
+    assert!(matches!(
+        broker.open(&request("t", Mode::Queue, "a.*")),
+        Err(Error::ShuttingDown)
+    ));
+}
+
+// SPEC §4: a dead letter whose topic matches its own subscription does not loop back into it.
+#[tokio::test]
+async fn dead_letter_skips_its_own_subscription() {
+    let broker = broker(Limits::default());
+    let mut req = request("loop", Mode::Singleton, "jobs.>");
+    req.spec.max_delivery_attempts = 1;
+    req.spec.dead_letter_topic = Some(Topic::parse("jobs.dead").unwrap());
+    let mut member = broker.open(&req).unwrap();
+    let _ = member.next().await;
+    let mut watcher = broker
+        .open(&request("watch", Mode::Queue, "jobs.dead"))
+        .unwrap();
+    let _ = watcher.next().await;
+    let id = broker.publish(draft("jobs.x")).unwrap().system_id;
+    assert!(matches!(
+        member.next().await,
+        Some(Outbound::Message { .. })
+    ));
+    broker.nack("loop", Some(member.member_id()), id).unwrap();
+    let Some(Outbound::Message { message, .. }) = watcher.next().await else {
+        panic!("watcher should get the dead letter");
+    };
+    assert_eq!(message.topic.as_str(), "jobs.dead");
+    let view = broker.describe("loop").unwrap();
+    assert_eq!(
+        (view.queued_messages, view.in_flight, view.counters.enqueued),
+        (0, 0, 1)
+    );
+}

@@ -1,7 +1,11 @@
 //! The whole server on any listener: `run(config, incoming, shutdown)`. The binary passes a TCP
 //! listener and a signal future; tests pass a port-0 listener; simulations pass turmoil's.
 
+mod oversize;
+
 use std::{error::Error as StdError, time::Duration};
+
+use oversize::OversizeAsResourceExhausted;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
@@ -161,7 +165,10 @@ impl Server {
         let service = BrokerServer::new(BrokerService::new(broker.clone()))
             .max_decoding_message_size(config.max_request_bytes);
         let auth = BearerAuth(config.auth_token.as_deref().map(Arc::from));
-        let service = tonic::service::interceptor::InterceptedService::new(service, auth);
+        let service = OversizeAsResourceExhausted::new(
+            tonic::service::interceptor::InterceptedService::new(service, auth),
+            config.max_request_bytes,
+        );
 
         let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(config.keepalive_interval)

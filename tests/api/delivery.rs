@@ -1,0 +1,265 @@
+//! Queue and broadcast modes, acks, nacks, dead letters and batches over the wire (SPEC §3–§4).
+
+use std::collections::BTreeSet;
+
+use tinybroker::pb::{self, DeliveryMode};
+use tonic::Code;
+
+use crate::harness::*;
+
+// SPEC §3: queue mode gives each message to exactly one member, spread over members with space.
+#[tokio::test]
+async fn queue_mode_delivers_each_message_once_spread_over_members() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let q = || open("workers", DeliveryMode::Queue, "pool", &["work.>"]);
+    let mut a = client.subscribe(q()).await.unwrap();
+    let mut b = client.subscribe(q()).await.unwrap();
+    a.confirmed().await;
+    b.confirmed().await;
+    let mut published = BTreeSet::new();
+    for n in 0..10 {
+        published.insert(client.publish("work.item", &n.to_string()).await.system_id);
+    }
+    let mut seen_a = Vec::new();
+    let mut seen_b = Vec::new();
+    // Each member acks what it gets; with a window of 1 both must take part.
+    while seen_a.len() + seen_b.len() < 10 {
+        tokio::select! {
+            m = a.message() => { a.ack(m.system_id).await; seen_a.push(m.system_id); }
+            m = b.message() => { b.ack(m.system_id).await; seen_b.push(m.system_id); }
+        }
+    }
+    assert!(
+        !seen_a.is_empty() && !seen_b.is_empty(),
+        "a={seen_a:?} b={seen_b:?}"
+    );
+    let all: BTreeSet<u64> = seen_a.iter().chain(&seen_b).copied().collect();
+    assert_eq!(all.len(), 10, "no message twice");
+    assert_eq!(all, published);
+    let info = client.describe("workers").await.unwrap();
+    assert_eq!(info.counters.unwrap().acked, 10);
+    assert_eq!(
+        info.active_member_id, 0,
+        "no single active member in queue mode"
+    );
+}
+
+// SPEC §3: queue mode, a member leaving hands its in-flight messages to the others.
+#[tokio::test]
+async fn queue_member_leaving_hands_in_flight_to_others() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let q = || open("handoff", DeliveryMode::Queue, "pool", &["work.>"]);
+    let mut a = client.subscribe(q()).await.unwrap();
+    a.confirmed().await;
+    let id = client.publish("work.x", "x").await.system_id;
+    assert_eq!(a.message().await.system_id, id);
+    let mut b = client.subscribe(q()).await.unwrap();
+    b.confirmed().await;
+    drop(a);
+    let m = b.message().await;
+    assert_eq!((m.system_id, m.delivery_attempt), (id, 2));
+}
+
+// SPEC §3: broadcast gives every stream every message; a second open of a live id is refused.
+#[tokio::test]
+async fn broadcast_gives_every_stream_every_message() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let bc = |id: &str| open(id, DeliveryMode::Broadcast, "", &["news.*"]);
+    let mut a = client.subscribe(bc("tv")).await.unwrap();
+    let mut b = client.subscribe(bc("radio")).await.unwrap();
+    a.confirmed().await;
+    b.confirmed().await;
+    assert_code(
+        client.subscribe(bc("tv")).await.map(|_| ()),
+        Code::AlreadyExists,
+        "tv",
+    );
+    let r = client.publish("news.today", "hello").await;
+    assert_eq!(r.queued_for, 2);
+    let (ma, mb) = (a.message().await, b.message().await);
+    assert_eq!((ma.system_id, mb.system_id), (r.system_id, r.system_id));
+    assert_eq!(ma.topic, "news.today");
+    assert!(ma.published_at.is_some());
+    // One subscriber going away does not disturb the other.
+    drop(a);
+    let r = client.publish("news.tomorrow", "again").await;
+    b.ack(mb.system_id).await;
+    assert_eq!(b.message().await.system_id, r.system_id);
+}
+
+// SPEC §2: routing follows NATS pattern semantics over the wire.
+#[tokio::test]
+async fn patterns_route_as_nats_does() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut star = client
+        .subscribe(open("star", DeliveryMode::Broadcast, "", &["schedule.*"]))
+        .await
+        .unwrap();
+    star.confirmed().await;
+    assert_eq!(client.publish("schedule", "x").await.queued_for, 0);
+    assert_eq!(client.publish("schedule.a.b", "x").await.queued_for, 0);
+    let r = client.publish("schedule.daily", "x").await;
+    assert_eq!(r.queued_for, 1);
+    assert_eq!(star.message().await.system_id, r.system_id);
+}
+
+// SPEC §4: ack of a message not in flight is NOT_FOUND; the window holds the next until the ack.
+#[tokio::test]
+async fn unknown_ack_is_not_found_and_window_gates_delivery() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("win")).await.unwrap();
+    a.confirmed().await;
+    let first = client.publish("jobs.a", "1").await.system_id;
+    let second = client.publish("jobs.a", "2").await.system_id;
+    assert_eq!(a.message().await.system_id, first);
+    assert_code(
+        client.ack("win", a.member_id, second).await,
+        Code::NotFound,
+        "not in flight",
+    );
+    assert_code(client.ack("nope", 0, first).await, Code::NotFound, "nope");
+    let info = client.describe("win").await.unwrap();
+    assert_eq!(
+        (info.in_flight, info.queued_messages),
+        (1, 1),
+        "window of 1 holds the second"
+    );
+    a.ack(first).await;
+    assert_eq!(a.message().await.system_id, second);
+    assert_code(
+        client.ack("win", a.member_id, first).await,
+        Code::NotFound,
+        "not in flight",
+    );
+}
+
+// SPEC §4: a larger window lets that many unacked messages flow.
+#[tokio::test]
+async fn max_in_flight_window_allows_several_unacked() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut req = singleton("wide");
+    req.max_in_flight = 3;
+    let mut a = client.subscribe(req).await.unwrap();
+    a.confirmed().await;
+    for n in 0..4 {
+        client.publish("jobs.w", &n.to_string()).await;
+    }
+    for _ in 0..3 {
+        a.message().await;
+    }
+    let info = client.describe("wide").await.unwrap();
+    assert_eq!((info.in_flight, info.queued_messages), (3, 1));
+    assert_eq!(info.members[0].max_in_flight, 3);
+}
+
+// SPEC §4: Nack returns the message to the head with delivery_attempt + 1.
+#[tokio::test]
+async fn nack_redelivers_at_the_head() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("nack")).await.unwrap();
+    a.confirmed().await;
+    let first = client.publish("jobs.n", "1").await.system_id;
+    client.publish("jobs.n", "2").await;
+    assert_eq!(a.message().await.system_id, first);
+    client.nack("nack", a.member_id, first).await.unwrap();
+    let again = a.message().await;
+    assert_eq!((again.system_id, again.delivery_attempt), (first, 2));
+    assert_code(
+        client.nack("nack", a.member_id, 999).await,
+        Code::NotFound,
+        "999",
+    );
+}
+
+// SPEC §4: a poison message is published to the dead-letter topic with headers saying why.
+#[tokio::test]
+async fn poison_message_goes_to_the_dead_letter_topic() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut dlq = client
+        .subscribe(open("dlq", DeliveryMode::Queue, "ops", &["dead.>"]))
+        .await
+        .unwrap();
+    dlq.confirmed().await;
+    let mut req = singleton("poison");
+    req.max_delivery_attempts = 2;
+    req.dead_letter_topic = "dead.jobs".into();
+    let mut a = client.subscribe(req).await.unwrap();
+    a.confirmed().await;
+    let id = client.publish("jobs.bad", "boom").await.system_id;
+    for attempt in 1..=2 {
+        let m = a.message().await;
+        assert_eq!((m.system_id, m.delivery_attempt), (id, attempt));
+        client.nack("poison", a.member_id, id).await.unwrap();
+    }
+    let dead = dlq.message().await;
+    assert_eq!(dead.topic, "dead.jobs");
+    assert_eq!(dead.payload, b"boom".as_slice());
+    assert_eq!(
+        dead.headers["tinybroker-dead-letter-subscription"],
+        "poison"
+    );
+    assert_eq!(dead.headers["tinybroker-dead-letter-topic"], "jobs.bad");
+    assert_eq!(dead.headers["tinybroker-dead-letter-attempts"], "2");
+    assert_eq!(
+        dead.headers["tinybroker-dead-letter-system-id"],
+        id.to_string()
+    );
+    let counters = client.describe("poison").await.unwrap().counters.unwrap();
+    assert_eq!(counters.dead_lettered, 1);
+}
+
+// SPEC §1: PublishBatch publishes in order; an invalid message rejects the whole batch.
+#[tokio::test]
+async fn publish_batch_is_ordered_and_validated_up_front() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("batch")).await.unwrap();
+    a.confirmed().await;
+    let msg = |topic: &str| pb::PublishRequest {
+        topic: topic.into(),
+        payload: b"x".to_vec().into(),
+        headers: [("k".to_string(), "v".to_string())].into(),
+    };
+    let bad = pb::PublishBatchRequest {
+        messages: vec![msg("jobs.a"), msg("jobs..b")],
+    };
+    assert_code(
+        within(client.0.clone().publish_batch(bad)).await,
+        Code::InvalidArgument,
+        "message 2 of the batch",
+    );
+    assert_eq!(
+        client
+            .describe("batch")
+            .await
+            .unwrap()
+            .counters
+            .unwrap()
+            .enqueued,
+        0
+    );
+    let ok = pb::PublishBatchRequest {
+        messages: vec![msg("jobs.a"), msg("jobs.b"), msg("other.c")],
+    };
+    let results = within(client.0.clone().publish_batch(ok))
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert_eq!(
+        results.iter().map(|r| r.queued_for).collect::<Vec<_>>(),
+        vec![1, 1, 0]
+    );
+    assert!(results.windows(2).all(|w| w[0].system_id < w[1].system_id));
+    let m = a.message().await;
+    assert_eq!(m.system_id, results[0].system_id);
+    assert_eq!(m.headers["k"], "v");
+}

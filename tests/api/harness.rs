@@ -1,0 +1,227 @@
+//! A real server on a port-0 loopback listener, and a tonic client with helpers that await
+//! events (with a timeout), never sleep.
+
+use std::{net::SocketAddr, time::Duration};
+
+use tinybroker::{
+    pb::{
+        self, DeliveryMode, OpenSubscription, PublishRequest, SubscriptionFrame,
+        broker_client::BrokerClient, subscription_frame::Frame,
+    },
+    server::{Server, ServerConfig},
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Code, Status, Streaming, transport::Channel};
+
+/// How long any single expected event may take before the test fails.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), tinybroker::server::ServeError>>>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::with_config(ServerConfig::default()).await
+    }
+
+    pub async fn with_config(config: ServerConfig) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel();
+        let server = Server::new(config);
+        let task = tokio::spawn(server.run(TcpListenerStream::new(listener), async {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        let channel = Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        Client(BrokerClient::new(channel))
+    }
+
+    /// Triggers graceful shutdown and waits for the server to return.
+    pub async fn stop(mut self) -> Result<(), tinybroker::server::ServeError> {
+        let _ = self.shutdown.take().unwrap().send(());
+        within(self.task.take().unwrap()).await.unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Awaits `future`, failing the test if it takes longer than [`EVENT_TIMEOUT`].
+pub async fn within<F: Future>(future: F) -> F::Output {
+    tokio::time::timeout(EVENT_TIMEOUT, future)
+        .await
+        .expect("timed out waiting for an event")
+}
+
+#[derive(Clone)]
+pub struct Client(pub BrokerClient<Channel>);
+
+pub fn open(id: &str, mode: DeliveryMode, group: &str, patterns: &[&str]) -> OpenSubscription {
+    OpenSubscription {
+        subscription_id: id.into(),
+        topic_patterns: patterns.iter().map(|p| p.to_string()).collect(),
+        mode: mode.into(),
+        consumer_group: group.into(),
+        ..Default::default()
+    }
+}
+
+pub fn singleton(id: &str) -> OpenSubscription {
+    open(id, DeliveryMode::Singleton, "replicas", &["jobs.*"])
+}
+
+impl Client {
+    /// Opens a subscription stream. Returns once the broker has accepted the member (the
+    /// response headers arrive after the join), not when it becomes active.
+    pub async fn subscribe(&self, request: OpenSubscription) -> Result<Member, Status> {
+        let stream = within(self.0.clone().subscribe(request.clone()))
+            .await?
+            .into_inner();
+        Ok(Member {
+            id: request.subscription_id,
+            stream,
+            member_id: 0,
+            epoch: 0,
+            client: self.clone(),
+        })
+    }
+
+    pub async fn publish(&self, topic: &str, payload: &str) -> pb::PublishResponse {
+        self.try_publish(topic, payload.as_bytes().to_vec())
+            .await
+            .unwrap()
+    }
+
+    pub async fn try_publish(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+    ) -> Result<pb::PublishResponse, Status> {
+        within(self.0.clone().publish(PublishRequest {
+            topic: topic.into(),
+            payload: payload.into(),
+            headers: Default::default(),
+        }))
+        .await
+        .map(|r| r.into_inner())
+    }
+
+    pub async fn describe(&self, id: &str) -> Result<pb::SubscriptionInfo, Status> {
+        within(
+            self.0
+                .clone()
+                .describe_subscription(pb::DescribeSubscriptionRequest {
+                    subscription_id: id.into(),
+                }),
+        )
+        .await
+        .map(|r| r.into_inner())
+    }
+
+    pub async fn ack(&self, id: &str, member_id: u64, system_id: u64) -> Result<(), Status> {
+        within(self.0.clone().ack(pb::Ack {
+            subscription_id: id.into(),
+            system_id,
+            member_id,
+        }))
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn nack(&self, id: &str, member_id: u64, system_id: u64) -> Result<(), Status> {
+        within(self.0.clone().nack(pb::Nack {
+            subscription_id: id.into(),
+            system_id,
+            member_id,
+        }))
+        .await
+        .map(|_| ())
+    }
+}
+
+pub struct Member {
+    pub id: String,
+    pub stream: Streaming<SubscriptionFrame>,
+    pub member_id: u64,
+    pub epoch: u64,
+    client: Client,
+}
+
+impl Member {
+    pub async fn frame(&mut self) -> Frame {
+        match within(self.stream.message()).await {
+            Ok(Some(frame)) => frame.frame.expect("frame without content"),
+            Ok(None) => panic!("stream {} ended", self.id),
+            Err(status) => panic!("stream {} failed: {status:?}", self.id),
+        }
+    }
+
+    /// Awaits the confirmation frame, which must be the next frame; records member id and epoch.
+    pub async fn confirmed(&mut self) -> pb::Confirmation {
+        match self.frame().await {
+            Frame::Confirmation(c) => {
+                assert_eq!(c.subscription_id, self.id);
+                self.member_id = c.member_id;
+                self.epoch = c.epoch;
+                c
+            }
+            other => panic!("expected the confirmation first, got {other:?}"),
+        }
+    }
+
+    pub async fn message(&mut self) -> pb::DeliveredMessage {
+        match self.frame().await {
+            Frame::Message(m) => m,
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    pub async fn ack(&self, system_id: u64) {
+        self.client
+            .ack(&self.id, self.member_id, system_id)
+            .await
+            .unwrap();
+    }
+
+    /// Awaits the stream's end and returns its final status code (`Ok` for a clean end).
+    pub async fn ended(&mut self) -> Result<(), Status> {
+        loop {
+            match within(self.stream.message()).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(status),
+            }
+        }
+    }
+}
+
+pub fn assert_code(result: Result<impl std::fmt::Debug, Status>, code: Code, needle: &str) {
+    let status = result.expect_err("expected an error status");
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(needle),
+        "status message {:?} does not mention {needle:?}",
+        status.message()
+    );
+}

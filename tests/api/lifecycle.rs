@@ -1,0 +1,174 @@
+//! Server lifecycle: graceful shutdown, health, reflection, auth, idle expiry, the binary (SPEC §7).
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use tinybroker::{core::Limits, pb, server::ServerConfig};
+use tonic::{Code, Request, transport::Channel};
+
+use crate::harness::*;
+
+// SPEC §7: on shutdown, streams end with a clear status and the server returns.
+#[tokio::test]
+async fn graceful_shutdown_ends_streams_with_unavailable() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("bye")).await.unwrap();
+    a.confirmed().await;
+    let mut b = client.subscribe(singleton("bye")).await.unwrap();
+    let stop = tokio::spawn(server.stop());
+    let status = a.ended().await.expect_err("stream must end with a status");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(status.message().contains("shutting down"), "{status:?}");
+    assert_eq!(b.ended().await.unwrap_err().code(), Code::Unavailable);
+    within(stop).await.unwrap().unwrap();
+}
+
+// SPEC §1: the standard health service answers SERVING.
+#[tokio::test]
+async fn health_service_reports_serving() {
+    let server = TestServer::start().await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let reply = within(health.check(tonic_health::pb::HealthCheckRequest {
+        service: "tinybroker.v1.Broker".into(),
+    }))
+    .await
+    .unwrap()
+    .into_inner();
+    assert_eq!(
+        reply.status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+}
+
+// SPEC §7: with a bearer token configured, Broker RPCs without it are UNAUTHENTICATED.
+#[tokio::test]
+async fn bearer_token_is_required_when_configured() {
+    let server = TestServer::with_config(ServerConfig {
+        auth_token: Some("s3cret".into()),
+        ..ServerConfig::default()
+    })
+    .await;
+    let client = server.client().await;
+    assert_code(
+        client.try_publish("a.b", vec![]).await,
+        Code::Unauthenticated,
+        "authorization",
+    );
+    let mut wrong = Request::new(pb::PublishRequest {
+        topic: "a.b".into(),
+        ..Default::default()
+    });
+    wrong
+        .metadata_mut()
+        .insert("authorization", "Bearer nope".parse().unwrap());
+    assert_code(
+        within(client.0.clone().publish(wrong)).await,
+        Code::Unauthenticated,
+        "does not match",
+    );
+    let mut right = Request::new(pb::PublishRequest {
+        topic: "a.b".into(),
+        ..Default::default()
+    });
+    right
+        .metadata_mut()
+        .insert("authorization", "Bearer s3cret".parse().unwrap());
+    within(client.0.clone().publish(right)).await.unwrap();
+}
+
+// SPEC §6: a subscription whose last member left keeps its queue for the idle time; a member
+// rejoining in time finds its messages. (Expiry itself runs on the paused clock in the broker's
+// own tests.)
+#[tokio::test]
+async fn subscription_without_members_keeps_its_queue() {
+    let server = TestServer::with_config(ServerConfig {
+        limits: Limits {
+            idle_timeout: Duration::from_secs(600),
+            ..Limits::default()
+        },
+        ..ServerConfig::default()
+    })
+    .await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("idle")).await.unwrap();
+    a.confirmed().await;
+    drop(a);
+    let id = client.publish("jobs.kept", "x").await.system_id;
+    let info = client.describe("idle").await.unwrap();
+    assert!(info.members.is_empty());
+    assert!(
+        info.expires_in_ms.is_some_and(|ms| ms > 0 && ms <= 600_000),
+        "{info:?}"
+    );
+    let mut b = client.subscribe(singleton("idle")).await.unwrap();
+    b.confirmed().await;
+    assert_eq!(b.message().await.system_id, id);
+    assert_eq!(client.describe("idle").await.unwrap().expires_in_ms, None);
+}
+
+/// Kills the broker process if the test fails before it exits.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// SPEC §7: `tinybroker serve` on port 0 logs the bound address, serves, and exits 0 on SIGTERM.
+#[tokio::test]
+async fn binary_logs_bound_address_and_exits_zero_on_sigterm() {
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let addr = line
+                .split("listening on ")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next());
+            if let (Some(addr), Some(tx)) = (addr, tx.take()) {
+                let _ = tx.send(addr.to_string());
+            }
+        }
+    });
+    let addr = within(rx).await.unwrap();
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = Client(pb::broker_client::BrokerClient::new(channel));
+    let mut a = client.subscribe(singleton("bin")).await.unwrap();
+    a.confirmed().await;
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(a.ended().await.unwrap_err().code(), Code::Unavailable);
+    let exit = within(tokio::task::spawn_blocking(move || child.0.wait()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "exit status {exit:?}");
+}
