@@ -12,7 +12,10 @@ use tokio_stream::Stream;
 use tonic::{
     Request, Status,
     service::Interceptor,
-    transport::{Identity, ServerTlsConfig, server::Connected},
+    transport::{
+        Identity, ServerTlsConfig,
+        server::{Connected, TcpIncoming},
+    },
 };
 
 use crate::{
@@ -215,6 +218,12 @@ impl Server {
         expiry.abort();
         result
     }
+}
+
+/// The incoming connections of a bound TCP listener, with `TCP_NODELAY` set on each: without it
+/// Nagle's algorithm holds small frames (acks, single deliveries) back for tens of milliseconds.
+pub fn tcp_incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Shorthand for `Server::new(config).run(incoming, shutdown)`.

@@ -11,7 +11,6 @@ use tinybroker::{
     server::{Server, ServerConfig},
 };
 use tokio::{sync::oneshot, task::JoinHandle};
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Code, Status, Streaming, transport::Channel};
 
 /// How long any single expected event may take before the test fails.
@@ -33,9 +32,11 @@ impl TestServer {
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
         let server = Server::new(config);
-        let task = tokio::spawn(server.run(TcpListenerStream::new(listener), async {
-            let _ = rx.await;
-        }));
+        let task = tokio::spawn(
+            server.run(tinybroker::server::tcp_incoming(listener), async {
+                let _ = rx.await;
+            }),
+        );
         Self {
             addr,
             shutdown: Some(tx),

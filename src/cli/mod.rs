@@ -1,0 +1,5 @@
+//! Subcommands of the `tinybroker` binary.
+
+pub mod bench;
+pub mod client;
+pub mod serve;

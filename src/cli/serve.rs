@@ -1,0 +1,138 @@
+//! `tinybroker serve`: flags and environment to a [`ServerConfig`], bind, run until SIGINT/SIGTERM.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::Args;
+use tinybroker::{
+    core::Limits,
+    server::{Server, ServerConfig},
+};
+
+#[derive(Args)]
+pub struct Serve {
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, env = "TINYBROKER_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Largest message (payload + topic + headers), in bytes.
+    #[arg(long, env = "TINYBROKER_MAX_MESSAGE_BYTES", default_value_t = Limits::default().max_message_bytes)]
+    max_message_bytes: usize,
+    /// Most messages in one PublishBatch.
+    #[arg(long, env = "TINYBROKER_MAX_BATCH_MESSAGES", default_value_t = Limits::default().max_batch_messages)]
+    max_batch_messages: usize,
+    /// Most messages one subscription holds (queued + in flight).
+    #[arg(long, env = "TINYBROKER_MAX_QUEUE_MESSAGES", default_value_t = Limits::default().max_queue_messages)]
+    max_queue_messages: u64,
+    /// Most bytes one subscription holds (queued + in flight).
+    #[arg(long, env = "TINYBROKER_MAX_QUEUE_BYTES", default_value_t = Limits::default().max_queue_bytes)]
+    max_queue_bytes: u64,
+    /// Most live subscriptions.
+    #[arg(long, env = "TINYBROKER_MAX_SUBSCRIPTIONS", default_value_t = Limits::default().max_subscriptions)]
+    max_subscriptions: usize,
+    /// Most members of one subscription.
+    #[arg(long, env = "TINYBROKER_MAX_MEMBERS", default_value_t = Limits::default().max_members_per_subscription)]
+    max_members: usize,
+    /// Largest max_in_flight window a member may ask for.
+    #[arg(long, env = "TINYBROKER_MAX_IN_FLIGHT", default_value_t = Limits::default().max_in_flight)]
+    max_in_flight: u32,
+    /// How long a subscription without members keeps its queue (e.g. 300s, 10m).
+    #[arg(long, env = "TINYBROKER_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// HTTP/2 keepalive ping interval; 0s disables keepalive.
+    #[arg(long, env = "TINYBROKER_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    keepalive_interval: Duration,
+    /// How long a keepalive ping may go unanswered before the connection's streams are closed.
+    #[arg(long, env = "TINYBROKER_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    keepalive_timeout: Duration,
+    /// Require `authorization: Bearer <token>` on every Broker RPC.
+    #[arg(long, env = "TINYBROKER_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
+    /// PEM certificate chain; serve TLS (needs --tls-key).
+    #[arg(long, env = "TINYBROKER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "TINYBROKER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl Serve {
+    fn config(&self) -> Result<ServerConfig, String> {
+        let limits = Limits {
+            max_message_bytes: self.max_message_bytes,
+            max_batch_messages: self.max_batch_messages,
+            max_queue_messages: self.max_queue_messages,
+            max_queue_bytes: self.max_queue_bytes,
+            max_subscriptions: self.max_subscriptions,
+            max_members_per_subscription: self.max_members,
+            max_in_flight: self.max_in_flight.max(1),
+            idle_timeout: self.idle_timeout,
+            ..Limits::default()
+        };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let read = |p: &PathBuf| {
+                    std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))
+                };
+                Some(tonic::transport::Identity::from_pem(
+                    read(cert)?,
+                    read(key)?,
+                ))
+            }
+            _ => None,
+        };
+        Ok(ServerConfig {
+            max_request_bytes: limits
+                .max_message_bytes
+                .saturating_mul(2)
+                .saturating_add(64 * 1024),
+            limits,
+            keepalive_interval: (!self.keepalive_interval.is_zero())
+                .then_some(self.keepalive_interval),
+            keepalive_timeout: self.keepalive_timeout,
+            auth_token: self.auth_token.clone().filter(|t| !t.is_empty()),
+            tls,
+            ..ServerConfig::default()
+        })
+    }
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+pub async fn run(args: Serve) -> Result<(), String> {
+    let config = args.config()?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(
+        %addr,
+        tls = config.tls.is_some(),
+        auth = config.auth_token.is_some(),
+        "tinybroker listening on {addr}"
+    );
+    let server = Server::new(config);
+    server
+        .run(
+            tinybroker::server::tcp_incoming(listener),
+            shutdown_signal(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!("tinybroker stopped");
+    Ok(())
+}
