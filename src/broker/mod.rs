@@ -244,7 +244,9 @@ impl Broker {
             let mut state = lock(cell);
             state.detach(member);
             let effects = state.core.leave(member, now);
-            for effect in &effects {
+            // Members leave en masse during shutdown; those promotions are not news.
+            let shutting_down = self.inner.shutting_down.load(Ordering::Acquire);
+            for effect in effects.iter().filter(|_| !shutting_down) {
                 if let crate::core::Effect::Confirm {
                     member: promoted,
                     epoch,
