@@ -41,6 +41,14 @@ impl Broker {
             catalog.retired.epoch = catalog.retired.epoch.max(floors.epoch);
             catalog.retired.member_id = catalog.retired.member_id.max(floors.member_id);
             let messages = state.core.drain() as u64;
+            self.apply(
+                &mut state,
+                super::Input::Expire {
+                    held: messages as usize,
+                },
+                Vec::new(),
+                &mut Vec::new(),
+            );
             let c = &self.inner.counters;
             c.subscriptions_expired.fetch_add(1, Ordering::Relaxed);
             c.messages_expired.fetch_add(messages, Ordering::Relaxed);

@@ -9,16 +9,18 @@
 
 mod expiry;
 mod member;
+mod observe;
 
 use std::{collections::BTreeMap, time::Duration};
 
 use member::SubState;
 pub use member::{MemberStream, Outbound};
+pub use observe::{Input, Observation, Observer};
 
 use crate::{
     clock::Clock,
     core::{
-        Counters, Draft, Epoch, Error, Floors, Limits, MemberId, MemberInfo, OpenRequest,
+        Counters, Draft, Effect, Epoch, Error, Floors, Limits, MemberId, MemberInfo, OpenRequest,
         PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
     },
     sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
@@ -48,6 +50,7 @@ struct Inner {
     shutting_down: AtomicBool,
     counters: AtomicCounters,
     expiry_wake: tokio::sync::Notify,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 #[derive(Default)]
@@ -137,6 +140,15 @@ pub struct BrokerStats {
 impl Broker {
     /// A broker with these limits, reading time from `clock`.
     pub fn new(limits: Limits, clock: Arc<dyn Clock>) -> Self {
+        Self::with_observer(limits, clock, None)
+    }
+
+    /// A broker that reports every input to `observer` (for simulations and tests).
+    pub fn with_observer(
+        limits: Limits,
+        clock: Arc<dyn Clock>,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 limits,
@@ -152,8 +164,28 @@ impl Broker {
                 shutting_down: AtomicBool::new(false),
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
+                observer,
             }),
         }
+    }
+
+    /// Reports an input to the observer, then carries out its effects.
+    fn apply(
+        &self,
+        state: &mut SubState,
+        input: Input,
+        effects: Vec<Effect>,
+        dead: &mut DeadLetters,
+    ) {
+        if let Some(observer) = &self.inner.observer {
+            observer.observe(&Observation {
+                now: self.inner.clock.now(),
+                subscription: &state.core,
+                input: &input,
+                effects: &effects,
+            });
+        }
+        state.apply(effects, dead);
     }
 
     /// The limits in force.
@@ -228,7 +260,7 @@ impl Broker {
             let (tx, rx) = SubState::outlet(request.member.max_in_flight);
             let (member, effects) = state.core.join(&request.spec, request.member)?;
             state.attach(member, tx);
-            state.apply(effects, &mut dead);
+            self.apply(&mut state, Input::Join { member }, effects, &mut dead);
             tracing::debug!(subscription = %state.core.id(), member, "member joined");
             MemberStream::new(rx, self.clone(), cell.clone(), member)
         };
@@ -247,7 +279,7 @@ impl Broker {
             // Members leave en masse during shutdown; those promotions are not news.
             let shutting_down = self.inner.shutting_down.load(Ordering::Acquire);
             for effect in effects.iter().filter(|_| !shutting_down) {
-                if let crate::core::Effect::Confirm {
+                if let Effect::Confirm {
                     member: promoted,
                     epoch,
                 } = effect
@@ -255,7 +287,7 @@ impl Broker {
                     tracing::info!(subscription = %state.core.id(), left = member, promoted, epoch, "standby promoted to active");
                 }
             }
-            state.apply(effects, &mut dead);
+            self.apply(&mut state, Input::Leave { member }, effects, &mut dead);
             tracing::debug!(subscription = %state.core.id(), member, "member left");
             state.core.member_count() == 0
         };
@@ -298,7 +330,7 @@ impl Broker {
             let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
             for state in &mut states {
                 let effects = state.core.enqueue(message.clone());
-                state.apply(effects, &mut dead);
+                self.apply(state, Input::Enqueue { system_id }, effects, &mut dead);
             }
             Published {
                 system_id,
@@ -345,7 +377,12 @@ impl Broker {
                 if let Some(cell) = catalog.by_key.get(key) {
                     let mut state = lock(cell);
                     let effects = state.core.enqueue_or_drop(message.clone());
-                    state.apply(effects, &mut ignored);
+                    self.apply(
+                        &mut state,
+                        Input::Enqueue { system_id },
+                        effects,
+                        &mut ignored,
+                    );
                 }
             }
             self.inner
@@ -384,9 +421,20 @@ impl Broker {
         system_id: SystemId,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            let effects = state.core.ack(member, system_id)?;
-            state.apply(effects, dead);
-            Ok(())
+            let result = state.core.ack(member, system_id);
+            let accepted = result.is_ok();
+            let input = Input::Ack {
+                member,
+                system_id,
+                accepted,
+            };
+            self.apply(
+                state,
+                input,
+                result.as_ref().cloned().unwrap_or_default(),
+                dead,
+            );
+            result.map(drop)
         })
     }
 
@@ -401,9 +449,20 @@ impl Broker {
         system_id: SystemId,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            let effects = state.core.nack(member, system_id)?;
-            state.apply(effects, dead);
-            Ok(())
+            let result = state.core.nack(member, system_id);
+            let accepted = result.is_ok();
+            let input = Input::Nack {
+                member,
+                system_id,
+                accepted,
+            };
+            self.apply(
+                state,
+                input,
+                result.as_ref().cloned().unwrap_or_default(),
+                dead,
+            );
+            result.map(drop)
         })
     }
 

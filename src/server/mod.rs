@@ -19,7 +19,7 @@ use tonic::{
 };
 
 use crate::{
-    broker::Broker,
+    broker::{Broker, Observer},
     clock::{Clock, TokioClock},
     core::Limits,
     pb::{self, broker_server::BrokerServer},
@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Where time comes from.
     pub clock: Arc<dyn Clock>,
+    /// Sees every input applied to every subscription (simulations and tests).
+    pub observer: Option<Arc<dyn Observer>>,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +66,7 @@ impl Default for ServerConfig {
             tls: None,
             drain_timeout: Duration::from_secs(5),
             clock: Arc::new(TokioClock::new()),
+            observer: None,
         }
     }
 }
@@ -131,7 +134,11 @@ pub struct Server {
 impl Server {
     /// A server with a fresh, empty broker.
     pub fn new(config: ServerConfig) -> Self {
-        let broker = Broker::new(config.limits.clone(), config.clock.clone());
+        let broker = Broker::with_observer(
+            config.limits.clone(),
+            config.clock.clone(),
+            config.observer.clone(),
+        );
         Self { config, broker }
     }
 

@@ -1,0 +1,70 @@
+//! A window onto every input the broker applies to a subscription: what it was, the effects it
+//! produced and the subscription's state right after. Simulations and tests check SPEC §5's
+//! invariants through it; production runs without one.
+
+use std::time::Duration;
+
+use crate::core::{Effect, MemberId, Subscription, SystemId};
+
+/// An input applied to one subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A member joined (at the back of the line).
+    Join {
+        /// The new member.
+        member: MemberId,
+    },
+    /// A member's stream ended.
+    Leave {
+        /// The member that left.
+        member: MemberId,
+    },
+    /// A published message was queued (or, for a dead letter on a full queue, dropped).
+    Enqueue {
+        /// The message.
+        system_id: SystemId,
+    },
+    /// An ack, accepted or refused.
+    Ack {
+        /// The fence it carried.
+        member: Option<MemberId>,
+        /// The message.
+        system_id: SystemId,
+        /// Whether it released the message.
+        accepted: bool,
+    },
+    /// A nack, accepted or refused.
+    Nack {
+        /// The fence it carried.
+        member: Option<MemberId>,
+        /// The message.
+        system_id: SystemId,
+        /// Whether it returned the message.
+        accepted: bool,
+    },
+    /// The subscription expired after its idle time; it held `held` messages.
+    Expire {
+        /// Messages it still held.
+        held: usize,
+    },
+}
+
+/// One applied input.
+#[derive(Debug)]
+pub struct Observation<'a> {
+    /// Broker time of the input.
+    pub now: Duration,
+    /// The subscription after the input.
+    pub subscription: &'a Subscription,
+    /// The input.
+    pub input: &'a Input,
+    /// The effects it produced, in order.
+    pub effects: &'a [Effect],
+}
+
+/// Receives every [`Observation`], in order per subscription, while the subscription's lock is
+/// held: keep it quick and never call back into the broker.
+pub trait Observer: Send + Sync + 'static {
+    /// Called after each input.
+    fn observe(&self, observation: &Observation<'_>);
+}
