@@ -6,11 +6,13 @@
 //! - [`subscription`]: one subscription's group state machine (members, queue, windows, epochs);
 //! - [`spec`]: what a member asks for, and the broker's limits;
 //! - [`message`]: published messages, shared between queues;
-//! - [`error`]: every refusal, as data.
+//! - [`error`]: every refusal, as data;
+//! - [`planted`]: test-only broken behaviours the simulation checker must catch.
 
 pub mod error;
 pub mod index;
 pub mod message;
+pub mod planted;
 pub mod spec;
 pub mod subscription;
 pub mod topic;

@@ -15,6 +15,7 @@ use std::{
 use super::{
     error::Error,
     message::{Message, SystemId},
+    planted::{PlantedBug, active as planted},
     spec::{MemberOptions, Mode, SubscriptionSpec},
 };
 
@@ -364,7 +365,8 @@ impl Subscription {
             in_flight: Vec::new(),
         };
         let mut out = Vec::new();
-        if self.spec.mode == Mode::Singleton && ahead > 0 {
+        let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
+        if self.spec.mode == Mode::Singleton && ahead > 0 && !second_active {
             if options.notify_standby {
                 out.push(Effect::Standby {
                     member: id,
@@ -396,12 +398,21 @@ impl Subscription {
         // Reverse order with push_front puts them back at the head in delivery order.
         for system_id in member.in_flight.iter().rev() {
             if let Some(record) = self.in_flight.remove(system_id) {
+                if planted(PlantedBug::ForgetRedelivery) {
+                    self.held_bytes -= record.message.size() as u64;
+                    continue;
+                }
                 self.give_back(record.message, record.attempt, &mut out);
             }
         }
         if self.spec.mode == Mode::Singleton && member.epoch.is_some() {
             // Promotion looks at the first entry only: its cost does not grow with the standbys.
-            if let Some((&next_id, next)) = self.members.iter_mut().next() {
+            let next = if planted(PlantedBug::PromoteNewestStandby) {
+                self.members.iter_mut().next_back()
+            } else {
+                self.members.iter_mut().next()
+            };
+            if let Some((&next_id, next)) = next {
                 self.epoch += 1;
                 next.epoch = Some(self.epoch);
                 self.counters.promotions += 1;
@@ -534,6 +545,7 @@ impl Subscription {
         };
         if let Some(member) = member
             && member != record.member
+            && !planted(PlantedBug::AckIgnoresFence)
         {
             self.counters.stale_acks += 1;
             return Err(Error::NotHolder {

@@ -1,0 +1,284 @@
+//! The invariant checker: an [`Observer`] on the broker that keeps its own model of every
+//! subscription and checks SPEC §5's invariants after every input:
+//!
+//! 1. a singleton subscription has at most one active member, and exactly one whenever it has
+//!    any member;
+//! 2. promotion follows join order (the confirmed member is always the earliest-joined);
+//! 3. no message is lost: every queued message is acked, in flight, queued, or counted as
+//!    dropped/dead-lettered/expired;
+//! 4. a message is in flight to at most one member at a time;
+//! 5. epochs only go up on a subscription id, also across expiry.
+//!
+//! It also checks the ack fence (an accepted fenced ack comes from the holder) and the core's own
+//! bookkeeping (`Subscription::check_invariants`). Violations are collected, not panicked on,
+//! so the driver can report the seed.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Mutex,
+};
+
+use tinybroker::{
+    broker::{Input, Observation, Observer},
+    core::{Effect, MemberId, Mode, SystemId},
+};
+
+use crate::trace::Trace;
+
+#[derive(Default)]
+struct SubModel {
+    /// Live members in join order.
+    members: Vec<MemberId>,
+    active: BTreeSet<MemberId>,
+    last_epoch: u64,
+    holder: BTreeMap<SystemId, MemberId>,
+    outstanding: BTreeSet<SystemId>,
+}
+
+#[derive(Default)]
+struct State {
+    subs: BTreeMap<String, SubModel>,
+    violations: Vec<String>,
+}
+
+pub struct Checker {
+    state: Mutex<State>,
+    trace: Trace,
+}
+
+impl Checker {
+    pub fn new(trace: Trace) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            trace,
+        }
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .violations
+            .clone()
+    }
+
+    /// Messages queued on `subscription` and not yet acked (or dropped).
+    pub fn outstanding(&self, subscription: &str) -> usize {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .subs
+            .get(subscription)
+            .map_or(0, |s| s.outstanding.len())
+    }
+
+    fn describe(input: &Input) -> String {
+        match input {
+            Input::Join { member } => format!("join m{member}"),
+            Input::Leave { member } => format!("leave m{member}"),
+            Input::Enqueue { system_id } => format!("enqueue #{system_id}"),
+            Input::Ack {
+                member,
+                system_id,
+                accepted,
+            } => {
+                format!(
+                    "ack #{system_id} by {} {}",
+                    fence(*member),
+                    verdict(*accepted)
+                )
+            }
+            Input::Nack {
+                member,
+                system_id,
+                accepted,
+            } => {
+                format!(
+                    "nack #{system_id} by {} {}",
+                    fence(*member),
+                    verdict(*accepted)
+                )
+            }
+            Input::Expire { held } => format!("expire ({held} held)"),
+        }
+    }
+}
+
+fn fence(member: Option<MemberId>) -> String {
+    member.map_or("unfenced".to_string(), |m| format!("m{m}"))
+}
+
+fn verdict(accepted: bool) -> &'static str {
+    if accepted { "accepted" } else { "refused" }
+}
+
+impl Observer for Checker {
+    fn observe(&self, o: &Observation<'_>) {
+        let sub = o.subscription;
+        let id = sub.id().to_string();
+        let singleton = sub.spec().mode == Mode::Singleton;
+        let mut lines = vec![format!("broker {id}: {}", Self::describe(o.input))];
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut violations = Vec::new();
+        let m = state.subs.entry(id.clone()).or_default();
+
+        match o.input {
+            Input::Join { member } => {
+                if m.members.last().is_some_and(|last| last >= member) {
+                    violations.push(format!(
+                        "member ids out of join order: {member} after {:?}",
+                        m.members
+                    ));
+                }
+                m.members.push(*member);
+            }
+            Input::Leave { member } => {
+                m.members.retain(|x| x != member);
+                m.active.remove(member);
+                m.holder.retain(|_, h| h != member);
+            }
+            Input::Enqueue { system_id } => {
+                let dropped = o
+                    .effects
+                    .iter()
+                    .any(|e| matches!(e, Effect::Dropped { system_id: d, .. } if d == system_id));
+                if !dropped {
+                    m.outstanding.insert(*system_id);
+                }
+            }
+            Input::Ack {
+                member,
+                system_id,
+                accepted: true,
+            } => {
+                if let (Some(member), Some(holder)) = (member, m.holder.get(system_id))
+                    && member != holder
+                {
+                    violations.push(format!(
+                        "fence broken: ack of #{system_id} by m{member} released m{holder}'s copy"
+                    ));
+                }
+                m.holder.remove(system_id);
+                m.outstanding.remove(system_id);
+            }
+            Input::Nack {
+                system_id,
+                accepted: true,
+                ..
+            } => {
+                m.holder.remove(system_id);
+            }
+            Input::Ack { .. } | Input::Nack { .. } => {}
+            Input::Expire { .. } => {
+                m.outstanding.clear();
+                m.holder.clear();
+            }
+        }
+
+        for effect in o.effects {
+            match effect {
+                Effect::Confirm { member, epoch } => {
+                    lines.push(format!("broker {id}: confirm m{member} epoch {epoch}"));
+                    if *epoch <= m.last_epoch {
+                        violations.push(format!(
+                            "invariant 5: epoch {epoch} for m{member} is not above {}",
+                            m.last_epoch
+                        ));
+                    }
+                    m.last_epoch = *epoch;
+                    if singleton {
+                        if !m.active.is_empty() {
+                            violations.push(format!(
+                                "invariant 1: m{member} confirmed while {:?} still active",
+                                m.active
+                            ));
+                        }
+                        if m.members.first() != Some(member) {
+                            violations.push(format!(
+                                "invariant 2: m{member} promoted but join order is {:?}",
+                                m.members
+                            ));
+                        }
+                    }
+                    m.active.insert(*member);
+                }
+                Effect::Standby { member, position } => {
+                    lines.push(format!(
+                        "broker {id}: standby m{member} position {position}"
+                    ));
+                }
+                Effect::Deliver {
+                    member,
+                    message,
+                    attempt,
+                    epoch,
+                } => {
+                    let sid = message.system_id;
+                    lines.push(format!(
+                        "broker {id}: deliver #{sid} to m{member} attempt {attempt} epoch {epoch}"
+                    ));
+                    if !m.active.contains(member) {
+                        violations.push(format!(
+                            "delivered #{sid} to m{member}, which is not active"
+                        ));
+                    }
+                    if let Some(other) = m.holder.insert(sid, *member) {
+                        violations.push(format!(
+                            "invariant 4: #{sid} delivered to m{member} while in flight to m{other}"
+                        ));
+                    }
+                }
+                Effect::DeadLetter { message, attempts } => {
+                    lines.push(format!(
+                        "broker {id}: dead-letter #{} after {attempts}",
+                        message.system_id
+                    ));
+                    m.outstanding.remove(&message.system_id);
+                    m.holder.remove(&message.system_id);
+                }
+                Effect::Dropped { system_id, reason } => {
+                    lines.push(format!("broker {id}: drop #{system_id} ({reason:?})"));
+                    m.outstanding.remove(system_id);
+                    m.holder.remove(system_id);
+                }
+            }
+        }
+
+        if singleton && !m.members.is_empty() && m.active.len() != 1 {
+            violations.push(format!(
+                "invariant 1: {} active members among {:?}",
+                m.active.len(),
+                m.members
+            ));
+        }
+        // Invariant 3: what the model says is outstanding is exactly what the broker holds.
+        let held: BTreeSet<SystemId> = sub
+            .queued_ids()
+            .chain(sub.in_flight_ids().map(|(sid, _)| sid))
+            .collect();
+        if held != m.outstanding {
+            let lost: Vec<_> = m.outstanding.difference(&held).collect();
+            let extra: Vec<_> = held.difference(&m.outstanding).collect();
+            violations.push(format!("invariant 3: lost {lost:?}, unexpected {extra:?}"));
+        }
+        let holders: BTreeMap<SystemId, MemberId> = sub.in_flight_ids().collect();
+        if holders != m.holder {
+            violations.push(format!(
+                "in-flight holders differ: broker {holders:?}, model {:?}",
+                m.holder
+            ));
+        }
+        if let Err(e) = sub.check_invariants() {
+            violations.push(format!("core bookkeeping: {e}"));
+        }
+
+        for line in &lines {
+            self.trace.line(line);
+        }
+        for v in &violations {
+            self.trace.line(format!("VIOLATION {id}: {v}"));
+        }
+        state
+            .violations
+            .extend(violations.into_iter().map(|v| format!("{id}: {v}")));
+    }
+}

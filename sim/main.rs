@@ -1,0 +1,12 @@
+//! Deterministic simulations: the real server on a turmoil host, replicas on hosts that crash,
+//! restart and get partitioned, and a checker that holds the broker to SPEC §5 on every input.
+//!
+//! Replay a failing campaign seed with `TINYBROKER_SIM_SEED=<seed> cargo test --test sim campaign`;
+//! run more seeds with `TINYBROKER_SIM_SEEDS=<n>`.
+
+mod checker;
+mod net;
+mod rng;
+mod scenarios;
+mod trace;
+mod world;

@@ -1,0 +1,500 @@
+//! The simulated world: the real server on host `broker`, replicas (real tonic clients) on hosts
+//! that can be crashed, restarted and partitioned, and a publisher. Every host's behaviour
+//! follows from the seed; everything observable lands in one [`Trace`].
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet},
+    rc::Rc,
+    sync::Arc,
+    time::Duration,
+};
+
+use tinybroker::{
+    clock::VirtualClock,
+    core::Limits,
+    pb::{self, DeliveryMode, broker_client::BrokerClient, subscription_frame::Frame},
+    server::{Server, ServerConfig},
+};
+use tonic::transport::Channel;
+use turmoil::Sim;
+
+use crate::{checker::Checker, net, rng::Rng, trace::Trace};
+
+/// Fixed wall-clock start, so publish timestamps (and traces) do not depend on the real date.
+const START_UNIX_MILLIS: u64 = 1_767_225_600_000;
+/// The topic replicas subscribe to and the publisher publishes on.
+pub const TOPIC: &str = "jobs.tick";
+
+/// What a replica does with a message it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Process for a while, then ack (fenced with its member id).
+    Ack,
+    /// Process, then nack.
+    Nack,
+    /// Drop its stream while holding the message, then send the (now stale) fenced ack anyway,
+    /// then rejoin.
+    AbandonThenAck,
+}
+
+/// How one replica behaves; decisions come from its own seeded generator, keyed by message and
+/// attempt so a restarted replica decides the same way.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    pub seed: u64,
+    /// Processing time range, milliseconds.
+    pub process_ms: (u64, u64),
+    /// Percent of deliveries nacked.
+    pub nack_percent: u64,
+    /// Percent of deliveries abandoned (stream dropped, late ack).
+    pub abandon_percent: u64,
+    /// Delay before the first join, so scenarios fix the join order.
+    pub start_after: Duration,
+    /// The replica's window (`max_in_flight`).
+    pub window: u32,
+}
+
+impl Behaviour {
+    pub fn steady(process_ms: u64) -> Self {
+        Self {
+            seed: 0,
+            process_ms: (process_ms, process_ms),
+            nack_percent: 0,
+            abandon_percent: 0,
+            start_after: Duration::ZERO,
+            window: 1,
+        }
+    }
+
+    pub fn with_window(mut self, window: u32) -> Self {
+        self.window = window;
+        self
+    }
+
+    pub fn starting_after(mut self, ms: u64) -> Self {
+        self.start_after = Duration::from_millis(ms);
+        self
+    }
+
+    fn decide(&self, system_id: u64, attempt: u32) -> (Action, Duration) {
+        let mut rng = Rng::new(self.seed ^ (system_id << 8) ^ u64::from(attempt));
+        let process = Duration::from_millis(rng.range(self.process_ms.0, self.process_ms.1));
+        let roll = rng.range(0, 99);
+        let action = if roll < self.abandon_percent {
+            Action::AbandonThenAck
+        } else if roll < self.abandon_percent + self.nack_percent {
+            Action::Nack
+        } else {
+            Action::Ack
+        };
+        (action, process)
+    }
+}
+
+/// What the clients saw, for client-side checks and liveness.
+#[derive(Default)]
+pub struct Seen {
+    /// Published system ids, in order.
+    pub published: Vec<u64>,
+    /// Accepted acks per subscription id.
+    pub acked: BTreeMap<String, BTreeSet<u64>>,
+    /// Client-side violations (e.g. a replica saw its epoch go down).
+    pub violations: Vec<String>,
+}
+
+pub struct World {
+    pub sim: Sim<'static>,
+    pub trace: Trace,
+    pub checker: Arc<Checker>,
+    pub seen: Rc<RefCell<Seen>>,
+    pub mode: DeliveryMode,
+    pub replicas: Vec<String>,
+}
+
+/// Knobs for one world.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub seed: u64,
+    pub mode: DeliveryMode,
+    pub limits: Limits,
+}
+
+impl Setup {
+    pub fn new(seed: u64, mode: DeliveryMode) -> Self {
+        Self {
+            seed,
+            mode,
+            limits: Limits {
+                idle_timeout: Duration::from_secs(3600),
+                ..Limits::default()
+            },
+        }
+    }
+}
+
+impl World {
+    pub fn new(setup: &Setup) -> Self {
+        let mut sim = turmoil::Builder::new()
+            .rng_seed(setup.seed)
+            .tick_duration(Duration::from_millis(1))
+            .min_message_latency(Duration::from_millis(1))
+            .max_message_latency(Duration::from_millis(20))
+            .simulation_duration(Duration::from_secs(3600))
+            .build();
+        let trace = Trace::default();
+        let checker = Arc::new(Checker::new(trace.clone()));
+        let observer = checker.clone();
+        let limits = setup.limits.clone();
+        sim.host("broker", move || {
+            let config = ServerConfig {
+                limits: limits.clone(),
+                keepalive_interval: Some(net::KEEPALIVE_INTERVAL),
+                keepalive_timeout: net::KEEPALIVE_TIMEOUT,
+                clock: Arc::new(VirtualClock::new(START_UNIX_MILLIS)),
+                observer: Some(observer.clone()),
+                ..ServerConfig::default()
+            };
+            async move {
+                let listener = turmoil::net::TcpListener::bind(("0.0.0.0", net::PORT)).await?;
+                Server::new(config)
+                    .run(net::incoming(listener), std::future::pending())
+                    .await?;
+                Ok(())
+            }
+        });
+        Self {
+            sim,
+            trace,
+            checker,
+            seen: Rc::default(),
+            mode: setup.mode,
+            replicas: Vec::new(),
+        }
+    }
+
+    /// The subscription a replica joins: one shared id in group modes, its own in broadcast.
+    pub fn subscription_of(&self, replica: &str) -> String {
+        match self.mode {
+            DeliveryMode::Broadcast => format!("feed-{replica}"),
+            _ => "report".to_string(),
+        }
+    }
+
+    /// Adds a replica host that joins, processes per `behaviour`, and rejoins whenever its
+    /// stream ends.
+    pub fn replica(&mut self, name: &str, behaviour: Behaviour) {
+        let trace = self.trace.clone();
+        let seen = self.seen.clone();
+        let open = pb::OpenSubscription {
+            subscription_id: self.subscription_of(name),
+            topic_patterns: vec!["jobs.*".into()],
+            mode: self.mode.into(),
+            consumer_group: if self.mode == DeliveryMode::Broadcast {
+                String::new()
+            } else {
+                "replicas".into()
+            },
+            max_in_flight: behaviour.window,
+            ..Default::default()
+        };
+        self.replicas.push(name.to_string());
+        let host = name.to_string();
+        self.sim.host(name, move || {
+            replica(
+                host.clone(),
+                open.clone(),
+                behaviour.clone(),
+                trace.clone(),
+                seen.clone(),
+            )
+        });
+    }
+
+    /// Adds a publisher host that publishes `count` messages, one every `every`.
+    pub fn publisher(&mut self, count: usize, start_after: Duration, every: Duration) {
+        let trace = self.trace.clone();
+        let seen = self.seen.clone();
+        self.sim.host("publisher", move || {
+            publisher(count, start_after, every, trace.clone(), seen.clone())
+        });
+    }
+
+    pub fn now(&self) -> Duration {
+        self.sim.elapsed()
+    }
+
+    /// Steps the simulation until simulated time `t`.
+    pub fn run_until(&mut self, t: Duration) {
+        while self.sim.elapsed() < t {
+            self.sim.step().expect("simulation step failed");
+        }
+    }
+
+    /// Steps until `done` holds or `budget` of simulated time passes; returns whether it held.
+    pub fn run_until_with_budget(
+        &mut self,
+        budget: Duration,
+        mut done: impl FnMut(&World) -> bool,
+    ) -> bool {
+        let deadline = self.sim.elapsed() + budget;
+        while self.sim.elapsed() < deadline {
+            if done(self) {
+                return true;
+            }
+            self.sim.step().expect("simulation step failed");
+        }
+        done(self)
+    }
+
+    pub fn crash(&mut self, host: &str) {
+        self.trace.at(self.now(), format!("FAULT crash {host}"));
+        self.sim.crash(host);
+    }
+
+    pub fn restart(&mut self, host: &str) {
+        self.trace.at(self.now(), format!("FAULT restart {host}"));
+        self.sim.bounce(host);
+    }
+
+    pub fn partition(&mut self, host: &str) {
+        self.trace
+            .at(self.now(), format!("FAULT partition {host} <-> broker"));
+        self.sim.partition(host, "broker");
+    }
+
+    pub fn repair(&mut self, host: &str) {
+        self.trace
+            .at(self.now(), format!("FAULT repair {host} <-> broker"));
+        self.sim.repair(host, "broker");
+    }
+
+    pub fn hold(&mut self, host: &str) {
+        self.trace
+            .at(self.now(), format!("FAULT hold {host} <-> broker"));
+        self.sim.hold(host, "broker");
+    }
+
+    pub fn release(&mut self, host: &str) {
+        self.trace
+            .at(self.now(), format!("FAULT release {host} <-> broker"));
+        self.sim.release(host, "broker");
+    }
+
+    pub fn is_running(&mut self, host: &str) -> bool {
+        self.sim.is_host_running(host)
+    }
+
+    /// Every published message acked on every subscription that should see it.
+    pub fn all_acked(&self) -> bool {
+        let seen = self.seen.borrow();
+        let subscriptions: BTreeSet<String> = self
+            .replicas
+            .iter()
+            .map(|r| self.subscription_of(r))
+            .collect();
+        subscriptions.iter().all(|sub| {
+            let acked = seen.acked.get(sub);
+            seen.published
+                .iter()
+                .all(|id| acked.is_some_and(|a| a.contains(id)))
+        })
+    }
+
+    /// Every violation the checker and the clients found.
+    pub fn violations(&self) -> Vec<String> {
+        let mut all = self.checker.violations();
+        all.extend(self.seen.borrow().violations.iter().cloned());
+        all
+    }
+}
+
+async fn connect_retrying(name: &str, trace: &Trace) -> BrokerClient<Channel> {
+    loop {
+        match net::connect().await {
+            Ok(channel) => return BrokerClient::new(channel),
+            Err(e) => {
+                trace.line(format!("{name}: connect failed ({e}); retrying"));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+async fn replica(
+    name: String,
+    open: pb::OpenSubscription,
+    behaviour: Behaviour,
+    trace: Trace,
+    seen: Rc<RefCell<Seen>>,
+) -> turmoil::Result {
+    let sub = open.subscription_id.clone();
+    tokio::time::sleep(behaviour.start_after).await;
+    trace.line(format!("{name}: start"));
+    let mut client = connect_retrying(&name, &trace).await;
+    let mut last_epoch = 0;
+    loop {
+        let mut stream = match client.subscribe(open.clone()).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                trace.line(format!("{name}: subscribe refused: {:?}", status.code()));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        trace.line(format!("{name}: joined {sub}"));
+        let mut member_id = 0;
+        let ended = loop {
+            let frame = match stream.message().await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break "stream ended".to_string(),
+                Err(status) => break format!("stream failed: {:?}", status.code()),
+            };
+            match frame.frame {
+                Some(Frame::Confirmation(c)) => {
+                    trace.line(format!(
+                        "{name}: confirmed m{} epoch {}",
+                        c.member_id, c.epoch
+                    ));
+                    if c.epoch <= last_epoch && open.mode == i32::from(DeliveryMode::Singleton) {
+                        seen.borrow_mut().violations.push(format!(
+                            "{name} saw epoch go from {last_epoch} to {}",
+                            c.epoch
+                        ));
+                    }
+                    last_epoch = c.epoch;
+                    member_id = c.member_id;
+                }
+                Some(Frame::Message(m)) => {
+                    trace.line(format!(
+                        "{name}: got #{} attempt {} epoch {}",
+                        m.system_id, m.delivery_attempt, m.epoch
+                    ));
+                    if m.epoch != last_epoch {
+                        seen.borrow_mut().violations.push(format!(
+                            "{name} got #{} with epoch {} but was confirmed with {last_epoch}",
+                            m.system_id, m.epoch
+                        ));
+                    }
+                    let (action, process) = behaviour.decide(m.system_id, m.delivery_attempt);
+                    let id = m.system_id;
+                    match action {
+                        Action::AbandonThenAck => {
+                            trace.line(format!("{name}: abandons its stream holding #{id}"));
+                            drop(stream);
+                            tokio::time::sleep(process).await;
+                            let result = client
+                                .ack(pb::Ack {
+                                    subscription_id: sub.clone(),
+                                    system_id: id,
+                                    member_id,
+                                })
+                                .await;
+                            record_ack(&name, &sub, id, result, &trace, &seen);
+                            break "abandoned".to_string();
+                        }
+                        Action::Nack => {
+                            tokio::time::sleep(process).await;
+                            let result = client
+                                .nack(pb::Nack {
+                                    subscription_id: sub.clone(),
+                                    system_id: id,
+                                    member_id,
+                                })
+                                .await;
+                            trace.line(format!("{name}: nack #{id} -> {}", outcome(&result)));
+                        }
+                        Action::Ack => {
+                            tokio::time::sleep(process).await;
+                            let result = client
+                                .ack(pb::Ack {
+                                    subscription_id: sub.clone(),
+                                    system_id: id,
+                                    member_id,
+                                })
+                                .await;
+                            record_ack(&name, &sub, id, result, &trace, &seen);
+                        }
+                    }
+                }
+                Some(Frame::Standby(s)) => {
+                    trace.line(format!("{name}: standby position {}", s.position))
+                }
+                None => {}
+            }
+        };
+        trace.line(format!("{name}: {ended}; rejoining"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        client = connect_retrying(&name, &trace).await;
+    }
+}
+
+fn outcome<T>(result: &Result<T, tonic::Status>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(status) => format!("{:?}", status.code()),
+    }
+}
+
+fn record_ack(
+    name: &str,
+    sub: &str,
+    id: u64,
+    result: Result<tonic::Response<pb::AckResponse>, tonic::Status>,
+    trace: &Trace,
+    seen: &Rc<RefCell<Seen>>,
+) {
+    trace.line(format!("{name}: ack #{id} -> {}", outcome(&result)));
+    if result.is_ok()
+        && !seen
+            .borrow_mut()
+            .acked
+            .entry(sub.to_string())
+            .or_default()
+            .insert(id)
+    {
+        // Group modes ack each message once per subscription; a second accepted ack means the
+        // broker released one message twice.
+        seen.borrow_mut()
+            .violations
+            .push(format!("#{id} acked twice on {sub}"));
+    }
+}
+
+async fn publisher(
+    count: usize,
+    start_after: Duration,
+    every: Duration,
+    trace: Trace,
+    seen: Rc<RefCell<Seen>>,
+) -> turmoil::Result {
+    tokio::time::sleep(start_after).await;
+    let mut client = connect_retrying("publisher", &trace).await;
+    let mut n = 0;
+    while n < count {
+        let request = pb::PublishRequest {
+            topic: TOPIC.into(),
+            payload: format!("job {n}").into_bytes().into(),
+            headers: Default::default(),
+        };
+        match client.publish(request).await {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                trace.line(format!(
+                    "publisher: published #{} to {}",
+                    reply.system_id, reply.queued_for
+                ));
+                seen.borrow_mut().published.push(reply.system_id);
+                n += 1;
+                tokio::time::sleep(every).await;
+            }
+            Err(status) => {
+                trace.line(format!("publisher: publish failed: {:?}", status.code()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    trace.line("publisher: done");
+    std::future::pending::<()>().await;
+    Ok(())
+}

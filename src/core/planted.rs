@@ -1,0 +1,49 @@
+//! Deliberately broken behaviours, compiled in only with the test-only `planted-bugs` feature, so
+//! the simulation campaign can prove its checker catches each one. A bug is planted for the
+//! current thread only (a simulation runs every host on its test's thread), so parallel tests do
+//! not see each other's bugs. Production builds never enable the feature.
+
+/// A bug the checker must catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlantedBug {
+    /// Promote the newest standby instead of the earliest-joined (breaks invariant 2).
+    PromoteNewestStandby,
+    /// Drop a leaving member's in-flight messages instead of requeuing them (breaks invariant 3).
+    ForgetRedelivery,
+    /// Make the second singleton member active too (breaks invariant 1).
+    TwoActiveMembers,
+    /// Let any member's ack release a message (breaks the ack fence, SPEC §4).
+    AckIgnoresFence,
+}
+
+#[cfg(feature = "planted-bugs")]
+mod imp {
+    use std::cell::Cell;
+
+    use super::PlantedBug;
+
+    thread_local! {
+        static PLANTED: Cell<Option<PlantedBug>> = const { Cell::new(None) };
+    }
+
+    /// Plants `bug` (or clears it) for the current thread.
+    pub fn plant(bug: Option<PlantedBug>) {
+        PLANTED.with(|p| p.set(bug));
+    }
+
+    pub(crate) fn active(bug: PlantedBug) -> bool {
+        PLANTED.with(|p| p.get() == Some(bug))
+    }
+}
+
+#[cfg(feature = "planted-bugs")]
+pub use imp::plant;
+
+#[cfg(feature = "planted-bugs")]
+pub(crate) use imp::active;
+
+#[cfg(not(feature = "planted-bugs"))]
+#[inline(always)]
+pub(crate) const fn active(_bug: PlantedBug) -> bool {
+    false
+}
