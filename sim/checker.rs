@@ -62,13 +62,10 @@ impl Checker {
             .clone()
     }
 
-    /// Messages queued on `subscription` and not yet acked (or dropped).
-    pub fn outstanding(&self, subscription: &str) -> usize {
+    /// Messages queued on any subscription and not yet acked (or dropped or dead-lettered).
+    pub fn outstanding(&self) -> usize {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state
-            .subs
-            .get(subscription)
-            .map_or(0, |s| s.outstanding.len())
+        state.subs.values().map(|s| s.outstanding.len()).sum()
     }
 
     fn describe(input: &Input) -> String {

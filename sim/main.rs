@@ -4,6 +4,8 @@
 //! Replay a failing campaign seed with `TINYBROKER_SIM_SEED=<seed> cargo test --test sim campaign`;
 //! run more seeds with `TINYBROKER_SIM_SEEDS=<n>`.
 
+mod campaign;
+mod campaign_tests;
 mod checker;
 mod net;
 mod rng;

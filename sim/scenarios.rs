@@ -17,6 +17,10 @@ fn ms(n: u64) -> Duration {
 /// Asserts liveness, no violations, and the trace snapshot.
 fn finish(mut world: World, name: &str) {
     let done = world.run_until_with_budget(BUDGET, World::all_acked);
+    // Let the last replies reach the clients, so the story ends on their side too.
+    let settle = world.now() + Duration::from_secs(1);
+    world.run_until(settle);
+    world.trace.close();
     let violations = world.violations();
     assert!(
         violations.is_empty(),

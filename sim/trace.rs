@@ -6,13 +6,22 @@ use std::{
 };
 
 #[derive(Clone, Default)]
-pub struct Trace(Arc<Mutex<Vec<String>>>);
+pub struct Trace(Arc<Mutex<Lines>>);
+
+#[derive(Default)]
+struct Lines {
+    lines: Vec<String>,
+    closed: bool,
+}
 
 impl Trace {
     /// Records `text` at simulated time `at`.
     pub fn at(&self, at: Duration, text: impl AsRef<str>) {
         let line = format!("{:>8.3}s  {}", at.as_secs_f64(), text.as_ref());
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+        let mut inner = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !inner.closed {
+            inner.lines.push(line);
+        }
     }
 
     /// Records `text` at the current simulated time (inside a host).
@@ -20,20 +29,21 @@ impl Trace {
         self.at(turmoil::sim_elapsed().unwrap_or_default(), text);
     }
 
+    /// Stops recording: what happens while the simulation is torn down is not part of the story.
+    pub fn close(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+    }
+
     pub fn render(&self) -> String {
-        let lines = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = lines.join("\n");
+        let inner = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = inner.lines.join("\n");
         out.push('\n');
         out
     }
 
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
     /// The last `n` lines, for failure reports.
     pub fn tail(&self, n: usize) -> String {
-        let lines = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        let inner = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        inner.lines[inner.lines.len().saturating_sub(n)..].join("\n")
     }
 }

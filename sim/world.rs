@@ -99,6 +99,8 @@ pub struct Seen {
     pub published: Vec<u64>,
     /// Accepted acks per subscription id.
     pub acked: BTreeMap<String, BTreeSet<u64>>,
+    /// Acks whose reply was lost to the network (the broker may or may not have applied them).
+    pub ack_unknown: BTreeMap<String, BTreeSet<u64>>,
     /// Client-side violations (e.g. a replica saw its epoch go down).
     pub violations: Vec<String>,
 }
@@ -110,6 +112,8 @@ pub struct World {
     pub seen: Rc<RefCell<Seen>>,
     pub mode: DeliveryMode,
     pub replicas: Vec<String>,
+    /// How many messages the publisher will publish.
+    pub to_publish: usize,
 }
 
 /// Knobs for one world.
@@ -170,6 +174,7 @@ impl World {
             seen: Rc::default(),
             mode: setup.mode,
             replicas: Vec::new(),
+            to_publish: 0,
         }
     }
 
@@ -215,6 +220,7 @@ impl World {
     pub fn publisher(&mut self, count: usize, start_after: Duration, every: Duration) {
         let trace = self.trace.clone();
         let seen = self.seen.clone();
+        self.to_publish += count;
         self.sim.host("publisher", move || {
             publisher(count, start_after, every, trace.clone(), seen.clone())
         });
@@ -281,24 +287,21 @@ impl World {
         self.sim.release(host, "broker");
     }
 
-    pub fn is_running(&mut self, host: &str) -> bool {
-        self.sim.is_host_running(host)
-    }
-
-    /// Every published message acked on every subscription that should see it.
+    /// Liveness: everything was published and the broker holds nothing unacked. In group modes
+    /// the clients must also have seen an accepted ack for every published message.
     pub fn all_acked(&self) -> bool {
         let seen = self.seen.borrow();
-        let subscriptions: BTreeSet<String> = self
-            .replicas
-            .iter()
-            .map(|r| self.subscription_of(r))
-            .collect();
-        subscriptions.iter().all(|sub| {
-            let acked = seen.acked.get(sub);
+        if seen.published.len() < self.to_publish || self.checker.outstanding() > 0 {
+            return false;
+        }
+        self.mode == DeliveryMode::Broadcast || {
+            let acked = seen.acked.get("report");
+            let unknown = seen.ack_unknown.get("report");
+            let known = |set: Option<&BTreeSet<u64>>, id| set.is_some_and(|s| s.contains(id));
             seen.published
                 .iter()
-                .all(|id| acked.is_some_and(|a| a.contains(id)))
-        })
+                .all(|id| known(acked, id) || known(unknown, id))
+        }
     }
 
     /// Every violation the checker and the clients found.
@@ -445,6 +448,18 @@ fn record_ack(
     seen: &Rc<RefCell<Seen>>,
 ) {
     trace.line(format!("{name}: ack #{id} -> {}", outcome(&result)));
+    if let Err(status) = &result
+        && matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+        )
+    {
+        seen.borrow_mut()
+            .ack_unknown
+            .entry(sub.to_string())
+            .or_default()
+            .insert(id);
+    }
     if result.is_ok()
         && !seen
             .borrow_mut()

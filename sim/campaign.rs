@@ -1,0 +1,178 @@
+//! The randomized fault campaign: one seed drives the mode, the replicas' behaviour (processing
+//! time, nacks, abandoned streams with late acks, windows), the publisher, and a schedule of
+//! crashes, restarts, partitions, heals, holds and releases. The checker watches every input;
+//! after the faults stop, a liveness phase requires every published message to be acked within
+//! a simulated-time budget.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use tinybroker::{core::planted::PlantedBug, pb::DeliveryMode};
+
+use crate::{
+    rng::Rng,
+    trace::Trace,
+    world::{Behaviour, Setup, World},
+};
+
+/// How long faults are injected, in simulated time.
+const FAULT_PHASE: Duration = Duration::from_secs(12);
+/// How long the healed system has to ack everything.
+const LIVENESS_BUDGET: Duration = Duration::from_secs(60);
+
+/// What one seed did.
+pub struct Outcome {
+    pub seed: u64,
+    pub mode: DeliveryMode,
+    pub violations: Vec<String>,
+    pub live: bool,
+    pub trace: Trace,
+}
+
+impl Outcome {
+    pub fn failed(&self) -> bool {
+        !self.violations.is_empty() || !self.live
+    }
+
+    pub fn report(&self) -> String {
+        let mut out = format!("seed {} ({:?}) failed:\n", self.seed, self.mode);
+        for v in self.violations.iter().take(10) {
+            out.push_str(&format!("  {v}\n"));
+        }
+        if !self.live {
+            out.push_str(&format!("  liveness: not every message was acked within {LIVENESS_BUDGET:?} after faults stopped\n"));
+        }
+        out.push_str(&format!(
+            "reproduce with: TINYBROKER_SIM_SEED={} cargo test --test sim campaign -- --nocapture\n",
+            self.seed
+        ));
+        out
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Runs one seed of the campaign.
+pub fn run(seed: u64) -> Outcome {
+    let mut rng = Rng::new(seed);
+    let mode = match rng.range(0, 9) {
+        0..=5 => DeliveryMode::Singleton,
+        6..=7 => DeliveryMode::Queue,
+        _ => DeliveryMode::Broadcast,
+    };
+    let mut world = World::new(&Setup::new(seed, mode));
+    let replicas = rng.range(2, 4);
+    let mut names = Vec::new();
+    for i in 0..replicas {
+        let lo = rng.range(10, 200);
+        let behaviour = Behaviour {
+            seed: rng.next_u64(),
+            process_ms: (lo, lo + rng.range(0, 800)),
+            nack_percent: rng.range(0, 10),
+            abandon_percent: rng.range(0, 8),
+            start_after: ms(i * rng.range(0, 200)),
+            window: if mode == DeliveryMode::Queue {
+                rng.range(1, 3) as u32
+            } else {
+                1
+            },
+        };
+        let name = format!("r{i}");
+        world.replica(&name, behaviour);
+        names.push(name);
+    }
+    world.publisher(rng.range(10, 30) as usize, ms(300), ms(rng.range(50, 400)));
+
+    let mut crashed = BTreeSet::new();
+    let mut partitioned = BTreeSet::new();
+    let mut held = BTreeSet::new();
+    let mut t = ms(500);
+    while t < FAULT_PHASE {
+        t += ms(rng.range(200, 1500));
+        world.run_until(t);
+        let name = names[rng.range(0, names.len() as u64 - 1) as usize].clone();
+        match rng.range(0, 5) {
+            0 if !crashed.contains(&name) => {
+                world.crash(&name);
+                crashed.insert(name);
+            }
+            1 if crashed.contains(&name) => {
+                world.restart(&name);
+                crashed.remove(&name);
+            }
+            2 if !partitioned.contains(&name) && !held.contains(&name) => {
+                world.partition(&name);
+                partitioned.insert(name);
+            }
+            3 if partitioned.contains(&name) => {
+                world.repair(&name);
+                partitioned.remove(&name);
+            }
+            4 if !held.contains(&name) && !partitioned.contains(&name) => {
+                world.hold(&name);
+                held.insert(name);
+            }
+            5 if held.contains(&name) => {
+                world.release(&name);
+                held.remove(&name);
+            }
+            _ => {}
+        }
+    }
+    // Heal everything, then demand progress.
+    for name in std::mem::take(&mut partitioned) {
+        world.repair(&name);
+    }
+    for name in std::mem::take(&mut held) {
+        world.release(&name);
+    }
+    for name in std::mem::take(&mut crashed) {
+        world.restart(&name);
+    }
+    world.trace.at(world.now(), "HEALED: liveness phase");
+    let live = world.run_until_with_budget(LIVENESS_BUDGET, World::all_acked);
+    world.trace.close();
+    Outcome {
+        seed,
+        mode,
+        violations: world.violations(),
+        live,
+        trace: world.trace.clone(),
+    }
+}
+
+/// Runs `seeds` on as many threads as the machine has (each simulation stays on one thread),
+/// with `bug` planted in every one of them. Returns the outcomes in seed order.
+pub fn run_many(seeds: &[u64], bug: Option<PlantedBug>) -> Vec<Outcome> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(seeds.len().max(1));
+    let mut outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    plant(bug);
+                    let mine: Vec<Outcome> = seeds
+                        .iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|&s| run(s))
+                        .collect();
+                    plant(None);
+                    mine
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("campaign thread panicked"))
+            .collect()
+    });
+    outcomes.sort_by_key(|o| o.seed);
+    outcomes
+}
+
+fn plant(bug: Option<PlantedBug>) {
+    tinybroker::core::planted::plant(bug);
+}
