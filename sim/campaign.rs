@@ -25,6 +25,8 @@ pub struct Outcome {
     pub mode: DeliveryMode,
     pub violations: Vec<String>,
     pub live: bool,
+    /// Why liveness failed, when it did.
+    pub stuck: String,
     pub trace: Trace,
 }
 
@@ -39,7 +41,10 @@ impl Outcome {
             out.push_str(&format!("  {v}\n"));
         }
         if !self.live {
-            out.push_str(&format!("  liveness: not every message was acked within {LIVENESS_BUDGET:?} after faults stopped\n"));
+            out.push_str(&format!(
+                "  liveness: not every message was acked within {LIVENESS_BUDGET:?} after faults stopped: {}\n",
+                self.stuck
+            ));
         }
         out.push_str(&format!(
             "reproduce with: TINYBROKER_SIM_SEED={} cargo test --test sim campaign -- --nocapture\n",
@@ -138,6 +143,7 @@ pub fn run(seed: u64) -> Outcome {
         mode,
         violations: world.violations(),
         live,
+        stuck: world.liveness_report(),
         trace: world.trace.clone(),
     }
 }

@@ -99,8 +99,8 @@ pub struct Seen {
     pub published: Vec<u64>,
     /// Accepted acks per subscription id.
     pub acked: BTreeMap<String, BTreeSet<u64>>,
-    /// Acks whose reply was lost to the network (the broker may or may not have applied them).
-    pub ack_unknown: BTreeMap<String, BTreeSet<u64>>,
+    /// Messages some client received, per subscription id.
+    pub received: BTreeMap<String, BTreeSet<u64>>,
     /// Client-side violations (e.g. a replica saw its epoch go down).
     pub violations: Vec<String>,
 }
@@ -287,21 +287,40 @@ impl World {
         self.sim.release(host, "broker");
     }
 
-    /// Liveness: everything was published and the broker holds nothing unacked. In group modes
-    /// the clients must also have seen an accepted ack for every published message.
+    /// Liveness: everything was published and the broker holds nothing unacked (its own
+    /// accounting, checked by the checker against what it delivered). In group modes some client
+    /// must also have received every published message.
     pub fn all_acked(&self) -> bool {
+        self.liveness_report().is_empty()
+    }
+
+    /// Why liveness does not hold (empty when it does).
+    pub fn liveness_report(&self) -> String {
         let seen = self.seen.borrow();
-        if seen.published.len() < self.to_publish || self.checker.outstanding() > 0 {
-            return false;
+        let mut out = Vec::new();
+        if seen.published.len() < self.to_publish {
+            out.push(format!(
+                "published {} of {}",
+                seen.published.len(),
+                self.to_publish
+            ));
         }
-        self.mode == DeliveryMode::Broadcast || {
-            let acked = seen.acked.get("report");
-            let unknown = seen.ack_unknown.get("report");
-            let known = |set: Option<&BTreeSet<u64>>, id| set.is_some_and(|s| s.contains(id));
-            seen.published
+        let held = self.checker.outstanding();
+        if held > 0 {
+            out.push(format!("the broker still holds {held} unacked messages"));
+        }
+        if self.mode != DeliveryMode::Broadcast {
+            let received = seen.received.get("report");
+            let missing: Vec<_> = seen
+                .published
                 .iter()
-                .all(|id| known(acked, id) || known(unknown, id))
+                .filter(|id| !received.is_some_and(|r| r.contains(id)))
+                .collect();
+            if !missing.is_empty() {
+                out.push(format!("no client ever received {missing:?}"));
+            }
         }
+        out.join("; ")
     }
 
     /// Every violation the checker and the clients found.
@@ -379,6 +398,11 @@ async fn replica(
                             m.system_id, m.epoch
                         ));
                     }
+                    seen.borrow_mut()
+                        .received
+                        .entry(sub.clone())
+                        .or_default()
+                        .insert(m.system_id);
                     let (action, process) = behaviour.decide(m.system_id, m.delivery_attempt);
                     let id = m.system_id;
                     match action {
@@ -448,18 +472,6 @@ fn record_ack(
     seen: &Rc<RefCell<Seen>>,
 ) {
     trace.line(format!("{name}: ack #{id} -> {}", outcome(&result)));
-    if let Err(status) = &result
-        && matches!(
-            status.code(),
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-        )
-    {
-        seen.borrow_mut()
-            .ack_unknown
-            .entry(sub.to_string())
-            .or_default()
-            .insert(id);
-    }
     if result.is_ok()
         && !seen
             .borrow_mut()
