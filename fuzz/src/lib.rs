@@ -1,0 +1,298 @@
+//! Fuzz targets for tinybroker. Each is a plain function of the input bytes, so the main
+//! package's `cargo test` replays the committed corpus (`fuzz/corpus/<target>/`) and any crash
+//! artifacts (`fuzz/artifacts/<target>/`) through the same code on stable Rust, without
+//! cargo-fuzz.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use arbitrary::{Arbitrary, Unstructured};
+use bytes::Bytes;
+use prost::Message as _;
+use tinybroker::{
+    broker::Broker,
+    clock::TokioClock,
+    core::{
+        Effect, Error, Floors, Limits, MemberOptions, Message, Mode, Pattern, PatternIndex,
+        QueueLimits, Subscription, SubscriptionSpec, Topic,
+    },
+    pb, service,
+};
+
+#[derive(Debug, Arbitrary)]
+enum Op {
+    Join { window: u8, notify: bool },
+    Leave { pick: u8 },
+    Publish { size: u8 },
+    Ack { member: Option<u8>, pick: u8 },
+    Nack { member: Option<u8>, pick: u8 },
+    AckRaw { member: Option<u8>, system_id: u16 },
+    Tick { ms: u16 },
+}
+
+#[derive(Debug, Arbitrary)]
+struct Machine {
+    mode: u8,
+    max_attempts: u8,
+    max_messages: u8,
+    max_members: u8,
+    ops: Vec<Op>,
+}
+
+/// `group_state_machine`: an arbitrary sequence of operations applied to one subscription's
+/// core; SPEC §5 invariants and the core's bookkeeping are asserted after every step.
+pub fn group_state_machine(data: &[u8]) {
+    let Ok(machine) = Machine::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    let mode = [Mode::Singleton, Mode::Queue, Mode::Broadcast][usize::from(machine.mode % 3)];
+    let spec = SubscriptionSpec {
+        mode,
+        consumer_group: "g".into(),
+        patterns: vec![Pattern::parse("a.>").expect("valid pattern")],
+        max_delivery_attempts: u32::from(machine.max_attempts % 5),
+        dead_letter_topic: (machine.max_attempts % 2 == 1)
+            .then(|| Topic::parse("dead.a").expect("valid topic")),
+    };
+    let limits = QueueLimits {
+        max_messages: u64::from(machine.max_messages % 16) + 1,
+        max_bytes: 4096,
+        max_members: usize::from(machine.max_members % 8) + 1,
+        idle_timeout: Duration::from_secs(10),
+    };
+    let mut now = Duration::ZERO;
+    let mut sub = Subscription::new("s".into(), spec.clone(), limits, Floors::default(), now);
+    let mut members: Vec<u64> = Vec::new();
+    let mut next_id = 0u64;
+    let mut last_epoch = 0;
+    for op in machine.ops {
+        let effects = match op {
+            Op::Join { window, notify } => {
+                let options = MemberOptions {
+                    max_in_flight: u32::from(window % 4),
+                    notify_standby: notify,
+                };
+                match sub.join(&spec, options) {
+                    Ok((member, fx)) => {
+                        members.push(member);
+                        fx
+                    }
+                    Err(Error::BroadcastTaken(_) | Error::TooManyMembers { .. }) => vec![],
+                    Err(e) => panic!("unexpected join error: {e}"),
+                }
+            }
+            Op::Leave { pick } if !members.is_empty() => {
+                let member = members.remove(usize::from(pick) % members.len());
+                sub.leave(member, now)
+            }
+            Op::Leave { .. } => vec![],
+            Op::Publish { size } => {
+                next_id += 1;
+                let message = Arc::new(Message {
+                    system_id: next_id,
+                    topic: Topic::parse("a.b").expect("valid topic"),
+                    payload: Bytes::from(vec![0; usize::from(size)]),
+                    headers: Default::default(),
+                    published_at_ms: 0,
+                });
+                match sub.check_capacity(message.size()) {
+                    Ok(()) => sub.enqueue(message),
+                    Err(_) => sub.enqueue_or_drop(message),
+                }
+            }
+            Op::Ack { member, pick } | Op::Nack { member, pick } => {
+                let held: Vec<(u64, u64)> = sub.in_flight_ids().collect();
+                if held.is_empty() {
+                    continue;
+                }
+                let (system_id, holder) = held[usize::from(pick) % held.len()];
+                let fence = member.map(|m| {
+                    if m % 2 == 0 {
+                        holder
+                    } else {
+                        holder + u64::from(m)
+                    }
+                });
+                let nack = matches!(op, Op::Nack { .. });
+                let result = if nack {
+                    sub.nack(fence, system_id)
+                } else {
+                    sub.ack(fence, system_id)
+                };
+                match (result, fence) {
+                    (Ok(fx), Some(f)) => {
+                        assert_eq!(f, holder, "fenced ack from a non-holder was accepted");
+                        fx
+                    }
+                    (Ok(fx), None) => fx,
+                    (Err(Error::NotHolder { .. }), Some(f)) => {
+                        assert_ne!(f, holder, "the holder's own ack was refused");
+                        vec![]
+                    }
+                    (Err(e), _) => panic!("unexpected ack error: {e}"),
+                }
+            }
+            Op::AckRaw { member, system_id } => {
+                let before = (sub.queued(), sub.in_flight());
+                match sub.ack(member.map(u64::from), u64::from(system_id)) {
+                    Ok(fx) => fx,
+                    Err(_) => {
+                        assert_eq!(
+                            before,
+                            (sub.queued(), sub.in_flight()),
+                            "a refused ack changed state"
+                        );
+                        vec![]
+                    }
+                }
+            }
+            Op::Tick { ms } => {
+                now += Duration::from_millis(u64::from(ms));
+                vec![]
+            }
+        };
+        for effect in &effects {
+            if let Effect::Confirm { epoch, .. } = effect {
+                assert!(
+                    *epoch > last_epoch,
+                    "epoch went from {last_epoch} to {epoch}"
+                );
+                last_epoch = *epoch;
+            }
+        }
+        if let Err(e) = sub.check_invariants() {
+            panic!("invariant broken: {e}");
+        }
+    }
+}
+
+/// `topic_patterns`: arbitrary strings through the parsers (which must never panic) and, for the
+/// valid ones, the routing index against naive matching.
+pub fn topic_patterns(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok(texts) = Vec::<String>::arbitrary(&mut u) else {
+        return;
+    };
+    let mut patterns = Vec::new();
+    let mut topics = Vec::new();
+    for text in &texts {
+        if let Ok(p) = Pattern::parse(text) {
+            assert_eq!(p.as_str(), text);
+            patterns.push(p);
+        }
+        if let Ok(t) = Topic::parse(text) {
+            assert!(
+                Pattern::parse(text).is_ok(),
+                "a valid topic is a valid (literal) pattern"
+            );
+            topics.push(t);
+        }
+    }
+    let mut index = PatternIndex::new();
+    for (key, p) in patterns.iter().enumerate() {
+        index.insert(p, key);
+    }
+    for topic in &topics {
+        let naive: BTreeSet<usize> = patterns
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.matches(topic))
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(index.matches(topic), naive);
+    }
+    for (key, p) in patterns.iter().enumerate() {
+        index.remove(p, &key);
+    }
+    assert!(index.is_empty());
+}
+
+/// `requests`: arbitrary bytes decoded as each request message, validated as the service does,
+/// and applied to a broker. Nothing may panic, and the broker must stay consistent.
+pub fn requests(data: &[u8]) {
+    let limits = Limits {
+        max_queue_messages: 8,
+        max_subscriptions: 4,
+        max_members_per_subscription: 3,
+        max_message_bytes: 256,
+        ..Limits::default()
+    };
+    let broker = Broker::new(limits.clone(), std::sync::Arc::new(TokioClock::new()));
+    let mut streams = Vec::new();
+    let mut u = Unstructured::new(data);
+    // `arbitrary` hands out zeroes once the data runs out, so stop at the end explicitly.
+    while !u.is_empty() {
+        let (Ok(kind), Ok(bytes)) = (u8::arbitrary(&mut u), <&[u8]>::arbitrary(&mut u)) else {
+            break;
+        };
+        match kind % 7 {
+            0 => {
+                if let Ok(request) = pb::PublishRequest::decode(bytes)
+                    && let Ok(draft) = service::draft(request, &limits)
+                {
+                    let _ = broker.publish(draft);
+                }
+            }
+            1 => {
+                if let Ok(batch) = pb::PublishBatchRequest::decode(bytes) {
+                    let drafts: Result<Vec<_>, _> = batch
+                        .messages
+                        .into_iter()
+                        .map(|m| service::draft(m, &limits))
+                        .collect();
+                    if let Ok(drafts) = drafts {
+                        let _ = broker.publish_batch(drafts);
+                    }
+                }
+            }
+            2 => {
+                if let Ok(request) = pb::OpenSubscription::decode(bytes)
+                    && let Ok(open) = service::open_request(request, &limits)
+                    && let Ok(stream) = broker.open(&open)
+                {
+                    streams.push(stream);
+                }
+            }
+            3 => {
+                if let Ok(ack) = pb::Ack::decode(bytes) {
+                    let _ = broker.ack(
+                        &ack.subscription_id,
+                        (ack.member_id != 0).then_some(ack.member_id),
+                        ack.system_id,
+                    );
+                }
+            }
+            4 => {
+                if let Ok(nack) = pb::Nack::decode(bytes) {
+                    let _ = broker.nack(
+                        &nack.subscription_id,
+                        (nack.member_id != 0).then_some(nack.member_id),
+                        nack.system_id,
+                    );
+                }
+            }
+            5 => {
+                if !streams.is_empty() {
+                    let i = bytes.first().map_or(0, |b| usize::from(*b)) % streams.len();
+                    drop(streams.remove(i));
+                }
+            }
+            _ => {
+                if let Ok(request) = pb::DescribeSubscriptionRequest::decode(bytes) {
+                    let _ = broker.describe(&request.subscription_id);
+                }
+            }
+        }
+    }
+    let (views, stats) = broker.list();
+    assert_eq!(stats.subscriptions as usize, views.len());
+    for view in views {
+        let singleton = view.spec.mode == Mode::Singleton;
+        let active = view.members.iter().filter(|m| m.active).count();
+        assert!(
+            !singleton || view.members.is_empty() || active == 1,
+            "singleton with {active} active"
+        );
+        assert!(view.queued_messages + view.in_flight <= limits.max_queue_messages);
+    }
+    drop(streams);
+}

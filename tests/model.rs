@@ -1,0 +1,465 @@
+//! Model-based property test of the group state machine (SPEC §3-§5): random sequences of joins,
+//! leaves, publishes, acks (good, stale, unknown), nacks and time passing, over all three modes
+//! and various windows and limits, applied both to the core and to a small reference model
+//! written independently here. After every step the effects must be identical and the
+//! invariants must hold. proptest shrinks a failure to a short sequence.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use tinybroker::core::{
+    Effect, Error, Floors, MemberOptions, Message, Mode, Pattern, QueueLimits, Subscription,
+    SubscriptionSpec, Topic,
+};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Join { window: u32 },
+    Leave { pick: usize },
+    Publish,
+    Ack { pick: usize },
+    AckStale { pick: usize },
+    AckUnknown,
+    Nack { pick: usize },
+    NackUnknown,
+    Tick { ms: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1u32..=3).prop_map(|window| Op::Join { window }),
+        2 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
+        4 => Just(Op::Publish),
+        4 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::AckStale { pick }),
+        1 => Just(Op::AckUnknown),
+        2 => any::<usize>().prop_map(|pick| Op::Nack { pick }),
+        1 => Just(Op::NackUnknown),
+        1 => (0u64..40_000).prop_map(|ms| Op::Tick { ms }),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Setup {
+    mode: Mode,
+    max_attempts: u32,
+    max_messages: u64,
+    max_members: usize,
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        prop_oneof![
+            Just(Mode::Singleton),
+            Just(Mode::Queue),
+            Just(Mode::Broadcast)
+        ],
+        0u32..4,
+        1u64..8,
+        1usize..5,
+    )
+        .prop_map(|(mode, max_attempts, max_messages, max_members)| Setup {
+            mode,
+            max_attempts,
+            max_messages,
+            max_members,
+        })
+}
+
+/// What the tests compare: effects without the message bodies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Confirm(u64, u64),
+    Deliver(u64, u64, u32, u64),
+    Retired(u64),
+}
+
+fn project(effects: &[Effect]) -> Vec<Seen> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Confirm { member, epoch } => Some(Seen::Confirm(*member, *epoch)),
+            Effect::Deliver {
+                member,
+                message,
+                attempt,
+                epoch,
+            } => Some(Seen::Deliver(*member, message.system_id, *attempt, *epoch)),
+            Effect::Dropped { system_id, .. } => Some(Seen::Retired(*system_id)),
+            Effect::DeadLetter { message, .. } => Some(Seen::Retired(message.system_id)),
+            Effect::Standby { .. } => None,
+        })
+        .collect()
+}
+
+struct RefMember {
+    id: u64,
+    window: usize,
+    epoch: Option<u64>,
+    held: Vec<u64>,
+}
+
+/// The reference: the rules of SPEC §3-§5 written as plainly as possible.
+struct Model {
+    setup: Setup,
+    members: Vec<RefMember>,
+    queue: VecDeque<(u64, u32)>,
+    attempt: BTreeMap<u64, u32>,
+    last_served: u64,
+    last_member: u64,
+    epoch: u64,
+    idle_since: Option<Duration>,
+}
+
+const IDLE: Duration = Duration::from_secs(30);
+
+impl Model {
+    fn held_count(&self) -> u64 {
+        (self.queue.len() + self.attempt.len()) as u64
+    }
+
+    fn give_back(&mut self, sid: u64, attempt: u32, out: &mut Vec<Seen>) {
+        let max = self.setup.max_attempts;
+        if max == 0 || attempt < max {
+            self.queue.push_front((sid, attempt + 1));
+        } else {
+            out.push(Seen::Retired(sid));
+        }
+    }
+
+    fn target(&self) -> Option<usize> {
+        let has_space = |m: &RefMember| m.epoch.is_some() && m.held.len() < m.window;
+        match self.setup.mode {
+            Mode::Singleton | Mode::Broadcast => {
+                self.members.first().filter(|m| has_space(m)).map(|_| 0)
+            }
+            Mode::Queue => {
+                let after = self.members.iter().position(|m| m.id > self.last_served);
+                let order: Vec<usize> = match after {
+                    Some(start) => (start..self.members.len()).chain(0..start).collect(),
+                    None => (0..self.members.len()).collect(),
+                };
+                order.into_iter().find(|&i| has_space(&self.members[i]))
+            }
+        }
+    }
+
+    fn dispatch(&mut self, out: &mut Vec<Seen>) {
+        while !self.queue.is_empty() {
+            let Some(i) = self.target() else { return };
+            let (sid, attempt) = self.queue.pop_front().unwrap();
+            let m = &mut self.members[i];
+            m.held.push(sid);
+            self.last_served = m.id;
+            self.attempt.insert(sid, attempt);
+            out.push(Seen::Deliver(m.id, sid, attempt, m.epoch.unwrap()));
+        }
+    }
+
+    fn join(&mut self, window: u32) -> Result<Vec<Seen>, ()> {
+        if (self.setup.mode == Mode::Broadcast && !self.members.is_empty())
+            || self.members.len() >= self.setup.max_members
+        {
+            return Err(());
+        }
+        self.last_member += 1;
+        let mut out = Vec::new();
+        let mut member = RefMember {
+            id: self.last_member,
+            window: window as usize,
+            epoch: None,
+            held: vec![],
+        };
+        if !(self.setup.mode == Mode::Singleton && !self.members.is_empty()) {
+            self.epoch += 1;
+            member.epoch = Some(self.epoch);
+            out.push(Seen::Confirm(member.id, self.epoch));
+        }
+        self.members.push(member);
+        self.idle_since = None;
+        self.dispatch(&mut out);
+        Ok(out)
+    }
+
+    fn leave(&mut self, i: usize, now: Duration) -> Vec<Seen> {
+        let mut out = Vec::new();
+        let m = self.members.remove(i);
+        for sid in m.held.iter().rev() {
+            let attempt = self.attempt.remove(sid).unwrap();
+            self.give_back(*sid, attempt, &mut out);
+        }
+        if self.setup.mode == Mode::Singleton && m.epoch.is_some() && !self.members.is_empty() {
+            self.epoch += 1;
+            self.members[0].epoch = Some(self.epoch);
+            out.push(Seen::Confirm(self.members[0].id, self.epoch));
+        }
+        if self.members.is_empty() {
+            self.idle_since = Some(now);
+        }
+        self.dispatch(&mut out);
+        out
+    }
+
+    /// Releases (ack) or returns (nack) `sid` held by member index `i`.
+    fn settle(&mut self, i: usize, sid: u64, nack: bool) -> Vec<Seen> {
+        self.members[i].held.retain(|s| *s != sid);
+        let attempt = self.attempt.remove(&sid).unwrap();
+        let mut out = Vec::new();
+        if nack {
+            self.give_back(sid, attempt, &mut out);
+        }
+        self.dispatch(&mut out);
+        out
+    }
+}
+
+fn message(sid: u64) -> Arc<Message> {
+    Arc::new(Message {
+        system_id: sid,
+        topic: Topic::parse("jobs.x").unwrap(),
+        payload: Bytes::from_static(b"payload"),
+        headers: Default::default(),
+        published_at_ms: 0,
+    })
+}
+
+/// Picks a (member index, held message) pair, if any member holds anything.
+fn pick_held(model: &Model, pick: usize) -> Option<(usize, u64)> {
+    let all: Vec<(usize, u64)> = model
+        .members
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| m.held.iter().map(move |s| (i, *s)))
+        .collect();
+    (!all.is_empty()).then(|| all[pick % all.len()])
+}
+
+fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let spec = SubscriptionSpec {
+        mode: setup.mode,
+        consumer_group: "g".into(),
+        patterns: vec![Pattern::parse("jobs.*").unwrap()],
+        max_delivery_attempts: setup.max_attempts,
+        dead_letter_topic: None,
+    };
+    let limits = QueueLimits {
+        max_messages: setup.max_messages,
+        max_bytes: u64::MAX,
+        max_members: setup.max_members,
+        idle_timeout: IDLE,
+    };
+    let mut now = Duration::ZERO;
+    let mut core = Subscription::new("s".into(), spec.clone(), limits, Floors::default(), now);
+    let mut model = Model {
+        setup: setup.clone(),
+        members: vec![],
+        queue: VecDeque::new(),
+        attempt: BTreeMap::new(),
+        last_served: 0,
+        last_member: 0,
+        epoch: 0,
+        idle_since: Some(now),
+    };
+    let mut next_sid = 0;
+    for op in ops {
+        let (got, want): (Vec<Seen>, Vec<Seen>) = match op {
+            Op::Join { window } => {
+                let options = MemberOptions {
+                    max_in_flight: window,
+                    notify_standby: false,
+                };
+                match (core.join(&spec, options), model.join(window)) {
+                    (Ok((_, fx)), Ok(want)) => (project(&fx), want),
+                    (Err(_), Err(())) => (vec![], vec![]),
+                    (got, want) => {
+                        return Err(TestCaseError::fail(format!(
+                            "join: core {got:?}, model {want:?}"
+                        )));
+                    }
+                }
+            }
+            Op::Leave { pick } => {
+                if model.members.is_empty() {
+                    continue;
+                }
+                let i = pick % model.members.len();
+                let id = model.members[i].id;
+                (project(&core.leave(id, now)), model.leave(i, now))
+            }
+            Op::Publish => {
+                next_sid += 1;
+                let full = model.held_count() >= setup.max_messages;
+                let check = core.check_capacity(message(next_sid).size());
+                prop_assert_eq!(check.is_err(), full, "capacity check disagrees");
+                if full {
+                    prop_assert!(matches!(check, Err(Error::QueueFull { .. })), "{:?}", check);
+                    continue;
+                }
+                let fx = core.enqueue(message(next_sid));
+                model.queue.push_back((next_sid, 1));
+                let mut want = vec![];
+                model.dispatch(&mut want);
+                (project(&fx), want)
+            }
+            Op::Ack { pick } | Op::Nack { pick } => {
+                let nack = matches!(op, Op::Nack { .. });
+                let Some((i, sid)) = pick_held(&model, pick) else {
+                    continue;
+                };
+                let member = Some(model.members[i].id);
+                let fx = if nack {
+                    core.nack(member, sid)
+                } else {
+                    core.ack(member, sid)
+                };
+                let fx =
+                    fx.map_err(|e| TestCaseError::fail(format!("holder's ack/nack refused: {e}")))?;
+                (project(&fx), model.settle(i, sid, nack))
+            }
+            Op::AckStale { pick } => {
+                let Some((i, sid)) = pick_held(&model, pick) else {
+                    continue;
+                };
+                let stale = model.members[i].id + 1000;
+                let err = core.ack(Some(stale), sid).expect_err("stale ack accepted");
+                prop_assert!(matches!(err, Error::NotHolder { .. }), "{err}");
+                (vec![], vec![])
+            }
+            Op::AckUnknown | Op::NackUnknown => {
+                let unknown = next_sid + 1_000_000;
+                let result = if matches!(op, Op::AckUnknown) {
+                    core.ack(None, unknown)
+                } else {
+                    core.nack(None, unknown)
+                };
+                prop_assert!(
+                    matches!(result, Err(Error::NotInFlight { .. })),
+                    "{:?}",
+                    result
+                );
+                (vec![], vec![])
+            }
+            Op::Tick { ms } => {
+                now += Duration::from_millis(ms);
+                let expired = model.idle_since.is_some_and(|since| now >= since + IDLE);
+                prop_assert_eq!(core.is_expired(now), expired, "expiry disagrees");
+                (vec![], vec![])
+            }
+        };
+        prop_assert_eq!(&got, &want, "effects differ");
+        if let Err(e) = core.check_invariants() {
+            return Err(TestCaseError::fail(format!("invariant: {e}")));
+        }
+        // Same queue, same holders.
+        let queued: Vec<u64> = core.queued_ids().collect();
+        let model_queued: Vec<u64> = model.queue.iter().map(|(s, _)| *s).collect();
+        prop_assert_eq!(queued, model_queued);
+        let holders: BTreeMap<u64, u64> = core.in_flight_ids().collect();
+        let model_holders: BTreeMap<u64, u64> = model
+            .members
+            .iter()
+            .flat_map(|m| m.held.iter().map(move |s| (*s, m.id)))
+            .collect();
+        prop_assert_eq!(holders, model_holders);
+        // SPEC §5 invariant 1.
+        if setup.mode == Mode::Singleton {
+            let active = core.active_members().count();
+            prop_assert!(active <= 1 && (core.member_count() == 0 || active == 1));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn core_matches_the_reference_model(setup in setup(), ops in prop::collection::vec(op(), 1..80)) {
+        run(setup, ops)?;
+    }
+
+    // SPEC §2: the routing index agrees with naive matching on random topics and patterns.
+    #[test]
+    fn index_agrees_with_naive_matching(
+        patterns in prop::collection::vec(pattern_text(), 1..12),
+        topics in prop::collection::vec(topic_text(), 1..12),
+    ) {
+        let mut index = tinybroker::core::PatternIndex::new();
+        let parsed: Vec<Pattern> = patterns.iter().map(|p| Pattern::parse(p).unwrap()).collect();
+        for (key, p) in parsed.iter().enumerate() {
+            index.insert(p, key);
+        }
+        // Remove every third to exercise pruning.
+        for (key, p) in parsed.iter().enumerate().filter(|(k, _)| k % 3 == 2) {
+            index.remove(p, &key);
+        }
+        for t in &topics {
+            let topic = Topic::parse(t).unwrap();
+            let naive: std::collections::BTreeSet<usize> = parsed
+                .iter()
+                .enumerate()
+                .filter(|(k, p)| k % 3 != 2 && p.matches(&topic))
+                .map(|(k, _)| k)
+                .collect();
+            prop_assert_eq!(index.matches(&topic), naive, "topic {}", t);
+        }
+    }
+}
+
+fn token() -> impl Strategy<Value = String> {
+    prop_oneof![Just("a"), Just("b"), Just("c")].prop_map(String::from)
+}
+
+fn topic_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(token(), 1..5).prop_map(|t| t.join("."))
+}
+
+fn pattern_text() -> impl Strategy<Value = String> {
+    (
+        prop::collection::vec(prop_oneof![3 => token(), 1 => Just("*".to_string())], 0..4),
+        prop_oneof![
+            Just(None),
+            Just(Some(">".to_string())),
+            token().prop_map(Some)
+        ],
+    )
+        .prop_map(|(mut tokens, last)| {
+            if let Some(last) = last {
+                tokens.push(last);
+            }
+            if tokens.is_empty() {
+                tokens.push("a".into());
+            }
+            tokens.join(".")
+        })
+}
+
+// The model test has teeth: with each planted bug in the core, proptest finds a counterexample.
+#[test]
+fn reference_model_catches_every_planted_bug() {
+    use proptest::test_runner::{Config, TestRunner};
+    use tinybroker::core::planted::{PlantedBug, plant};
+    for bug in [
+        PlantedBug::PromoteNewestStandby,
+        PlantedBug::ForgetRedelivery,
+        PlantedBug::TwoActiveMembers,
+        PlantedBug::AckIgnoresFence,
+    ] {
+        plant(Some(bug));
+        let mut runner = TestRunner::new(Config {
+            cases: 512,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let outcome = runner.run(&(setup(), prop::collection::vec(op(), 1..80)), |(s, o)| {
+            run(s, o)
+        });
+        plant(None);
+        assert!(outcome.is_err(), "{bug:?} went unnoticed by the model test");
+    }
+}
