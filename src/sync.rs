@@ -1,17 +1,20 @@
 //! The synchronisation primitives the shell uses. Under `--cfg tinybroker_loom` they are loom's,
 //! so the same shell code can be model-checked; otherwise they are std's.
 //!
+//! `Arc` stays std's everywhere (loom's cannot hold trait objects or `str`); the model checks the
+//! locks and atomics, which is where the interleavings are.
+//!
 //! std locks, not tokio's: every critical section is short and never awaits, and std locks can be
 //! taken from `Drop` (where a member's stream end is noticed).
 
 #[cfg(tinybroker_loom)]
 pub use loom::sync::{
-    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
     atomic::{AtomicBool, AtomicU64, Ordering},
 };
 #[cfg(not(tinybroker_loom))]
 pub use std::sync::{
-    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
     atomic::{AtomicBool, AtomicU64, Ordering},
 };
 

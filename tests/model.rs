@@ -175,7 +175,7 @@ impl Model {
             epoch: None,
             held: vec![],
         };
-        if !(self.setup.mode == Mode::Singleton && !self.members.is_empty()) {
+        if self.setup.mode != Mode::Singleton || self.members.is_empty() {
             self.epoch += 1;
             member.epoch = Some(self.epoch);
             out.push(Seen::Confirm(member.id, self.epoch));

@@ -4,16 +4,14 @@
 use std::{
     collections::BTreeMap,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
 use tokio::sync::mpsc;
 
 use super::{Broker, DeadLetters, SubCell};
-use crate::{
-    core::{Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Subscription},
-    sync::Arc,
-};
+use crate::core::{Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Subscription};
 
 /// One frame on a member's stream, in domain terms (the service turns it into protobuf).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,6 +207,11 @@ impl MemberStream {
     /// The next frame, or `None` once the broker ended the stream.
     pub async fn next(&mut self) -> Option<Outbound> {
         self.rx.recv().await
+    }
+
+    /// The next frame if one is waiting, without blocking (for synchronous tests and models).
+    pub fn try_next(&mut self) -> Option<Outbound> {
+        self.rx.try_recv().ok()
     }
 }
 

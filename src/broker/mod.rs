@@ -11,7 +11,7 @@ mod expiry;
 mod member;
 mod observe;
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use member::SubState;
 pub use member::{MemberStream, Outbound};
@@ -23,7 +23,7 @@ use crate::{
         Counters, Draft, Effect, Epoch, Error, Floors, Limits, MemberId, MemberInfo, OpenRequest,
         PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
     },
-    sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
+    sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
 };
 
 type SubCell = Mutex<SubState>;

@@ -3,7 +3,7 @@
 
 mod oversize;
 
-use std::{error::Error as StdError, time::Duration};
+use std::{error::Error as StdError, sync::Arc, time::Duration};
 
 use oversize::OversizeAsResourceExhausted;
 
@@ -24,7 +24,6 @@ use crate::{
     core::Limits,
     pb::{self, broker_server::BrokerServer},
     service::BrokerService,
-    sync::Arc,
 };
 
 /// Everything the server can be configured with; `Default` is the in-memory, loopback-friendly
