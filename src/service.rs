@@ -148,14 +148,24 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
     })
 }
 
-fn fence(subscription_id: &str, system_id: u64, member_id: u64) -> Result<Option<u64>, Error> {
+/// Validates the identifying fields of an Ack or Nack. The `member_id` fence is required, so a
+/// stale ack can never release another member's copy (SPEC §4).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the missing field.
+pub fn fence(subscription_id: &str, system_id: u64, member_id: u64) -> Result<Option<u64>, Error> {
     if subscription_id.is_empty() {
         return Err(invalid("subscription_id is required"));
     }
     if system_id == 0 {
         return Err(invalid("system_id is required"));
     }
-    Ok((member_id != 0).then_some(member_id))
+    if member_id == 0 {
+        return Err(invalid(
+            "member_id is required: pass the member_id from your confirmation frame, so that a stale ack cannot release another member's copy",
+        ));
+    }
+    Ok(Some(member_id))
 }
 
 fn mode_to_pb(mode: Mode) -> pb::DeliveryMode {

@@ -233,7 +233,9 @@ pub fn requests(data: &[u8]) {
                 }
             }
             1 => {
-                if let Ok(batch) = pb::PublishBatchRequest::decode(bytes) {
+                if let Ok(batch) = pb::PublishBatchRequest::decode(bytes)
+                    && batch.messages.len() <= limits.max_batch_messages
+                {
                     let drafts: Result<Vec<_>, _> = batch
                         .messages
                         .into_iter()
@@ -253,21 +255,19 @@ pub fn requests(data: &[u8]) {
                 }
             }
             3 => {
-                if let Ok(ack) = pb::Ack::decode(bytes) {
-                    let _ = broker.ack(
-                        &ack.subscription_id,
-                        (ack.member_id != 0).then_some(ack.member_id),
-                        ack.system_id,
-                    );
+                if let Ok(ack) = pb::Ack::decode(bytes)
+                    && let Ok(fence) =
+                        service::fence(&ack.subscription_id, ack.system_id, ack.member_id)
+                {
+                    let _ = broker.ack(&ack.subscription_id, fence, ack.system_id);
                 }
             }
             4 => {
-                if let Ok(nack) = pb::Nack::decode(bytes) {
-                    let _ = broker.nack(
-                        &nack.subscription_id,
-                        (nack.member_id != 0).then_some(nack.member_id),
-                        nack.system_id,
-                    );
+                if let Ok(nack) = pb::Nack::decode(bytes)
+                    && let Ok(fence) =
+                        service::fence(&nack.subscription_id, nack.system_id, nack.member_id)
+                {
+                    let _ = broker.nack(&nack.subscription_id, fence, nack.system_id);
                 }
             }
             5 => {

@@ -256,6 +256,9 @@ impl Broker {
         let mut dead = DeadLetters::new();
         let stream = {
             let mut state = lock(cell);
+            // Checked again under the lock: `shutdown` ends the outlets it finds under this same
+            // lock, so a member attached after that would never be told.
+            self.check_running()?;
             state.core.check_join(&request.spec)?;
             let (tx, rx) = SubState::outlet(request.member.max_in_flight);
             let (member, effects) = state.core.join(&request.spec, request.member)?;
@@ -315,15 +318,20 @@ impl Broker {
                 .map(|cell| lock(cell))
                 .collect();
             let size = draft.size();
+            let mut refusal = None;
             for state in &mut states {
                 if let Err(error) = state.core.check_capacity(size) {
+                    // Every full subscription counts the refusal; the first one names it.
                     state.core.note_rejected();
-                    self.inner
-                        .counters
-                        .rejected_publishes
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Err(error);
+                    refusal.get_or_insert(error);
                 }
+            }
+            if let Some(error) = refusal {
+                self.inner
+                    .counters
+                    .rejected_publishes
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(error);
             }
             // Taken while holding every matched lock, so ids increase along every queue.
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -373,6 +381,9 @@ impl Broker {
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
             let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
             let mut ignored = DeadLetters::new();
+            if keys.iter().all(|key| *key == origin) {
+                self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
+            }
             for key in keys.iter().filter(|key| **key != origin) {
                 if let Some(cell) = catalog.by_key.get(key) {
                     let mut state = lock(cell);

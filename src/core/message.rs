@@ -35,12 +35,18 @@ impl Message {
     }
 }
 
+/// Most headers one message may carry.
+pub const MAX_HEADERS: usize = 64;
+/// What each header costs in memory beyond its bytes (two strings and a map slot), counted
+/// against the limits so that many tiny headers cannot hide a large footprint.
+pub const HEADER_OVERHEAD: usize = 64;
+
 /// Size of a message's parts as counted against the limits.
 pub fn encoded_size(topic: &Topic, payload: &[u8], headers: &Headers) -> usize {
     topic.as_str().len()
         + payload.len()
         + headers
             .iter()
-            .map(|(k, v)| k.len() + v.len())
+            .map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD)
             .sum::<usize>()
 }

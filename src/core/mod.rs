@@ -45,13 +45,21 @@ impl Draft {
     /// Validates a message against the size limit.
     ///
     /// # Errors
-    /// [`Error::MessageTooLarge`] naming the limit.
+    /// [`Error::MessageTooLarge`] naming the limit, or [`Error::InvalidArgument`] for more than
+    /// [`message::MAX_HEADERS`] headers.
     pub fn new(
         topic: Topic,
         payload: Bytes,
         headers: Headers,
         limits: &Limits,
     ) -> Result<Self, Error> {
+        if headers.len() > message::MAX_HEADERS {
+            return Err(Error::InvalidArgument(format!(
+                "message has {} headers, more than the limit of {}",
+                headers.len(),
+                message::MAX_HEADERS
+            )));
+        }
         let size = message::encoded_size(&topic, &payload, &headers);
         if size > limits.max_message_bytes {
             return Err(Error::MessageTooLarge {

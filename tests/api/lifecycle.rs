@@ -172,3 +172,43 @@ async fn binary_logs_bound_address_and_exits_zero_on_sigterm() {
         .unwrap();
     assert!(exit.success(), "exit status {exit:?}");
 }
+
+// SPEC §5: a replica process killed with SIGKILL while holding a message (its TCP connection
+// reset by the kernel, not a polite cancel) is replaced at once by the earliest standby, which
+// gets the message with attempt 2.
+#[tokio::test]
+async fn killed_replica_process_is_replaced_by_the_standby() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut replica = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+            .args(["subscribe", "--server", &format!("http://{}", server.addr)])
+            .args([
+                "--id", "killed", "--group", "replicas", "--no-ack", "jobs.*",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = replica.0.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut next_line = async || within(rx.recv()).await.expect("replica output ended");
+    while !next_line().await.starts_with("confirmed") {}
+    let mut standby = client.subscribe(singleton("killed")).await.unwrap();
+    let id = client.publish("jobs.kill", "x").await.system_id;
+    while !next_line()
+        .await
+        .starts_with(&format!("message system_id={id}"))
+    {}
+    replica.0.kill().unwrap();
+    let confirmation = standby.confirmed().await;
+    assert_eq!(confirmation.epoch, 2);
+    let m = standby.message().await;
+    assert_eq!((m.system_id, m.delivery_attempt), (id, 2));
+}

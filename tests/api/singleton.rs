@@ -192,22 +192,3 @@ async fn stale_ack_after_failover_is_refused_and_changes_nothing() {
     b.ack(id).await;
     assert_eq!(client.describe("fence").await.unwrap().in_flight, 0);
 }
-
-// SPEC §5: a whole connection vanishing (not just one stream) also promotes the next member.
-#[tokio::test]
-async fn dropping_the_whole_connection_promotes_the_standby() {
-    let server = TestServer::start().await;
-    let observer = server.client().await;
-    let a_client = server.client().await;
-    let mut a = a_client.subscribe(singleton("conn")).await.unwrap();
-    a.confirmed().await;
-    let b_client = server.client().await;
-    let mut b = b_client.subscribe(singleton("conn")).await.unwrap();
-    let id = observer.publish("jobs.conn", "x").await.system_id;
-    assert_eq!(a.message().await.system_id, id);
-    drop(a);
-    drop(a_client);
-    b.confirmed().await;
-    let m = b.message().await;
-    assert_eq!((m.system_id, m.delivery_attempt), (id, 2));
-}

@@ -243,41 +243,40 @@ async fn oversized_messages_are_resource_exhausted() {
     client.publish("big.one", "small").await;
 }
 
-// SPEC §6: a full queue refuses publishes with RESOURCE_EXHAUSTED, queues on no subscription,
-// and counts the refusal.
+// SPEC §6: a full queue refuses publishes with RESOURCE_EXHAUSTED naming the subscription and
+// limit; the publish is all-or-nothing (a matching subscription with room does not queue it
+// either), and the refusal is counted.
 #[tokio::test]
-async fn full_queue_rejects_publish_and_counts_it() {
+async fn full_queue_rejects_publish_on_every_subscription_and_counts_it() {
     let server = TestServer::with_config(small_limits()).await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("tight")).await.unwrap();
-    a.confirmed().await;
+    // "roomy" is created first, so it is checked first and has room.
+    let mut roomy = client.subscribe(singleton("roomy")).await.unwrap();
+    roomy.confirmed().await;
     let mut wide = client
         .subscribe(open("wide", DeliveryMode::Broadcast, "", &["jobs.>"]))
         .await
         .unwrap();
     wide.confirmed().await;
     for n in 0..3 {
-        client.publish("jobs.q", &n.to_string()).await;
+        // Matches only "wide" (jobs.* needs exactly two tokens).
+        client.publish("jobs.deep.q", &n.to_string()).await;
     }
     assert_code(
         client.try_publish("jobs.q", b"4".to_vec()).await,
         Code::ResourceExhausted,
-        "max_queue_messages",
+        "\"wide\" is full: max_queue_messages limit of 3",
     );
-    let tight = client.describe("tight").await.unwrap();
-    assert_eq!(tight.counters.unwrap().rejected_full, 1);
-    assert_eq!(tight.queued_messages + tight.in_flight, 3);
-    // The other matching subscription did not queue the refused message either.
+    let roomy_info = client.describe("roomy").await.unwrap();
+    let counters = roomy_info.counters.unwrap();
     assert_eq!(
-        client
-            .describe("wide")
-            .await
-            .unwrap()
-            .counters
-            .unwrap()
-            .enqueued,
-        3
+        (counters.enqueued, counters.rejected_full),
+        (0, 0),
+        "all or nothing"
     );
+    let wide_info = client.describe("wide").await.unwrap();
+    assert_eq!(wide_info.counters.unwrap().rejected_full, 1);
+    assert_eq!(wide_info.queued_messages + wide_info.in_flight, 3);
     let list = within(
         client
             .0
@@ -288,12 +287,28 @@ async fn full_queue_rejects_publish_and_counts_it() {
     .unwrap()
     .into_inner();
     assert_eq!(list.broker.unwrap().rejected_publishes, 1);
-    // Acking makes room again (on both subscriptions the message matches).
-    let m = a.message().await;
-    a.ack(m.system_id).await;
+    // Acking makes room again; the same publish then reaches both.
     let w = wide.message().await;
     wide.ack(w.system_id).await;
-    client.publish("jobs.q", "5").await;
+    assert_eq!(client.publish("jobs.q", "5").await.queued_for, 2);
+}
+
+// SPEC §6: headers count against the size limit and their number is bounded.
+#[tokio::test]
+async fn too_many_headers_are_refused() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let headers = (0..65).map(|i| (format!("h{i}"), String::new())).collect();
+    let request = pb::PublishRequest {
+        topic: "a.b".into(),
+        payload: Default::default(),
+        headers,
+    };
+    assert_code(
+        within(client.0.clone().publish(request)).await,
+        Code::InvalidArgument,
+        "headers",
+    );
 }
 
 // SPEC §6: bounded subscriptions and members per subscription.
