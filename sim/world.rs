@@ -264,27 +264,26 @@ impl World {
     }
 
     pub fn partition(&mut self, host: &str) {
-        self.trace
-            .at(self.now(), format!("FAULT partition {host} <-> broker"));
-        self.sim.partition(host, "broker");
+        self.link("partition", host, |sim| sim.partition(host, "broker"));
     }
 
     pub fn repair(&mut self, host: &str) {
-        self.trace
-            .at(self.now(), format!("FAULT repair {host} <-> broker"));
-        self.sim.repair(host, "broker");
+        self.link("repair", host, |sim| sim.repair(host, "broker"));
     }
 
     pub fn hold(&mut self, host: &str) {
-        self.trace
-            .at(self.now(), format!("FAULT hold {host} <-> broker"));
-        self.sim.hold(host, "broker");
+        self.link("hold", host, |sim| sim.hold(host, "broker"));
     }
 
     pub fn release(&mut self, host: &str) {
+        self.link("release", host, |sim| sim.release(host, "broker"));
+    }
+
+    /// Applies a fault to the link between `host` and the broker, and records it.
+    fn link(&mut self, what: &str, host: &str, fault: impl FnOnce(&Sim<'static>)) {
         self.trace
-            .at(self.now(), format!("FAULT release {host} <-> broker"));
-        self.sim.release(host, "broker");
+            .at(self.now(), format!("FAULT {what} {host} <-> broker"));
+        fault(&self.sim);
     }
 
     /// Liveness: everything was published and the broker holds nothing unacked (its own

@@ -8,7 +8,7 @@
 //!   subscriptions. Time comes from a [`clock::Clock`].
 //! - [`clock`]: the clock seam (tokio's clock in production, turmoil's in simulation).
 //! - [`service`]: the tonic service; translates `pb` types to domain types and errors to `Status`.
-//! - [`server`]: `run(config, incoming, shutdown)`: the whole server on any listener.
+//! - [`server`]: `Server::new(config).run(incoming, shutdown)`: the whole server on any listener.
 //! - [`pb`]: generated protobuf types.
 //! - [`sync`]: the lock types the shell uses, swappable for loom's.
 

@@ -431,22 +431,7 @@ impl Broker {
         member: Option<MemberId>,
         system_id: SystemId,
     ) -> Result<(), Error> {
-        self.with_subscription(subscription_id, |state, dead| {
-            let result = state.core.ack(member, system_id);
-            let accepted = result.is_ok();
-            let input = Input::Ack {
-                member,
-                system_id,
-                accepted,
-            };
-            self.apply(
-                state,
-                input,
-                result.as_ref().cloned().unwrap_or_default(),
-                dead,
-            );
-            result.map(drop)
-        })
+        self.settle(subscription_id, member, system_id, false)
     }
 
     /// Returns a delivered message for redelivery; fenced like [`ack`](Self::ack).
@@ -459,20 +444,39 @@ impl Broker {
         member: Option<MemberId>,
         system_id: SystemId,
     ) -> Result<(), Error> {
+        self.settle(subscription_id, member, system_id, true)
+    }
+
+    /// Ack or nack; a refused one is reported to the observer too, with no effects.
+    fn settle(
+        &self,
+        subscription_id: &str,
+        member: Option<MemberId>,
+        system_id: SystemId,
+        nack: bool,
+    ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            let result = state.core.nack(member, system_id);
-            let accepted = result.is_ok();
-            let input = Input::Nack {
-                member,
-                system_id,
-                accepted,
+            let result = if nack {
+                state.core.nack(member, system_id)
+            } else {
+                state.core.ack(member, system_id)
             };
-            self.apply(
-                state,
-                input,
-                result.as_ref().cloned().unwrap_or_default(),
-                dead,
-            );
+            let accepted = result.is_ok();
+            let input = if nack {
+                Input::Nack {
+                    member,
+                    system_id,
+                    accepted,
+                }
+            } else {
+                Input::Ack {
+                    member,
+                    system_id,
+                    accepted,
+                }
+            };
+            let effects = result.as_ref().cloned().unwrap_or_default();
+            self.apply(state, input, effects, dead);
             result.map(drop)
         })
     }

@@ -231,22 +231,3 @@ impl Server {
 pub fn tcp_incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }
-
-/// Shorthand for `Server::new(config).run(incoming, shutdown)`.
-///
-/// # Errors
-/// As [`Server::run`].
-pub async fn run<I, IO, IE, F>(
-    config: ServerConfig,
-    incoming: I,
-    shutdown: F,
-) -> Result<(), ServeError>
-where
-    I: Stream<Item = Result<IO, IE>>,
-    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
-    IO::ConnectInfo: Clone + Send + Sync + 'static,
-    IE: Into<Box<dyn StdError + Send + Sync>>,
-    F: Future<Output = ()>,
-{
-    Server::new(config).run(incoming, shutdown).await
-}
