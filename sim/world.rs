@@ -409,14 +409,12 @@ async fn replica(
                             trace.line(format!("{name}: abandons its stream holding #{id}"));
                             drop(stream);
                             tokio::time::sleep(process).await;
-                            let result = client
-                                .ack(pb::Ack {
-                                    subscription_id: sub.clone(),
-                                    system_id: id,
-                                    member_id,
-                                })
-                                .await;
-                            record_ack(&name, &sub, id, result, &trace, &seen);
+                            let ack = pb::Ack {
+                                subscription_id: sub.clone(),
+                                system_id: id,
+                                member_id,
+                            };
+                            record_ack(&name, &sub, id, client.ack(ack).await, &trace, &seen);
                             break "abandoned".to_string();
                         }
                         Action::Nack => {
@@ -432,14 +430,12 @@ async fn replica(
                         }
                         Action::Ack => {
                             tokio::time::sleep(process).await;
-                            let result = client
-                                .ack(pb::Ack {
-                                    subscription_id: sub.clone(),
-                                    system_id: id,
-                                    member_id,
-                                })
-                                .await;
-                            record_ack(&name, &sub, id, result, &trace, &seen);
+                            let ack = pb::Ack {
+                                subscription_id: sub.clone(),
+                                system_id: id,
+                                member_id,
+                            };
+                            record_ack(&name, &sub, id, client.ack(ack).await, &trace, &seen);
                         }
                     }
                 }

@@ -140,6 +140,17 @@ impl Client {
         .map(|r| r.into_inner())
     }
 
+    pub async fn list(&self) -> pb::ListSubscriptionsResponse {
+        within(
+            self.0
+                .clone()
+                .list_subscriptions(pb::ListSubscriptionsRequest {}),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+    }
+
     pub async fn ack(&self, id: &str, member_id: u64, system_id: u64) -> Result<(), Status> {
         within(self.0.clone().ack(pb::Ack {
             subscription_id: id.into(),

@@ -100,15 +100,7 @@ async fn malformed_subscriptions_are_invalid_argument() {
             needle,
         );
     }
-    let list = within(
-        client
-            .0
-            .clone()
-            .list_subscriptions(pb::ListSubscriptionsRequest {}),
-    )
-    .await
-    .unwrap()
-    .into_inner();
+    let list = client.list().await;
     assert!(
         list.subscriptions.is_empty(),
         "a rejected request creates nothing"
@@ -277,15 +269,7 @@ async fn full_queue_rejects_publish_on_every_subscription_and_counts_it() {
     let wide_info = client.describe("wide").await.unwrap();
     assert_eq!(wide_info.counters.unwrap().rejected_full, 1);
     assert_eq!(wide_info.queued_messages + wide_info.in_flight, 3);
-    let list = within(
-        client
-            .0
-            .clone()
-            .list_subscriptions(pb::ListSubscriptionsRequest {}),
-    )
-    .await
-    .unwrap()
-    .into_inner();
+    let list = client.list().await;
     assert_eq!(list.broker.unwrap().rejected_publishes, 1);
     // Acking makes room again; the same publish then reaches both.
     let w = wide.message().await;
