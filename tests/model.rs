@@ -1,8 +1,9 @@
 //! Model-based property test of the group state machine (SPEC §3-§5): random sequences of joins,
 //! leaves, publishes, acks (good, stale, unknown), nacks and time passing, over all three modes
 //! and various windows and limits, applied both to the core and to a small reference model
-//! written independently here. After every step the effects must be identical and the
-//! invariants must hold. proptest shrinks a failure to a short sequence.
+//! written independently here. After every step the effects, the inspection view (counts, bytes,
+//! members, counters) must be identical and the invariants must hold. proptest shrinks a failure
+//! to a short sequence.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -13,8 +14,8 @@ use std::{
 use bytes::Bytes;
 use proptest::prelude::*;
 use tinybroker::core::{
-    Effect, Error, Floors, MemberOptions, Message, Mode, Pattern, QueueLimits, Subscription,
-    SubscriptionSpec, Topic,
+    Counters, Effect, Error, Floors, MemberOptions, Message, Mode, Pattern, QueueLimits,
+    Subscription, SubscriptionSpec, Topic,
 };
 
 #[derive(Debug, Clone)]
@@ -32,7 +33,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (1u32..=3).prop_map(|window| Op::Join { window }),
+        // Window 0 is taken as 1.
+        3 => (0u32..=3).prop_map(|window| Op::Join { window }),
         2 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
         4 => Just(Op::Publish),
         4 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
@@ -49,6 +51,7 @@ struct Setup {
     mode: Mode,
     max_attempts: u32,
     max_messages: u64,
+    max_bytes: u64,
     max_members: usize,
 }
 
@@ -61,14 +64,18 @@ fn setup() -> impl Strategy<Value = Setup> {
         ],
         0u32..4,
         1u64..8,
+        prop_oneof![Just(u64::MAX), 20u64..120],
         1usize..5,
     )
-        .prop_map(|(mode, max_attempts, max_messages, max_members)| Setup {
-            mode,
-            max_attempts,
-            max_messages,
-            max_members,
-        })
+        .prop_map(
+            |(mode, max_attempts, max_messages, max_bytes, max_members)| Setup {
+                mode,
+                max_attempts,
+                max_messages,
+                max_bytes,
+                max_members,
+            },
+        )
 }
 
 /// What the tests compare: effects without the message bodies.
@@ -114,6 +121,7 @@ struct Model {
     last_member: u64,
     epoch: u64,
     idle_since: Option<Duration>,
+    counters: Counters,
 }
 
 const IDLE: Duration = Duration::from_secs(30);
@@ -123,11 +131,25 @@ impl Model {
         (self.queue.len() + self.attempt.len()) as u64
     }
 
+    fn queued_bytes(&self) -> u64 {
+        self.queue.iter().map(|(sid, _)| size_of(*sid)).sum()
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.queued_bytes() + self.attempt.keys().map(|sid| size_of(*sid)).sum::<u64>()
+    }
+
+    fn is_full_for(&self, sid: u64) -> bool {
+        self.held_count() >= self.setup.max_messages
+            || self.held_bytes() + size_of(sid) > self.setup.max_bytes
+    }
+
     fn give_back(&mut self, sid: u64, attempt: u32, out: &mut Vec<Seen>) {
         let max = self.setup.max_attempts;
         if max == 0 || attempt < max {
             self.queue.push_front((sid, attempt + 1));
         } else {
+            self.counters.dropped_max_attempts += 1;
             out.push(Seen::Retired(sid));
         }
     }
@@ -157,6 +179,8 @@ impl Model {
             m.held.push(sid);
             self.last_served = m.id;
             self.attempt.insert(sid, attempt);
+            self.counters.delivered += 1;
+            self.counters.redelivered += u64::from(attempt > 1);
             out.push(Seen::Deliver(m.id, sid, attempt, m.epoch.unwrap()));
         }
     }
@@ -171,7 +195,7 @@ impl Model {
         let mut out = Vec::new();
         let mut member = RefMember {
             id: self.last_member,
-            window: window as usize,
+            window: window.max(1) as usize,
             epoch: None,
             held: vec![],
         };
@@ -196,6 +220,7 @@ impl Model {
         if self.setup.mode == Mode::Singleton && m.epoch.is_some() && !self.members.is_empty() {
             self.epoch += 1;
             self.members[0].epoch = Some(self.epoch);
+            self.counters.promotions += 1;
             out.push(Seen::Confirm(self.members[0].id, self.epoch));
         }
         if self.members.is_empty() {
@@ -211,21 +236,30 @@ impl Model {
         let attempt = self.attempt.remove(&sid).unwrap();
         let mut out = Vec::new();
         if nack {
+            self.counters.nacked += 1;
             self.give_back(sid, attempt, &mut out);
+        } else {
+            self.counters.acked += 1;
         }
         self.dispatch(&mut out);
         out
     }
 }
 
+/// Message `sid` has a payload of `sid % 7` bytes, so byte limits bite at varying counts.
 fn message(sid: u64) -> Arc<Message> {
     Arc::new(Message {
         system_id: sid,
         topic: Topic::parse("jobs.x").unwrap(),
-        payload: Bytes::from_static(b"payload"),
+        payload: Bytes::from(vec![b'x'; (sid % 7) as usize]),
         headers: Default::default(),
         published_at_ms: 0,
     })
+}
+
+/// Its size as the reference counts it: topic plus payload.
+fn size_of(sid: u64) -> u64 {
+    "jobs.x".len() as u64 + sid % 7
 }
 
 /// Picks a (member index, held message) pair, if any member holds anything.
@@ -249,7 +283,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
     };
     let limits = QueueLimits {
         max_messages: setup.max_messages,
-        max_bytes: u64::MAX,
+        max_bytes: setup.max_bytes,
         max_members: setup.max_members,
         idle_timeout: IDLE,
     };
@@ -264,6 +298,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
         last_member: 0,
         epoch: 0,
         idle_since: Some(now),
+        counters: Counters::default(),
     };
     let mut next_sid = 0;
     for op in ops {
@@ -293,7 +328,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Publish => {
                 next_sid += 1;
-                let full = model.held_count() >= setup.max_messages;
+                let full = model.is_full_for(next_sid);
                 let check = core.check_capacity(message(next_sid).size());
                 prop_assert_eq!(check.is_err(), full, "capacity check disagrees");
                 if full {
@@ -302,6 +337,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 let fx = core.enqueue(message(next_sid));
                 model.queue.push_back((next_sid, 1));
+                model.counters.enqueued += 1;
                 let mut want = vec![];
                 model.dispatch(&mut want);
                 (project(&fx), want)
@@ -328,6 +364,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let stale = model.members[i].id + 1000;
                 let err = core.ack(Some(stale), sid).expect_err("stale ack accepted");
                 prop_assert!(matches!(err, Error::NotHolder { .. }), "{err}");
+                model.counters.stale_acks += 1;
                 (vec![], vec![])
             }
             Op::AckUnknown | Op::NackUnknown => {
@@ -366,6 +403,42 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
             .flat_map(|m| m.held.iter().map(move |s| (*s, m.id)))
             .collect();
         prop_assert_eq!(holders, model_holders);
+        // Same inspection view: counts, bytes, members in join order, counters.
+        prop_assert_eq!(core.queued(), model.queue.len());
+        prop_assert_eq!(core.in_flight(), model.attempt.len());
+        prop_assert_eq!(core.queued_bytes(), model.queued_bytes());
+        prop_assert_eq!(core.held_bytes(), model.held_bytes());
+        let infos: Vec<_> = core
+            .member_infos()
+            .iter()
+            .map(|i| {
+                (
+                    i.member_id,
+                    i.active,
+                    i.epoch,
+                    i.in_flight,
+                    i.max_in_flight,
+                    i.position,
+                )
+            })
+            .collect();
+        let model_infos: Vec<_> = model
+            .members
+            .iter()
+            .enumerate()
+            .map(|(position, m)| {
+                (
+                    m.id,
+                    m.epoch.is_some(),
+                    m.epoch.unwrap_or(0),
+                    m.held.len() as u32,
+                    m.window as u32,
+                    position as u32,
+                )
+            })
+            .collect();
+        prop_assert_eq!(infos, model_infos);
+        prop_assert_eq!(core.counters(), &model.counters);
         // SPEC §5 invariant 1.
         if setup.mode == Mode::Singleton {
             let active = core.active_members().count();

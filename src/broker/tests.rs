@@ -26,6 +26,14 @@ fn request(id: &str, mode: Mode, pattern: &str) -> OpenRequest {
     }
 }
 
+/// The member's next frame; a missing frame fails the test instead of hanging it (on the paused
+/// clock the timeout fires as soon as nothing else can run).
+async fn recv(member: &mut MemberStream) -> Option<Outbound> {
+    tokio::time::timeout(Duration::from_secs(5), member.next())
+        .await
+        .expect("no frame within 5 s")
+}
+
 fn draft(topic: &str) -> Draft {
     Draft::new(
         Topic::parse(topic).unwrap(),
@@ -80,7 +88,7 @@ async fn epochs_keep_increasing_across_expiry_and_recreation() {
         epoch: e1,
         member_id: m1,
         ..
-    }) = first.next().await
+    }) = recv(&mut first).await
     else {
         panic!("expected confirmation");
     };
@@ -92,7 +100,7 @@ async fn epochs_keep_increasing_across_expiry_and_recreation() {
         epoch: e2,
         member_id: m2,
         ..
-    }) = second.next().await
+    }) = recv(&mut second).await
     else {
         panic!("expected confirmation");
     };
@@ -121,21 +129,62 @@ async fn refused_publish_queues_on_no_subscription() {
     assert_eq!(broker.describe("b").unwrap().counters.rejected_full, 1);
 }
 
+// SPEC §6: the byte limit counts the whole message (topic, payload, headers with their
+// overhead), and a refused publish names the limit.
+#[tokio::test]
+async fn byte_limit_counts_topic_payload_and_headers() {
+    let headers: crate::core::Headers = [("k".to_string(), "vv".to_string())].into();
+    let limits = Limits::default();
+    let message = |payload: &'static [u8]| {
+        Draft::new(
+            Topic::parse("a.b").unwrap(),
+            bytes::Bytes::from_static(payload),
+            headers.clone(),
+            &limits,
+        )
+        .unwrap()
+    };
+    // 3 (topic) + 4 (payload) + 1 + 2 + 64 (one header) = 74 bytes.
+    assert_eq!(message(b"xxxx").size(), 74);
+    let broker = broker(Limits {
+        max_queue_bytes: 74 + 73,
+        ..Limits::default()
+    });
+    // No member: everything stays queued.
+    drop(broker.open(&request("s", Mode::Queue, "a.*")).unwrap());
+    broker.publish(message(b"xxxx")).unwrap();
+    assert_eq!(broker.describe("s").unwrap().queued_bytes, 74);
+    let err = broker.publish(message(b"xxxx")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::QueueFull {
+                limit: "max_queue_bytes",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // One byte less fits exactly.
+    broker.publish(message(b"xxx")).unwrap();
+    assert_eq!(broker.describe("s").unwrap().queued_bytes, 74 + 73);
+}
+
 // SPEC §7: shutdown ends every stream with ShuttingDown and refuses new work.
 #[tokio::test]
 async fn shutdown_ends_streams_and_refuses_new_work() {
     let broker = broker(Limits::default());
     let mut member = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
     assert!(matches!(
-        member.next().await,
+        recv(&mut member).await,
         Some(Outbound::Confirm { .. })
     ));
     broker.shutdown();
     assert_eq!(
-        member.next().await,
+        recv(&mut member).await,
         Some(Outbound::End(Error::ShuttingDown))
     );
-    assert_eq!(member.next().await, None);
+    assert_eq!(recv(&mut member).await, None);
     assert_eq!(broker.publish(draft("a.b")), Err(Error::ShuttingDown));
     assert!(matches!(
         broker.open(&request("t", Mode::Queue, "a.*")),
@@ -151,18 +200,18 @@ async fn dead_letter_skips_its_own_subscription() {
     req.spec.max_delivery_attempts = 1;
     req.spec.dead_letter_topic = Some(Topic::parse("jobs.dead").unwrap());
     let mut member = broker.open(&req).unwrap();
-    let _ = member.next().await;
+    let _ = recv(&mut member).await;
     let mut watcher = broker
         .open(&request("watch", Mode::Queue, "jobs.dead"))
         .unwrap();
-    let _ = watcher.next().await;
+    let _ = recv(&mut watcher).await;
     let id = broker.publish(draft("jobs.x")).unwrap().system_id;
     assert!(matches!(
-        member.next().await,
+        recv(&mut member).await,
         Some(Outbound::Message { .. })
     ));
     broker.nack("loop", Some(member.member_id()), id).unwrap();
-    let Some(Outbound::Message { message, .. }) = watcher.next().await else {
+    let Some(Outbound::Message { message, .. }) = recv(&mut watcher).await else {
         panic!("watcher should get the dead letter");
     };
     assert_eq!(message.topic.as_str(), "jobs.dead");

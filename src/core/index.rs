@@ -192,6 +192,7 @@ mod tests {
         let mut index = PatternIndex::new();
         index.insert(&p("a.*"), 7);
         index.insert(&p("a.>"), 7);
+        assert!(!index.is_empty());
         assert_eq!(
             index.matches(&t("a.b")).into_iter().collect::<Vec<_>>(),
             vec![7]

@@ -50,3 +50,22 @@ pub fn encoded_size(topic: &Topic, payload: &[u8], headers: &Headers) -> usize {
             .map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD)
             .sum::<usize>()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // SPEC §6: limits count topic, payload, and each header's key, value and overhead.
+    #[test]
+    fn size_counts_every_part() {
+        let headers: Headers = [("k".into(), "vv".into()), ("key".into(), "".into())].into();
+        let message = Message {
+            system_id: 1,
+            topic: Topic::parse("a.b").unwrap(),
+            payload: Bytes::from_static(b"xxxx"),
+            headers: Arc::new(headers),
+            published_at_ms: 0,
+        };
+        assert_eq!(message.size(), 3 + 4 + (1 + 2 + 64) + (3 + 64));
+    }
+}

@@ -162,3 +162,53 @@ impl Default for Limits {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live() -> SubscriptionSpec {
+        SubscriptionSpec {
+            mode: Mode::Queue,
+            consumer_group: "g".into(),
+            patterns: vec![Pattern::parse("jobs.>").unwrap()],
+            max_delivery_attempts: 3,
+            dead_letter_topic: Some(Topic::parse("dead.jobs").unwrap()),
+        }
+    }
+
+    // SPEC §3: a joiner that leaves the poison policy unset inherits the subscription's; one
+    // that sets it must match it exactly.
+    #[test]
+    fn poison_policy_must_match_unless_left_unset() {
+        let live = live();
+        assert_eq!(live.differences(&live), None);
+        let unset = SubscriptionSpec {
+            max_delivery_attempts: 0,
+            dead_letter_topic: None,
+            ..live.clone()
+        };
+        assert_eq!(live.differences(&unset), None, "unset inherits");
+        let other = SubscriptionSpec {
+            max_delivery_attempts: 4,
+            dead_letter_topic: Some(Topic::parse("dead.other").unwrap()),
+            ..live.clone()
+        };
+        assert_eq!(
+            live.differences(&other).as_deref(),
+            Some(
+                "max_delivery_attempts is 3, request asks 4; \
+                 dead_letter_topic is \"dead.jobs\", request asks \"dead.other\""
+            )
+        );
+    }
+
+    #[test]
+    fn modes_print_as_their_proto_names() {
+        let names: Vec<String> = [Mode::Broadcast, Mode::Queue, Mode::Singleton]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(names, ["BROADCAST", "QUEUE", "SINGLETON"]);
+    }
+}

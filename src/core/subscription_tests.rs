@@ -516,3 +516,6 @@ fn window_limits_unacked_messages_per_member() {
     assert_eq!(delivered(&s.ack(Some(a), 1).unwrap()), vec![(a, 3, 1, 1)]);
     s.check_invariants().unwrap();
 }
+
+#[path = "subscription_bookkeeping_tests.rs"]
+mod bookkeeping;

@@ -235,6 +235,31 @@ mod tests {
         assert_eq!(t("schedule.daily.report").as_str(), "schedule.daily.report");
     }
 
+    // The limits are inclusive: exactly MAX_TOPIC_BYTES bytes and MAX_TOKENS tokens are fine.
+    #[test]
+    fn limits_are_inclusive() {
+        let longest = "a".repeat(MAX_TOPIC_BYTES);
+        assert!(Topic::parse(&longest).is_ok() && Pattern::parse(&longest).is_ok());
+        let most = vec!["a"; MAX_TOKENS].join(".");
+        assert!(Topic::parse(&most).is_ok() && Pattern::parse(&most).is_ok());
+    }
+
+    // Errors, traces and the inspection API print topics and patterns as given.
+    #[test]
+    fn topics_and_patterns_print_as_given() {
+        let topic = t("jobs.daily");
+        let pattern = p("jobs.*.>");
+        assert_eq!(
+            (topic.to_string(), format!("{topic:?}")),
+            ("jobs.daily".into(), "\"jobs.daily\"".into())
+        );
+        assert_eq!(pattern.as_str(), "jobs.*.>");
+        assert_eq!(
+            (pattern.to_string(), format!("{pattern:?}")),
+            ("jobs.*.>".into(), "\"jobs.*.>\"".into())
+        );
+    }
+
     #[test]
     fn invalid_patterns_are_rejected_with_a_reason() {
         for (bad, why) in [
