@@ -449,7 +449,14 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    // Counterexamples are saved under proptest-regressions/ (committed) and replayed first.
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/model.txt"),
+        )),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn core_matches_the_reference_model(setup in setup(), ops in prop::collection::vec(op(), 1..80)) {
