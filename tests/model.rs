@@ -20,15 +20,29 @@ use tinybroker::core::{
 
 #[derive(Debug, Clone)]
 enum Op {
-    Join { window: u32 },
-    Leave { pick: usize },
+    Join {
+        window: u32,
+    },
+    Leave {
+        pick: usize,
+    },
     Publish,
-    Ack { pick: usize },
-    AckStale { pick: usize },
+    /// A broker-internal publish (a dead letter from another subscription).
+    PublishInternal,
+    Ack {
+        pick: usize,
+    },
+    AckStale {
+        pick: usize,
+    },
     AckUnknown,
-    Nack { pick: usize },
+    Nack {
+        pick: usize,
+    },
     NackUnknown,
-    Tick { ms: u64 },
+    Tick {
+        ms: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -37,6 +51,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u32..=3).prop_map(|window| Op::Join { window }),
         2 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
         4 => Just(Op::Publish),
+        1 => Just(Op::PublishInternal),
         4 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
         1 => any::<usize>().prop_map(|pick| Op::AckStale { pick }),
         1 => Just(Op::AckUnknown),
@@ -50,6 +65,7 @@ fn op() -> impl Strategy<Value = Op> {
 struct Setup {
     mode: Mode,
     max_attempts: u32,
+    dead_letter: bool,
     max_messages: u64,
     max_bytes: u64,
     max_members: usize,
@@ -63,14 +79,16 @@ fn setup() -> impl Strategy<Value = Setup> {
             Just(Mode::Broadcast)
         ],
         0u32..4,
+        any::<bool>(),
         1u64..8,
         prop_oneof![Just(u64::MAX), 20u64..120],
         1usize..5,
     )
         .prop_map(
-            |(mode, max_attempts, max_messages, max_bytes, max_members)| Setup {
+            |(mode, max_attempts, dead_letter, max_messages, max_bytes, max_members)| Setup {
                 mode,
                 max_attempts,
+                dead_letter,
                 max_messages,
                 max_bytes,
                 max_members,
@@ -139,9 +157,15 @@ impl Model {
         self.queued_bytes() + self.attempt.keys().map(|sid| size_of(*sid)).sum::<u64>()
     }
 
-    fn is_full_for(&self, sid: u64) -> bool {
-        self.held_count() >= self.setup.max_messages
-            || self.held_bytes() + size_of(sid) > self.setup.max_bytes
+    /// The limit that refuses message `sid`, if any.
+    fn full_for(&self, sid: u64) -> Option<&'static str> {
+        if self.held_count() >= self.setup.max_messages {
+            Some("max_queue_messages")
+        } else if self.held_bytes() + size_of(sid) > self.setup.max_bytes {
+            Some("max_queue_bytes")
+        } else {
+            None
+        }
     }
 
     fn give_back(&mut self, sid: u64, attempt: u32, out: &mut Vec<Seen>) {
@@ -149,7 +173,11 @@ impl Model {
         if max == 0 || attempt < max {
             self.queue.push_front((sid, attempt + 1));
         } else {
-            self.counters.dropped_max_attempts += 1;
+            if self.setup.dead_letter {
+                self.counters.dead_lettered += 1;
+            } else {
+                self.counters.dropped_max_attempts += 1;
+            }
             out.push(Seen::Retired(sid));
         }
     }
@@ -279,7 +307,9 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
         consumer_group: "g".into(),
         patterns: vec![Pattern::parse("jobs.*").unwrap()],
         max_delivery_attempts: setup.max_attempts,
-        dead_letter_topic: None,
+        dead_letter_topic: setup
+            .dead_letter
+            .then(|| Topic::parse("dead.jobs").unwrap()),
     };
     let limits = QueueLimits {
         max_messages: setup.max_messages,
@@ -326,20 +356,39 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let id = model.members[i].id;
                 (project(&core.leave(id, now)), model.leave(i, now))
             }
-            Op::Publish => {
+            Op::Publish | Op::PublishInternal => {
                 next_sid += 1;
-                let full = model.is_full_for(next_sid);
-                let check = core.check_capacity(message(next_sid).size());
-                prop_assert_eq!(check.is_err(), full, "capacity check disagrees");
-                if full {
-                    prop_assert!(matches!(check, Err(Error::QueueFull { .. })), "{:?}", check);
-                    continue;
-                }
-                let fx = core.enqueue(message(next_sid));
-                model.queue.push_back((next_sid, 1));
-                model.counters.enqueued += 1;
+                let full = model.full_for(next_sid);
+                let internal = matches!(op, Op::PublishInternal);
+                let fx = if internal {
+                    core.enqueue_or_drop(message(next_sid))
+                } else {
+                    match (core.check_capacity(message(next_sid).size()), full) {
+                        (Ok(()), None) => core.enqueue(message(next_sid)),
+                        (Err(Error::QueueFull { limit, .. }), Some(want)) if limit == want => {
+                            core.note_rejected();
+                            vec![]
+                        }
+                        (got, want) => {
+                            return Err(TestCaseError::fail(format!(
+                                "capacity check: core {got:?}, model {want:?}"
+                            )));
+                        }
+                    }
+                };
                 let mut want = vec![];
-                model.dispatch(&mut want);
+                match (full, internal) {
+                    (None, _) => {
+                        model.queue.push_back((next_sid, 1));
+                        model.counters.enqueued += 1;
+                        model.dispatch(&mut want);
+                    }
+                    (Some(_), true) => {
+                        model.counters.dropped_full += 1;
+                        want.push(Seen::Retired(next_sid));
+                    }
+                    (Some(_), false) => model.counters.rejected_full += 1,
+                }
                 (project(&fx), want)
             }
             Op::Ack { pick } | Op::Nack { pick } => {

@@ -26,8 +26,8 @@ fn request(id: &str, mode: Mode, pattern: &str) -> OpenRequest {
     }
 }
 
-/// The member's next frame; a missing frame fails the test instead of hanging it (on the paused
-/// clock the timeout fires as soon as nothing else can run).
+/// The member's next frame; a missing frame fails the test instead of hanging it (after 5 s, or
+/// at once on the paused clock, which jumps ahead as soon as nothing else can run).
 async fn recv(member: &mut MemberStream) -> Option<Outbound> {
     tokio::time::timeout(Duration::from_secs(5), member.next())
         .await

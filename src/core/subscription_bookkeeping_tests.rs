@@ -4,8 +4,8 @@
 
 use super::*;
 
-/// A queue subscription whose member `a` (window 2) holds message 1 while 2 and 3 wait; `b` has
-/// a full window of its own (message 2).
+/// A queue subscription of four 16-byte messages: member `a` (window 2) holds 1 and 3, member
+/// `b` (window 1) holds 2, and 4 waits in the queue.
 fn busy_queue() -> (Subscription, MemberId, MemberId) {
     let mut s = sub(Mode::Queue);
     let spec = s.spec().clone();
@@ -19,6 +19,7 @@ fn busy_queue() -> (Subscription, MemberId, MemberId) {
         s.in_flight_ids().collect::<Vec<_>>(),
         [(1, a), (2, b), (3, a)]
     );
+    assert_eq!((s.queued(), s.held_bytes()), (1, 4 * 16));
     (s, a, b)
 }
 
@@ -33,64 +34,76 @@ fn member(s: &mut Subscription, id: MemberId) -> &mut Member {
     s.members.get_mut(&id).unwrap()
 }
 
-fn broken(mut s: Subscription, corrupt: impl FnOnce(&mut Subscription)) -> String {
-    corrupt(&mut s);
-    s.check_invariants().expect_err("corruption went unnoticed")
-}
+/// A starting state, one way to corrupt it, and how the checker must describe the result.
+type Corruption = (
+    fn() -> (Subscription, MemberId, MemberId),
+    fn(&mut Subscription, MemberId, MemberId),
+    &'static str,
+);
 
 #[test]
 fn checker_rejects_each_kind_of_broken_bookkeeping() {
-    let (s, _, b) = two_singleton_members();
-    assert_eq!(
-        broken(s, |s| member(s, b).epoch = Some(9)),
-        "2 active members: [1, 2]"
-    );
-    let (s, a, _) = two_singleton_members();
-    assert_eq!(
-        broken(s, |s| member(s, a).epoch = None),
-        "members but no active member"
-    );
-    let (s, a, b) = two_singleton_members();
-    assert_eq!(
-        broken(s, |s| {
-            member(s, a).epoch = None;
-            member(s, b).epoch = Some(9);
-        }),
-        "active member 2 is not the earliest-joined 1"
-    );
-    let (s, a, _) = busy_queue();
-    assert_eq!(
-        broken(s, |s| member(s, a).epoch = None),
-        "a non-singleton member is not active"
-    );
-    let (s, _, b) = busy_queue();
-    assert_eq!(
-        broken(s, |s| member(s, b).in_flight.push(1)),
-        "member 2 lists 1 it does not hold"
-    );
-    let (s, a, _) = busy_queue();
-    assert_eq!(
-        broken(s, |s| member(s, a).options.max_in_flight = 1),
-        "member 1 is over its window"
-    );
-    let (s, a, _) = busy_queue();
-    assert_eq!(
-        broken(s, |s| member(s, a).in_flight.clear()),
-        "an in-flight message has no holder"
-    );
-    let (s, _, _) = busy_queue();
-    assert_eq!(
-        broken(s, |s| s.queue.push_back(Pending {
-            message: msg(1),
-            attempt: 1
-        })),
-        "a message is both queued and in flight"
-    );
-    let (s, _, _) = busy_queue();
-    assert_eq!(
-        broken(s, |s| s.held_bytes += 1),
-        "held_bytes 65 but messages add up to 64"
-    );
+    let cases: [Corruption; 9] = [
+        (
+            two_singleton_members,
+            |s, _, b| member(s, b).epoch = Some(9),
+            "2 active members: [1, 2]",
+        ),
+        (
+            two_singleton_members,
+            |s, a, _| member(s, a).epoch = None,
+            "members but no active member",
+        ),
+        (
+            two_singleton_members,
+            |s, a, b| {
+                member(s, a).epoch = None;
+                member(s, b).epoch = Some(9);
+            },
+            "active member 2 is not the earliest-joined 1",
+        ),
+        (
+            busy_queue,
+            |s, a, _| member(s, a).epoch = None,
+            "a non-singleton member is not active",
+        ),
+        (
+            busy_queue,
+            |s, _, b| member(s, b).in_flight.push(1),
+            "member 2 lists 1 it does not hold",
+        ),
+        (
+            busy_queue,
+            |s, a, _| member(s, a).options.max_in_flight = 1,
+            "member 1 is over its window",
+        ),
+        (
+            busy_queue,
+            |s, a, _| member(s, a).in_flight.clear(),
+            "an in-flight message has no holder",
+        ),
+        (
+            busy_queue,
+            |s, _, _| {
+                s.queue.push_back(Pending {
+                    message: msg(1),
+                    attempt: 1,
+                })
+            },
+            "a message is both queued and in flight",
+        ),
+        (
+            busy_queue,
+            |s, _, _| s.held_bytes += 1,
+            "held_bytes 65 but messages add up to 64",
+        ),
+    ];
+    for (setup, corrupt, expected) in cases {
+        let (mut s, a, b) = setup();
+        s.check_invariants().unwrap();
+        corrupt(&mut s, a, b);
+        assert_eq!(s.check_invariants(), Err(expected.to_string()));
+    }
 }
 
 // SPEC §6: an expiring subscription reports every message it still held, queued or in flight.
@@ -127,7 +140,39 @@ mod planted_bugs {
             }
         });
         assert_eq!(s.active_members().collect::<Vec<_>>(), [1, 2]);
-        assert!(s.check_invariants().is_err());
+        assert_eq!(
+            s.check_invariants(),
+            Err("2 active members: [1, 2]".to_string())
+        );
+    }
+
+    // Invariant 2 broken: the newest standby is promoted over the earliest-joined one.
+    #[test]
+    fn promote_newest_standby_skips_the_line() {
+        let mut s = sub(Mode::Singleton);
+        let ids: Vec<MemberId> = (0..3).map(|_| join(&mut s).0).collect();
+        let fx = with(PlantedBug::PromoteNewestStandby, || s.leave(ids[0], NOW));
+        assert_eq!(confirms(&fx), [(ids[2], 2)]);
+        assert_eq!(
+            s.check_invariants(),
+            Err("active member 3 is not the earliest-joined 2".to_string())
+        );
+    }
+
+    // The ack fence broken: a member that does not hold a message releases it.
+    #[test]
+    fn ack_ignores_fence_lets_another_member_release_a_message() {
+        let mut s = sub(Mode::Queue);
+        let (a, _) = join(&mut s);
+        let (b, _) = join(&mut s);
+        let _ = s.enqueue(msg(1));
+        assert_eq!(s.in_flight_ids().collect::<Vec<_>>(), [(1, a)]);
+        with(PlantedBug::AckIgnoresFence, || s.ack(Some(b), 1)).unwrap();
+        assert_eq!(
+            (s.in_flight(), s.counters().acked, s.counters().stale_acks),
+            (0, 1, 0)
+        );
+        s.check_invariants().unwrap();
     }
 
     // Invariant 3 broken while the books stay balanced: only a delivery checker can notice.

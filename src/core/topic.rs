@@ -244,7 +244,8 @@ mod tests {
         assert!(Topic::parse(&most).is_ok() && Pattern::parse(&most).is_ok());
     }
 
-    // Errors, traces and the inspection API print topics and patterns as given.
+    // Errors, traces and the inspection API print topics and patterns as given; `Debug` quotes
+    // them like a string, so a derived `Debug` of anything holding one reads as plain text.
     #[test]
     fn topics_and_patterns_print_as_given() {
         let topic = t("jobs.daily");
