@@ -404,16 +404,16 @@ async fn replica(
                         .insert(m.system_id);
                     let (action, process) = behaviour.decide(m.system_id, m.delivery_attempt);
                     let id = m.system_id;
+                    let ack = pb::Ack {
+                        subscription_id: sub.clone(),
+                        system_id: id,
+                        member_id,
+                    };
                     match action {
                         Action::AbandonThenAck => {
                             trace.line(format!("{name}: abandons its stream holding #{id}"));
                             drop(stream);
                             tokio::time::sleep(process).await;
-                            let ack = pb::Ack {
-                                subscription_id: sub.clone(),
-                                system_id: id,
-                                member_id,
-                            };
                             record_ack(&name, &sub, id, client.ack(ack).await, &trace, &seen);
                             break "abandoned".to_string();
                         }
@@ -421,7 +421,7 @@ async fn replica(
                             tokio::time::sleep(process).await;
                             let result = client
                                 .nack(pb::Nack {
-                                    subscription_id: sub.clone(),
+                                    subscription_id: ack.subscription_id,
                                     system_id: id,
                                     member_id,
                                 })
@@ -430,11 +430,6 @@ async fn replica(
                         }
                         Action::Ack => {
                             tokio::time::sleep(process).await;
-                            let ack = pb::Ack {
-                                subscription_id: sub.clone(),
-                                system_id: id,
-                                member_id,
-                            };
                             record_ack(&name, &sub, id, client.ack(ack).await, &trace, &seen);
                         }
                     }
