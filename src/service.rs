@@ -153,7 +153,7 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] naming the missing field.
-pub fn fence(subscription_id: &str, system_id: u64, member_id: u64) -> Result<Option<u64>, Error> {
+pub fn fence(subscription_id: &str, system_id: u64, member_id: u64) -> Result<u64, Error> {
     if subscription_id.is_empty() {
         return Err(invalid("subscription_id is required"));
     }
@@ -165,7 +165,7 @@ pub fn fence(subscription_id: &str, system_id: u64, member_id: u64) -> Result<Op
             "member_id is required: pass the member_id from your confirmation frame, so that a stale ack cannot release another member's copy",
         ));
     }
-    Ok(Some(member_id))
+    Ok(member_id)
 }
 
 fn mode_to_pb(mode: Mode) -> pb::DeliveryMode {
@@ -406,7 +406,7 @@ impl pb::broker_server::Broker for BrokerService {
         let member =
             fence(&ack.subscription_id, ack.system_id, ack.member_id).map_err(|e| status(&e))?;
         self.broker
-            .ack(&ack.subscription_id, member, ack.system_id)
+            .ack(&ack.subscription_id, Some(member), ack.system_id)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::AckResponse {}))
     }
@@ -416,7 +416,7 @@ impl pb::broker_server::Broker for BrokerService {
         let member =
             fence(&nack.subscription_id, nack.system_id, nack.member_id).map_err(|e| status(&e))?;
         self.broker
-            .nack(&nack.subscription_id, member, nack.system_id)
+            .nack(&nack.subscription_id, Some(member), nack.system_id)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::NackResponse {}))
     }

@@ -259,7 +259,7 @@ pub fn requests(data: &[u8]) {
                     && let Ok(fence) =
                         service::fence(&ack.subscription_id, ack.system_id, ack.member_id)
                 {
-                    let _ = broker.ack(&ack.subscription_id, fence, ack.system_id);
+                    let _ = broker.ack(&ack.subscription_id, Some(fence), ack.system_id);
                 }
             }
             4 => {
@@ -267,7 +267,7 @@ pub fn requests(data: &[u8]) {
                     && let Ok(fence) =
                         service::fence(&nack.subscription_id, nack.system_id, nack.member_id)
                 {
-                    let _ = broker.nack(&nack.subscription_id, fence, nack.system_id);
+                    let _ = broker.nack(&nack.subscription_id, Some(fence), nack.system_id);
                 }
             }
             5 => {

@@ -40,19 +40,17 @@ impl Broker {
             let floors = state.core.floors();
             catalog.retired.epoch = catalog.retired.epoch.max(floors.epoch);
             catalog.retired.member_id = catalog.retired.member_id.max(floors.member_id);
-            let messages = state.core.drain() as u64;
+            let held = state.core.drain();
             self.apply(
                 &mut state,
-                super::Input::Expire {
-                    held: messages as usize,
-                },
+                super::Input::Expire { held },
                 Vec::new(),
                 &mut Vec::new(),
             );
             let c = &self.inner.counters;
             c.subscriptions_expired.fetch_add(1, Ordering::Relaxed);
-            c.messages_expired.fetch_add(messages, Ordering::Relaxed);
-            tracing::info!(subscription = %state.core.id(), messages, "idle subscription expired");
+            c.messages_expired.fetch_add(held as u64, Ordering::Relaxed);
+            tracing::info!(subscription = %state.core.id(), messages = held, "idle subscription expired");
         }
         expired.len()
     }

@@ -280,14 +280,15 @@ impl Broker {
             state.detach(member);
             let effects = state.core.leave(member, now);
             // Members leave en masse during shutdown; those promotions are not news.
-            let shutting_down = self.inner.shutting_down.load(Ordering::Acquire);
-            for effect in effects.iter().filter(|_| !shutting_down) {
-                if let Effect::Confirm {
-                    member: promoted,
-                    epoch,
-                } = effect
-                {
-                    tracing::info!(subscription = %state.core.id(), left = member, promoted, epoch, "standby promoted to active");
+            if !self.inner.shutting_down.load(Ordering::Acquire) {
+                for effect in &effects {
+                    if let Effect::Confirm {
+                        member: promoted,
+                        epoch,
+                    } = effect
+                    {
+                        tracing::info!(subscription = %state.core.id(), left = member, promoted, epoch, "standby promoted to active");
+                    }
                 }
             }
             self.apply(&mut state, Input::Leave { member }, effects, &mut dead);
@@ -461,7 +462,11 @@ impl Broker {
             } else {
                 state.core.ack(member, system_id)
             };
-            let accepted = result.is_ok();
+            let (effects, outcome) = match result {
+                Ok(effects) => (effects, Ok(())),
+                Err(error) => (Vec::new(), Err(error)),
+            };
+            let accepted = outcome.is_ok();
             let input = if nack {
                 Input::Nack {
                     member,
@@ -475,9 +480,8 @@ impl Broker {
                     accepted,
                 }
             };
-            let effects = result.as_ref().cloned().unwrap_or_default();
             self.apply(state, input, effects, dead);
-            result.map(drop)
+            outcome
         })
     }
 

@@ -262,27 +262,30 @@ async fn consume(
                 acks.spawn(async move { client.ack(ack).await.map(|_| ()) });
                 while acks.len() >= window as usize {
                     if let Some(result) = acks.join_next().await {
-                        result
-                            .map_err(|e| e.to_string())?
-                            .map_err(|e| e.to_string())?;
-                        received.fetch_add(1, Ordering::Relaxed);
+                        count_ack(result, &received)?;
                     }
                 }
             }
             _ => {}
         }
         while let Some(result) = acks.try_join_next() {
-            result
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            received.fetch_add(1, Ordering::Relaxed);
+            count_ack(result, &received)?;
         }
     }
     while let Some(result) = acks.join_next().await {
-        result
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        received.fetch_add(1, Ordering::Relaxed);
+        count_ack(result, &received)?;
     }
     Ok(latencies)
+}
+
+/// Counts one finished ack, or reports why it failed.
+fn count_ack(
+    result: Result<Result<(), tonic::Status>, tokio::task::JoinError>,
+    received: &AtomicU64,
+) -> Result<(), String> {
+    result
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    received.fetch_add(1, Ordering::Relaxed);
+    Ok(())
 }

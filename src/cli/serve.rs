@@ -80,10 +80,7 @@ impl Serve {
             _ => None,
         };
         Ok(ServerConfig {
-            max_request_bytes: limits
-                .max_message_bytes
-                .saturating_mul(2)
-                .saturating_add(64 * 1024),
+            max_request_bytes: ServerConfig::request_bytes_for(&limits),
             limits,
             keepalive_interval: (!self.keepalive_interval.is_zero())
                 .then_some(self.keepalive_interval),

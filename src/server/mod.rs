@@ -53,11 +53,22 @@ pub struct ServerConfig {
     pub observer: Option<Arc<dyn Observer>>,
 }
 
+impl ServerConfig {
+    /// The request size that fits any message `limits` accept, with room for its envelope:
+    /// twice the message limit plus 64 KiB.
+    pub fn request_bytes_for(limits: &Limits) -> usize {
+        limits
+            .max_message_bytes
+            .saturating_mul(2)
+            .saturating_add(64 * 1024)
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         let limits = Limits::default();
         Self {
-            max_request_bytes: limits.max_message_bytes * 2 + 64 * 1024,
+            max_request_bytes: ServerConfig::request_bytes_for(&limits),
             limits,
             keepalive_interval: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(10),
