@@ -1,8 +1,9 @@
-//! The randomized fault campaign: one seed drives the mode, the replicas' behaviour (processing
-//! time, nacks, abandoned streams with late acks, windows), the publisher, and a schedule of
-//! crashes, restarts, partitions, heals, holds and releases. The checker watches every input;
-//! after the faults stop, a liveness phase requires every published message to be acked within
-//! a simulated-time budget.
+//! The randomized fault campaign: one seed drives the mode, acked or ack-free delivery, the
+//! replicas' behaviour (processing time, nacks, abandoned streams with late acks, windows, and
+//! how they ack: naming their member, by connection, or on their own stream), the publisher, and
+//! a schedule of crashes, restarts, partitions, heals, holds and releases. The checker watches
+//! every input; after the faults stop, a liveness phase requires every published message to be
+//! acked (or, ack-free, written) within a simulated-time budget.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -11,7 +12,7 @@ use tinybroker::{core::planted::PlantedBug, pb::DeliveryMode};
 use crate::{
     rng::Rng,
     trace::Trace,
-    world::{Behaviour, Setup, World},
+    world::{Behaviour, Carriage, Setup, World},
 };
 
 /// How long faults are injected, in simulated time.
@@ -66,7 +67,14 @@ pub fn run(seed: u64) -> Outcome {
         6..=7 => DeliveryMode::Queue,
         _ => DeliveryMode::Broadcast,
     };
-    let mut world = World::new(&Setup::new(seed, mode));
+    // Carriages and ack-free draws come from their own stream, so older seeds keep their modes,
+    // replicas and fault schedules.
+    let mut carriages = Rng::new(seed ^ 0x5eed_ca77_1a6e);
+    let ack_free = carriages.range(0, 6) == 0;
+    let mut world = World::new(&Setup {
+        ack_free,
+        ..Setup::new(seed, mode)
+    });
     let replicas = rng.range(2, 4);
     let mut names = Vec::new();
     for i in 0..replicas {
@@ -81,6 +89,11 @@ pub fn run(seed: u64) -> Outcome {
                 rng.range(1, 3) as u32
             } else {
                 1
+            },
+            carriage: match carriages.range(0, 3) {
+                0 => Carriage::Connection,
+                1 => Carriage::Stream,
+                _ => Carriage::Fenced,
             },
         };
         let name = format!("r{i}");

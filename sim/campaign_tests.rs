@@ -113,11 +113,12 @@ fn seeds_to_catch(bug: PlantedBug, max: u64) -> Option<u64> {
     None
 }
 
-const BUGS: [PlantedBug; 4] = [
+const BUGS: [PlantedBug; 5] = [
     PlantedBug::PromoteNewestStandby,
     PlantedBug::ForgetRedelivery,
     PlantedBug::TwoActiveMembers,
     PlantedBug::AckIgnoresFence,
+    PlantedBug::ConnectionFenceIgnored,
 ];
 
 // The checker has teeth: each planted bug is caught within a few seeds, and the report names the

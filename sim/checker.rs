@@ -9,8 +9,8 @@
 //! 4. a message is in flight to at most one member at a time;
 //! 5. epochs only go up on a subscription id, also across expiry.
 //!
-//! It also checks the ack fence (an accepted fenced ack comes from the holder) and the core's own
-//! bookkeeping (`Subscription::check_invariants`). Violations are collected, not panicked on,
+//! It also checks the ack fence (an accepted ack that named a member comes from the holder; one
+//! that named none arrived on the holder's connection) and the core's own bookkeeping (`Subscription::check_invariants`). Violations are collected, not panicked on,
 //! so the driver can report the seed.
 
 use std::{
@@ -19,7 +19,7 @@ use std::{
 };
 
 use tinybroker::{
-    broker::{Input, Observation, Observer},
+    broker::{ConnectionId, Input, Observation, Observer},
     core::{Effect, MemberId, Mode, SystemId},
 };
 
@@ -33,6 +33,8 @@ struct SubModel {
     last_epoch: u64,
     holder: BTreeMap<SystemId, MemberId>,
     outstanding: BTreeSet<SystemId>,
+    /// The connection each live member's stream runs on.
+    connection: BTreeMap<MemberId, Option<ConnectionId>>,
 }
 
 #[derive(Default)]
@@ -70,28 +72,32 @@ impl Checker {
 
     fn describe(input: &Input) -> String {
         match input {
-            Input::Join { member } => format!("join m{member}"),
+            Input::Join { member, .. } => format!("join m{member}"),
             Input::Leave { member } => format!("leave m{member}"),
             Input::Enqueue { system_id } => format!("enqueue #{system_id}"),
             Input::Ack {
                 member,
+                connection,
                 system_id,
                 accepted,
             } => {
                 format!(
-                    "ack #{system_id} by {} {}",
+                    "ack #{system_id} by {}{} {}",
                     fence(*member),
+                    via(*connection),
                     verdict(*accepted)
                 )
             }
             Input::Nack {
                 member,
+                connection,
                 system_id,
                 accepted,
             } => {
                 format!(
-                    "nack #{system_id} by {} {}",
+                    "nack #{system_id} by {}{} {}",
                     fence(*member),
+                    via(*connection),
                     verdict(*accepted)
                 )
             }
@@ -104,8 +110,42 @@ fn fence(member: Option<MemberId>) -> String {
     member.map_or("unfenced".to_string(), |m| format!("m{m}"))
 }
 
+fn via(connection: Option<ConnectionId>) -> String {
+    connection.map_or(String::new(), |c| format!(" via connection {c}"))
+}
+
 fn verdict(accepted: bool) -> &'static str {
     if accepted { "accepted" } else { "refused" }
+}
+
+/// SPEC §4: an accepted ack or nack comes from the holder: the member it named, or, naming none,
+/// over the connection the holder's stream runs on.
+fn check_fence(
+    m: &SubModel,
+    what: &str,
+    member: Option<MemberId>,
+    connection: Option<ConnectionId>,
+    system_id: SystemId,
+    violations: &mut Vec<String>,
+) {
+    let Some(holder) = m.holder.get(&system_id) else {
+        return;
+    };
+    if let Some(member) = member
+        && member != *holder
+    {
+        violations.push(format!(
+            "fence broken: {what} of #{system_id} by m{member} released m{holder}'s copy"
+        ));
+    }
+    if let Some(connection) = connection
+        && m.connection.get(holder) != Some(&Some(connection))
+    {
+        violations.push(format!(
+            "connection fence broken: {what} of #{system_id} via connection {connection} released m{holder}'s copy, whose stream runs on {:?}",
+            m.connection.get(holder)
+        ));
+    }
 }
 
 impl Observer for Checker {
@@ -119,7 +159,7 @@ impl Observer for Checker {
         let m = state.subs.entry(id.clone()).or_default();
 
         match o.input {
-            Input::Join { member } => {
+            Input::Join { member, connection } => {
                 if m.members.last().is_some_and(|last| last >= member) {
                     violations.push(format!(
                         "member ids out of join order: {member} after {:?}",
@@ -127,9 +167,11 @@ impl Observer for Checker {
                     ));
                 }
                 m.members.push(*member);
+                m.connection.insert(*member, *connection);
             }
             Input::Leave { member } => {
                 m.members.retain(|x| x != member);
+                m.connection.remove(member);
                 m.active.remove(member);
                 m.holder.retain(|_, h| h != member);
             }
@@ -144,24 +186,21 @@ impl Observer for Checker {
             }
             Input::Ack {
                 member,
+                connection,
                 system_id,
                 accepted: true,
             } => {
-                if let (Some(member), Some(holder)) = (member, m.holder.get(system_id))
-                    && member != holder
-                {
-                    violations.push(format!(
-                        "fence broken: ack of #{system_id} by m{member} released m{holder}'s copy"
-                    ));
-                }
+                check_fence(m, "ack", *member, *connection, *system_id, &mut violations);
                 m.holder.remove(system_id);
                 m.outstanding.remove(system_id);
             }
             Input::Nack {
+                member,
+                connection,
                 system_id,
                 accepted: true,
-                ..
             } => {
+                check_fence(m, "nack", *member, *connection, *system_id, &mut violations);
                 m.holder.remove(system_id);
             }
             Input::Ack { .. } | Input::Nack { .. } => {}

@@ -16,6 +16,7 @@ use tinybroker::{
     pb::{self, DeliveryMode, broker_client::BrokerClient, subscription_frame::Frame},
     server::{Server, ServerConfig},
 };
+use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use turmoil::Sim;
 
@@ -38,6 +39,18 @@ pub enum Action {
     AbandonThenAck,
 }
 
+/// How a replica settles what it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carriage {
+    /// Unary Ack/Nack naming its member id (the member fence).
+    Fenced,
+    /// The seed's two-field unary Ack/Nack, fenced by the connection it arrives on.
+    Connection,
+    /// Acks and nacks on its own Consume stream (fenced by construction); a late ack after it
+    /// abandons the stream goes out as a two-field unary ack on the old connection.
+    Stream,
+}
+
 /// How one replica behaves; decisions come from its own seeded generator, keyed by message and
 /// attempt so a restarted replica decides the same way.
 #[derive(Debug, Clone)]
@@ -53,6 +66,8 @@ pub struct Behaviour {
     pub start_after: Duration,
     /// The replica's window (`max_in_flight`).
     pub window: u32,
+    /// How it acks and nacks.
+    pub carriage: Carriage,
 }
 
 impl Behaviour {
@@ -64,6 +79,7 @@ impl Behaviour {
             abandon_percent: 0,
             start_after: Duration::ZERO,
             window: 1,
+            carriage: Carriage::Fenced,
         }
     }
 
@@ -111,6 +127,8 @@ pub struct World {
     pub checker: Arc<Checker>,
     pub seen: Rc<RefCell<Seen>>,
     pub mode: DeliveryMode,
+    /// Ack-free (at-most-once) subscriptions: nothing is acked, messages are done once written.
+    pub ack_free: bool,
     pub replicas: Vec<String>,
     /// How many messages the publisher will publish.
     pub to_publish: usize,
@@ -121,6 +139,7 @@ pub struct World {
 pub struct Setup {
     pub seed: u64,
     pub mode: DeliveryMode,
+    pub ack_free: bool,
     pub limits: Limits,
 }
 
@@ -129,6 +148,7 @@ impl Setup {
         Self {
             seed,
             mode,
+            ack_free: false,
             limits: Limits {
                 idle_timeout: Duration::from_secs(3600),
                 ..Limits::default()
@@ -173,6 +193,7 @@ impl World {
             checker,
             seen: Rc::default(),
             mode: setup.mode,
+            ack_free: setup.ack_free,
             replicas: Vec::new(),
             to_publish: 0,
         }
@@ -201,6 +222,12 @@ impl World {
                 "replicas".into()
             },
             max_in_flight: behaviour.window,
+            ack_mode: if self.ack_free {
+                pb::AckMode::None
+            } else {
+                pb::AckMode::Explicit
+            }
+            .into(),
             ..Default::default()
         };
         self.replicas.push(name.to_string());
@@ -308,7 +335,9 @@ impl World {
         if held > 0 {
             out.push(format!("the broker still holds {held} unacked messages"));
         }
-        if self.mode != DeliveryMode::Broadcast {
+        // At-most-once: an ack-free message written to a stream that then broke is done without
+        // any client receiving it.
+        if self.mode != DeliveryMode::Broadcast && !self.ack_free {
             let received = seen.received.get("report");
             let missing: Vec<_> = seen
                 .published
@@ -342,6 +371,96 @@ async fn connect_retrying(name: &str, trace: &Trace) -> BrokerClient<Channel> {
     }
 }
 
+/// A replica's open stream: frames in, and (for the Stream carriage) settles out.
+struct Joined {
+    frames: tonic::Streaming<pb::SubscriptionFrame>,
+    settles: Option<mpsc::Sender<pb::ConsumeRequest>>,
+}
+
+async fn join(
+    client: &mut BrokerClient<Channel>,
+    open: &pb::OpenSubscription,
+    carriage: Carriage,
+) -> Result<Joined, tonic::Status> {
+    if carriage != Carriage::Stream {
+        let frames = client.subscribe(open.clone()).await?.into_inner();
+        return Ok(Joined {
+            frames,
+            settles: None,
+        });
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let first = pb::ConsumeRequest {
+        request: Some(pb::consume_request::Request::Open(open.clone())),
+    };
+    tx.send(first).await.expect("receiver held below");
+    let frames = client
+        .consume(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok(Joined {
+        frames,
+        settles: Some(tx),
+    })
+}
+
+/// Sends an ack or nack by the replica's carriage. `None` when it went on the stream (which
+/// answers only refusals, as frames).
+async fn settle(
+    client: &mut BrokerClient<Channel>,
+    joined: Option<&Joined>,
+    carriage: Carriage,
+    sub: &str,
+    (system_id, member_id): (u64, u64),
+    nack: bool,
+) -> Option<Result<(), tonic::Status>> {
+    if let (Carriage::Stream, Some(tx)) = (carriage, joined.and_then(|j| j.settles.as_ref())) {
+        let settle = if nack {
+            pb::Settle {
+                nack: vec![system_id],
+                ..Default::default()
+            }
+        } else {
+            pb::Settle {
+                ack: vec![system_id],
+                ..Default::default()
+            }
+        };
+        let request = pb::ConsumeRequest {
+            request: Some(pb::consume_request::Request::Settle(settle)),
+        };
+        // A closed stream drops the settle, as a crashed process would.
+        let _ = tx.send(request).await;
+        return None;
+    }
+    // Only the Fenced carriage names the member; the others (and a Stream replica's late ack
+    // after abandoning its stream) rely on the connection fence.
+    let member_id = if carriage == Carriage::Fenced {
+        member_id
+    } else {
+        0
+    };
+    Some(if nack {
+        client
+            .nack(pb::Nack {
+                subscription_id: sub.to_string(),
+                system_id,
+                member_id,
+            })
+            .await
+            .map(|_| ())
+    } else {
+        client
+            .ack(pb::Ack {
+                subscription_id: sub.to_string(),
+                system_id,
+                member_id,
+            })
+            .await
+            .map(|_| ())
+    })
+}
+
 async fn replica(
     name: String,
     open: pb::OpenSubscription,
@@ -350,13 +469,15 @@ async fn replica(
     seen: Rc<RefCell<Seen>>,
 ) -> turmoil::Result {
     let sub = open.subscription_id.clone();
+    let ack_free = open.ack_mode == i32::from(pb::AckMode::None);
+    let carriage = behaviour.carriage;
     tokio::time::sleep(behaviour.start_after).await;
     trace.line(format!("{name}: start"));
     let mut client = connect_retrying(&name, &trace).await;
     let mut last_epoch = 0;
     loop {
-        let mut stream = match client.subscribe(open.clone()).await {
-            Ok(response) => response.into_inner(),
+        let mut joined = match join(&mut client, &open, carriage).await {
+            Ok(joined) => joined,
             Err(status) => {
                 trace.line(format!("{name}: subscribe refused: {:?}", status.code()));
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -366,7 +487,7 @@ async fn replica(
         trace.line(format!("{name}: joined {sub}"));
         let mut member_id = 0;
         let ended = loop {
-            let frame = match stream.message().await {
+            let frame = match joined.frames.message().await {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break "stream ended".to_string(),
                 Err(status) => break format!("stream failed: {:?}", status.code()),
@@ -397,46 +518,54 @@ async fn replica(
                             m.system_id, m.epoch
                         ));
                     }
-                    seen.borrow_mut()
+                    let first_time = seen
+                        .borrow_mut()
                         .received
                         .entry(sub.clone())
                         .or_default()
                         .insert(m.system_id);
+                    if ack_free && !first_time {
+                        // At-most-once: a written message is done, so it never comes twice.
+                        seen.borrow_mut().violations.push(format!(
+                            "{name} got #{} twice on ack-free {sub}",
+                            m.system_id
+                        ));
+                    }
                     let (action, process) = behaviour.decide(m.system_id, m.delivery_attempt);
-                    let id = m.system_id;
-                    let ack = pb::Ack {
-                        subscription_id: sub.clone(),
-                        system_id: id,
-                        member_id,
-                    };
+                    let id = (m.system_id, member_id);
+                    if action == Action::AbandonThenAck {
+                        trace.line(format!("{name}: abandons its stream holding #{}", id.0));
+                        drop(joined);
+                        tokio::time::sleep(process).await;
+                        let late = settle(&mut client, None, carriage, &sub, id, false).await;
+                        record_ack(&name, &sub, id.0, late, &trace, &seen);
+                        break "abandoned".to_string();
+                    }
+                    tokio::time::sleep(process).await;
                     match action {
-                        Action::AbandonThenAck => {
-                            trace.line(format!("{name}: abandons its stream holding #{id}"));
-                            drop(stream);
-                            tokio::time::sleep(process).await;
-                            record_ack(&name, &sub, id, client.ack(ack).await, &trace, &seen);
-                            break "abandoned".to_string();
-                        }
+                        _ if ack_free => {}
+                        Action::AbandonThenAck => unreachable!("handled above"),
                         Action::Nack => {
-                            tokio::time::sleep(process).await;
-                            let result = client
-                                .nack(pb::Nack {
-                                    subscription_id: ack.subscription_id,
-                                    system_id: id,
-                                    member_id,
-                                })
-                                .await;
-                            trace.line(format!("{name}: nack #{id} -> {}", outcome(&result)));
+                            let result =
+                                settle(&mut client, Some(&joined), carriage, &sub, id, true).await;
+                            trace.line(format!("{name}: nack #{} -> {}", id.0, outcome(&result)));
                         }
                         Action::Ack => {
-                            tokio::time::sleep(process).await;
-                            record_ack(&name, &sub, id, client.ack(ack).await, &trace, &seen);
+                            let result =
+                                settle(&mut client, Some(&joined), carriage, &sub, id, false).await;
+                            record_ack(&name, &sub, id.0, result, &trace, &seen);
                         }
                     }
                 }
                 Some(Frame::Standby(s)) => {
                     trace.line(format!("{name}: standby position {}", s.position))
                 }
+                Some(Frame::Refused(r)) => trace.line(format!(
+                    "{name}: {} #{} refused on the stream: {:?}",
+                    if r.nack { "nack" } else { "ack" },
+                    r.system_id,
+                    tonic::Code::from(r.code)
+                )),
                 None => {}
             }
         };
@@ -446,10 +575,11 @@ async fn replica(
     }
 }
 
-fn outcome<T>(result: &Result<T, tonic::Status>) -> String {
+fn outcome(result: &Option<Result<(), tonic::Status>>) -> String {
     match result {
-        Ok(_) => "ok".into(),
-        Err(status) => format!("{:?}", status.code()),
+        None => "sent on the stream".into(),
+        Some(Ok(())) => "ok".into(),
+        Some(Err(status)) => format!("{:?}", status.code()),
     }
 }
 
@@ -457,12 +587,12 @@ fn record_ack(
     name: &str,
     sub: &str,
     id: u64,
-    result: Result<tonic::Response<pb::AckResponse>, tonic::Status>,
+    result: Option<Result<(), tonic::Status>>,
     trace: &Trace,
     seen: &Rc<RefCell<Seen>>,
 ) {
     trace.line(format!("{name}: ack #{id} -> {}", outcome(&result)));
-    if result.is_ok()
+    if matches!(result, Some(Ok(())))
         && !seen
             .borrow_mut()
             .acked

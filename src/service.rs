@@ -1,5 +1,8 @@
 //! The tonic service: translates protobuf to domain types (validating once, here), calls the
-//! broker, and maps every [`Error`] to a gRPC status in one place ([`status`]).
+//! broker, and maps every [`Error`] to a gRPC status in one place ([`status`]). The streaming
+//! carriages (`Consume`, `PublishStream`) live in [`streams`].
+
+mod streams;
 
 use std::{
     collections::HashMap,
@@ -11,13 +14,18 @@ use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
 use crate::{
-    broker::{Broker, BrokerStats, MemberStream, Outbound, SubscriptionView},
+    broker::{Broker, BrokerStats, ConnectionId, Fence, MemberStream, Outbound, SubscriptionView},
     core::{
-        Draft, Error, Headers, Limits, MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec,
-        Topic,
+        AckMode, Draft, Error, Headers, Limits, MemberOptions, Mode, OpenRequest, Overflow,
+        Pattern, SubscriptionSpec, Topic,
     },
     pb,
+    server::conn::connection_of,
 };
+
+/// The window an ack-free member gets when it asks for none: deep enough that writing, not
+/// the window, sets the pace.
+pub const ACK_FREE_DEFAULT_WINDOW: u32 = 256;
 
 /// Maps a broker error to the gRPC status a client gets.
 pub fn status(error: &Error) -> Status {
@@ -26,9 +34,11 @@ pub fn status(error: &Error) -> Status {
         Error::InvalidTopic { .. } | Error::InvalidPattern { .. } | Error::InvalidArgument(_) => {
             Status::invalid_argument(message)
         }
-        Error::SettingsMismatch { .. } | Error::NotHolder { .. } => {
-            Status::failed_precondition(message)
-        }
+        Error::SettingsMismatch { .. }
+        | Error::NotHolder { .. }
+        | Error::StaleConnection { .. }
+        | Error::NotYetSent { .. }
+        | Error::AckFree(_) => Status::failed_precondition(message),
         Error::BroadcastTaken(_) => Status::already_exists(message),
         Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => Status::not_found(message),
         Error::QueueFull { .. }
@@ -128,6 +138,46 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
             "notify_standby only applies to DELIVERY_MODE_SINGLETON",
         ));
     }
+    let ack_mode = match pb::AckMode::try_from(request.ack_mode) {
+        Ok(pb::AckMode::Unspecified | pb::AckMode::Explicit) => AckMode::Explicit,
+        Ok(pb::AckMode::None) => AckMode::None,
+        Err(_) => {
+            return Err(invalid(format!(
+                "ack_mode {} is not a known AckMode",
+                request.ack_mode
+            )));
+        }
+    };
+    let overflow = match pb::OverflowPolicy::try_from(request.overflow) {
+        Ok(pb::OverflowPolicy::Unspecified) if ack_mode == AckMode::None => Overflow::DropOldest,
+        Ok(pb::OverflowPolicy::Unspecified | pb::OverflowPolicy::RejectPublish)
+            if ack_mode == AckMode::None =>
+        {
+            return Err(invalid(
+                "ACK_MODE_NONE needs OVERFLOW_POLICY_DROP_OLDEST: an ack-free member that falls behind must not block publishers to every subscription on its topics",
+            ));
+        }
+        Ok(pb::OverflowPolicy::Unspecified | pb::OverflowPolicy::RejectPublish) => {
+            Overflow::RejectPublish
+        }
+        Ok(pb::OverflowPolicy::DropOldest) => Overflow::DropOldest,
+        Err(_) => {
+            return Err(invalid(format!(
+                "overflow {} is not a known OverflowPolicy",
+                request.overflow
+            )));
+        }
+    };
+    if ack_mode == AckMode::None && request.max_delivery_attempts != 0 {
+        return Err(invalid(
+            "max_delivery_attempts does not apply to ACK_MODE_NONE: an ack-free message is delivered once",
+        ));
+    }
+    let max_in_flight = match request.max_in_flight {
+        0 if ack_mode == AckMode::None => ACK_FREE_DEFAULT_WINDOW.min(limits.max_in_flight),
+        0 => 1,
+        n => n,
+    };
     let dead_letter_topic = match request.dead_letter_topic.as_str() {
         "" => None,
         text => Some(Topic::parse(text).map_err(|e| invalid(format!("dead_letter_topic: {e}")))?),
@@ -140,32 +190,49 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
             patterns,
             max_delivery_attempts: request.max_delivery_attempts,
             dead_letter_topic,
+            ack_mode,
+            overflow,
         },
         member: MemberOptions {
-            max_in_flight: request.max_in_flight.max(1),
+            max_in_flight,
             notify_standby: request.notify_standby,
         },
     })
 }
 
-/// Validates the identifying fields of an Ack or Nack. The `member_id` fence is required, so a
-/// stale ack can never release another member's copy (SPEC §4).
+/// Validates the identifying fields of an Ack or Nack and picks its fence: the `member_id` it
+/// names, or else the connection it arrived on (SPEC §4: the seed's two-field Ack).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] naming the missing field.
-pub fn fence(subscription_id: &str, system_id: u64, member_id: u64) -> Result<u64, Error> {
+pub fn fence(
+    subscription_id: &str,
+    system_id: u64,
+    member_id: u64,
+    connection: Option<ConnectionId>,
+) -> Result<Fence, Error> {
     if subscription_id.is_empty() {
         return Err(invalid("subscription_id is required"));
     }
     if system_id == 0 {
         return Err(invalid("system_id is required"));
     }
-    if member_id == 0 {
-        return Err(invalid(
-            "member_id is required: pass the member_id from your confirmation frame, so that a stale ack cannot release another member's copy",
-        ));
+    match (member_id, connection) {
+        (0, Some(connection)) => Ok(Fence::Connection(connection)),
+        (0, None) => Err(invalid(
+            "member_id is required on this transport: pass the member_id from your confirmation frame",
+        )),
+        (member, _) => Ok(Fence::Member(member)),
     }
-    Ok(member_id)
+}
+
+/// Validates and publishes one message.
+fn publish_one(broker: &Broker, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
+    let published = broker.publish(draft(request, broker.limits())?)?;
+    Ok(pb::PublishResponse {
+        system_id: published.system_id,
+        queued_for: published.queued_for,
+    })
 }
 
 fn mode_to_pb(mode: Mode) -> pb::DeliveryMode {
@@ -271,6 +338,7 @@ fn info(view: SubscriptionView) -> pb::SubscriptionInfo {
             dropped_full: c.dropped_full,
             promotions: c.promotions,
             stale_acks: c.stale_acks,
+            dropped_overflow: c.dropped_overflow,
         }),
         max_delivery_attempts: view.spec.max_delivery_attempts,
         dead_letter_topic: view
@@ -279,6 +347,16 @@ fn info(view: SubscriptionView) -> pb::SubscriptionInfo {
             .map(|t| t.to_string())
             .unwrap_or_default(),
         expires_in_ms: view.expires_in.map(|d| d.as_millis() as u64),
+        ack_mode: match view.spec.ack_mode {
+            AckMode::Explicit => pb::AckMode::Explicit,
+            AckMode::None => pb::AckMode::None,
+        }
+        .into(),
+        overflow: match view.spec.overflow {
+            Overflow::RejectPublish => pb::OverflowPolicy::RejectPublish,
+            Overflow::DropOldest => pb::OverflowPolicy::DropOldest,
+        }
+        .into(),
     }
 }
 
@@ -325,12 +403,9 @@ impl pb::broker_server::Broker for BrokerService {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
-        let draft = draft(request.into_inner(), self.broker.limits()).map_err(|e| status(&e))?;
-        let published = self.broker.publish(draft).map_err(|e| status(&e))?;
-        Ok(Response::new(pb::PublishResponse {
-            system_id: published.system_id,
-            queued_for: published.queued_for,
-        }))
+        publish_one(&self.broker, request.into_inner())
+            .map(Response::new)
+            .map_err(|e| status(&e))
     }
 
     async fn publish_batch(
@@ -395,28 +470,67 @@ impl pb::broker_server::Broker for BrokerService {
         &self,
         request: Request<pb::OpenSubscription>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let connection = connection_of(&request);
         let open =
             open_request(request.into_inner(), self.broker.limits()).map_err(|e| status(&e))?;
-        let stream = self.broker.open(&open).map_err(|e| status(&e))?;
+        let stream = self
+            .broker
+            .open(&open, connection)
+            .map_err(|e| status(&e))?;
         Ok(Response::new(FrameStream(stream)))
     }
 
+    type ConsumeStream = streams::ConsumeStream;
+
+    async fn consume(
+        &self,
+        request: Request<tonic::Streaming<pb::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        streams::consume(&self.broker, request)
+            .await
+            .map(Response::new)
+    }
+
+    type PublishStreamStream = streams::PublishResults;
+
+    async fn publish_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::PublishRequest>>,
+    ) -> Result<Response<Self::PublishStreamStream>, Status> {
+        Ok(Response::new(streams::publish_stream(
+            self.broker.clone(),
+            request.into_inner(),
+        )))
+    }
+
     async fn ack(&self, request: Request<pb::Ack>) -> Result<Response<pb::AckResponse>, Status> {
+        let connection = connection_of(&request);
         let ack = request.into_inner();
-        let member =
-            fence(&ack.subscription_id, ack.system_id, ack.member_id).map_err(|e| status(&e))?;
+        let fence = fence(
+            &ack.subscription_id,
+            ack.system_id,
+            ack.member_id,
+            connection,
+        )
+        .map_err(|e| status(&e))?;
         self.broker
-            .ack(&ack.subscription_id, Some(member), ack.system_id)
+            .ack(&ack.subscription_id, fence, ack.system_id)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::AckResponse {}))
     }
 
     async fn nack(&self, request: Request<pb::Nack>) -> Result<Response<pb::NackResponse>, Status> {
+        let connection = connection_of(&request);
         let nack = request.into_inner();
-        let member =
-            fence(&nack.subscription_id, nack.system_id, nack.member_id).map_err(|e| status(&e))?;
+        let fence = fence(
+            &nack.subscription_id,
+            nack.system_id,
+            nack.member_id,
+            connection,
+        )
+        .map_err(|e| status(&e))?;
         self.broker
-            .nack(&nack.subscription_id, Some(member), nack.system_id)
+            .nack(&nack.subscription_id, fence, nack.system_id)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::NackResponse {}))
     }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use loom::thread;
 use tinybroker::{
-    broker::{Broker, Outbound},
+    broker::{Broker, Fence, Outbound},
     clock::TokioClock,
     core::{Draft, Limits, MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec, Topic},
 };
@@ -34,6 +34,8 @@ fn singleton(id: &str) -> OpenRequest {
             patterns: vec![Pattern::parse("a.*").unwrap()],
             max_delivery_attempts: 0,
             dead_letter_topic: None,
+            ack_mode: Default::default(),
+            overflow: Default::default(),
         },
         member: MemberOptions::default(),
     }
@@ -78,8 +80,8 @@ fn publish_ack_and_failover_interleave_safely() {
     loom::model(|| {
         RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let broker = broker();
-        let mut a = broker.open(&singleton("s")).unwrap();
-        let b = broker.open(&singleton("s")).unwrap();
+        let mut a = broker.open(&singleton("s"), Some(1)).unwrap();
+        let b = broker.open(&singleton("s"), Some(1)).unwrap();
         assert!(matches!(a.try_next(), Some(Outbound::Confirm { .. })));
         broker.publish(draft()).unwrap();
 
@@ -92,8 +94,9 @@ fn publish_ack_and_failover_interleave_safely() {
         let acker = {
             let broker = broker.clone();
             thread::spawn(move || {
-                // Unfenced: whoever holds #1 now; refused if it is back in the queue.
-                let _ = broker.ack("s", None, 1);
+                // Fenced by the connection both members share: whoever holds #1 now; refused if it is
+                // back in the queue.
+                let _ = broker.ack("s", Fence::Connection(1), 1);
             })
         };
         let leaver = thread::spawn(move || drop(a));
@@ -116,7 +119,7 @@ fn concurrent_joins_create_one_subscription_with_one_active() {
         let joiners: Vec<_> = (0..2)
             .map(|_| {
                 let broker = broker.clone();
-                thread::spawn(move || broker.open(&singleton("race")).unwrap())
+                thread::spawn(move || broker.open(&singleton("race"), Some(1)).unwrap())
             })
             .collect();
         let publisher = {

@@ -14,7 +14,7 @@ use std::{
 use bytes::Bytes;
 use proptest::prelude::*;
 use tinybroker::core::{
-    Counters, Effect, Error, Floors, MemberOptions, Message, Mode, Pattern, QueueLimits,
+    Counters, Effect, Error, Floors, MemberOptions, Message, Mode, Overflow, Pattern, QueueLimits,
     Subscription, SubscriptionSpec, Topic,
 };
 
@@ -69,6 +69,8 @@ struct Setup {
     max_messages: u64,
     max_bytes: u64,
     max_members: usize,
+    /// Overflow policy drop-oldest instead of reject-publish.
+    drop_oldest: bool,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -83,15 +85,27 @@ fn setup() -> impl Strategy<Value = Setup> {
         1u64..8,
         prop_oneof![Just(u64::MAX), 20u64..120],
         1usize..5,
+        any::<bool>(),
     )
         .prop_map(
-            |(mode, max_attempts, dead_letter, max_messages, max_bytes, max_members)| Setup {
+            |(
                 mode,
                 max_attempts,
                 dead_letter,
                 max_messages,
                 max_bytes,
                 max_members,
+                drop_oldest,
+            )| {
+                Setup {
+                    mode,
+                    max_attempts,
+                    dead_letter,
+                    max_messages,
+                    max_bytes,
+                    max_members,
+                    drop_oldest,
+                }
             },
         )
 }
@@ -166,6 +180,18 @@ impl Model {
         } else {
             None
         }
+    }
+
+    /// Drop-oldest: evicts queued messages from the head until `sid` fits; false if it cannot.
+    fn make_room(&mut self, sid: u64, out: &mut Vec<Seen>) -> bool {
+        while self.full_for(sid).is_some() {
+            let Some((old, _)) = self.queue.pop_front() else {
+                return false;
+            };
+            self.counters.dropped_overflow += 1;
+            out.push(Seen::Retired(old));
+        }
+        true
     }
 
     fn give_back(&mut self, sid: u64, attempt: u32, out: &mut Vec<Seen>) {
@@ -310,6 +336,12 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
         dead_letter_topic: setup
             .dead_letter
             .then(|| Topic::parse("dead.jobs").unwrap()),
+        ack_mode: Default::default(),
+        overflow: if setup.drop_oldest {
+            Overflow::DropOldest
+        } else {
+            Overflow::RejectPublish
+        },
     };
     let limits = QueueLimits {
         max_messages: setup.max_messages,
@@ -362,8 +394,11 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let internal = matches!(op, Op::PublishInternal);
                 let fx = if internal {
                     core.enqueue_or_drop(message(next_sid))
+                } else if setup.drop_oldest {
+                    prop_assert!(core.check_publish(message(next_sid).size()).is_ok());
+                    core.enqueue(message(next_sid))
                 } else {
-                    match (core.check_capacity(message(next_sid).size()), full) {
+                    match (core.check_publish(message(next_sid).size()), full) {
                         (Ok(()), None) => core.enqueue(message(next_sid)),
                         (Err(Error::QueueFull { limit, .. }), Some(want)) if limit == want => {
                             core.note_rejected();
@@ -377,19 +412,31 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                 };
                 let mut want = vec![];
-                match (full, internal) {
-                    (None, _) => {
+                if setup.drop_oldest {
+                    if model.make_room(next_sid, &mut want) {
                         model.queue.push_back((next_sid, 1));
                         model.counters.enqueued += 1;
                         model.dispatch(&mut want);
-                    }
-                    (Some(_), true) => {
-                        model.counters.dropped_full += 1;
+                    } else {
+                        model.counters.dropped_overflow += 1;
                         want.push(Seen::Retired(next_sid));
                     }
-                    (Some(_), false) => model.counters.rejected_full += 1,
+                    (project(&fx), want)
+                } else {
+                    match (full, internal) {
+                        (None, _) => {
+                            model.queue.push_back((next_sid, 1));
+                            model.counters.enqueued += 1;
+                            model.dispatch(&mut want);
+                        }
+                        (Some(_), true) => {
+                            model.counters.dropped_full += 1;
+                            want.push(Seen::Retired(next_sid));
+                        }
+                        (Some(_), false) => model.counters.rejected_full += 1,
+                    }
+                    (project(&fx), want)
                 }
-                (project(&fx), want)
             }
             Op::Ack { pick } | Op::Nack { pick } => {
                 let nack = matches!(op, Op::Nack { .. });

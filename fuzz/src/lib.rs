@@ -12,8 +12,8 @@ use tinybroker::{
     broker::Broker,
     clock::TokioClock,
     core::{
-        Effect, Error, Floors, Limits, MemberOptions, Message, Mode, Pattern, PatternIndex,
-        QueueLimits, Subscription, SubscriptionSpec, Topic,
+        AckMode, Effect, Error, Floors, Limits, MemberOptions, Message, Mode, Overflow, Pattern,
+        PatternIndex, QueueLimits, Subscription, SubscriptionSpec, Topic,
     },
     pb, service,
 };
@@ -52,6 +52,12 @@ pub fn group_state_machine(data: &[u8]) {
         max_delivery_attempts: u32::from(machine.max_attempts % 5),
         dead_letter_topic: (machine.max_attempts % 2 == 1)
             .then(|| Topic::parse("dead.a").expect("valid topic")),
+        ack_mode: AckMode::Explicit,
+        overflow: if machine.max_messages & 0x80 != 0 {
+            Overflow::DropOldest
+        } else {
+            Overflow::RejectPublish
+        },
     };
     let limits = QueueLimits {
         max_messages: u64::from(machine.max_messages % 16) + 1,
@@ -94,7 +100,7 @@ pub fn group_state_machine(data: &[u8]) {
                     headers: Default::default(),
                     published_at_ms: 0,
                 });
-                match sub.check_capacity(message.size()) {
+                match sub.check_publish(message.size()) {
                     Ok(()) => sub.enqueue(message),
                     Err(_) => sub.enqueue_or_drop(message),
                 }
@@ -224,6 +230,8 @@ pub fn requests(data: &[u8]) {
         let (Ok(kind), Ok(bytes)) = (u8::arbitrary(&mut u), <&[u8]>::arbitrary(&mut u)) else {
             break;
         };
+        // Three connections, so acks that name no member meet the connection fence.
+        let connection = Some(u64::from(kind / 7 % 3));
         match kind % 7 {
             0 => {
                 if let Ok(request) = pb::PublishRequest::decode(bytes)
@@ -249,25 +257,33 @@ pub fn requests(data: &[u8]) {
             2 => {
                 if let Ok(request) = pb::OpenSubscription::decode(bytes)
                     && let Ok(open) = service::open_request(request, &limits)
-                    && let Ok(stream) = broker.open(&open)
+                    && let Ok(stream) = broker.open(&open, connection)
                 {
                     streams.push(stream);
                 }
             }
             3 => {
                 if let Ok(ack) = pb::Ack::decode(bytes)
-                    && let Ok(fence) =
-                        service::fence(&ack.subscription_id, ack.system_id, ack.member_id)
+                    && let Ok(fence) = service::fence(
+                        &ack.subscription_id,
+                        ack.system_id,
+                        ack.member_id,
+                        connection,
+                    )
                 {
-                    let _ = broker.ack(&ack.subscription_id, Some(fence), ack.system_id);
+                    let _ = broker.ack(&ack.subscription_id, fence, ack.system_id);
                 }
             }
             4 => {
                 if let Ok(nack) = pb::Nack::decode(bytes)
-                    && let Ok(fence) =
-                        service::fence(&nack.subscription_id, nack.system_id, nack.member_id)
+                    && let Ok(fence) = service::fence(
+                        &nack.subscription_id,
+                        nack.system_id,
+                        nack.member_id,
+                        connection,
+                    )
                 {
-                    let _ = broker.nack(&nack.subscription_id, Some(fence), nack.system_id);
+                    let _ = broker.nack(&nack.subscription_id, fence, nack.system_id);
                 }
             }
             5 => {

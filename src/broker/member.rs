@@ -1,17 +1,31 @@
-//! A member's side of the shell: the frames it receives, the channel that carries them, and the
-//! guard that turns "its stream was dropped" into the core's `leave`.
+//! A member's side of the shell: the frames it receives, the outlet that holds them until its
+//! stream writes them, and the guard that turns "its stream was dropped" into the core's `leave`.
+//!
+//! The outlet lives under the subscription's lock, beside the core. That is what keeps the two
+//! in agreement by construction: every message frame in an outlet is in flight to that member in
+//! the core, and an ack or nack for a message whose frame is still in the outlet is refused (the
+//! client cannot have seen it). So an outlet never holds more message frames than the member's
+//! window, plus at most one confirmation, one standby notice and one end frame, and nothing a
+//! client does can make it grow or make the core's record and the stream disagree.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, VecDeque},
+    ops::{Deref, DerefMut},
     pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
 };
 
-use tokio::sync::mpsc;
-
 use super::{Broker, DeadLetters, SubCell};
-use crate::core::{Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Subscription};
+use crate::{
+    core::{
+        AckMode, Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Subscription, SystemId,
+    },
+    sync::{MutexGuard, lock},
+};
+
+/// Identifies one client connection (one HTTP/2 connection) for the life of the server.
+pub type ConnectionId = u64;
 
 /// One frame on a member's stream, in domain terms (the service turns it into protobuf).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,16 +61,68 @@ pub enum Outbound {
     End(Error),
 }
 
-/// Frames that can be queued for a member beyond its window: confirmation, standby notice, end.
-const CONTROL_FRAMES: usize = 3;
+/// Frames waiting for one member's stream to take them.
+#[derive(Debug, Default)]
+struct Outlet {
+    frames: VecDeque<Outbound>,
+    /// The stream's task, parked until a frame arrives.
+    waker: Option<Waker>,
+    /// The connection the member's stream runs on: the fence for acks that name no member.
+    connection: Option<ConnectionId>,
+    /// The broker ended the stream: an `End` frame is (or was) the last frame.
+    ended: bool,
+}
 
-/// A subscription's core state plus the channels to its members, under one lock, so effects
-/// reach the streams in the order the core produced them.
+/// A subscription's core state plus its members' outlets, under one lock, so effects reach the
+/// streams in the order the core produced them.
 #[derive(Debug)]
 pub(crate) struct SubState {
     pub(crate) key: u64,
     pub(crate) core: Subscription,
-    outlets: BTreeMap<MemberId, mpsc::Sender<Outbound>>,
+    outlets: BTreeMap<MemberId, Outlet>,
+    /// Streams to wake once the lock is released (waking under it would lengthen every
+    /// critical section by a scheduler call).
+    wake: Vec<Waker>,
+}
+
+/// A locked subscription. Dropping it releases the lock, then wakes the streams that got frames.
+pub(crate) struct Locked<'a> {
+    guard: Option<MutexGuard<'a, SubState>>,
+}
+
+impl<'a> Locked<'a> {
+    pub(crate) fn new(cell: &'a SubCell) -> Self {
+        Self {
+            guard: Some(lock(cell)),
+        }
+    }
+}
+
+impl Deref for Locked<'_> {
+    type Target = SubState;
+
+    fn deref(&self) -> &SubState {
+        self.guard.as_ref().expect("present until drop")
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut SubState {
+        self.guard.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        let wake = std::mem::take(&mut guard.wake);
+        drop(guard);
+        for waker in wake {
+            waker.wake();
+        }
+    }
 }
 
 impl SubState {
@@ -65,28 +131,82 @@ impl SubState {
             key,
             core,
             outlets: BTreeMap::new(),
+            wake: Vec::new(),
         }
     }
 
-    /// Opens the channel for a member about to join; the window bounds what it can ever hold.
-    pub(crate) fn outlet(window: u32) -> (mpsc::Sender<Outbound>, mpsc::Receiver<Outbound>) {
-        mpsc::channel(window.max(1) as usize + CONTROL_FRAMES)
-    }
-
-    pub(crate) fn attach(&mut self, member: MemberId, tx: mpsc::Sender<Outbound>) {
-        self.outlets.insert(member, tx);
+    /// Opens the outlet of a member about to join, remembering its connection.
+    pub(crate) fn attach(&mut self, member: MemberId, connection: Option<ConnectionId>) {
+        self.outlets.insert(
+            member,
+            Outlet {
+                connection,
+                ..Outlet::default()
+            },
+        );
     }
 
     pub(crate) fn detach(&mut self, member: MemberId) {
         self.outlets.remove(&member);
     }
 
-    /// Ends every member's stream with `error`.
+    /// The connection `member`'s stream runs on.
+    pub(crate) fn connection_of(&self, member: MemberId) -> Option<ConnectionId> {
+        self.outlets.get(&member).and_then(|o| o.connection)
+    }
+
+    /// Whether `member`'s outlet still holds the frame of `system_id`, i.e. its stream has not
+    /// written it yet.
+    pub(crate) fn unsent(&self, member: MemberId, system_id: SystemId) -> bool {
+        self.outlets.get(&member).is_some_and(|o| {
+            o.frames.iter().any(
+                |f| matches!(f, Outbound::Message { message, .. } if message.system_id == system_id),
+            )
+        })
+    }
+
+    /// Ends every member's stream with `error`: frames not yet written are discarded (their
+    /// messages stay in flight until the member leaves, then go back to the queue) and `error`
+    /// becomes the last frame.
     pub(crate) fn end_all(&mut self, error: &Error) {
-        for tx in std::mem::take(&mut self.outlets).into_values() {
-            // A full channel cannot take the end frame; dropping the sender still ends the stream.
-            let _ = tx.try_send(Outbound::End(error.clone()));
+        for outlet in self.outlets.values_mut() {
+            if outlet.ended {
+                continue;
+            }
+            outlet.ended = true;
+            outlet.frames.clear();
+            outlet.frames.push_back(Outbound::End(error.clone()));
+            if let Some(waker) = outlet.waker.take() {
+                self.wake.push(waker);
+            }
         }
+    }
+
+    /// Moves every frame waiting for `member` into `buf` (which the caller has emptied), or, when
+    /// there is none, parks `waker` to be woken by the next one. Returns false once the stream
+    /// is over: the member was detached, or its end frame was already taken.
+    fn take(
+        &mut self,
+        member: MemberId,
+        buf: &mut VecDeque<Outbound>,
+        waker: Option<&Waker>,
+    ) -> bool {
+        let Some(outlet) = self.outlets.get_mut(&member) else {
+            return false;
+        };
+        if outlet.frames.is_empty() {
+            if outlet.ended {
+                return false;
+            }
+            if let Some(waker) = waker
+                && !outlet.waker.as_ref().is_some_and(|w| w.will_wake(waker))
+            {
+                outlet.waker = Some(waker.clone());
+            }
+            return true;
+        }
+        std::mem::swap(buf, &mut outlet.frames);
+        true
     }
 
     /// Carries out the core's effects in order. Dead letters are collected for publishing once
@@ -144,32 +264,39 @@ impl SubState {
                         ));
                     }
                 }
-                Effect::Dropped { system_id, reason } => {
-                    let reason = match reason {
-                        DropReason::MaxDeliveryAttempts => {
-                            "max_delivery_attempts reached, no dead_letter_topic"
-                        }
-                        DropReason::QueueFull => "queue full",
-                    };
-                    tracing::warn!(subscription = %self.core.id(), system_id, reason, "message dropped");
-                }
+                Effect::Dropped { system_id, reason } => match reason {
+                    DropReason::MaxDeliveryAttempts => tracing::warn!(
+                        subscription = %self.core.id(),
+                        system_id,
+                        "message dropped: max_delivery_attempts reached, no dead_letter_topic"
+                    ),
+                    DropReason::QueueFull => tracing::warn!(
+                        subscription = %self.core.id(),
+                        system_id,
+                        "dead letter dropped: queue full"
+                    ),
+                    // Per message under a flood: debug only; the counter tells the operator.
+                    DropReason::Overflow => tracing::debug!(
+                        subscription = %self.core.id(),
+                        system_id,
+                        "message dropped: queue full, overflow policy drop_oldest"
+                    ),
+                },
             }
         }
     }
 
-    fn send(&self, member: MemberId, frame: Outbound) {
-        let Some(tx) = self.outlets.get(&member) else {
+    fn send(&mut self, member: MemberId, frame: Outbound) {
+        // A member without an outlet has left; its `leave` requeues what it held.
+        let Some(outlet) = self.outlets.get_mut(&member) else {
             return;
         };
-        match tx.try_send(frame) {
-            Ok(()) => {}
-            // The stream is gone; its guard's `leave` is on its way and will requeue the message.
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
-            // Cannot happen: the channel has room for the window plus the control frames. If it
-            // did, the message stays in flight and is redelivered when the member leaves.
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                tracing::error!(subscription = %self.core.id(), member, "member channel full; frame not sent");
-            }
+        if outlet.ended {
+            return;
+        }
+        outlet.frames.push_back(frame);
+        if let Some(waker) = outlet.waker.take() {
+            self.wake.push(waker);
         }
     }
 }
@@ -178,19 +305,18 @@ impl SubState {
 /// reset, keepalive failed, or the server shut down) makes the member leave its subscription.
 #[derive(Debug)]
 pub struct MemberStream {
-    rx: mpsc::Receiver<Outbound>,
+    /// Frames taken from the outlet in one go (several per lock, so the transport can write
+    /// them together), handed out one by one.
+    taken: VecDeque<Outbound>,
+    finished: bool,
     guard: MemberGuard,
 }
 
 impl MemberStream {
-    pub(crate) fn new(
-        rx: mpsc::Receiver<Outbound>,
-        broker: Broker,
-        cell: Arc<SubCell>,
-        member: MemberId,
-    ) -> Self {
+    pub(crate) fn new(broker: Broker, cell: Arc<SubCell>, member: MemberId) -> Self {
         Self {
-            rx,
+            taken: VecDeque::new(),
+            finished: false,
             guard: MemberGuard {
                 broker,
                 cell,
@@ -204,14 +330,48 @@ impl MemberStream {
         self.guard.member
     }
 
+    /// Acks and nacks for this member (fenced by construction: they can only name this member).
+    pub fn settler(&self) -> Settler {
+        Settler {
+            broker: self.guard.broker.clone(),
+            cell: self.guard.cell.clone(),
+            member: self.guard.member,
+        }
+    }
+
     /// The next frame, or `None` once the broker ended the stream.
     pub async fn next(&mut self) -> Option<Outbound> {
-        self.rx.recv().await
+        std::future::poll_fn(|cx| self.poll_frame(Some(cx.waker()))).await
     }
 
     /// The next frame if one is waiting, without blocking (for synchronous tests and models).
     pub fn try_next(&mut self) -> Option<Outbound> {
-        self.rx.try_recv().ok()
+        match self.poll_frame(None) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => None,
+        }
+    }
+
+    fn poll_frame(&mut self, waker: Option<&Waker>) -> Poll<Option<Outbound>> {
+        if let Some(frame) = self.taken.pop_front() {
+            return Poll::Ready(Some(frame));
+        }
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        let MemberGuard {
+            broker,
+            cell,
+            member,
+        } = &self.guard;
+        if !broker.take_frames(cell, *member, &mut self.taken, waker) {
+            self.finished = true;
+        }
+        match self.taken.pop_front() {
+            Some(frame) => Poll::Ready(Some(frame)),
+            None if self.finished => Poll::Ready(None),
+            None => Poll::Pending,
+        }
     }
 }
 
@@ -219,7 +379,29 @@ impl futures_core::Stream for MemberStream {
     type Item = Outbound;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Outbound>> {
-        self.rx.poll_recv(cx)
+        self.poll_frame(Some(cx.waker()))
+    }
+}
+
+/// Settles one member's messages: the acks and nacks of a stream that is itself the member.
+#[derive(Debug, Clone)]
+pub struct Settler {
+    broker: Broker,
+    cell: Arc<SubCell>,
+    member: MemberId,
+}
+
+impl Settler {
+    /// The member this settles for.
+    pub fn member_id(&self) -> MemberId {
+        self.member
+    }
+
+    /// Acks then nacks, in order, under one lock; returns the refused ones (id, whether it was
+    /// a nack, why). Each refusal changes nothing.
+    pub fn settle(&self, acks: &[SystemId], nacks: &[SystemId]) -> Vec<(SystemId, bool, Error)> {
+        self.broker
+            .settle_member(&self.cell, self.member, acks, nacks)
     }
 }
 
@@ -233,5 +415,70 @@ struct MemberGuard {
 impl Drop for MemberGuard {
     fn drop(&mut self) {
         self.broker.leave(&self.cell, self.member);
+    }
+}
+
+impl Broker {
+    /// A member's stream takes its waiting frames. In an ack-free subscription taking a message
+    /// frame settles it: the message is done once written (at-most-once), which frees the window
+    /// for the next. Returns false once the stream is over.
+    fn take_frames(
+        &self,
+        cell: &Arc<SubCell>,
+        member: MemberId,
+        buf: &mut VecDeque<Outbound>,
+        waker: Option<&Waker>,
+    ) -> bool {
+        let mut dead = DeadLetters::new();
+        let open = {
+            let mut state = Locked::new(cell);
+            let open = state.take(member, buf, waker);
+            if state.core.spec().ack_mode == AckMode::None {
+                for frame in buf.iter() {
+                    if let Outbound::Message { message, .. } = frame {
+                        let system_id = message.system_id;
+                        // Cannot fail: a frame in the outlet is in flight to its member, and
+                        // nothing else settles messages of an ack-free subscription.
+                        let effects = state.core.ack(Some(member), system_id);
+                        debug_assert!(effects.is_ok(), "{effects:?}");
+                        let input = super::Input::Ack {
+                            member: Some(member),
+                            connection: None,
+                            system_id,
+                            accepted: effects.is_ok(),
+                        };
+                        self.apply(&mut state, input, effects.unwrap_or_default(), &mut dead);
+                    }
+                }
+            }
+            open
+        };
+        self.publish_dead_letters(dead);
+        open
+    }
+
+    /// Acks then nacks for one member under one lock.
+    fn settle_member(
+        &self,
+        cell: &Arc<SubCell>,
+        member: MemberId,
+        acks: &[SystemId],
+        nacks: &[SystemId],
+    ) -> Vec<(SystemId, bool, Error)> {
+        let mut dead = DeadLetters::new();
+        let mut refused = Vec::new();
+        {
+            let mut state = Locked::new(cell);
+            let fence = super::Fence::Member(member);
+            for (ids, nack) in [(acks, false), (nacks, true)] {
+                for &id in ids {
+                    if let Err(error) = self.settle_locked(&mut state, fence, id, nack, &mut dead) {
+                        refused.push((id, nack, error));
+                    }
+                }
+            }
+        }
+        self.publish_dead_letters(dead);
+        refused
     }
 }

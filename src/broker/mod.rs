@@ -13,18 +13,29 @@ mod observe;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use member::SubState;
-pub use member::{MemberStream, Outbound};
+pub use member::{ConnectionId, MemberStream, Outbound, Settler};
+use member::{Locked, SubState};
 pub use observe::{Input, Observation, Observer};
 
 use crate::{
     clock::Clock,
     core::{
-        Counters, Draft, Effect, Epoch, Error, Floors, Limits, MemberId, MemberInfo, OpenRequest,
-        PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
+        AckMode, Counters, Draft, Effect, Epoch, Error, Floors, Limits, MemberId, MemberInfo,
+        OpenRequest, PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
+        planted::{PlantedBug, active as planted},
     },
-    sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
+    sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, read, write},
 };
+
+/// What says an ack or nack comes from the member holding the message (SPEC §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// It names the member (`member_id` from the confirmation, or a stream that is the member).
+    Member(MemberId),
+    /// It names no member: it counts only if it arrived on the connection the holder's stream
+    /// runs on.
+    Connection(ConnectionId),
+}
 
 type SubCell = Mutex<SubState>;
 /// Dead letters to publish once locks are released: (origin subscription key, message).
@@ -200,24 +211,30 @@ impl Broker {
         Ok(())
     }
 
-    /// Joins (creating if needed) a subscription; the returned stream carries this member's frames.
+    /// Joins (creating if needed) a subscription; the returned stream carries this member's
+    /// frames. `connection` is the connection the stream runs on (the fence for acks that name
+    /// no member), when the transport tells it.
     ///
     /// # Errors
     /// [`Error::SettingsMismatch`], [`Error::BroadcastTaken`], [`Error::TooManyMembers`],
     /// [`Error::TooManySubscriptions`] or [`Error::ShuttingDown`]; nothing changes then.
-    pub fn open(&self, request: &OpenRequest) -> Result<MemberStream, Error> {
+    pub fn open(
+        &self,
+        request: &OpenRequest,
+        connection: Option<ConnectionId>,
+    ) -> Result<MemberStream, Error> {
         self.check_running()?;
         {
             let catalog = read(&self.inner.catalog);
             if let Some(cell) = catalog.get(&request.subscription_id) {
                 // Holding the catalog lock keeps the expiry task from removing it meanwhile.
-                return self.join(cell, request);
+                return self.join(cell, request, connection);
             }
         }
         let mut catalog = write(&self.inner.catalog);
         if let Some(cell) = catalog.get(&request.subscription_id) {
             let cell = cell.clone();
-            return self.join(&cell, request);
+            return self.join(&cell, request, connection);
         }
         let limits = &self.inner.limits;
         if catalog.by_key.len() >= limits.max_subscriptions {
@@ -242,7 +259,7 @@ impl Broker {
         let key = catalog.last_key;
         let cell = Arc::new(Mutex::new(SubState::new(key, core)));
         // Join before publishing the subscription in the catalog, so a refused join leaves no trace.
-        let stream = self.join(&cell, request)?;
+        let stream = self.join(&cell, request, connection)?;
         for pattern in &request.spec.patterns {
             catalog.index.insert(pattern, key);
         }
@@ -252,20 +269,28 @@ impl Broker {
         Ok(stream)
     }
 
-    fn join(&self, cell: &Arc<SubCell>, request: &OpenRequest) -> Result<MemberStream, Error> {
+    fn join(
+        &self,
+        cell: &Arc<SubCell>,
+        request: &OpenRequest,
+        connection: Option<ConnectionId>,
+    ) -> Result<MemberStream, Error> {
         let mut dead = DeadLetters::new();
         let stream = {
-            let mut state = lock(cell);
+            let mut state = Locked::new(cell);
             // Checked again under the lock: `shutdown` ends the outlets it finds under this same
             // lock, so a member attached after that would never be told.
             self.check_running()?;
-            state.core.check_join(&request.spec)?;
-            let (tx, rx) = SubState::outlet(request.member.max_in_flight);
             let (member, effects) = state.core.join(&request.spec, request.member)?;
-            state.attach(member, tx);
-            self.apply(&mut state, Input::Join { member }, effects, &mut dead);
+            state.attach(member, connection);
+            self.apply(
+                &mut state,
+                Input::Join { member, connection },
+                effects,
+                &mut dead,
+            );
             tracing::debug!(subscription = %state.core.id(), member, "member joined");
-            MemberStream::new(rx, self.clone(), cell.clone(), member)
+            MemberStream::new(self.clone(), cell.clone(), member)
         };
         self.publish_dead_letters(dead);
         Ok(stream)
@@ -276,7 +301,7 @@ impl Broker {
         let mut dead = DeadLetters::new();
         let now = self.inner.clock.now();
         let emptied = {
-            let mut state = lock(cell);
+            let mut state = Locked::new(cell);
             state.detach(member);
             let effects = state.core.leave(member, now);
             // Members leave en masse during shutdown; those promotions are not news.
@@ -316,12 +341,12 @@ impl Broker {
             let mut states: Vec<_> = keys
                 .iter()
                 .filter_map(|key| catalog.by_key.get(key))
-                .map(|cell| lock(cell))
+                .map(|cell| Locked::new(cell))
                 .collect();
             let size = draft.size();
             let mut refusal = None;
             for state in &mut states {
-                if let Err(error) = state.core.check_capacity(size) {
+                if let Err(error) = state.core.check_publish(size) {
                     // Every full subscription counts the refusal; the first one names it.
                     state.core.note_rejected();
                     refusal.get_or_insert(error);
@@ -387,7 +412,7 @@ impl Broker {
             }
             for key in keys.iter().filter(|key| **key != origin) {
                 if let Some(cell) = catalog.by_key.get(key) {
-                    let mut state = lock(cell);
+                    let mut state = Locked::new(cell);
                     let effects = state.core.enqueue_or_drop(message.clone());
                     self.apply(
                         &mut state,
@@ -415,24 +440,27 @@ impl Broker {
             let cell = catalog
                 .get(subscription_id)
                 .ok_or_else(|| Error::SubscriptionNotFound(subscription_id.to_string()))?;
-            let mut state = lock(cell);
+            let mut state = Locked::new(cell);
             f(&mut state, &mut dead)
         };
         self.publish_dead_letters(dead);
         result
     }
 
-    /// Acknowledges a delivered message; `member` is the fence (see [`Subscription::ack`]).
+    /// Acknowledges a delivered message; `fence` says it comes from the holder.
     ///
     /// # Errors
-    /// [`Error::SubscriptionNotFound`], [`Error::NotInFlight`] or [`Error::NotHolder`].
+    /// [`Error::SubscriptionNotFound`], [`Error::NotInFlight`], [`Error::NotHolder`],
+    /// [`Error::StaleConnection`], [`Error::NotYetSent`] or [`Error::AckFree`].
     pub fn ack(
         &self,
         subscription_id: &str,
-        member: Option<MemberId>,
+        fence: Fence,
         system_id: SystemId,
     ) -> Result<(), Error> {
-        self.settle(subscription_id, member, system_id, false)
+        self.with_subscription(subscription_id, |state, dead| {
+            self.settle_locked(state, fence, system_id, false, dead)
+        })
     }
 
     /// Returns a delivered message for redelivery; fenced like [`ack`](Self::ack).
@@ -442,47 +470,111 @@ impl Broker {
     pub fn nack(
         &self,
         subscription_id: &str,
-        member: Option<MemberId>,
+        fence: Fence,
         system_id: SystemId,
-    ) -> Result<(), Error> {
-        self.settle(subscription_id, member, system_id, true)
-    }
-
-    /// Ack or nack; a refused one is reported to the observer too, with no effects.
-    fn settle(
-        &self,
-        subscription_id: &str,
-        member: Option<MemberId>,
-        system_id: SystemId,
-        nack: bool,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            let result = if nack {
-                state.core.nack(member, system_id)
-            } else {
-                state.core.ack(member, system_id)
-            };
-            let (effects, outcome) = match result {
-                Ok(effects) => (effects, Ok(())),
-                Err(error) => (Vec::new(), Err(error)),
-            };
-            let accepted = outcome.is_ok();
-            let input = if nack {
-                Input::Nack {
-                    member,
-                    system_id,
-                    accepted,
-                }
-            } else {
-                Input::Ack {
-                    member,
-                    system_id,
-                    accepted,
-                }
-            };
-            self.apply(state, input, effects, dead);
-            outcome
+            self.settle_locked(state, fence, system_id, true, dead)
         })
+    }
+
+    /// Ack or nack from a client, under the subscription's lock. A refused one is reported to
+    /// the observer too, with no effects, and changes nothing.
+    fn settle_locked(
+        &self,
+        state: &mut SubState,
+        fence: Fence,
+        system_id: SystemId,
+        nack: bool,
+        dead: &mut DeadLetters,
+    ) -> Result<(), Error> {
+        let connection = match fence {
+            Fence::Member(_) => None,
+            Fence::Connection(c) => Some(c),
+        };
+        let result = self
+            .resolve_fence(state, fence, system_id)
+            .and_then(|member| {
+                if nack {
+                    state.core.nack(member, system_id)
+                } else {
+                    state.core.ack(member, system_id)
+                }
+                .map(|effects| (member, effects))
+            });
+        let (member, effects, outcome) = match result {
+            Ok((member, effects)) => (member, effects, Ok(())),
+            Err(error) => (
+                match fence {
+                    Fence::Member(m) => Some(m),
+                    Fence::Connection(_) => None,
+                },
+                Vec::new(),
+                Err(error),
+            ),
+        };
+        let accepted = outcome.is_ok();
+        let input = if nack {
+            Input::Nack {
+                member,
+                connection,
+                system_id,
+                accepted,
+            }
+        } else {
+            Input::Ack {
+                member,
+                connection,
+                system_id,
+                accepted,
+            }
+        };
+        self.apply(state, input, effects, dead);
+        outcome
+    }
+
+    /// Turns a fence into the member the core should check against, refusing what can never be
+    /// accepted: acks on an ack-free subscription, acks over another connection than the
+    /// holder's, and acks for a message whose frame its holder's stream has not written yet
+    /// (a client cannot have seen it, so such an ack is a guess).
+    fn resolve_fence(
+        &self,
+        state: &mut SubState,
+        fence: Fence,
+        system_id: SystemId,
+    ) -> Result<Option<MemberId>, Error> {
+        let subscription = |state: &SubState| state.core.id().to_string();
+        if state.core.spec().ack_mode == AckMode::None {
+            return Err(Error::AckFree(subscription(state)));
+        }
+        let member = match fence {
+            Fence::Member(member) => member,
+            Fence::Connection(connection) => match state.core.holder(system_id) {
+                // Not in flight: the core says so.
+                None => return Ok(None),
+                Some(holder)
+                    if state.connection_of(holder) == Some(connection)
+                        || planted(PlantedBug::ConnectionFenceIgnored) =>
+                {
+                    holder
+                }
+                Some(_) => {
+                    state.core.note_stale();
+                    return Err(Error::StaleConnection {
+                        subscription: subscription(state),
+                        system_id,
+                    });
+                }
+            },
+        };
+        if state.unsent(member, system_id) {
+            return Err(Error::NotYetSent {
+                subscription: subscription(state),
+                system_id,
+                member,
+            });
+        }
+        Ok(Some(member))
     }
 
     /// Inspects one subscription.
@@ -502,7 +594,7 @@ impl Broker {
             .by_name
             .values()
             .filter_map(|key| catalog.by_key.get(key))
-            .map(|cell| view(&lock(cell).core, now))
+            .map(|cell| view(&Locked::new(cell).core, now))
             .collect();
         let c = &self.inner.counters;
         let stats = BrokerStats {
@@ -522,7 +614,7 @@ impl Broker {
         self.inner.shutting_down.store(true, Ordering::Release);
         let catalog = read(&self.inner.catalog);
         for cell in catalog.by_key.values() {
-            lock(cell).end_all(&Error::ShuttingDown);
+            Locked::new(cell).end_all(&Error::ShuttingDown);
         }
         self.inner.expiry_wake.notify_one();
     }

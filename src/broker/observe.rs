@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::ConnectionId;
 use crate::core::{Effect, MemberId, Subscription, SystemId};
 
 /// An input applied to one subscription.
@@ -13,6 +14,8 @@ pub enum Input {
     Join {
         /// The new member.
         member: MemberId,
+        /// The connection its stream runs on, when the transport tells it.
+        connection: Option<ConnectionId>,
     },
     /// A member's stream ended.
     Leave {
@@ -26,8 +29,11 @@ pub enum Input {
     },
     /// An ack, accepted or refused.
     Ack {
-        /// The fence it carried.
+        /// The member it was checked against (for a connection-fenced one, the holder found on
+        /// that connection; `None` when refused before one was found).
         member: Option<MemberId>,
+        /// Set when it named no member and was fenced by the connection it arrived on.
+        connection: Option<ConnectionId>,
         /// The message.
         system_id: SystemId,
         /// Whether it released the message.
@@ -35,8 +41,11 @@ pub enum Input {
     },
     /// A nack, accepted or refused.
     Nack {
-        /// The fence it carried.
+        /// The member it was checked against (for a connection-fenced one, the holder found on
+        /// that connection; `None` when refused before one was found).
         member: Option<MemberId>,
+        /// Set when it named no member and was fenced by the connection it arrived on.
+        connection: Option<ConnectionId>,
         /// The message.
         system_id: SystemId,
         /// Whether it returned the message.

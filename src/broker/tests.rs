@@ -21,6 +21,8 @@ fn request(id: &str, mode: Mode, pattern: &str) -> OpenRequest {
             patterns: vec![Pattern::parse(pattern).unwrap()],
             max_delivery_attempts: 0,
             dead_letter_topic: None,
+            ack_mode: Default::default(),
+            overflow: Default::default(),
         },
         member: MemberOptions::default(),
     }
@@ -54,7 +56,9 @@ async fn idle_subscription_expires_on_its_own_after_the_timeout() {
     };
     let broker = broker(limits);
     let expiry = tokio::spawn(broker.clone().run_expiry());
-    let member = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    let member = broker
+        .open(&request("s", Mode::Singleton, "a.*"), None)
+        .unwrap();
     drop(member);
     broker.publish(draft("a.b")).unwrap();
     tokio::time::sleep(Duration::from_secs(299)).await;
@@ -83,7 +87,9 @@ async fn epochs_keep_increasing_across_expiry_and_recreation() {
         idle_timeout: Duration::from_secs(1),
         ..Limits::default()
     });
-    let mut first = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    let mut first = broker
+        .open(&request("s", Mode::Singleton, "a.*"), None)
+        .unwrap();
     let Some(Outbound::Confirm {
         epoch: e1,
         member_id: m1,
@@ -95,7 +101,9 @@ async fn epochs_keep_increasing_across_expiry_and_recreation() {
     drop(first);
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(broker.expire_idle(), 1);
-    let mut second = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    let mut second = broker
+        .open(&request("s", Mode::Singleton, "a.*"), None)
+        .unwrap();
     let Some(Outbound::Confirm {
         epoch: e2,
         member_id: m2,
@@ -115,8 +123,12 @@ async fn refused_publish_queues_on_no_subscription() {
         max_queue_messages: 1,
         ..Limits::default()
     });
-    let _a = broker.open(&request("a", Mode::Queue, "t.*")).unwrap();
-    let _b = broker.open(&request("b", Mode::Queue, "t.>")).unwrap();
+    let _a = broker
+        .open(&request("a", Mode::Queue, "t.*"), None)
+        .unwrap();
+    let _b = broker
+        .open(&request("b", Mode::Queue, "t.>"), None)
+        .unwrap();
     // Fills only "b" (t.* needs exactly two tokens); "a" has room and is checked first.
     broker.publish(draft("t.x.y")).unwrap();
     let err = broker.publish(draft("t.y")).unwrap_err();
@@ -151,7 +163,11 @@ async fn byte_limit_counts_topic_payload_and_headers() {
         ..Limits::default()
     });
     // No member: everything stays queued.
-    drop(broker.open(&request("s", Mode::Queue, "a.*")).unwrap());
+    drop(
+        broker
+            .open(&request("s", Mode::Queue, "a.*"), None)
+            .unwrap(),
+    );
     broker.publish(message(b"xxxx")).unwrap();
     assert_eq!(broker.describe("s").unwrap().queued_bytes, 74);
     let err = broker.publish(message(b"xxxx")).unwrap_err();
@@ -174,7 +190,9 @@ async fn byte_limit_counts_topic_payload_and_headers() {
 #[tokio::test]
 async fn shutdown_ends_streams_and_refuses_new_work() {
     let broker = broker(Limits::default());
-    let mut member = broker.open(&request("s", Mode::Singleton, "a.*")).unwrap();
+    let mut member = broker
+        .open(&request("s", Mode::Singleton, "a.*"), None)
+        .unwrap();
     assert!(matches!(
         recv(&mut member).await,
         Some(Outbound::Confirm { .. })
@@ -187,7 +205,7 @@ async fn shutdown_ends_streams_and_refuses_new_work() {
     assert_eq!(recv(&mut member).await, None);
     assert_eq!(broker.publish(draft("a.b")), Err(Error::ShuttingDown));
     assert!(matches!(
-        broker.open(&request("t", Mode::Queue, "a.*")),
+        broker.open(&request("t", Mode::Queue, "a.*"), None),
         Err(Error::ShuttingDown)
     ));
 }
@@ -199,10 +217,10 @@ async fn dead_letter_skips_its_own_subscription() {
     let mut req = request("loop", Mode::Singleton, "jobs.>");
     req.spec.max_delivery_attempts = 1;
     req.spec.dead_letter_topic = Some(Topic::parse("jobs.dead").unwrap());
-    let mut member = broker.open(&req).unwrap();
+    let mut member = broker.open(&req, None).unwrap();
     let _ = recv(&mut member).await;
     let mut watcher = broker
-        .open(&request("watch", Mode::Queue, "jobs.dead"))
+        .open(&request("watch", Mode::Queue, "jobs.dead"), None)
         .unwrap();
     let _ = recv(&mut watcher).await;
     let id = broker.publish(draft("jobs.x")).unwrap().system_id;
@@ -210,7 +228,9 @@ async fn dead_letter_skips_its_own_subscription() {
         recv(&mut member).await,
         Some(Outbound::Message { .. })
     ));
-    broker.nack("loop", Some(member.member_id()), id).unwrap();
+    broker
+        .nack("loop", Fence::Member(member.member_id()), id)
+        .unwrap();
     let Some(Outbound::Message { message, .. }) = recv(&mut watcher).await else {
         panic!("watcher should get the dead letter");
     };

@@ -162,6 +162,7 @@ pub async fn subscribe(args: Subscribe) -> Result<(), String> {
             max_delivery_attempts: args.max_delivery_attempts,
             dead_letter_topic: args.dead_letter_topic,
             notify_standby: args.notify_standby,
+            ..Default::default()
         })
         .await
         .map_err(describe)?
@@ -202,7 +203,8 @@ pub async fn subscribe(args: Subscribe) -> Result<(), String> {
                     println!("acked system_id={}", m.system_id);
                 }
             }
-            None => {}
+            // Refusals only come on Consume streams; this client uses Subscribe.
+            Some(Frame::Refused(_)) | None => {}
         }
     }
     println!("stream ended");

@@ -63,6 +63,34 @@ pub enum Error {
         /// The member that holds the message now.
         holder: u64,
     },
+    /// An ack or nack that named no member arrived on another connection than the holder's
+    /// stream: it comes from a member whose stream ended (its copy was redelivered).
+    #[error(
+        "message {system_id} on subscription {subscription:?} is held by a member whose stream runs on another connection: this ack/nack is stale (its sender's stream ended and the message was redelivered) and changed nothing; pass member_id to ack from another channel"
+    )]
+    StaleConnection {
+        /// The subscription named.
+        subscription: String,
+        /// The message named.
+        system_id: u64,
+    },
+    /// Ack or nack for a message whose frame the member's stream has not written yet.
+    #[error(
+        "message {system_id} on subscription {subscription:?} has not been sent to member {member} yet; ack or nack only messages you received"
+    )]
+    NotYetSent {
+        /// The subscription named.
+        subscription: String,
+        /// The message named.
+        system_id: u64,
+        /// The member it waits for.
+        member: u64,
+    },
+    /// Ack or nack on an ack-free subscription.
+    #[error(
+        "subscription {0:?} is ack-free (ACK_MODE_NONE): its messages are done once written and take no ack or nack"
+    )]
+    AckFree(String),
     /// A subscription's queue limit would be exceeded.
     #[error(
         "subscription {subscription:?} is full: {limit} limit of {max} reached; ack messages or raise the limit"

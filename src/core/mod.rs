@@ -24,7 +24,7 @@ use bytes::Bytes;
 pub use error::Error;
 pub use index::PatternIndex;
 pub use message::{Headers, Message, SystemId};
-pub use spec::{Limits, MemberOptions, Mode, OpenRequest, SubscriptionSpec};
+pub use spec::{AckMode, Limits, MemberOptions, Mode, OpenRequest, Overflow, SubscriptionSpec};
 pub use subscription::{
     Counters, DropReason, Effect, Epoch, Floors, MemberId, MemberInfo, QueueLimits, Subscription,
 };

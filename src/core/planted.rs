@@ -14,6 +14,9 @@ pub enum PlantedBug {
     TwoActiveMembers,
     /// Let any member's ack release a message (breaks the ack fence, SPEC §4).
     AckIgnoresFence,
+    /// Let an ack that names no member release a message held on another connection (breaks
+    /// the connection fence, SPEC §4). Planted in the shell, which owns connections.
+    ConnectionFenceIgnored,
 }
 
 #[cfg(feature = "planted-bugs")]

@@ -25,6 +25,45 @@ impl fmt::Display for Mode {
     }
 }
 
+/// Whether members ack what they receive (SPEC §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum AckMode {
+    /// At-least-once: a message is done when its holder acks it.
+    #[default]
+    Explicit,
+    /// At-most-once: a message is done once it is written to the member's stream; the shell
+    /// settles it as it writes it.
+    None,
+}
+
+impl fmt::Display for AckMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AckMode::Explicit => "EXPLICIT",
+            AckMode::None => "NONE",
+        })
+    }
+}
+
+/// What a full queue does with a new message (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Overflow {
+    /// Refuse the publish; it is queued on no subscription.
+    #[default]
+    RejectPublish,
+    /// Drop the oldest queued (not in-flight) messages, counted, to make room.
+    DropOldest,
+}
+
+impl fmt::Display for Overflow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Overflow::RejectPublish => "REJECT_PUBLISH",
+            Overflow::DropOldest => "DROP_OLDEST",
+        })
+    }
+}
+
 /// The settings every member of one subscription must share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriptionSpec {
@@ -38,6 +77,10 @@ pub struct SubscriptionSpec {
     pub max_delivery_attempts: u32,
     /// Where poisoned messages go; `None` = drop and count.
     pub dead_letter_topic: Option<Topic>,
+    /// Acked or ack-free delivery.
+    pub ack_mode: AckMode,
+    /// What a full queue does.
+    pub overflow: Overflow,
 }
 
 impl SubscriptionSpec {
@@ -64,6 +107,18 @@ impl SubscriptionSpec {
                 "topic_patterns are [{}], request asks [{}]",
                 list(&self.patterns),
                 list(&asked.patterns)
+            ));
+        }
+        if self.ack_mode != asked.ack_mode {
+            diffs.push(format!(
+                "ack_mode is {}, request asks {}",
+                self.ack_mode, asked.ack_mode
+            ));
+        }
+        if self.overflow != asked.overflow {
+            diffs.push(format!(
+                "overflow is {}, request asks {}",
+                self.overflow, asked.overflow
             ));
         }
         if asked.max_delivery_attempts != 0
@@ -174,7 +229,26 @@ mod tests {
             patterns: vec![Pattern::parse("jobs.>").unwrap()],
             max_delivery_attempts: 3,
             dead_letter_topic: Some(Topic::parse("dead.jobs").unwrap()),
+            ack_mode: AckMode::Explicit,
+            overflow: Overflow::RejectPublish,
         }
+    }
+
+    // SPEC §3/§4: ack mode and overflow policy are shared settings; a joiner must repeat them.
+    #[test]
+    fn ack_mode_and_overflow_must_match() {
+        let live = live();
+        let other = SubscriptionSpec {
+            ack_mode: AckMode::None,
+            overflow: Overflow::DropOldest,
+            ..live.clone()
+        };
+        assert_eq!(
+            live.differences(&other).as_deref(),
+            Some(
+                "ack_mode is EXPLICIT, request asks NONE; overflow is REJECT_PUBLISH, request asks DROP_OLDEST"
+            )
+        );
     }
 
     // SPEC §3: a joiner that leaves the poison policy unset inherits the subscription's; one

@@ -16,7 +16,7 @@ use super::{
     error::Error,
     message::{Message, SystemId},
     planted::{PlantedBug, active as planted},
-    spec::{MemberOptions, Mode, SubscriptionSpec},
+    spec::{MemberOptions, Mode, Overflow, SubscriptionSpec},
 };
 
 /// Identifies a member of a subscription; increases in join order, never reused.
@@ -75,6 +75,9 @@ pub enum DropReason {
     MaxDeliveryAttempts,
     /// A dead letter or other broker-internal publish found the queue full.
     QueueFull,
+    /// The queue was full and its overflow policy is drop-oldest: this message made room (or,
+    /// when nothing queued could make room, was itself not queued).
+    Overflow,
 }
 
 /// Monotonic counters of one subscription.
@@ -102,6 +105,8 @@ pub struct Counters {
     pub promotions: u64,
     /// Fenced acks or nacks refused because the member no longer held the message.
     pub stale_acks: u64,
+    /// Messages dropped by the drop-oldest overflow policy.
+    pub dropped_overflow: u64,
 }
 
 /// Where numbering starts for a subscription (re)created under an id used before, so that epochs
@@ -280,6 +285,11 @@ impl Subscription {
         self.queue.iter().map(|p| p.message.system_id)
     }
 
+    /// The member holding `system_id`, if it is in flight.
+    pub fn holder(&self, system_id: SystemId) -> Option<MemberId> {
+        self.in_flight.get(&system_id).map(|f| f.member)
+    }
+
     /// Ids of the in-flight messages with their holders.
     pub fn in_flight_ids(&self) -> impl Iterator<Item = (SystemId, MemberId)> + '_ {
         self.in_flight.iter().map(|(id, f)| (*id, f.member))
@@ -449,29 +459,77 @@ impl Subscription {
         Ok(())
     }
 
+    /// Checks that a client's publish of `size` bytes may go ahead: under the reject-publish
+    /// policy it must fit; under drop-oldest this subscription never refuses.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] naming the limit.
+    pub fn check_publish(&self, size: usize) -> Result<(), Error> {
+        match self.spec.overflow {
+            Overflow::RejectPublish => self.check_capacity(size),
+            Overflow::DropOldest => Ok(()),
+        }
+    }
+
     /// Counts a publish refused because this subscription was full.
     pub fn note_rejected(&mut self) {
         self.counters.rejected_full += 1;
     }
 
+    /// Counts an ack or nack refused by the shell's connection fence (the holder's stream runs
+    /// on another connection).
+    pub fn note_stale(&mut self) {
+        self.counters.stale_acks += 1;
+    }
+
     /// Queues a message and delivers what the windows allow. Callers check
-    /// [`check_capacity`](Self::check_capacity) first; publishes do so for every matching
-    /// subscription before queuing on any, so a refused publish changes nothing.
+    /// [`check_publish`](Self::check_publish) first; publishes do so for every matching
+    /// subscription before queuing on any, so a refused publish changes nothing. Under the
+    /// drop-oldest policy the oldest queued messages make room, each dropped and counted; if the
+    /// in-flight messages alone leave no room, the new message itself is dropped and counted.
     pub fn enqueue(&mut self, message: Arc<Message>) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if self.spec.overflow == Overflow::DropOldest && !self.make_room(message.size(), &mut out) {
+            self.counters.dropped_overflow += 1;
+            out.push(Effect::Dropped {
+                system_id: message.system_id,
+                reason: DropReason::Overflow,
+            });
+            return out;
+        }
         self.held_bytes += message.size() as u64;
         self.counters.enqueued += 1;
         self.queue.push_back(Pending {
             message,
             attempt: 1,
         });
-        let mut out = Vec::new();
         self.dispatch(&mut out);
         out
     }
 
-    /// Queues a broker-internal message (a dead letter), dropping and counting it if full.
+    /// Drops queued messages from the head until one of `size` bytes fits; false if the queue
+    /// emptied and it still does not.
+    fn make_room(&mut self, size: usize, out: &mut Vec<Effect>) -> bool {
+        while self.check_capacity(size).is_err() {
+            let Some(oldest) = self.queue.pop_front() else {
+                return false;
+            };
+            self.held_bytes -= oldest.message.size() as u64;
+            self.counters.dropped_overflow += 1;
+            out.push(Effect::Dropped {
+                system_id: oldest.message.system_id,
+                reason: DropReason::Overflow,
+            });
+        }
+        true
+    }
+
+    /// Queues a broker-internal message (a dead letter), dropping and counting it if full (or
+    /// making room, under the drop-oldest policy).
     pub fn enqueue_or_drop(&mut self, message: Arc<Message>) -> Vec<Effect> {
-        if self.check_capacity(message.size()).is_err() {
+        if self.spec.overflow == Overflow::RejectPublish
+            && self.check_capacity(message.size()).is_err()
+        {
             self.counters.dropped_full += 1;
             return vec![Effect::Dropped {
                 system_id: message.system_id,

@@ -20,6 +20,8 @@ fn spec(mode: Mode) -> SubscriptionSpec {
         patterns: vec![Pattern::parse("jobs.>").unwrap()],
         max_delivery_attempts: 0,
         dead_letter_topic: None,
+        ack_mode: crate::core::AckMode::Explicit,
+        overflow: crate::core::Overflow::RejectPublish,
     }
 }
 
@@ -519,3 +521,6 @@ fn window_limits_unacked_messages_per_member() {
 
 #[path = "subscription_bookkeeping_tests.rs"]
 mod bookkeeping;
+
+#[path = "subscription_overflow_tests.rs"]
+mod overflow;

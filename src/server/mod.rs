@@ -1,6 +1,7 @@
 //! The whole server on any listener: `run(config, incoming, shutdown)`. The binary passes a TCP
 //! listener and a signal future; tests pass a port-0 listener; simulations pass turmoil's.
 
+pub mod conn;
 mod oversize;
 
 use std::{error::Error as StdError, sync::Arc, time::Duration};
@@ -8,7 +9,7 @@ use std::{error::Error as StdError, sync::Arc, time::Duration};
 use oversize::OversizeAsResourceExhausted;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{
     Request, Status,
     service::Interceptor,
@@ -211,6 +212,9 @@ impl Server {
                 let _ = drained_tx.send(());
             }
         };
+        // Numbered so an ack that names no member can be fenced by its connection.
+        let numbering = conn::Numbering::default();
+        let incoming = incoming.map(move |io| io.map(|io| numbering.number(io)));
         let serve = builder
             .add_service(health_service)
             .add_service(reflection)
