@@ -241,3 +241,71 @@ async fn dead_letter_skips_its_own_subscription() {
         (0, 0, 1)
     );
 }
+
+// Issue: acks guessed for messages not yet written must not wedge a member. An ack for a frame
+// still waiting in the member's outlet is refused and changes nothing, so the outlet never holds
+// more than the window: what the core has in flight and what the stream carries agree.
+#[test]
+fn ack_for_a_frame_not_yet_written_is_refused() {
+    let broker = broker(Limits::default());
+    let mut member = broker
+        .open(&request("blind", Mode::Queue, "a.*"), Some(7))
+        .unwrap();
+    let me = Fence::Member(member.member_id());
+    assert!(matches!(member.try_next(), Some(Outbound::Confirm { .. })));
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(broker.publish(draft("a.b")).unwrap().system_id);
+    }
+    // Window 1: the first is in flight but its frame was not taken; guessed acks are refused,
+    // by member and by connection alike.
+    for fence in [me, Fence::Connection(7)] {
+        let refused = broker.ack("blind", fence, ids[0]).unwrap_err();
+        assert!(matches!(refused, Error::NotYetSent { .. }), "{refused}");
+    }
+    let refused = broker.ack("blind", me, ids[1]).unwrap_err();
+    assert!(matches!(refused, Error::NotInFlight { .. }), "{refused}");
+    let view = broker.describe("blind").unwrap();
+    assert_eq!((view.in_flight, view.queued_messages), (1, 4));
+    // Each message, once taken, can be acked, and exactly one more follows.
+    for id in &ids {
+        match member.try_next() {
+            Some(Outbound::Message { message, .. }) => assert_eq!(message.system_id, *id),
+            other => panic!("expected message {id}, got {other:?}"),
+        }
+        assert_eq!(member.try_next(), None, "window 1 holds one frame");
+        broker.ack("blind", me, *id).unwrap();
+    }
+    assert_eq!(broker.describe("blind").unwrap().counters.acked, 5);
+}
+
+// SPEC §4 (ack-free): taking a frame settles it, and the window refills at once.
+#[test]
+fn ack_free_member_settles_what_it_takes() {
+    let broker = broker(Limits::default());
+    let mut req = request("free", Mode::Broadcast, "a.*");
+    req.spec.ack_mode = crate::core::AckMode::None;
+    req.spec.overflow = crate::core::Overflow::DropOldest;
+    req.member.max_in_flight = 2;
+    let mut member = broker.open(&req, None).unwrap();
+    assert!(matches!(member.try_next(), Some(Outbound::Confirm { .. })));
+    for _ in 0..5 {
+        broker.publish(draft("a.b")).unwrap();
+    }
+    let view = broker.describe("free").unwrap();
+    assert_eq!((view.in_flight, view.queued_messages), (2, 3));
+    let mut got = 0;
+    while let Some(Outbound::Message { .. }) = member.try_next() {
+        got += 1;
+    }
+    assert_eq!(got, 5);
+    let view = broker.describe("free").unwrap();
+    assert_eq!(
+        (view.in_flight, view.queued_messages, view.counters.acked),
+        (0, 0, 5)
+    );
+    let refused = broker
+        .ack("free", Fence::Member(member.member_id()), 1)
+        .unwrap_err();
+    assert!(matches!(refused, Error::AckFree(_)), "{refused}");
+}

@@ -8,13 +8,13 @@ use tonic::Code;
 use crate::harness::*;
 
 // SPEC §3: queue mode gives each message to exactly one member, spread over members with space.
-#[tokio::test]
-async fn queue_mode_delivers_each_message_once_spread_over_members() {
+over_carriages! {
+async fn queue_mode_delivers_each_message_once_spread_over_members(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
     let q = || open("workers", DeliveryMode::Queue, "pool", &["work.>"]);
-    let mut a = client.subscribe(q()).await.unwrap();
-    let mut b = client.subscribe(q()).await.unwrap();
+    let mut a = client.subscribe_via(carriage, q()).await.unwrap();
+    let mut b = client.subscribe_via(carriage, q()).await.unwrap();
     a.confirmed().await;
     b.confirmed().await;
     let mut published = BTreeSet::new();
@@ -44,36 +44,38 @@ async fn queue_mode_delivers_each_message_once_spread_over_members() {
         "no single active member in queue mode"
     );
 }
+}
 
 // SPEC §3: queue mode, a member leaving hands its in-flight messages to the others.
-#[tokio::test]
-async fn queue_member_leaving_hands_in_flight_to_others() {
+over_carriages! {
+async fn queue_member_leaving_hands_in_flight_to_others(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
     let q = || open("handoff", DeliveryMode::Queue, "pool", &["work.>"]);
-    let mut a = client.subscribe(q()).await.unwrap();
+    let mut a = client.subscribe_via(carriage, q()).await.unwrap();
     a.confirmed().await;
     let id = client.publish("work.x", "x").await.system_id;
     assert_eq!(a.message().await.system_id, id);
-    let mut b = client.subscribe(q()).await.unwrap();
+    let mut b = client.subscribe_via(carriage, q()).await.unwrap();
     b.confirmed().await;
     drop(a);
     let m = b.message().await;
     assert_eq!((m.system_id, m.delivery_attempt), (id, 2));
 }
+}
 
 // SPEC §3: broadcast gives every stream every message; a second open of a live id is refused.
-#[tokio::test]
-async fn broadcast_gives_every_stream_every_message() {
+over_carriages! {
+async fn broadcast_gives_every_stream_every_message(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
     let bc = |id: &str| open(id, DeliveryMode::Broadcast, "", &["news.*"]);
-    let mut a = client.subscribe(bc("tv")).await.unwrap();
-    let mut b = client.subscribe(bc("radio")).await.unwrap();
+    let mut a = client.subscribe_via(carriage, bc("tv")).await.unwrap();
+    let mut b = client.subscribe_via(carriage, bc("radio")).await.unwrap();
     a.confirmed().await;
     b.confirmed().await;
     assert_code(
-        client.subscribe(bc("tv")).await.map(|_| ()),
+        client.subscribe_via(carriage, bc("tv")).await.map(|_| ()),
         Code::AlreadyExists,
         "tv",
     );
@@ -88,6 +90,7 @@ async fn broadcast_gives_every_stream_every_message() {
     let r = client.publish("news.tomorrow", "again").await;
     b.ack(mb.system_id).await;
     assert_eq!(b.message().await.system_id, r.system_id);
+}
 }
 
 // SPEC §2: routing follows NATS pattern semantics over the wire.
@@ -108,11 +111,11 @@ async fn patterns_route_as_nats_does() {
 }
 
 // SPEC §4: ack of a message not in flight is NOT_FOUND; the window holds the next until the ack.
-#[tokio::test]
-async fn unknown_ack_is_not_found_and_window_gates_delivery() {
+over_carriages! {
+async fn unknown_ack_is_not_found_and_window_gates_delivery(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("win")).await.unwrap();
+    let mut a = client.subscribe_via(carriage, singleton("win")).await.unwrap();
     a.confirmed().await;
     let first = client.publish("jobs.a", "1").await.system_id;
     let second = client.publish("jobs.a", "2").await.system_id;
@@ -141,15 +144,16 @@ async fn unknown_ack_is_not_found_and_window_gates_delivery() {
         "not in flight",
     );
 }
+}
 
 // SPEC §4: a larger window lets that many unacked messages flow.
-#[tokio::test]
-async fn max_in_flight_window_allows_several_unacked() {
+over_carriages! {
+async fn max_in_flight_window_allows_several_unacked(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
     let mut req = singleton("wide");
     req.max_in_flight = 3;
-    let mut a = client.subscribe(req).await.unwrap();
+    let mut a = client.subscribe_via(carriage, req).await.unwrap();
     a.confirmed().await;
     for n in 0..4 {
         client.publish("jobs.w", &n.to_string()).await;
@@ -161,18 +165,19 @@ async fn max_in_flight_window_allows_several_unacked() {
     assert_eq!((info.in_flight, info.queued_messages), (3, 1));
     assert_eq!(info.members[0].max_in_flight, 3);
 }
+}
 
 // SPEC §4: Nack returns the message to the head with delivery_attempt + 1.
-#[tokio::test]
-async fn nack_redelivers_at_the_head() {
+over_carriages! {
+async fn nack_redelivers_at_the_head(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("nack")).await.unwrap();
+    let mut a = client.subscribe_via(carriage, singleton("nack")).await.unwrap();
     a.confirmed().await;
     let first = client.publish("jobs.n", "1").await.system_id;
     client.publish("jobs.n", "2").await;
     assert_eq!(a.message().await.system_id, first);
-    client.nack("nack", a.member_id, first).await.unwrap();
+    a.nack(first).await;
     let again = a.message().await;
     assert_eq!((again.system_id, again.delivery_attempt), (first, 2));
     assert_code(
@@ -181,27 +186,28 @@ async fn nack_redelivers_at_the_head() {
         "999",
     );
 }
+}
 
 // SPEC §4: a poison message is published to the dead-letter topic with headers saying why.
-#[tokio::test]
-async fn poison_message_goes_to_the_dead_letter_topic() {
+over_carriages! {
+async fn poison_message_goes_to_the_dead_letter_topic(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
     let mut dlq = client
-        .subscribe(open("dlq", DeliveryMode::Queue, "ops", &["dead.>"]))
+        .subscribe_via(carriage, open("dlq", DeliveryMode::Queue, "ops", &["dead.>"]))
         .await
         .unwrap();
     dlq.confirmed().await;
     let mut req = singleton("poison");
     req.max_delivery_attempts = 2;
     req.dead_letter_topic = "dead.jobs".into();
-    let mut a = client.subscribe(req).await.unwrap();
+    let mut a = client.subscribe_via(carriage, req).await.unwrap();
     a.confirmed().await;
     let id = client.publish("jobs.bad", "boom").await.system_id;
     for attempt in 1..=2 {
         let m = a.message().await;
         assert_eq!((m.system_id, m.delivery_attempt), (id, attempt));
-        client.nack("poison", a.member_id, id).await.unwrap();
+        a.nack(id).await;
     }
     let dead = dlq.message().await;
     assert_eq!(dead.topic, "dead.jobs");
@@ -218,6 +224,7 @@ async fn poison_message_goes_to_the_dead_letter_topic() {
     );
     let counters = client.describe("poison").await.unwrap().counters.unwrap();
     assert_eq!(counters.dead_lettered, 1);
+}
 }
 
 // SPEC §1: PublishBatch publishes in order; an invalid message rejects the whole batch.

@@ -92,19 +92,80 @@ pub fn singleton(id: &str) -> OpenSubscription {
     open(id, DeliveryMode::Singleton, "replicas", &["jobs.*"])
 }
 
+/// How a member settles its messages: the seed's unary Ack/Nack beside a `Subscribe` stream, or
+/// `Settle` messages on its own `Consume` stream. Tests of delivery semantics run over both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carriage {
+    Unary,
+    Stream,
+}
+
+/// Runs a test body once per [`Carriage`]: `name::unary` and `name::stream`.
+macro_rules! over_carriages {
+    ($(#[doc = $doc:literal])* async fn $name:ident($carriage:ident: Carriage) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn body($carriage: Carriage) $body
+
+            #[tokio::test]
+            async fn unary() {
+                body(Carriage::Unary).await
+            }
+
+            #[tokio::test]
+            async fn stream() {
+                body(Carriage::Stream).await
+            }
+        }
+    };
+}
+
 impl Client {
     /// Opens a subscription stream. Returns once the broker has accepted the member (the
     /// response headers arrive after the join), not when it becomes active.
     pub async fn subscribe(&self, request: OpenSubscription) -> Result<Member, Status> {
-        let stream = within(self.0.clone().subscribe(request.clone()))
-            .await?
-            .into_inner();
+        self.subscribe_via(Carriage::Unary, request).await
+    }
+
+    /// Opens a subscription stream that settles by `carriage`.
+    pub async fn subscribe_via(
+        &self,
+        carriage: Carriage,
+        request: OpenSubscription,
+    ) -> Result<Member, Status> {
+        let (stream, settles) = match carriage {
+            Carriage::Unary => (
+                within(self.0.clone().subscribe(request.clone()))
+                    .await?
+                    .into_inner(),
+                None,
+            ),
+            Carriage::Stream => {
+                let (tx, rx) = tokio::sync::mpsc::channel(64);
+                tx.send(pb::ConsumeRequest {
+                    request: Some(pb::consume_request::Request::Open(request.clone())),
+                })
+                .await
+                .unwrap();
+                let stream = within(
+                    self.0
+                        .clone()
+                        .consume(tokio_stream::wrappers::ReceiverStream::new(rx)),
+                )
+                .await?
+                .into_inner();
+                (stream, Some(tx))
+            }
+        };
         Ok(Member {
             id: request.subscription_id,
             stream,
             member_id: 0,
             epoch: 0,
             client: self.clone(),
+            settles,
         })
     }
 
@@ -178,6 +239,8 @@ pub struct Member {
     pub member_id: u64,
     pub epoch: u64,
     client: Client,
+    /// Set for a `Consume` member: where its settles go.
+    pub settles: Option<tokio::sync::mpsc::Sender<pb::ConsumeRequest>>,
 }
 
 impl Member {
@@ -209,11 +272,54 @@ impl Member {
         }
     }
 
+    /// Acks by the member's carriage and returns once the broker counted it.
     pub async fn ack(&self, system_id: u64) {
-        self.client
-            .ack(&self.id, self.member_id, system_id)
+        self.settle(system_id, false).await;
+    }
+
+    /// Nacks by the member's carriage and returns once the broker counted it.
+    pub async fn nack(&self, system_id: u64) {
+        self.settle(system_id, true).await;
+    }
+
+    async fn settle(&self, system_id: u64, nack: bool) {
+        let Some(settles) = &self.settles else {
+            let result = if nack {
+                self.client.nack(&self.id, self.member_id, system_id).await
+            } else {
+                self.client.ack(&self.id, self.member_id, system_id).await
+            };
+            return result.unwrap();
+        };
+        // A stream settle has no answer (only refusals, as frames): await its effect instead.
+        let count = |info: &pb::SubscriptionInfo| {
+            let c = info.counters.unwrap_or_default();
+            if nack { c.nacked } else { c.acked }
+        };
+        let before = count(&self.client.describe(&self.id).await.unwrap());
+        let settle = if nack {
+            pb::Settle {
+                nack: vec![system_id],
+                ..Default::default()
+            }
+        } else {
+            pb::Settle {
+                ack: vec![system_id],
+                ..Default::default()
+            }
+        };
+        settles
+            .send(pb::ConsumeRequest {
+                request: Some(pb::consume_request::Request::Settle(settle)),
+            })
             .await
             .unwrap();
+        within(async {
+            while count(&self.client.describe(&self.id).await.unwrap()) == before {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
     }
 
     /// Awaits the stream's end and returns its final status code (`Ok` for a clean end).

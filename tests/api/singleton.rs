@@ -5,14 +5,14 @@ use crate::harness::*;
 // SPEC §5: the active member drops its stream while holding an unacked message; the earliest
 // standby gets the confirmation with a higher epoch, then that message with attempt 2, then the
 // rest in order; later standbys get nothing.
-#[tokio::test]
-async fn active_crash_mid_message_promotes_earliest_standby_with_redelivery_first() {
+over_carriages! {
+async fn active_crash_mid_message_promotes_earliest_standby_with_redelivery_first(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("report")).await.unwrap();
+    let mut a = client.subscribe_via(carriage, singleton("report")).await.unwrap();
     let ca = a.confirmed().await;
-    let mut b = client.subscribe(singleton("report")).await.unwrap();
-    let mut c = client.subscribe(singleton("report")).await.unwrap();
+    let mut b = client.subscribe_via(carriage, singleton("report")).await.unwrap();
+    let mut c = client.subscribe_via(carriage, singleton("report")).await.unwrap();
 
     let ids: Vec<u64> = {
         let mut ids = Vec::new();
@@ -67,16 +67,17 @@ async fn active_crash_mid_message_promotes_earliest_standby_with_redelivery_firs
     let id = client.publish("jobs.weekly", "m4").await.system_id;
     assert_eq!(c.message().await.system_id, id);
 }
+}
 
 // SPEC §5 invariants 2, 3, 5: a cascade of failovers follows join order, epochs strictly increase,
 // and every message is eventually acked exactly once.
-#[tokio::test]
-async fn cascade_of_failovers_loses_nothing_and_epochs_increase() {
+over_carriages! {
+async fn cascade_of_failovers_loses_nothing_and_epochs_increase(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
     let mut members = Vec::new();
     for _ in 0..4 {
-        members.push(client.subscribe(singleton("cascade")).await.unwrap());
+        members.push(client.subscribe_via(carriage, singleton("cascade")).await.unwrap());
     }
     let mut ids = Vec::new();
     for n in 0..6 {
@@ -110,20 +111,21 @@ async fn cascade_of_failovers_loses_nothing_and_epochs_increase() {
     assert_eq!((info.queued_messages, info.in_flight), (0, 0));
     assert_eq!(info.counters.unwrap().acked, 6);
 }
+}
 
 // SPEC §5: later joiners never take over from the active member; promotion follows join order.
-#[tokio::test]
-async fn late_joiner_never_preempts_and_waits_its_turn() {
+over_carriages! {
+async fn late_joiner_never_preempts_and_waits_its_turn(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("leader")).await.unwrap();
+    let mut a = client.subscribe_via(carriage, singleton("leader")).await.unwrap();
     a.confirmed().await;
-    let mut b = client.subscribe(singleton("leader")).await.unwrap();
+    let mut b = client.subscribe_via(carriage, singleton("leader")).await.unwrap();
     let id = client.publish("jobs.run", "x").await.system_id;
     // The active member keeps receiving after B joined.
     assert_eq!(a.message().await.system_id, id);
     a.ack(id).await;
-    let mut late = client.subscribe(singleton("leader")).await.unwrap();
+    let mut late = client.subscribe_via(carriage, singleton("leader")).await.unwrap();
     let id = client.publish("jobs.run", "y").await.system_id;
     assert_eq!(a.message().await.system_id, id);
     let info = client.describe("leader").await.unwrap();
@@ -136,6 +138,7 @@ async fn late_joiner_never_preempts_and_waits_its_turn() {
     drop(b);
     late.confirmed().await;
     assert_eq!(late.message().await.delivery_attempt, 3);
+}
 }
 
 // SPEC §5 (optional notice): a member that asks is told it is on standby and its place in line.
@@ -162,13 +165,13 @@ async fn standby_notice_reports_place_in_line_when_asked() {
 }
 
 // SPEC §4: a demoted member's late ack cannot release the new holder's copy.
-#[tokio::test]
-async fn stale_ack_after_failover_is_refused_and_changes_nothing() {
+over_carriages! {
+async fn stale_ack_after_failover_is_refused_and_changes_nothing(carriage: Carriage) {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("fence")).await.unwrap();
+    let mut a = client.subscribe_via(carriage, singleton("fence")).await.unwrap();
     a.confirmed().await;
-    let mut b = client.subscribe(singleton("fence")).await.unwrap();
+    let mut b = client.subscribe_via(carriage, singleton("fence")).await.unwrap();
     let id = client.publish("jobs.fence", "x").await.system_id;
     assert_eq!(a.message().await.system_id, id);
     let (a_member, a_client) = (a.member_id, client.clone());
@@ -191,4 +194,5 @@ async fn stale_ack_after_failover_is_refused_and_changes_nothing() {
     assert_eq!(info.counters.unwrap().stale_acks, 2);
     b.ack(id).await;
     assert_eq!(client.describe("fence").await.unwrap().in_flight, 0);
+}
 }
