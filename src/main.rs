@@ -27,8 +27,11 @@ enum Command {
     Publish(cli::client::Publish),
     /// Join a subscription and print every frame; acks each message unless --no-ack.
     Subscribe(cli::client::Subscribe),
-    /// Load generator: publishers and ack-each consumers against a broker, reports msg/s.
+    /// Load generator: runs workload w1 (work queue), w2 (singleton failover) or w3 (fan-out).
     Bench(cli::bench::Bench),
+    /// One replica of the w2 failover workload (started by `bench w2`).
+    #[command(hide = true)]
+    BenchReplica(cli::bench::Replica),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
             Command::Publish(args) => cli::client::publish(args).await,
             Command::Subscribe(args) => cli::client::subscribe(args).await,
             Command::Bench(args) => cli::bench::run(args).await,
+            Command::BenchReplica(args) => cli::bench::replica(args).await,
         }
     });
     match result {

@@ -1,0 +1,246 @@
+//! `tinybroker bench`: the shipped load generator. It runs the three workloads by name against a
+//! broker it starts as a separate process (so it can report the broker's own peak RSS), or
+//! against `--server URL`:
+//!
+//! - `w1`: a work queue: one publisher, queue consumers that ack each message;
+//! - `w2`: singleton failover: replica processes, the active one killed with SIGKILL again and
+//!   again; the gap from kill to the first delivery at the new active, lost and duplicated;
+//! - `w3`: fan-out to broadcast subscribers, acked or ack-free.
+//!
+//! Publishes and acks go unary (one HTTP/2 request each, as the seed's protocol has it) or
+//! streaming (`PublishStream`, acks on the `Consume` stream). Each run prints a readable summary
+//! and one JSON line.
+
+mod failover;
+mod load;
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+
+pub use failover::{Replica, replica};
+
+/// How publishes or acks travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Carriage {
+    /// One unary request each (`Publish`, `Ack`).
+    Unary,
+    /// On one long-lived stream (`PublishStream`, `Consume`).
+    Stream,
+}
+
+#[derive(Args)]
+pub struct Bench {
+    #[command(subcommand)]
+    workload: Workload,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Subcommand)]
+enum Workload {
+    /// Work queue: 1 publisher, queue consumers acking each message.
+    W1(load::W1),
+    /// Singleton failover: replica processes, the active one killed with SIGKILL repeatedly.
+    W2(failover::W2),
+    /// Fan-out: 1 publisher, broadcast subscribers, acked or ack-free.
+    W3(load::W3),
+}
+
+/// Settings every workload shares.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Broker URL; without it the bench starts `tinybroker serve` as its own process on a free
+    /// loopback port and reports that process's peak RSS.
+    #[arg(long, global = true)]
+    server: Option<String>,
+    /// Bearer token, if the broker requires one.
+    #[arg(
+        long,
+        global = true,
+        env = "TINYBROKER_AUTH_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// Messages to publish.
+    #[arg(long, global = true, default_value_t = 50_000)]
+    messages: u64,
+    /// Payload size in bytes (at least 8: a send timestamp rides in it).
+    #[arg(long, global = true, default_value_t = 128)]
+    payload_bytes: usize,
+    /// How publishes travel.
+    #[arg(long, global = true, value_enum, default_value = "stream")]
+    publish: Carriage,
+    /// How acks travel.
+    #[arg(long, global = true, value_enum, default_value = "stream")]
+    acks: Carriage,
+    /// Publishes in flight at once (unary: concurrent requests; stream: unanswered messages).
+    #[arg(long, global = true, default_value_t = 256)]
+    pipeline: usize,
+}
+
+/// One run's figures: printed as a summary and as one JSON line.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    workload: &'static str,
+    publish: Option<Carriage>,
+    acks: Option<Carriage>,
+    messages: u64,
+    payload_bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    window: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    consumers: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ack_free: Option<bool>,
+    /// Acked messages (w1) or deliveries (w3) per second, first publish to last ack/receipt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    publish_rate_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    latency_p50_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    latency_p99_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gap_median_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gap_max_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kills: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lost: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duplicated: Option<u64>,
+    /// The broker process's peak resident set (`VmHWM`), when the bench started it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    broker_peak_rss_bytes: Option<u64>,
+}
+
+impl Report {
+    fn print(&self, summary: &str) -> Result<(), String> {
+        println!("{summary}");
+        if let Some(rss) = self.broker_peak_rss_bytes {
+            println!("broker peak RSS: {:.1} MiB", rss as f64 / (1024.0 * 1024.0));
+        }
+        println!(
+            "{}",
+            serde_json::to_string(self).map_err(|e| e.to_string())?
+        );
+        Ok(())
+    }
+}
+
+pub async fn run(args: Bench) -> Result<(), String> {
+    let Bench { workload, common } = args;
+    let broker = match &common.server {
+        Some(url) => Target::External(url.clone()),
+        None => Target::Process(BrokerProcess::start(common.messages)?),
+    };
+    match workload {
+        Workload::W1(w1) => load::run_w1(&common, &broker, &w1).await,
+        Workload::W2(w2) => failover::run_w2(&common, &broker, &w2).await,
+        Workload::W3(w3) => load::run_w3(&common, &broker, &w3).await,
+    }
+}
+
+/// The broker under test.
+enum Target {
+    External(String),
+    Process(BrokerProcess),
+}
+
+impl Target {
+    fn url(&self) -> &str {
+        match self {
+            Target::External(url) => url,
+            Target::Process(p) => &p.url,
+        }
+    }
+
+    fn peak_rss(&self) -> Option<u64> {
+        match self {
+            Target::External(_) => None,
+            Target::Process(p) => peak_rss(p.child.id()),
+        }
+    }
+}
+
+/// `tinybroker serve` as a child process, killed when dropped.
+struct BrokerProcess {
+    child: Child,
+    url: String,
+}
+
+impl BrokerProcess {
+    /// Starts the broker with queues deep enough for the whole run, and waits for the address it
+    /// logs once bound.
+    fn start(messages: u64) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["--max-queue-messages", &messages.max(100_000).to_string()])
+            .args(["--max-queue-bytes", &(16u64 << 30).to_string()])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start the broker: {e}"))?;
+        let stderr = child.stderr.take().ok_or("no broker stderr")?;
+        let mut lines = BufReader::new(stderr).lines();
+        let addr = loop {
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.kill();
+                return Err("the broker exited before it logged its address".into());
+            };
+            if let Some((_, rest)) = line.split_once("listening on ") {
+                break rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+            }
+        };
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Ok(Self {
+            child,
+            url: format!("http://{addr}"),
+        })
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process's peak resident set size, from `/proc/PID/status` (`VmHWM`).
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The `p`-quantile of sorted nanosecond samples, in microseconds.
+fn quantile_us(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+fn per_second(count: u64, elapsed: Duration) -> f64 {
+    count as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
+}
