@@ -8,14 +8,18 @@
 //! lock is held.
 
 mod expiry;
+mod logs;
 mod member;
 mod observe;
+mod timing;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use member::SubState;
 pub use member::{MemberStream, Outbound};
 pub use observe::{Input, Observation, Observer};
+pub use timing::Timings;
+pub(crate) use logs::refused_join;
 
 use crate::{
     clock::Clock,
@@ -51,6 +55,7 @@ struct Inner {
     counters: AtomicCounters,
     expiry_wake: tokio::sync::Notify,
     observer: Option<Arc<dyn Observer>>,
+    timings: std::sync::OnceLock<Arc<dyn Timings>>,
 }
 
 #[derive(Default)]
@@ -165,6 +170,7 @@ impl Broker {
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
                 observer,
+                timings: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -262,6 +268,7 @@ impl Broker {
             state.core.check_join(&request.spec)?;
             let (tx, rx) = SubState::outlet(request.member.max_in_flight);
             let (member, effects) = state.core.join(&request.spec, request.member)?;
+            let _span = logs::member_span(&state, member).entered();
             state.attach(member, tx);
             self.apply(&mut state, Input::Join { member }, effects, &mut dead);
             tracing::debug!(subscription = %state.core.id(), member, "member joined");
@@ -278,7 +285,9 @@ impl Broker {
         let emptied = {
             let mut state = lock(cell);
             state.detach(member);
+            let _span = logs::member_span(&state, member).entered();
             let effects = state.core.leave(member, now);
+            let promoted = effects.iter().any(|e| matches!(e, Effect::Confirm { .. }));
             // Members leave en masse during shutdown; those promotions are not news.
             if !self.inner.shutting_down.load(Ordering::Acquire) {
                 for effect in &effects {
@@ -292,6 +301,9 @@ impl Broker {
                 }
             }
             self.apply(&mut state, Input::Leave { member }, effects, &mut dead);
+            if promoted {
+                self.time_failover(now);
+            }
             tracing::debug!(subscription = %state.core.id(), member, "member left");
             state.core.member_count() == 0
         };
@@ -324,6 +336,7 @@ impl Broker {
                 if let Err(error) = state.core.check_capacity(size) {
                     // Every full subscription counts the refusal; the first one names it.
                     state.core.note_rejected();
+                    logs::queue_full(state, &error);
                     refusal.get_or_insert(error);
                 }
             }
@@ -457,6 +470,7 @@ impl Broker {
         nack: bool,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
+            let published_at = (!nack).then(|| self.ack_published_at(state, system_id));
             let result = if nack {
                 state.core.nack(member, system_id)
             } else {
@@ -481,6 +495,9 @@ impl Broker {
                 }
             };
             self.apply(state, input, effects, dead);
+            if accepted {
+                self.time_ack(published_at.flatten());
+            }
             outcome
         })
     }

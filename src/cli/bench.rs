@@ -81,6 +81,7 @@ pub async fn run(args: Bench) -> Result<(), String> {
     let connection = Connection {
         server: url.clone(),
         token: args.token.clone(),
+        ..Connection::default()
     };
     let subscription = format!("bench-{}", std::process::id());
     let start = Instant::now();

@@ -1,8 +1,11 @@
 //! Black-box tests of the gRPC API against a real server on loopback (SPEC §1–§7).
 
+mod binary;
 mod harness;
 
 mod delivery;
 mod lifecycle;
+mod metrics;
 mod singleton;
+mod tls;
 mod validation;
