@@ -15,11 +15,11 @@ mod timing;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+pub(crate) use logs::refused_join;
 use member::SubState;
 pub use member::{MemberStream, Outbound};
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
-pub(crate) use logs::refused_join;
 
 use crate::{
     clock::Clock,

@@ -5,6 +5,7 @@ mod harness;
 
 mod delivery;
 mod lifecycle;
+mod logs;
 mod metrics;
 mod singleton;
 mod tls;

@@ -37,7 +37,11 @@ impl MeteredServer {
         let server = Server::new(config);
         let metrics = Metrics::new(server.broker());
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(metrics.clone().serve(metrics_listener, std::future::pending()));
+        tokio::spawn(
+            metrics
+                .clone()
+                .serve(metrics_listener, std::future::pending()),
+        );
         let incoming = metrics.count_connections(tinybroker::server::tcp_incoming(listener));
         tokio::spawn(server.run(incoming, async {
             let _ = stopped.await;
@@ -121,7 +125,9 @@ async fn scrape(addr: SocketAddr) -> Scrape {
         .filter(|line| !line.starts_with('#') && !line.is_empty())
         .map(|line| {
             let (series, value) = line.rsplit_once(' ').expect("`series value`");
-            let value = value.parse().unwrap_or_else(|_| panic!("value in {line:?}"));
+            let value = value
+                .parse()
+                .unwrap_or_else(|_| panic!("value in {line:?}"));
             (series.to_string(), value)
         })
         .collect();
@@ -152,11 +158,7 @@ async fn counters_follow_publish_ack_failover_and_expiry() {
     assert_eq!(before.get("tinybroker_published_total"), 0.0);
     assert_eq!(before.get("tinybroker_subscriptions"), 0.0);
     assert_eq!(before.get("tinybroker_failover_seconds_count"), 0.0);
-    assert!(
-        !before.page.contains("subscription=\""),
-        "{}",
-        before.page
-    );
+    assert!(!before.page.contains("subscription=\""), "{}", before.page);
 
     let mut active = client.subscribe(singleton("m")).await.unwrap();
     active.confirmed().await;
@@ -194,7 +196,10 @@ async fn counters_follow_publish_ack_failover_and_expiry() {
     drop(active);
     assert_eq!(standby.confirmed().await.epoch, 2);
     let redelivered = standby.message().await;
-    assert_eq!((redelivered.system_id, redelivered.delivery_attempt), (ids[1], 2));
+    assert_eq!(
+        (redelivered.system_id, redelivered.delivery_attempt),
+        (ids[1], 2)
+    );
     let stale = client.ack("m", stale_member, ids[1]).await;
     assert_eq!(stale.unwrap_err().code(), Code::FailedPrecondition);
     client.nack("m", standby.member_id, ids[1]).await.unwrap();
@@ -218,15 +223,17 @@ async fn counters_follow_publish_ack_failover_and_expiry() {
     assert_eq!(after.sub("stale_acks_total", "m"), 1.0);
     assert_eq!(after.sub("promotions_total", "m"), 1.0);
     assert_eq!(
-        after.get(
-            "tinybroker_subscription_dropped_total{subscription=\"m\",reason=\"queue_full\"}"
-        ),
+        after
+            .get("tinybroker_subscription_dropped_total{subscription=\"m\",reason=\"queue_full\"}"),
         0.0
     );
     // The scrape agrees with the inspection API, counter for counter.
     let counters = client.describe("m").await.unwrap().counters.unwrap();
     assert_eq!(after.sub("delivered_total", "m"), counters.delivered as f64);
-    assert_eq!(after.sub("promotions_total", "m"), counters.promotions as f64);
+    assert_eq!(
+        after.sub("promotions_total", "m"),
+        counters.promotions as f64
+    );
 
     // The last member leaves; after the idle timeout the subscription and its series go.
     drop(standby);

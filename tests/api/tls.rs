@@ -73,7 +73,10 @@ impl Ca {
 
     /// A server certificate valid for `localhost` and `127.0.0.1`.
     fn server(&self) -> Leaf {
-        self.issue(&["localhost", "127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)
+        self.issue(
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
     }
 
     fn client(&self, name: &str) -> Leaf {
@@ -133,7 +136,10 @@ async fn tls_client_with_the_ca_publishes_subscribes_and_acks() {
     member.confirmed().await;
     let id = client.publish("jobs.tls", "over tls").await.system_id;
     let message = member.message().await;
-    assert_eq!((message.system_id, &message.payload[..]), (id, &b"over tls"[..]));
+    assert_eq!(
+        (message.system_id, &message.payload[..]),
+        (id, &b"over tls"[..])
+    );
     member.ack(id).await;
     let info = client.describe("tls").await.unwrap();
     assert_eq!(info.counters.unwrap().acked, 1);
@@ -188,12 +194,18 @@ async fn mutual_tls_accepts_only_clients_with_a_certificate_from_the_ca() {
 
     let forged = stranger.client("replica-1").identity();
     let forged = publish_ok(tls_client(&server, &ca, Some(forged)).await).await;
-    assert!(forged.is_err(), "a client with a foreign certificate got in");
+    assert!(
+        forged.is_err(),
+        "a client with a foreign certificate got in"
+    );
 
     // The server's own certificate is from the server CA, not the client CA: refused too.
     let wrong_ca = ca.client("replica-1").identity();
     let wrong_ca = publish_ok(tls_client(&server, &ca, Some(wrong_ca)).await).await;
-    assert!(wrong_ca.is_err(), "a client certified by the server CA got in");
+    assert!(
+        wrong_ca.is_err(),
+        "a client certified by the server CA got in"
+    );
 }
 
 fn write(dir: &Path, name: &str, contents: &str) -> String {
