@@ -1,15 +1,19 @@
 //! A minimal HTTP/1.1 server for `GET /metrics`, on the hyper already under tonic.
 
-use std::convert::Infallible;
+use std::{convert::Infallible, time::Duration};
 
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 use super::Metrics;
 
 /// The content type of the Prometheus text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A scraper sends its request at once; a connection that dribbles its headers is closed
+/// rather than held open forever.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) async fn serve(
     metrics: Metrics,
@@ -37,6 +41,8 @@ pub(super) async fn serve(
                 async move { Ok::<_, Infallible>(respond(&metrics, &request)) }
             });
             if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {

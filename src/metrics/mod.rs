@@ -127,3 +127,110 @@ impl Metrics {
         http::serve(self, listener, shutdown).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        broker::Outbound,
+        clock::VirtualClock,
+        core::{Draft, Limits, MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec, Topic},
+    };
+
+    fn singleton(id: &str) -> OpenRequest {
+        OpenRequest {
+            subscription_id: id.into(),
+            spec: SubscriptionSpec {
+                mode: Mode::Singleton,
+                consumer_group: "g".into(),
+                patterns: vec![Pattern::parse("a.*").unwrap()],
+                max_delivery_attempts: 0,
+                dead_letter_topic: None,
+            },
+            member: MemberOptions::default(),
+        }
+    }
+
+    fn draft(topic: &str) -> Draft {
+        Draft::new(
+            Topic::parse(topic).unwrap(),
+            bytes::Bytes::from_static(b"x"),
+            Default::default(),
+            &Limits::default(),
+        )
+        .unwrap()
+    }
+
+    fn sample<'a>(page: &'a str, series: &str) -> &'a str {
+        page.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{page}"))
+    }
+
+    // Publish-to-ack latency is measured on the broker's clock (here a paused virtual one, so
+    // the latency is exact), and each promotion is one failover observation.
+    #[tokio::test(start_paused = true)]
+    async fn histograms_use_the_broker_clock() {
+        let broker = Broker::new(
+            Limits::default(),
+            Arc::new(VirtualClock::new(1_700_000_000_000)),
+        );
+        let metrics = Metrics::new(&broker);
+        let mut active = broker.open(&singleton("s")).unwrap();
+        let _standby = broker.open(&singleton("s")).unwrap();
+        let id = broker.publish(draft("a.b")).unwrap().system_id;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(matches!(active.try_next(), Some(Outbound::Confirm { .. })));
+        assert!(matches!(active.try_next(), Some(Outbound::Message { .. })));
+        broker.ack("s", Some(active.member_id()), id).unwrap();
+        let page = metrics.encode();
+        assert_eq!(
+            sample(&page, "tinybroker_publish_to_ack_seconds_sum"),
+            "1.5"
+        );
+        assert_eq!(
+            sample(&page, r#"tinybroker_publish_to_ack_seconds_bucket{le="1"}"#),
+            "0"
+        );
+        assert_eq!(
+            sample(
+                &page,
+                r#"tinybroker_publish_to_ack_seconds_bucket{le="2.5"}"#
+            ),
+            "1"
+        );
+        assert_eq!(sample(&page, "tinybroker_failover_seconds_count"), "0");
+
+        drop(active);
+        let page = metrics.encode();
+        assert_eq!(sample(&page, "tinybroker_failover_seconds_count"), "1");
+        assert_eq!(
+            sample(
+                &page,
+                r#"tinybroker_subscription_promotions_total{subscription="s"}"#
+            ),
+            "1"
+        );
+        assert_eq!(
+            sample(
+                &page,
+                r#"tinybroker_subscription_acked_total{subscription="s"}"#
+            ),
+            "1"
+        );
+    }
+
+    // A second sink cannot replace the first: the histograms stay the ones the registry shows.
+    #[test]
+    fn timings_are_installed_once() {
+        let broker = Broker::new(Limits::default(), Arc::new(VirtualClock::new(0)));
+        let _metrics = Metrics::new(&broker);
+        let other = Arc::new(Histograms {
+            failover: Histogram::new(FAILOVER_BUCKETS),
+            publish_to_ack: Histogram::new(PUBLISH_TO_ACK_BUCKETS),
+        });
+        assert!(!broker.set_timings(other));
+    }
+}
