@@ -8,6 +8,8 @@
 //!   subscriptions. Time comes from a [`clock::Clock`].
 //! - [`clock`]: the clock seam (tokio's clock in production, turmoil's in simulation).
 //! - [`service`]: the tonic service; translates `pb` types to domain types and errors to `Status`.
+//! - [`metrics`]: Prometheus metrics, read from the broker at scrape time, and their `/metrics`
+//!   endpoint.
 //! - [`server`]: `Server::new(config).run(incoming, shutdown)`: the whole server on any listener.
 //! - [`pb`]: generated protobuf types.
 //! - [`sync`]: the lock types the shell uses, swappable for loom's.
@@ -15,6 +17,7 @@
 pub mod broker;
 pub mod clock;
 pub mod core;
+pub mod metrics;
 pub mod pb;
 pub mod server;
 pub mod service;

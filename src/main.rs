@@ -6,7 +6,6 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(
@@ -35,14 +34,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let Cli { command } = Cli::parse();
+    cli::logging::init(match &command {
+        Command::Serve(args) => args.log_format,
+        _ => cli::logging::LogFormat::Text,
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(error) => {

@@ -473,10 +473,10 @@ impl pb::broker_server::Broker for BrokerService {
         let connection = connection_of(&request);
         let open =
             open_request(request.into_inner(), self.broker.limits()).map_err(|e| status(&e))?;
-        let stream = self
-            .broker
-            .open(&open, connection)
-            .map_err(|e| status(&e))?;
+        let stream = self.broker.open(&open, connection).map_err(|e| {
+            crate::broker::refused_join(&open.subscription_id, &e);
+            status(&e)
+        })?;
         Ok(Response::new(FrameStream(stream)))
     }
 

@@ -8,14 +8,18 @@
 //! lock is held.
 
 mod expiry;
+mod logs;
 mod member;
 mod observe;
+mod timing;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+pub(crate) use logs::refused_join;
 pub use member::{ConnectionId, MemberStream, Outbound, Settler};
 use member::{Locked, SubState};
 pub use observe::{Input, Observation, Observer};
+pub use timing::Timings;
 
 use crate::{
     clock::Clock,
@@ -62,6 +66,7 @@ struct Inner {
     counters: AtomicCounters,
     expiry_wake: tokio::sync::Notify,
     observer: Option<Arc<dyn Observer>>,
+    timings: std::sync::OnceLock<Arc<dyn Timings>>,
 }
 
 #[derive(Default)]
@@ -176,6 +181,7 @@ impl Broker {
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
                 observer,
+                timings: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -282,6 +288,7 @@ impl Broker {
             // lock, so a member attached after that would never be told.
             self.check_running()?;
             let (member, effects) = state.core.join(&request.spec, request.member)?;
+            let _span = logs::member_span(&state, member).entered();
             state.attach(member, connection);
             self.apply(
                 &mut state,
@@ -303,7 +310,9 @@ impl Broker {
         let emptied = {
             let mut state = Locked::new(cell);
             state.detach(member);
+            let _span = logs::member_span(&state, member).entered();
             let effects = state.core.leave(member, now);
+            let promoted = effects.iter().any(|e| matches!(e, Effect::Confirm { .. }));
             // Members leave en masse during shutdown; those promotions are not news.
             if !self.inner.shutting_down.load(Ordering::Acquire) {
                 for effect in &effects {
@@ -317,6 +326,9 @@ impl Broker {
                 }
             }
             self.apply(&mut state, Input::Leave { member }, effects, &mut dead);
+            if promoted {
+                self.time_failover(now);
+            }
             tracing::debug!(subscription = %state.core.id(), member, "member left");
             state.core.member_count() == 0
         };
@@ -349,6 +361,7 @@ impl Broker {
                 if let Err(error) = state.core.check_publish(size) {
                     // Every full subscription counts the refusal; the first one names it.
                     state.core.note_rejected();
+                    logs::queue_full(state, &error);
                     refusal.get_or_insert(error);
                 }
             }
@@ -492,6 +505,11 @@ impl Broker {
             Fence::Member(_) => None,
             Fence::Connection(c) => Some(c),
         };
+        let published_at = if nack {
+            None
+        } else {
+            self.ack_published_at(state, system_id)
+        };
         let result = self
             .resolve_fence(state, fence, system_id)
             .and_then(|member| {
@@ -530,6 +548,9 @@ impl Broker {
             }
         };
         self.apply(state, input, effects, dead);
+        if accepted {
+            self.time_ack(published_at);
+        }
         outcome
     }
 

@@ -1,28 +1,47 @@
 //! `tinybroker publish` and `tinybroker subscribe`: a command-line client, enough to watch a
 //! failover by hand.
 
+use std::path::PathBuf;
+
 use clap::{Args, ValueEnum};
 use tinybroker::pb::{self, DeliveryMode, broker_client::BrokerClient, subscription_frame::Frame};
 use tonic::{
     Request, Status,
     metadata::AsciiMetadataValue,
     service::{Interceptor, interceptor::InterceptedService},
-    transport::Channel,
+    transport::{Certificate, Channel, ClientTlsConfig, Identity},
 };
 
 /// Where the broker is and how to authenticate.
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Default)]
 pub struct Connection {
-    /// Broker URL.
+    /// Broker URL; `https://` talks TLS (give --ca-cert).
     #[arg(
         long,
         env = "TINYBROKER_SERVER",
         default_value = "http://127.0.0.1:50051"
     )]
     pub server: String,
-    /// Bearer token, if the broker requires one.
+    /// Bearer token, if the broker requires one [default: none].
     #[arg(long, env = "TINYBROKER_AUTH_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Read the bearer token from this file (trailing newline trimmed) [default: none].
+    #[arg(long, env = "TINYBROKER_AUTH_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// PEM CA certificate that signed the broker's certificate (TLS) [default: none].
+    #[arg(long, env = "TINYBROKER_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+    /// PEM client certificate, for a broker that requires mutual TLS (needs --client-key)
+    /// [default: none].
+    #[arg(long, env = "TINYBROKER_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key for --client-cert [default: none].
+    #[arg(long, env = "TINYBROKER_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+fn read_file(path: &PathBuf) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))
 }
 
 /// Adds `authorization: Bearer <token>` to every call.
@@ -46,12 +65,26 @@ pub type Client = BrokerClient<InterceptedService<Channel, Bearer>>;
 impl Connection {
     /// Connects to the broker.
     pub async fn connect(&self) -> Result<Client, String> {
-        let channel = Channel::from_shared(self.server.clone())
-            .map_err(|e| format!("bad --server {:?}: {e}", self.server))?
+        let mut endpoint = Channel::from_shared(self.server.clone())
+            .map_err(|e| format!("bad --server {:?}: {e}", self.server))?;
+        if let Some(tls) = self.tls()? {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| format!("TLS settings: {e}"))?;
+        }
+        let channel = endpoint
             .connect()
             .await
             .map_err(|e| format!("cannot connect to {}: {e}", self.server))?;
-        let token = match &self.token {
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = String::from_utf8(read_file(path)?)
+                    .map_err(|_| format!("{}: the token must be UTF-8 text", path.display()))?;
+                Some(text.trim().to_string())
+            }
+            None => self.token.clone(),
+        };
+        let token = match &token {
             Some(t) => Some(
                 format!("Bearer {t}")
                     .parse()
@@ -60,6 +93,23 @@ impl Connection {
             None => None,
         };
         Ok(BrokerClient::with_interceptor(channel, Bearer(token)))
+    }
+
+    /// TLS settings when the URL is `https://` or any TLS file is given; the broker's
+    /// certificate is checked against --ca-cert only (no system roots are compiled in).
+    fn tls(&self) -> Result<Option<ClientTlsConfig>, String> {
+        let https = self.server.starts_with("https://");
+        if !https && self.ca_cert.is_none() && self.client_cert.is_none() {
+            return Ok(None);
+        }
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca_cert {
+            tls = tls.ca_certificate(Certificate::from_pem(read_file(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            tls = tls.identity(Identity::from_pem(read_file(cert)?, read_file(key)?));
+        }
+        Ok(Some(tls))
     }
 }
 

@@ -2,4 +2,5 @@
 
 pub mod bench;
 pub mod client;
+pub mod logging;
 pub mod serve;

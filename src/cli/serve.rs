@@ -5,8 +5,11 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::Args;
 use tinybroker::{
     core::Limits,
+    metrics::Metrics,
     server::{Server, ServerConfig},
 };
+
+use super::logging::LogFormat;
 
 #[derive(Args)]
 pub struct Serve {
@@ -43,15 +46,49 @@ pub struct Serve {
     /// How long a keepalive ping may go unanswered before the connection's streams are closed.
     #[arg(long, env = "TINYBROKER_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     keepalive_timeout: Duration,
-    /// Require `authorization: Bearer <token>` on every Broker RPC.
+    /// Require `authorization: Bearer <token>` on every Broker RPC [default: no token].
     #[arg(long, env = "TINYBROKER_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
-    /// PEM certificate chain; serve TLS (needs --tls-key).
+    /// Read the bearer token from this file (trailing newline trimmed), so it stays out of the
+    /// process list [default: none].
+    #[arg(
+        long,
+        env = "TINYBROKER_AUTH_TOKEN_FILE",
+        conflicts_with = "auth_token"
+    )]
+    auth_token_file: Option<PathBuf>,
+    /// PEM certificate chain; serve TLS (needs --tls-key) [default: plaintext].
     #[arg(long, env = "TINYBROKER_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
-    /// PEM private key for --tls-cert.
+    /// PEM private key for --tls-cert [default: none].
     #[arg(long, env = "TINYBROKER_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): require clients to present a certificate signed by one (mutual
+    /// TLS; needs --tls-cert) [default: no client certificates asked for].
+    #[arg(long, env = "TINYBROKER_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
+    #[arg(long, env = "TINYBROKER_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// Log line format on stderr.
+    #[arg(long, env = "TINYBROKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+fn read_file(path: &PathBuf) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))
+}
+
+/// The token in `path`: surrounding whitespace (an editor's trailing newline) is not part of it.
+fn read_token(path: &PathBuf) -> Result<String, String> {
+    let bytes = read_file(path)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{}: the token must be UTF-8 text", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("{}: the token file is empty", path.display()));
+    }
+    Ok(token.to_string())
 }
 
 impl Serve {
@@ -68,16 +105,19 @@ impl Serve {
             ..Limits::default()
         };
         let tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => {
-                let read = |p: &PathBuf| {
-                    std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))
-                };
-                Some(tonic::transport::Identity::from_pem(
-                    read(cert)?,
-                    read(key)?,
-                ))
-            }
+            (Some(cert), Some(key)) => Some(tonic::transport::Identity::from_pem(
+                read_file(cert)?,
+                read_file(key)?,
+            )),
             _ => None,
+        };
+        let tls_client_ca = match &self.tls_client_ca {
+            Some(path) => Some(tonic::transport::Certificate::from_pem(read_file(path)?)),
+            None => None,
+        };
+        let auth_token = match &self.auth_token_file {
+            Some(path) => Some(read_token(path)?),
+            None => self.auth_token.clone().filter(|t| !t.is_empty()),
         };
         Ok(ServerConfig {
             max_request_bytes: ServerConfig::request_bytes_for(&limits),
@@ -85,8 +125,9 @@ impl Serve {
             keepalive_interval: (!self.keepalive_interval.is_zero())
                 .then_some(self.keepalive_interval),
             keepalive_timeout: self.keepalive_timeout,
-            auth_token: self.auth_token.clone().filter(|t| !t.is_empty()),
+            auth_token,
             tls,
+            tls_client_ca,
             ..ServerConfig::default()
         })
     }
@@ -119,17 +160,42 @@ pub async fn run(args: Serve) -> Result<(), String> {
     tracing::info!(
         %addr,
         tls = config.tls.is_some(),
+        mutual_tls = config.tls_client_ca.is_some(),
         auth = config.auth_token.is_some(),
         "tinybroker listening on {addr}"
     );
+    if !addr.ip().is_loopback() && config.tls.is_none() && config.auth_token.is_none() {
+        tracing::warn!(
+            %addr,
+            "listening on a non-loopback address with neither TLS nor an auth token: anyone who \
+             can reach it can publish, consume and ack; set --tls-cert/--tls-key and \
+             --auth-token-file"
+        );
+    }
     let server = Server::new(config);
-    server
-        .run(
-            tinybroker::server::tcp_incoming(listener),
-            shutdown_signal(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+    let incoming = tinybroker::server::tcp_incoming(listener);
+    let result = match args.metrics_listen {
+        Some(metrics_addr) => {
+            let metrics = Metrics::new(server.broker());
+            let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
+                .await
+                .map_err(|e| format!("cannot listen for metrics on {metrics_addr}: {e}"))?;
+            let bound = metrics_listener.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!(addr = %bound, "metrics at http://{bound}/metrics");
+            let exporter = tokio::spawn(
+                metrics
+                    .clone()
+                    .serve(metrics_listener, std::future::pending()),
+            );
+            let result = server
+                .run(metrics.count_connections(incoming), shutdown_signal())
+                .await;
+            exporter.abort();
+            result
+        }
+        None => server.run(incoming, shutdown_signal()).await,
+    };
+    result.map_err(|e| e.to_string())?;
     tracing::info!("tinybroker stopped");
     Ok(())
 }

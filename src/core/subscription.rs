@@ -295,6 +295,14 @@ impl Subscription {
         self.in_flight.iter().map(|(id, f)| (*id, f.member))
     }
 
+    /// When an in-flight message was published (ms since the Unix epoch), for the shell's
+    /// publish-to-ack latency.
+    pub fn in_flight_published_at(&self, system_id: SystemId) -> Option<u64> {
+        self.in_flight
+            .get(&system_id)
+            .map(|f| f.message.published_at_ms)
+    }
+
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.counters

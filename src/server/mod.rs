@@ -14,7 +14,7 @@ use tonic::{
     Request, Status,
     service::Interceptor,
     transport::{
-        Identity, ServerTlsConfig,
+        Certificate, Identity, ServerTlsConfig,
         server::{Connected, TcpIncoming},
     },
 };
@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub auth_token: Option<String>,
     /// When set, serve TLS with this certificate and key.
     pub tls: Option<Identity>,
+    /// With `tls`: accept only clients presenting a certificate signed by this CA (mutual TLS).
+    pub tls_client_ca: Option<Certificate>,
     /// How long shutdown waits for connections to drain after ending every stream.
     pub drain_timeout: Duration,
     /// Where time comes from.
@@ -75,6 +77,7 @@ impl Default for ServerConfig {
             keepalive_timeout: Duration::from_secs(10),
             auth_token: None,
             tls: None,
+            tls_client_ca: None,
             drain_timeout: Duration::from_secs(5),
             clock: Arc::new(TokioClock::new()),
             observer: None,
@@ -195,7 +198,12 @@ impl Server {
             .http2_keepalive_interval(config.keepalive_interval)
             .http2_keepalive_timeout(Some(config.keepalive_timeout));
         if let Some(identity) = config.tls.clone() {
-            builder = builder.tls_config(ServerTlsConfig::new().identity(identity))?;
+            let tls = ServerTlsConfig::new().identity(identity);
+            let tls = match config.tls_client_ca.clone() {
+                Some(ca) => tls.client_ca_root(ca),
+                None => tls,
+            };
+            builder = builder.tls_config(tls)?;
         }
 
         let expiry = tokio::spawn(broker.clone().run_expiry());

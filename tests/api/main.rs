@@ -1,10 +1,14 @@
 //! Black-box tests of the gRPC API against a real server on loopback (SPEC §1–§7).
 
+mod binary;
 #[macro_use]
 mod harness;
 
 mod delivery;
 mod lifecycle;
+mod logs;
+mod metrics;
 mod singleton;
 mod streams;
+mod tls;
 mod validation;

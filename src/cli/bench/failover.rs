@@ -233,6 +233,7 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
     let connection = Connection {
         server: broker.url().to_string(),
         token: common.token.clone(),
+        ..Connection::default()
     };
     let client = connection.connect().await?;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
@@ -372,6 +373,7 @@ async fn wait_member(
     let connection = Connection {
         server: broker.url().to_string(),
         token: common.token.clone(),
+        ..Connection::default()
     };
     let mut client = connection.connect().await?;
     for _ in 0..1000 {

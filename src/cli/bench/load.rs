@@ -177,6 +177,7 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     let connection = Connection {
         server: broker.url().to_string(),
         token: common.token.clone(),
+        ..Connection::default()
     };
     let (stop_tx, stop) = watch::channel(false);
     let start = Instant::now();

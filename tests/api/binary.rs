@@ -1,0 +1,87 @@
+//! Running the `tinybroker` binary as a process: spawn `serve`, learn the address it bound from
+//! its log, collect its log lines, and kill it if the test fails first.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Output, Stdio},
+};
+
+use tokio::sync::mpsc;
+
+use crate::harness::within;
+
+/// Kills the process if the test ends before it exits.
+pub struct Running {
+    pub child: std::process::Child,
+    /// Every stderr line, in order.
+    pub lines: mpsc::UnboundedReceiver<String>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    /// Awaits the next log line containing `needle`; fails the test if the log ends first.
+    pub async fn line_with(&mut self, needle: &str) -> String {
+        loop {
+            let line = within(self.lines.recv())
+                .await
+                .unwrap_or_else(|| panic!("log ended before a line with {needle:?}"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+}
+
+/// Starts `tinybroker serve` with `args` (plus `--listen 127.0.0.1:0` unless given) and
+/// returns it with the gRPC address it logged.
+pub async fn serve(args: &[&str]) -> (Running, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tinybroker"));
+    command.arg("serve");
+    if !args.contains(&"--listen") {
+        command.args(["--listen", "127.0.0.1:0"]);
+    }
+    let mut child = command
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("TINYBROKER_AUTH_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut running = Running { child, lines };
+    let line = running.line_with("listening on ").await;
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| c.is_whitespace() || c == '"').next())
+        .expect("address after `listening on`")
+        .to_string();
+    (running, addr)
+}
+
+/// Runs a client subcommand of the binary to completion (off the runtime's worker threads).
+pub async fn run_client(args: Vec<String>) -> Output {
+    within(tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+            .args(&args)
+            .env_remove("TINYBROKER_AUTH_TOKEN")
+            .env_remove("TINYBROKER_SERVER")
+            .output()
+            .unwrap()
+    }))
+    .await
+    .unwrap()
+}
