@@ -496,14 +496,42 @@ impl Broker {
 
     /// Inspects every subscription, in id order, plus broker-wide counters.
     pub fn list(&self) -> (Vec<SubscriptionView>, BrokerStats) {
+        self.list_page(None, usize::MAX)
+    }
+
+    /// Inspects up to `limit` subscriptions whose ids come after `after` (all, from the first,
+    /// when `None`), in id order, plus broker-wide counters.
+    ///
+    /// The catalog is read-locked only to pick the page's subscriptions; each is then locked
+    /// briefly on its own to build its view, so a large listing never holds up publishes.
+    pub fn list_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<SubscriptionView>, BrokerStats) {
+        use std::ops::Bound;
+        let (page, all) = {
+            let catalog = read(&self.inner.catalog);
+            let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let page: Vec<Arc<SubCell>> = catalog
+                .by_name
+                .range::<str, _>((start, Bound::Unbounded))
+                .filter_map(|(_, key)| catalog.by_key.get(key))
+                .take(limit)
+                .cloned()
+                .collect();
+            let all: Vec<Arc<SubCell>> = catalog.by_key.values().cloned().collect();
+            (page, all)
+        };
         let now = self.inner.clock.now();
-        let catalog = read(&self.inner.catalog);
-        let views: Vec<_> = catalog
-            .by_name
-            .values()
-            .filter_map(|key| catalog.by_key.get(key))
+        let views: Vec<_> = page
+            .iter()
             .map(|cell| view(&lock(cell).core, now))
             .collect();
+        let members = all
+            .iter()
+            .map(|cell| lock(cell).core.member_count() as u64)
+            .sum();
         let c = &self.inner.counters;
         let stats = BrokerStats {
             published: c.published.load(Ordering::Relaxed),
@@ -511,8 +539,8 @@ impl Broker {
             rejected_publishes: c.rejected_publishes.load(Ordering::Relaxed),
             subscriptions_expired: c.subscriptions_expired.load(Ordering::Relaxed),
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
-            subscriptions: views.len() as u64,
-            members: views.iter().map(|v| v.members.len() as u64).sum(),
+            subscriptions: all.len() as u64,
+            members,
         };
         (views, stats)
     }
