@@ -225,11 +225,11 @@ async fn unfinished_request_bodies_are_bounded_in_memory_and_time() {
     for (response, _send) in &mut streams {
         let _ = within(response).await;
     }
+    assert_rss_within(baseline, &peak, BUDGET + BUDGET / 4);
     let c = counters(&client).await;
     assert!(c.requests_over_budget >= 1, "{c:?}");
     assert!(c.request_timeouts >= 1, "{c:?}");
     assert_eq!(c.requests_over_budget + c.request_timeouts, STREAMS, "{c:?}");
-    assert_rss_within(baseline, &peak, BUDGET + BUDGET / 4);
     drop(streams);
     connection.abort();
 
@@ -292,7 +292,7 @@ async fn concurrent_listing_is_paged_and_stalls_no_one() {
             let mut ids = Vec::new();
             let mut token = String::new();
             for _ in 0..SUBSCRIPTIONS {
-                let page = client.list_page(1000, &token).await.unwrap();
+                let page = client.list_page(100, &token).await.unwrap();
                 ids.extend(page.subscriptions.into_iter().map(|s| s.subscription_id));
                 token = page.next_page_token;
                 if token.is_empty() {
@@ -372,7 +372,7 @@ async fn shutdown_stops_accepting_at_once_and_bounds_the_drain() {
     let stuck_client = server.client().await;
     let mut stuck = open("stuck", DeliveryMode::Broadcast, "", &["flood.*"]);
     stuck.max_in_flight = 1000;
-    let _stuck = stuck_client.subscribe(stuck).await.unwrap();
+    let mut stuck = stuck_client.subscribe(stuck).await.unwrap();
     let mut reader = client
         .subscribe(open("reader", DeliveryMode::Broadcast, "", &["other.*"]))
         .await
@@ -403,4 +403,18 @@ async fn shutdown_stops_accepting_at_once_and_bounds_the_drain() {
         took < drain + Duration::from_secs(2),
         "shutdown took {took:?} with a drain timeout of {drain:?}"
     );
+    // Its connection was closed at the end of the drain: reading now finds the stream cut off
+    // part way (had the connection been left open, it would deliver every message and then
+    // end with UNAVAILABLE).
+    let mut delivered = 0;
+    let cut = loop {
+        match within(stuck.stream.message()).await {
+            Ok(Some(_)) => delivered += 1,
+            Ok(None) => break None,
+            Err(status) => break Some(status),
+        }
+    };
+    assert!(delivered < 41, "{delivered} frames");
+    let cut = cut.expect("the stream must fail, not end cleanly");
+    assert_ne!(cut.code(), Code::Unavailable, "{cut:?} after {delivered} frames");
 }
