@@ -51,14 +51,12 @@ fn main() -> ExitCode {
         match command {
             Command::Serve(args) => cli::serve::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Publish(args) => cli::client::publish(args).await.map(|()| ExitCode::SUCCESS),
-            Command::Subscribe(args) => {
-                cli::client::subscribe(args).await.map(|end| match end {
-                    cli::client::SubscribeEnd::Ended => ExitCode::SUCCESS,
-                    cli::client::SubscribeEnd::BrokerShutdown => {
-                        ExitCode::from(cli::client::EXIT_BROKER_SHUTDOWN)
-                    }
-                })
-            }
+            Command::Subscribe(args) => cli::client::subscribe(args).await.map(|end| match end {
+                cli::client::SubscribeEnd::Ended => ExitCode::SUCCESS,
+                cli::client::SubscribeEnd::BrokerShutdown => {
+                    ExitCode::from(cli::client::EXIT_BROKER_SHUTDOWN)
+                }
+            }),
             Command::Bench(args) => cli::bench::run(args).await.map(|()| ExitCode::SUCCESS),
         }
     });

@@ -153,7 +153,11 @@ async fn handshakeless_sockets_are_closed_and_counted_while_clients_are_served()
     let c = counters(&client).await;
     assert!(c.connections_refused >= 1, "{c:?}");
     assert!(c.handshake_timeouts >= 1, "{c:?}");
-    assert_eq!(c.connections_refused + c.handshake_timeouts, SOCKETS, "{c:?}");
+    assert_eq!(
+        c.connections_refused + c.handshake_timeouts,
+        SOCKETS,
+        "{c:?}"
+    );
 
     // The slots are free again: a new client connects and is served.
     let late = server.client().await;
@@ -209,7 +213,10 @@ async fn unfinished_request_bodies_are_bounded_in_memory_and_time() {
         h2 = within(h2.ready()).await.unwrap();
         let request = http::Request::builder()
             .method("POST")
-            .uri(format!("http://{}/tinybroker.v1.Broker/Publish", server.addr))
+            .uri(format!(
+                "http://{}/tinybroker.v1.Broker/Publish",
+                server.addr
+            ))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())
@@ -229,7 +236,11 @@ async fn unfinished_request_bodies_are_bounded_in_memory_and_time() {
     let c = counters(&client).await;
     assert!(c.requests_over_budget >= 1, "{c:?}");
     assert!(c.request_timeouts >= 1, "{c:?}");
-    assert_eq!(c.requests_over_budget + c.request_timeouts, STREAMS, "{c:?}");
+    assert_eq!(
+        c.requests_over_budget + c.request_timeouts,
+        STREAMS,
+        "{c:?}"
+    );
     drop(streams);
     connection.abort();
 
@@ -416,5 +427,9 @@ async fn shutdown_stops_accepting_at_once_and_bounds_the_drain() {
     };
     assert!(delivered < 41, "{delivered} frames");
     let cut = cut.expect("the stream must fail, not end cleanly");
-    assert_ne!(cut.code(), Code::Unavailable, "{cut:?} after {delivered} frames");
+    assert_ne!(
+        cut.code(),
+        Code::Unavailable,
+        "{cut:?} after {delivered} frames"
+    );
 }

@@ -8,8 +8,8 @@ mod stats;
 
 use std::{error::Error as StdError, sync::Arc, time::Duration};
 
-pub use incoming::{Guarded, TcpAccept};
 use incoming::{Admission, KillSwitch};
+pub use incoming::{Guarded, TcpAccept};
 use oversize::OversizeAsResourceExhausted;
 use requests::RequestGuardLayer;
 pub use requests::{LONG_LIVED_REQUEST_BODIES, SMALL_REQUEST_BYTES};
@@ -229,7 +229,7 @@ impl Server {
             broker.clone(),
             transport.clone(),
         ))
-            .max_decoding_message_size(config.max_request_bytes);
+        .max_decoding_message_size(config.max_request_bytes);
         let auth = BearerAuth(config.auth_token.as_deref().map(Arc::from));
         let service = OversizeAsResourceExhausted::new(
             tonic::service::interceptor::InterceptedService::new(service, auth),
@@ -244,7 +244,9 @@ impl Server {
             builder = builder.tls_config(ServerTlsConfig::new().identity(identity))?;
         }
         let mut builder = builder.layer(RequestGuardLayer::new(
-            config.max_pending_request_bytes.max(config.max_request_bytes),
+            config
+                .max_pending_request_bytes
+                .max(config.max_request_bytes),
             config.request_timeout,
             transport.clone(),
         ));

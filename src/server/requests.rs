@@ -257,8 +257,7 @@ impl HttpBody for GuardedBody {
                             this.deadline = None;
                         } else if this.deadline.is_none() {
                             // A message has started: it must be complete in time.
-                            this.deadline =
-                                Some(Box::pin(tokio::time::sleep(this.shared.timeout)));
+                            this.deadline = Some(Box::pin(tokio::time::sleep(this.shared.timeout)));
                         }
                     }
                 }
