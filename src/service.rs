@@ -528,3 +528,53 @@ impl pb::broker_server::Broker for BrokerService {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_status_messages_are_cut_at_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let cut = cap_message(long);
+        assert!(cut.len() <= MAX_STATUS_MESSAGE_BYTES, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(cap_message("short".into()), "short");
+        let status = status(&Error::SubscriptionNotFound("x".repeat(1_000_000)));
+        assert!(status.message().len() <= MAX_STATUS_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn subscription_ids_are_checked_like_subscribe_checks_them() {
+        let limits = Limits::default();
+        assert!(check_subscription_id("orders", &limits).is_ok());
+        assert!(check_subscription_id("", &limits).is_err());
+        assert!(check_subscription_id("a\nb", &limits).is_err());
+        let long = "x".repeat(limits.max_name_bytes + 1);
+        let error = check_subscription_id(&long, &limits).unwrap_err();
+        assert!(
+            error.to_string().len() < 200,
+            "the error does not echo the id"
+        );
+    }
+
+    #[test]
+    fn page_size_defaults_and_caps_and_tokens_are_checked() {
+        let limits = Limits::default();
+        let request = |page_size, token: &str| pb::ListSubscriptionsRequest {
+            page_size,
+            page_token: token.into(),
+        };
+        assert_eq!(
+            page(&request(0, ""), &limits).unwrap(),
+            (None, DEFAULT_PAGE_SIZE)
+        );
+        assert_eq!(
+            page(&request(5000, "sub-9"), &limits).unwrap(),
+            (Some("sub-9".into()), MAX_PAGE_SIZE)
+        );
+        assert!(page(&request(10, "bad\u{0}token"), &limits).is_err());
+        let long = "x".repeat(limits.max_name_bytes + 1);
+        assert!(page(&request(10, &long), &limits).is_err());
+    }
+}
