@@ -433,3 +433,80 @@ async fn shutdown_stops_accepting_at_once_and_bounds_the_drain() {
         "{cut:?} after {delivered} frames"
     );
 }
+
+/// Kills the child process when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue part 1: out of file descriptors (the binary runs under `ulimit -n 48`), the accept
+/// loop backs off and logs the failure once for the whole burst instead of spinning silently;
+/// once descriptors free up it accepts again and serves an ordinary client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_errors_back_off_log_once_and_recover() {
+    use std::{
+        io::{BufRead, BufReader},
+        process::{Command, Stdio},
+    };
+    let _serial = SERIAL.lock().await;
+    let mut server = KillOnDrop(
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#"ulimit -n 48 && exec "$0" serve --listen 127.0.0.1:0 --handshake-timeout 60s --max-connections 1000"#)
+            .arg(env!("CARGO_BIN_EXE_tinybroker"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = server.0.stderr.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut next_line = async || within(rx.recv()).await.expect("server output ended");
+    let addr: SocketAddr = loop {
+        let line = next_line().await;
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next());
+        if let Some(addr) = addr {
+            break addr.parse().unwrap();
+        }
+    };
+
+    // More idle connections than descriptors: the kernel queues the rest in the backlog, and
+    // accepting them fails with EMFILE.
+    let mut sockets = Vec::new();
+    for _ in 0..80 {
+        sockets.push(within(TcpStream::connect(addr)).await.unwrap());
+    }
+    while !next_line().await.contains("accept failed") {}
+    drop(sockets);
+    loop {
+        let line = next_line().await;
+        assert!(
+            !line.contains("accept failed"),
+            "logged more than once in one burst: {line}"
+        );
+        if line.contains("accepting connections again") {
+            break;
+        }
+    }
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = Client(pb::broker_client::BrokerClient::new(channel));
+    ordinary_round_trip(&client, "after-fd-exhaustion").await;
+}
