@@ -136,11 +136,12 @@ async fn handshakeless_sockets_are_closed_and_counted_while_clients_are_served()
     let mut sockets = Vec::new();
     for i in 0..SOCKETS {
         let mut socket = within(TcpStream::connect(server.addr)).await.unwrap();
-        match i % 3 {
-            0 => {}
-            1 => socket.write_all(b"P").await.unwrap(),
-            _ => socket.write_all(&preface[..12]).await.unwrap(),
-        }
+        // A socket refused over the limit may already be closed: a failed write is fine.
+        let _ = match i % 3 {
+            0 => Ok(()),
+            1 => socket.write_all(b"P").await,
+            _ => socket.write_all(&preface[..12]).await,
+        };
         sockets.push(socket);
     }
     ordinary_round_trip(&client, "during-handshake-attack").await;
