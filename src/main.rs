@@ -48,15 +48,22 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match command {
-            Command::Serve(args) => cli::serve::run(args).await,
-            Command::Publish(args) => cli::client::publish(args).await,
-            Command::Subscribe(args) => cli::client::subscribe(args).await,
-            Command::Bench(args) => cli::bench::run(args).await,
-            Command::BenchReplica(args) => cli::bench::replica(args).await,
+            Command::Serve(args) => cli::serve::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Publish(args) => cli::client::publish(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Subscribe(args) => cli::client::subscribe(args).await.map(|end| match end {
+                cli::client::SubscribeEnd::Ended => ExitCode::SUCCESS,
+                cli::client::SubscribeEnd::BrokerShutdown => {
+                    ExitCode::from(cli::client::EXIT_BROKER_SHUTDOWN)
+                }
+            }),
+            Command::Bench(args) => cli::bench::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::BenchReplica(args) => {
+                cli::bench::replica(args).await.map(|()| ExitCode::SUCCESS)
+            }
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("tinybroker: {error}");
             ExitCode::FAILURE

@@ -7,6 +7,7 @@ mod streams;
 use std::{
     collections::HashMap,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
@@ -20,16 +21,35 @@ use crate::{
         Pattern, SubscriptionSpec, Topic,
     },
     pb,
-    server::conn::connection_of,
+    server::{TransportSnapshot, TransportStats, conn::connection_of},
 };
 
 /// The window an ack-free member gets when it asks for none: deep enough that writing, not
 /// the window, sets the pace.
 pub const ACK_FREE_DEFAULT_WINDOW: u32 = 256;
 
+/// The longest status message a client gets, in bytes: messages quote client input (ids,
+/// topics), and an unbounded one would make a `grpc-message` header larger than any client
+/// accepts, hiding the real error behind a transport one.
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+/// Cuts `message` to [`MAX_STATUS_MESSAGE_BYTES`] at a character boundary, marking the cut.
+pub fn cap_message(mut message: String) -> String {
+    if message.len() > MAX_STATUS_MESSAGE_BYTES {
+        const MARK: &str = "…";
+        let mut end = MAX_STATUS_MESSAGE_BYTES - MARK.len();
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(MARK);
+    }
+    message
+}
+
 /// Maps a broker error to the gRPC status a client gets.
 pub fn status(error: &Error) -> Status {
-    let message = error.to_string();
+    let message = cap_message(error.to_string());
     match error {
         Error::InvalidTopic { .. } | Error::InvalidPattern { .. } | Error::InvalidArgument(_) => {
             Status::invalid_argument(message)
@@ -66,6 +86,46 @@ fn check_name(field: &str, value: &str, limits: &Limits) -> Result<(), Error> {
         return Err(invalid(format!("{field} contains a control character")));
     }
     Ok(())
+}
+
+/// Validates the `subscription_id` an Ack, Nack or DescribeSubscription names: required,
+/// within `max_name_bytes`, no control characters, as `Subscribe` requires.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the problem.
+pub fn check_subscription_id(subscription_id: &str, limits: &Limits) -> Result<(), Error> {
+    if subscription_id.is_empty() {
+        return Err(invalid("subscription_id is required"));
+    }
+    check_name("subscription_id", subscription_id, limits)
+}
+
+/// Page size of `ListSubscriptions` when the request gives none.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// Largest page of `ListSubscriptions`; larger requests get this many.
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+/// Validates a `ListSubscriptions` request into (start after this id, page size).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a page token that no listing could have returned.
+pub fn page(
+    request: &pb::ListSubscriptionsRequest,
+    limits: &Limits,
+) -> Result<(Option<String>, usize), Error> {
+    let size = match request.page_size as usize {
+        0 => DEFAULT_PAGE_SIZE,
+        n => n.min(MAX_PAGE_SIZE),
+    };
+    let after = match request.page_token.as_str() {
+        "" => None,
+        token => {
+            check_name("page_token", token, limits)
+                .map_err(|_| invalid("page_token is not a token a listing returned"))?;
+            Some(token.to_string())
+        }
+    };
+    Ok((after, size))
 }
 
 /// Validates a publish request into a [`Draft`].
@@ -360,8 +420,13 @@ fn info(view: SubscriptionView) -> pb::SubscriptionInfo {
     }
 }
 
-fn stats(stats: BrokerStats) -> pb::BrokerCounters {
+fn stats(stats: BrokerStats, transport: TransportSnapshot) -> pb::BrokerCounters {
     pb::BrokerCounters {
+        connections_open: transport.connections_open,
+        connections_refused: transport.connections_refused,
+        handshake_timeouts: transport.handshake_timeouts,
+        requests_over_budget: transport.requests_over_budget,
+        request_timeouts: transport.request_timeouts,
         published: stats.published,
         unrouted: stats.unrouted,
         rejected_publishes: stats.rejected_publishes,
@@ -388,12 +453,18 @@ impl futures_core::Stream for FrameStream {
 #[derive(Debug, Clone)]
 pub struct BrokerService {
     broker: Broker,
+    transport: Arc<TransportStats>,
 }
 
 impl BrokerService {
     /// Serves `broker`.
     pub fn new(broker: Broker) -> Self {
-        Self { broker }
+        Self::with_transport(broker, Arc::default())
+    }
+
+    /// Serves `broker`, reporting the transport's counters in `ListSubscriptions`.
+    pub fn with_transport(broker: Broker, transport: Arc<TransportStats>) -> Self {
+        Self { broker, transport }
     }
 }
 
@@ -506,6 +577,8 @@ impl pb::broker_server::Broker for BrokerService {
     async fn ack(&self, request: Request<pb::Ack>) -> Result<Response<pb::AckResponse>, Status> {
         let connection = connection_of(&request);
         let ack = request.into_inner();
+        check_subscription_id(&ack.subscription_id, self.broker.limits())
+            .map_err(|e| status(&e))?;
         let fence = fence(
             &ack.subscription_id,
             ack.system_id,
@@ -522,6 +595,8 @@ impl pb::broker_server::Broker for BrokerService {
     async fn nack(&self, request: Request<pb::Nack>) -> Result<Response<pb::NackResponse>, Status> {
         let connection = connection_of(&request);
         let nack = request.into_inner();
+        check_subscription_id(&nack.subscription_id, self.broker.limits())
+            .map_err(|e| status(&e))?;
         let fence = fence(
             &nack.subscription_id,
             nack.system_id,
@@ -540,21 +615,79 @@ impl pb::broker_server::Broker for BrokerService {
         request: Request<pb::DescribeSubscriptionRequest>,
     ) -> Result<Response<pb::SubscriptionInfo>, Status> {
         let id = request.into_inner().subscription_id;
-        if id.is_empty() {
-            return Err(status(&invalid("subscription_id is required")));
-        }
+        check_subscription_id(&id, self.broker.limits()).map_err(|e| status(&e))?;
         let view = self.broker.describe(&id).map_err(|e| status(&e))?;
         Ok(Response::new(info(view)))
     }
 
     async fn list_subscriptions(
         &self,
-        _request: Request<pb::ListSubscriptionsRequest>,
+        request: Request<pb::ListSubscriptionsRequest>,
     ) -> Result<Response<pb::ListSubscriptionsResponse>, Status> {
-        let (views, broker) = self.broker.list();
+        let (after, size) =
+            page(request.get_ref(), self.broker.limits()).map_err(|e| status(&e))?;
+        // One more than the page, to learn whether another page follows.
+        let (mut views, broker) = self.broker.list_page(after.as_deref(), size + 1);
+        let more = views.len() > size;
+        views.truncate(size);
+        let next_page_token = match views.last() {
+            Some(last) if more => last.subscription_id.to_string(),
+            _ => String::new(),
+        };
         Ok(Response::new(pb::ListSubscriptionsResponse {
             subscriptions: views.into_iter().map(info).collect(),
-            broker: Some(stats(broker)),
+            broker: Some(stats(broker, self.transport.snapshot())),
+            next_page_token,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_status_messages_are_cut_at_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let cut = cap_message(long);
+        assert!(cut.len() <= MAX_STATUS_MESSAGE_BYTES, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(cap_message("short".into()), "short");
+        let status = status(&Error::SubscriptionNotFound("x".repeat(1_000_000)));
+        assert!(status.message().len() <= MAX_STATUS_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn subscription_ids_are_checked_like_subscribe_checks_them() {
+        let limits = Limits::default();
+        assert!(check_subscription_id("orders", &limits).is_ok());
+        assert!(check_subscription_id("", &limits).is_err());
+        assert!(check_subscription_id("a\nb", &limits).is_err());
+        let long = "x".repeat(limits.max_name_bytes + 1);
+        let error = check_subscription_id(&long, &limits).unwrap_err();
+        assert!(
+            error.to_string().len() < 200,
+            "the error does not echo the id"
+        );
+    }
+
+    #[test]
+    fn page_size_defaults_and_caps_and_tokens_are_checked() {
+        let limits = Limits::default();
+        let request = |page_size, token: &str| pb::ListSubscriptionsRequest {
+            page_size,
+            page_token: token.into(),
+        };
+        assert_eq!(
+            page(&request(0, ""), &limits).unwrap(),
+            (None, DEFAULT_PAGE_SIZE)
+        );
+        assert_eq!(
+            page(&request(5000, "sub-9"), &limits).unwrap(),
+            (Some("sub-9".into()), MAX_PAGE_SIZE)
+        );
+        assert!(page(&request(10, "bad\u{0}token"), &limits).is_err());
+        let long = "x".repeat(limits.max_name_bytes + 1);
+        assert!(page(&request(10, &long), &limits).is_err());
     }
 }

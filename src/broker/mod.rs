@@ -76,6 +76,8 @@ struct AtomicCounters {
     rejected_publishes: AtomicU64,
     subscriptions_expired: AtomicU64,
     messages_expired: AtomicU64,
+    /// Live members across all subscriptions (so listing need not lock every subscription).
+    members: AtomicU64,
 }
 
 struct Catalog {
@@ -297,6 +299,7 @@ impl Broker {
                 &mut dead,
             );
             tracing::debug!(subscription = %state.core.id(), member, "member joined");
+            self.inner.counters.members.fetch_add(1, Ordering::Relaxed);
             MemberStream::new(self.clone(), cell.clone(), member)
         };
         self.publish_dead_letters(dead);
@@ -310,6 +313,7 @@ impl Broker {
         let emptied = {
             let mut state = Locked::new(cell);
             state.detach(member);
+            self.inner.counters.members.fetch_sub(1, Ordering::Relaxed);
             let _span = logs::member_span(&state, member).entered();
             let effects = state.core.leave(member, now);
             let promoted = effects.iter().any(|e| matches!(e, Effect::Confirm { .. }));
@@ -609,12 +613,35 @@ impl Broker {
 
     /// Inspects every subscription, in id order, plus broker-wide counters.
     pub fn list(&self) -> (Vec<SubscriptionView>, BrokerStats) {
+        self.list_page(None, usize::MAX)
+    }
+
+    /// Inspects up to `limit` subscriptions whose ids come after `after` (all, from the first,
+    /// when `None`), in id order, plus broker-wide counters.
+    ///
+    /// The catalog is read-locked only to pick the page's subscriptions; each is then locked
+    /// briefly on its own to build its view, so a large listing never holds up publishes.
+    pub fn list_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<SubscriptionView>, BrokerStats) {
+        use std::ops::Bound;
+        let (page, subscriptions) = {
+            let catalog = read(&self.inner.catalog);
+            let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let page: Vec<Arc<SubCell>> = catalog
+                .by_name
+                .range::<str, _>((start, Bound::Unbounded))
+                .filter_map(|(_, key)| catalog.by_key.get(key))
+                .take(limit)
+                .cloned()
+                .collect();
+            (page, catalog.by_key.len() as u64)
+        };
         let now = self.inner.clock.now();
-        let catalog = read(&self.inner.catalog);
-        let views: Vec<_> = catalog
-            .by_name
-            .values()
-            .filter_map(|key| catalog.by_key.get(key))
+        let views: Vec<_> = page
+            .iter()
             .map(|cell| view(&Locked::new(cell).core, now))
             .collect();
         let c = &self.inner.counters;
@@ -624,8 +651,8 @@ impl Broker {
             rejected_publishes: c.rejected_publishes.load(Ordering::Relaxed),
             subscriptions_expired: c.subscriptions_expired.load(Ordering::Relaxed),
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
-            subscriptions: views.len() as u64,
-            members: views.iter().map(|v| v.members.len() as u64).sum(),
+            subscriptions,
+            members: c.members.load(Ordering::Relaxed),
         };
         (views, stats)
     }

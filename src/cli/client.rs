@@ -195,7 +195,19 @@ pub struct Subscribe {
     patterns: Vec<String>,
 }
 
-pub async fn subscribe(args: Subscribe) -> Result<(), String> {
+/// Exit code of `subscribe` when the broker ended the stream because it is shutting down.
+pub const EXIT_BROKER_SHUTDOWN: u8 = 3;
+
+/// How a `subscribe` session ended without a client-side error.
+pub enum SubscribeEnd {
+    /// The broker closed the stream normally.
+    Ended,
+    /// The broker is shutting down (the stream ended with `UNAVAILABLE`, or the connection
+    /// closed under it).
+    BrokerShutdown,
+}
+
+pub async fn subscribe(args: Subscribe) -> Result<SubscribeEnd, String> {
     let mut client = args.connection.connect().await?;
     let mode = match args.mode {
         ModeArg::Broadcast => DeliveryMode::Broadcast,
@@ -219,7 +231,16 @@ pub async fn subscribe(args: Subscribe) -> Result<(), String> {
         .into_inner();
     println!("joined subscription={} (waiting to be confirmed)", args.id);
     let mut member_id = 0;
-    while let Some(frame) = stream.message().await.map_err(describe)? {
+    loop {
+        let frame = match stream.message().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                println!("broker shutting down");
+                return Ok(SubscribeEnd::BrokerShutdown);
+            }
+            Err(status) => return Err(describe(status)),
+        };
         match frame.frame {
             Some(Frame::Confirmation(c)) => {
                 member_id = c.member_id;
@@ -258,5 +279,5 @@ pub async fn subscribe(args: Subscribe) -> Result<(), String> {
         }
     }
     println!("stream ended");
-    Ok(())
+    Ok(SubscribeEnd::Ended)
 }

@@ -57,6 +57,24 @@ pub struct Serve {
         conflicts_with = "auth_token"
     )]
     auth_token_file: Option<PathBuf>,
+    /// Most open connections; more are closed at once and counted. Keep below `ulimit -n`.
+    #[arg(long, env = "TINYBROKER_MAX_CONNECTIONS", default_value_t = ServerConfig::default().max_connections)]
+    max_connections: usize,
+    /// How long a new connection may take to send the HTTP/2 preface.
+    #[arg(long, env = "TINYBROKER_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    handshake_timeout: Duration,
+    /// Most concurrent HTTP/2 streams per connection (each subscription member is one).
+    #[arg(long, env = "TINYBROKER_MAX_CONCURRENT_STREAMS", default_value_t = ServerConfig::default().max_concurrent_streams)]
+    max_concurrent_streams: u32,
+    /// How long a request body may take to arrive in full.
+    #[arg(long, env = "TINYBROKER_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    request_timeout: Duration,
+    /// Most bytes held for request bodies still arriving, over all connections.
+    #[arg(long, env = "TINYBROKER_MAX_PENDING_REQUEST_BYTES", default_value_t = ServerConfig::default().max_pending_request_bytes)]
+    max_pending_request_bytes: usize,
+    /// On shutdown, how long to wait for connections to drain before closing them.
+    #[arg(long, env = "TINYBROKER_DRAIN_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
     /// PEM certificate chain; serve TLS (needs --tls-key) [default: plaintext].
     #[arg(long, env = "TINYBROKER_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -128,6 +146,12 @@ impl Serve {
             auth_token,
             tls,
             tls_client_ca,
+            max_connections: self.max_connections.max(1),
+            handshake_timeout: self.handshake_timeout,
+            max_concurrent_streams: self.max_concurrent_streams.max(1),
+            request_timeout: self.request_timeout,
+            max_pending_request_bytes: self.max_pending_request_bytes,
+            drain_timeout: self.drain_timeout,
             ..ServerConfig::default()
         })
     }

@@ -2,21 +2,26 @@
 //! listener and a signal future; tests pass a port-0 listener; simulations pass turmoil's.
 
 pub mod conn;
+mod incoming;
 mod oversize;
+mod requests;
+mod stats;
 
 use std::{error::Error as StdError, sync::Arc, time::Duration};
 
+use incoming::{Admission, KillSwitch};
+pub use incoming::{Guarded, TcpAccept};
 use oversize::OversizeAsResourceExhausted;
+use requests::RequestGuardLayer;
+pub use requests::{LONG_LIVED_REQUEST_BODIES, SMALL_REQUEST_BYTES};
+pub use stats::{TransportSnapshot, TransportStats};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{
     Request, Status,
     service::Interceptor,
-    transport::{
-        Certificate, Identity, ServerTlsConfig,
-        server::{Connected, TcpIncoming},
-    },
+    transport::{Certificate, Identity, ServerTlsConfig, server::Connected},
 };
 
 use crate::{
@@ -48,8 +53,21 @@ pub struct ServerConfig {
     pub tls: Option<Identity>,
     /// With `tls`: accept only clients presenting a certificate signed by this CA (mutual TLS).
     pub tls_client_ca: Option<Certificate>,
-    /// How long shutdown waits for connections to drain after ending every stream.
+    /// How long shutdown waits for connections to drain after ending every stream; then every
+    /// connection still open is closed.
     pub drain_timeout: Duration,
+    /// Most open connections; more are closed at once and counted (`connections_refused`).
+    /// Keep it below the process's file-descriptor limit (`ulimit -n`).
+    pub max_connections: usize,
+    /// How long a new connection may take to send the HTTP/2 preface before it is closed.
+    pub handshake_timeout: Duration,
+    /// Most concurrent HTTP/2 streams per connection (each subscription member is one).
+    pub max_concurrent_streams: u32,
+    /// How long a request body may take to arrive in full.
+    pub request_timeout: Duration,
+    /// Most bytes the server holds for request bodies still arriving, over all connections;
+    /// requests up to 64 KiB may use a quarter more. Never less than `max_request_bytes`.
+    pub max_pending_request_bytes: usize,
     /// Where time comes from.
     pub clock: Arc<dyn Clock>,
     /// Sees every input applied to every subscription (simulations and tests).
@@ -79,6 +97,11 @@ impl Default for ServerConfig {
             tls: None,
             tls_client_ca: None,
             drain_timeout: Duration::from_secs(5),
+            max_connections: 512,
+            handshake_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 128,
+            request_timeout: Duration::from_secs(10),
+            max_pending_request_bytes: 64 * 1024 * 1024,
             clock: Arc::new(TokioClock::new()),
             observer: None,
         }
@@ -95,6 +118,11 @@ impl std::fmt::Debug for ServerConfig {
             .field("auth_token", &self.auth_token.as_ref().map(|_| "<set>"))
             .field("tls", &self.tls.is_some())
             .field("drain_timeout", &self.drain_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("max_concurrent_streams", &self.max_concurrent_streams)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_pending_request_bytes", &self.max_pending_request_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -143,6 +171,7 @@ pub enum ServeError {
 pub struct Server {
     config: ServerConfig,
     broker: Broker,
+    transport: Arc<TransportStats>,
 }
 
 impl Server {
@@ -153,7 +182,11 @@ impl Server {
             config.clock.clone(),
             config.observer.clone(),
         );
-        Self { config, broker }
+        Self {
+            config,
+            broker,
+            transport: Arc::default(),
+        }
     }
 
     /// The broker this server will serve (for in-process inspection).
@@ -161,9 +194,15 @@ impl Server {
         &self.broker
     }
 
+    /// The counters of the connection and request guards (for in-process inspection).
+    pub fn transport_stats(&self) -> Arc<TransportStats> {
+        self.transport.clone()
+    }
+
     /// Serves the Broker, gRPC health and reflection services on `incoming` until `shutdown`
-    /// completes; then ends every member stream with `UNAVAILABLE`, waits up to the drain
-    /// timeout for connections to close, and returns.
+    /// completes; then drops `incoming` (so the listener refuses new clients at once), ends every
+    /// member stream with `UNAVAILABLE`, waits up to the drain timeout for connections to close,
+    /// closes those still open, and returns.
     ///
     /// # Errors
     /// [`ServeError`] if the transport or reflection service cannot start.
@@ -175,7 +214,11 @@ impl Server {
         IE: Into<Box<dyn StdError + Send + Sync>>,
         F: Future<Output = ()>,
     {
-        let Self { config, broker } = self;
+        let Self {
+            config,
+            broker,
+            transport,
+        } = self;
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<BrokerServer<BrokerService>>().await;
         let reflection = tonic_reflection::server::Builder::configure()
@@ -186,8 +229,11 @@ impl Server {
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
-        let service = BrokerServer::new(BrokerService::new(broker.clone()))
-            .max_decoding_message_size(config.max_request_bytes);
+        let service = BrokerServer::new(BrokerService::with_transport(
+            broker.clone(),
+            transport.clone(),
+        ))
+        .max_decoding_message_size(config.max_request_bytes);
         let auth = BearerAuth(config.auth_token.as_deref().map(Arc::from));
         let service = OversizeAsResourceExhausted::new(
             tonic::service::interceptor::InterceptedService::new(service, auth),
@@ -196,7 +242,8 @@ impl Server {
 
         let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(config.keepalive_interval)
-            .http2_keepalive_timeout(Some(config.keepalive_timeout));
+            .http2_keepalive_timeout(Some(config.keepalive_timeout))
+            .max_concurrent_streams(Some(config.max_concurrent_streams.max(1)));
         if let Some(identity) = config.tls.clone() {
             let tls = ServerTlsConfig::new().identity(identity);
             let tls = match config.tls_client_ca.clone() {
@@ -205,6 +252,21 @@ impl Server {
             };
             builder = builder.tls_config(tls)?;
         }
+        let mut builder = builder.layer(RequestGuardLayer::new(
+            config
+                .max_pending_request_bytes
+                .max(config.max_request_bytes),
+            config.request_timeout,
+            transport.clone(),
+        ));
+        let kill = Arc::new(KillSwitch::default());
+        let (incoming, closer) = Admission::new(
+            incoming,
+            config.max_connections.max(1),
+            config.handshake_timeout,
+            transport,
+            kill.clone(),
+        );
 
         let expiry = tokio::spawn(broker.clone().run_expiry());
         let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
@@ -212,7 +274,8 @@ impl Server {
             let broker = broker.clone();
             async move {
                 shutdown.await;
-                tracing::info!("shutting down: ending every member stream");
+                closer.close();
+                tracing::info!("shutting down: stopped accepting; ending every member stream");
                 health
                     .set_not_serving::<BrokerServer<BrokerService>>()
                     .await;
@@ -241,6 +304,7 @@ impl Server {
                 }
             } => {
                 tracing::warn!(?drain_timeout, "connections did not drain in time; closing them");
+                kill.fire();
                 Ok(())
             }
         };
@@ -249,8 +313,9 @@ impl Server {
     }
 }
 
-/// The incoming connections of a bound TCP listener, with `TCP_NODELAY` set on each: without it
-/// Nagle's algorithm holds small frames (acks, single deliveries) back for tens of milliseconds.
-pub fn tcp_incoming(listener: tokio::net::TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
+/// The incoming connections of a bound TCP listener, with `TCP_NODELAY` set on each (without it
+/// Nagle's algorithm holds small frames, acks and single deliveries, back for tens of
+/// milliseconds), backing off on accept errors (see [`TcpAccept`]).
+pub fn tcp_incoming(listener: tokio::net::TcpListener) -> TcpAccept {
+    TcpAccept::new(listener)
 }

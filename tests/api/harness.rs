@@ -101,6 +101,7 @@ pub enum Carriage {
 }
 
 /// Runs a test body once per [`Carriage`]: `name::unary` and `name::stream`.
+#[allow(unused_macros)]
 macro_rules! over_carriages {
     ($(#[doc = $doc:literal])* async fn $name:ident($carriage:ident: Carriage) $body:block) => {
         mod $name {
@@ -202,14 +203,24 @@ impl Client {
     }
 
     pub async fn list(&self) -> pb::ListSubscriptionsResponse {
+        self.list_page(0, "").await.unwrap()
+    }
+
+    pub async fn list_page(
+        &self,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<pb::ListSubscriptionsResponse, Status> {
         within(
             self.0
                 .clone()
-                .list_subscriptions(pb::ListSubscriptionsRequest {}),
+                .list_subscriptions(pb::ListSubscriptionsRequest {
+                    page_size,
+                    page_token: page_token.into(),
+                }),
         )
         .await
-        .unwrap()
-        .into_inner()
+        .map(|r| r.into_inner())
     }
 
     pub async fn ack(&self, id: &str, member_id: u64, system_id: u64) -> Result<(), Status> {

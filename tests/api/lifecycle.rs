@@ -212,3 +212,46 @@ async fn killed_replica_process_is_replaced_by_the_standby() {
     let m = standby.message().await;
     assert_eq!((m.system_id, m.delivery_attempt), (id, 2));
 }
+
+// Issue "hardening", part 9: the CLI subscriber reports a broker shutdown in words and with its
+// own exit code (3), not with a raw transport error.
+#[tokio::test]
+async fn cli_subscriber_reports_broker_shutdown_with_exit_code_3() {
+    let server = TestServer::start().await;
+    let mut subscriber = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+            .args(["subscribe", "--server", &format!("http://{}", server.addr)])
+            .args(["--id", "cli", "--group", "replicas", "jobs.*"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = subscriber.0.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut next_line = async || within(rx.recv()).await;
+    while !next_line()
+        .await
+        .expect("subscriber output ended")
+        .starts_with("confirmed")
+    {}
+    server.stop().await.unwrap();
+    let mut lines = Vec::new();
+    while let Some(line) = next_line().await {
+        lines.push(line);
+    }
+    assert!(
+        lines.iter().any(|l| l == "broker shutting down"),
+        "subscriber printed {lines:?}"
+    );
+    let status = within(tokio::task::spawn_blocking(move || subscriber.0.wait()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(3), "{status:?}");
+}

@@ -377,3 +377,43 @@ async fn abandoned_drop_oldest_subscription_does_not_block_publishers() {
         "strict",
     );
 }
+
+// The streaming carriages are long-lived request bodies: the request timeout (which bounds how
+// long a unary body may take to arrive) must not cut them, only each message's own arrival.
+#[tokio::test]
+async fn streams_outlive_the_request_timeout() {
+    let server = TestServer::with_config(ServerConfig {
+        request_timeout: std::time::Duration::from_millis(100),
+        ..ServerConfig::default()
+    })
+    .await;
+    let client = server.client().await;
+    let mut a = client
+        .subscribe_via(Carriage::Stream, singleton("long"))
+        .await
+        .unwrap();
+    a.confirmed().await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers = within(
+        client
+            .0
+            .clone()
+            .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    // Idle on both streams for several request timeouts: nothing may end them.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    tx.send(pb::PublishRequest {
+        topic: "jobs.late".into(),
+        payload: b"x".to_vec().into(),
+        headers: Default::default(),
+    })
+    .await
+    .unwrap();
+    let answer = within(answers.next()).await.unwrap().unwrap();
+    assert_eq!(answer.code, 0, "{answer:?}");
+    let m = a.message().await;
+    a.ack(m.system_id).await;
+}
