@@ -3,11 +3,11 @@
 //! HTTP/2 request each. Same broker, same semantics; only the carriage differs.
 
 use std::{
+    collections::VecDeque,
     pin::Pin,
     task::{Context, Poll},
 };
 
-use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Request, Status, Streaming};
 
@@ -19,28 +19,91 @@ use crate::{
     server::conn::connection_of,
 };
 
-/// Refusals the reader may queue before it stops reading the client's settles: a client that
-/// floods bad acks and never reads its stream is slowed by HTTP/2 flow control, not buffered.
+/// Refusals that may wait to be written before the stream stops reading the client's settles:
+/// a client that floods bad acks and never reads is slowed by HTTP/2 flow control, not buffered.
 const PENDING_REFUSALS: usize = 16;
 
 type FrameResult = Result<pb::SubscriptionFrame, Status>;
 
 /// A `Consume` stream: the member's frames, interleaved with refusals of its own settles, ended
 /// by the first terminal status (the broker's, or one about the client's side of the stream).
+///
+/// The client's settles are read and applied inside `poll_next`, on the task that writes the
+/// frames: an ack that frees the window is followed by the next frame in the same poll, with
+/// no task in between to wake.
 #[derive(Debug)]
 pub struct ConsumeStream {
     frames: FrameStream,
-    /// Refusals and the terminal status, from the task that reads the client's side.
-    side: mpsc::Receiver<FrameResult>,
-    side_open: bool,
-    reader: JoinHandle<()>,
+    requests: Streaming<pb::ConsumeRequest>,
+    settler: Settler,
+    /// An ack-free member has nothing to settle, so its half-close changes nothing.
+    ack_free: bool,
+    requests_done: bool,
+    refusals: VecDeque<FrameResult>,
+    /// Why the stream ends, once the client's side said so; sent after pending refusals.
+    terminal: Option<Status>,
     ended: bool,
 }
 
-impl Drop for ConsumeStream {
-    fn drop(&mut self) {
-        // The client is gone: stop reading its side.
-        self.reader.abort();
+impl ConsumeStream {
+    /// Reads what the client sent so far, applying settles, until its side has nothing ready,
+    /// ends, or too many refusals wait.
+    fn read_settles(&mut self, cx: &mut Context<'_>) {
+        while !self.requests_done
+            && self.terminal.is_none()
+            && self.refusals.len() < PENDING_REFUSALS
+        {
+            let request = match Pin::new(&mut self.requests).poll_next(cx) {
+                Poll::Pending => return,
+                Poll::Ready(request) => request,
+            };
+            let settle = match request {
+                Some(Ok(pb::ConsumeRequest {
+                    request: Some(Carried::Settle(settle)),
+                })) => settle,
+                Some(Ok(pb::ConsumeRequest {
+                    request: Some(Carried::Open(_)),
+                })) => {
+                    self.terminal = Some(Status::invalid_argument(
+                        "`open` may only be the first ConsumeRequest of a stream; the member left",
+                    ));
+                    return;
+                }
+                Some(Ok(pb::ConsumeRequest { request: None })) => {
+                    self.terminal = Some(Status::invalid_argument(
+                        "a ConsumeRequest must carry `settle`; the member left",
+                    ));
+                    return;
+                }
+                // Undecodable input or a transport error: the member leaves; nothing is lost.
+                Some(Err(error)) => {
+                    self.terminal = Some(error);
+                    return;
+                }
+                None if self.ack_free => {
+                    self.requests_done = true;
+                    return;
+                }
+                None => {
+                    self.terminal = Some(Status::new(
+                        Code::Ok,
+                        "the client closed its side of the stream, so it can settle nothing more: the member left and its unacked messages went back to the queue",
+                    ));
+                    return;
+                }
+            };
+            for (system_id, nack, error) in self.settler.settle(&settle.ack, &settle.nack) {
+                let refused = status(&error);
+                self.refusals.push_back(Ok(pb::SubscriptionFrame {
+                    frame: Some(Frame::Refused(pb::SettleRefused {
+                        system_id,
+                        nack,
+                        code: refused.code() as i32,
+                        message: refused.message().to_string(),
+                    })),
+                }));
+            }
+        }
     }
 }
 
@@ -52,15 +115,13 @@ impl Stream for ConsumeStream {
         if this.ended {
             return Poll::Ready(None);
         }
-        if this.side_open {
-            match this.side.poll_recv(cx) {
-                Poll::Ready(Some(item)) => {
-                    this.ended = item.is_err();
-                    return Poll::Ready(Some(item));
-                }
-                Poll::Ready(None) => this.side_open = false,
-                Poll::Pending => {}
-            }
+        this.read_settles(cx);
+        if let Some(refusal) = this.refusals.pop_front() {
+            return Poll::Ready(Some(refusal));
+        }
+        if let Some(terminal) = this.terminal.take() {
+            this.ended = true;
+            return Poll::Ready(Some(Err(terminal)));
         }
         let item = Pin::new(&mut this.frames).poll_next(cx);
         if let Poll::Ready(Some(Err(_)) | None) = &item {
@@ -70,8 +131,8 @@ impl Stream for ConsumeStream {
     }
 }
 
-/// Opens the member from the first client message, then reads settles until the client's side
-/// ends.
+/// Opens the member from the first client message; its settles are then read as the stream is
+/// polled.
 pub(super) async fn consume(
     broker: &Broker,
     request: Request<Streaming<pb::ConsumeRequest>>,
@@ -95,69 +156,20 @@ pub(super) async fn consume(
     };
     let open = open_request(open, broker.limits()).map_err(|e| status(&e))?;
     let ack_free = open.spec.ack_mode == AckMode::None;
-    let member = broker.open(&open, connection).map_err(|e| status(&e))?;
-    let settler = member.settler();
-    let (side_tx, side) = mpsc::channel(PENDING_REFUSALS);
-    let reader = tokio::spawn(read_settles(requests, settler, side_tx, ack_free));
+    let member = broker.open(&open, connection).map_err(|e| {
+        crate::broker::refused_join(&open.subscription_id, &e);
+        status(&e)
+    })?;
     Ok(ConsumeStream {
+        settler: member.settler(),
         frames: FrameStream(member),
-        side,
-        side_open: true,
-        reader,
+        requests,
+        ack_free,
+        requests_done: false,
+        refusals: VecDeque::new(),
+        terminal: None,
         ended: false,
     })
-}
-
-async fn read_settles(
-    mut requests: Streaming<pb::ConsumeRequest>,
-    settler: Settler,
-    side: mpsc::Sender<FrameResult>,
-    ack_free: bool,
-) {
-    let terminal = loop {
-        let settle = match requests.message().await {
-            Ok(Some(pb::ConsumeRequest {
-                request: Some(Carried::Settle(settle)),
-            })) => settle,
-            Ok(Some(pb::ConsumeRequest {
-                request: Some(Carried::Open(_)),
-            })) => {
-                break Status::invalid_argument(
-                    "`open` may only be the first ConsumeRequest of a stream; the member left",
-                );
-            }
-            Ok(Some(pb::ConsumeRequest { request: None })) => {
-                break Status::invalid_argument(
-                    "a ConsumeRequest must carry `settle`; the member left",
-                );
-            }
-            // An ack-free member has nothing to send: its half-close changes nothing.
-            Ok(None) if ack_free => return,
-            Ok(None) => {
-                break Status::new(
-                    Code::Ok,
-                    "the client closed its side of the stream, so it can settle nothing more: the member left and its unacked messages went back to the queue",
-                );
-            }
-            // Undecodable input or a transport error: the member leaves; nothing is lost.
-            Err(error) => break error,
-        };
-        for (system_id, nack, error) in settler.settle(&settle.ack, &settle.nack) {
-            let refused = status(&error);
-            let frame = pb::SubscriptionFrame {
-                frame: Some(Frame::Refused(pb::SettleRefused {
-                    system_id,
-                    nack,
-                    code: refused.code() as i32,
-                    message: refused.message().to_string(),
-                })),
-            };
-            if side.send(Ok(frame)).await.is_err() {
-                return;
-            }
-        }
-    };
-    let _ = side.send(Err(terminal)).await;
 }
 
 /// The responses of a `PublishStream`, one per request, in order.
