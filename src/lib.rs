@@ -9,10 +9,13 @@
 //! - [`clock`]: the clock seam (tokio's clock in production, turmoil's in simulation).
 //! - [`service`]: the tonic service; translates `pb` types to domain types and errors to `Status`.
 //! - [`server`]: `Server::new(config).run(incoming, shutdown)`: the whole server on any listener.
+//! - [`client`]: the typed async client (publish, streaming publish, subscriptions that settle on
+//!   their own stream, leader election); the CLI and the examples use it.
 //! - [`pb`]: generated protobuf types.
 //! - [`sync`]: the lock types the shell uses, swappable for loom's.
 
 pub mod broker;
+pub mod client;
 pub mod clock;
 pub mod core;
 pub mod pb;

@@ -2,13 +2,7 @@
 //! failover by hand.
 
 use clap::{Args, ValueEnum};
-use tinybroker::pb::{self, DeliveryMode, broker_client::BrokerClient, subscription_frame::Frame};
-use tonic::{
-    Request, Status,
-    metadata::AsciiMetadataValue,
-    service::{Interceptor, interceptor::InterceptedService},
-    transport::Channel,
-};
+use tinybroker::client::{self, ClientOptions, Event, Message, SubscriptionOptions};
 
 /// Where the broker is and how to authenticate.
 #[derive(Args, Clone)]
@@ -25,46 +19,31 @@ pub struct Connection {
     pub token: Option<String>,
 }
 
-/// Adds `authorization: Bearer <token>` to every call.
-#[derive(Clone)]
-pub struct Bearer(Option<AsciiMetadataValue>);
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
-}
-
-/// A Broker client with the connection's token attached.
-pub type Client = BrokerClient<InterceptedService<Channel, Bearer>>;
+/// The generated client with the token attached, for `bench` (which drives the raw RPCs).
+pub type Client = client::RawClient;
 
 impl Connection {
-    /// Connects to the broker.
-    pub async fn connect(&self) -> Result<Client, String> {
-        let channel = Channel::from_shared(self.server.clone())
-            .map_err(|e| format!("bad --server {:?}: {e}", self.server))?
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", self.server))?;
-        let token = match &self.token {
-            Some(t) => Some(
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| "the token must be printable ASCII".to_string())?,
-            ),
-            None => None,
+    /// Connects with the library client and its defaults (keepalive on).
+    ///
+    /// # Errors
+    /// "cannot reach the broker at URL: ..." when it cannot be reached.
+    pub async fn client(&self) -> Result<client::Client, String> {
+        let options = ClientOptions {
+            token: self.token.clone(),
+            ..ClientOptions::default()
         };
-        Ok(BrokerClient::with_interceptor(channel, Bearer(token)))
+        client::Client::connect_with(self.server.clone(), options)
+            .await
+            .map_err(|e| format!("cannot reach the broker at {}: {e}", self.server))
     }
-}
 
-fn describe(status: Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
+    /// Connects and hands back the generated client (see [`Client`]).
+    ///
+    /// # Errors
+    /// As [`Connection::client`].
+    pub async fn connect(&self) -> Result<Client, String> {
+        Ok(self.client().await?.raw())
+    }
 }
 
 #[derive(Args)]
@@ -88,16 +67,10 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 }
 
 pub async fn publish(args: Publish) -> Result<(), String> {
-    let mut client = args.connection.connect().await?;
-    let reply = client
-        .publish(pb::PublishRequest {
-            topic: args.topic,
-            payload: args.payload.into_bytes().into(),
-            headers: args.headers.into_iter().collect(),
-        })
-        .await
-        .map_err(describe)?
-        .into_inner();
+    let client = args.connection.client().await?;
+    let mut message = Message::new(args.topic, args.payload.into_bytes());
+    message.headers = args.headers.into_iter().collect();
+    let reply = client.publish(message).await.map_err(|e| e.to_string())?;
     println!(
         "published system_id={} queued_for={}",
         reply.system_id, reply.queued_for
@@ -146,65 +119,60 @@ pub struct Subscribe {
 }
 
 pub async fn subscribe(args: Subscribe) -> Result<(), String> {
-    let mut client = args.connection.connect().await?;
-    let mode = match args.mode {
-        ModeArg::Broadcast => DeliveryMode::Broadcast,
-        ModeArg::Queue => DeliveryMode::Queue,
-        ModeArg::Singleton => DeliveryMode::Singleton,
-    };
-    let mut stream = client
-        .subscribe(pb::OpenSubscription {
-            subscription_id: args.id.clone(),
-            topic_patterns: args.patterns,
-            mode: mode.into(),
-            consumer_group: args.group,
-            max_in_flight: args.max_in_flight,
-            max_delivery_attempts: args.max_delivery_attempts,
-            dead_letter_topic: args.dead_letter_topic,
-            notify_standby: args.notify_standby,
-            ..Default::default()
-        })
-        .await
-        .map_err(describe)?
-        .into_inner();
+    let client = args.connection.client().await?;
+    let mut options = match args.mode {
+        ModeArg::Broadcast => SubscriptionOptions::broadcast(&args.id, args.patterns),
+        ModeArg::Queue => SubscriptionOptions::queue(&args.id, args.group, args.patterns),
+        ModeArg::Singleton => SubscriptionOptions::singleton(&args.id, args.group, args.patterns),
+    }
+    .max_in_flight(args.max_in_flight)
+    .max_delivery_attempts(args.max_delivery_attempts)
+    .notify_standby(args.notify_standby);
+    if !args.dead_letter_topic.is_empty() {
+        options = options.dead_letter_topic(args.dead_letter_topic);
+    }
+    let mut subscription = client.subscribe(options).await.map_err(|e| e.to_string())?;
     println!("joined subscription={} (waiting to be confirmed)", args.id);
-    let mut member_id = 0;
-    while let Some(frame) = stream.message().await.map_err(describe)? {
-        match frame.frame {
-            Some(Frame::Confirmation(c)) => {
-                member_id = c.member_id;
-                println!(
-                    "confirmed subscription={} member={} epoch={} (active)",
-                    c.subscription_id, c.member_id, c.epoch
-                );
-            }
-            Some(Frame::Standby(s)) => println!(
-                "standby subscription={} member={} position={}",
-                s.subscription_id, s.member_id, s.position
+    // Held messages stay in flight until the stream ends (to watch redelivery on failover).
+    let mut held = Vec::new();
+    while let Some(event) = subscription.next_event().await {
+        match event.map_err(|e| e.to_string())? {
+            Event::Active { member_id, epoch } => println!(
+                "confirmed subscription={} member={member_id} epoch={epoch} (active)",
+                args.id
             ),
-            Some(Frame::Message(m)) => {
+            Event::Standby {
+                member_id,
+                position,
+            } => println!(
+                "standby subscription={} member={member_id} position={position}",
+                args.id
+            ),
+            Event::Delivery(m) => {
                 println!(
                     "message system_id={} topic={} attempt={} epoch={} payload={:?}",
                     m.system_id,
                     m.topic,
-                    m.delivery_attempt,
+                    m.attempt,
                     m.epoch,
                     String::from_utf8_lossy(&m.payload)
                 );
-                if !args.no_ack {
-                    client
-                        .ack(pb::Ack {
-                            subscription_id: args.id.clone(),
-                            system_id: m.system_id,
-                            member_id,
-                        })
-                        .await
-                        .map_err(describe)?;
-                    println!("acked system_id={}", m.system_id);
+                if args.no_ack {
+                    held.push(m);
+                } else {
+                    let system_id = m.system_id;
+                    m.ack().map_err(|e| e.to_string())?;
+                    println!("acked system_id={system_id}");
                 }
             }
-            // Refusals only come on Consume streams; this client uses Subscribe.
-            Some(Frame::Refused(_)) | None => {}
+            Event::Refused {
+                system_id,
+                nack,
+                error,
+            } => println!(
+                "refused {} system_id={system_id}: {error}",
+                if nack { "nack" } else { "ack" }
+            ),
         }
     }
     println!("stream ended");
