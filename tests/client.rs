@@ -4,6 +4,8 @@
 #[path = "api/harness.rs"]
 #[allow(dead_code)]
 mod harness;
+#[path = "client/scheduler.rs"]
+mod scheduler;
 
 use harness::{TestServer, within};
 use tinybroker::{
