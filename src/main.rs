@@ -1,5 +1,5 @@
 //! The `tinybroker` binary: `serve` runs the broker; `publish`, `subscribe` and `bench` are small
-//! clients for trying it out and measuring it.
+//! clients for trying it out and measuring it; `status` is the operator's view.
 
 mod cli;
 
@@ -27,6 +27,8 @@ enum Command {
     Publish(cli::client::Publish),
     /// Join a subscription and print every frame; acks each message unless --no-ack.
     Subscribe(cli::client::Subscribe),
+    /// Show subscriptions, members in promotion order, epochs, depths and counters.
+    Status(cli::status::Status),
     /// Load generator: publishers and ack-each consumers against a broker, reports msg/s.
     Bench(cli::bench::Bench),
 }
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => cli::serve::run(args).await,
             Command::Publish(args) => cli::client::publish(args).await,
             Command::Subscribe(args) => cli::client::subscribe(args).await,
+            Command::Status(args) => cli::status::run(args).await,
             Command::Bench(args) => cli::bench::run(args).await,
         }
     });

@@ -1,11 +1,13 @@
 //! Black-box tests of `tinybroker::client` against a real server on a port-0 loopback listener,
-//! plus two scheduler example processes failing over under SIGKILL.
+//! plus two scheduler example processes failing over under SIGKILL and `tinybroker status`.
 
 #[path = "api/harness.rs"]
 #[allow(dead_code)]
 mod harness;
 #[path = "client/scheduler.rs"]
 mod scheduler;
+#[path = "client/status.rs"]
+mod status;
 
 use harness::{TestServer, within};
 use tinybroker::{

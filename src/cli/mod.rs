@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod client;
 pub mod serve;
+pub mod status;

@@ -37,7 +37,7 @@ pub enum Error {
     #[error("unavailable: {0}")]
     Unavailable(String),
     /// The connection could not be made or broke.
-    #[error("transport: {0}")]
+    #[error("transport: {}", chain(.0.as_ref()))]
     Transport(#[source] Arc<tonic::transport::Error>),
     /// Any other gRPC status.
     #[error("{code:?}: {message}")]
@@ -47,6 +47,21 @@ pub enum Error {
         /// The broker's message.
         message: String,
     },
+}
+
+/// An error and its causes, `: `-separated: tonic's transport error alone says only
+/// "transport error"; the cause says "connection refused".
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    // Bounded: cause chains are short, but never trust one to end.
+    for _ in 0..8 {
+        let Some(cause) = source else { break };
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 impl Error {
