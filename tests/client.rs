@@ -366,3 +366,82 @@ async fn leader_consumes_the_firehose_in_order() {
     let next = within(standby).await.unwrap().unwrap();
     assert!(next.epoch() > 1);
 }
+
+// SPEC §7: with a bearer token configured, a client without it is Unauthenticated and one with
+// it gets through.
+#[tokio::test]
+async fn bearer_token_is_sent_on_every_call() {
+    let config = ServerConfig {
+        auth_token: Some("s3cret".into()),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::with_config(config).await;
+    let url = format!("http://{}", server.addr);
+    let anonymous = within(Client::connect(url.clone())).await.unwrap();
+    let refused = anonymous.publish(Message::new("a.b", "x")).await;
+    assert!(
+        matches!(refused, Err(Error::Unauthenticated(_))),
+        "{refused:?}"
+    );
+    let options = tinybroker::client::ClientOptions::default().token("s3cret");
+    let client = within(Client::connect_with(url, options)).await.unwrap();
+    client.publish(Message::new("a.b", "x")).await.unwrap();
+    let mut sub = client
+        .subscribe(SubscriptionOptions::broadcast("t", ["a.*"]))
+        .await
+        .unwrap();
+    assert!(matches!(next_event(&mut sub).await, Event::Active { .. }));
+}
+
+// Issue: "a standby that loses its connection rejoins the line with backoff". The broker goes
+// away while a replica waits on standby; when a broker is back on the same address the replica
+// rejoins on its own and, alone in line, leads.
+#[tokio::test]
+async fn standby_that_loses_the_broker_rejoins_and_leads_when_it_returns() {
+    use tinybroker::server::{Server, tcp_incoming};
+    async fn serve_on(
+        listener: tokio::net::TcpListener,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<Result<(), tinybroker::server::ServeError>>,
+    ) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(Server::new(ServerConfig::default()).run(
+            tcp_incoming(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        (stop, task)
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, task) = serve_on(listener).await;
+    let url = format!("http://{addr}");
+    let leader_client = within(Client::connect(url.clone())).await.unwrap();
+    let leader = within(leader_client.elect("cron", "replicas"))
+        .await
+        .unwrap();
+    let standby_client = within(Client::connect(url)).await.unwrap();
+    let (position_tx, mut positions) = tokio::sync::mpsc::unbounded_channel();
+    let standby = tokio::spawn(async move {
+        let options = SubscriptionOptions::singleton("cron", "replicas", ["election.cron"]);
+        standby_client
+            .elect_with(options, move |p| {
+                let _ = position_tx.send(p);
+            })
+            .await
+    });
+    assert_eq!(within(positions.recv()).await, Some(1));
+
+    let _ = stop.send(());
+    within(task).await.unwrap().unwrap();
+    within(leader.lost()).await;
+    assert!(!standby.is_finished(), "no broker, no leader");
+
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let (_stop, _task) = serve_on(listener).await;
+    let leadership = within(standby).await.unwrap().unwrap();
+    // A new broker: its epochs start afresh.
+    assert_eq!(leadership.epoch(), 1);
+}

@@ -44,7 +44,7 @@ use tonic::{
 pub use crate::core::{AckMode, Mode, Overflow};
 pub use election::{Leadership, Lost};
 pub use error::{Error, Result};
-pub use publish::{PendingPublish, Publisher};
+pub use publish::{MAX_PENDING_PUBLISHES, PendingPublish, Publisher};
 pub use subscription::{Delivery, Event, Subscription, SubscriptionOptions};
 
 use crate::pb::{self, broker_client::BrokerClient};

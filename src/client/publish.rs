@@ -18,7 +18,7 @@ use crate::pb;
 
 /// Publishes a [`Publisher`] may have sent and not yet had answered. Past it, [`Publisher::send`]
 /// waits: memory stays bounded however fast the caller sends.
-pub const DEFAULT_MAX_PENDING: usize = 4096;
+pub const MAX_PENDING_PUBLISHES: usize = 4096;
 
 type Reply = oneshot::Sender<Result<Published>>;
 
@@ -60,7 +60,7 @@ impl Publisher {
     }
 
     /// Queues `message` and returns its pending answer. Waits only when
-    /// [`DEFAULT_MAX_PENDING`] publishes are already unanswered.
+    /// [`MAX_PENDING_PUBLISHES`] publishes are already unanswered.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the stream has ended (its cause went to the pending answers).
@@ -94,7 +94,7 @@ async fn drive(
     let mut accepting = true;
     let failure = loop {
         tokio::select! {
-            command = commands.recv(), if accepting && pending.len() < DEFAULT_MAX_PENDING => {
+            command = commands.recv(), if accepting && pending.len() < MAX_PENDING_PUBLISHES => {
                 match command {
                     Some((request, reply)) => {
                         if requests.send(request).is_err() {

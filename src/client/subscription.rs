@@ -471,3 +471,101 @@ fn to_system_time(t: prost_types::Timestamp) -> Option<SystemTime> {
     let nanos = u32::try_from(t.nanos).ok()?;
     SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use super::*;
+
+    fn poll(outgoing: &mut Outgoing) -> Poll<Option<pb::ConsumeRequest>> {
+        Pin::new(outgoing).poll_next(&mut Context::from_waker(Waker::noop()))
+    }
+
+    fn settle(request: Poll<Option<pb::ConsumeRequest>>) -> pb::Settle {
+        match request {
+            Poll::Ready(Some(pb::ConsumeRequest {
+                request: Some(Carried::Settle(settle)),
+            })) => settle,
+            other => panic!("expected a Settle, got {other:?}"),
+        }
+    }
+
+    // The open goes first; settlements ready together travel in one Settle; settlements made
+    // before the subscription was dropped are still sent, then the request side ends.
+    #[test]
+    fn outgoing_opens_then_batches_ready_settlements_and_flushes_before_closing() {
+        let (tx, settles) = mpsc::unbounded_channel();
+        let (close, close_rx) = oneshot::channel();
+        let mut outgoing = Outgoing {
+            open: Some(SubscriptionOptions::queue("s", "g", ["a.*"]).to_pb()),
+            settles,
+            close: close_rx,
+        };
+        assert!(matches!(
+            poll(&mut outgoing),
+            Poll::Ready(Some(pb::ConsumeRequest {
+                request: Some(Carried::Open(open))
+            })) if open.subscription_id == "s" && open.mode == pb::DeliveryMode::Queue as i32
+        ));
+        assert!(poll(&mut outgoing).is_pending());
+        for settlement in [Settlement::Ack(1), Settlement::Nack(2), Settlement::Ack(3)] {
+            tx.send(settlement).unwrap();
+        }
+        let batch = settle(poll(&mut outgoing));
+        assert_eq!((batch.ack, batch.nack), (vec![1, 3], vec![2]));
+        assert!(poll(&mut outgoing).is_pending());
+
+        tx.send(Settlement::Ack(4)).unwrap();
+        drop(close);
+        assert_eq!(settle(poll(&mut outgoing)).ack, vec![4]);
+        assert!(matches!(poll(&mut outgoing), Poll::Ready(None)));
+    }
+
+    #[test]
+    fn a_large_burst_is_split_at_the_batch_limit() {
+        let (tx, settles) = mpsc::unbounded_channel();
+        let (_close, close_rx) = oneshot::channel();
+        let mut outgoing = Outgoing {
+            open: None,
+            settles,
+            close: close_rx,
+        };
+        for id in 0..(MAX_SETTLE_BATCH as u64 + 5) {
+            tx.send(Settlement::Ack(id)).unwrap();
+        }
+        assert_eq!(settle(poll(&mut outgoing)).ack.len(), MAX_SETTLE_BATCH);
+        assert_eq!(settle(poll(&mut outgoing)).ack.len(), 5);
+    }
+
+    #[test]
+    fn options_map_onto_open_subscription() {
+        let open = SubscriptionOptions::singleton("s", "g", ["a.>"])
+            .max_in_flight(4)
+            .max_delivery_attempts(3)
+            .dead_letter_topic("dead.s")
+            .notify_standby(true)
+            .ack_mode(AckMode::None)
+            .overflow(Overflow::DropOldest)
+            .to_pb();
+        assert_eq!(open.mode, pb::DeliveryMode::Singleton as i32);
+        assert_eq!((open.max_in_flight, open.max_delivery_attempts), (4, 3));
+        assert_eq!(open.dead_letter_topic, "dead.s");
+        assert!(open.notify_standby);
+        assert_eq!(open.ack_mode, pb::AckMode::None as i32);
+        assert_eq!(open.overflow, pb::OverflowPolicy::DropOldest as i32);
+        let default = SubscriptionOptions::broadcast("b", ["x"]).to_pb();
+        assert_eq!(
+            (
+                default.ack_mode,
+                default.overflow,
+                default.dead_letter_topic.as_str()
+            ),
+            (
+                pb::AckMode::Explicit as i32,
+                pb::OverflowPolicy::Unspecified as i32,
+                ""
+            )
+        );
+    }
+}
