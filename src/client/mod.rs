@@ -28,6 +28,7 @@
 
 mod election;
 mod error;
+mod options;
 mod publish;
 mod subscription;
 
@@ -44,8 +45,9 @@ use tonic::{
 pub use crate::core::{AckMode, Mode, Overflow};
 pub use election::{Leadership, Lost};
 pub use error::{Error, Result};
+pub use options::SubscriptionOptions;
 pub use publish::{MAX_PENDING_PUBLISHES, PendingPublish, Publisher};
-pub use subscription::{Delivery, Event, Subscription, SubscriptionOptions};
+pub use subscription::{Delivery, Event, Subscription};
 
 use crate::pb::{self, broker_client::BrokerClient};
 
