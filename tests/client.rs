@@ -301,7 +301,10 @@ async fn standby_elector_takes_over_with_a_higher_epoch_when_the_leader_resigns(
     assert!(!second.is_finished(), "a standby must not lead");
     assert!(!first.is_lost());
     let first_epoch = first.epoch();
+    let first_lost = first.lost();
     first.resign();
+    // The job racing `lost()` stops as soon as it steps down.
+    assert_eq!(within(first_lost).await.epoch, first_epoch);
     let second = within(second).await.unwrap().unwrap();
     assert!(second.epoch() > first_epoch);
     assert_eq!(
