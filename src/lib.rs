@@ -11,10 +11,13 @@
 //! - [`metrics`]: Prometheus metrics, read from the broker at scrape time, and their `/metrics`
 //!   endpoint.
 //! - [`server`]: `Server::new(config).run(incoming, shutdown)`: the whole server on any listener.
+//! - [`client`]: the typed async client (publish, streaming publish, subscriptions that settle on
+//!   their own stream, leader election); the CLI and the examples use it.
 //! - [`pb`]: generated protobuf types.
 //! - [`sync`]: the lock types the shell uses, swappable for loom's.
 
 pub mod broker;
+pub mod client;
 pub mod clock;
 pub mod core;
 pub mod metrics;

@@ -1,5 +1,5 @@
 //! The `tinybroker` binary: `serve` runs the broker; `publish`, `subscribe` and `bench` are small
-//! clients for trying it out and measuring it.
+//! clients for trying it out and measuring it; `status` is the operator's view.
 
 mod cli;
 
@@ -26,6 +26,8 @@ enum Command {
     Publish(cli::client::Publish),
     /// Join a subscription and print every frame; acks each message unless --no-ack.
     Subscribe(cli::client::Subscribe),
+    /// Show subscriptions, members in promotion order, epochs, depths and counters.
+    Status(cli::status::Status),
     /// Load generator: runs workload w1 (work queue), w2 (singleton failover) or w3 (fan-out).
     Bench(cli::bench::Bench),
     /// One replica of the w2 failover workload (started by `bench w2`).
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
                     ExitCode::from(cli::client::EXIT_BROKER_SHUTDOWN)
                 }
             }),
+            Command::Status(args) => cli::status::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Bench(args) => cli::bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BenchReplica(args) => {
                 cli::bench::replica(args).await.map(|()| ExitCode::SUCCESS)

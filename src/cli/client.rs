@@ -4,13 +4,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use tinybroker::pb::{self, DeliveryMode, broker_client::BrokerClient, subscription_frame::Frame};
-use tonic::{
-    Request, Status,
-    metadata::AsciiMetadataValue,
-    service::{Interceptor, interceptor::InterceptedService},
-    transport::{Certificate, Channel, ClientTlsConfig, Identity},
-};
+use tinybroker::client::{self, ClientOptions, Event, Message, SubscriptionOptions};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// Where the broker is and how to authenticate.
 #[derive(Args, Clone, Default)]
@@ -44,38 +39,16 @@ fn read_file(path: &PathBuf) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))
 }
 
-/// Adds `authorization: Bearer <token>` to every call.
-#[derive(Clone)]
-pub struct Bearer(Option<AsciiMetadataValue>);
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
-}
-
-/// A Broker client with the connection's token attached.
-pub type Client = BrokerClient<InterceptedService<Channel, Bearer>>;
+/// The generated client with the token attached, for `bench` (which drives the raw RPCs).
+pub type Client = client::RawClient;
 
 impl Connection {
-    /// Connects to the broker.
-    pub async fn connect(&self) -> Result<Client, String> {
-        let mut endpoint = Channel::from_shared(self.server.clone())
-            .map_err(|e| format!("bad --server {:?}: {e}", self.server))?;
-        if let Some(tls) = self.tls()? {
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| format!("TLS settings: {e}"))?;
-        }
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", self.server))?;
+    /// Connects with the library client and its defaults (keepalive on).
+    ///
+    /// # Errors
+    /// "cannot reach the broker at URL: ..." when it cannot be reached, or unreadable TLS or
+    /// token files.
+    pub async fn client(&self) -> Result<client::Client, String> {
         let token = match &self.token_file {
             Some(path) => {
                 let text = String::from_utf8(read_file(path)?)
@@ -84,15 +57,22 @@ impl Connection {
             }
             None => self.token.clone(),
         };
-        let token = match &token {
-            Some(t) => Some(
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| "the token must be printable ASCII".to_string())?,
-            ),
-            None => None,
+        let options = ClientOptions {
+            token,
+            tls: self.tls()?,
+            ..ClientOptions::default()
         };
-        Ok(BrokerClient::with_interceptor(channel, Bearer(token)))
+        client::Client::connect_with(self.server.clone(), options)
+            .await
+            .map_err(|e| format!("cannot reach the broker at {}: {e}", self.server))
+    }
+
+    /// Connects and hands back the generated client (see [`Client`]).
+    ///
+    /// # Errors
+    /// As [`Connection::client`].
+    pub async fn connect(&self) -> Result<Client, String> {
+        Ok(self.client().await?.raw())
     }
 
     /// TLS settings when the URL is `https://` or any TLS file is given; the broker's
@@ -111,10 +91,6 @@ impl Connection {
         }
         Ok(Some(tls))
     }
-}
-
-fn describe(status: Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
 }
 
 #[derive(Args)]
@@ -138,16 +114,10 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 }
 
 pub async fn publish(args: Publish) -> Result<(), String> {
-    let mut client = args.connection.connect().await?;
-    let reply = client
-        .publish(pb::PublishRequest {
-            topic: args.topic,
-            payload: args.payload.into_bytes().into(),
-            headers: args.headers.into_iter().collect(),
-        })
-        .await
-        .map_err(describe)?
-        .into_inner();
+    let client = args.connection.client().await?;
+    let mut message = Message::new(args.topic, args.payload.into_bytes());
+    message.headers = args.headers.into_iter().collect();
+    let reply = client.publish(message).await.map_err(|e| e.to_string())?;
     println!(
         "published system_id={} queued_for={}",
         reply.system_id, reply.queued_for
@@ -202,80 +172,73 @@ pub const EXIT_BROKER_SHUTDOWN: u8 = 3;
 pub enum SubscribeEnd {
     /// The broker closed the stream normally.
     Ended,
-    /// The broker is shutting down (the stream ended with `UNAVAILABLE`, or the connection
-    /// closed under it).
+    /// The broker is shutting down (the stream ended with `UNAVAILABLE`).
     BrokerShutdown,
 }
 
 pub async fn subscribe(args: Subscribe) -> Result<SubscribeEnd, String> {
-    let mut client = args.connection.connect().await?;
-    let mode = match args.mode {
-        ModeArg::Broadcast => DeliveryMode::Broadcast,
-        ModeArg::Queue => DeliveryMode::Queue,
-        ModeArg::Singleton => DeliveryMode::Singleton,
-    };
-    let mut stream = client
-        .subscribe(pb::OpenSubscription {
-            subscription_id: args.id.clone(),
-            topic_patterns: args.patterns,
-            mode: mode.into(),
-            consumer_group: args.group,
-            max_in_flight: args.max_in_flight,
-            max_delivery_attempts: args.max_delivery_attempts,
-            dead_letter_topic: args.dead_letter_topic,
-            notify_standby: args.notify_standby,
-            ..Default::default()
-        })
-        .await
-        .map_err(describe)?
-        .into_inner();
+    let client = args.connection.client().await?;
+    let mut options = match args.mode {
+        ModeArg::Broadcast => SubscriptionOptions::broadcast(&args.id, args.patterns),
+        ModeArg::Queue => SubscriptionOptions::queue(&args.id, args.group, args.patterns),
+        ModeArg::Singleton => SubscriptionOptions::singleton(&args.id, args.group, args.patterns),
+    }
+    .max_in_flight(args.max_in_flight)
+    .max_delivery_attempts(args.max_delivery_attempts)
+    .notify_standby(args.notify_standby);
+    if !args.dead_letter_topic.is_empty() {
+        options = options.dead_letter_topic(args.dead_letter_topic);
+    }
+    let mut subscription = client.subscribe(options).await.map_err(|e| e.to_string())?;
     println!("joined subscription={} (waiting to be confirmed)", args.id);
-    let mut member_id = 0;
-    loop {
-        let frame = match stream.message().await {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
-            Err(status) if status.code() == tonic::Code::Unavailable => {
+    // Held messages stay in flight until the stream ends (to watch redelivery on failover).
+    let mut held = Vec::new();
+    while let Some(event) = subscription.next_event().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(client::Error::Unavailable(_)) => {
                 println!("broker shutting down");
                 return Ok(SubscribeEnd::BrokerShutdown);
             }
-            Err(status) => return Err(describe(status)),
+            Err(error) => return Err(error.to_string()),
         };
-        match frame.frame {
-            Some(Frame::Confirmation(c)) => {
-                member_id = c.member_id;
-                println!(
-                    "confirmed subscription={} member={} epoch={} (active)",
-                    c.subscription_id, c.member_id, c.epoch
-                );
-            }
-            Some(Frame::Standby(s)) => println!(
-                "standby subscription={} member={} position={}",
-                s.subscription_id, s.member_id, s.position
+        match event {
+            Event::Active { member_id, epoch } => println!(
+                "confirmed subscription={} member={member_id} epoch={epoch} (active)",
+                args.id
             ),
-            Some(Frame::Message(m)) => {
+            Event::Standby {
+                member_id,
+                position,
+            } => println!(
+                "standby subscription={} member={member_id} position={position}",
+                args.id
+            ),
+            Event::Delivery(m) => {
                 println!(
                     "message system_id={} topic={} attempt={} epoch={} payload={:?}",
                     m.system_id,
                     m.topic,
-                    m.delivery_attempt,
+                    m.attempt,
                     m.epoch,
                     String::from_utf8_lossy(&m.payload)
                 );
-                if !args.no_ack {
-                    client
-                        .ack(pb::Ack {
-                            subscription_id: args.id.clone(),
-                            system_id: m.system_id,
-                            member_id,
-                        })
-                        .await
-                        .map_err(describe)?;
-                    println!("acked system_id={}", m.system_id);
+                if args.no_ack {
+                    held.push(m);
+                } else {
+                    let system_id = m.system_id;
+                    m.ack().map_err(|e| e.to_string())?;
+                    println!("acked system_id={system_id}");
                 }
             }
-            // Refusals only come on Consume streams; this client uses Subscribe.
-            Some(Frame::Refused(_)) | None => {}
+            Event::Refused {
+                system_id,
+                nack,
+                error,
+            } => println!(
+                "refused {} system_id={system_id}: {error}",
+                if nack { "nack" } else { "ack" }
+            ),
         }
     }
     println!("stream ended");

@@ -4,3 +4,4 @@ pub mod bench;
 pub mod client;
 pub mod logging;
 pub mod serve;
+pub mod status;

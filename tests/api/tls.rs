@@ -301,7 +301,9 @@ async fn cli_talks_mutual_tls_with_a_token_file() {
     let no_token = binary::run_client(publish(&with_cert)).await;
     assert!(!no_token.status.success(), "{}", text(&no_token));
     assert!(
-        String::from_utf8_lossy(&no_token.stderr).contains("Unauthenticated"),
+        String::from_utf8_lossy(&no_token.stderr)
+            .to_lowercase()
+            .contains("unauthenticated"),
         "{}",
         text(&no_token)
     );
@@ -310,7 +312,9 @@ async fn cli_talks_mutual_tls_with_a_token_file() {
     args.extend(["--token", "wrong"]);
     let wrong_token = binary::run_client(publish(&args)).await;
     assert!(
-        String::from_utf8_lossy(&wrong_token.stderr).contains("Unauthenticated"),
+        String::from_utf8_lossy(&wrong_token.stderr)
+            .to_lowercase()
+            .contains("unauthenticated"),
         "{}",
         text(&wrong_token)
     );

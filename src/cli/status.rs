@@ -1,0 +1,414 @@
+//! `tinybroker status [ID] [--json]`: the operator's view of a running broker. Subscriptions,
+//! members in promotion order, who is active, epochs, queue depth, in flight and counters, as a
+//! table for people or JSON for scripts.
+
+use clap::Args;
+use serde::Serialize;
+use tinybroker::{
+    client::{Client, Error},
+    pb,
+};
+
+use super::client::Connection;
+
+#[derive(Args)]
+pub struct Status {
+    #[command(flatten)]
+    connection: Connection,
+    /// Show only this subscription, with its members and counters.
+    id: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The JSON document (and what the table shows). Written by hand rather than derived on the
+/// generated types, so the JSON stays stable as the proto grows.
+#[derive(Serialize)]
+struct StatusView {
+    /// Absent when one subscription was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    broker: Option<BrokerView>,
+    subscriptions: Vec<SubscriptionView>,
+}
+
+#[derive(Serialize)]
+struct BrokerView {
+    published: u64,
+    unrouted: u64,
+    rejected_publishes: u64,
+    subscriptions_expired: u64,
+    messages_expired: u64,
+    subscriptions: u64,
+    members: u64,
+}
+
+#[derive(Serialize)]
+struct SubscriptionView {
+    subscription_id: String,
+    mode: String,
+    consumer_group: String,
+    topic_patterns: Vec<String>,
+    ack_mode: String,
+    overflow: String,
+    epoch: u64,
+    active_member_id: Option<u64>,
+    queued_messages: u64,
+    queued_bytes: u64,
+    in_flight: u64,
+    max_delivery_attempts: u32,
+    dead_letter_topic: Option<String>,
+    expires_in_ms: Option<u64>,
+    /// In promotion order: the earliest joined first.
+    members: Vec<MemberView>,
+    counters: CountersView,
+}
+
+#[derive(Serialize)]
+struct MemberView {
+    member_id: u64,
+    position: u32,
+    active: bool,
+    epoch: u64,
+    in_flight: u32,
+    max_in_flight: u32,
+}
+
+#[derive(Serialize, Default)]
+struct CountersView {
+    enqueued: u64,
+    delivered: u64,
+    redelivered: u64,
+    acked: u64,
+    nacked: u64,
+    dead_lettered: u64,
+    dropped_max_attempts: u64,
+    rejected_full: u64,
+    dropped_full: u64,
+    dropped_overflow: u64,
+    promotions: u64,
+    stale_acks: u64,
+}
+
+/// `DELIVERY_MODE_SINGLETON` → `SINGLETON`.
+fn short(name: &str, prefix: &str) -> String {
+    name.strip_prefix(prefix).unwrap_or(name).to_string()
+}
+
+impl From<pb::SubscriptionInfo> for SubscriptionView {
+    fn from(info: pb::SubscriptionInfo) -> Self {
+        let mut members: Vec<MemberView> = info
+            .members
+            .into_iter()
+            .map(|m| MemberView {
+                member_id: m.member_id,
+                position: m.position,
+                active: m.active,
+                epoch: m.epoch,
+                in_flight: m.in_flight,
+                max_in_flight: m.max_in_flight,
+            })
+            .collect();
+        members.sort_by_key(|m| m.position);
+        let c = info.counters.unwrap_or_default();
+        let mode = pb::DeliveryMode::try_from(info.mode).map_or_else(
+            |_| info.mode.to_string(),
+            |m| short(m.as_str_name(), "DELIVERY_MODE_"),
+        );
+        let ack_mode = match pb::AckMode::try_from(info.ack_mode) {
+            Ok(pb::AckMode::None) => "NONE".to_string(),
+            Ok(_) => "EXPLICIT".to_string(),
+            Err(_) => info.ack_mode.to_string(),
+        };
+        let overflow = pb::OverflowPolicy::try_from(info.overflow).map_or_else(
+            |_| info.overflow.to_string(),
+            |o| short(o.as_str_name(), "OVERFLOW_POLICY_"),
+        );
+        Self {
+            subscription_id: info.subscription_id,
+            mode,
+            consumer_group: info.consumer_group,
+            topic_patterns: info.topic_patterns,
+            ack_mode,
+            overflow,
+            epoch: info.epoch,
+            active_member_id: (info.active_member_id != 0).then_some(info.active_member_id),
+            queued_messages: info.queued_messages,
+            queued_bytes: info.queued_bytes,
+            in_flight: info.in_flight,
+            max_delivery_attempts: info.max_delivery_attempts,
+            dead_letter_topic: (!info.dead_letter_topic.is_empty())
+                .then_some(info.dead_letter_topic),
+            expires_in_ms: info.expires_in_ms,
+            members,
+            counters: CountersView {
+                enqueued: c.enqueued,
+                delivered: c.delivered,
+                redelivered: c.redelivered,
+                acked: c.acked,
+                nacked: c.nacked,
+                dead_lettered: c.dead_lettered,
+                dropped_max_attempts: c.dropped_max_attempts,
+                rejected_full: c.rejected_full,
+                dropped_full: c.dropped_full,
+                dropped_overflow: c.dropped_overflow,
+                promotions: c.promotions,
+                stale_acks: c.stale_acks,
+            },
+        }
+    }
+}
+
+/// Turns an error into the operator's message: unreachable is said plainly.
+fn explain(error: Error, url: &str) -> String {
+    match error {
+        Error::Unavailable(_) | Error::Transport(_) => {
+            format!("cannot reach the broker at {url}: {error}")
+        }
+        error => error.to_string(),
+    }
+}
+
+/// Every subscription, plus the broker's counters.
+async fn list_all(client: &Client) -> Result<StatusView, Error> {
+    // `Client::list` follows ListSubscriptions' pages to the end.
+    let reply = client.list().await?;
+    let mut subscriptions: Vec<SubscriptionView> =
+        reply.subscriptions.into_iter().map(Into::into).collect();
+    subscriptions.sort_by(|a, b| a.subscription_id.cmp(&b.subscription_id));
+    let broker = reply.broker.unwrap_or_default();
+    Ok(StatusView {
+        broker: Some(BrokerView {
+            published: broker.published,
+            unrouted: broker.unrouted,
+            rejected_publishes: broker.rejected_publishes,
+            subscriptions_expired: broker.subscriptions_expired,
+            messages_expired: broker.messages_expired,
+            subscriptions: broker.subscriptions,
+            members: broker.members,
+        }),
+        subscriptions,
+    })
+}
+
+pub async fn run(args: Status) -> Result<(), String> {
+    let url = args.connection.server.clone();
+    let client = args.connection.client().await?;
+    let view = match &args.id {
+        Some(id) => StatusView {
+            broker: None,
+            subscriptions: vec![
+                client
+                    .describe(id)
+                    .await
+                    .map_err(|e| explain(e, &url))?
+                    .into(),
+            ],
+        },
+        None => list_all(&client).await.map_err(|e| explain(e, &url))?,
+    };
+    if args.json {
+        let text = serde_json::to_string_pretty(&view).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else if args.id.is_some() {
+        for subscription in &view.subscriptions {
+            print!("{}", detail(subscription));
+        }
+    } else {
+        print!("{}", overview(&view));
+    }
+    Ok(())
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Members in promotion order, the active one starred: `7*,9,12`.
+fn member_list(s: &SubscriptionView) -> String {
+    const SHOWN: usize = 5;
+    let mut ids: Vec<String> = s
+        .members
+        .iter()
+        .take(SHOWN)
+        .map(|m| format!("{}{}", m.member_id, if m.active { "*" } else { "" }))
+        .collect();
+    if s.members.len() > SHOWN {
+        ids.push(format!("+{}", s.members.len() - SHOWN));
+    }
+    if ids.is_empty() {
+        match s.expires_in_ms {
+            Some(ms) => format!("none (expires in {ms} ms)"),
+            None => "none".into(),
+        }
+    } else {
+        ids.join(",")
+    }
+}
+
+fn overview(view: &StatusView) -> String {
+    let mut out = String::new();
+    if let Some(b) = &view.broker {
+        out.push_str(&format!(
+            "broker: {} subscriptions, {} members; published {} (unrouted {}, rejected {}); expired {} subscriptions ({} messages)\n\n",
+            b.subscriptions,
+            b.members,
+            b.published,
+            b.unrouted,
+            b.rejected_publishes,
+            b.subscriptions_expired,
+            b.messages_expired
+        ));
+    }
+    if view.subscriptions.is_empty() {
+        out.push_str("no subscriptions\n");
+        return out;
+    }
+    let mut rows = vec![
+        [
+            "SUBSCRIPTION",
+            "MODE",
+            "GROUP",
+            "EPOCH",
+            "MEMBERS (* active)",
+            "QUEUED",
+            "IN FLIGHT",
+            "ACKED",
+            "REDELIVERED",
+            "PATTERNS",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for s in &view.subscriptions {
+        rows.push(vec![
+            s.subscription_id.clone(),
+            s.mode.clone(),
+            if s.consumer_group.is_empty() {
+                "-".into()
+            } else {
+                s.consumer_group.clone()
+            },
+            s.epoch.to_string(),
+            member_list(s),
+            s.queued_messages.to_string(),
+            s.in_flight.to_string(),
+            s.counters.acked.to_string(),
+            s.counters.redelivered.to_string(),
+            s.topic_patterns.join(" "),
+        ]);
+    }
+    out.push_str(&table(&rows));
+    out
+}
+
+fn detail(s: &SubscriptionView) -> String {
+    let mut out = format!(
+        "subscription {} ({}{}) on {}\n",
+        s.subscription_id,
+        s.mode,
+        if s.consumer_group.is_empty() {
+            String::new()
+        } else {
+            format!(", group {}", s.consumer_group)
+        },
+        s.topic_patterns.join(" ")
+    );
+    out.push_str(&format!(
+        "  epoch {}, active member {}, queued {} messages ({} bytes), in flight {}\n",
+        s.epoch,
+        s.active_member_id.map_or("none".into(), |m| m.to_string()),
+        s.queued_messages,
+        s.queued_bytes,
+        s.in_flight
+    ));
+    out.push_str(&format!(
+        "  ack mode {}, overflow {}",
+        s.ack_mode, s.overflow
+    ));
+    if s.max_delivery_attempts > 0 {
+        out.push_str(&format!(
+            ", max delivery attempts {} then {}",
+            s.max_delivery_attempts,
+            s.dead_letter_topic
+                .as_deref()
+                .map_or("drop".into(), |t| format!("dead-letter to {t}"))
+        ));
+    }
+    out.push('\n');
+    if let Some(ms) = s.expires_in_ms {
+        out.push_str(&format!("  no members: expires in {ms} ms\n"));
+    }
+    if !s.members.is_empty() {
+        out.push_str("  members, in promotion order:\n");
+        let mut rows = vec![
+            [
+                "    POSITION",
+                "MEMBER",
+                "STATE",
+                "EPOCH",
+                "IN FLIGHT",
+                "WINDOW",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for m in &s.members {
+            rows.push(vec![
+                format!("    {}", m.position),
+                m.member_id.to_string(),
+                if m.active {
+                    "active".into()
+                } else {
+                    "standby".into()
+                },
+                if m.active {
+                    m.epoch.to_string()
+                } else {
+                    "-".into()
+                },
+                m.in_flight.to_string(),
+                m.max_in_flight.to_string(),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    let c = &s.counters;
+    out.push_str(&format!(
+        "  counters: enqueued {} delivered {} redelivered {} acked {} nacked {} promotions {} stale_acks {}\n            dead_lettered {} dropped_max_attempts {} rejected_full {} dropped_full {} dropped_overflow {}\n",
+        c.enqueued,
+        c.delivered,
+        c.redelivered,
+        c.acked,
+        c.nacked,
+        c.promotions,
+        c.stale_acks,
+        c.dead_lettered,
+        c.dropped_max_attempts,
+        c.rejected_full,
+        c.dropped_full,
+        c.dropped_overflow
+    ));
+    out
+}

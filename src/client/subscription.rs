@@ -1,0 +1,396 @@
+//! A subscription over the `Consume` stream: deliveries settle themselves on the member's own
+//! stream (fenced by construction), and refusals come back on it as events.
+
+use std::{
+    collections::HashMap,
+    future::poll_fn,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::Stream;
+
+use super::{AckMode, Error, RawClient, Result, SubscriptionOptions};
+use crate::pb::{self, consume_request::Request as Carried, subscription_frame::Frame};
+
+/// Settlements that are ready together travel in one `Settle`, up to this many.
+const MAX_SETTLE_BATCH: usize = 1024;
+
+#[derive(Clone, Copy, Debug)]
+enum Settlement {
+    Ack(u64),
+    Nack(u64),
+}
+
+/// One delivered message. Settle it with [`Delivery::ack`] or [`Delivery::nack`]; dropping it
+/// unsettled leaves it in flight until the subscription ends, when it is redelivered.
+#[derive(Debug)]
+pub struct Delivery {
+    /// Broker-wide id, increasing in publish order.
+    pub system_id: u64,
+    /// The topic it was published on.
+    pub topic: String,
+    /// Opaque payload.
+    pub payload: Bytes,
+    /// Application headers (plus `tinybroker-dead-letter-*` on a dead letter).
+    pub headers: HashMap<String, String>,
+    /// 1 on first delivery, +1 on every redelivery.
+    pub attempt: u32,
+    /// The member's epoch: the fencing token for side effects.
+    pub epoch: u64,
+    /// When the broker accepted the publish.
+    pub published_at: Option<SystemTime>,
+    /// The subscription it came from.
+    pub subscription_id: Arc<str>,
+    /// The member it was delivered to.
+    pub member_id: u64,
+    /// `None` when ack-free: nothing to settle.
+    settle: Option<mpsc::UnboundedSender<Settlement>>,
+}
+
+impl Delivery {
+    fn settle(&self, settlement: Settlement) -> Result<()> {
+        match &self.settle {
+            None => Ok(()),
+            Some(channel) => channel.send(settlement).map_err(|_| {
+                Error::Unavailable(
+                    "the subscription stream ended; the message will be redelivered".into(),
+                )
+            }),
+        }
+    }
+
+    /// Releases the message for good. Sent on the subscription's stream without waiting; a
+    /// refusal comes back as [`Event::Refused`]. Does nothing on an ack-free subscription.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the subscription stream has ended (the broker then
+    /// redelivers the message to another member).
+    pub fn ack(self) -> Result<()> {
+        self.settle(Settlement::Ack(self.system_id))
+    }
+
+    /// Gives the message back for redelivery at the head of the queue, with `attempt` + 1.
+    ///
+    /// # Errors
+    /// As [`Delivery::ack`].
+    pub fn nack(self) -> Result<()> {
+        self.settle(Settlement::Nack(self.system_id))
+    }
+}
+
+/// What a subscription stream carries.
+#[derive(Debug)]
+pub enum Event {
+    /// This member is now active (the confirmation frame).
+    Active {
+        /// This member's id.
+        member_id: u64,
+        /// Its epoch, strictly higher than any earlier activation on the subscription.
+        epoch: u64,
+    },
+    /// Singleton with `notify_standby`: this member waits in line.
+    Standby {
+        /// This member's id.
+        member_id: u64,
+        /// 1 = next to be promoted.
+        position: u32,
+    },
+    /// A message.
+    Delivery(Delivery),
+    /// An ack or nack sent on this stream was refused and changed nothing.
+    Refused {
+        /// The message named.
+        system_id: u64,
+        /// True for a nack.
+        nack: bool,
+        /// Why.
+        error: Error,
+    },
+}
+
+/// The request side of a `Consume` stream: the `open`, then batches of settlements; ends when
+/// the [`Subscription`] is dropped, which makes the member leave.
+struct Outgoing {
+    open: Option<pb::OpenSubscription>,
+    settles: mpsc::UnboundedReceiver<Settlement>,
+    close: oneshot::Receiver<()>,
+}
+
+impl Stream for Outgoing {
+    type Item = pb::ConsumeRequest;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(open) = this.open.take() {
+            return Poll::Ready(Some(pb::ConsumeRequest {
+                request: Some(Carried::Open(open)),
+            }));
+        }
+        // Settlements first, so acks made just before the subscription was dropped still count.
+        let mut settle = pb::Settle::default();
+        let mut closed = false;
+        while settle.ack.len() + settle.nack.len() < MAX_SETTLE_BATCH {
+            match this.settles.poll_recv(cx) {
+                Poll::Ready(Some(Settlement::Ack(id))) => settle.ack.push(id),
+                Poll::Ready(Some(Settlement::Nack(id))) => settle.nack.push(id),
+                Poll::Ready(None) => {
+                    closed = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if !settle.ack.is_empty() || !settle.nack.is_empty() {
+            return Poll::Ready(Some(pb::ConsumeRequest {
+                request: Some(Carried::Settle(settle)),
+            }));
+        }
+        if closed || Pin::new(&mut this.close).poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+/// A member of a subscription. Read it with [`Subscription::next_event`] or
+/// [`Subscription::next_delivery`] (it is also a `Stream` of deliveries). Dropping it leaves the
+/// subscription: unacked messages go back to the head of the queue.
+#[derive(Debug)]
+pub struct Subscription {
+    id: Arc<str>,
+    frames: tonic::Streaming<pb::SubscriptionFrame>,
+    settles: mpsc::UnboundedSender<Settlement>,
+    /// Dropped with the subscription, which ends the request side of the stream.
+    _close: oneshot::Sender<()>,
+    ack_free: bool,
+    member_id: u64,
+    epoch: u64,
+    active: bool,
+    ended: bool,
+}
+
+impl Subscription {
+    pub(super) async fn open(mut raw: RawClient, options: SubscriptionOptions) -> Result<Self> {
+        let (settles, settles_rx) = mpsc::unbounded_channel();
+        let (close, close_rx) = oneshot::channel();
+        let outgoing = Outgoing {
+            open: Some(options.to_pb()),
+            settles: settles_rx,
+            close: close_rx,
+        };
+        let frames = raw.consume(outgoing).await?.into_inner();
+        Ok(Self {
+            id: options.subscription_id.into(),
+            frames,
+            settles,
+            _close: close,
+            ack_free: options.ack_mode == AckMode::None,
+            member_id: 0,
+            epoch: 0,
+            active: false,
+            ended: false,
+        })
+    }
+
+    /// The subscription's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// This member's id, known once it is active or told it is on standby (0 before).
+    pub fn member_id(&self) -> u64 {
+        self.member_id
+    }
+
+    /// This member's epoch, 0 until it is active.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether the confirmation has arrived.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// Polls for the next event; `None` once the stream has ended.
+    pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Event>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            let frame = match Pin::new(&mut self.frames).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(status.into())));
+                }
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            let event = match frame.frame {
+                Some(Frame::Confirmation(c)) => {
+                    self.member_id = c.member_id;
+                    self.epoch = c.epoch;
+                    self.active = true;
+                    Event::Active {
+                        member_id: c.member_id,
+                        epoch: c.epoch,
+                    }
+                }
+                Some(Frame::Standby(s)) => {
+                    self.member_id = s.member_id;
+                    Event::Standby {
+                        member_id: s.member_id,
+                        position: s.position,
+                    }
+                }
+                Some(Frame::Message(m)) => Event::Delivery(Delivery {
+                    system_id: m.system_id,
+                    topic: m.topic,
+                    payload: m.payload,
+                    headers: m.headers,
+                    attempt: m.delivery_attempt,
+                    epoch: m.epoch,
+                    published_at: m.published_at.and_then(to_system_time),
+                    subscription_id: self.id.clone(),
+                    member_id: self.member_id,
+                    settle: (!self.ack_free).then(|| self.settles.clone()),
+                }),
+                Some(Frame::Refused(r)) => Event::Refused {
+                    system_id: r.system_id,
+                    nack: r.nack,
+                    error: Error::from_code(r.code, r.message),
+                },
+                // A frame kind newer than this client: skip it.
+                None => continue,
+            };
+            return Poll::Ready(Some(Ok(event)));
+        }
+    }
+
+    /// The next event: activation, standby notice, delivery or refused settlement.
+    /// `None` once the stream has ended cleanly.
+    ///
+    /// # Errors
+    /// The status that ended the stream ([`Error::Unavailable`] when the broker shuts down or
+    /// the connection fails); nothing follows it.
+    pub async fn next_event(&mut self) -> Option<Result<Event>> {
+        poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// The next delivery, skipping other events (a refused settlement is logged).
+    ///
+    /// # Errors
+    /// As [`Subscription::next_event`].
+    pub async fn next_delivery(&mut self) -> Option<Result<Delivery>> {
+        poll_fn(|cx| self.poll_delivery(cx)).await
+    }
+
+    fn poll_delivery(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Delivery>>> {
+        loop {
+            match self.poll_event(cx) {
+                Poll::Ready(Some(Ok(Event::Delivery(delivery)))) => {
+                    return Poll::Ready(Some(Ok(delivery)));
+                }
+                Poll::Ready(Some(Ok(Event::Refused {
+                    system_id, error, ..
+                }))) => {
+                    tracing::warn!(subscription = %self.id, system_id, %error, "settlement refused");
+                }
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Result<Delivery>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_delivery(cx)
+    }
+}
+
+fn to_system_time(t: prost_types::Timestamp) -> Option<SystemTime> {
+    let seconds = u64::try_from(t.seconds).ok()?;
+    let nanos = u32::try_from(t.nanos).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use super::*;
+
+    fn poll(outgoing: &mut Outgoing) -> Poll<Option<pb::ConsumeRequest>> {
+        Pin::new(outgoing).poll_next(&mut Context::from_waker(Waker::noop()))
+    }
+
+    fn settle(request: Poll<Option<pb::ConsumeRequest>>) -> pb::Settle {
+        match request {
+            Poll::Ready(Some(pb::ConsumeRequest {
+                request: Some(Carried::Settle(settle)),
+            })) => settle,
+            other => panic!("expected a Settle, got {other:?}"),
+        }
+    }
+
+    // The open goes first; settlements ready together travel in one Settle; settlements made
+    // before the subscription was dropped are still sent, then the request side ends.
+    #[test]
+    fn outgoing_opens_then_batches_ready_settlements_and_flushes_before_closing() {
+        let (tx, settles) = mpsc::unbounded_channel();
+        let (close, close_rx) = oneshot::channel();
+        let mut outgoing = Outgoing {
+            open: Some(SubscriptionOptions::queue("s", "g", ["a.*"]).to_pb()),
+            settles,
+            close: close_rx,
+        };
+        assert!(matches!(
+            poll(&mut outgoing),
+            Poll::Ready(Some(pb::ConsumeRequest {
+                request: Some(Carried::Open(open))
+            })) if open.subscription_id == "s" && open.mode == pb::DeliveryMode::Queue as i32
+        ));
+        assert!(poll(&mut outgoing).is_pending());
+        for settlement in [Settlement::Ack(1), Settlement::Nack(2), Settlement::Ack(3)] {
+            tx.send(settlement).unwrap();
+        }
+        let batch = settle(poll(&mut outgoing));
+        assert_eq!((batch.ack, batch.nack), (vec![1, 3], vec![2]));
+        assert!(poll(&mut outgoing).is_pending());
+
+        tx.send(Settlement::Ack(4)).unwrap();
+        drop(close);
+        assert_eq!(settle(poll(&mut outgoing)).ack, vec![4]);
+        assert!(matches!(poll(&mut outgoing), Poll::Ready(None)));
+    }
+
+    #[test]
+    fn a_large_burst_is_split_at_the_batch_limit() {
+        let (tx, settles) = mpsc::unbounded_channel();
+        let (_close, close_rx) = oneshot::channel();
+        let mut outgoing = Outgoing {
+            open: None,
+            settles,
+            close: close_rx,
+        };
+        for id in 0..(MAX_SETTLE_BATCH as u64 + 5) {
+            tx.send(Settlement::Ack(id)).unwrap();
+        }
+        assert_eq!(settle(poll(&mut outgoing)).ack.len(), MAX_SETTLE_BATCH);
+        assert_eq!(settle(poll(&mut outgoing)).ack.len(), 5);
+    }
+}

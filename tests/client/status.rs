@@ -1,0 +1,130 @@
+//! `tinybroker status` against a real server: the table, the JSON, and an unreachable broker.
+
+use std::process::{Command, Output};
+
+use tinybroker::client::{Client, Message, SubscriptionOptions};
+
+use crate::harness::{TestServer, within};
+
+/// Runs the `tinybroker` binary off the async runtime (it blocks).
+async fn tinybroker(args: Vec<String>) -> Output {
+    within(tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+            .args(args)
+            .output()
+            .unwrap()
+    }))
+    .await
+    .unwrap()
+}
+
+// Inspection (SPEC §1): members in promotion order, the active one, epochs, depths and counters,
+// as JSON a script can read and as a table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_members_in_promotion_order_with_the_active_one() {
+    let server = TestServer::start().await;
+    let url = format!("http://{}", server.addr);
+    let client = within(Client::connect(url.clone())).await.unwrap();
+    let leader = within(client.elect("cron", "replicas")).await.unwrap();
+    let other = client.clone();
+    let _standby = tokio::spawn(async move { other.elect("cron", "replicas").await });
+    let _queue = client
+        .subscribe(SubscriptionOptions::queue("work", "workers", ["jobs.*"]))
+        .await
+        .unwrap();
+    within(async {
+        while client.describe("cron").await.unwrap().members.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    client.publish(Message::new("jobs.a", "1")).await.unwrap();
+    client.publish(Message::new("jobs.b", "2")).await.unwrap();
+
+    let out = tinybroker(vec![
+        "status".into(),
+        "--server".into(),
+        url.clone(),
+        "--json".into(),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["broker"]["subscriptions"], 2);
+    assert_eq!(json["broker"]["published"], 2);
+    let cron = &json["subscriptions"][0];
+    assert_eq!(cron["subscription_id"], "cron");
+    assert_eq!(cron["mode"], "SINGLETON");
+    assert_eq!(cron["epoch"], leader.epoch());
+    assert_eq!(cron["active_member_id"], leader.member_id());
+    let members = cron["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    assert_eq!(members[0]["member_id"], leader.member_id());
+    assert_eq!(
+        (&members[0]["active"], &members[1]["active"]),
+        (&true.into(), &false.into())
+    );
+    assert_eq!(members[1]["position"], 1);
+    let work = &json["subscriptions"][1];
+    assert_eq!(work["subscription_id"], "work");
+    // Window 1: one in flight, one queued.
+    assert_eq!(
+        (&work["in_flight"], &work["queued_messages"]),
+        (&1.into(), &1.into())
+    );
+    assert_eq!(work["counters"]["enqueued"], 2);
+
+    let out = tinybroker(vec!["status".into(), "--server".into(), url.clone()]).await;
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("SUBSCRIPTION"), "{table}");
+    let cron_row = table
+        .lines()
+        .find(|l| l.starts_with("cron "))
+        .expect(&table);
+    assert!(
+        cron_row.contains(&format!("{}*,", leader.member_id())),
+        "{cron_row}"
+    );
+
+    let out = tinybroker(vec![
+        "status".into(),
+        "--server".into(),
+        url.clone(),
+        "cron".into(),
+    ])
+    .await;
+    assert!(out.status.success());
+    let detail = String::from_utf8(out.stdout).unwrap();
+    assert!(detail.contains("members, in promotion order"), "{detail}");
+    assert!(detail.contains("standby"), "{detail}");
+
+    let out = tinybroker(vec![
+        "status".into(),
+        "--server".into(),
+        url,
+        "nobody".into(),
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+}
+
+// An operator pointing at the wrong place gets a clear message and a non-zero exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_plainly_when_the_broker_cannot_be_reached() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let out = tinybroker(vec!["status".into(), "--server".into(), url.clone()]).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot reach the broker at {url}")),
+        "{stderr}"
+    );
+}
