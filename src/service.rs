@@ -63,6 +63,7 @@ pub fn status(error: &Error) -> Status {
         Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => Status::not_found(message),
         Error::QueueFull { .. }
         | Error::MessageTooLarge { .. }
+        | Error::MemoryBudget { .. }
         | Error::BatchTooLarge { .. }
         | Error::TooManySubscriptions { .. }
         | Error::TooManyMembers { .. } => Status::resource_exhausted(message),
@@ -434,6 +435,8 @@ fn stats(stats: BrokerStats, transport: TransportSnapshot) -> pb::BrokerCounters
         messages_expired: stats.messages_expired,
         subscriptions: stats.subscriptions,
         members: stats.members,
+        memory_accounted_bytes: stats.memory_accounted_bytes,
+        max_memory_bytes: stats.max_memory_bytes,
     }
 }
 

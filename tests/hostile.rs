@@ -511,3 +511,109 @@ async fn accept_errors_back_off_log_once_and_recover() {
     let client = Client(pb::broker_client::BrokerClient::new(channel));
     ordinary_round_trip(&client, "after-fd-exhaustion").await;
 }
+
+fn with_memory_budget(max_memory_bytes: u64) -> ServerConfig {
+    ServerConfig {
+        limits: tinybroker::core::Limits {
+            max_memory_bytes,
+            ..Default::default()
+        },
+        ..ServerConfig::default()
+    }
+}
+
+/// Issue part 3, fan-out flood: 1,000 idle subscriptions on `fan.>`, then batches of one-byte
+/// messages. Each queue entry is counted with its overhead, so the broker-wide budget refuses
+/// the flood (naming max_memory_bytes) long before gigabytes, and memory stays within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_flood_is_stopped_by_the_memory_budget() {
+    let _serial = SERIAL.lock().await;
+    const BUDGET: u64 = 64 * MIB;
+    let server = TestServer::with_config(with_memory_budget(BUDGET)).await;
+    let client = server.client().await;
+    let baseline = rss();
+    let peak = RssPeak::start();
+    let mut idle = Vec::new();
+    for n in 0..1_000 {
+        // A connection carries at most max_concurrent_streams members: 100 per connection.
+        if n % 100 == 0 {
+            idle.push((server.client().await, Vec::new()));
+        }
+        let (subscriber, members) = idle.last_mut().expect("pushed above");
+        let sub = open(&format!("fan-{n}"), DeliveryMode::Broadcast, "", &["fan.>"]);
+        members.push(subscriber.subscribe(sub).await.unwrap());
+    }
+    let mut refused = None;
+    for _ in 0..100 {
+        let batch = pb::PublishBatchRequest {
+            messages: (0..1_000)
+                .map(|_| pb::PublishRequest {
+                    topic: "fan.out".into(),
+                    payload: Bytes::from_static(b"x"),
+                    headers: Default::default(),
+                })
+                .collect(),
+        };
+        if let Err(status) = within(client.0.clone().publish_batch(batch)).await {
+            refused = Some(status);
+            break;
+        }
+    }
+    let status = refused.expect("100,000 messages x 1,000 subscriptions were all accepted");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("max_memory_bytes"), "{status:?}");
+    let c = counters(&client).await;
+    assert!(c.memory_accounted_bytes <= BUDGET, "{c:?}");
+    ordinary_round_trip(&client, "during-fan-out-flood").await;
+    assert_rss_within(baseline, &peak, BUDGET);
+}
+
+/// Issue part 3, heavy subscriptions: each subscription with 64 long patterns costs its
+/// routing-index nodes; the budget counts them, so a flood of such subscriptions is refused
+/// instead of taking gigabytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_subscription_flood_is_stopped_by_the_memory_budget() {
+    let _serial = SERIAL.lock().await;
+    const BUDGET: u64 = 64 * MIB;
+    let server = TestServer::with_config(with_memory_budget(BUDGET)).await;
+    let client = server.client().await;
+    let baseline = rss();
+    let peak = RssPeak::start();
+    let mut refused = None;
+    let mut held = Vec::new();
+    for n in 0..2_000 {
+        // 64 distinct patterns of about 230 bytes, 32 tokens each.
+        let patterns: Vec<String> = (0..64)
+            .map(|p| {
+                std::iter::once(format!("h{n}x{p}"))
+                    .chain((1..32).map(|t| format!("t{t:02}xyz")))
+                    .collect::<Vec<_>>()
+                    .join(".")
+            })
+            .collect();
+        let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
+        let sub = open(
+            &format!("heavy-{n}"),
+            DeliveryMode::Broadcast,
+            "",
+            &patterns,
+        );
+        // A connection carries at most max_concurrent_streams members: 100 per connection.
+        if n % 100 == 0 {
+            held.push((server.client().await, Vec::new()));
+        }
+        let (subscriber, members) = held.last_mut().expect("pushed above");
+        match subscriber.subscribe(sub).await {
+            Ok(member) => members.push(member),
+            Err(status) => {
+                refused = Some(status);
+                break;
+            }
+        }
+    }
+    let status = refused.expect("2,000 heavy subscriptions were all accepted");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("max_memory_bytes"), "{status:?}");
+    ordinary_round_trip(&client, "during-heavy-subscription-flood").await;
+    assert_rss_within(baseline, &peak, BUDGET);
+}

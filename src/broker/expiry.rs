@@ -48,6 +48,9 @@ impl Broker {
                 &mut Vec::new(),
             );
             let c = &self.inner.counters;
+            // The subscription is gone: so is what its footprint still held.
+            c.memory
+                .fetch_sub(std::mem::take(&mut state.accounted), Ordering::Relaxed);
             c.subscriptions_expired.fetch_add(1, Ordering::Relaxed);
             c.messages_expired.fetch_add(held as u64, Ordering::Relaxed);
             tracing::info!(subscription = %state.core.id(), messages = held, "idle subscription expired");

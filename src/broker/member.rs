@@ -83,6 +83,8 @@ pub(crate) struct SubState {
     /// Streams to wake once the lock is released (waking under it would lengthen every
     /// critical section by a scheduler call).
     wake: Vec<Waker>,
+    /// The footprint last added to the broker's memory account.
+    pub(crate) accounted: u64,
 }
 
 /// A locked subscription. Dropping it releases the lock, then wakes the streams that got frames.
@@ -132,6 +134,7 @@ impl SubState {
             core,
             outlets: BTreeMap::new(),
             wake: Vec::new(),
+            accounted: 0,
         }
     }
 

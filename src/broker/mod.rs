@@ -78,6 +78,8 @@ struct AtomicCounters {
     messages_expired: AtomicU64,
     /// Live members across all subscriptions (so listing need not lock every subscription).
     members: AtomicU64,
+    /// Sum of every subscription's footprint: what counts against `max_memory_bytes`.
+    memory: AtomicU64,
 }
 
 struct Catalog {
@@ -153,6 +155,10 @@ pub struct BrokerStats {
     pub subscriptions: u64,
     /// Members across them.
     pub members: u64,
+    /// Bytes accounted against the memory budget.
+    pub memory_accounted_bytes: u64,
+    /// The memory budget.
+    pub max_memory_bytes: u64,
 }
 
 impl Broker {
@@ -205,6 +211,30 @@ impl Broker {
             });
         }
         state.apply(effects, dead);
+        self.account(state);
+    }
+
+    /// Brings the broker-wide memory account up to date with this subscription's footprint.
+    /// Every input passes through [`apply`](Self::apply), so the account follows every change.
+    fn account(&self, state: &mut SubState) {
+        let now = state.core.footprint();
+        let before = std::mem::replace(&mut state.accounted, now);
+        let memory = &self.inner.counters.memory;
+        if now >= before {
+            memory.fetch_add(now - before, Ordering::Relaxed);
+        } else {
+            memory.fetch_sub(before - now, Ordering::Relaxed);
+        }
+    }
+
+    /// Refuses work that would take the accounted memory over the budget.
+    fn check_memory(&self, needed: u64) -> Result<(), Error> {
+        let used = self.inner.counters.memory.load(Ordering::Relaxed);
+        let max = self.inner.limits.max_memory_bytes;
+        if used.saturating_add(needed) > max {
+            return Err(Error::MemoryBudget { used, needed, max });
+        }
+        Ok(())
     }
 
     /// The limits in force.
@@ -250,6 +280,7 @@ impl Broker {
                 max: limits.max_subscriptions,
             });
         }
+        self.check_memory(crate::core::subscription::subscription_cost(&request.spec))?;
         let name: Arc<str> = Arc::from(request.subscription_id.as_str());
         let core = Subscription::new(
             name.clone(),
@@ -289,6 +320,7 @@ impl Broker {
             // Checked again under the lock: `shutdown` ends the outlets it finds under this same
             // lock, so a member attached after that would never be told.
             self.check_running()?;
+            self.check_memory(crate::core::subscription::MEMBER_OVERHEAD)?;
             let (member, effects) = state.core.join(&request.spec, request.member)?;
             let _span = logs::member_span(&state, member).entered();
             state.attach(member, connection);
@@ -360,7 +392,9 @@ impl Broker {
                 .map(|cell| Locked::new(cell))
                 .collect();
             let size = draft.size();
-            let mut refusal = None;
+            let cost =
+                (size as u64 + crate::core::subscription::MESSAGE_OVERHEAD) * states.len() as u64;
+            let mut refusal = self.check_memory(cost).err();
             for state in &mut states {
                 if let Err(error) = state.core.check_publish(size) {
                     // Every full subscription counts the refusal; the first one names it.
@@ -653,6 +687,8 @@ impl Broker {
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
             subscriptions,
             members: c.members.load(Ordering::Relaxed),
+            memory_accounted_bytes: c.memory.load(Ordering::Relaxed),
+            max_memory_bytes: self.inner.limits.max_memory_bytes,
         };
         (views, stats)
     }

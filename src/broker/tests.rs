@@ -309,3 +309,47 @@ fn ack_free_member_settles_what_it_takes() {
         .unwrap_err();
     assert!(matches!(refused, Error::AckFree(_)), "{refused}");
 }
+
+// SPEC §6: the broker-wide memory budget counts what subscriptions really hold and refuses,
+// naming max_memory_bytes, what would go over it; the account returns to zero when everything
+// is released.
+#[tokio::test(start_paused = true)]
+async fn memory_budget_refuses_past_it_and_accounts_every_release() {
+    use crate::core::subscription::{MEMBER_OVERHEAD, MESSAGE_OVERHEAD, subscription_cost};
+    let req = request("m", Mode::Queue, "a.*");
+    let empty = subscription_cost(&req.spec) + MEMBER_OVERHEAD;
+    let per_message = draft("a.b").size() as u64 + MESSAGE_OVERHEAD;
+    let broker = broker(Limits {
+        max_memory_bytes: empty + 3 * per_message,
+        idle_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    });
+    let mut member = broker.open(&req, None).unwrap();
+    let accounted = |b: &Broker| b.list().1.memory_accounted_bytes;
+    assert_eq!(accounted(&broker), empty);
+    for _ in 0..3 {
+        broker.publish(draft("a.b")).unwrap();
+    }
+    let refused = broker.publish(draft("a.b")).unwrap_err();
+    assert!(matches!(refused, Error::MemoryBudget { .. }), "{refused}");
+    assert!(
+        refused.to_string().contains("max_memory_bytes"),
+        "{refused}"
+    );
+    assert_eq!(broker.list().1.rejected_publishes, 1);
+    // A delivered, acked message frees its share.
+    assert!(matches!(member.try_next(), Some(Outbound::Confirm { .. })));
+    let Some(Outbound::Message { message, .. }) = member.try_next() else {
+        panic!("expected a message");
+    };
+    broker
+        .ack("m", Fence::Member(member.member_id()), message.system_id)
+        .unwrap();
+    assert_eq!(accounted(&broker), empty + 2 * per_message);
+    broker.publish(draft("a.b")).unwrap();
+    // Leaving and expiring release the rest, down to nothing.
+    drop(member);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(broker.expire_idle(), 1);
+    assert_eq!(accounted(&broker), 0);
+}

@@ -37,6 +37,11 @@ pub struct Serve {
     /// Largest max_in_flight window a member may ask for.
     #[arg(long, env = "TINYBROKER_MAX_IN_FLIGHT", default_value_t = Limits::default().max_in_flight)]
     max_in_flight: u32,
+    /// Broker-wide memory budget in bytes: every held message's size plus a fixed overhead per
+    /// message, member and subscription (patterns included). Publishes and joins past it get
+    /// RESOURCE_EXHAUSTED naming max_memory_bytes.
+    #[arg(long, env = "TINYBROKER_MAX_MEMORY_BYTES", default_value_t = Limits::default().max_memory_bytes)]
+    max_memory_bytes: u64,
     /// How long a subscription without members keeps its queue (e.g. 300s, 10m).
     #[arg(long, env = "TINYBROKER_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
@@ -120,6 +125,7 @@ impl Serve {
             max_members_per_subscription: self.max_members,
             max_in_flight: self.max_in_flight.max(1),
             idle_timeout: self.idle_timeout,
+            max_memory_bytes: self.max_memory_bytes,
             ..Limits::default()
         };
         let tls = match (&self.tls_cert, &self.tls_key) {

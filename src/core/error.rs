@@ -103,6 +103,18 @@ pub enum Error {
         /// The limit's value.
         max: u64,
     },
+    /// The broker-wide memory budget would be exceeded.
+    #[error(
+        "the broker's memory budget is used up ({used} of max_memory_bytes {max} accounted, this needs {needed} more); ack or drain queues, or raise --max-memory-bytes"
+    )]
+    MemoryBudget {
+        /// Bytes accounted now.
+        used: u64,
+        /// What the refused request would add.
+        needed: u64,
+        /// The limit.
+        max: u64,
+    },
     /// A message is larger than the broker accepts.
     #[error("message is {size} bytes, over the max_message_bytes limit of {max}")]
     MessageTooLarge {

@@ -69,7 +69,10 @@ impl Draft {
         }
         Ok(Self {
             topic,
-            payload,
+            // Its own allocation: a payload decoded from a request is a view into the whole
+            // request buffer (a batch, or a chunk of a stream), which one queued message would
+            // otherwise keep alive long after its neighbours were acked.
+            payload: Bytes::copy_from_slice(&payload),
             headers: Arc::new(headers),
         })
     }

@@ -199,6 +199,10 @@ pub struct Limits {
     pub max_name_bytes: usize,
     /// How long a subscription with no members keeps its queue before it expires.
     pub idle_timeout: Duration,
+    /// Broker-wide budget for everything subscriptions hold, as [`footprint`] counts it.
+    ///
+    /// [`footprint`]: crate::core::Subscription::footprint
+    pub max_memory_bytes: u64,
 }
 
 impl Default for Limits {
@@ -214,6 +218,7 @@ impl Default for Limits {
             max_patterns: 64,
             max_name_bytes: 256,
             idle_timeout: Duration::from_secs(300),
+            max_memory_bytes: 1 << 30,
         }
     }
 }

@@ -109,6 +109,26 @@ pub struct Counters {
     pub dropped_overflow: u64,
 }
 
+/// What one held message costs beyond its own bytes: its queue slot or in-flight record, and
+/// its share of the shared message header (counted in full per subscription).
+pub const MESSAGE_OVERHEAD: u64 = 128;
+/// What one member costs: its record, its outlet and the stream's state.
+pub const MEMBER_OVERHEAD: u64 = 1024;
+/// What one subscription costs before any message or member.
+pub const SUBSCRIPTION_OVERHEAD: u64 = 2048;
+/// What each token of each pattern costs in the routing index (one trie node).
+pub const PATTERN_TOKEN_OVERHEAD: u64 = 512;
+
+/// The budget cost of a subscription with `spec`'s patterns and nothing else.
+pub fn subscription_cost(spec: &SubscriptionSpec) -> u64 {
+    SUBSCRIPTION_OVERHEAD
+        + spec
+            .patterns
+            .iter()
+            .map(|p| p.as_str().len() as u64 + p.tokens().len() as u64 * PATTERN_TOKEN_OVERHEAD)
+            .sum::<u64>()
+}
+
 /// Where numbering starts for a subscription (re)created under an id used before, so that epochs
 /// and member ids keep increasing over the broker's lifetime (SPEC §5 invariant 5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -273,6 +293,17 @@ impl Subscription {
     /// Bytes of every message held (queued + in flight).
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes
+    }
+
+    /// What this subscription counts against the broker-wide memory budget: every held
+    /// message's size plus [`MESSAGE_OVERHEAD`], [`MEMBER_OVERHEAD`] per member, and the
+    /// subscription itself with its patterns ([`subscription_cost`]).
+    pub fn footprint(&self) -> u64 {
+        let held = (self.queue.len() + self.in_flight.len()) as u64;
+        subscription_cost(&self.spec)
+            + self.held_bytes
+            + held * MESSAGE_OVERHEAD
+            + self.members.len() as u64 * MEMBER_OVERHEAD
     }
 
     /// Queued bytes only.

@@ -187,6 +187,7 @@ impl BrokerProcess {
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(["--max-queue-messages", &messages.max(100_000).to_string()])
             .args(["--max-queue-bytes", &(16u64 << 30).to_string()])
+            .args(["--max-memory-bytes", &(16u64 << 30).to_string()])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
