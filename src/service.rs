@@ -134,7 +134,28 @@ pub fn page(
 /// # Errors
 /// [`Error::InvalidTopic`] or [`Error::MessageTooLarge`].
 pub fn draft(request: pb::PublishRequest, limits: &Limits) -> Result<Draft, Error> {
-    let topic = Topic::parse(&request.topic)?;
+    draft_reusing(request, limits, &mut None)
+}
+
+/// As [`draft`], reusing `recent`'s topic when the request names the same one (and remembering
+/// this one): a stream or batch publishing to one topic then shares one topic allocation among
+/// all its queued messages.
+///
+/// # Errors
+/// As [`draft`].
+pub fn draft_reusing(
+    request: pb::PublishRequest,
+    limits: &Limits,
+    recent: &mut Option<Topic>,
+) -> Result<Draft, Error> {
+    let topic = match recent {
+        Some(topic) if topic.as_str() == request.topic => topic.clone(),
+        _ => {
+            let topic = Topic::parse(&request.topic)?;
+            *recent = Some(topic.clone());
+            topic
+        }
+    };
     let headers: Headers = request.headers.into_iter().collect();
     Draft::new(topic, request.payload, headers, limits)
 }
@@ -288,8 +309,12 @@ pub fn fence(
 }
 
 /// Validates and publishes one message.
-fn publish_one(broker: &Broker, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
-    let published = broker.publish(draft(request, broker.limits())?)?;
+fn publish_one(
+    broker: &Broker,
+    request: pb::PublishRequest,
+    recent: &mut Option<Topic>,
+) -> Result<pb::PublishResponse, Error> {
+    let published = broker.publish(draft_reusing(request, broker.limits(), recent)?)?;
     Ok(pb::PublishResponse {
         system_id: published.system_id,
         queued_for: published.queued_for,
@@ -477,7 +502,7 @@ impl pb::broker_server::Broker for BrokerService {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
-        publish_one(&self.broker, request.into_inner())
+        publish_one(&self.broker, request.into_inner(), &mut None)
             .map(Response::new)
             .map_err(|e| status(&e))
     }
@@ -495,11 +520,12 @@ impl pb::broker_server::Broker for BrokerService {
             }));
         }
         // Validate everything first: an invalid message rejects the whole batch untouched.
+        let mut recent = None;
         let drafts = messages
             .into_iter()
             .enumerate()
             .map(|(i, m)| {
-                draft(m, limits).map_err(|e| {
+                draft_reusing(m, limits, &mut recent).map_err(|e| {
                     let s = status(&e);
                     Status::new(
                         s.code(),

@@ -73,7 +73,11 @@ impl Draft {
             // request buffer (a batch, or a chunk of a stream), which one queued message would
             // otherwise keep alive long after its neighbours were acked.
             payload: Bytes::copy_from_slice(&payload),
-            headers: Arc::new(headers),
+            headers: if headers.is_empty() {
+                message::no_headers()
+            } else {
+                Arc::new(headers)
+            },
         })
     }
 

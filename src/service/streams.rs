@@ -183,9 +183,10 @@ pub(super) fn publish_stream(
     broker: Broker,
     requests: Streaming<pb::PublishRequest>,
 ) -> PublishResults {
+    let mut recent = None;
     Box::pin(requests.map(move |request| {
         let request = request?;
-        Ok(match publish_one(&broker, request) {
+        Ok(match publish_one(&broker, request, &mut recent) {
             Ok(published) => pb::PublishStreamResponse {
                 system_id: published.system_id,
                 queued_for: published.queued_for,

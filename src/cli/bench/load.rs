@@ -163,6 +163,57 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
     ))
 }
 
+pub(super) async fn run_fill(common: &Common, broker: &Target) -> Result<(), String> {
+    let connection = Connection {
+        server: broker.url().to_string(),
+        token: common.token.clone(),
+        ..Connection::default()
+    };
+    let mut client = connection.connect().await?;
+    // Join and leave at once: the member-less subscription keeps its queue (idle expiry).
+    let open = pb::OpenSubscription {
+        subscription_id: format!("bench-fill-{}", std::process::id()),
+        topic_patterns: vec!["bench.>".into()],
+        mode: DeliveryMode::Queue.into(),
+        consumer_group: "bench".into(),
+        ..Default::default()
+    };
+    let mut frames = client
+        .subscribe(open)
+        .await
+        .map_err(|e| format!("Subscribe: {e}"))?
+        .into_inner();
+    frames.message().await.map_err(|e| e.to_string())?;
+    drop(frames);
+    let before = broker.rss();
+    let start = Instant::now();
+    publish(client, common, start).await?;
+    let elapsed = start.elapsed();
+    let after = broker.rss();
+    let per_message = before
+        .zip(after)
+        .map(|(b, a)| a.saturating_sub(b) as f64 / common.messages.max(1) as f64);
+    let report = Report {
+        workload: "fill",
+        publish: Some(common.publish),
+        messages: common.messages,
+        payload_bytes: common.payload_bytes,
+        publish_rate_per_s: Some(per_second(common.messages, elapsed)),
+        broker_peak_rss_bytes: broker.peak_rss(),
+        broker_rss_bytes: after,
+        bytes_per_queued_message: per_message,
+        ..Report::default()
+    };
+    report.print(&format!(
+        "fill: {} x {} B queued for a subscription with no consumer: broker RSS {:.1} MiB, {:.0} bytes per queued message ({:.0} beyond the payload)",
+        common.messages,
+        common.payload_bytes,
+        after.unwrap_or_default() as f64 / (1024.0 * 1024.0),
+        per_message.unwrap_or_default(),
+        per_message.unwrap_or_default() - common.payload_bytes as f64,
+    ))
+}
+
 struct Run {
     /// First publish to the last ack (or receipt).
     elapsed: Duration,

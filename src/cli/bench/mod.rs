@@ -51,6 +51,9 @@ enum Workload {
     W2(failover::W2),
     /// Fan-out: 1 publisher, broadcast subscribers, acked or ack-free.
     W3(load::W3),
+    /// Memory: --messages queued for a subscription with no consumer; the broker's RSS and the
+    /// bytes it costs per queued message.
+    Fill,
 }
 
 /// Settings every workload shares.
@@ -121,6 +124,11 @@ pub struct Report {
     /// The broker process's peak resident set (`VmHWM`), when the bench started it.
     #[serde(skip_serializing_if = "Option::is_none")]
     broker_peak_rss_bytes: Option<u64>,
+    /// `fill`: the broker's resident set with everything queued, and its growth per message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    broker_rss_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_per_queued_message: Option<f64>,
 }
 
 impl Report {
@@ -147,6 +155,7 @@ pub async fn run(args: Bench) -> Result<(), String> {
         Workload::W1(w1) => load::run_w1(&common, &broker, &w1).await,
         Workload::W2(w2) => failover::run_w2(&common, &broker, &w2).await,
         Workload::W3(w3) => load::run_w3(&common, &broker, &w3).await,
+        Workload::Fill => load::run_fill(&common, &broker).await,
     }
 }
 
@@ -167,7 +176,14 @@ impl Target {
     fn peak_rss(&self) -> Option<u64> {
         match self {
             Target::External(_) => None,
-            Target::Process(p) => peak_rss(p.child.id()),
+            Target::Process(p) => proc_status(p.child.id(), "VmHWM:"),
+        }
+    }
+
+    fn rss(&self) -> Option<u64> {
+        match self {
+            Target::External(_) => None,
+            Target::Process(p) => proc_status(p.child.id(), "VmRSS:"),
         }
     }
 }
@@ -225,10 +241,10 @@ impl Drop for BrokerProcess {
     }
 }
 
-/// A process's peak resident set size, from `/proc/PID/status` (`VmHWM`).
-fn peak_rss(pid: u32) -> Option<u64> {
+/// A size line of `/proc/PID/status` (`VmHWM:` peak or `VmRSS:` current resident set), in bytes.
+fn proc_status(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
