@@ -234,6 +234,10 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     let mut joined = Vec::new();
+    let targets: Vec<(Arc<AtomicU64>, u64)> = consumers
+        .iter()
+        .map(|c| (c.count.clone(), c.target))
+        .collect();
     for mut consumer in consumers {
         consumer.start = start;
         let client = connection.connect().await?;
@@ -250,18 +254,20 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     let publish_start = Instant::now();
     publish(publisher, common, start).await?;
     let publish_elapsed = publish_start.elapsed();
+    // Queue consumers share one count: whichever is waiting for a frame when the others reach
+    // the target would wait forever, so watch the counts and then tell everyone to stop.
     let mut latencies = Vec::new();
-    let mut finished = 0;
-    let total = tasks.len();
-    while let Some(done) = tasks.join_next().await {
-        latencies.extend(done.map_err(|e| e.to_string())??);
-        finished += 1;
-        if finished == total {
-            break;
+    while !targets.iter().all(|(count, target)| count.load(Ordering::Relaxed) >= *target) {
+        if let Some(done) = tasks.try_join_next() {
+            latencies.extend(done.map_err(|e| e.to_string())??);
         }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = publish_start.elapsed();
     let _ = stop_tx.send(true);
+    while let Some(done) = tasks.join_next().await {
+        latencies.extend(done.map_err(|e| e.to_string())??);
+    }
     latencies.sort_unstable();
     Ok(Run {
         elapsed,
@@ -405,6 +411,11 @@ async fn consume(
         let frame = tokio::select! {
             biased;
             _ = stop.changed() => break,
+            // Count unary acks as they complete, even while no frame comes.
+            Some(done) = acks.join_next(), if !acks.is_empty() => {
+                count_ack(Some(done), &consumer.count)?;
+                continue;
+            }
             frame = stream.frames.message() => match frame.map_err(|e| e.to_string())? {
                 Some(frame) => frame.frame,
                 None => break,
