@@ -257,7 +257,10 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     // Queue consumers share one count: whichever is waiting for a frame when the others reach
     // the target would wait forever, so watch the counts and then tell everyone to stop.
     let mut latencies = Vec::new();
-    while !targets.iter().all(|(count, target)| count.load(Ordering::Relaxed) >= *target) {
+    while !targets
+        .iter()
+        .all(|(count, target)| count.load(Ordering::Relaxed) >= *target)
+    {
         if let Some(done) = tasks.try_join_next() {
             latencies.extend(done.map_err(|e| e.to_string())??);
         }
