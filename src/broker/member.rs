@@ -278,12 +278,19 @@ impl SubState {
                         system_id,
                         "dead letter dropped: queue full"
                     ),
-                    // Per message under a flood: debug only; the counter tells the operator.
-                    DropReason::Overflow => tracing::debug!(
-                        subscription = %self.core.id(),
-                        system_id,
-                        "message dropped: queue full, overflow policy drop_oldest"
-                    ),
+                    // A slow consumer drops on every publish: warn on the 1st, 2nd, 4th, 8th… drop
+                    // of this subscription; `dropped_overflow` counts every one.
+                    DropReason::Overflow => {
+                        let dropped = self.core.counters().dropped_overflow;
+                        if dropped.is_power_of_two() {
+                            tracing::warn!(
+                                subscription = %self.core.id(),
+                                system_id,
+                                dropped,
+                                "queue full: dropping the oldest messages (overflow policy drop_oldest; a slow or absent consumer)"
+                            );
+                        }
+                    }
                 },
             }
         }

@@ -29,6 +29,9 @@ use tokio::{
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
+use super::conn::ConnectionInfo;
+use crate::broker::ConnectionId;
+
 use super::stats::TransportStats;
 
 /// Bytes a client must send before its handshake counts as done: the 24-byte HTTP/2 preface
@@ -83,6 +86,8 @@ pub struct Admission<I> {
     stats: Arc<TransportStats>,
     kill: Arc<KillSwitch>,
     refusing: bool,
+    /// Numbers the admitted connections (see [`ConnectionInfo`]).
+    last_id: ConnectionId,
 }
 
 impl<I> Admission<I> {
@@ -103,6 +108,7 @@ impl<I> Admission<I> {
             stats,
             kill,
             refusing: false,
+            last_id: 0,
         };
         (admission, Closer(inner))
     }
@@ -133,8 +139,10 @@ where
                         this.refusing = false;
                         tracing::info!("accepting connections again");
                     }
+                    this.last_id += 1;
                     return Poll::Ready(Some(Ok(Guarded::new(
                         io,
+                        ConnectionInfo { id: this.last_id },
                         slot,
                         this.handshake_timeout,
                         this.stats.clone(),
@@ -165,9 +173,11 @@ struct Handshake {
     remaining: usize,
 }
 
-/// An admitted connection. Holds its slot under `max_connections` until dropped.
+/// An admitted connection. Holds its slot under `max_connections` until dropped, and tells
+/// requests which connection they arrived on.
 pub struct Guarded<IO> {
     io: IO,
+    info: ConnectionInfo,
     _slot: OwnedSemaphorePermit,
     handshake: Option<Handshake>,
     stats: Arc<TransportStats>,
@@ -178,6 +188,7 @@ pub struct Guarded<IO> {
 impl<IO> Guarded<IO> {
     fn new(
         io: IO,
+        info: ConnectionInfo,
         slot: OwnedSemaphorePermit,
         handshake_timeout: Duration,
         stats: Arc<TransportStats>,
@@ -190,6 +201,7 @@ impl<IO> Guarded<IO> {
         };
         Self {
             io,
+            info,
             _slot: slot,
             handshake: Some(Handshake {
                 deadline: Box::pin(tokio::time::sleep(handshake_timeout)),
@@ -293,11 +305,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 }
 
-impl<IO: Connected> Connected for Guarded<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+impl<IO: AsyncRead + AsyncWrite + Unpin> Connected for Guarded<IO> {
+    type ConnectInfo = ConnectionInfo;
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+    fn connect_info(&self) -> ConnectionInfo {
+        self.info
     }
 }
 

@@ -17,7 +17,7 @@ pub use requests::{LONG_LIVED_REQUEST_BODIES, SMALL_REQUEST_BYTES};
 pub use stats::{TransportSnapshot, TransportStats};
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tonic::{
     Request, Status,
     service::Interceptor,
@@ -283,9 +283,6 @@ impl Server {
                 let _ = drained_tx.send(());
             }
         };
-        // Numbered so an ack that names no member can be fenced by its connection.
-        let numbering = conn::Numbering::default();
-        let incoming = incoming.map(move |io| io.map(|io| numbering.number(io)));
         let serve = builder
             .add_service(health_service)
             .add_service(reflection)
