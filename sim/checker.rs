@@ -35,6 +35,8 @@ struct SubModel {
     outstanding: BTreeSet<SystemId>,
     /// The connection each live member's stream runs on.
     connection: BTreeMap<MemberId, Option<ConnectionId>>,
+    /// Messages the broker dropped and counted (a full drop-oldest queue, poison messages).
+    dropped: BTreeSet<SystemId>,
 }
 
 #[derive(Default)]
@@ -62,6 +64,16 @@ impl Checker {
             .unwrap_or_else(|p| p.into_inner())
             .violations
             .clone()
+    }
+
+    /// Messages `subscription` dropped and counted: no client need ever receive them.
+    pub fn dropped(&self, subscription: &str) -> BTreeSet<SystemId> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .subs
+            .get(subscription)
+            .map(|s| s.dropped.clone())
+            .unwrap_or_default()
     }
 
     /// Messages queued on any subscription and not yet acked (or dropped or dead-lettered).
@@ -273,6 +285,7 @@ impl Observer for Checker {
                 }
                 Effect::Dropped { system_id, reason } => {
                     lines.push(format!("broker {id}: drop #{system_id} ({reason:?})"));
+                    m.dropped.insert(*system_id);
                     m.outstanding.remove(system_id);
                     m.holder.remove(system_id);
                 }

@@ -129,6 +129,8 @@ pub struct World {
     pub mode: DeliveryMode,
     /// Ack-free (at-most-once) subscriptions: nothing is acked, messages are done once written.
     pub ack_free: bool,
+    /// Subscriptions use the drop-oldest overflow policy.
+    pub drop_oldest: bool,
     pub replicas: Vec<String>,
     /// How many messages the publisher will publish.
     pub to_publish: usize,
@@ -140,6 +142,8 @@ pub struct Setup {
     pub seed: u64,
     pub mode: DeliveryMode,
     pub ack_free: bool,
+    /// Drop-oldest overflow policy (with `limits.max_queue_messages` small, it bites).
+    pub drop_oldest: bool,
     pub limits: Limits,
 }
 
@@ -149,6 +153,7 @@ impl Setup {
             seed,
             mode,
             ack_free: false,
+            drop_oldest: false,
             limits: Limits {
                 idle_timeout: Duration::from_secs(3600),
                 ..Limits::default()
@@ -194,6 +199,7 @@ impl World {
             seen: Rc::default(),
             mode: setup.mode,
             ack_free: setup.ack_free,
+            drop_oldest: setup.drop_oldest,
             replicas: Vec::new(),
             to_publish: 0,
         }
@@ -226,6 +232,12 @@ impl World {
                 pb::AckMode::None
             } else {
                 pb::AckMode::Explicit
+            }
+            .into(),
+            overflow: if self.drop_oldest {
+                pb::OverflowPolicy::DropOldest
+            } else {
+                pb::OverflowPolicy::Unspecified
             }
             .into(),
             ..Default::default()
@@ -339,10 +351,11 @@ impl World {
         // any client receiving it.
         if self.mode != DeliveryMode::Broadcast && !self.ack_free {
             let received = seen.received.get("report");
+            let dropped = self.checker.dropped("report");
             let missing: Vec<_> = seen
                 .published
                 .iter()
-                .filter(|id| !received.is_some_and(|r| r.contains(id)))
+                .filter(|id| !received.is_some_and(|r| r.contains(id)) && !dropped.contains(id))
                 .collect();
             if !missing.is_empty() {
                 out.push(format!("no client ever received {missing:?}"));
