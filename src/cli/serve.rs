@@ -206,7 +206,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
     let incoming = tinybroker::server::tcp_incoming(listener);
     let result = match args.metrics_listen {
         Some(metrics_addr) => {
-            let metrics = Metrics::new(server.broker());
+            let metrics = Metrics::new(server.broker(), server.transport_stats());
             let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
                 .await
                 .map_err(|e| format!("cannot listen for metrics on {metrics_addr}: {e}"))?;
@@ -217,9 +217,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     .clone()
                     .serve(metrics_listener, std::future::pending()),
             );
-            let result = server
-                .run(metrics.count_connections(incoming), shutdown_signal())
-                .await;
+            let result = server.run(incoming, shutdown_signal()).await;
             exporter.abort();
             result
         }

@@ -6,17 +6,24 @@ use prometheus_client::{
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
 };
 
-use crate::broker::{Broker, SubscriptionView};
+use std::sync::Arc;
 
-/// The scrape-time half of the metrics: everything [`Broker::list`] knows.
+use crate::{
+    broker::{Broker, SubscriptionView},
+    server::TransportStats,
+};
+
+/// The scrape-time half of the metrics: everything [`Broker::list`] knows, and the transport's
+/// own counters (connections open, as the connection limit counts them).
 #[derive(Debug)]
 pub(super) struct BrokerCollector {
     broker: Broker,
+    transport: Arc<TransportStats>,
 }
 
 impl BrokerCollector {
-    pub(super) fn new(broker: Broker) -> Self {
-        Self { broker }
+    pub(super) fn new(broker: Broker, transport: Arc<TransportStats>) -> Self {
+        Self { broker, transport }
     }
 }
 
@@ -127,6 +134,16 @@ impl Collector for BrokerCollector {
                 "tinybroker_open_member_streams",
                 "Member streams open across all subscriptions.",
                 stats.members,
+            ),
+            (
+                "tinybroker_open_connections",
+                "Client connections now open (admitted under max_connections).",
+                self.transport.snapshot().connections_open,
+            ),
+            (
+                "tinybroker_memory_accounted_bytes",
+                "Bytes accounted against max_memory_bytes.",
+                stats.memory_accounted_bytes,
             ),
         ] {
             let gauge = ConstGauge::new(saturating_i64(value));

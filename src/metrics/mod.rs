@@ -3,23 +3,23 @@
 //! Counters and depths are not kept here: a [`collector`] reads them from the broker's
 //! inspection views on each scrape, so the hot path pays nothing for them and an expired
 //! subscription's series vanish with it. What the views cannot say is measured where it
-//! happens: open connections (by [`connections`], wrapping the listener) and the two latency
-//! histograms (through the broker's [`Timings`] hook).
+//! happens: the two latency histograms (through the broker's [`Timings`] hook). Open connections
+//! come from the server's transport counters, which the connection limit already keeps.
 
 mod collector;
-pub mod connections;
 mod http;
 
 use std::{sync::Arc, time::Duration};
 
 use prometheus_client::{
-    metrics::{gauge::Gauge, histogram::Histogram},
+    metrics::histogram::Histogram,
     registry::{Registry, Unit},
 };
 
-use crate::broker::{Broker, Timings};
-
-pub use connections::Counted;
+use crate::{
+    broker::{Broker, Timings},
+    server::TransportStats,
+};
 
 /// Failover is a lock and a few channel sends: expect well under a millisecond, and make
 /// a slow one (lock contention, a starved runtime) stand out up to a second.
@@ -38,7 +38,6 @@ const PUBLISH_TO_ACK_BUCKETS: [f64; 14] = [
 #[derive(Clone, Debug)]
 pub struct Metrics {
     registry: Arc<Registry>,
-    connections: Gauge,
 }
 
 /// The two histograms, fed by the broker as events happen.
@@ -59,16 +58,11 @@ impl Timings for Histograms {
 }
 
 impl Metrics {
-    /// Metrics for `broker`: registers the scrape-time collector and installs the histograms
-    /// as the broker's [`Timings`] sink.
-    pub fn new(broker: &Broker) -> Self {
+    /// Metrics for `broker` and its server's `transport` counters
+    /// ([`Server::transport_stats`](crate::server::Server::transport_stats)): registers the
+    /// scrape-time collector and installs the histograms as the broker's [`Timings`] sink.
+    pub fn new(broker: &Broker, transport: Arc<TransportStats>) -> Self {
         let mut registry = Registry::default();
-        let connections = Gauge::default();
-        registry.register(
-            "tinybroker_open_connections",
-            "Client connections (TCP, before any TLS handshake) now open",
-            connections.clone(),
-        );
         let histograms = Arc::new(Histograms {
             failover: Histogram::new(FAILOVER_BUCKETS),
             publish_to_ack: Histogram::new(PUBLISH_TO_ACK_BUCKETS),
@@ -85,11 +79,13 @@ impl Metrics {
             Unit::Seconds,
             histograms.publish_to_ack.clone(),
         );
-        registry.register_collector(Box::new(collector::BrokerCollector::new(broker.clone())));
+        registry.register_collector(Box::new(collector::BrokerCollector::new(
+            broker.clone(),
+            transport,
+        )));
         broker.set_timings(histograms);
         Self {
             registry: Arc::new(registry),
-            connections,
         }
     }
 
@@ -104,18 +100,6 @@ impl Metrics {
             tracing::error!(%error, "encoding metrics failed");
         }
         text
-    }
-
-    /// Counts the connections `incoming` yields in `tinybroker_open_connections`, each until
-    /// it is dropped.
-    pub fn count_connections<I, IO, E>(
-        &self,
-        incoming: I,
-    ) -> impl tokio_stream::Stream<Item = Result<Counted<IO>, E>> + use<I, IO, E>
-    where
-        I: tokio_stream::Stream<Item = Result<IO, E>>,
-    {
-        connections::count(incoming, self.connections.clone())
     }
 
     /// Serves `GET /metrics` on `listener` until `shutdown` completes.
@@ -179,7 +163,7 @@ mod tests {
             Limits::default(),
             Arc::new(VirtualClock::new(1_700_000_000_000)),
         );
-        let metrics = Metrics::new(&broker);
+        let metrics = Metrics::new(&broker, Arc::default());
         let mut active = broker.open(&singleton("s"), None).unwrap();
         let _standby = broker.open(&singleton("s"), None).unwrap();
         let id = broker.publish(draft("a.b")).unwrap().system_id;
@@ -230,7 +214,7 @@ mod tests {
     #[test]
     fn timings_are_installed_once() {
         let broker = Broker::new(Limits::default(), Arc::new(VirtualClock::new(0)));
-        let _metrics = Metrics::new(&broker);
+        let _metrics = Metrics::new(&broker, Arc::default());
         let other = Arc::new(Histograms {
             failover: Histogram::new(FAILOVER_BUCKETS),
             publish_to_ack: Histogram::new(PUBLISH_TO_ACK_BUCKETS),

@@ -35,14 +35,14 @@ impl MeteredServer {
         let addr = listener.local_addr().unwrap();
         let metrics_addr = metrics_listener.local_addr().unwrap();
         let server = Server::new(config);
-        let metrics = Metrics::new(server.broker());
+        let metrics = Metrics::new(server.broker(), server.transport_stats());
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(
             metrics
                 .clone()
                 .serve(metrics_listener, std::future::pending()),
         );
-        let incoming = metrics.count_connections(tinybroker::server::tcp_incoming(listener));
+        let incoming = tinybroker::server::tcp_incoming(listener);
         tokio::spawn(server.run(incoming, async {
             let _ = stopped.await;
         }));
