@@ -9,6 +9,11 @@
 //! 4. a message is in flight to at most one member at a time;
 //! 5. epochs only go up on a subscription id, also across expiry.
 //!
+//! And SPEC §4's order: ids increase along every queue (each enqueue's id is above every earlier
+//! one on that subscription), and in SINGLETON mode every delivery is the lowest-id message
+//! waiting, so the active member gets messages in publish order with redeliveries first, also
+//! right after a promotion, with nacks and windows above 1.
+//!
 //! It also checks the ack fence (an accepted ack that named a member comes from the holder; one
 //! that named none arrived on the holder's connection) and the core's own bookkeeping (`Subscription::check_invariants`). Violations are collected, not panicked on,
 //! so the driver can report the seed.
@@ -37,6 +42,8 @@ struct SubModel {
     connection: BTreeMap<MemberId, Option<ConnectionId>>,
     /// Messages the broker dropped and counted (a full drop-oldest queue, poison messages).
     dropped: BTreeSet<SystemId>,
+    /// The highest id ever enqueued here.
+    last_enqueued: SystemId,
 }
 
 #[derive(Default)]
@@ -188,6 +195,13 @@ impl Observer for Checker {
                 m.holder.retain(|_, h| h != member);
             }
             Input::Enqueue { system_id } => {
+                if *system_id <= m.last_enqueued {
+                    violations.push(format!(
+                        "order: #{system_id} enqueued after #{}",
+                        m.last_enqueued
+                    ));
+                }
+                m.last_enqueued = m.last_enqueued.max(*system_id);
                 let dropped = o
                     .effects
                     .iter()
@@ -267,6 +281,15 @@ impl Observer for Checker {
                     if !m.active.contains(member) {
                         violations.push(format!(
                             "delivered #{sid} to m{member}, which is not active"
+                        ));
+                    }
+                    if singleton
+                        && let Some(lowest) =
+                            m.outstanding.iter().find(|id| !m.holder.contains_key(id))
+                        && *lowest != sid
+                    {
+                        violations.push(format!(
+                            "order: #{sid} delivered to m{member} while #{lowest} waits ahead of it"
                         ));
                     }
                     if let Some(other) = m.holder.insert(sid, *member) {

@@ -51,9 +51,10 @@ pub fn cap_message(mut message: String) -> String {
 pub fn status(error: &Error) -> Status {
     let message = cap_message(error.to_string());
     match error {
-        Error::InvalidTopic { .. } | Error::InvalidPattern { .. } | Error::InvalidArgument(_) => {
-            Status::invalid_argument(message)
-        }
+        Error::InvalidTopic { .. }
+        | Error::InvalidPattern { .. }
+        | Error::InvalidArgument(_)
+        | Error::SettleTooLarge { .. } => Status::invalid_argument(message),
         Error::SettingsMismatch { .. }
         | Error::NotHolder { .. }
         | Error::StaleConnection { .. }

@@ -365,6 +365,70 @@ async fn long_ids_are_refused_with_short_status_messages() {
     assert_rss_within(baseline, &peak, 0);
 }
 
+/// Issue 17 part 1, the Settle flood: a `Consume` member sends Settles of 1.9 million ids each
+/// (about 2 MB, inside the request limit) for messages it does not hold. Each used to become its
+/// own formatted refusal frame, built under the subscription's lock in one poll: hundreds of
+/// megabytes, seconds of stall. A Settle naming more ids than the member's window is now refused
+/// whole, in one frame, at once: memory stays within a small budget, an unrelated publish stays
+/// fast, and the member goes on receiving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_floods_are_refused_whole_in_bounded_time_and_memory() {
+    let _serial = SERIAL.lock().await;
+    const BUDGET: u64 = 64 * MIB;
+    let server = TestServer::with_config(with_memory_budget(BUDGET)).await;
+    let client = server.client().await;
+    let mut request = open("flood", DeliveryMode::Queue, "g", &["flood.>"]);
+    request.max_in_flight = 64;
+    let mut member = client
+        .subscribe_via(harness::Carriage::Stream, request)
+        .await
+        .unwrap();
+    member.confirmed().await;
+    let settles = member.settles.clone().expect("a Consume member");
+    let baseline = rss();
+    let peak = RssPeak::start();
+    for round in 0..3 {
+        let settle = pb::Settle {
+            ack: (0..1_900_000u64).map(|i| i % 100 + 1).collect(),
+            nack: Vec::new(),
+        };
+        let sent = Instant::now();
+        settles
+            .send(pb::ConsumeRequest {
+                request: Some(pb::consume_request::Request::Settle(settle)),
+            })
+            .await
+            .unwrap();
+        let publish = Instant::now();
+        client.publish(&format!("unrelated.{round}"), "x").await;
+        let publish = publish.elapsed();
+        assert!(
+            publish < Duration::from_millis(500),
+            "an unrelated publish took {publish:?} during the flood"
+        );
+        match member.frame().await {
+            pb::subscription_frame::Frame::Refused(refused) => {
+                assert_eq!(refused.code, Code::InvalidArgument as i32, "{refused:?}");
+                assert!(refused.message.contains("window"), "{refused:?}");
+                assert!(refused.more_system_ids.is_empty(), "{refused:?}");
+            }
+            other => panic!("expected one refusal of the whole settle, got {other:?}"),
+        }
+        eprintln!("settle flood {round}: refused after {:?}", sent.elapsed());
+    }
+    let published = client.publish("flood.after", "still served").await;
+    let message = member.message().await;
+    assert_eq!(message.system_id, published.system_id);
+    let info = client.describe("flood").await.unwrap();
+    let c = info.counters.unwrap_or_default();
+    assert_eq!(
+        (c.acked, c.stale_acks),
+        (0, 0),
+        "the floods changed nothing"
+    );
+    assert_rss_within(baseline, &peak, BUDGET);
+}
+
 /// Issue part 6: a member that never reads its stream cannot hold shutdown past the drain
 /// timeout, and the listener closes as soon as shutdown starts, so a new client is refused at
 /// once instead of hanging.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use loom::thread;
 use tinybroker::{
-    broker::{Broker, Fence, Outbound},
+    broker::{Broker, Fence, MemberStream, Outbound},
     clock::TokioClock,
     core::{Draft, Limits, MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec, Topic},
 };
@@ -133,5 +133,62 @@ fn concurrent_joins_create_one_subscription_with_one_active() {
         assert_eq!(views[0].members.len(), 2);
         check(&broker, "race", u64::from(queued_for));
         drop(members);
+    });
+}
+
+/// Ids of the message frames waiting on `member`'s stream, in the order it would write them.
+fn delivered_ids(member: &mut MemberStream) -> Vec<u64> {
+    std::iter::from_fn(|| member.try_next())
+        .filter_map(|frame| match frame {
+            Outbound::Message { message, .. } => Some(message.system_id),
+            _ => None,
+        })
+        .collect()
+}
+
+// SPEC §4 (per-publisher order into every queue; ids increase along every queue): a dead letter
+// racing a publish into the same queue reaches it in id order. The dead letter used to take its
+// id before locking the queues it enters, so a publish could queue N+1 ahead of it.
+#[test]
+fn dead_letter_racing_a_publish_keeps_ids_increasing_along_the_queue() {
+    loom::model(|| {
+        let broker = broker();
+        let mut poison = singleton("poison");
+        poison.spec.patterns = vec![Pattern::parse("p.*").unwrap()];
+        poison.spec.max_delivery_attempts = 1;
+        poison.spec.dead_letter_topic = Some(Topic::parse("a.dead").unwrap());
+        let mut p = broker.open(&poison, Some(1)).unwrap();
+        let mut sink = singleton("sink");
+        sink.member.max_in_flight = 10;
+        let mut s = broker.open(&sink, Some(1)).unwrap();
+        let poisoned = Draft::new(
+            Topic::parse("p.x").unwrap(),
+            Bytes::from_static(b"x"),
+            Default::default(),
+            &Limits::default(),
+        )
+        .unwrap();
+        let first = broker.publish(poisoned).unwrap().system_id;
+        assert_eq!(delivered_ids(&mut p), vec![first]);
+
+        let nacker = {
+            let broker = broker.clone();
+            let member = p.member_id();
+            thread::spawn(move || {
+                broker.nack("poison", Fence::Member(member), first).unwrap();
+            })
+        };
+        let publisher = {
+            let broker = broker.clone();
+            thread::spawn(move || {
+                broker.publish(draft()).unwrap();
+            })
+        };
+        nacker.join().unwrap();
+        publisher.join().unwrap();
+        let ids = delivered_ids(&mut s);
+        assert_eq!(ids.len(), 2, "the dead letter and the publish: {ids:?}");
+        assert!(ids[0] < ids[1], "ids out of order along the queue: {ids:?}");
+        drop((p, s));
     });
 }

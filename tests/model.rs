@@ -266,7 +266,10 @@ impl Model {
 
     fn leave(&mut self, i: usize, now: Duration) -> Vec<Seen> {
         let mut out = Vec::new();
-        let m = self.members.remove(i);
+        let mut m = self.members.remove(i);
+        // SPEC §4: back at the head in publish order (ids are publish order), whatever order
+        // nacks and redeliveries left them in.
+        m.held.sort_unstable();
         for sid in m.held.iter().rev() {
             let attempt = self.attempt.remove(sid).unwrap();
             self.give_back(*sid, attempt, &mut out);
@@ -625,6 +628,7 @@ fn reference_model_catches_every_planted_bug() {
         PlantedBug::ForgetRedelivery,
         PlantedBug::TwoActiveMembers,
         PlantedBug::AckIgnoresFence,
+        PlantedBug::RequeueNewestFirst,
     ] {
         plant(Some(bug));
         let mut runner = TestRunner::new(Config {

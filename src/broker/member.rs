@@ -159,13 +159,29 @@ impl SubState {
     }
 
     /// Whether `member`'s outlet still holds the frame of `system_id`, i.e. its stream has not
-    /// written it yet.
+    /// written it yet. A scan of the outlet (at most the window plus three frames): for one id.
     pub(crate) fn unsent(&self, member: MemberId, system_id: SystemId) -> bool {
         self.outlets.get(&member).is_some_and(|o| {
             o.frames.iter().any(
                 |f| matches!(f, Outbound::Message { message, .. } if message.system_id == system_id),
             )
         })
+    }
+
+    /// Ids of the message frames `member`'s stream has not written yet, sorted: one scan of the
+    /// outlet for a whole `Settle`, so each of its ids is checked in O(log window).
+    fn unsent_ids(&self, member: MemberId) -> Vec<SystemId> {
+        let mut ids: Vec<SystemId> = self.outlets.get(&member).map_or_else(Vec::new, |o| {
+            o.frames
+                .iter()
+                .filter_map(|f| match f {
+                    Outbound::Message { message, .. } => Some(message.system_id),
+                    _ => None,
+                })
+                .collect()
+        });
+        ids.sort_unstable();
+        ids
     }
 
     /// Ends every member's stream with `error`: frames not yet written are discarded (their
@@ -409,7 +425,16 @@ impl Settler {
 
     /// Acks then nacks, in order, under one lock; returns the refused ones (id, whether it was
     /// a nack, why). Each refusal changes nothing.
-    pub fn settle(&self, acks: &[SystemId], nacks: &[SystemId]) -> Vec<(SystemId, bool, Error)> {
+    ///
+    /// # Errors
+    /// [`Error::SettleTooLarge`] when `acks` and `nacks` together name more ids than the
+    /// member's window: no valid settle can (every id must be in flight to it at once), so the
+    /// whole settle is refused before any id is looked at, and nothing changes.
+    pub fn settle(
+        &self,
+        acks: &[SystemId],
+        nacks: &[SystemId],
+    ) -> Result<Vec<(SystemId, bool, Error)>, Error> {
         self.broker
             .settle_member(&self.cell, self.member, acks, nacks)
     }
@@ -467,28 +492,41 @@ impl Broker {
         open
     }
 
-    /// Acks then nacks for one member under one lock.
+    /// Acks then nacks for one member under one lock. The work is bounded by the member's
+    /// window: a larger settle is refused whole, and each id costs O(log window).
     fn settle_member(
         &self,
         cell: &Arc<SubCell>,
         member: MemberId,
         acks: &[SystemId],
         nacks: &[SystemId],
-    ) -> Vec<(SystemId, bool, Error)> {
+    ) -> Result<Vec<(SystemId, bool, Error)>, Error> {
         let mut dead = DeadLetters::new();
         let mut refused = Vec::new();
         {
             let mut state = Locked::new(cell);
+            // A stream's member is a member until the stream is dropped; the fallback only keeps
+            // this total.
+            let window = state.core.window(member).unwrap_or(1);
+            let ids = acks.len() + nacks.len();
+            if ids > window as usize {
+                return Err(Error::SettleTooLarge { ids, window });
+            }
+            let unsent = state.unsent_ids(member);
+            let unsent =
+                |_: &SubState, _: MemberId, id: SystemId| unsent.binary_search(&id).is_ok();
             let fence = super::Fence::Member(member);
             for (ids, nack) in [(acks, false), (nacks, true)] {
                 for &id in ids {
-                    if let Err(error) = self.settle_locked(&mut state, fence, id, nack, &mut dead) {
+                    if let Err(error) =
+                        self.settle_locked(&mut state, fence, id, nack, &unsent, &mut dead)
+                    {
                         refused.push((id, nack, error));
                     }
                 }
             }
         }
         self.publish_dead_letters(dead);
-        refused
+        Ok(refused)
     }
 }

@@ -28,7 +28,7 @@ use crate::{
         OpenRequest, PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
         planted::{PlantedBug, active as planted},
     },
-    sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, read, write},
+    sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
 };
 
 /// What says an ack or nack comes from the member holding the message (SPEC §4).
@@ -42,6 +42,8 @@ pub enum Fence {
 }
 
 type SubCell = Mutex<SubState>;
+/// Whether a member's stream has not yet written the frame of a message.
+type Unsent<'a> = dyn Fn(&SubState, MemberId, SystemId) -> bool + 'a;
 /// Dead letters to publish once locks are released: (origin subscription key, message).
 type DeadLetters = Vec<(u64, Draft)>;
 
@@ -65,6 +67,9 @@ struct Inner {
     shutting_down: AtomicBool,
     counters: AtomicCounters,
     expiry_wake: tokio::sync::Notify,
+    /// Member-less subscriptions by deadline. Updated under the subscription's lock (so a join
+    /// and a leave cannot reorder their updates); a leaf lock, never held while taking another.
+    idle: Mutex<expiry::IdleSchedule>,
     observer: Option<Arc<dyn Observer>>,
     timings: std::sync::OnceLock<Arc<dyn Timings>>,
 }
@@ -188,6 +193,7 @@ impl Broker {
                 shutting_down: AtomicBool::new(false),
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
+                idle: Mutex::new(expiry::IdleSchedule::default()),
                 observer,
                 timings: std::sync::OnceLock::new(),
             }),
@@ -322,6 +328,9 @@ impl Broker {
             self.check_running()?;
             self.check_memory(crate::core::subscription::MEMBER_OVERHEAD)?;
             let (member, effects) = state.core.join(&request.spec, request.member)?;
+            if state.core.member_count() == 1 {
+                lock(&self.inner.idle).remove(state.key);
+            }
             let _span = logs::member_span(&state, member).entered();
             state.attach(member, connection);
             self.apply(
@@ -366,7 +375,11 @@ impl Broker {
                 self.time_failover(now);
             }
             tracing::debug!(subscription = %state.core.id(), member, "member left");
-            state.core.member_count() == 0
+            let expires_at = state.core.expires_at();
+            if let Some(deadline) = expires_at {
+                lock(&self.inner.idle).set(state.key, deadline);
+            }
+            expires_at.is_some()
         };
         self.publish_dead_letters(dead);
         if emptied {
@@ -455,23 +468,25 @@ impl Broker {
         for (origin, draft) in dead {
             let catalog = read(&self.inner.catalog);
             let keys = catalog.index.matches(&draft.topic);
+            // As in `publish`: every matched lock first (key order), then the id, so a
+            // concurrent publish cannot queue id N+1 ahead of this dead letter's N and ids keep
+            // increasing along every queue (a consumer deduplicating by high-water mark relies
+            // on it).
+            let mut states: Vec<_> = keys
+                .iter()
+                .filter(|key| **key != origin)
+                .filter_map(|key| catalog.by_key.get(key))
+                .map(|cell| Locked::new(cell))
+                .collect();
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
             let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
             let mut ignored = DeadLetters::new();
-            if keys.iter().all(|key| *key == origin) {
+            if states.is_empty() {
                 self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
             }
-            for key in keys.iter().filter(|key| **key != origin) {
-                if let Some(cell) = catalog.by_key.get(key) {
-                    let mut state = Locked::new(cell);
-                    let effects = state.core.enqueue_or_drop(message.clone());
-                    self.apply(
-                        &mut state,
-                        Input::Enqueue { system_id },
-                        effects,
-                        &mut ignored,
-                    );
-                }
+            for state in &mut states {
+                let effects = state.core.enqueue_or_drop(message.clone());
+                self.apply(state, Input::Enqueue { system_id }, effects, &mut ignored);
             }
             self.inner
                 .counters
@@ -510,7 +525,7 @@ impl Broker {
         system_id: SystemId,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            self.settle_locked(state, fence, system_id, false, dead)
+            self.settle_locked(state, fence, system_id, false, &SubState::unsent, dead)
         })
     }
 
@@ -525,18 +540,20 @@ impl Broker {
         system_id: SystemId,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            self.settle_locked(state, fence, system_id, true, dead)
+            self.settle_locked(state, fence, system_id, true, &SubState::unsent, dead)
         })
     }
 
     /// Ack or nack from a client, under the subscription's lock. A refused one is reported to
-    /// the observer too, with no effects, and changes nothing.
+    /// the observer too, with no effects, and changes nothing. `unsent` says whether a member's
+    /// stream has not written a message's frame yet.
     fn settle_locked(
         &self,
         state: &mut SubState,
         fence: Fence,
         system_id: SystemId,
         nack: bool,
+        unsent: &Unsent<'_>,
         dead: &mut DeadLetters,
     ) -> Result<(), Error> {
         let connection = match fence {
@@ -549,7 +566,7 @@ impl Broker {
             self.ack_published_at(state, system_id)
         };
         let result = self
-            .resolve_fence(state, fence, system_id)
+            .resolve_fence(state, fence, system_id, unsent)
             .and_then(|member| {
                 if nack {
                     state.core.nack(member, system_id)
@@ -601,6 +618,7 @@ impl Broker {
         state: &mut SubState,
         fence: Fence,
         system_id: SystemId,
+        unsent: &Unsent<'_>,
     ) -> Result<Option<MemberId>, Error> {
         let subscription = |state: &SubState| state.core.id().to_string();
         if state.core.spec().ack_mode == AckMode::None {
@@ -626,7 +644,7 @@ impl Broker {
                 }
             },
         };
-        if state.unsent(member, system_id) {
+        if unsent(state, member, system_id) {
             return Err(Error::NotYetSent {
                 subscription: subscription(state),
                 system_id,

@@ -353,3 +353,39 @@ async fn memory_budget_refuses_past_it_and_accounts_every_release() {
     assert_eq!(broker.expire_idle(), 1);
     assert_eq!(accounted(&broker), 0);
 }
+
+// SPEC §6 with expiry scheduled by deadline: a subscription that regains a member before its
+// deadline is not expired, one that loses it again gets a new deadline, and members joining and
+// leaving other subscriptions never expire anything early. The schedule holds exactly the
+// member-less subscriptions.
+#[tokio::test(start_paused = true)]
+async fn expiry_follows_each_subscriptions_own_deadline_through_churn() {
+    let broker = broker(Limits {
+        idle_timeout: Duration::from_secs(10),
+        ..Limits::default()
+    });
+    let open = |id: &str| broker.open(&request(id, Mode::Queue, "a.*"), None).unwrap();
+    drop(open("early"));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    drop(open("late"));
+    let rejoined = open("early");
+    assert_eq!(lock(&broker.inner.idle).len(), 1, "only `late` is idle");
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(
+        broker.expire_idle(),
+        0,
+        "`early` has a member, `late` is not due"
+    );
+    drop(rejoined);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        broker.expire_idle(),
+        1,
+        "`late` is due, `early` left 5 s ago"
+    );
+    assert!(broker.describe("late").is_err());
+    assert!(broker.describe("early").is_ok());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(broker.expire_idle(), 1);
+    assert_eq!(lock(&broker.inner.idle).len(), 0);
+}

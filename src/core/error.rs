@@ -147,6 +147,17 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A `Settle` names more ids than its member can hold in flight: it cannot be valid, so it
+    /// is refused whole without looking at any id.
+    #[error(
+        "a Settle names {ids} ids but this member's window (max_in_flight) is {window}, so it can hold at most that many unacked messages; nothing in it was applied"
+    )]
+    SettleTooLarge {
+        /// Acks plus nacks in the Settle.
+        ids: usize,
+        /// The member's window.
+        window: u32,
+    },
     /// The broker is shutting down and takes no new work.
     #[error("the broker is shutting down")]
     ShuttingDown,

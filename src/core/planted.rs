@@ -17,6 +17,9 @@ pub enum PlantedBug {
     /// Let an ack that names no member release a message held on another connection (breaks
     /// the connection fence, SPEC §4). Planted in the shell, which owns connections.
     ConnectionFenceIgnored,
+    /// Requeue a leaving member's in-flight messages newest first instead of in publish order
+    /// (breaks singleton order after a failover, SPEC §4).
+    RequeueNewestFirst,
 }
 
 #[cfg(feature = "planted-bugs")]

@@ -6,7 +6,7 @@
 //! `now` argument (time since the broker started).
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     ops::Bound,
     sync::Arc,
     time::Duration,
@@ -157,8 +157,10 @@ struct Member {
     options: MemberOptions,
     /// `Some` once active.
     epoch: Option<Epoch>,
-    /// Messages this member holds, in delivery order.
-    in_flight: Vec<SystemId>,
+    /// Messages this member holds. A set ordered by id, which is publish order (ids increase
+    /// along every queue): a leaving member's messages go back in that order (SPEC §4), and an
+    /// ack finds its id in O(log window) rather than by a scan.
+    in_flight: BTreeSet<SystemId>,
 }
 
 impl Member {
@@ -209,6 +211,9 @@ pub struct Subscription {
     queue: VecDeque<Pending>,
     in_flight: BTreeMap<SystemId, InFlight>,
     held_bytes: u64,
+    /// The part of `held_bytes` in flight, kept as a running total so inspection and metrics
+    /// never walk the queue.
+    in_flight_bytes: u64,
     epoch: Epoch,
     last_member_id: MemberId,
     /// Queue mode: the member served last, for round robin.
@@ -234,6 +239,7 @@ impl Subscription {
             queue: VecDeque::new(),
             in_flight: BTreeMap::new(),
             held_bytes: 0,
+            in_flight_bytes: 0,
             epoch: floors.epoch,
             last_member_id: floors.member_id,
             served_last: 0,
@@ -306,9 +312,14 @@ impl Subscription {
             + self.members.len() as u64 * MEMBER_OVERHEAD
     }
 
-    /// Queued bytes only.
+    /// Queued bytes only (a running total: O(1)).
     pub fn queued_bytes(&self) -> u64 {
-        self.queue.iter().map(|p| p.message.size() as u64).sum()
+        self.held_bytes - self.in_flight_bytes
+    }
+
+    /// `member`'s window (`max_in_flight`), if it is a member.
+    pub fn window(&self, member: MemberId) -> Option<u32> {
+        self.members.get(&member).map(|m| m.options.max_in_flight)
     }
 
     /// Ids of the queued messages, head first.
@@ -411,7 +422,7 @@ impl Subscription {
                 ..options
             },
             epoch: None,
-            in_flight: Vec::new(),
+            in_flight: BTreeSet::new(),
         };
         let mut out = Vec::new();
         let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
@@ -444,11 +455,20 @@ impl Subscription {
         let Some(member) = self.members.remove(&member_id) else {
             return out;
         };
-        // Reverse order with push_front puts them back at the head in delivery order.
-        for system_id in member.in_flight.iter().rev() {
-            if let Some(record) = self.in_flight.remove(system_id) {
+        // They go back in publish order (ascending id), not delivery order: after a nack and
+        // its redelivery the member may hold 2 then 1, and the next active member must still
+        // get 1 first (SPEC §4). Pushing to the front in reverse puts the lowest id at the head.
+        let returning: Vec<SystemId> = if planted(PlantedBug::RequeueNewestFirst) {
+            member.in_flight.iter().copied().collect()
+        } else {
+            member.in_flight.iter().rev().copied().collect()
+        };
+        for system_id in returning {
+            if let Some(record) = self.in_flight.remove(&system_id) {
+                let size = record.message.size() as u64;
+                self.in_flight_bytes -= size;
                 if planted(PlantedBug::ForgetRedelivery) {
-                    self.held_bytes -= record.message.size() as u64;
+                    self.held_bytes -= size;
                     continue;
                 }
                 self.give_back(record.message, record.attempt, &mut out);
@@ -624,6 +644,7 @@ impl Subscription {
             member.in_flight.clear();
         }
         self.held_bytes = 0;
+        self.in_flight_bytes = 0;
         held
     }
 
@@ -656,8 +677,9 @@ impl Subscription {
             unreachable!("looked up above");
         };
         if let Some(holder) = self.members.get_mut(&record.member) {
-            holder.in_flight.retain(|id| *id != system_id);
+            holder.in_flight.remove(&system_id);
         }
+        self.in_flight_bytes -= record.message.size() as u64;
         Ok(record)
     }
 
@@ -703,7 +725,8 @@ impl Subscription {
                 unreachable!("next_target only picks active members");
             };
             let system_id = pending.message.system_id;
-            member.in_flight.push(system_id);
+            member.in_flight.insert(system_id);
+            self.in_flight_bytes += pending.message.size() as u64;
             self.served_last = member_id;
             self.counters.delivered += 1;
             if pending.attempt > 1 {
@@ -798,6 +821,17 @@ impl Subscription {
             return Err(format!(
                 "held_bytes {} but messages add up to {bytes}",
                 self.held_bytes
+            ));
+        }
+        let in_flight_bytes: u64 = self
+            .in_flight
+            .values()
+            .map(|f| f.message.size() as u64)
+            .sum();
+        if in_flight_bytes != self.in_flight_bytes {
+            return Err(format!(
+                "in_flight_bytes {} but in-flight messages add up to {in_flight_bytes}",
+                self.in_flight_bytes
             ));
         }
         Ok(())

@@ -69,7 +69,9 @@ fn checker_rejects_each_kind_of_broken_bookkeeping() {
         ),
         (
             busy_queue,
-            |s, _, b| member(s, b).in_flight.push(1),
+            |s, _, b| {
+                member(s, b).in_flight.insert(1);
+            },
             "member 2 lists 1 it does not hold",
         ),
         (

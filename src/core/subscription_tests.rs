@@ -261,6 +261,47 @@ fn singleton_delivers_in_publish_order_with_window() {
     s.check_invariants().unwrap();
 }
 
+// SPEC §4: after a nack and its redelivery the member holds 2 then 1; when it leaves, the
+// promoted member still gets them in publish order (1, 2), then 3. Requeuing in delivery order
+// handed B 2 before 1.
+#[test]
+fn failover_after_a_nack_keeps_publish_order() {
+    let mut s = sub(Mode::Singleton);
+    let spec = s.spec().clone();
+    let (a, _) = s.join(&spec, window(2)).unwrap();
+    let (b, _) = s.join(&spec, window(2)).unwrap();
+    for id in 1..=3 {
+        s.enqueue(msg(id));
+    }
+    assert_eq!(delivered(&s.nack(Some(a), 1).unwrap()), vec![(a, 1, 2, 1)]);
+    let fx = s.leave(a, NOW);
+    assert_eq!(confirms(&fx), vec![(b, 2)]);
+    assert_eq!(delivered(&fx), vec![(b, 1, 3, 2), (b, 2, 2, 2)]);
+    assert_eq!(delivered(&s.ack(Some(b), 1).unwrap()), vec![(b, 3, 1, 2)]);
+    s.check_invariants().unwrap();
+}
+
+// Inspection reads running totals: queued bytes follow enqueue, delivery, ack, nack and leave.
+#[test]
+fn queued_bytes_is_a_running_total() {
+    let mut s = sub(Mode::Queue);
+    let spec = s.spec().clone();
+    let size = msg(1).size() as u64;
+    for id in 1..=4 {
+        s.enqueue(msg(id));
+    }
+    assert_eq!(s.queued_bytes(), 4 * size);
+    let (a, _) = s.join(&spec, window(2)).unwrap();
+    assert_eq!(s.queued_bytes(), 2 * size);
+    s.nack(Some(a), 1).unwrap();
+    assert_eq!(s.queued_bytes(), 2 * size);
+    s.ack(Some(a), 2).unwrap();
+    assert_eq!((s.queued_bytes(), s.held_bytes()), (size, 3 * size));
+    s.leave(a, NOW);
+    assert_eq!(s.queued_bytes(), 3 * size);
+    s.check_invariants().unwrap();
+}
+
 // SPEC §4: Ack releases for good; an ack of something not in flight is NOT_FOUND and changes nothing.
 #[test]
 fn unknown_ack_is_not_found_and_changes_nothing() {

@@ -14,7 +14,7 @@ use tonic::{Code, Request, Status, Streaming};
 use super::{FrameStream, open_request, publish_one, status};
 use crate::{
     broker::{Broker, Settler},
-    core::AckMode,
+    core::{AckMode, Error, SystemId},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
     server::conn::connection_of,
 };
@@ -92,19 +92,62 @@ impl ConsumeStream {
                     return;
                 }
             };
-            for (system_id, nack, error) in self.settler.settle(&settle.ack, &settle.nack) {
-                let refused = status(&error);
-                self.refusals.push_back(Ok(pb::SubscriptionFrame {
-                    frame: Some(Frame::Refused(pb::SettleRefused {
-                        system_id,
-                        nack,
-                        code: refused.code() as i32,
-                        message: refused.message().to_string(),
-                    })),
-                }));
+            match self.settler.settle(&settle.ack, &settle.nack) {
+                Ok(refused) => self.refusals.extend(coalesce(refused)),
+                Err(error) => self.refusals.push_back(refused_frame(
+                    pb::SettleRefused {
+                        system_id: 0,
+                        ..Default::default()
+                    },
+                    &error,
+                )),
             }
         }
     }
+}
+
+/// One frame per (ack or nack, code) for the refusals of one settle, in the order first seen:
+/// a settle's refusals cost a few frames, however many ids it named.
+fn coalesce(refused: Vec<(SystemId, bool, Error)>) -> Vec<FrameResult> {
+    let mut groups: Vec<(pb::SettleRefused, Error)> = Vec::new();
+    for (system_id, nack, error) in refused {
+        let code = status(&error).code() as i32;
+        match groups
+            .iter_mut()
+            .find(|(g, _)| g.nack == nack && g.code == code)
+        {
+            Some((group, _)) => group.more_system_ids.push(system_id),
+            None => groups.push((
+                pb::SettleRefused {
+                    system_id,
+                    nack,
+                    code,
+                    ..Default::default()
+                },
+                error,
+            )),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(group, error)| refused_frame(group, &error))
+        .collect()
+}
+
+/// A refusal frame: `error`'s code and message (the first id's, with a count of the others).
+fn refused_frame(mut frame: pb::SettleRefused, error: &Error) -> FrameResult {
+    let refused = status(error);
+    frame.code = refused.code() as i32;
+    frame.message = match frame.more_system_ids.len() {
+        0 => refused.message().to_string(),
+        more => format!(
+            "{} (and {more} more ids refused with the same code, listed in more_system_ids)",
+            refused.message()
+        ),
+    };
+    Ok(pb::SubscriptionFrame {
+        frame: Some(Frame::Refused(frame)),
+    })
 }
 
 impl Stream for ConsumeStream {

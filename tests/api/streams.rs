@@ -82,8 +82,10 @@ async fn two_field_ack_from_another_connection_after_redelivery_is_refused() {
 async fn consume_answers_a_refused_settle_with_a_frame_and_goes_on() {
     let server = TestServer::start().await;
     let client = server.client().await;
+    let mut request = singleton("refuse");
+    request.max_in_flight = 2;
     let mut a = client
-        .subscribe_via(Carriage::Stream, singleton("refuse"))
+        .subscribe_via(Carriage::Stream, request)
         .await
         .unwrap();
     a.confirmed().await;
@@ -102,6 +104,70 @@ async fn consume_answers_a_refused_settle_with_a_frame_and_goes_on() {
     let id = client.publish("jobs.a", "x").await.system_id;
     assert_eq!(a.message().await.system_id, id);
     a.ack(id).await;
+}
+
+// Issue 17 part 1: the refusals of one settle are coalesced, one frame per kind and code naming
+// every refused id, and the settle's valid acks still apply; a settle naming more ids than the
+// member's window is refused whole in one INVALID_ARGUMENT frame and changes nothing.
+#[tokio::test]
+async fn consume_coalesces_refusals_and_refuses_a_settle_larger_than_the_window() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut request = singleton("coalesce");
+    request.max_in_flight = 8;
+    let mut a = client
+        .subscribe_via(Carriage::Stream, request)
+        .await
+        .unwrap();
+    a.confirmed().await;
+    let tx = a.settles.clone().unwrap();
+    let held = client.publish("jobs.a", "x").await.system_id;
+    assert_eq!(a.message().await.system_id, held);
+    // One good ack, five unknown acks, two unknown nacks: eight ids, the window.
+    let unknown: Vec<u64> = (1000..1005).collect();
+    let mut acks = vec![held];
+    acks.extend(&unknown);
+    tx.send(settle(acks, vec![2000, 2001])).await.unwrap();
+    match a.frame().await {
+        Frame::Refused(r) => {
+            assert_eq!((r.system_id, r.nack), (1000, false));
+            assert_eq!(r.more_system_ids, vec![1001, 1002, 1003, 1004]);
+            assert_eq!(Code::from(r.code), Code::NotFound);
+            assert!(r.message.contains("and 4 more ids"), "{}", r.message);
+        }
+        other => panic!("expected the coalesced ack refusal, got {other:?}"),
+    }
+    match a.frame().await {
+        Frame::Refused(r) => {
+            assert_eq!((r.system_id, r.nack), (2000, true));
+            assert_eq!(r.more_system_ids, vec![2001]);
+        }
+        other => panic!("expected the coalesced nack refusal, got {other:?}"),
+    }
+    let info = client.describe("coalesce").await.unwrap();
+    assert_eq!(info.counters.unwrap().acked, 1, "the good ack applied");
+
+    let next = client.publish("jobs.a", "y").await.system_id;
+    assert_eq!(a.message().await.system_id, next);
+    tx.send(settle((0..8).map(|i| next + i).collect(), vec![next]))
+        .await
+        .unwrap();
+    match a.frame().await {
+        Frame::Refused(r) => {
+            assert_eq!(Code::from(r.code), Code::InvalidArgument);
+            assert_eq!(r.system_id, 0);
+            assert!(r.message.contains("9 ids"), "{}", r.message);
+            assert!(r.message.contains("window"), "{}", r.message);
+        }
+        other => panic!("expected the whole settle refused, got {other:?}"),
+    }
+    let info = client.describe("coalesce").await.unwrap();
+    assert_eq!(
+        (info.in_flight, info.counters.unwrap().acked),
+        (1, 1),
+        "the oversized settle changed nothing"
+    );
+    a.ack(next).await;
 }
 
 // The first Consume message must open; anything else is INVALID_ARGUMENT and joins nothing.
