@@ -787,6 +787,22 @@ impl Subscription {
         } else if active.len() != self.members.len() {
             return Err("a non-singleton member is not active".into());
         }
+        // SPEC §4's singleton order, as a state property: the queue is in id (publish) order
+        // and everything in flight comes before it, so each delivery is the lowest id waiting.
+        if self.spec.mode == Mode::Singleton {
+            let ids: Vec<SystemId> = self
+                .in_flight
+                .keys()
+                .copied()
+                .chain(self.queued_ids())
+                .collect();
+            if let Some(pair) = ids.windows(2).find(|pair| pair[0] >= pair[1]) {
+                return Err(format!(
+                    "singleton order: #{} waits in the queue behind #{}",
+                    pair[1], pair[0]
+                ));
+            }
+        }
         let mut listed = 0;
         for (id, member) in &self.members {
             for system_id in &member.in_flight {
