@@ -105,6 +105,28 @@ fn core(c: &mut Criterion) {
             BatchSize::SmallInput,
         );
     });
+    // Acking a full window of 10,000 messages (the largest window a member may ask for), as one
+    // Settle on a Consume stream does: each ack must cost O(log window), not a scan of the
+    // member's in-flight list.
+    c.bench_function("ack_a_full_window_of_10000", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut sub = subscription(Mode::Queue);
+                let spec = sub.spec().clone();
+                let (member, _) = sub.join(&spec, window(10_000)).unwrap();
+                for id in 1..=10_000 {
+                    let _ = sub.enqueue(message(id));
+                }
+                (sub, member)
+            },
+            |(sub, member)| {
+                for id in 1..=10_000 {
+                    black_box(sub.ack(Some(*member), id).unwrap());
+                }
+            },
+            BatchSize::LargeInput,
+        );
+    });
     // Routing one topic against 10,000 subscriptions' patterns.
     c.bench_function("route_one_topic_among_10000_patterns", |b| {
         let mut index = PatternIndex::new();
