@@ -12,7 +12,7 @@ use std::{
 };
 
 use prost_types::Timestamp;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use crate::{
     broker::{Broker, BrokerStats, ConnectionId, Fence, MemberStream, Outbound, SubscriptionView},
@@ -49,26 +49,30 @@ pub fn cap_message(mut message: String) -> String {
 
 /// Maps a broker error to the gRPC status a client gets.
 pub fn status(error: &Error) -> Status {
-    let message = cap_message(error.to_string());
+    Status::new(code(error), cap_message(error.to_string()))
+}
+
+/// The gRPC code of a broker error, without formatting its message.
+pub fn code(error: &Error) -> Code {
     match error {
         Error::InvalidTopic { .. }
         | Error::InvalidPattern { .. }
         | Error::InvalidArgument(_)
-        | Error::SettleTooLarge { .. } => Status::invalid_argument(message),
+        | Error::SettleTooLarge { .. } => Code::InvalidArgument,
         Error::SettingsMismatch { .. }
         | Error::NotHolder { .. }
         | Error::StaleConnection { .. }
         | Error::NotYetSent { .. }
-        | Error::AckFree(_) => Status::failed_precondition(message),
-        Error::BroadcastTaken(_) => Status::already_exists(message),
-        Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => Status::not_found(message),
+        | Error::AckFree(_) => Code::FailedPrecondition,
+        Error::BroadcastTaken(_) => Code::AlreadyExists,
+        Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => Code::NotFound,
         Error::QueueFull { .. }
         | Error::MessageTooLarge { .. }
         | Error::MemoryBudget { .. }
         | Error::BatchTooLarge { .. }
         | Error::TooManySubscriptions { .. }
-        | Error::TooManyMembers { .. } => Status::resource_exhausted(message),
-        Error::ShuttingDown => Status::unavailable(message),
+        | Error::TooManyMembers { .. } => Code::ResourceExhausted,
+        Error::ShuttingDown => Code::Unavailable,
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Request, Status, Streaming};
 
-use super::{FrameStream, open_request, publish_one, status};
+use super::{FrameStream, code, open_request, publish_one, status};
 use crate::{
     broker::{Broker, Settler},
     core::{AckMode, Error, SystemId},
@@ -111,7 +111,7 @@ impl ConsumeStream {
 fn coalesce(refused: Vec<(SystemId, bool, Error)>) -> Vec<FrameResult> {
     let mut groups: Vec<(pb::SettleRefused, Error)> = Vec::new();
     for (system_id, nack, error) in refused {
-        let code = status(&error).code() as i32;
+        let code = code(&error) as i32;
         match groups
             .iter_mut()
             .find(|(g, _)| g.nack == nack && g.code == code)
