@@ -196,3 +196,38 @@ async fn stale_ack_after_failover_is_refused_and_changes_nothing(carriage: Carri
     assert_eq!(client.describe("fence").await.unwrap().in_flight, 0);
 }
 }
+
+// SPEC §4 order after a nack and a failover (issue 17 part 3): window 2, A gets 1 and 2, nacks 1
+// and gets it again, so it holds 2 then 1. When A leaves, the promoted B gets them in publish
+// order (1, then 2), then 3. B used to get 2 first.
+over_carriages! {
+async fn failover_after_a_nack_with_window_2_keeps_publish_order(carriage: Carriage) {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut request = singleton("ordered");
+    request.max_in_flight = 2;
+    let mut a = client.subscribe_via(carriage, request.clone()).await.unwrap();
+    a.confirmed().await;
+    let mut b = client.subscribe_via(carriage, request).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 1..=3 {
+        ids.push(client.publish("jobs.daily", &format!("m{n}")).await.system_id);
+    }
+    assert_eq!(a.message().await.system_id, ids[0]);
+    assert_eq!(a.message().await.system_id, ids[1]);
+    a.nack(ids[0]).await;
+    let again = a.message().await;
+    assert_eq!((again.system_id, again.delivery_attempt), (ids[0], 2));
+    drop(a);
+    b.confirmed().await;
+    let first = b.message().await;
+    let second = b.message().await;
+    assert_eq!(
+        [(first.system_id, first.delivery_attempt), (second.system_id, second.delivery_attempt)],
+        [(ids[0], 3), (ids[1], 2)],
+        "publish order after the failover"
+    );
+    b.ack(ids[0]).await;
+    assert_eq!(b.message().await.system_id, ids[2]);
+}
+}
