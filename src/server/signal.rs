@@ -26,15 +26,13 @@ impl Signal {
     }
 
     /// Completes once the signal fired (at once if it already has).
-    pub fn wait(self: std::sync::Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
-        async move {
-            // Registered before the flag is read: a `fire` between the two still wakes it.
-            let notified = self.notify.notified();
-            if self.fired() {
-                return;
-            }
-            notified.await;
+    pub async fn wait(self: std::sync::Arc<Self>) {
+        // Registered before the flag is read: a `fire` between the two still wakes it.
+        let notified = self.notify.notified();
+        if self.fired() {
+            return;
         }
+        notified.await;
     }
 }
 
