@@ -21,7 +21,7 @@ use crate::{
         Pattern, SubscriptionSpec, Topic,
     },
     pb,
-    server::{TransportSnapshot, TransportStats, conn::connection_of},
+    server::{Signal, TransportSnapshot, TransportStats, conn::connection_of},
 };
 
 /// The window an ack-free member gets when it asks for none: deep enough that writing, not
@@ -487,17 +487,28 @@ impl futures_core::Stream for FrameStream {
 pub struct BrokerService {
     broker: Broker,
     transport: Arc<TransportStats>,
+    stopping: Arc<Signal>,
 }
 
 impl BrokerService {
     /// Serves `broker`.
     pub fn new(broker: Broker) -> Self {
-        Self::with_transport(broker, Arc::default())
+        Self::with_transport(broker, Arc::default(), Arc::default())
     }
 
-    /// Serves `broker`, reporting the transport's counters in `ListSubscriptions`.
-    pub fn with_transport(broker: Broker, transport: Arc<TransportStats>) -> Self {
-        Self { broker, transport }
+    /// Serves `broker`, reporting the transport's counters in `ListSubscriptions`. When
+    /// `stopping` fires (shutdown started), the streams the broker does not own
+    /// (`PublishStream`) end with `UNAVAILABLE`, as the broker ends member streams.
+    pub fn with_transport(
+        broker: Broker,
+        transport: Arc<TransportStats>,
+        stopping: Arc<Signal>,
+    ) -> Self {
+        Self {
+            broker,
+            transport,
+            stopping,
+        }
     }
 }
 
@@ -605,6 +616,7 @@ impl pb::broker_server::Broker for BrokerService {
         Ok(Response::new(streams::publish_stream(
             self.broker.clone(),
             request.into_inner(),
+            &self.stopping,
         )))
     }
 

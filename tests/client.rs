@@ -396,6 +396,29 @@ async fn bearer_token_is_sent_on_every_call() {
     assert!(matches!(next_event(&mut sub).await, Event::Active { .. }));
 }
 
+// SPEC §7 (issue 17, item 7): an open `Publisher` does not hold shutdown for the drain timeout:
+// the broker ends its stream with UNAVAILABLE at once, and the publisher reports it.
+#[tokio::test]
+async fn open_publisher_does_not_hold_shutdown_for_the_drain() {
+    let drain = std::time::Duration::from_secs(30);
+    let server = TestServer::with_config(ServerConfig {
+        drain_timeout: drain,
+        ..ServerConfig::default()
+    })
+    .await;
+    let client = connect(&server).await;
+    let publisher = within(client.publisher()).await.unwrap();
+    within(publisher.publish(Message::new("jobs.streamed", "one")))
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), server.stop())
+        .await
+        .unwrap_or_else(|_| panic!("shutdown waited out the {drain:?} drain for a Publisher"))
+        .unwrap();
+    let after = within(publisher.publish(Message::new("jobs.streamed", "two"))).await;
+    assert!(matches!(after, Err(Error::Unavailable(_))), "{after:?}");
+}
+
 // Issue: "a standby that loses its connection rejoins the line with backoff". The broker goes
 // away while a replica waits on standby; when a broker is back on the same address the replica
 // rejoins on its own and, alone in line, leads.

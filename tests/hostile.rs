@@ -3,6 +3,9 @@
 //! still complete within a second, and the process's memory must stay within the configured
 //! budget plus a fixed slack.
 
+#[path = "api/certs.rs"]
+#[allow(dead_code)]
+mod certs;
 #[path = "api/harness.rs"]
 #[allow(dead_code)]
 mod harness;
@@ -17,16 +20,28 @@ use std::{
 };
 
 use bytes::{BufMut, Bytes, BytesMut};
+use certs::Ca;
 use harness::{Client, TestServer, assert_code, open, within};
 use tinybroker::{
     pb::{self, DeliveryMode},
     server::ServerConfig,
 };
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
 };
-use tonic::Code;
+use tokio_rustls::{
+    TlsConnector,
+    rustls::{
+        ClientConfig, ClientConnection, RootCertStore,
+        crypto::ring,
+        pki_types::{CertificateDer, ServerName, pem::PemObject},
+    },
+};
+use tonic::{
+    Code,
+    transport::{Channel, ClientTlsConfig},
+};
 
 /// The tests measure the whole process's memory, so they run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -164,6 +179,136 @@ async fn handshakeless_sockets_are_closed_and_counted_while_clients_are_served()
     let late = server.client().await;
     ordinary_round_trip(&late, "after-handshake-attack").await;
     assert_rss_within(baseline, &peak, 0);
+}
+
+/// A TLS client's configuration trusting only `ca`, offering HTTP/2 as gRPC clients do.
+fn tls_client_config(ca: &Ca) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
+        .unwrap();
+    let mut config = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(config)
+}
+
+/// A gRPC client over TLS trusting `ca`; connected (TLS, HTTP/2 preface and SETTINGS sent)
+/// when this returns.
+async fn tls_client(server: &TestServer, ca: &Ca) -> Client {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(ca.certificate())
+        .domain_name("localhost");
+    let channel = within(
+        Channel::from_shared(format!("https://{}", server.addr))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect(),
+    )
+    .await
+    .expect("a TLS client connects");
+    Client(pb::broker_client::BrokerClient::new(channel))
+}
+
+/// Reads until the server closes the connection (cleanly or not); fails the test if it stays
+/// open past [`harness::EVENT_TIMEOUT`].
+async fn closed_by_server(mut socket: impl AsyncRead + Unpin) {
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(harness::EVENT_TIMEOUT, socket.read_to_end(&mut sink))
+        .await
+        .expect("the server kept a connection open past the handshake deadline");
+}
+
+/// How a hostile TLS client stops part way.
+#[derive(Debug, Clone, Copy)]
+enum TlsStall {
+    /// After the first 33 bytes of its ClientHello: as many bytes as a plaintext client's
+    /// HTTP/2 preface and first frame header.
+    InClientHello,
+    /// After the TLS handshake, before the HTTP/2 preface.
+    BeforePreface,
+}
+
+/// Issue 17, item 2: with TLS and `max_connections` 5, one ordinary client connects, then four
+/// sockets stall (`stall`) and fill every other slot. Each is closed within the handshake
+/// deadline and counted; the ordinary client's connection, idle past the deadline after a
+/// valid preface, is not; and the freed slots take new clients.
+async fn stalled_tls_sockets_are_closed_at_the_deadline(stall: TlsStall) {
+    let _serial = SERIAL.lock().await;
+    const STALLED: u64 = 4;
+    const HANDSHAKE: Duration = Duration::from_secs(1);
+    let ca = Ca::new("broker CA");
+    let server = TestServer::with_config(ServerConfig {
+        tls: Some(ca.server().server_identity()),
+        max_connections: STALLED as usize + 1,
+        handshake_timeout: HANDSHAKE,
+        ..ServerConfig::default()
+    })
+    .await;
+    let ordinary = tls_client(&server, &ca).await;
+    let config = tls_client_config(&ca);
+    let localhost = ServerName::try_from("localhost").unwrap();
+
+    let started = Instant::now();
+    let mut closing = tokio::task::JoinSet::new();
+    for _ in 0..STALLED {
+        let mut tcp = within(TcpStream::connect(server.addr)).await.unwrap();
+        match stall {
+            TlsStall::InClientHello => {
+                let mut hello = Vec::new();
+                ClientConnection::new(config.clone(), localhost.clone())
+                    .unwrap()
+                    .write_tls(&mut hello)
+                    .unwrap();
+                assert!(hello.len() > 33, "a ClientHello of {} bytes", hello.len());
+                tcp.write_all(&hello[..33]).await.unwrap();
+                closing.spawn(closed_by_server(tcp));
+            }
+            TlsStall::BeforePreface => {
+                let tls =
+                    within(TlsConnector::from(config.clone()).connect(localhost.clone(), tcp))
+                        .await
+                        .expect("the TLS handshake completes");
+                assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+                closing.spawn(closed_by_server(tls));
+            }
+        }
+    }
+    while let Some(closed) = closing.join_next().await {
+        closed.unwrap();
+    }
+    eprintln!("{stall:?}: all closed after {:?}", started.elapsed());
+
+    let c = counters(&ordinary).await;
+    assert_eq!(c.handshake_timeouts, STALLED, "{c:?}");
+    assert_eq!(c.connections_refused, 0, "{c:?}");
+    // The slots are free again: new clients connect over TLS and are served.
+    let late = tls_client(&server, &ca).await;
+    ordinary_round_trip(&late, &format!("after-tls-stall-{stall:?}")).await;
+    ordinary_round_trip(&ordinary, &format!("idle-through-tls-stall-{stall:?}")).await;
+    let c = counters(&late).await;
+    assert_eq!(
+        c.handshake_timeouts, STALLED,
+        "the ordinary client's idle connection must outlive the deadline: {c:?}"
+    );
+}
+
+/// Issue 17, item 2: a TLS socket that sends the start of a ClientHello (as many bytes as a
+/// plaintext preface) and stops does not hold its slot past the handshake deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sockets_stalled_in_the_client_hello_are_closed_at_the_deadline() {
+    stalled_tls_sockets_are_closed_at_the_deadline(TlsStall::InClientHello).await;
+}
+
+/// Issue 17, item 2: a TLS socket that completes the TLS handshake and never sends the HTTP/2
+/// preface does not hold its slot past the handshake deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sockets_silent_after_the_tls_handshake_are_closed_at_the_deadline() {
+    stalled_tls_sockets_are_closed_at_the_deadline(TlsStall::BeforePreface).await;
 }
 
 /// The gRPC framing of a Publish request of `declared` bytes, cut after `sent` bytes in all.

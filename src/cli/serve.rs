@@ -129,7 +129,7 @@ impl Serve {
             ..Limits::default()
         };
         let tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Some(tonic::transport::Identity::from_pem(
+            (Some(cert), Some(key)) => Some(tinybroker::server::TlsIdentity::from_pem(
                 read_file(cert)?,
                 read_file(key)?,
             )),

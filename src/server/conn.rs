@@ -5,8 +5,8 @@
 
 use crate::broker::ConnectionId;
 
-/// What a request knows of its connection (found in the request's extensions, or inside
-/// `TlsConnectInfo` when serving TLS).
+/// What a request knows of its connection (found in the request's extensions; TLS is
+/// terminated by the server's own connection wrapper, so it is there over TLS too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionInfo {
     /// Unique for the server's lifetime.
@@ -15,13 +15,8 @@ pub struct ConnectionInfo {
 
 /// The connection a request arrived on, if the server numbered it.
 pub fn connection_of<T>(request: &tonic::Request<T>) -> Option<ConnectionId> {
-    let extensions = request.extensions();
-    extensions
+    request
+        .extensions()
         .get::<ConnectionInfo>()
-        .or_else(|| {
-            extensions
-                .get::<tonic::transport::server::TlsConnectInfo<ConnectionInfo>>()
-                .map(|tls| tls.get_ref())
-        })
         .map(|info| info.id)
 }

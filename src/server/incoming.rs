@@ -4,18 +4,16 @@
 //!   `max_connections` by closing them at once (counted), and it can be closed from outside, so
 //!   shutdown stops accepting immediately instead of leaving the listener's backlog to fill.
 //! - [`Guarded`] wraps each admitted connection: it holds the connection's slot until dropped,
-//!   fails reads once the handshake deadline passes before the client sent its HTTP/2 preface,
-//!   and fails every read and write once the [`KillSwitch`] fires (the end of the drain).
+//!   terminates TLS when the server serves it (see `tls`), fails the connection once the
+//!   handshake deadline passes before the client sent its HTTP/2 preface (decrypted, over TLS),
+//!   and fails every read and write once the kill switch fires (the end of the drain).
 //! - [`TcpAccept`] is the TCP listener as a stream that backs off on accept errors (EMFILE)
 //!   instead of retrying in a busy loop, and logs once per burst of errors.
 
 use std::{
     io,
     pin::Pin,
-    sync::{
-        Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex, PoisonError},
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -23,45 +21,24 @@ use std::{
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
-    sync::{Notify, OwnedSemaphorePermit, Semaphore},
+    sync::{OwnedSemaphorePermit, Semaphore},
     time::Sleep,
 };
+use tokio_rustls::TlsAcceptor;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
-use super::conn::ConnectionInfo;
+use super::{conn::ConnectionInfo, signal::Signal, stats::TransportStats, tls::Transport};
 use crate::broker::ConnectionId;
 
-use super::stats::TransportStats;
-
 /// Bytes a client must send before its handshake counts as done: the 24-byte HTTP/2 preface
-/// plus the 9-byte header of the SETTINGS frame that must follow it. (Over TLS these are the
-/// first bytes of the ClientHello, so the deadline then bounds only the start of the handshake.)
+/// plus the 9-byte header of the SETTINGS frame that must follow it. Over TLS they are counted
+/// after decryption, so the TLS handshake must be over too.
 const HANDSHAKE_BYTES: usize = 24 + 9;
 
 /// Most connections taken from the inner stream in one poll, so a flood of connections to
 /// refuse cannot monopolise the task that also runs the accept loop.
 const ADMIT_BATCH: usize = 64;
-
-/// Fires once, at the end of the drain: every [`Guarded`] connection fails from then on, so
-/// connections a client keeps busy (a subscriber that never reads) close instead of lingering.
-#[derive(Debug, Default)]
-pub struct KillSwitch {
-    fired: AtomicBool,
-    notify: Notify,
-}
-
-impl KillSwitch {
-    /// Fails every connection admitted so far or later.
-    pub fn fire(&self) {
-        self.fired.store(true, Ordering::Release);
-        self.notify.notify_waiters();
-    }
-
-    fn fired(&self) -> bool {
-        self.fired.load(Ordering::Acquire)
-    }
-}
 
 type Shared<I> = Arc<Mutex<Option<Pin<Box<I>>>>>;
 
@@ -77,33 +54,40 @@ impl<I> Closer<I> {
     }
 }
 
-/// The incoming stream with a connection limit, a handshake deadline per connection and a way
-/// to stop accepting at once.
+/// The incoming stream with a connection limit, TLS if configured, a handshake deadline per
+/// connection and a way to stop accepting at once.
 pub struct Admission<I> {
     inner: Shared<I>,
     slots: Arc<Semaphore>,
+    tls: Option<TlsAcceptor>,
     handshake_timeout: Duration,
     stats: Arc<TransportStats>,
-    kill: Arc<KillSwitch>,
+    /// Fires at the end of the drain: every [`Guarded`] connection fails from then on, so
+    /// connections a client keeps busy (a subscriber that never reads) close instead of
+    /// lingering.
+    kill: Arc<Signal>,
     refusing: bool,
     /// Numbers the admitted connections (see [`ConnectionInfo`]).
     last_id: ConnectionId,
 }
 
 impl<I> Admission<I> {
-    /// Wraps `incoming`; returns the stream and its [`Closer`].
+    /// Wraps `incoming`, serving TLS with `tls` when given; returns the stream and its
+    /// [`Closer`].
     pub fn new(
         incoming: I,
         max_connections: usize,
+        tls: Option<TlsAcceptor>,
         handshake_timeout: Duration,
         stats: Arc<TransportStats>,
-        kill: Arc<KillSwitch>,
+        kill: Arc<Signal>,
     ) -> (Self, Closer<I>) {
         let inner: Shared<I> = Arc::new(Mutex::new(Some(Box::pin(incoming))));
         let slots = Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)));
         let admission = Self {
             inner: inner.clone(),
             slots,
+            tls,
             handshake_timeout,
             stats,
             kill,
@@ -140,6 +124,11 @@ where
                         tracing::info!("accepting connections again");
                     }
                     this.last_id += 1;
+                    let io = match &this.tls {
+                        // Only sets the handshake up: it runs on the connection's own task.
+                        Some(tls) => Transport::Handshaking(Box::new(tls.accept(io))),
+                        None => Transport::Plain(io),
+                    };
                     return Poll::Ready(Some(Ok(Guarded::new(
                         io,
                         ConnectionInfo { id: this.last_id },
@@ -168,48 +157,54 @@ where
     }
 }
 
-struct Handshake {
-    deadline: Pin<Box<Sleep>>,
-    remaining: usize,
+/// Where a connection stands with its handshake deadline.
+enum Handshake {
+    /// Armed: `remaining` bytes of the preface and first frame header are still to come.
+    Awaited {
+        deadline: Pin<Box<Sleep>>,
+        remaining: usize,
+    },
+    /// The client sent them in time: no deadline any more.
+    Done,
+    /// The deadline passed first: the connection fails from then on.
+    Missed,
 }
 
 /// An admitted connection. Holds its slot under `max_connections` until dropped, and tells
 /// requests which connection they arrived on.
 pub struct Guarded<IO> {
-    io: IO,
-    info: ConnectionInfo,
+    /// Declared (so dropped) before `io`: the slot is free again by the time the client sees
+    /// its connection close.
     _slot: OwnedSemaphorePermit,
-    handshake: Option<Handshake>,
+    io: Transport<IO>,
+    info: ConnectionInfo,
+    handshake: Handshake,
     stats: Arc<TransportStats>,
-    kill: Arc<KillSwitch>,
+    kill: Arc<Signal>,
     killed: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 impl<IO> Guarded<IO> {
     fn new(
-        io: IO,
+        io: Transport<IO>,
         info: ConnectionInfo,
         slot: OwnedSemaphorePermit,
         handshake_timeout: Duration,
         stats: Arc<TransportStats>,
-        kill: Arc<KillSwitch>,
+        kill: Arc<Signal>,
     ) -> Self {
         stats.connection_opened();
-        let killed = {
-            let kill = kill.clone();
-            Box::pin(async move { kill.notify.notified().await })
-        };
         Self {
+            _slot: slot,
             io,
             info,
-            _slot: slot,
-            handshake: Some(Handshake {
+            handshake: Handshake::Awaited {
                 deadline: Box::pin(tokio::time::sleep(handshake_timeout)),
                 remaining: HANDSHAKE_BYTES,
-            }),
+            },
             stats,
+            killed: Box::pin(kill.clone().wait()),
             kill,
-            killed,
         }
     }
 
@@ -218,6 +213,33 @@ impl<IO> Guarded<IO> {
     fn killed(&mut self, cx: &mut Context<'_>) -> bool {
         self.killed.as_mut().poll(cx).is_ready() || self.kill.fired()
     }
+
+    /// Fails once the handshake deadline passed before the client sent its preface. Checked by
+    /// every read, write and flush while the deadline is armed, not by reads alone: over TLS,
+    /// hyper's first step is writing its SETTINGS, which waits on the TLS handshake, so a
+    /// client stalling that handshake meets a write, and no read is pending to notice the time.
+    fn check_handshake(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        match &mut self.handshake {
+            Handshake::Done => Ok(()),
+            Handshake::Missed => Err(handshake_missed()),
+            Handshake::Awaited { deadline, .. } => {
+                if deadline.as_mut().poll(cx).is_pending() {
+                    return Ok(());
+                }
+                self.handshake = Handshake::Missed;
+                self.stats.handshake_timed_out();
+                tracing::debug!("closing a connection that did not finish its handshake in time");
+                Err(handshake_missed())
+            }
+        }
+    }
+}
+
+fn handshake_missed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the client did not send the HTTP/2 preface within handshake_timeout",
+    )
 }
 
 impl<IO> Drop for Guarded<IO> {
@@ -233,7 +255,7 @@ fn aborted() -> io::Error {
     )
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -243,31 +265,24 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
         if this.killed(cx) {
             return Poll::Ready(Err(aborted()));
         }
-        if let Some(handshake) = &mut this.handshake
-            && handshake.deadline.as_mut().poll(cx).is_ready()
-        {
-            this.handshake = None;
-            this.stats.handshake_timed_out();
-            tracing::debug!("closing a connection that did not finish its handshake in time");
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client did not send the HTTP/2 preface within handshake_timeout",
-            )));
-        }
+        this.check_handshake(cx)?;
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(handshake)) = (&polled, &mut this.handshake) {
+        if let (Poll::Ready(Ok(())), Handshake::Awaited { remaining, .. }) =
+            (&polled, &mut this.handshake)
+        {
+            // Decrypted bytes over TLS: the handshake's own bytes never count.
             let read = buf.filled().len() - before;
-            handshake.remaining = handshake.remaining.saturating_sub(read);
-            if handshake.remaining == 0 {
-                this.handshake = None;
+            *remaining = remaining.saturating_sub(read);
+            if *remaining == 0 {
+                this.handshake = Handshake::Done;
             }
         }
         polled
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -277,6 +292,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         if this.killed(cx) {
             return Poll::Ready(Err(aborted()));
         }
+        this.check_handshake(cx)?;
         Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
@@ -289,6 +305,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
         if this.killed(cx) {
             return Poll::Ready(Err(aborted()));
         }
+        this.check_handshake(cx)?;
         Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 
@@ -297,7 +314,9 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        this.check_handshake(cx)?;
+        Pin::new(&mut this.io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -5,23 +5,27 @@ pub mod conn;
 mod incoming;
 mod oversize;
 mod requests;
+mod signal;
 mod stats;
+mod tls;
 
 use std::{error::Error as StdError, sync::Arc, time::Duration};
 
-use incoming::{Admission, KillSwitch};
+use incoming::Admission;
 pub use incoming::{Guarded, TcpAccept};
 use oversize::OversizeAsResourceExhausted;
 use requests::RequestGuardLayer;
 pub use requests::{LONG_LIVED_REQUEST_BODIES, SMALL_REQUEST_BYTES};
+pub use signal::Signal;
 pub use stats::{TransportSnapshot, TransportStats};
+pub use tls::{TlsError, TlsIdentity};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
 use tonic::{
     Request, Status,
     service::Interceptor,
-    transport::{Certificate, Identity, ServerTlsConfig, server::Connected},
+    transport::{Certificate, server::Connected},
 };
 
 use crate::{
@@ -50,7 +54,7 @@ pub struct ServerConfig {
     /// When set, every Broker RPC must carry `authorization: Bearer <token>`.
     pub auth_token: Option<String>,
     /// When set, serve TLS with this certificate and key.
-    pub tls: Option<Identity>,
+    pub tls: Option<TlsIdentity>,
     /// With `tls`: accept only clients presenting a certificate signed by this CA (mutual TLS).
     pub tls_client_ca: Option<Certificate>,
     /// How long shutdown waits for connections to drain after ending every stream; then every
@@ -59,7 +63,8 @@ pub struct ServerConfig {
     /// Most open connections; more are closed at once and counted (`connections_refused`).
     /// Keep it below the process's file-descriptor limit (`ulimit -n`).
     pub max_connections: usize,
-    /// How long a new connection may take to send the HTTP/2 preface before it is closed.
+    /// How long a new connection may take to send the HTTP/2 preface (and, over TLS, to finish
+    /// the TLS handshake first) before it is closed.
     pub handshake_timeout: Duration,
     /// Most concurrent HTTP/2 streams per connection (each subscription member is one).
     pub max_concurrent_streams: u32,
@@ -158,9 +163,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Errors that stop the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The transport failed (bad TLS material, listener error).
+    /// The transport failed (listener error).
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The TLS certificate, key or client CA cannot be used.
+    #[error("tls: {0}")]
+    Tls(#[from] TlsError),
     /// The reflection service could not be built from the descriptor set.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
@@ -201,8 +209,8 @@ impl Server {
 
     /// Serves the Broker, gRPC health and reflection services on `incoming` until `shutdown`
     /// completes; then drops `incoming` (so the listener refuses new clients at once), ends every
-    /// member stream with `UNAVAILABLE`, waits up to the drain timeout for connections to close,
-    /// closes those still open, and returns.
+    /// member stream and every `PublishStream` with `UNAVAILABLE`, waits up to the drain timeout
+    /// for connections to close, closes those still open, and returns.
     ///
     /// # Errors
     /// [`ServeError`] if the transport or reflection service cannot start.
@@ -219,6 +227,10 @@ impl Server {
             broker,
             transport,
         } = self;
+        let tls = match &config.tls {
+            Some(identity) => Some(tls::acceptor(identity, config.tls_client_ca.as_ref())?),
+            None => None,
+        };
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<BrokerServer<BrokerService>>().await;
         let reflection = tonic_reflection::server::Builder::configure()
@@ -229,9 +241,12 @@ impl Server {
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
+        // Fired when shutdown starts: ends the service's streams the broker does not own.
+        let stopping_streams = Arc::new(Signal::default());
         let service = BrokerServer::new(BrokerService::with_transport(
             broker.clone(),
             transport.clone(),
+            stopping_streams.clone(),
         ))
         .max_decoding_message_size(config.max_request_bytes);
         let auth = BearerAuth(config.auth_token.as_deref().map(Arc::from));
@@ -240,29 +255,23 @@ impl Server {
             config.max_request_bytes,
         );
 
+        // TLS is terminated by `Admission`'s connections, not by tonic: see `tls`.
         let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(config.keepalive_interval)
             .http2_keepalive_timeout(Some(config.keepalive_timeout))
-            .max_concurrent_streams(Some(config.max_concurrent_streams.max(1)));
-        if let Some(identity) = config.tls.clone() {
-            let tls = ServerTlsConfig::new().identity(identity);
-            let tls = match config.tls_client_ca.clone() {
-                Some(ca) => tls.client_ca_root(ca),
-                None => tls,
-            };
-            builder = builder.tls_config(tls)?;
-        }
-        let mut builder = builder.layer(RequestGuardLayer::new(
-            config
-                .max_pending_request_bytes
-                .max(config.max_request_bytes),
-            config.request_timeout,
-            transport.clone(),
-        ));
-        let kill = Arc::new(KillSwitch::default());
+            .max_concurrent_streams(Some(config.max_concurrent_streams.max(1)))
+            .layer(RequestGuardLayer::new(
+                config
+                    .max_pending_request_bytes
+                    .max(config.max_request_bytes),
+                config.request_timeout,
+                transport.clone(),
+            ));
+        let kill = Arc::new(Signal::default());
         let (incoming, closer) = Admission::new(
             incoming,
             config.max_connections.max(1),
+            tls,
             config.handshake_timeout,
             transport,
             kill.clone(),
@@ -280,6 +289,7 @@ impl Server {
                     .set_not_serving::<BrokerServer<BrokerService>>()
                     .await;
                 broker.shutdown();
+                stopping_streams.fire();
                 let _ = drained_tx.send(());
             }
         };

@@ -5,18 +5,19 @@
 use std::{
     collections::VecDeque,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tonic::{Code, Request, Status, Streaming};
 
 use super::{FrameStream, code, open_request, publish_one, status};
 use crate::{
     broker::{Broker, Settler},
-    core::{AckMode, Error, SystemId},
+    core::{AckMode, Error, SystemId, Topic},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
-    server::conn::connection_of,
+    server::{Signal, conn::connection_of},
 };
 
 /// Refusals that may wait to be written before the stream stops reading the client's settles:
@@ -215,36 +216,100 @@ pub(super) async fn consume(
     })
 }
 
-/// The responses of a `PublishStream`, one per request, in order.
-pub type PublishResults =
-    Pin<Box<dyn Stream<Item = Result<pb::PublishStreamResponse, Status>> + Send + 'static>>;
-
-/// Publishes each request as it is read; a refusal is an answer, not the end of the stream.
+/// The responses of a `PublishStream`, one per request, in order, ended with `UNAVAILABLE`
+/// once shutdown starts.
+///
+/// Each request is published as it is read; a refusal is an answer, not the end of the stream.
 /// Reading and answering in one pass keeps the order and lets HTTP/2 flow control pace a
 /// publisher that does not read its answers.
+pub struct PublishResults {
+    broker: Broker,
+    requests: Streaming<pb::PublishRequest>,
+    /// The last topic parsed, reused while a publisher keeps to one topic.
+    recent: Option<Topic>,
+    /// Completes when shutdown starts. Polled only while no request is ready, so a busy stream
+    /// pays nothing for it; a busy stream meets the broker's own refusal instead.
+    stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
+    ended: bool,
+}
+
+impl std::fmt::Debug for PublishResults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublishResults")
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PublishResults {
+    /// Ends the stream with `status`: tonic sends it as the stream's final status.
+    fn end(&mut self, status: Status) -> Poll<Option<<Self as Stream>::Item>> {
+        self.ended = true;
+        Poll::Ready(Some(Err(status)))
+    }
+}
+
+impl Stream for PublishResults {
+    type Item = Result<pb::PublishStreamResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        let request = match Pin::new(&mut this.requests).poll_next(cx) {
+            Poll::Ready(Some(Ok(request))) => request,
+            // Undecodable input or a transport error ends the stream, as before any answer.
+            Poll::Ready(Some(Err(status))) => return this.end(status),
+            Poll::Ready(None) => {
+                this.ended = true;
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {
+                // The client may keep the stream open and idle for ever: without this, shutdown
+                // would wait out the whole drain for it.
+                if this.stopping.as_mut().poll(cx).is_ready() {
+                    return this.end(status(&Error::ShuttingDown));
+                }
+                return Poll::Pending;
+            }
+        };
+        Poll::Ready(Some(Ok(
+            match publish_one(&this.broker, request, &mut this.recent) {
+                Ok(published) => pb::PublishStreamResponse {
+                    system_id: published.system_id,
+                    queued_for: published.queued_for,
+                    code: Code::Ok as i32,
+                    message: String::new(),
+                },
+                // Shutdown ends the stream, however fast the client keeps sending.
+                Err(Error::ShuttingDown) => return this.end(status(&Error::ShuttingDown)),
+                Err(error) => {
+                    let refused = status(&error);
+                    pb::PublishStreamResponse {
+                        system_id: 0,
+                        queued_for: 0,
+                        code: refused.code() as i32,
+                        message: refused.message().to_string(),
+                    }
+                }
+            },
+        )))
+    }
+}
+
+/// Answers the `requests` of one `PublishStream` (see [`PublishResults`]); the stream ends
+/// with `UNAVAILABLE` once `stopping` fires.
 pub(super) fn publish_stream(
     broker: Broker,
     requests: Streaming<pb::PublishRequest>,
+    stopping: &Arc<Signal>,
 ) -> PublishResults {
-    let mut recent = None;
-    Box::pin(requests.map(move |request| {
-        let request = request?;
-        Ok(match publish_one(&broker, request, &mut recent) {
-            Ok(published) => pb::PublishStreamResponse {
-                system_id: published.system_id,
-                queued_for: published.queued_for,
-                code: Code::Ok as i32,
-                message: String::new(),
-            },
-            Err(error) => {
-                let refused = status(&error);
-                pb::PublishStreamResponse {
-                    system_id: 0,
-                    queued_for: 0,
-                    code: refused.code() as i32,
-                    message: refused.message().to_string(),
-                }
-            }
-        })
-    }))
+    PublishResults {
+        broker,
+        requests,
+        recent: None,
+        stopping: Box::pin(stopping.clone().wait()),
+        ended: false,
+    }
 }

@@ -27,6 +27,58 @@ async fn graceful_shutdown_ends_streams_with_unavailable() {
     within(stop).await.unwrap().unwrap();
 }
 
+// SPEC §7 (issue 17, item 7): shutdown ends an open `PublishStream` with UNAVAILABLE at once,
+// as it ends member streams, instead of waiting out the drain for the publisher to hang up.
+#[tokio::test]
+async fn shutdown_ends_publish_streams_with_unavailable_without_waiting_for_the_drain() {
+    let drain = Duration::from_secs(30);
+    let server = TestServer::with_config(ServerConfig {
+        drain_timeout: drain,
+        ..ServerConfig::default()
+    })
+    .await;
+    let client = server.client().await;
+    // The client keeps its side open (the sender lives to the end): only the server can end it.
+    let (requests, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers = within(
+        client
+            .0
+            .clone()
+            .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    requests
+        .send(pb::PublishRequest {
+            topic: "jobs.streamed".into(),
+            payload: b"x".to_vec().into(),
+            headers: Default::default(),
+        })
+        .await
+        .unwrap();
+    let answer = within(answers.message()).await.unwrap().expect("an answer");
+    assert_eq!(answer.code, 0, "{answer:?}");
+
+    let started = std::time::Instant::now();
+    let stopping = tokio::spawn(server.stop());
+    let ended = within(answers.message())
+        .await
+        .expect_err("the stream must end with a status");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("shutting down"), "{ended:?}");
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .unwrap_or_else(|_| panic!("shutdown waited out the {drain:?} drain for a publish stream"))
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "shutdown with a publish stream open took {:?}",
+        started.elapsed()
+    );
+    drop(requests);
+}
+
 // SPEC §1: the standard health service answers SERVING.
 #[tokio::test]
 async fn health_service_reports_serving() {

@@ -1,6 +1,7 @@
 //! Black-box tests of the gRPC API against a real server on loopback (SPEC §1–§7).
 
 mod binary;
+mod certs;
 #[macro_use]
 mod harness;
 

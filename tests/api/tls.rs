@@ -3,90 +3,21 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 use tinybroker::{
     pb::{self, broker_client::BrokerClient},
     server::ServerConfig,
 };
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::transport::{Channel, ClientTlsConfig, Identity};
 
 use crate::{
     binary,
+    certs::Ca,
     harness::{Client, TestServer, singleton, within},
 };
 
-/// A certificate authority made for one test.
-struct Ca {
-    cert_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-/// A certificate and its private key, PEM.
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
-}
-
-impl Leaf {
-    fn identity(&self) -> Identity {
-        Identity::from_pem(&self.cert_pem, &self.key_pem)
-    }
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Self {
-            cert_pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    fn certificate(&self) -> Certificate {
-        Certificate::from_pem(&self.cert_pem)
-    }
-
-    fn issue(&self, names: &[&str], purpose: ExtendedKeyUsagePurpose) -> Leaf {
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(DnType::CommonName, names[0]);
-        params.extended_key_usages = vec![purpose];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-
-    /// A server certificate valid for `localhost` and `127.0.0.1`.
-    fn server(&self) -> Leaf {
-        self.issue(
-            &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        )
-    }
-
-    fn client(&self, name: &str) -> Leaf {
-        self.issue(&[name], ExtendedKeyUsagePurpose::ClientAuth)
-    }
-}
-
 async fn tls_server(ca: &Ca, client_ca: Option<&Ca>) -> TestServer {
     TestServer::with_config(ServerConfig {
-        tls: Some(ca.server().identity()),
+        tls: Some(ca.server().server_identity()),
         tls_client_ca: client_ca.map(Ca::certificate),
         ..ServerConfig::default()
     })
