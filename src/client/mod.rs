@@ -36,6 +36,7 @@ mod election;
 mod error;
 mod info;
 mod options;
+mod outgoing;
 mod publish;
 mod subscription;
 
