@@ -1,11 +1,16 @@
 //! A queue worker (SPEC §3 `DELIVERY_MODE_QUEUE`): competing consumers share the messages of
 //! `jobs.>`, each acked after it is processed; a worker that dies mid-job has its message
-//! redelivered to another with `attempt` + 1.
+//! redelivered to another with `attempt` + 1. Ctrl-C stops it cleanly: it finishes the job in
+//! hand, and closes its subscription, which returns once the broker has applied every ack, so
+//! no job it did is done again.
 //!
 //! ```sh
 //! cargo run --example worker            # in two terminals
 //! tinybroker publish jobs.email 'send the welcome mail'
 //! ```
+//!
+//! Start the workers first: a message published while no subscription matches its topic is not
+//! kept (`queued_for` is 0).
 //!
 //! Flags: `--server URL` (default `http://127.0.0.1:50051`, env `TINYBROKER_SERVER`),
 //! `--window N` (unacked messages per worker, default 1), `--token TOKEN`
@@ -15,13 +20,28 @@ use std::process::ExitCode;
 
 use tinybroker::client::{Client, ClientOptions, SubscriptionOptions};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    run(std::env::args().skip(1).collect())
+}
+
+/// Runs the worker with `flags` as given on the command line: exit code 0 after a Ctrl-C with
+/// every ack applied, 2 for bad flags, 1 when the broker cannot be reached or ends the stream.
+pub fn run(flags: Vec<String>) -> ExitCode {
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(work(flags)),
+        Err(error) => {
+            eprintln!("worker: cannot start the runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn work(flags: Vec<String>) -> ExitCode {
     let mut server =
         std::env::var("TINYBROKER_SERVER").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
     let mut token = std::env::var("TINYBROKER_AUTH_TOKEN").ok();
     let mut window = 1;
-    let mut it = std::env::args().skip(1);
+    let mut it = flags.into_iter();
     while let Some(flag) = it.next() {
         let value = it.next();
         match (flag.as_str(), value) {
@@ -53,12 +73,31 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("waiting for jobs on jobs.>");
-    while let Some(delivery) = subscription.next_delivery().await {
+    let member = match subscription.active().await {
+        Ok(member) => member,
+        Err(error) => {
+            eprintln!("worker: the subscription ended: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("waiting for jobs on jobs.> as member {}", member.member_id);
+    // Created once: a Ctrl-C that comes while a job runs is seen at the next wait, after its
+    // ack.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let delivery = tokio::select! {
+            _ = &mut ctrl_c => break,
+            delivery = subscription.next_delivery() => delivery,
+        };
         let delivery = match delivery {
-            Ok(delivery) => delivery,
-            Err(error) => {
+            Some(Ok(delivery)) => delivery,
+            Some(Err(error)) => {
                 eprintln!("worker: the subscription ended: {error}");
+                return ExitCode::FAILURE;
+            }
+            None => {
+                eprintln!("worker: the broker ended the subscription");
                 return ExitCode::FAILURE;
             }
         };
@@ -75,5 +114,16 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    ExitCode::SUCCESS
+    // `ack` only queued the acks; returning now could lose the last ones, and the broker would
+    // hand those jobs to another worker.
+    match subscription.close().await {
+        Ok(()) => {
+            println!("stopped; every ack applied");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("worker: closing: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }

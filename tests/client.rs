@@ -1,13 +1,22 @@
 //! Black-box tests of `tinybroker::client` against a real server on a port-0 loopback listener,
-//! plus two scheduler example processes failing over under SIGKILL and `tinybroker status`.
+//! plus two scheduler example processes failing over under SIGKILL, the worker example
+//! stopped by Ctrl-C, and `tinybroker status`.
 
+#[path = "client/close.rs"]
+mod close;
 #[path = "api/harness.rs"]
 #[allow(dead_code)]
 mod harness;
+#[path = "client/leadership.rs"]
+mod leadership;
 #[path = "client/scheduler.rs"]
 mod scheduler;
 #[path = "client/status.rs"]
 mod status;
+#[path = "client/surface.rs"]
+mod surface;
+#[path = "client/worker.rs"]
+mod worker;
 
 use harness::{TestServer, within};
 use tinybroker::{
@@ -85,7 +94,7 @@ async fn acks_on_the_subscription_stream_release_messages_in_order() {
     within(async {
         loop {
             let info = client.describe("mail").await.unwrap();
-            if info.counters.unwrap_or_default().acked == 3 && info.in_flight == 0 {
+            if info.counters.acked == 3 && info.in_flight == 0 {
                 break;
             }
             tokio::task::yield_now().await;
@@ -309,7 +318,7 @@ async fn standby_elector_takes_over_with_a_higher_epoch_when_the_leader_resigns(
     assert!(second.epoch() > first_epoch);
     assert_eq!(
         client.describe("cron").await.unwrap().active_member_id,
-        second.member_id()
+        Some(second.member_id())
     );
 }
 

@@ -232,11 +232,11 @@ pub async fn subscribe(args: Subscribe) -> Result<SubscribeEnd, String> {
                 }
             }
             Event::Refused {
-                system_id,
+                system_ids,
                 nack,
                 error,
             } => println!(
-                "refused {} system_id={system_id}: {error}",
+                "refused {} system_ids={system_ids:?}: {error}",
                 if nack { "nack" } else { "ack" }
             ),
         }

@@ -4,10 +4,7 @@
 
 use clap::Args;
 use serde::Serialize;
-use tinybroker::{
-    client::{Client, Error},
-    pb,
-};
+use tinybroker::client::{BrokerCounters, Client, Error, SubscriptionInfo};
 
 use super::client::Connection;
 
@@ -90,57 +87,37 @@ struct CountersView {
     stale_acks: u64,
 }
 
-/// `DELIVERY_MODE_SINGLETON` → `SINGLETON`.
-fn short(name: &str, prefix: &str) -> String {
-    name.strip_prefix(prefix).unwrap_or(name).to_string()
-}
-
-impl From<pb::SubscriptionInfo> for SubscriptionView {
-    fn from(info: pb::SubscriptionInfo) -> Self {
-        let mut members: Vec<MemberView> = info
-            .members
-            .into_iter()
-            .map(|m| MemberView {
-                member_id: m.member_id,
-                position: m.position,
-                active: m.active,
-                epoch: m.epoch,
-                in_flight: m.in_flight,
-                max_in_flight: m.max_in_flight,
-            })
-            .collect();
-        members.sort_by_key(|m| m.position);
-        let c = info.counters.unwrap_or_default();
-        let mode = pb::DeliveryMode::try_from(info.mode).map_or_else(
-            |_| info.mode.to_string(),
-            |m| short(m.as_str_name(), "DELIVERY_MODE_"),
-        );
-        let ack_mode = match pb::AckMode::try_from(info.ack_mode) {
-            Ok(pb::AckMode::None) => "NONE".to_string(),
-            Ok(_) => "EXPLICIT".to_string(),
-            Err(_) => info.ack_mode.to_string(),
-        };
-        let overflow = pb::OverflowPolicy::try_from(info.overflow).map_or_else(
-            |_| info.overflow.to_string(),
-            |o| short(o.as_str_name(), "OVERFLOW_POLICY_"),
-        );
+impl From<SubscriptionInfo> for SubscriptionView {
+    fn from(info: SubscriptionInfo) -> Self {
+        let c = info.counters;
         Self {
             subscription_id: info.subscription_id,
-            mode,
+            mode: info.mode.to_string(),
             consumer_group: info.consumer_group,
-            topic_patterns: info.topic_patterns,
-            ack_mode,
-            overflow,
+            topic_patterns: info.patterns,
+            ack_mode: info.ack_mode.to_string(),
+            overflow: info.overflow.to_string(),
             epoch: info.epoch,
-            active_member_id: (info.active_member_id != 0).then_some(info.active_member_id),
+            active_member_id: info.active_member_id,
             queued_messages: info.queued_messages,
             queued_bytes: info.queued_bytes,
             in_flight: info.in_flight,
             max_delivery_attempts: info.max_delivery_attempts,
-            dead_letter_topic: (!info.dead_letter_topic.is_empty())
-                .then_some(info.dead_letter_topic),
-            expires_in_ms: info.expires_in_ms,
-            members,
+            dead_letter_topic: info.dead_letter_topic,
+            expires_in_ms: info.expires_in.map(|d| d.as_millis() as u64),
+            // Already in promotion order.
+            members: info
+                .members
+                .into_iter()
+                .map(|m| MemberView {
+                    member_id: m.member_id,
+                    position: m.position,
+                    active: m.active,
+                    epoch: m.epoch,
+                    in_flight: m.in_flight,
+                    max_in_flight: m.max_in_flight,
+                })
+                .collect(),
             counters: CountersView {
                 enqueued: c.enqueued,
                 delivered: c.delivered,
@@ -159,6 +136,20 @@ impl From<pb::SubscriptionInfo> for SubscriptionView {
     }
 }
 
+impl From<BrokerCounters> for BrokerView {
+    fn from(broker: BrokerCounters) -> Self {
+        Self {
+            published: broker.published,
+            unrouted: broker.unrouted,
+            rejected_publishes: broker.rejected_publishes,
+            subscriptions_expired: broker.subscriptions_expired,
+            messages_expired: broker.messages_expired,
+            subscriptions: broker.subscriptions,
+            members: broker.members,
+        }
+    }
+}
+
 /// Turns an error into the operator's message: unreachable is said plainly.
 fn explain(error: Error, url: &str) -> String {
     match error {
@@ -172,21 +163,12 @@ fn explain(error: Error, url: &str) -> String {
 /// Every subscription, plus the broker's counters.
 async fn list_all(client: &Client) -> Result<StatusView, Error> {
     // `Client::list` follows ListSubscriptions' pages to the end.
-    let reply = client.list().await?;
+    let listing = client.list().await?;
     let mut subscriptions: Vec<SubscriptionView> =
-        reply.subscriptions.into_iter().map(Into::into).collect();
+        listing.subscriptions.into_iter().map(Into::into).collect();
     subscriptions.sort_by(|a, b| a.subscription_id.cmp(&b.subscription_id));
-    let broker = reply.broker.unwrap_or_default();
     Ok(StatusView {
-        broker: Some(BrokerView {
-            published: broker.published,
-            unrouted: broker.unrouted,
-            rejected_publishes: broker.rejected_publishes,
-            subscriptions_expired: broker.subscriptions_expired,
-            messages_expired: broker.messages_expired,
-            subscriptions: broker.subscriptions,
-            members: broker.members,
-        }),
+        broker: Some(listing.broker.into()),
         subscriptions,
     })
 }

@@ -3,10 +3,17 @@
 //! effects and whose [`Leadership::lost`] resolves the moment the broker could have promoted
 //! someone else.
 
-use std::{future::Future, time::Duration};
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::{
-    sync::{mpsc, watch},
+    sync::{mpsc, oneshot, watch},
     task::JoinHandle,
 };
 
@@ -18,25 +25,54 @@ const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 /// within about this long once the broker is reachable again.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// Messages a [`Leadership`] holds that the job has not taken with
+/// [`Leadership::next_message`]. Past it the leader stops reading its stream, so HTTP/2 flow
+/// control pushes back to the broker: an acked subscription waits on its window, an ack-free
+/// one fills its outlet and queue and then drops the oldest, counted as `dropped_overflow`.
+pub const MAX_BUFFERED_MESSAGES: usize = 64;
+
 /// Why a [`Leadership`] ended.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("leadership of epoch {epoch} lost: {cause}")]
 pub struct Lost {
     /// The epoch that ended.
     pub epoch: u64,
-    /// What ended the member's stream (a clean end is [`Error::Unavailable`]).
-    pub cause: Error,
+    /// Whether this replica stepped down or its stream ended.
+    pub cause: LostCause,
 }
 
-/// This replica is the active member of a singleton subscription. Dropping it resigns: the
-/// member leaves and the earliest standby is promoted.
+/// What ended a leadership: this replica's own decision, or the member's stream.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LostCause {
+    /// This replica stepped down: [`Leadership::resign`], [`Leadership::close`], or the
+    /// [`Leadership`] was dropped.
+    #[error("resigned")]
+    Resigned,
+    /// The member's stream ended: the broker went away or shut down, the connection's
+    /// keepalive failed, or the stream was reset. A clean end from the broker is
+    /// [`Error::Unavailable`].
+    #[error("{0}")]
+    Ended(Error),
+}
+
+/// This replica is the active member of a singleton subscription. Leave with
+/// [`Leadership::close`] (every settlement queued is applied first) or [`Leadership::resign`]
+/// (at once); either way the earliest standby is promoted.
+///
+/// Dropping it resigns, like [`Leadership::resign`]: the member's stream ends without waiting,
+/// so settlements still queued may be lost if the process exits right after, and every
+/// message not seen acked is redelivered to the next leader.
 #[derive(Debug)]
 pub struct Leadership {
     subscription_id: String,
     epoch: u64,
     member_id: u64,
-    messages: mpsc::UnboundedReceiver<Delivery>,
+    messages: mpsc::Receiver<Delivery>,
     lost: watch::Receiver<Option<Lost>>,
+    refused: Arc<AtomicU64>,
+    /// Asks the reader to close the member's stream and to answer when it has.
+    close: Option<oneshot::Sender<CloseReply>>,
     reader: JoinHandle<()>,
 }
 
@@ -50,15 +86,29 @@ impl Drop for Leadership {
 impl Leadership {
     fn start(subscription: Subscription, member_id: u64, epoch: u64) -> Self {
         let subscription_id = subscription.id().to_string();
-        let (messages_tx, messages) = mpsc::unbounded_channel();
+        let (messages_tx, messages) = mpsc::channel(MAX_BUFFERED_MESSAGES);
         let (lost_tx, lost) = watch::channel(None);
-        let reader = tokio::spawn(read(subscription, epoch, messages_tx, lost_tx));
+        let (close, close_rx) = oneshot::channel();
+        let refused = Arc::new(AtomicU64::new(0));
+        let reader = tokio::spawn(
+            Reader {
+                subscription,
+                epoch,
+                messages: messages_tx,
+                lost: lost_tx,
+                close: Some(close_rx),
+                refused: refused.clone(),
+            }
+            .run(),
+        );
         Self {
             subscription_id,
             epoch,
             member_id,
             messages,
             lost,
+            refused,
+            close: Some(close),
             reader,
         }
     }
@@ -85,8 +135,13 @@ impl Leadership {
     }
 
     /// Resolves the moment leadership is lost: the stream ended, the broker went away, or the
-    /// connection's keepalive failed. Stop the job when it does. Independent of `self`, so it
-    /// can be raced against the job in `select!`.
+    /// connection's keepalive failed ([`LostCause::Ended`]), or this replica stepped down
+    /// ([`LostCause::Resigned`]). Stop the job when it does. Independent of `self`, so it can
+    /// be raced against the job in `select!`.
+    ///
+    /// Noticed even while the job takes no messages and the leader has stopped reading its
+    /// stream (see [`MAX_BUFFERED_MESSAGES`]): a reset stream or a failed connection is seen
+    /// without reading the messages queued ahead of it.
     pub fn lost(&self) -> impl Future<Output = Lost> + Send + 'static {
         let mut lost = self.lost.clone();
         let epoch = self.epoch;
@@ -94,9 +149,10 @@ impl Leadership {
             let result = lost.wait_for(Option::is_some).await.map(|l| l.clone());
             match result {
                 Ok(Some(lost)) => lost,
+                // The reader ends without saying why only when the leadership was dropped.
                 _ => Lost {
                     epoch,
-                    cause: Error::Unavailable("the leadership was dropped".into()),
+                    cause: LostCause::Resigned,
                 },
             }
         }
@@ -108,34 +164,147 @@ impl Leadership {
         self.messages.recv().await
     }
 
-    /// Steps down: the member leaves and the earliest standby is promoted.
+    /// Messages received and not yet taken with [`Leadership::next_message`]; at most
+    /// [`MAX_BUFFERED_MESSAGES`].
+    pub fn buffered_messages(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// How many of this leader's acks and nacks the broker refused (each changed nothing).
+    pub fn refused_settlements(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Steps down at once: the member's stream ends and the earliest standby is promoted. The
+    /// same as dropping the leadership; use [`Leadership::close`] to have queued settlements
+    /// applied first.
     pub fn resign(self) {}
+
+    /// Steps down once the broker has applied every settlement queued so far, like
+    /// [`Subscription::close`]; then the earliest standby is promoted. [`Leadership::lost`]
+    /// resolves with [`LostCause::Resigned`] as it starts. Messages not taken are redelivered
+    /// to the next leader.
+    ///
+    /// # Errors
+    /// As [`Subscription::close`]; [`LostCause::Ended`]'s error when leadership was lost
+    /// before (queued settlements may not have been applied).
+    pub async fn close(mut self) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        let asked = self
+            .close
+            .take()
+            .is_some_and(|close| close.send(reply).is_ok());
+        let ended = || match self.lost.borrow().as_ref().map(|l| l.cause.clone()) {
+            Some(LostCause::Ended(error)) => error,
+            _ => Error::Unavailable("the leader's stream had already ended".into()),
+        };
+        if !asked {
+            return Err(ended());
+        }
+        match answer.await {
+            Ok(result) => result,
+            Err(_) => Err(ended()),
+        }
+    }
 }
 
-/// Reads the leader's stream so loss is noticed even when the job never reads messages.
-async fn read(
-    mut subscription: Subscription,
+/// Where the reader answers [`Leadership::close`].
+type CloseReply = oneshot::Sender<Result<()>>;
+
+/// Reads the leader's stream so loss is noticed even when the job never reads messages, and
+/// closes it when asked.
+struct Reader {
+    subscription: Subscription,
     epoch: u64,
-    messages: mpsc::UnboundedSender<Delivery>,
+    messages: mpsc::Sender<Delivery>,
     lost: watch::Sender<Option<Lost>>,
-) {
-    let cause = loop {
-        match subscription.next_event().await {
-            // The window bounds how many unsettled deliveries can pile up here.
-            Some(Ok(Event::Delivery(delivery))) => {
-                let _ = messages.send(delivery);
-            }
-            Some(Ok(Event::Refused {
-                system_id, error, ..
-            })) => {
-                tracing::warn!(system_id, %error, "settlement refused");
-            }
-            Some(Ok(Event::Active { .. } | Event::Standby { .. })) => {}
-            Some(Err(error)) => break error,
-            None => break Error::Unavailable("the broker ended the member's stream".into()),
+    /// `None` once the [`Leadership`] is gone without asking.
+    close: Option<oneshot::Receiver<CloseReply>>,
+    refused: Arc<AtomicU64>,
+}
+
+/// Resolves when [`Leadership::close`] asks; never if the leadership went away without asking
+/// (a finished receiver must not be polled again).
+async fn asked_to_close(close: &mut Option<oneshot::Receiver<CloseReply>>) -> CloseReply {
+    if let Some(receiver) = close.as_mut() {
+        if let Ok(reply) = receiver.await {
+            return reply;
         }
-    };
-    let _ = lost.send(Some(Lost { epoch, cause }));
+        *close = None;
+    }
+    std::future::pending().await
+}
+
+impl Reader {
+    async fn run(self) {
+        // Taken apart so the close can move the subscription while a slot is borrowed.
+        let Reader {
+            mut subscription,
+            epoch,
+            messages,
+            lost,
+            mut close,
+            refused,
+        } = self;
+        let cause = loop {
+            // A free slot first, then a frame: while the job takes no messages, no frame is
+            // read, so the broker sees the pushback. Only a dead stream is watched meanwhile.
+            // Biased: with a free slot the frames are read, and with them the exact cause of an
+            // end; the request side is only a fallback for a stalled reader.
+            let permit = tokio::select! {
+                biased;
+                reply = asked_to_close(&mut close) => {
+                    return step_down(subscription, &lost, epoch, reply).await;
+                }
+                permit = messages.reserve() => match permit {
+                    Ok(permit) => permit,
+                    // The Leadership is gone (its drop aborts this task anyway).
+                    Err(_) => return,
+                },
+                () = subscription.request_side_closed() => break Error::Unavailable(
+                    "the leader's stream was reset or its connection failed".into(),
+                ),
+            };
+            let event = tokio::select! {
+                biased;
+                reply = asked_to_close(&mut close) => {
+                    return step_down(subscription, &lost, epoch, reply).await;
+                }
+                event = subscription.next_event() => event,
+            };
+            match event {
+                Some(Ok(Event::Delivery(delivery))) => permit.send(delivery),
+                Some(Ok(Event::Refused {
+                    system_ids, error, ..
+                })) => {
+                    refused.fetch_add(system_ids.len().max(1) as u64, Ordering::Relaxed);
+                    tracing::warn!(?system_ids, %error, "settlement refused");
+                }
+                Some(Ok(Event::Active { .. } | Event::Standby { .. })) => {}
+                Some(Err(error)) => break error,
+                None => break Error::Unavailable("the broker ended the member's stream".into()),
+            }
+        };
+        let _ = lost.send(Some(Lost {
+            epoch,
+            cause: LostCause::Ended(cause),
+        }));
+    }
+}
+
+/// [`Leadership::close`], on the reader's task.
+async fn step_down(
+    subscription: Subscription,
+    lost: &watch::Sender<Option<Lost>>,
+    epoch: u64,
+    reply: CloseReply,
+) {
+    // The broker may promote someone else from the half-close on.
+    let _ = lost.send(Some(Lost {
+        epoch,
+        cause: LostCause::Resigned,
+    }));
+    let _ = reply.send(subscription.close().await);
 }
 
 impl Client {

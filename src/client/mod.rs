@@ -5,8 +5,10 @@
 //!   unary publish, acks, inspection;
 //! - [`Publisher`] (in `publish`): pipelined publishes over one `PublishStream`;
 //! - [`Subscription`] and [`Delivery`] (in `subscription`): a `Consume` stream whose deliveries
-//!   settle themselves on that stream;
+//!   settle themselves on that stream, and whose [`Subscription::close`] waits until the broker
+//!   applied them;
 //! - [`Leadership`] (in `election`): leader election on a singleton subscription;
+//! - [`SubscriptionInfo`] and [`Listing`] (in `info`): what inspection answers;
 //! - [`Error`]: every refusal as a variant callers can match.
 //!
 //! ```no_run
@@ -18,17 +20,23 @@
 //! let mut jobs = client
 //!     .subscribe(SubscriptionOptions::queue("mailer", "mailers", ["jobs.>"]))
 //!     .await?;
+//! let member = jobs.active().await?; // the confirmation: member id and epoch
+//! println!("member {} of mailer", member.member_id);
 //! while let Some(delivery) = jobs.next_delivery().await {
 //!     let delivery = delivery?;
 //!     println!("{:?}", delivery.payload);
-//!     delivery.ack()?;
+//!     delivery.ack()?; // queued; `close` waits until the broker applied it
+//! #   break;
 //! }
+//! jobs.close().await?;
 //! # Ok(()) }
 //! ```
 
 mod election;
 mod error;
+mod info;
 mod options;
+mod outgoing;
 mod publish;
 mod subscription;
 
@@ -43,11 +51,12 @@ use tonic::{
 };
 
 pub use crate::core::{AckMode, Mode, Overflow};
-pub use election::{Leadership, Lost};
+pub use election::{Leadership, Lost, LostCause, MAX_BUFFERED_MESSAGES};
 pub use error::{Error, Result};
+pub use info::{BrokerCounters, Counters, Listing, MemberInfo, SubscriptionInfo};
 pub use options::SubscriptionOptions;
 pub use publish::{MAX_PENDING_PUBLISHES, PendingPublish, Publisher};
-pub use subscription::{Delivery, Event, Subscription};
+pub use subscription::{Activation, Delivery, Event, Subscription};
 
 use crate::pb::{self, broker_client::BrokerClient};
 
@@ -158,7 +167,8 @@ impl Message {
 pub struct Published {
     /// Broker-wide id, increasing in publish order.
     pub system_id: u64,
-    /// How many subscriptions queued the message (0: it matched none).
+    /// How many subscriptions queued the message. 0: it matched none and is not kept; a
+    /// subscription that joins later never sees it.
     pub queued_for: u32,
 }
 
@@ -290,7 +300,9 @@ impl Client {
     }
 
     /// Joins a subscription over a `Consume` stream. Returns once the broker has accepted the
-    /// member, before it is active (see [`Subscription::next_event`]).
+    /// member, before its confirmation is read: [`Subscription::member_id`] is 0 until then.
+    /// Await [`Subscription::active`] for the member id and epoch (at once in queue and
+    /// broadcast mode, on promotion in singleton mode), or read [`Event::Active`].
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for bad options, [`Error::FailedPrecondition`] when they differ
@@ -343,47 +355,5 @@ impl Client {
             })
             .await?;
         Ok(())
-    }
-
-    /// Describes one subscription: members, who is active, epoch, depths, counters.
-    ///
-    /// # Errors
-    /// [`Error::NotFound`] for an unknown subscription.
-    pub async fn describe(&self, subscription_id: &str) -> Result<pb::SubscriptionInfo> {
-        let reply = self
-            .raw
-            .clone()
-            .describe_subscription(pb::DescribeSubscriptionRequest {
-                subscription_id: subscription_id.into(),
-            })
-            .await?;
-        Ok(reply.into_inner())
-    }
-
-    /// Lists every subscription (following `ListSubscriptions` page by page) plus the
-    /// broker-wide counters.
-    ///
-    /// # Errors
-    /// [`Error::Unavailable`] or [`Error::Transport`] when the broker cannot be reached.
-    pub async fn list(&self) -> Result<pb::ListSubscriptionsResponse> {
-        let mut all = pb::ListSubscriptionsResponse::default();
-        let mut page_token = String::new();
-        loop {
-            let reply = self
-                .raw
-                .clone()
-                .list_subscriptions(pb::ListSubscriptionsRequest {
-                    page_size: 0,
-                    page_token,
-                })
-                .await?
-                .into_inner();
-            all.subscriptions.extend(reply.subscriptions);
-            all.broker = all.broker.or(reply.broker);
-            if reply.next_page_token.is_empty() {
-                return Ok(all);
-            }
-            page_token = reply.next_page_token;
-        }
     }
 }

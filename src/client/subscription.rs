@@ -1,5 +1,6 @@
 //! A subscription over the `Consume` stream: deliveries settle themselves on the member's own
-//! stream (fenced by construction), and refusals come back on it as events.
+//! stream (fenced by construction), refusals come back on it as events, and
+//! [`Subscription::close`] leaves only once the broker has applied every queued settlement.
 
 use std::{
     collections::HashMap,
@@ -14,17 +15,11 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 
-use super::{AckMode, Error, RawClient, Result, SubscriptionOptions};
-use crate::pb::{self, consume_request::Request as Carried, subscription_frame::Frame};
-
-/// Settlements that are ready together travel in one `Settle`, up to this many.
-const MAX_SETTLE_BATCH: usize = 1024;
-
-#[derive(Clone, Copy, Debug)]
-enum Settlement {
-    Ack(u64),
-    Nack(u64),
-}
+use super::{
+    AckMode, Error, RawClient, Result, SubscriptionOptions,
+    outgoing::{Outgoing, SettleSender, Settlement},
+};
+use crate::pb::{self, subscription_frame::Frame};
 
 /// One delivered message. Settle it with [`Delivery::ack`] or [`Delivery::nack`]; dropping it
 /// unsettled leaves it in flight until the subscription ends, when it is redelivered.
@@ -49,7 +44,7 @@ pub struct Delivery {
     /// The member it was delivered to.
     pub member_id: u64,
     /// `None` when ack-free: nothing to settle.
-    settle: Option<mpsc::UnboundedSender<Settlement>>,
+    settle: Option<SettleSender>,
 }
 
 impl Delivery {
@@ -64,8 +59,11 @@ impl Delivery {
         }
     }
 
-    /// Releases the message for good. Sent on the subscription's stream without waiting; a
-    /// refusal comes back as [`Event::Refused`]. Does nothing on an ack-free subscription.
+    /// Releases the message for good. Queued for the subscription's stream without waiting: a
+    /// background task sends it, so it reaches the broker only while the runtime runs (call
+    /// [`Subscription::close`] before exiting). A refusal comes back as [`Event::Refused`] and
+    /// is counted in [`Subscription::refused_settlements`]. Does nothing on an ack-free
+    /// subscription.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the subscription stream has ended (the broker then
@@ -102,10 +100,12 @@ pub enum Event {
     },
     /// A message.
     Delivery(Delivery),
-    /// An ack or nack sent on this stream was refused and changed nothing.
+    /// Acks or nacks sent on this stream were refused and changed nothing. The broker
+    /// coalesces the refusals of one settle: one event per kind and reason.
     Refused {
-        /// The message named.
-        system_id: u64,
+        /// The messages named, in the order sent; empty when the whole settle was refused
+        /// (it named more ids than the window, which this client never sends).
+        system_ids: Vec<u64>,
         /// True for a nack.
         nack: bool,
         /// Why.
@@ -113,87 +113,70 @@ pub enum Event {
     },
 }
 
-/// The request side of a `Consume` stream: the `open`, then batches of settlements; ends when
-/// the [`Subscription`] is dropped, which makes the member leave.
-struct Outgoing {
-    open: Option<pb::OpenSubscription>,
-    settles: mpsc::UnboundedReceiver<Settlement>,
-    close: oneshot::Receiver<()>,
-}
-
-impl Stream for Outgoing {
-    type Item = pb::ConsumeRequest;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        if let Some(open) = this.open.take() {
-            return Poll::Ready(Some(pb::ConsumeRequest {
-                request: Some(Carried::Open(open)),
-            }));
-        }
-        // Settlements first, so acks made just before the subscription was dropped still count.
-        let mut settle = pb::Settle::default();
-        let mut closed = false;
-        while settle.ack.len() + settle.nack.len() < MAX_SETTLE_BATCH {
-            match this.settles.poll_recv(cx) {
-                Poll::Ready(Some(Settlement::Ack(id))) => settle.ack.push(id),
-                Poll::Ready(Some(Settlement::Nack(id))) => settle.nack.push(id),
-                Poll::Ready(None) => {
-                    closed = true;
-                    break;
-                }
-                Poll::Pending => break,
-            }
-        }
-        if !settle.ack.is_empty() || !settle.nack.is_empty() {
-            return Poll::Ready(Some(pb::ConsumeRequest {
-                request: Some(Carried::Settle(settle)),
-            }));
-        }
-        if closed || Pin::new(&mut this.close).poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    }
+/// What [`Subscription::active`] waits for: the confirmation frame's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Activation {
+    /// This member's id: the fence for unary acks ([`super::Client::ack`]).
+    pub member_id: u64,
+    /// Its epoch, strictly higher than any earlier activation on the subscription.
+    pub epoch: u64,
 }
 
 /// A member of a subscription. Read it with [`Subscription::next_event`] or
-/// [`Subscription::next_delivery`] (it is also a `Stream` of deliveries). Dropping it leaves the
-/// subscription: unacked messages go back to the head of the queue.
+/// [`Subscription::next_delivery`] (it is also a `Stream` of deliveries); wait for the member
+/// to be active with [`Subscription::active`].
+///
+/// Leave with [`Subscription::close`]: it returns once the broker has applied every
+/// settlement queued before it. Dropping the subscription also leaves, without waiting: the
+/// settlements still queued are sent by a background task, which dies with the runtime, so a
+/// process that exits right after dropping it may lose them. Whatever the broker has not seen
+/// acked (unsettled deliveries, and settlements lost that way) goes back to the head of the
+/// queue and is redelivered with `attempt` + 1.
 #[derive(Debug)]
 pub struct Subscription {
     id: Arc<str>,
     frames: tonic::Streaming<pb::SubscriptionFrame>,
-    settles: mpsc::UnboundedSender<Settlement>,
-    /// Dropped with the subscription, which ends the request side of the stream.
-    _close: oneshot::Sender<()>,
+    settles: SettleSender,
+    /// Sent (or dropped, with the subscription) to end the request side of the stream once
+    /// the queued settlements are out: the half-close.
+    close: Option<oneshot::Sender<()>>,
+    /// Resolves when the request side of the stream is gone (see [`Outgoing::_alive`]).
+    request_side: oneshot::Receiver<()>,
+    request_side_gone: bool,
     ack_free: bool,
     member_id: u64,
     epoch: u64,
     active: bool,
-    ended: bool,
+    /// Set once the stream has ended: `Some(error)` when it failed.
+    ended: Option<Option<Error>>,
+    refused: u64,
 }
 
 impl Subscription {
     pub(super) async fn open(mut raw: RawClient, options: SubscriptionOptions) -> Result<Self> {
         let (settles, settles_rx) = mpsc::unbounded_channel();
         let (close, close_rx) = oneshot::channel();
+        let (alive, request_side) = oneshot::channel();
         let outgoing = Outgoing {
             open: Some(options.to_pb()),
             settles: settles_rx,
             close: close_rx,
+            _alive: alive,
         };
         let frames = raw.consume(outgoing).await?.into_inner();
         Ok(Self {
             id: options.subscription_id.into(),
             frames,
             settles,
-            _close: close,
+            close: Some(close),
+            request_side,
+            request_side_gone: false,
             ack_free: options.ack_mode == AckMode::None,
             member_id: 0,
             epoch: 0,
             active: false,
-            ended: false,
+            ended: None,
+            refused: 0,
         })
     }
 
@@ -202,7 +185,8 @@ impl Subscription {
         &self.id
     }
 
-    /// This member's id, known once it is active or told it is on standby (0 before).
+    /// This member's id, known once it is active or told it is on standby (0 before: see
+    /// [`Subscription::active`]).
     pub fn member_id(&self) -> u64 {
         self.member_id
     }
@@ -217,21 +201,57 @@ impl Subscription {
         self.active
     }
 
+    /// How many of this stream's acks and nacks the broker refused so far (each changed
+    /// nothing). Counted whether the refusal was read as [`Event::Refused`] or skipped by
+    /// [`Subscription::next_delivery`], which has no other way to report it.
+    pub fn refused_settlements(&self) -> u64 {
+        self.refused
+    }
+
+    /// Waits until this member is active and returns its id and epoch. In queue and broadcast
+    /// mode the confirmation is the first frame, so this returns at once; in singleton mode it
+    /// waits on standby until promoted (standby notices are consumed: read them with
+    /// [`Subscription::next_event`] instead to hear the place in line). Returns at once if
+    /// already active. Nothing but standby notices comes before the confirmation, so no
+    /// delivery is skipped.
+    ///
+    /// # Errors
+    /// As [`Subscription::next_event`]; [`Error::Unavailable`] when the stream ends before the
+    /// confirmation.
+    pub async fn active(&mut self) -> Result<Activation> {
+        while !self.active {
+            match self.next_event().await {
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return Err(error),
+                None => {
+                    return Err(Error::Unavailable(
+                        "the stream ended before the member was active".into(),
+                    ));
+                }
+            }
+        }
+        Ok(Activation {
+            member_id: self.member_id,
+            epoch: self.epoch,
+        })
+    }
+
     /// Polls for the next event; `None` once the stream has ended.
     pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Event>>> {
-        if self.ended {
+        if self.ended.is_some() {
             return Poll::Ready(None);
         }
         loop {
             let frame = match Pin::new(&mut self.frames).poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
-                    self.ended = true;
+                    self.ended = Some(None);
                     return Poll::Ready(None);
                 }
                 Poll::Ready(Some(Err(status))) => {
-                    self.ended = true;
-                    return Poll::Ready(Some(Err(status.into())));
+                    let error = Error::from(status);
+                    self.ended = Some(Some(error.clone()));
+                    return Poll::Ready(Some(Err(error)));
                 }
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
@@ -264,11 +284,18 @@ impl Subscription {
                     member_id: self.member_id,
                     settle: (!self.ack_free).then(|| self.settles.clone()),
                 }),
-                Some(Frame::Refused(r)) => Event::Refused {
-                    system_id: r.system_id,
-                    nack: r.nack,
-                    error: Error::from_code(r.code, r.message),
-                },
+                Some(Frame::Refused(r)) => {
+                    let mut system_ids = r.more_system_ids;
+                    if r.system_id != 0 {
+                        system_ids.insert(0, r.system_id);
+                    }
+                    self.refused += system_ids.len().max(1) as u64;
+                    Event::Refused {
+                        system_ids,
+                        nack: r.nack,
+                        error: Error::from_code(r.code, r.message),
+                    }
+                }
                 // A frame kind newer than this client: skip it.
                 None => continue,
             };
@@ -286,7 +313,8 @@ impl Subscription {
         poll_fn(|cx| self.poll_event(cx)).await
     }
 
-    /// The next delivery, skipping other events (a refused settlement is logged).
+    /// The next delivery, skipping other events. A refused settlement is counted in
+    /// [`Subscription::refused_settlements`] (and logged at warn).
     ///
     /// # Errors
     /// As [`Subscription::next_event`].
@@ -301,15 +329,62 @@ impl Subscription {
                     return Poll::Ready(Some(Ok(delivery)));
                 }
                 Poll::Ready(Some(Ok(Event::Refused {
-                    system_id, error, ..
+                    system_ids, error, ..
                 }))) => {
-                    tracing::warn!(subscription = %self.id, system_id, %error, "settlement refused");
+                    tracing::warn!(subscription = %self.id, ?system_ids, %error, "settlement refused");
                 }
                 Poll::Ready(Some(Ok(_))) => {}
                 Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }
+        }
+    }
+
+    /// Leaves the subscription once the broker has applied every settlement queued so far:
+    /// sends them, half-closes the stream, and waits for the broker to end it. Settle the
+    /// deliveries you took before calling it; deliveries that arrive meanwhile are not handed
+    /// out and go back to the queue (`attempt` + 1), like every message still unsettled. An
+    /// ack-free member has nothing to flush: its stream is simply ended.
+    ///
+    /// Waits as long as the broker takes to answer, which is until the connection's keepalive
+    /// fails if the broker vanished: wrap it in a timeout to bound a shutdown.
+    ///
+    /// # Errors
+    /// The status that ended the stream, if not a clean end (then queued settlements may not
+    /// have been applied); or, after a clean end, the first settlement the broker refused
+    /// while closing (every other one was applied).
+    pub async fn close(mut self) -> Result<()> {
+        if let Some(end) = self.ended.take() {
+            return end.map_or(Ok(()), Err);
+        }
+        if self.ack_free {
+            // The broker ignores an ack-free member's half-close (it keeps receiving), and there
+            // is nothing to flush: dropping the stream is how it leaves.
+            return Ok(());
+        }
+        self.close.take();
+        let mut refused = None;
+        loop {
+            match self.next_event().await {
+                None => return refused.map_or(Ok(()), Err),
+                Some(Err(error)) => return Err(error),
+                Some(Ok(Event::Refused { error, .. })) => {
+                    refused.get_or_insert(error);
+                }
+                // In flight until the stream ends, then back to the queue.
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Resolves once the request side of the stream is gone: the stream was reset, or its
+    /// connection failed, even when frames wait unread ahead of the end. For a reader that
+    /// stops reading to push back on the broker.
+    pub(super) async fn request_side_closed(&mut self) {
+        if !self.request_side_gone {
+            let _ = (&mut self.request_side).await;
+            self.request_side_gone = true;
         }
     }
 }
@@ -326,71 +401,4 @@ fn to_system_time(t: prost_types::Timestamp) -> Option<SystemTime> {
     let seconds = u64::try_from(t.seconds).ok()?;
     let nanos = u32::try_from(t.nanos).ok()?;
     SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::task::Waker;
-
-    use super::*;
-
-    fn poll(outgoing: &mut Outgoing) -> Poll<Option<pb::ConsumeRequest>> {
-        Pin::new(outgoing).poll_next(&mut Context::from_waker(Waker::noop()))
-    }
-
-    fn settle(request: Poll<Option<pb::ConsumeRequest>>) -> pb::Settle {
-        match request {
-            Poll::Ready(Some(pb::ConsumeRequest {
-                request: Some(Carried::Settle(settle)),
-            })) => settle,
-            other => panic!("expected a Settle, got {other:?}"),
-        }
-    }
-
-    // The open goes first; settlements ready together travel in one Settle; settlements made
-    // before the subscription was dropped are still sent, then the request side ends.
-    #[test]
-    fn outgoing_opens_then_batches_ready_settlements_and_flushes_before_closing() {
-        let (tx, settles) = mpsc::unbounded_channel();
-        let (close, close_rx) = oneshot::channel();
-        let mut outgoing = Outgoing {
-            open: Some(SubscriptionOptions::queue("s", "g", ["a.*"]).to_pb()),
-            settles,
-            close: close_rx,
-        };
-        assert!(matches!(
-            poll(&mut outgoing),
-            Poll::Ready(Some(pb::ConsumeRequest {
-                request: Some(Carried::Open(open))
-            })) if open.subscription_id == "s" && open.mode == pb::DeliveryMode::Queue as i32
-        ));
-        assert!(poll(&mut outgoing).is_pending());
-        for settlement in [Settlement::Ack(1), Settlement::Nack(2), Settlement::Ack(3)] {
-            tx.send(settlement).unwrap();
-        }
-        let batch = settle(poll(&mut outgoing));
-        assert_eq!((batch.ack, batch.nack), (vec![1, 3], vec![2]));
-        assert!(poll(&mut outgoing).is_pending());
-
-        tx.send(Settlement::Ack(4)).unwrap();
-        drop(close);
-        assert_eq!(settle(poll(&mut outgoing)).ack, vec![4]);
-        assert!(matches!(poll(&mut outgoing), Poll::Ready(None)));
-    }
-
-    #[test]
-    fn a_large_burst_is_split_at_the_batch_limit() {
-        let (tx, settles) = mpsc::unbounded_channel();
-        let (_close, close_rx) = oneshot::channel();
-        let mut outgoing = Outgoing {
-            open: None,
-            settles,
-            close: close_rx,
-        };
-        for id in 0..(MAX_SETTLE_BATCH as u64 + 5) {
-            tx.send(Settlement::Ack(id)).unwrap();
-        }
-        assert_eq!(settle(poll(&mut outgoing)).ack.len(), MAX_SETTLE_BATCH);
-        assert_eq!(settle(poll(&mut outgoing)).ack.len(), 5);
-    }
 }
