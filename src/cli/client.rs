@@ -193,7 +193,22 @@ pub async fn subscribe(args: Subscribe) -> Result<SubscribeEnd, String> {
     println!("joined subscription={} (waiting to be confirmed)", args.id);
     // Held messages stay in flight until the stream ends (to watch redelivery on failover).
     let mut held = Vec::new();
-    while let Some(event) = subscription.next_event().await {
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let event = tokio::select! {
+            biased;
+            _ = &mut ctrl_c => {
+                // Acks are sent in the background: close flushes them and waits for the broker
+                // to end the member, so none is lost; held messages go back to the queue.
+                drop(held);
+                subscription.close().await.map_err(|e| e.to_string())?;
+                println!("closed: every ack applied");
+                return Ok(SubscribeEnd::Ended);
+            }
+            event = subscription.next_event() => event,
+        };
+        let Some(event) = event else { break };
         let event = match event {
             Ok(event) => event,
             Err(client::Error::Unavailable(_)) => {

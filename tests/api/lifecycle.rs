@@ -307,3 +307,65 @@ async fn cli_subscriber_reports_broker_shutdown_with_exit_code_3() {
         .unwrap();
     assert_eq!(status.code(), Some(3), "{status:?}");
 }
+
+// Issue 17 part 8, for the CLI: `tinybroker subscribe` stopped by Ctrl-C (SIGINT) closes its
+// member (flushing the acks it queued) and exits 0, instead of dying with acks in flight; the
+// broker has every ack and redelivers nothing.
+#[tokio::test]
+async fn cli_subscriber_closes_on_ctrl_c_with_every_ack_applied() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut subscriber = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+            .args(["subscribe", "--server", &format!("http://{}", server.addr)])
+            .args([
+                "--id", "ctrl-c", "--mode", "queue", "--group", "workers", "jobs.*",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = subscriber.0.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut next_line = async || within(rx.recv()).await;
+    while !next_line()
+        .await
+        .expect("subscriber output ended")
+        .starts_with("confirmed")
+    {}
+    let mut last = 0;
+    for n in 0..5 {
+        last = client
+            .publish("jobs.x", &format!("job {n}"))
+            .await
+            .system_id;
+    }
+    while next_line().await.expect("subscriber output ended") != format!("acked system_id={last}") {
+    }
+    let sent = Command::new("kill")
+        .args(["-INT", &subscriber.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let mut lines = Vec::new();
+    while let Some(line) = next_line().await {
+        lines.push(line);
+    }
+    assert!(
+        lines.iter().any(|l| l == "closed: every ack applied"),
+        "subscriber printed {lines:?}"
+    );
+    let status = within(tokio::task::spawn_blocking(move || subscriber.0.wait()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let counters = client.describe("ctrl-c").await.unwrap().counters.unwrap();
+    assert_eq!((counters.acked, counters.redelivered), (5, 0));
+}
