@@ -24,8 +24,9 @@ pub use timing::Timings;
 use crate::{
     clock::Clock,
     core::{
-        AckMode, Counters, Draft, Effect, Epoch, Error, Floors, Limits, MemberId, MemberInfo,
-        OpenRequest, PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
+        AckMode, Counters, Draft, Effect, Epoch, Error, Floors, IdFloor, Limits, MemberId,
+        MemberInfo, OpenRequest, PatternIndex, QueueLimits, Subscription, SubscriptionSpec,
+        SystemId,
         planted::{PlantedBug, active as planted},
     },
     sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
@@ -92,7 +93,8 @@ struct Catalog {
     by_key: BTreeMap<u64, Arc<SubCell>>,
     by_name: BTreeMap<Arc<str>, u64>,
     last_key: u64,
-    /// Highest epoch and member id of any expired subscription: new ones start above them.
+    /// Where new subscriptions start numbering: the run's [`IdFloor`], raised to the highest
+    /// epoch and member id of any expired subscription.
     retired: Floors,
 }
 
@@ -173,11 +175,25 @@ impl Broker {
     }
 
     /// A broker that reports every input to `observer` (for simulations and tests).
+    ///
+    /// Reads the wall clock once: every epoch, member id and system id this broker hands out is
+    /// above that time in microseconds, so a restarted broker never repeats one its predecessor
+    /// handed out (SPEC §5; the assumption about the clock is in [`IdFloor`]).
     pub fn with_observer(
         limits: Limits,
         clock: Arc<dyn Clock>,
         observer: Option<Arc<dyn Observer>>,
     ) -> Self {
+        let floor = IdFloor::at_start(clock.unix_micros());
+        let started = std::time::UNIX_EPOCH + Duration::from_micros(floor.unix_micros());
+        // An operator comparing ids across restarts (or suspecting the clock went back) needs the
+        // floor of each run.
+        tracing::info!(
+            id_floor = floor.unix_micros(),
+            "ids start above {} (the start time in microseconds since the Unix epoch: {})",
+            floor.unix_micros(),
+            humantime::format_rfc3339_micros(started),
+        );
         Self {
             inner: Arc::new(Inner {
                 limits,
@@ -187,9 +203,9 @@ impl Broker {
                     by_key: BTreeMap::new(),
                     by_name: BTreeMap::new(),
                     last_key: 0,
-                    retired: Floors::default(),
+                    retired: floor.floors(),
                 }),
-                last_system_id: AtomicU64::new(0),
+                last_system_id: AtomicU64::new(floor.last_system_id()),
                 shutting_down: AtomicBool::new(false),
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
