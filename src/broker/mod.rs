@@ -63,6 +63,7 @@ impl std::fmt::Debug for Broker {
 struct Inner {
     limits: Limits,
     clock: Arc<dyn Clock>,
+    id_floor: IdFloor,
     catalog: RwLock<Catalog>,
     last_system_id: AtomicU64,
     shutting_down: AtomicBool,
@@ -185,19 +186,11 @@ impl Broker {
         observer: Option<Arc<dyn Observer>>,
     ) -> Self {
         let floor = IdFloor::at_start(clock.unix_micros());
-        let started = std::time::UNIX_EPOCH + Duration::from_micros(floor.unix_micros());
-        // An operator comparing ids across restarts (or suspecting the clock went back) needs the
-        // floor of each run.
-        tracing::info!(
-            id_floor = floor.unix_micros(),
-            "ids start above {} (the start time in microseconds since the Unix epoch: {})",
-            floor.unix_micros(),
-            humantime::format_rfc3339_micros(started),
-        );
         Self {
             inner: Arc::new(Inner {
                 limits,
                 clock,
+                id_floor: floor,
                 catalog: RwLock::new(Catalog {
                     index: PatternIndex::new(),
                     by_key: BTreeMap::new(),
@@ -262,6 +255,12 @@ impl Broker {
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// The floor of this run: every epoch, member id and system id it hands out is above it
+    /// (the wall-clock time it started at, in microseconds since the Unix epoch).
+    pub fn id_floor(&self) -> IdFloor {
+        self.inner.id_floor
     }
 
     fn check_running(&self) -> Result<(), Error> {
