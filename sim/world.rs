@@ -124,6 +124,25 @@ pub struct Seen {
     pub violations: Vec<String>,
 }
 
+impl Seen {
+    fn record_publish(&mut self, reply: &pb::PublishResponse) {
+        // SPEC §4 and §5: ids increase in publish order, also across broker restarts, so one
+        // publisher's ids only go up.
+        if let Some(&last) = self.published.last()
+            && reply.system_id <= last
+        {
+            self.violations.push(format!(
+                "publisher got #{} after #{last}: a system id repeated",
+                reply.system_id
+            ));
+        }
+        self.published.push(reply.system_id);
+        if reply.queued_for == 0 {
+            self.unrouted.insert(reply.system_id);
+        }
+    }
+}
+
 pub struct World {
     pub sim: Sim<'static>,
     pub trace: Trace,
@@ -669,22 +688,7 @@ async fn publisher(
                     "publisher: published #{} to {}",
                     reply.system_id, reply.queued_for
                 ));
-                let mut seen = seen.borrow_mut();
-                // SPEC §4 and §5: ids increase in publish order, also across broker restarts, so
-                // one publisher's ids only go up.
-                if let Some(&last) = seen.published.last()
-                    && reply.system_id <= last
-                {
-                    seen.violations.push(format!(
-                        "publisher got #{} after #{last}: a system id repeated",
-                        reply.system_id
-                    ));
-                }
-                seen.published.push(reply.system_id);
-                if reply.queued_for == 0 {
-                    seen.unrouted.insert(reply.system_id);
-                }
-                drop(seen);
+                seen.borrow_mut().record_publish(&reply);
                 n += 1;
                 tokio::time::sleep(every).await;
             }

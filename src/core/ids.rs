@@ -109,7 +109,10 @@ mod tests {
     #[test]
     fn ids_start_above_the_start_time_and_a_later_start_starts_higher() {
         let first = IdFloor::at_start(START);
-        assert_eq!(first.last_system_id(), START);
+        assert_eq!(
+            (first.unix_micros(), first.last_system_id()),
+            (START, START)
+        );
         assert_eq!(first_join(first.floors()), (START + 1, START + 1));
         let later = IdFloor::at_start(START + 5_000_000);
         assert!(later > first);
