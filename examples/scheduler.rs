@@ -9,8 +9,11 @@
 //!
 //! One replica prints `leading epoch=E member=M` and then `epoch=E run=K` every interval; the
 //! others print `standby position=P`. Kill the leader (even with SIGKILL) and the next in line
-//! prints `leading` with a higher epoch. The job's side effect, appending to `--store`, is
-//! fenced by the epoch: a deposed leader that wakes up late cannot write over its successor.
+//! prints `leading` with a higher epoch. Restart the broker and the replicas rejoin by
+//! themselves; the one that leads next has a higher epoch still (epochs never repeat, also
+//! across broker restarts), so the store takes its writes at once. The job's side effect,
+//! appending to `--store`, is fenced by the epoch: a deposed leader that wakes up late cannot
+//! write over its successor.
 //!
 //! Flags: `--server URL` (default `http://127.0.0.1:50051`, env `TINYBROKER_SERVER`),
 //! `--group NAME` (default `scheduler`), `--every-ms N` (default 1000), `--store PATH`
@@ -160,7 +163,11 @@ async fn schedule(args: Args) -> ExitCode {
                     if let Some(store) = &args.store
                         && let Err(error) = fenced_append(store, epoch, run)
                     {
+                        // Only a deposed leader is refused: a successor has a higher epoch and
+                        // runs the job. Stop, and rejoin once the broker says so.
                         println!("refused epoch={epoch} run={run}: {error}");
+                        let lost = (&mut lost).await;
+                        println!("lost epoch={epoch}: {}", lost.cause);
                         break;
                     }
                     println!("epoch={epoch} run={run}");

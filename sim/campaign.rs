@@ -1,9 +1,11 @@
 //! The randomized fault campaign: one seed drives the mode, acked or ack-free delivery, the
 //! replicas' behaviour (processing time, nacks, abandoned streams with late acks, windows, and
 //! how they ack: naming their member, by connection, or on their own stream), the publisher, and
-//! a schedule of crashes, restarts, partitions, heals, holds and releases. The checker watches
-//! every input; after the faults stop, a liveness phase requires every published message to be
-//! acked (or, ack-free, written) within a simulated-time budget.
+//! a schedule of crashes, restarts, partitions, heals, holds and releases, and, one seed in four,
+//! crashes and restarts of the broker itself. The checker watches every input; after the faults
+//! stop, a liveness phase requires every published message to be acked (or, ack-free, written)
+//! within a simulated-time budget (messages the broker held when it crashed are gone: it keeps
+//! everything in memory).
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -59,6 +61,27 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// When the broker crashes and when it comes back, as (crash, restart) pairs in time order. From
+/// their own stream, so older seeds keep their schedules: one seed in four crashes the broker once
+/// or twice during the fault phase and brings it back after up to 1.5 s.
+fn broker_outages(seed: u64) -> Vec<(Duration, Duration)> {
+    let mut rng = Rng::new(seed ^ 0xb40c_e5ca_3e57);
+    let mut outages = Vec::new();
+    if rng.range(0, 3) != 0 {
+        return outages;
+    }
+    let mut crash = ms(rng.range(1000, 5000));
+    for _ in 0..rng.range(1, 2) {
+        let back = crash + ms(rng.range(0, 1500));
+        outages.push((crash, back));
+        crash = back + ms(rng.range(1000, 4000));
+        if crash >= FAULT_PHASE {
+            break;
+        }
+    }
+    outages
+}
+
 /// Runs one seed of the campaign.
 pub fn run(seed: u64) -> Outcome {
     let mut rng = Rng::new(seed);
@@ -112,9 +135,27 @@ pub fn run(seed: u64) -> Outcome {
     let mut crashed = BTreeSet::new();
     let mut partitioned = BTreeSet::new();
     let mut held = BTreeSet::new();
+    let mut broker_events: Vec<(Duration, bool)> = broker_outages(seed)
+        .into_iter()
+        .flat_map(|(crash, back)| [(crash, true), (back, false)])
+        .collect();
+    broker_events.reverse();
+    let mut broker_down = false;
     let mut t = ms(500);
     while t < FAULT_PHASE {
         t += ms(rng.range(200, 1500));
+        while let Some(&(at, crash)) = broker_events.last()
+            && at <= t
+        {
+            world.run_until(at);
+            if crash {
+                world.crash_broker();
+            } else {
+                world.restart_broker();
+            }
+            broker_down = crash;
+            broker_events.pop();
+        }
         world.run_until(t);
         let name = names[rng.range(0, names.len() as u64 - 1) as usize].clone();
         match rng.range(0, 5) {
@@ -146,6 +187,9 @@ pub fn run(seed: u64) -> Outcome {
         }
     }
     // Heal everything, then demand progress.
+    if broker_down {
+        world.restart_broker();
+    }
     for name in std::mem::take(&mut partitioned) {
         world.repair(&name);
     }

@@ -113,13 +113,14 @@ fn seeds_to_catch(bug: PlantedBug, max: u64) -> Option<u64> {
     None
 }
 
-const BUGS: [PlantedBug; 6] = [
+const BUGS: [PlantedBug; 7] = [
     PlantedBug::PromoteNewestStandby,
     PlantedBug::ForgetRedelivery,
     PlantedBug::TwoActiveMembers,
     PlantedBug::AckIgnoresFence,
     PlantedBug::ConnectionFenceIgnored,
     PlantedBug::RequeueNewestFirst,
+    PlantedBug::CountersRestartAtZero,
 ];
 
 // The checker has teeth: each planted bug is caught within a few seeds, and the report names the

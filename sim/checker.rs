@@ -7,7 +7,13 @@
 //! 3. no message is lost: every queued message is acked, in flight, queued, or counted as
 //!    dropped/dead-lettered/expired;
 //! 4. a message is in flight to at most one member at a time;
-//! 5. epochs only go up on a subscription id, also across expiry.
+//! 5. epochs only go up on a subscription id, also across expiry and broker restarts.
+//!
+//! Across broker restarts (the broker host crashed and started again) it also checks that member
+//! ids on a subscription id only go up and that system ids never repeat: every id the new broker
+//! hands out is above every id any earlier incarnation handed out. A crash forgets the messages
+//! and members of the incarnation that crashed (it kept them in memory only, by design), but
+//! never the ids.
 //!
 //! And SPEC §4's order: ids increase along every queue (each enqueue's id is above every earlier
 //! one on that subscription), and in SINGLETON mode every delivery is the lowest-id message
@@ -44,12 +50,21 @@ struct SubModel {
     dropped: BTreeSet<SystemId>,
     /// The highest id ever enqueued here.
     last_enqueued: SystemId,
+    /// The highest member id ever joined here, over every incarnation of the broker.
+    last_member: MemberId,
+    /// Messages the broker held here when it crashed: gone with it.
+    lost_in_crash: BTreeSet<SystemId>,
 }
 
 #[derive(Default)]
 struct State {
     subs: BTreeMap<String, SubModel>,
     violations: Vec<String>,
+    /// The highest system id enqueued by the running broker.
+    highest_id: SystemId,
+    /// The highest system id enqueued by any broker before the last crash: the running one must
+    /// hand out ids above it.
+    highest_id_before_crash: SystemId,
 }
 
 pub struct Checker {
@@ -81,6 +96,31 @@ impl Checker {
             .get(subscription)
             .map(|s| s.dropped.clone())
             .unwrap_or_default()
+    }
+
+    /// Messages `subscription` held when the broker crashed.
+    pub fn lost_in_crash(&self, subscription: &str) -> BTreeSet<SystemId> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .subs
+            .get(subscription)
+            .map(|s| s.lost_in_crash.clone())
+            .unwrap_or_default()
+    }
+
+    /// The broker host crashed: every member, queue and in-flight message went with it. What
+    /// stays is what the next broker must stay above: epochs, member ids and system ids.
+    pub fn broker_crashed(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.highest_id_before_crash = state.highest_id_before_crash.max(state.highest_id);
+        for m in state.subs.values_mut() {
+            let held = std::mem::take(&mut m.outstanding);
+            m.lost_in_crash.extend(held);
+            m.members.clear();
+            m.active.clear();
+            m.holder.clear();
+            m.connection.clear();
+        }
     }
 
     /// Messages queued on any subscription and not yet acked (or dropped or dead-lettered).
@@ -175,16 +215,29 @@ impl Observer for Checker {
         let mut lines = vec![format!("broker {id}: {}", Self::describe(o.input))];
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut violations = Vec::new();
+        if let Input::Enqueue { system_id } = o.input {
+            // SPEC §5: a restarted broker never hands out a system id an earlier one did.
+            if *system_id <= state.highest_id_before_crash {
+                violations.push(format!(
+                    "system id #{system_id} handed out again: a broker before the restart handed out ids up to #{}",
+                    state.highest_id_before_crash
+                ));
+            }
+            state.highest_id = state.highest_id.max(*system_id);
+        }
         let m = state.subs.entry(id.clone()).or_default();
 
         match o.input {
             Input::Join { member, connection } => {
-                if m.members.last().is_some_and(|last| last >= member) {
+                // Join order, and never a member id handed out before (also by a broker before a
+                // restart).
+                if *member <= m.last_member {
                     violations.push(format!(
-                        "member ids out of join order: {member} after {:?}",
-                        m.members
+                        "member id {member} is not above {}, the highest joined before (live: {:?})",
+                        m.last_member, m.members
                     ));
                 }
+                m.last_member = m.last_member.max(*member);
                 m.members.push(*member);
                 m.connection.insert(*member, *connection);
             }

@@ -7,6 +7,7 @@
 mod campaign;
 mod campaign_tests;
 mod checker;
+mod clock;
 mod net;
 mod rng;
 mod scenarios;

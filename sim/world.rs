@@ -1,6 +1,7 @@
-//! The simulated world: the real server on host `broker`, replicas (real tonic clients) on hosts
-//! that can be crashed, restarted and partitioned, and a publisher. Every host's behaviour
-//! follows from the seed; everything observable lands in one [`Trace`].
+//! The simulated world: the real server on host `broker`, which can be crashed and restarted
+//! (losing everything it held in memory), replicas (real tonic clients) on hosts that can be
+//! crashed, restarted and partitioned, and a publisher. Every host's behaviour follows from the
+//! seed; everything observable lands in one [`Trace`].
 
 use std::{
     cell::RefCell,
@@ -11,7 +12,6 @@ use std::{
 };
 
 use tinybroker::{
-    clock::VirtualClock,
     core::Limits,
     pb::{self, DeliveryMode, broker_client::BrokerClient, subscription_frame::Frame},
     server::{Server, ServerConfig},
@@ -20,10 +20,10 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use turmoil::Sim;
 
-use crate::{checker::Checker, net, rng::Rng, trace::Trace};
+use crate::{checker::Checker, clock::SimClock, net, rng::Rng, trace::Trace};
 
-/// Fixed wall-clock start, so publish timestamps (and traces) do not depend on the real date.
-const START_UNIX_MILLIS: u64 = 1_767_225_600_000;
+/// The broker's host.
+const BROKER: &str = "broker";
 /// The topic replicas subscribe to and the publisher publishes on.
 pub const TOPIC: &str = "jobs.tick";
 
@@ -113,12 +113,34 @@ impl Behaviour {
 pub struct Seen {
     /// Published system ids, in order.
     pub published: Vec<u64>,
+    /// Published system ids that matched no subscription (none existed yet, e.g. right after a
+    /// broker restart, before the replicas rejoined): no client can receive them.
+    pub unrouted: BTreeSet<u64>,
     /// Accepted acks per subscription id.
     pub acked: BTreeMap<String, BTreeSet<u64>>,
     /// Messages some client received, per subscription id.
     pub received: BTreeMap<String, BTreeSet<u64>>,
     /// Client-side violations (e.g. a replica saw its epoch go down).
     pub violations: Vec<String>,
+}
+
+impl Seen {
+    fn record_publish(&mut self, reply: &pb::PublishResponse) {
+        // SPEC §4 and §5: ids increase in publish order, also across broker restarts, so one
+        // publisher's ids only go up.
+        if let Some(&last) = self.published.last()
+            && reply.system_id <= last
+        {
+            self.violations.push(format!(
+                "publisher got #{} after #{last}: a system id repeated",
+                reply.system_id
+            ));
+        }
+        self.published.push(reply.system_id);
+        if reply.queued_for == 0 {
+            self.unrouted.insert(reply.system_id);
+        }
+    }
 }
 
 pub struct World {
@@ -175,12 +197,12 @@ impl World {
         let checker = Arc::new(Checker::new(trace.clone()));
         let observer = checker.clone();
         let limits = setup.limits.clone();
-        sim.host("broker", move || {
+        sim.host(BROKER, move || {
             let config = ServerConfig {
                 limits: limits.clone(),
                 keepalive_interval: Some(net::KEEPALIVE_INTERVAL),
                 keepalive_timeout: net::KEEPALIVE_TIMEOUT,
-                clock: Arc::new(VirtualClock::new(START_UNIX_MILLIS)),
+                clock: Arc::new(SimClock::new()),
                 observer: Some(observer.clone()),
                 ..ServerConfig::default()
             };
@@ -302,6 +324,20 @@ impl World {
         self.sim.bounce(host);
     }
 
+    /// Crashes the broker host: its connections go, and with them everything it held in memory
+    /// (queues, members, in-flight messages). The checker forgets that incarnation's messages but
+    /// not the ids it handed out.
+    pub fn crash_broker(&mut self) {
+        self.trace.at(self.now(), format!("FAULT crash {BROKER}"));
+        self.sim.crash(BROKER);
+        self.checker.broker_crashed();
+    }
+
+    /// Starts the crashed broker host again: a new, empty broker on the same address.
+    pub fn restart_broker(&mut self) {
+        self.restart(BROKER);
+    }
+
     pub fn partition(&mut self, host: &str) {
         self.link("partition", host, |sim| sim.partition(host, "broker"));
     }
@@ -321,7 +357,7 @@ impl World {
     /// Applies a fault to the link between `host` and the broker, and records it.
     fn link(&mut self, what: &str, host: &str, fault: impl FnOnce(&Sim<'static>)) {
         self.trace
-            .at(self.now(), format!("FAULT {what} {host} <-> broker"));
+            .at(self.now(), format!("FAULT {what} {host} <-> {BROKER}"));
         fault(&self.sim);
     }
 
@@ -348,14 +384,22 @@ impl World {
             out.push(format!("the broker still holds {held} unacked messages"));
         }
         // At-most-once: an ack-free message written to a stream that then broke is done without
-        // any client receiving it.
+        // any client receiving it. Excused: messages the broker dropped and counted, messages it
+        // held when it crashed (it keeps nothing across a restart, by design), and messages that
+        // matched no subscription.
         if self.mode != DeliveryMode::Broadcast && !self.ack_free {
             let received = seen.received.get("report");
             let dropped = self.checker.dropped("report");
+            let crashed = self.checker.lost_in_crash("report");
             let missing: Vec<_> = seen
                 .published
                 .iter()
-                .filter(|id| !received.is_some_and(|r| r.contains(id)) && !dropped.contains(id))
+                .filter(|id| {
+                    !received.is_some_and(|r| r.contains(id))
+                        && !dropped.contains(id)
+                        && !crashed.contains(id)
+                        && !seen.unrouted.contains(id)
+                })
                 .collect();
             if !missing.is_empty() {
                 out.push(format!("no client ever received {missing:?}"));
@@ -644,7 +688,7 @@ async fn publisher(
                     "publisher: published #{} to {}",
                     reply.system_id, reply.queued_for
                 ));
-                seen.borrow_mut().published.push(reply.system_id);
+                seen.borrow_mut().record_publish(&reply);
                 n += 1;
                 tokio::time::sleep(every).await;
             }

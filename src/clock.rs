@@ -8,6 +8,9 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Duration;
     /// Wall-clock time in milliseconds since the Unix epoch; stamps published messages.
     fn unix_millis(&self) -> u64;
+    /// Wall-clock time in microseconds since the Unix epoch; read once at start, it sets the
+    /// floor every id of the run is above ([`IdFloor`](crate::core::IdFloor)).
+    fn unix_micros(&self) -> u64;
     /// Waits until [`now`](Self::now) reaches `deadline`.
     fn sleep_until(&self, deadline: Duration)
     -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -41,9 +44,13 @@ impl Clock for TokioClock {
     }
 
     fn unix_millis(&self) -> u64 {
+        self.unix_micros() / 1000
+    }
+
+    fn unix_micros(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
+            .map_or(0, |d| d.as_micros() as u64)
     }
 
     fn sleep_until(
@@ -79,6 +86,10 @@ impl Clock for VirtualClock {
 
     fn unix_millis(&self) -> u64 {
         self.start_unix_millis + self.inner.now().as_millis() as u64
+    }
+
+    fn unix_micros(&self) -> u64 {
+        self.start_unix_millis * 1000 + self.inner.now().as_micros() as u64
     }
 
     fn sleep_until(

@@ -428,30 +428,33 @@ async fn open_publisher_does_not_hold_shutdown_for_the_drain() {
     assert!(matches!(after, Err(Error::Unavailable(_))), "{after:?}");
 }
 
+/// A broker on `listener` (a fresh one each time: nothing carries over from an earlier one on the
+/// same address), with the sender that stops it and its task.
+fn serve_on(
+    listener: tokio::net::TcpListener,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), tinybroker::server::ServeError>>,
+) {
+    use tinybroker::server::{Server, tcp_incoming};
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(Server::new(ServerConfig::default()).run(
+        tcp_incoming(listener),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, task)
+}
+
 // Issue: "a standby that loses its connection rejoins the line with backoff". The broker goes
 // away while a replica waits on standby; when a broker is back on the same address the replica
 // rejoins on its own and, alone in line, leads.
 #[tokio::test]
 async fn standby_that_loses_the_broker_rejoins_and_leads_when_it_returns() {
-    use tinybroker::server::{Server, tcp_incoming};
-    async fn serve_on(
-        listener: tokio::net::TcpListener,
-    ) -> (
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<Result<(), tinybroker::server::ServeError>>,
-    ) {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(Server::new(ServerConfig::default()).run(
-            tcp_incoming(listener),
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        (stop, task)
-    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, task) = serve_on(listener).await;
+    let (stop, task) = serve_on(listener);
     let url = format!("http://{addr}");
     let leader_client = within(Client::connect(url.clone())).await.unwrap();
     let leader = within(leader_client.elect("cron", "replicas"))
@@ -475,8 +478,52 @@ async fn standby_that_loses_the_broker_rejoins_and_leads_when_it_returns() {
     assert!(!standby.is_finished(), "no broker, no leader");
 
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let (_stop, _task) = serve_on(listener).await;
+    let (_stop, _task) = serve_on(listener);
     let leadership = within(standby).await.unwrap().unwrap();
-    // A new broker: its epochs start afresh.
-    assert_eq!(leadership.epoch(), 1);
+    // A new broker, yet never an epoch the old one handed out (SPEC §5).
+    assert!(leadership.epoch() > leader.epoch());
+}
+
+// SPEC §5: epochs and system ids never repeat, also across broker restarts. A leader loses its
+// leadership when the broker restarts; electing again on the new broker (same address, nothing
+// carried over) gets an epoch strictly higher than any before, and messages get higher ids.
+#[tokio::test]
+async fn elect_after_a_broker_restart_gets_a_higher_epoch_and_higher_ids() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, task) = serve_on(listener);
+    let client = within(Client::connect(format!("http://{addr}")))
+        .await
+        .unwrap();
+    let first = within(client.elect("cron", "replicas")).await.unwrap();
+    let published_before = client
+        .publish(Message::new("election.cron", "before"))
+        .await
+        .unwrap();
+
+    let _ = stop.send(());
+    within(task).await.unwrap().unwrap();
+    let lost = within(first.lost()).await;
+    assert_eq!(lost.epoch, first.epoch());
+
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let (_stop, _task) = serve_on(listener);
+    let second = within(client.elect("cron", "replicas")).await.unwrap();
+    assert!(
+        second.epoch() > first.epoch(),
+        "epoch {} after the restart, {} before",
+        second.epoch(),
+        first.epoch()
+    );
+    assert!(second.member_id() > first.member_id());
+    let published_after = client
+        .publish(Message::new("election.cron", "after"))
+        .await
+        .unwrap();
+    assert!(
+        published_after.system_id > published_before.system_id,
+        "system id {} after the restart, {} before",
+        published_after.system_id,
+        published_before.system_id
+    );
 }

@@ -1,7 +1,7 @@
 //! Model-based property test of the group state machine (SPEC §3-§5): random sequences of joins,
-//! leaves, publishes, acks (good, stale, unknown), nacks and time passing, over all three modes
-//! and various windows and limits, applied both to the core and to a small reference model
-//! written independently here. After every step the effects, the inspection view (counts, bytes,
+//! leaves, publishes, acks (good, stale, unknown), nacks, time passing and broker restarts (the
+//! wall clock passed in, moved forward or set back), over all three modes and various windows and
+//! limits, applied both to the core and to a small reference model written independently here. After every step the effects, the inspection view (counts, bytes,
 //! members, counters) must be identical and the invariants must hold. proptest shrinks a failure
 //! to a short sequence.
 
@@ -14,7 +14,7 @@ use std::{
 use bytes::Bytes;
 use proptest::prelude::*;
 use tinybroker::core::{
-    Counters, Effect, Error, Floors, MemberOptions, Message, Mode, Overflow, Pattern, QueueLimits,
+    Counters, Effect, Error, IdFloor, MemberOptions, Message, Mode, Overflow, Pattern, QueueLimits,
     Subscription, SubscriptionSpec, Topic,
 };
 
@@ -43,6 +43,12 @@ enum Op {
     Tick {
         ms: u64,
     },
+    /// The broker restarts (losing the subscription, kept in memory only) and reads the wall
+    /// clock, which moved `micros` forward, or back.
+    Restart {
+        micros: u64,
+        back: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -58,6 +64,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::Nack { pick }),
         1 => Just(Op::NackUnknown),
         1 => (0u64..40_000).prop_map(|ms| Op::Tick { ms }),
+        // Small moves, so some restarts come sooner than the ids the last run handed out (the
+        // clock assumption broken) and some later.
+        1 => (0u64..200, prop::bool::weighted(0.2))
+            .prop_map(|(micros, back)| Op::Restart { micros, back }),
     ]
 }
 
@@ -157,8 +167,26 @@ struct Model {
 }
 
 const IDLE: Duration = Duration::from_secs(30);
+/// The wall clock when the first broker run starts, in microseconds since the Unix epoch.
+const START_MICROS: u64 = 1_767_225_600_000_000;
 
 impl Model {
+    /// A broker run started when the wall clock read `unix_micros`: every id it hands out is
+    /// above that reading (SPEC §5: ids never repeat across restarts).
+    fn start(setup: &Setup, unix_micros: u64, now: Duration) -> Self {
+        Model {
+            setup: setup.clone(),
+            members: vec![],
+            queue: VecDeque::new(),
+            attempt: BTreeMap::new(),
+            last_served: 0,
+            last_member: unix_micros,
+            epoch: unix_micros,
+            idle_since: Some(now),
+            counters: Counters::default(),
+        }
+    }
+
     fn held_count(&self) -> u64 {
         (self.queue.len() + self.attempt.len()) as u64
     }
@@ -303,6 +331,39 @@ impl Model {
     }
 }
 
+/// What broker runs before the current one handed out, for the promise across restarts.
+#[derive(Default)]
+struct History {
+    /// The highest id of any kind the current run handed out so far.
+    current: u64,
+    /// The highest id of any kind the earlier runs handed out.
+    earlier: u64,
+    /// Whether the last restart read a clock past `earlier` (the assumption the promise rests
+    /// on); `None` before any restart.
+    assumption_held: Option<bool>,
+}
+
+impl History {
+    fn saw_ids(&mut self, model: &Model, last_sid: u64) {
+        self.current = self
+            .current
+            .max(model.epoch)
+            .max(model.last_member)
+            .max(last_sid);
+    }
+
+    fn restart(&mut self, unix_micros: u64) {
+        self.earlier = self.earlier.max(self.current);
+        self.current = unix_micros;
+        self.assumption_held = Some(unix_micros >= self.earlier);
+    }
+
+    /// The bound every new id must be above, when the promise applies.
+    fn promised_above(&self) -> Option<u64> {
+        (self.assumption_held == Some(true)).then_some(self.earlier)
+    }
+}
+
 /// Message `sid` has a payload of `sid % 7` bytes, so byte limits bite at varying counts.
 fn message(sid: u64) -> Arc<Message> {
     Arc::new(Message {
@@ -353,20 +414,17 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
         idle_timeout: IDLE,
     };
     let mut now = Duration::ZERO;
-    let mut core = Subscription::new("s".into(), spec.clone(), limits, Floors::default(), now);
-    let mut model = Model {
-        setup: setup.clone(),
-        members: vec![],
-        queue: VecDeque::new(),
-        attempt: BTreeMap::new(),
-        last_served: 0,
-        last_member: 0,
-        epoch: 0,
-        idle_since: Some(now),
-        counters: Counters::default(),
-    };
-    let mut next_sid = 0;
+    // The shell's part, with the clock passed in: read the wall clock at start, start every
+    // counter at the floor it gives.
+    let mut wall = START_MICROS;
+    let floor = IdFloor::at_start(wall);
+    let mut core = Subscription::new("s".into(), spec.clone(), limits, floor.floors(), now);
+    let mut model = Model::start(&setup, wall, now);
+    let mut next_sid = floor.last_system_id();
+    prop_assert_eq!(next_sid, wall, "system ids start at the start time");
+    let mut history = History::default();
     for op in ops {
+        history.saw_ids(&model, next_sid);
         let (got, want): (Vec<Seen>, Vec<Seen>) = match op {
             Op::Join { window } => {
                 let options = MemberOptions {
@@ -482,11 +540,45 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Tick { ms } => {
                 now += Duration::from_millis(ms);
+                wall += ms * 1000;
                 let expired = model.idle_since.is_some_and(|since| now >= since + IDLE);
                 prop_assert_eq!(core.is_expired(now), expired, "expiry disagrees");
                 (vec![], vec![])
             }
+            Op::Restart { micros, back } => {
+                wall = if back {
+                    wall.saturating_sub(micros)
+                } else {
+                    wall + micros
+                };
+                history.restart(wall);
+                let floor = IdFloor::at_start(wall);
+                core = Subscription::new("s".into(), spec.clone(), limits, floor.floors(), now);
+                model = Model::start(&setup, wall, now);
+                next_sid = floor.last_system_id();
+                prop_assert_eq!(next_sid, wall, "system ids start at the start time");
+                (vec![], vec![])
+            }
         };
+        // SPEC §5: when the clock at restart is past every id the earlier runs handed out, every
+        // id after it is above all of them.
+        if let Some(highest) = history.promised_above() {
+            for seen in &got {
+                if let Seen::Confirm(member, epoch) = seen {
+                    prop_assert!(
+                        *member > highest && *epoch > highest,
+                        "m{member} epoch {epoch} after a restart, earlier runs reached {highest}"
+                    );
+                }
+            }
+            prop_assert!(
+                model.members.iter().all(|m| m.id > highest),
+                "member ids after a restart, earlier runs reached {highest}"
+            );
+            if matches!(op, Op::Publish | Op::PublishInternal) {
+                prop_assert!(next_sid > highest, "system id {next_sid} repeats");
+            }
+        }
         prop_assert_eq!(&got, &want, "effects differ");
         if let Err(e) = core.check_invariants() {
             return Err(TestCaseError::fail(format!("invariant: {e}")));
@@ -629,6 +721,7 @@ fn reference_model_catches_every_planted_bug() {
         PlantedBug::TwoActiveMembers,
         PlantedBug::AckIgnoresFence,
         PlantedBug::RequeueNewestFirst,
+        PlantedBug::CountersRestartAtZero,
     ] {
         plant(Some(bug));
         let mut runner = TestRunner::new(Config {

@@ -12,7 +12,7 @@ use tinybroker::{
     broker::Broker,
     clock::TokioClock,
     core::{
-        AckMode, Effect, Error, Floors, Limits, MemberOptions, Message, Mode, Overflow, Pattern,
+        AckMode, Effect, Error, IdFloor, Limits, MemberOptions, Message, Mode, Overflow, Pattern,
         PatternIndex, QueueLimits, Subscription, SubscriptionSpec, Topic,
     },
     pb, service,
@@ -20,14 +20,41 @@ use tinybroker::{
 
 #[derive(Debug, Arbitrary)]
 enum Op {
-    Join { window: u8, notify: bool },
-    Leave { pick: u8 },
-    Publish { size: u8 },
-    Ack { member: Option<u8>, pick: u8 },
-    Nack { member: Option<u8>, pick: u8 },
-    AckRaw { member: Option<u8>, system_id: u16 },
-    Tick { ms: u16 },
+    Join {
+        window: u8,
+        notify: bool,
+    },
+    Leave {
+        pick: u8,
+    },
+    Publish {
+        size: u8,
+    },
+    Ack {
+        member: Option<u8>,
+        pick: u8,
+    },
+    Nack {
+        member: Option<u8>,
+        pick: u8,
+    },
+    AckRaw {
+        member: Option<u8>,
+        system_id: u16,
+    },
+    Tick {
+        ms: u16,
+    },
+    /// The broker restarts: the subscription is gone, and the new run reads a wall clock moved
+    /// `micros` forward, or back.
+    Restart {
+        micros: u16,
+        back: bool,
+    },
 }
+
+/// The wall clock at the first run's start, in microseconds since the Unix epoch.
+const START_MICROS: u64 = 1_767_225_600_000_000;
 
 #[derive(Debug, Arbitrary)]
 struct Machine {
@@ -39,7 +66,9 @@ struct Machine {
 }
 
 /// `group_state_machine`: an arbitrary sequence of operations applied to one subscription's
-/// core; SPEC §5 invariants and the core's bookkeeping are asserted after every step.
+/// core, with broker restarts (the clock passed in); SPEC §5 invariants and the core's
+/// bookkeeping are asserted after every step, and ids stay above every earlier run's whenever
+/// the clock at restart is past them.
 pub fn group_state_machine(data: &[u8]) {
     let Ok(machine) = Machine::arbitrary_take_rest(Unstructured::new(data)) else {
         return;
@@ -66,10 +95,16 @@ pub fn group_state_machine(data: &[u8]) {
         idle_timeout: Duration::from_secs(10),
     };
     let mut now = Duration::ZERO;
-    let mut sub = Subscription::new("s".into(), spec.clone(), limits, Floors::default(), now);
+    let mut wall = START_MICROS;
+    let floor = IdFloor::at_start(wall);
+    let mut sub = Subscription::new("s".into(), spec.clone(), limits, floor.floors(), now);
     let mut members: Vec<u64> = Vec::new();
-    let mut next_id = 0u64;
-    let mut last_epoch = 0;
+    let mut next_id = floor.last_system_id();
+    let mut last_epoch = floor.floors().epoch;
+    // The wall clock at this run's start, and the highest id of any kind the earlier runs
+    // handed out.
+    let mut run_start = wall;
+    let mut highest_before = 0;
     for op in machine.ops {
         let effects = match op {
             Op::Join { window, notify } => {
@@ -139,7 +174,12 @@ pub fn group_state_machine(data: &[u8]) {
             }
             Op::AckRaw { member, system_id } => {
                 let before = (sub.queued(), sub.in_flight());
-                match sub.ack(member.map(u64::from), u64::from(system_id)) {
+                // Near this run's ids, so some name real members and messages.
+                let near = |n: u64| run_start + n;
+                match sub.ack(
+                    member.map(|m| near(u64::from(m))),
+                    near(u64::from(system_id)),
+                ) {
                     Ok(fx) => fx,
                     Err(_) => {
                         assert_eq!(
@@ -153,6 +193,27 @@ pub fn group_state_machine(data: &[u8]) {
             }
             Op::Tick { ms } => {
                 now += Duration::from_millis(u64::from(ms));
+                wall += u64::from(ms) * 1000;
+                vec![]
+            }
+            Op::Restart { micros, back } => {
+                wall = if back {
+                    wall.saturating_sub(u64::from(micros))
+                } else {
+                    wall + u64::from(micros)
+                };
+                let handed_out = sub.floors();
+                highest_before = [next_id, handed_out.epoch, handed_out.member_id]
+                    .into_iter()
+                    .fold(highest_before, u64::max);
+                run_start = wall;
+                let floor = IdFloor::at_start(wall);
+                sub = Subscription::new("s".into(), spec.clone(), limits, floor.floors(), now);
+                members.clear();
+                next_id = floor.last_system_id();
+                // Within the new run epochs go up from its floor; across runs only as far as the
+                // clock assumption holds (checked below).
+                last_epoch = floor.floors().epoch;
                 vec![]
             }
         };
@@ -164,6 +225,18 @@ pub fn group_state_machine(data: &[u8]) {
                 );
                 last_epoch = *epoch;
             }
+        }
+        // SPEC §5 across restarts: a run that started past every id the earlier runs handed out
+        // hands out only ids above them.
+        if run_start >= highest_before {
+            let floors = sub.floors();
+            let fresh = [floors.epoch, floors.member_id, next_id];
+            assert!(
+                fresh
+                    .iter()
+                    .all(|id| *id == run_start || *id > highest_before),
+                "ids {fresh:?} after a restart, earlier runs reached {highest_before}"
+            );
         }
         if let Err(e) = sub.check_invariants() {
             panic!("invariant broken: {e}");

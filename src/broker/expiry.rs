@@ -93,9 +93,7 @@ impl Broker {
                 catalog.index.remove(pattern, &key);
             }
             catalog.by_name.remove(state.core.id());
-            let floors = state.core.floors();
-            catalog.retired.epoch = catalog.retired.epoch.max(floors.epoch);
-            catalog.retired.member_id = catalog.retired.member_id.max(floors.member_id);
+            catalog.retired = catalog.retired.max(state.core.floors());
             let held = state.core.drain();
             self.apply(
                 &mut state,

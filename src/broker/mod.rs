@@ -24,8 +24,9 @@ pub use timing::Timings;
 use crate::{
     clock::Clock,
     core::{
-        AckMode, Counters, Draft, Effect, Epoch, Error, Floors, Limits, MemberId, MemberInfo,
-        OpenRequest, PatternIndex, QueueLimits, Subscription, SubscriptionSpec, SystemId,
+        AckMode, Counters, Draft, Effect, Epoch, Error, Floors, IdFloor, Limits, MemberId,
+        MemberInfo, OpenRequest, PatternIndex, QueueLimits, Subscription, SubscriptionSpec,
+        SystemId,
         planted::{PlantedBug, active as planted},
     },
     sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
@@ -62,6 +63,7 @@ impl std::fmt::Debug for Broker {
 struct Inner {
     limits: Limits,
     clock: Arc<dyn Clock>,
+    id_floor: IdFloor,
     catalog: RwLock<Catalog>,
     last_system_id: AtomicU64,
     shutting_down: AtomicBool,
@@ -92,7 +94,8 @@ struct Catalog {
     by_key: BTreeMap<u64, Arc<SubCell>>,
     by_name: BTreeMap<Arc<str>, u64>,
     last_key: u64,
-    /// Highest epoch and member id of any expired subscription: new ones start above them.
+    /// Where new subscriptions start numbering: the run's [`IdFloor`], raised to the highest
+    /// epoch and member id of any expired subscription.
     retired: Floors,
 }
 
@@ -173,23 +176,29 @@ impl Broker {
     }
 
     /// A broker that reports every input to `observer` (for simulations and tests).
+    ///
+    /// Reads the wall clock once: every epoch, member id and system id this broker hands out is
+    /// above that time in microseconds, so a restarted broker never repeats one its predecessor
+    /// handed out (SPEC §5; the assumption about the clock is in [`IdFloor`]).
     pub fn with_observer(
         limits: Limits,
         clock: Arc<dyn Clock>,
         observer: Option<Arc<dyn Observer>>,
     ) -> Self {
+        let floor = IdFloor::at_start(clock.unix_micros());
         Self {
             inner: Arc::new(Inner {
                 limits,
                 clock,
+                id_floor: floor,
                 catalog: RwLock::new(Catalog {
                     index: PatternIndex::new(),
                     by_key: BTreeMap::new(),
                     by_name: BTreeMap::new(),
                     last_key: 0,
-                    retired: Floors::default(),
+                    retired: floor.floors(),
                 }),
-                last_system_id: AtomicU64::new(0),
+                last_system_id: AtomicU64::new(floor.last_system_id()),
                 shutting_down: AtomicBool::new(false),
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
@@ -246,6 +255,12 @@ impl Broker {
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// The floor of this run: every epoch, member id and system id it hands out is above it
+    /// (the wall-clock time it started at, in microseconds since the Unix epoch).
+    pub fn id_floor(&self) -> IdFloor {
+        self.inner.id_floor
     }
 
     fn check_running(&self) -> Result<(), Error> {

@@ -187,14 +187,23 @@ pub async fn run(args: Serve) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let tls = (config.tls.is_some(), config.tls_client_ca.is_some());
+    let auth = config.auth_token.is_some();
+    let server = Server::new(config);
+    // The run's id floor, as a number and as the time it stands for: an operator comparing ids
+    // across restarts, or suspecting the clock went back, compares these lines.
+    let floor = server.broker().id_floor().unix_micros();
+    let started = std::time::UNIX_EPOCH + std::time::Duration::from_micros(floor);
     tracing::info!(
         %addr,
-        tls = config.tls.is_some(),
-        mutual_tls = config.tls_client_ca.is_some(),
-        auth = config.auth_token.is_some(),
-        "tinybroker listening on {addr}"
+        tls = tls.0,
+        mutual_tls = tls.1,
+        auth,
+        id_floor = floor,
+        "tinybroker listening on {addr} (ids start above {floor}: the start time, {}, in µs since the Unix epoch)",
+        humantime::format_rfc3339_micros(started),
     );
-    if !addr.ip().is_loopback() && config.tls.is_none() && config.auth_token.is_none() {
+    if !addr.ip().is_loopback() && !tls.0 && !auth {
         tracing::warn!(
             %addr,
             "listening on a non-loopback address with neither TLS nor an auth token: anyone who \
@@ -202,7 +211,6 @@ pub async fn run(args: Serve) -> Result<(), String> {
              --auth-token-file"
         );
     }
-    let server = Server::new(config);
     let incoming = tinybroker::server::tcp_incoming(listener);
     let result = match args.metrics_listen {
         Some(metrics_addr) => {

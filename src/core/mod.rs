@@ -4,12 +4,14 @@
 //! - [`topic`]: topic and pattern parsing and naive matching;
 //! - [`index`]: the token trie that routes a topic to subscriptions;
 //! - [`subscription`]: one subscription's group state machine (members, queue, windows, epochs);
+//! - [`ids`]: where a broker run starts numbering, so ids never repeat across restarts;
 //! - [`spec`]: what a member asks for, and the broker's limits;
 //! - [`message`]: published messages, shared between queues;
 //! - [`error`]: every refusal, as data;
 //! - [`planted`]: test-only broken behaviours the simulation checker must catch.
 
 pub mod error;
+pub mod ids;
 pub mod index;
 pub mod message;
 pub mod planted;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use error::Error;
+pub use ids::IdFloor;
 pub use index::PatternIndex;
 pub use message::{Headers, Message, SystemId};
 pub use spec::{AckMode, Limits, MemberOptions, Mode, OpenRequest, Overflow, SubscriptionSpec};

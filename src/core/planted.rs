@@ -20,6 +20,10 @@ pub enum PlantedBug {
     /// Requeue a leaving member's in-flight messages newest first instead of in publish order
     /// (breaks singleton order after a failover, SPEC §4).
     RequeueNewestFirst,
+    /// Start every broker run's epochs, member ids and system ids at zero instead of above the
+    /// wall-clock time it started at, so a restarted broker hands out ids again (breaks SPEC §5:
+    /// "also across broker restarts").
+    CountersRestartAtZero,
 }
 
 #[cfg(feature = "planted-bugs")]

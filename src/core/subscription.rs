@@ -129,8 +129,9 @@ pub fn subscription_cost(spec: &SubscriptionSpec) -> u64 {
             .sum::<u64>()
 }
 
-/// Where numbering starts for a subscription (re)created under an id used before, so that epochs
-/// and member ids keep increasing over the broker's lifetime (SPEC §5 invariant 5).
+/// Where a new subscription starts numbering: above the broker run's [`IdFloor`](super::IdFloor)
+/// and, for one recreated under an id used before, above its predecessor, so that epochs and
+/// member ids keep increasing, also across expiry and broker restarts (SPEC §5 invariant 5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Floors {
     /// Highest epoch already handed out.

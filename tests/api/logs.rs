@@ -21,14 +21,14 @@ async fn json_logs_name_subscription_member_and_epoch_on_failover() {
         .unwrap();
     let client = Client(BrokerClient::new(channel));
     let mut active = client.subscribe(singleton("logged")).await.unwrap();
-    active.confirmed().await;
+    let first = active.confirmed().await;
     let mut standby = client.subscribe(singleton("logged")).await.unwrap();
     for i in 0..5 {
         client.publish(&format!("jobs.{i}"), "x").await;
     }
     active.message().await;
     drop(active);
-    standby.confirmed().await;
+    let second = standby.confirmed().await;
 
     let mut lines = Vec::new();
     loop {
@@ -45,15 +45,15 @@ async fn json_logs_name_subscription_member_and_epoch_on_failover() {
     }
     let promotion = lines.last().unwrap();
     for needle in [
-        r#""subscription":"logged""#,
-        r#""left":1"#,
-        r#""promoted":2"#,
-        r#""epoch":2"#,
-        r#""name":"member_stream""#,
-        r#""member":1"#,
+        r#""subscription":"logged""#.to_string(),
+        format!(r#""left":{}"#, first.member_id),
+        format!(r#""promoted":{}"#, second.member_id),
+        format!(r#""epoch":{}"#, second.epoch),
+        r#""name":"member_stream""#.to_string(),
+        format!(r#""member":{}"#, first.member_id),
     ] {
         assert!(
-            promotion.contains(needle),
+            promotion.contains(&needle),
             "{needle} missing from {promotion}"
         );
     }

@@ -1,5 +1,7 @@
 //! Two replicas of `examples/scheduler.rs` as real processes: the leader is killed with SIGKILL
-//! and the other takes over with a higher epoch within the failover bound (SPEC §5).
+//! and the other takes over with a higher epoch within the failover bound; and the broker itself,
+//! a `tinybroker serve` process, is killed with SIGKILL and started again, twice, and each new
+//! leader's epoch is above every earlier one (SPEC §5).
 //!
 //! Cargo does not build examples for `cargo test --test client`, so the example's source is
 //! compiled into this test binary and the test re-executes the binary as each replica.
@@ -46,60 +48,86 @@ fn scheduler_example_entry_point() {
     }
 }
 
-/// A replica process and its stdout lines; killed and reaped when dropped.
+/// A child process, killed (SIGKILL: no goodbye on the wire) and reaped when dropped.
+struct Process(Child);
+
+impl Process {
+    fn kill(&mut self) -> ExitStatus {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a replica process whose stdout lines go to `tx`, each tagged with `tag`.
+fn spawn_replica<T: Clone + Send + 'static>(
+    flags: &str,
+    tag: T,
+    tx: mpsc::UnboundedSender<(T, String)>,
+) -> Process {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_FLAGS, flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // Blocking reads on a thread of their own; the channel hands lines to the test.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((tag.clone(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    Process(child)
+}
+
+/// Awaits a line containing `prefix`; returns its tag and what follows the prefix. (Contains,
+/// not starts with: a child's first line follows libtest's own `test ... ` on the same line.)
+async fn line_after<T>(
+    lines: &mut mpsc::UnboundedReceiver<(T, String)>,
+    prefix: &str,
+) -> (T, String) {
+    loop {
+        let (tag, line) = lines
+            .recv()
+            .await
+            .unwrap_or_else(|| panic!("the replicas exited before printing {prefix:?}"));
+        if let Some(at) = line.find(prefix) {
+            return (tag, line[at + prefix.len()..].to_string());
+        }
+    }
+}
+
+/// A replica process and its stdout lines.
 struct Replica {
-    child: Child,
-    lines: mpsc::UnboundedReceiver<String>,
+    process: Process,
+    lines: mpsc::UnboundedReceiver<((), String)>,
 }
 
 impl Replica {
     fn start(flags: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_FLAGS, flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::unbounded_channel();
-        // Blocking reads on a thread of their own; the channel hands lines to the test.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, lines }
+        let process = spawn_replica(flags, (), tx);
+        Self { process, lines }
     }
 
-    /// Awaits a line containing `prefix` and returns what follows it. (Contains, not starts
-    /// with: the child's first line follows libtest's own `test ... ` on the same line.)
+    /// Awaits a line containing `prefix` and returns what follows it.
     async fn line(&mut self, prefix: &str) -> String {
-        loop {
-            let line = self
-                .lines
-                .recv()
-                .await
-                .unwrap_or_else(|| panic!("the replica exited before printing {prefix:?}"));
-            if let Some(at) = line.find(prefix) {
-                return line[at + prefix.len()..].to_string();
-            }
-        }
+        line_after(&mut self.lines, prefix).await.1
     }
 
     fn kill(&mut self) -> ExitStatus {
-        self.child.kill().unwrap(); // SIGKILL: no goodbye on the wire
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill()
     }
 }
 
@@ -153,4 +181,102 @@ async fn killed_scheduler_leader_is_replaced_by_the_standby_with_a_higher_epoch(
     assert_eq!(epochs.last(), Some(&second_epoch));
     let _ = std::fs::remove_file(&store);
     eprintln!("failover after SIGKILL took {failover:?}");
+}
+
+/// Starts `tinybroker serve` on `addr` and waits until it listens.
+async fn serve(addr: &str) -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+        .args(["serve", "--listen", addr])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, listening) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        // Keep draining its log so it never blocks on a full pipe.
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("listening on ")
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let process = Process(child);
+    within(listening)
+        .await
+        .expect("the broker exited before it listened");
+    process
+}
+
+/// The epochs in the store's whole lines, in order.
+fn store_epochs(store: &PathBuf) -> Vec<u64> {
+    std::fs::read_to_string(store)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("epoch=")?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+// SPEC §5, "strictly increasing, also across broker restarts": the broker process is killed with
+// SIGKILL and started again on the same address, twice, while two scheduler replicas run. Each
+// time they rejoin by themselves, the one that leads has an epoch above every earlier leader's,
+// and the fenced store takes its writes: it sees one epoch per broker run, strictly increasing,
+// and no leader's token is ever reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_store_sees_strictly_increasing_epochs_across_broker_restarts() {
+    let addr = {
+        // A free port to come back to.
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().to_string()
+    };
+    let store: PathBuf = std::env::temp_dir().join(format!(
+        "tinybroker-scheduler-restart-test-{}.log",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&store);
+    let flags = format!(
+        "--server http://{addr} --group restarts --every-ms 50 --store {}",
+        store.display()
+    );
+
+    let mut broker = serve(&addr).await;
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    let _replicas = [
+        spawn_replica(&flags, 'a', tx.clone()),
+        spawn_replica(&flags, 'b', tx),
+    ];
+    let (_, rest) = within(line_after(&mut lines, "leading epoch=")).await;
+    let mut epochs = vec![epoch_of(&rest)];
+    within(line_after(
+        &mut lines,
+        &format!("epoch={} run=2", epochs[0]),
+    ))
+    .await;
+
+    for restart in 1..=2 {
+        assert!(!broker.kill().success());
+        broker = serve(&addr).await;
+        // Leaders of the killed broker print `lost` and rejoin; the first `leading` after the
+        // restart is the new broker's.
+        let (leader, rest) = within(line_after(&mut lines, "leading epoch=")).await;
+        let epoch = epoch_of(&rest);
+        let before = *epochs.last().unwrap();
+        assert!(
+            epoch > before,
+            "restart {restart}: replica {leader} leads with epoch {epoch}, not above {before}"
+        );
+        epochs.push(epoch);
+        // The store takes the new leader's writes at once.
+        within(line_after(&mut lines, &format!("epoch={epoch} run=2"))).await;
+    }
+
+    let mut seen = store_epochs(&store);
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    seen.dedup();
+    assert_eq!(seen, epochs, "one leader per broker run, in order");
+    let _ = std::fs::remove_file(&store);
 }
