@@ -442,3 +442,56 @@ async fn expiry_follows_each_subscriptions_own_deadline_through_churn() {
     assert_eq!(broker.expire_idle(), 1);
     assert_eq!(lock(&broker.inner.idle).len(), 0);
 }
+
+/// The id of a message frame, or a panic naming what came instead.
+fn message_id(frame: Option<Outbound>) -> (SystemId, u32) {
+    match frame {
+        Some(Outbound::Message {
+            message, attempt, ..
+        }) => (message.system_id, attempt),
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+// Review of issue 17 part 1: the unsent set of a `Settle` is a snapshot taken before any of its
+// ids is applied, but applying an ack or a nack delivers new frames to the same member (the
+// window freed, or the nacked message redelivered at the head). A later id of the same settle
+// naming such a frame must be refused as not yet sent, as it is when sent in its own settle;
+// with the snapshot it is applied to a copy the client never saw: the nack bumps an attempt
+// nobody received and the outlet holds the same message twice.
+#[test]
+fn a_settle_cannot_nack_a_frame_its_own_earlier_ids_delivered() {
+    let broker = broker(Limits::default());
+    let mut req = request("snap", Mode::Queue, "a.*");
+    req.member.max_in_flight = 2;
+    let mut member = broker.open(&req, None).unwrap();
+    let settler = member.settler();
+    assert!(matches!(member.try_next(), Some(Outbound::Confirm { .. })));
+    let a = broker.publish(draft("a.b")).unwrap().system_id;
+    let b = broker.publish(draft("a.b")).unwrap().system_id;
+    let c = broker.publish(draft("a.b")).unwrap().system_id;
+    assert_eq!(message_id(member.try_next()), (a, 1));
+    assert_eq!(message_id(member.try_next()), (b, 1));
+    assert_eq!(member.try_next(), None, "window 2: c waits");
+
+    // Acking a lets c into the outlet; the same settle's nack of c guesses a frame not written.
+    let refused = settler.settle(&[a], &[c]).unwrap();
+    assert!(
+        matches!(refused.as_slice(), [(id, true, Error::NotYetSent { .. })] if *id == c),
+        "nack of the unsent c must be refused: {refused:?}"
+    );
+    assert_eq!(message_id(member.try_next()), (c, 1), "c once, first attempt");
+    assert_eq!(member.try_next(), None, "no second copy of c");
+
+    // Nacking b twice: the first puts b back and redelivers it to this member, unsent; the
+    // second names that unsent copy.
+    let refused = settler.settle(&[], &[b, b]).unwrap();
+    assert!(
+        matches!(refused.as_slice(), [(id, true, Error::NotYetSent { .. })] if *id == b),
+        "the second nack of b names a frame not yet written: {refused:?}"
+    );
+    assert_eq!(message_id(member.try_next()), (b, 2));
+    assert_eq!(member.try_next(), None, "no second copy of b");
+    let view = broker.describe("snap").unwrap();
+    assert_eq!(view.counters.nacked, 1);
+}
