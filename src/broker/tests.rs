@@ -480,7 +480,11 @@ fn a_settle_cannot_nack_a_frame_its_own_earlier_ids_delivered() {
         matches!(refused.as_slice(), [(id, true, Error::NotYetSent { .. })] if *id == c),
         "nack of the unsent c must be refused: {refused:?}"
     );
-    assert_eq!(message_id(member.try_next()), (c, 1), "c once, first attempt");
+    assert_eq!(
+        message_id(member.try_next()),
+        (c, 1),
+        "c once, first attempt"
+    );
     assert_eq!(member.try_next(), None, "no second copy of c");
 
     // Nacking b twice: the first puts b back and redelivers it to this member, unsent; the
@@ -494,4 +498,41 @@ fn a_settle_cannot_nack_a_frame_its_own_earlier_ids_delivered() {
     assert_eq!(member.try_next(), None, "no second copy of b");
     let view = broker.describe("snap").unwrap();
     assert_eq!(view.counters.nacked, 1);
+}
+
+// Review of issue 17 part 1, the ack side of the stale unsent set: an ack that frees the window
+// lets the next queued message into the outlet, and a later ack of the same settle that guesses
+// its id releases it before its frame is written. The member then has more frames unwritten
+// than its window (each such settle of a window's worth of guessed ids pulls a window's worth
+// of queued messages into the outlet, acked, out of the queue's accounting), and the client
+// later receives a message the broker already counts as acked.
+#[test]
+fn a_settle_cannot_ack_a_frame_its_own_earlier_acks_delivered() {
+    let broker = broker(Limits::default());
+    let mut req = request("guess", Mode::Queue, "a.*");
+    req.member.max_in_flight = 2;
+    let mut member = broker.open(&req, None).unwrap();
+    let settler = member.settler();
+    assert!(matches!(member.try_next(), Some(Outbound::Confirm { .. })));
+    let ids: Vec<SystemId> = (0..5)
+        .map(|_| broker.publish(draft("a.b")).unwrap().system_id)
+        .collect();
+    assert_eq!(message_id(member.try_next()).0, ids[0]);
+    assert_eq!(message_id(member.try_next()).0, ids[1]);
+    assert_eq!(member.try_next(), None, "window 2");
+
+    // ids[2] enters the outlet when ids[0] is acked; the same settle guesses it.
+    let refused = settler.settle(&[ids[0], ids[2]], &[]).unwrap();
+    assert!(
+        matches!(refused.as_slice(), [(id, false, Error::NotYetSent { .. })] if *id == ids[2]),
+        "the ack of the unwritten {} must be refused: {refused:?}",
+        ids[2]
+    );
+    assert_eq!(broker.describe("guess").unwrap().counters.acked, 1);
+    assert_eq!(message_id(member.try_next()).0, ids[2]);
+    assert_eq!(
+        member.try_next(),
+        None,
+        "one unwritten frame at most: b is in flight and written, the window is 2"
+    );
 }
