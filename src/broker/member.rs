@@ -9,7 +9,7 @@
 //! client does can make it grow or make the core's record and the stream disagree.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     ops::{Deref, DerefMut},
     pin::Pin,
     sync::Arc,
@@ -168,20 +168,21 @@ impl SubState {
         })
     }
 
-    /// Ids of the message frames `member`'s stream has not written yet, sorted: one scan of the
-    /// outlet for a whole `Settle`, so each of its ids is checked in O(log window).
-    fn unsent_ids(&self, member: MemberId) -> Vec<SystemId> {
-        let mut ids: Vec<SystemId> = self.outlets.get(&member).map_or_else(Vec::new, |o| {
-            o.frames
-                .iter()
-                .filter_map(|f| match f {
-                    Outbound::Message { message, .. } => Some(message.system_id),
-                    _ => None,
-                })
-                .collect()
-        });
-        ids.sort_unstable();
-        ids
+    /// Adds to `unsent` the ids of the message frames put in `member`'s outlet since `seen`
+    /// frames, and moves `seen` to the end. Under the lock frames are only appended (the stream
+    /// takes them under the same lock), so a `Settle` keeps its set of unwritten frames current
+    /// as its own acks and nacks deliver new ones, looking at each frame once: O(log window)
+    /// per id.
+    fn note_unsent(&self, member: MemberId, seen: &mut usize, unsent: &mut BTreeSet<SystemId>) {
+        let Some(outlet) = self.outlets.get(&member) else {
+            return;
+        };
+        for frame in outlet.frames.iter().skip(*seen) {
+            if let Outbound::Message { message, .. } = frame {
+                unsent.insert(message.system_id);
+            }
+        }
+        *seen = outlet.frames.len();
     }
 
     /// Ends every member's stream with `error`: frames not yet written are discarded (their
@@ -512,12 +513,15 @@ impl Broker {
             if ids > window as usize {
                 return Err(Error::SettleTooLarge { ids, window });
             }
-            let unsent = state.unsent_ids(member);
-            let unsent =
-                |_: &SubState, _: MemberId, id: SystemId| unsent.binary_search(&id).is_ok();
+            // Frames the stream has not written, kept current as this settle's own acks and
+            // nacks deliver new ones: a later id of the same settle may not name one of those.
+            let mut unsent = BTreeSet::new();
+            let mut seen = 0;
             let fence = super::Fence::Member(member);
             for (ids, nack) in [(acks, false), (nacks, true)] {
                 for &id in ids {
+                    state.note_unsent(member, &mut seen, &mut unsent);
+                    let unsent = |_: &SubState, _: MemberId, id: SystemId| unsent.contains(&id);
                     if let Err(error) =
                         self.settle_locked(&mut state, fence, id, nack, &unsent, &mut dead)
                     {

@@ -202,7 +202,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Transport<IO> {
         match self {
             Self::Plain(io) => io.is_write_vectored(),
             Self::Tls(stream) => stream.is_write_vectored(),
-            Self::Handshaking(_) | Self::Failed => false,
+            // h2 reads this once, when the connection starts, still handshaking, to choose how
+            // much to copy before a write: answer for the TLS stream the handshake becomes.
+            Self::Handshaking(_) => true,
+            Self::Failed => false,
         }
     }
 

@@ -107,16 +107,18 @@ impl ConsumeStream {
     }
 }
 
-/// One frame per (ack or nack, code) for the refusals of one settle, in the order first seen:
-/// a settle's refusals cost a few frames, however many ids it named.
+/// One frame per (ack or nack, kind of refusal) for the refusals of one settle, in the order
+/// first seen: a settle's refusals cost a few frames, however many ids it named.
 fn coalesce(refused: Vec<(SystemId, bool, Error)>) -> Vec<FrameResult> {
     let mut groups: Vec<(pb::SettleRefused, Error)> = Vec::new();
     for (system_id, nack, error) in refused {
         let code = code(&error) as i32;
-        match groups
-            .iter_mut()
-            .find(|(g, _)| g.nack == nack && g.code == code)
-        {
+        // Same kind of refusal, not only the same code: a frame's message gives the reason of
+        // every id it names (not yet sent and not the holder share FAILED_PRECONDITION).
+        let kind = std::mem::discriminant(&error);
+        match groups.iter_mut().find(|(g, first)| {
+            g.nack == nack && g.code == code && std::mem::discriminant(first) == kind
+        }) {
             Some((group, _)) => group.more_system_ids.push(system_id),
             None => groups.push((
                 pb::SettleRefused {
