@@ -6,7 +6,7 @@
 //! `now` argument (time since the broker started).
 
 use std::{
-    collections::{BTreeMap, BTreeSet, VecDeque},
+    collections::{BTreeMap, VecDeque},
     ops::Bound,
     sync::Arc,
     time::Duration,
@@ -158,15 +158,16 @@ struct Member {
     options: MemberOptions,
     /// `Some` once active.
     epoch: Option<Epoch>,
-    /// Messages this member holds. A set ordered by id, which is publish order (ids increase
-    /// along every queue): a leaving member's messages go back in that order (SPEC §4), and an
-    /// ack finds its id in O(log window) rather than by a scan.
-    in_flight: BTreeSet<SystemId>,
+    /// How many messages this member holds. Which ones is in the subscription's in-flight
+    /// map alone (each record names its holder): one record per message, so an ack is one
+    /// O(log n) removal there and a counter here, and a leaving member's messages are read
+    /// off that map in id order, which is publish order (SPEC §4).
+    in_flight: u32,
 }
 
 impl Member {
     fn has_space(&self) -> bool {
-        self.epoch.is_some() && self.in_flight.len() < self.options.max_in_flight as usize
+        self.epoch.is_some() && self.in_flight < self.options.max_in_flight
     }
 }
 
@@ -371,7 +372,7 @@ impl Subscription {
                 member_id: *id,
                 active: m.epoch.is_some(),
                 epoch: m.epoch.unwrap_or(0),
-                in_flight: m.in_flight.len() as u32,
+                in_flight: m.in_flight,
                 max_in_flight: m.options.max_in_flight,
                 position: position as u32,
             })
@@ -423,7 +424,7 @@ impl Subscription {
                 ..options
             },
             epoch: None,
-            in_flight: BTreeSet::new(),
+            in_flight: 0,
         };
         let mut out = Vec::new();
         let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
@@ -459,11 +460,18 @@ impl Subscription {
         // They go back in publish order (ascending id), not delivery order: after a nack and
         // its redelivery the member may hold 2 then 1, and the next active member must still
         // get 1 first (SPEC §4). Pushing to the front in reverse puts the lowest id at the head.
-        let returning: Vec<SystemId> = if planted(PlantedBug::RequeueNewestFirst) {
-            member.in_flight.iter().copied().collect()
-        } else {
-            member.in_flight.iter().rev().copied().collect()
-        };
+        // Its messages, read off the in-flight map: O(messages in flight on this subscription),
+        // paid on a leave rather than on every delivery and ack.
+        let mut returning: Vec<SystemId> = self
+            .in_flight
+            .iter()
+            .filter(|(_, record)| record.member == member_id)
+            .map(|(id, _)| *id)
+            .rev()
+            .collect();
+        if planted(PlantedBug::RequeueNewestFirst) {
+            returning.reverse();
+        }
         for system_id in returning {
             if let Some(record) = self.in_flight.remove(&system_id) {
                 let size = record.message.size() as u64;
@@ -642,7 +650,7 @@ impl Subscription {
         self.queue.clear();
         self.in_flight.clear();
         for member in self.members.values_mut() {
-            member.in_flight.clear();
+            member.in_flight = 0;
         }
         self.held_bytes = 0;
         self.in_flight_bytes = 0;
@@ -678,7 +686,7 @@ impl Subscription {
             unreachable!("looked up above");
         };
         if let Some(holder) = self.members.get_mut(&record.member) {
-            holder.in_flight.remove(&system_id);
+            holder.in_flight -= 1;
         }
         self.in_flight_bytes -= record.message.size() as u64;
         Ok(record)
@@ -726,7 +734,7 @@ impl Subscription {
                 unreachable!("next_target only picks active members");
             };
             let system_id = pending.message.system_id;
-            member.in_flight.insert(system_id);
+            member.in_flight += 1;
             self.in_flight_bytes += pending.message.size() as u64;
             self.served_last = member_id;
             self.counters.delivered += 1;
@@ -804,21 +812,27 @@ impl Subscription {
                 ));
             }
         }
-        let mut listed = 0;
-        for (id, member) in &self.members {
-            for system_id in &member.in_flight {
-                listed += 1;
-                match self.in_flight.get(system_id) {
-                    Some(record) if record.member == *id => {}
-                    _ => return Err(format!("member {id} lists {system_id} it does not hold")),
-                }
+        let mut held: BTreeMap<MemberId, u32> = BTreeMap::new();
+        for (system_id, record) in &self.in_flight {
+            if !self.members.contains_key(&record.member) {
+                return Err(format!(
+                    "#{system_id} is in flight to member {}, which is gone",
+                    record.member
+                ));
             }
-            if member.in_flight.len() > member.options.max_in_flight as usize {
+            *held.entry(record.member).or_default() += 1;
+        }
+        for (id, member) in &self.members {
+            let holds = held.get(id).copied().unwrap_or(0);
+            if member.in_flight != holds {
+                return Err(format!(
+                    "member {id} counts {} in flight but holds {holds}",
+                    member.in_flight
+                ));
+            }
+            if member.in_flight > member.options.max_in_flight {
                 return Err(format!("member {id} is over its window"));
             }
-        }
-        if listed != self.in_flight.len() {
-            return Err("an in-flight message has no holder".into());
         }
         if self
             .queue
