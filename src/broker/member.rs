@@ -9,7 +9,7 @@
 //! client does can make it grow or make the core's record and the stream disagree.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, VecDeque},
+    collections::{BTreeMap, VecDeque},
     ops::{Deref, DerefMut},
     pin::Pin,
     sync::Arc,
@@ -59,6 +59,26 @@ pub enum Outbound {
     },
     /// The broker ends the stream with this error (e.g. shutting down).
     End(Error),
+}
+
+/// The ids of the message frames a member's stream has not written, as one `Settle` sees them:
+/// a sorted run and a short unsorted tail of frames its own acks and nacks delivered.
+#[derive(Debug, Default)]
+struct UnsentIds {
+    ids: Vec<SystemId>,
+    /// `ids[..sorted]` is sorted.
+    sorted: usize,
+    /// Outlet frames already looked at.
+    seen: usize,
+}
+
+impl UnsentIds {
+    /// Longest unsorted tail before it is sorted in.
+    const TAIL: usize = 16;
+
+    fn contains(&self, id: SystemId) -> bool {
+        self.ids[..self.sorted].binary_search(&id).is_ok() || self.ids[self.sorted..].contains(&id)
+    }
 }
 
 /// Frames waiting for one member's stream to take them.
@@ -168,21 +188,25 @@ impl SubState {
         })
     }
 
-    /// Adds to `unsent` the ids of the message frames put in `member`'s outlet since `seen`
-    /// frames, and moves `seen` to the end. Under the lock frames are only appended (the stream
-    /// takes them under the same lock), so a `Settle` keeps its set of unwritten frames current
-    /// as its own acks and nacks deliver new ones, looking at each frame once: O(log window)
-    /// per id.
-    fn note_unsent(&self, member: MemberId, seen: &mut usize, unsent: &mut BTreeSet<SystemId>) {
+    /// Brings `unsent` up to date with the message frames put in `member`'s outlet since it
+    /// last looked. Under the lock frames are only appended (the stream takes them under the
+    /// same lock), so each frame is looked at once per settle.
+    fn note_unsent(&self, member: MemberId, unsent: &mut UnsentIds) {
         let Some(outlet) = self.outlets.get(&member) else {
             return;
         };
-        for frame in outlet.frames.iter().skip(*seen) {
+        for frame in outlet.frames.iter().skip(unsent.seen) {
             if let Outbound::Message { message, .. } = frame {
-                unsent.insert(message.system_id);
+                unsent.ids.push(message.system_id);
             }
         }
-        *seen = outlet.frames.len();
+        unsent.seen = outlet.frames.len();
+        // A short unsorted tail is scanned; a longer one is sorted in, so a settle of a whole
+        // window stays O(log window) per id (amortised) without a set to allocate and rebalance.
+        if unsent.ids.len() - unsent.sorted > UnsentIds::TAIL {
+            unsent.ids.sort_unstable();
+            unsent.sorted = unsent.ids.len();
+        }
     }
 
     /// Ends every member's stream with `error`: frames not yet written are discarded (their
@@ -515,13 +539,12 @@ impl Broker {
             }
             // Frames the stream has not written, kept current as this settle's own acks and
             // nacks deliver new ones: a later id of the same settle may not name one of those.
-            let mut unsent = BTreeSet::new();
-            let mut seen = 0;
+            let mut unsent = UnsentIds::default();
             let fence = super::Fence::Member(member);
             for (ids, nack) in [(acks, false), (nacks, true)] {
                 for &id in ids {
-                    state.note_unsent(member, &mut seen, &mut unsent);
-                    let unsent = |_: &SubState, _: MemberId, id: SystemId| unsent.contains(&id);
+                    state.note_unsent(member, &mut unsent);
+                    let unsent = |_: &SubState, _: MemberId, id: SystemId| unsent.contains(id);
                     if let Err(error) =
                         self.settle_locked(&mut state, fence, id, nack, &unsent, &mut dead)
                     {
