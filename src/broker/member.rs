@@ -105,6 +105,9 @@ pub(crate) struct SubState {
     wake: Vec<Waker>,
     /// The footprint last added to the broker's memory account.
     pub(crate) accounted: u64,
+    /// A multi-id settle's buffer of unwritten frame ids, kept between settles while it holds
+    /// at most 1,024 ids (8 KiB).
+    unsent_scratch: Vec<SystemId>,
 }
 
 /// A locked subscription. Dropping it releases the lock, then wakes the streams that got frames.
@@ -155,6 +158,7 @@ impl SubState {
             outlets: BTreeMap::new(),
             wake: Vec::new(),
             accounted: 0,
+            unsent_scratch: Vec::new(),
         }
     }
 
@@ -537,19 +541,38 @@ impl Broker {
             if ids > window as usize {
                 return Err(Error::SettleTooLarge { ids, window });
             }
-            // Frames the stream has not written, kept current as this settle's own acks and
-            // nacks deliver new ones: a later id of the same settle may not name one of those.
-            let mut unsent = UnsentIds::default();
             let fence = super::Fence::Member(member);
-            for (ids, nack) in [(acks, false), (nacks, true)] {
-                for &id in ids {
-                    state.note_unsent(member, &mut unsent);
-                    let unsent = |_: &SubState, _: MemberId, id: SystemId| unsent.contains(id);
-                    if let Err(error) =
-                        self.settle_locked(&mut state, fence, id, nack, &unsent, &mut dead)
-                    {
-                        refused.push((id, nack, error));
+            if ids == 1 {
+                // The common settle: one id, one scan of the outlet, nothing to keep.
+                let (id, nack) = acks.first().map_or((nacks[0], true), |&id| (id, false));
+                if let Err(error) =
+                    self.settle_locked(&mut state, fence, id, nack, &SubState::unsent, &mut dead)
+                {
+                    refused.push((id, nack, error));
+                }
+            } else {
+                // Frames the stream has not written, kept current as this settle's own acks
+                // and nacks deliver new ones: a later id of the same settle may not name one
+                // of those. Its buffer is the subscription's, reused from settle to settle.
+                let mut unsent = UnsentIds {
+                    ids: std::mem::take(&mut state.unsent_scratch),
+                    ..UnsentIds::default()
+                };
+                for (ids, nack) in [(acks, false), (nacks, true)] {
+                    for &id in ids {
+                        state.note_unsent(member, &mut unsent);
+                        let unsent = |_: &SubState, _: MemberId, id: SystemId| unsent.contains(id);
+                        if let Err(error) =
+                            self.settle_locked(&mut state, fence, id, nack, &unsent, &mut dead)
+                        {
+                            refused.push((id, nack, error));
+                        }
                     }
+                }
+                // Kept only while small: a settle over a huge window does not pin its buffer.
+                if unsent.ids.capacity() <= 1024 {
+                    unsent.ids.clear();
+                    state.unsent_scratch = unsent.ids;
                 }
             }
         }
