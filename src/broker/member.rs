@@ -542,9 +542,11 @@ impl Broker {
                 return Err(Error::SettleTooLarge { ids, window });
             }
             let fence = super::Fence::Member(member);
-            if ids == 1 {
+            let first = (acks.iter().map(|&id| (id, false)))
+                .chain(nacks.iter().map(|&id| (id, true)))
+                .next();
+            if let (1, Some((id, nack))) = (ids, first) {
                 // The common settle: one id, one scan of the outlet, nothing to keep.
-                let (id, nack) = acks.first().map_or((nacks[0], true), |&id| (id, false));
                 if let Err(error) =
                     self.settle_locked(&mut state, fence, id, nack, &SubState::unsent, &mut dead)
                 {
