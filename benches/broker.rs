@@ -33,6 +33,7 @@ fn broker() -> Broker {
         max_queue_messages: 1_000_000,
         max_queue_bytes: 1 << 32,
         idle_timeout: Duration::from_secs(3600),
+        max_subscriptions: 20_000,
         ..Limits::default()
     };
     // The clock reads tokio's time: the benches run inside a runtime context.
