@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tinybroker::core::planted::{PlantedBug, plant};
 
-use crate::cluster::{self, ClusterOutcome};
+use crate::cluster_campaign::{self as cluster, ClusterOutcome};
 
 /// Seeds run by default; `TINYBROKER_SIM_SEEDS` overrides.
 const DEFAULT_SEEDS: u64 = 200;

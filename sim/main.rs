@@ -11,6 +11,7 @@ mod campaign_tests;
 mod checker;
 mod clock;
 mod cluster;
+mod cluster_campaign;
 mod cluster_checker;
 mod cluster_tests;
 mod net;

@@ -153,3 +153,87 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
     assert_eq!(next.line, vec![uid(8, 4), uid(7, 2)]);
     assert_eq!((next.active, next.epoch), (Some(uid(8, 4)), 9));
 }
+
+/// Runs `c` to `now`, answering its own lease renewals at once; returns the other commands.
+fn tick_renewing(c: &mut Coordinator, now: Duration, rev: &mut u64) -> Vec<Command> {
+    c.tick(now);
+    let mut others = Vec::new();
+    loop {
+        let (cmds, _) = drain(c);
+        if cmds.is_empty() {
+            return others;
+        }
+        for cmd in cmds {
+            if cmd.key == "lease.7" {
+                *rev += 1;
+                c.write_result(now, cmd.id, Ok(*rev));
+            } else {
+                others.push(cmd);
+            }
+        }
+    }
+}
+
+// SPEC §9: another gateway's lease is deleted (by compare-and-set on the revision seen) only once
+// the drift-stretched wait has passed since its last observed renewal; only then are its members
+// removed and the next member promoted.
+#[test]
+fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
+    let mut c = leased();
+    let mut rev = 100;
+    c.backplane_changed(ms(10), "lease.8", Some(b"{}"), 2);
+    c.member_joined(ms(10), "jobs", 1);
+    let (creates, _) = drain(&mut c);
+    let v = SubValue {
+        line: vec![uid(8, 4), uid(7, 1)],
+        active: Some(uid(8, 4)),
+        epoch: 3,
+    };
+    c.backplane_changed(
+        ms(11),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&v).unwrap()),
+        9,
+    );
+    c.write_result(ms(11), creates[0].id, Err(KvError::Exists { current: 9 }));
+    let wait = config().dead_after();
+    let mut t = ms(11);
+    while t < ms(10) + wait - ms(1) {
+        t += ms(50).min(ms(10) + wait - ms(1) - t);
+        let cmds = tick_renewing(&mut c, t, &mut rev);
+        assert!(
+            cmds.is_empty(),
+            "nothing before the wait ends: {cmds:?} at {t:?}"
+        );
+    }
+    assert_eq!(c.poll_timeout(), Some(ms(10) + wait));
+    let cmds = tick_renewing(&mut c, ms(10) + wait, &mut rev);
+    assert_eq!(cmds.len(), 1);
+    assert_eq!(
+        (cmds[0].key.as_str(), &cmds[0].op),
+        ("lease.8", &Op::Delete(2))
+    );
+    c.write_result(ms(10) + wait, cmds[0].id, Ok(rev + 1));
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1, "the dead gateway's member makes way");
+    assert!(matches!(cmds[0].op, Op::Update(_, 9)));
+    let next = value(&cmds[0]);
+    assert_eq!(next.line, vec![uid(7, 1)]);
+    assert_eq!((next.active, next.epoch), (Some(uid(7, 1)), 9));
+}
+
+// Bad input from the backplane never panics and changes nothing; it is counted.
+#[test]
+fn unparseable_backplane_entries_are_counted_and_ignored() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    drain(&mut c);
+    c.backplane_changed(ms(4), "sub.jobs", Some(b"not json"), 9);
+    c.backplane_changed(ms(4), "lease.x", Some(b"{}"), 10);
+    let (cmds, effects) = drain(&mut c);
+    assert_eq!(c.bad_values(), 2);
+    assert!(
+        cmds.is_empty() && effects.is_empty(),
+        "{cmds:?} {effects:?}"
+    );
+}

@@ -6,6 +6,7 @@
 //! - [`backplane`]: the seam to the coordination store, with JetStream KV semantics (revisions,
 //!   compare-and-set, ordered watch). Implemented by the in-memory model in `sim/backplane.rs`;
 //!   the NATS implementation is a later step.
+//! - [`values`]: what gateways keep in the backplane: ids, keys, a subscription's line.
 //! - [`coordinator`]: one gateway's sans-IO state machine for singleton subscriptions: the line
 //!   across gateways, promotion, epochs and leases, with the safety argument and the clock
 //!   assumption in its doc.
@@ -16,3 +17,4 @@
 
 pub mod backplane;
 pub mod coordinator;
+pub mod values;
