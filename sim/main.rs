@@ -4,10 +4,16 @@
 //! Replay a failing campaign seed with `TINYBROKER_SIM_SEED=<seed> cargo test --test sim campaign`;
 //! run more seeds with `TINYBROKER_SIM_SEEDS=<n>`.
 
+mod backplane;
+mod backplane_contract;
 mod campaign;
 mod campaign_tests;
 mod checker;
 mod clock;
+mod cluster;
+mod cluster_campaign;
+mod cluster_checker;
+mod cluster_tests;
 mod net;
 mod rng;
 mod scenarios;

@@ -6,6 +6,8 @@
 //! - [`broker`]: the shell. Shares the core between connections with short per-subscription
 //!   locks, turns effects into frames on member streams, notices ended streams, expires idle
 //!   subscriptions. Time comes from a [`clock::Clock`].
+//! - [`cluster`]: cluster mode in progress: the backplane seam and the sans-IO coordinator of
+//!   singleton subscriptions across gateways (simulated; not wired to the binary yet).
 //! - [`clock`]: the clock seam (tokio's clock in production, turmoil's in simulation).
 //! - [`service`]: the tonic service; translates `pb` types to domain types and errors to `Status`.
 //! - [`metrics`]: Prometheus metrics, read from the broker at scrape time, and their `/metrics`
@@ -19,6 +21,7 @@
 pub mod broker;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod core;
 pub mod metrics;
 pub mod pb;

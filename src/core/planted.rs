@@ -24,6 +24,10 @@ pub enum PlantedBug {
     /// wall-clock time it started at, so a restarted broker hands out ids again (breaks SPEC §5:
     /// "also across broker restarts").
     CountersRestartAtZero,
+    /// Cluster mode: a gateway ignores its own lease expiry and keeps its members active while
+    /// cut off from the backplane (breaks "never two active members in overlapping lease
+    /// periods", SPEC §9). Planted in `cluster::coordinator`.
+    GatewayActsAfterLeaseExpiry,
 }
 
 #[cfg(feature = "planted-bugs")]

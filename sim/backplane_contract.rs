@@ -1,0 +1,156 @@
+//! The backplane contract (`tinybroker::cluster::backplane`'s module doc), as generic checks any
+//! implementation must pass: here against the in-memory model; the NATS adapter runs the same
+//! functions against a real nats-server. Each takes a fresh, empty bucket.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tinybroker::cluster::backplane::{Backplane, Entry, KvError, Watch};
+
+use crate::backplane::Model;
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+async fn next(w: &mut Watch) -> Entry {
+    let item = tokio::time::timeout(
+        Duration::from_secs(5),
+        std::future::poll_fn(|cx| w.as_mut().poll_next(cx)),
+    )
+    .await
+    .expect("watch delivered nothing within 5 s")
+    .expect("watch ended");
+    item.expect("watch failed")
+}
+
+/// Create fails on an existing key; update and delete are compare-and-set on the key's revision.
+pub async fn compare_and_set(kv: &impl Backplane) {
+    let r1 = kv.create("a", b("1")).await.unwrap();
+    assert_eq!(
+        kv.create("a", b("2")).await,
+        Err(KvError::Exists { current: r1 })
+    );
+    let r2 = kv.update("a", b("2"), r1).await.unwrap();
+    assert!(
+        matches!(
+            kv.update("a", b("3"), r1).await,
+            Err(KvError::WrongRevision { .. })
+        ),
+        "a stale revision must lose"
+    );
+    assert!(matches!(
+        kv.delete("a", r1).await,
+        Err(KvError::WrongRevision { .. })
+    ));
+    assert_eq!(kv.get("a").await.unwrap().unwrap().value, Some(b("2")));
+    let r3 = kv.delete("a", r2).await.unwrap();
+    let gone = kv.get("a").await.unwrap().unwrap();
+    assert_eq!((gone.value, gone.revision), (None, r3));
+    assert!(
+        matches!(
+            kv.update("a", b("4"), r3).await,
+            Err(KvError::WrongRevision { .. })
+        ),
+        "a deleted key cannot be updated"
+    );
+    let r4 = kv.create("a", b("5")).await.unwrap();
+    assert!(
+        r4 > r3,
+        "a deleted key can be created again, at a newer revision"
+    );
+    assert_eq!(kv.get("never").await.unwrap(), None);
+}
+
+/// Every write to any key gets a revision above all earlier ones.
+pub async fn revisions_increase_across_keys(kv: &impl Backplane) {
+    let mut last = 0;
+    for key in ["x", "y", "x.z", "y"] {
+        let r = match kv.get(key).await.unwrap() {
+            Some(e) if e.value.is_some() => kv.update(key, b("v"), e.revision).await.unwrap(),
+            _ => kv.create(key, b("v")).await.unwrap(),
+        };
+        assert!(r > last, "revision {r} after {last}");
+        last = r;
+    }
+}
+
+/// A watch delivers the latest entry of each matching key, then every change, in revision order,
+/// deletions included, and nothing outside its prefix.
+pub async fn watch_delivers_every_change_in_order(kv: &impl Backplane) {
+    let r1 = kv.create("sub.a", b("1")).await.unwrap();
+    let r2 = kv.update("sub.a", b("2"), r1).await.unwrap();
+    let r3 = kv.create("sub.b", b("1")).await.unwrap();
+    let mut w = kv.watch("sub.").await.unwrap();
+    let first = next(&mut w).await;
+    let second = next(&mut w).await;
+    assert_eq!((first.key.as_str(), first.revision), ("sub.a", r2));
+    assert_eq!((second.key.as_str(), second.revision), ("sub.b", r3));
+    kv.create("lease.1", b("")).await.unwrap();
+    let r4 = kv.update("sub.b", b("2"), r3).await.unwrap();
+    let r5 = kv.update("sub.b", b("3"), r4).await.unwrap();
+    let r6 = kv.delete("sub.a", r2).await.unwrap();
+    for (key, rev, value) in [
+        ("sub.b", r4, Some(b("2"))),
+        ("sub.b", r5, Some(b("3"))),
+        ("sub.a", r6, None),
+    ] {
+        let e = next(&mut w).await;
+        assert_eq!((e.key.as_str(), e.revision, e.value), (key, rev, value));
+    }
+}
+
+fn run(f: impl AsyncFnOnce(&crate::backplane::ModelClient)) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let model = Model::new();
+    let client = model.client(1);
+    rt.block_on(f(&client));
+}
+
+#[test]
+fn cluster_backplane_model_keeps_compare_and_set_semantics() {
+    run(async |kv| compare_and_set(kv).await);
+}
+
+#[test]
+fn cluster_backplane_model_revisions_increase_across_keys() {
+    run(async |kv| revisions_increase_across_keys(kv).await);
+}
+
+#[test]
+fn cluster_backplane_model_watch_delivers_every_change_in_order() {
+    run(async |kv| watch_delivers_every_change_in_order(kv).await);
+}
+
+// The model's fault hook: a cut-off client fails every operation and its watch stops, then
+// resumes with what it missed.
+#[test]
+fn cluster_backplane_model_partition_fails_operations_and_pauses_the_watch() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let model = Model::new();
+        let (cut, other) = (model.client(1), model.client(2));
+        let mut w = cut.watch("k").await.unwrap();
+        model.partition(1);
+        assert!(matches!(
+            cut.create("k", b("1")).await,
+            Err(KvError::Unavailable(_))
+        ));
+        let r = other.create("k", b("1")).await.unwrap();
+        let paused = tokio::time::timeout(
+            Duration::from_secs(1),
+            std::future::poll_fn(|cx| w.as_mut().poll_next(cx)),
+        )
+        .await;
+        assert!(paused.is_err(), "a cut-off watch delivers nothing");
+        model.heal(1);
+        assert_eq!(next(&mut w).await.revision, r);
+    });
+}

@@ -1,0 +1,466 @@
+//! The cluster world (the campaign that drives it is `cluster_campaign.rs`): N gateways, each a [`Coordinator`] and a small driver, over the in-memory
+//! backplane model, in one deterministic single-threaded loop with a virtual clock. Every
+//! decision comes from one seed: latencies, each gateway's clock (offset and a rate within the
+//! drift bound), the workload (members join and close on random gateways) and the faults
+//! (gateway crashes and restarts as a new incarnation, partitions from the backplane and heals).
+//! The [`ClusterChecker`] sees every activation, end and backplane value in true time; after the
+//! faults heal, the cluster must settle within a budget.
+//!
+//! A request's write takes effect one latency after it is sent and its answer arrives one more
+//! latency later; a gateway cut off from the backplane gets `Unavailable` only after the request
+//! timeout, and an answer that arrives while it is cut off is lost (the write may have happened).
+
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BinaryHeap},
+    task::{Context, Poll, Waker},
+    time::Duration,
+};
+
+use tinybroker::cluster::{
+    backplane::{Backplane, Entry, KvError, Revision, Watch},
+    coordinator::{Command, Config, Coordinator, Effect, GatewayId, MemberUid, Op, SubValue},
+};
+
+use crate::{backplane::Model, cluster_checker::ClusterChecker, rng::Rng};
+
+/// The lease (`--gateway-lease`) in the simulation.
+pub const LEASE: Duration = Duration::from_millis(900);
+/// The drift bound the coordinators assume; the simulated clocks stay within it.
+pub const MAX_DRIFT_PERCENT: u32 = 10;
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(250);
+
+fn config() -> Config {
+    Config {
+        lease: LEASE,
+        max_drift_percent: MAX_DRIFT_PERCENT,
+        margin: Duration::from_millis(50),
+        retry: Duration::from_millis(50),
+    }
+}
+
+enum Ev {
+    Apply(GatewayId, Command),
+    Answer(usize, GatewayId, u64, Result<Revision, KvError>),
+    Timeout(usize, GatewayId, u64),
+    Watched(usize, GatewayId, Entry),
+    Tick(usize, GatewayId, u64),
+    Restart(usize),
+}
+
+struct Gateway {
+    coord: Option<Coordinator>,
+    id: GatewayId,
+    watch: Option<Watch>,
+    /// Local clock: `offset + true_time * rate_ppm / 1e6`.
+    rate_ppm: u64,
+    offset_ns: u64,
+    partitioned: bool,
+    /// Local members held: member id → subscription.
+    members: BTreeMap<u64, String>,
+    /// Requests sent and not answered.
+    pending: BTreeMap<u64, ()>,
+    next_tick: Option<u64>,
+    last_watch: u64,
+}
+
+impl Gateway {
+    fn local(&self, t: u64) -> Duration {
+        Duration::from_nanos(
+            self.offset_ns + (u128::from(t) * u128::from(self.rate_ppm) / 1_000_000) as u64,
+        )
+    }
+
+    /// The first true time at which the local clock reads `local` or later.
+    fn true_time(&self, local: Duration) -> u64 {
+        let l = (local.as_nanos() as u64).saturating_sub(self.offset_ns);
+        (u128::from(l) * 1_000_000).div_ceil(u128::from(self.rate_ppm)) as u64
+    }
+
+    fn uid(&self, member: u64) -> MemberUid {
+        MemberUid {
+            gateway: self.id,
+            member,
+        }
+    }
+}
+
+pub struct ClusterWorld {
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    events: Vec<Option<Ev>>,
+    model: Model,
+    gateways: Vec<Gateway>,
+    next_gateway: u64,
+    next_member: u64,
+    observer: Watch,
+    rng: Rng,
+    pub checker: ClusterChecker,
+}
+
+fn poll_now<T>(f: &mut (impl Future<Output = T> + Unpin)) -> T {
+    let mut cx = Context::from_waker(Waker::noop());
+    match std::pin::Pin::new(f).poll(&mut cx) {
+        Poll::Ready(v) => v,
+        // The model answers at once; the driver models the time it takes.
+        Poll::Pending => panic!("the backplane model never waits"),
+    }
+}
+
+fn ns(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
+impl ClusterWorld {
+    pub fn new(seed: u64, gateways: usize) -> Self {
+        let model = Model::new();
+        let observer = poll_now(&mut model.client(0).watch("sub.")).expect("observer watch");
+        let mut world = Self {
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: Vec::new(),
+            model,
+            gateways: Vec::new(),
+            next_gateway: 1,
+            next_member: 1,
+            observer,
+            rng: Rng::new(seed),
+            checker: ClusterChecker::default(),
+        };
+        let rho = u64::from(MAX_DRIFT_PERCENT) * 10_000;
+        for _ in 0..gateways {
+            // Clocks at the bound's extremes often: that is where a wrong wait shows.
+            let rate_ppm = match world.rng.range(0, 3) {
+                0 => 1_000_000 - rho,
+                1 => 1_000_000 + rho,
+                _ => world.rng.range(1_000_000 - rho, 1_000_000 + rho),
+            };
+            let offset_ns = world.rng.range(0, 1 << 40);
+            world.gateways.push(Gateway {
+                coord: None,
+                id: GatewayId(0),
+                watch: None,
+                rate_ppm,
+                offset_ns,
+                partitioned: false,
+                members: BTreeMap::new(),
+                pending: BTreeMap::new(),
+                next_tick: None,
+                last_watch: 0,
+            });
+        }
+        for slot in 0..gateways {
+            world.start(slot);
+        }
+        world
+    }
+
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.now)
+    }
+
+    fn trace(&self, text: String) {
+        self.checker.trace.at(self.now(), text);
+    }
+
+    fn at(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Some(ev));
+        self.queue
+            .push(Reverse((t, self.seq, self.events.len() - 1)));
+    }
+
+    fn latency(&mut self) -> u64 {
+        ns(Duration::from_micros(self.rng.range(500, 15_000)))
+    }
+
+    /// Starts a new incarnation in `slot`.
+    fn start(&mut self, slot: usize) {
+        let id = GatewayId(self.next_gateway);
+        self.next_gateway += 1;
+        let client = self.model.client(id.0);
+        let g = &mut self.gateways[slot];
+        if g.partitioned {
+            self.model.partition(id.0);
+        }
+        g.watch = Some(poll_now(&mut client.watch("")).unwrap_or_else(|_| {
+            // Cut off at start: watch once reconnected (the model's watch resumes on heal).
+            self.model.heal(id.0);
+            let w = poll_now(&mut client.watch("")).expect("watch");
+            self.model.partition(id.0);
+            w
+        }));
+        g.id = id;
+        g.members.clear();
+        g.pending.clear();
+        g.next_tick = None;
+        let local = g.local(self.now);
+        g.coord = Some(Coordinator::new(id, config(), local));
+        self.trace(format!("slot {slot}: gateway g{} starts", id.0));
+        self.pump(slot);
+        self.pump_watches();
+    }
+
+    /// Drains a gateway's commands and effects and re-arms its timer.
+    fn pump(&mut self, slot: usize) {
+        loop {
+            let g = &mut self.gateways[slot];
+            let Some(coord) = g.coord.as_mut() else {
+                return;
+            };
+            let id = g.id;
+            if let Some(cmd) = coord.poll_command() {
+                g.pending.insert(cmd.id, ());
+                let req = cmd.id;
+                let lat = self.latency();
+                self.at(self.now + lat, Ev::Apply(id, cmd));
+                self.at(self.now + ns(REQUEST_TIMEOUT), Ev::Timeout(slot, id, req));
+                continue;
+            }
+            if let Some(effect) = coord.poll_effect() {
+                match effect {
+                    Effect::Activate {
+                        subscription,
+                        member,
+                        epoch,
+                    } => {
+                        let uid = g.uid(member);
+                        self.checker
+                            .activated(self.now(), &subscription, uid, epoch);
+                    }
+                    Effect::End { member, .. } => {
+                        let uid = g.uid(member);
+                        g.members.remove(&member);
+                        self.checker
+                            .ended(self.now(), uid, "ended by its gateway: unavailable");
+                    }
+                }
+                continue;
+            }
+            if coord.is_fenced() {
+                self.trace(format!("slot {slot}: gateway g{} fenced itself", id.0));
+                self.start(slot);
+                return;
+            }
+            let deadline = coord
+                .poll_timeout()
+                .map(|d| g.true_time(d).max(self.now + 1));
+            if deadline.is_some() && deadline != g.next_tick {
+                g.next_tick = deadline;
+                let t = deadline.unwrap_or_default();
+                self.at(t, Ev::Tick(slot, id, t));
+            }
+            return;
+        }
+    }
+
+    /// Moves what the watches yield into delivery events, and feeds the checker's own watch.
+    fn pump_watches(&mut self) {
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Poll::Ready(Some(Ok(e))) = self.observer.as_mut().poll_next(&mut cx) {
+            let Some(sub) = e.key.strip_prefix("sub.") else {
+                continue;
+            };
+            let v: SubValue = e
+                .value
+                .as_ref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or_default();
+            self.checker.kv_changed(self.now(), sub, v, e.revision);
+        }
+        for slot in 0..self.gateways.len() {
+            loop {
+                let g = &mut self.gateways[slot];
+                let (Some(w), Some(_)) = (g.watch.as_mut(), g.coord.as_ref()) else {
+                    break;
+                };
+                let Poll::Ready(Some(Ok(e))) = w.as_mut().poll_next(&mut cx) else {
+                    break;
+                };
+                let id = g.id;
+                let lat = self.latency();
+                let g = &mut self.gateways[slot];
+                let t = (self.now + lat).max(g.last_watch);
+                g.last_watch = t;
+                self.at(t, Ev::Watched(slot, id, e));
+            }
+        }
+    }
+
+    fn current(&self, slot: usize, id: GatewayId) -> bool {
+        let g = &self.gateways[slot];
+        g.coord.is_some() && g.id == id
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Apply(id, cmd) => {
+                // Sent is sent: a crashed gateway's request still reaches the store.
+                let client = self.model.client(id.0);
+                let result = match cmd.op {
+                    Op::Create(v) => poll_now(&mut client.create(&cmd.key, v)),
+                    Op::Update(v, r) => poll_now(&mut client.update(&cmd.key, v, r)),
+                    Op::Delete(r) => poll_now(&mut client.delete(&cmd.key, r)),
+                };
+                if let Some(slot) = self.gateways.iter().position(|g| g.id == id) {
+                    let lat = self.latency();
+                    self.at(self.now + lat, Ev::Answer(slot, id, cmd.id, result));
+                }
+                self.pump_watches();
+            }
+            Ev::Answer(slot, id, req, result) => {
+                // An answer to a cut-off gateway is lost: it sees the timeout instead.
+                if self.current(slot, id)
+                    && !self.gateways[slot].partitioned
+                    && self.gateways[slot].pending.remove(&req).is_some()
+                {
+                    self.deliver(slot, |c, now| c.write_result(now, req, result));
+                }
+            }
+            Ev::Timeout(slot, id, req) => {
+                if self.current(slot, id) && self.gateways[slot].pending.remove(&req).is_some() {
+                    let e = KvError::Unavailable("request timed out".into());
+                    self.deliver(slot, |c, now| c.write_result(now, req, Err(e)));
+                }
+            }
+            Ev::Watched(slot, id, e) => {
+                if self.current(slot, id) {
+                    self.deliver(slot, |c, now| {
+                        c.backplane_changed(now, &e.key, e.value.as_deref(), e.revision)
+                    });
+                }
+            }
+            Ev::Tick(slot, id, t) => {
+                if self.current(slot, id) && self.gateways[slot].next_tick == Some(t) {
+                    self.gateways[slot].next_tick = None;
+                    self.deliver(slot, |c, now| c.tick(now));
+                }
+            }
+            Ev::Restart(slot) => {
+                if self.gateways[slot].coord.is_none() {
+                    self.start(slot);
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, slot: usize, f: impl FnOnce(&mut Coordinator, Duration)) {
+        let g = &mut self.gateways[slot];
+        let local = g.local(self.now);
+        if let Some(c) = g.coord.as_mut() {
+            f(c, local);
+        }
+        self.pump(slot);
+    }
+
+    /// Runs every event up to true time `until`.
+    pub fn run_until(&mut self, until: Duration) {
+        let until = ns(until);
+        while let Some(&Reverse((t, _, i))) = self.queue.peek() {
+            if t > until {
+                break;
+            }
+            self.queue.pop();
+            self.now = t;
+            if let Some(ev) = self.events[i].take() {
+                self.handle(ev);
+            }
+        }
+        self.now = until;
+        // Events are taken as they run; drop the spent prefix now and then.
+        if self.queue.is_empty() {
+            self.events.clear();
+        }
+    }
+
+    pub fn live_slots(&self) -> Vec<usize> {
+        (0..self.gateways.len())
+            .filter(|&s| self.gateways[s].coord.is_some())
+            .collect()
+    }
+
+    pub fn join(&mut self, slot: usize, sub: &str) {
+        let member = self.next_member;
+        self.next_member += 1;
+        let g = &mut self.gateways[slot];
+        g.members.insert(member, sub.to_string());
+        let uid = g.uid(member);
+        self.checker.joined(self.now(), sub, uid);
+        self.deliver(slot, |c, now| c.member_joined(now, sub, member));
+    }
+
+    /// Closes a random member's stream cleanly, if any is held.
+    pub fn close_one(&mut self, pick: u64) {
+        let all: Vec<(usize, u64, String)> = self
+            .gateways
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.coord.is_some())
+            .flat_map(|(s, g)| g.members.iter().map(move |(m, sub)| (s, *m, sub.clone())))
+            .collect();
+        if all.is_empty() {
+            return;
+        }
+        let (slot, member, sub) = all[(pick % all.len() as u64) as usize].clone();
+        let uid = self.gateways[slot].uid(member);
+        self.gateways[slot].members.remove(&member);
+        self.checker.ended(self.now(), uid, "stream closed");
+        self.deliver(slot, |c, now| c.member_left(now, &sub, member));
+    }
+
+    pub fn crash(&mut self, slot: usize, back_after: Duration) {
+        let g = &mut self.gateways[slot];
+        let Some(_) = g.coord.take() else {
+            return;
+        };
+        g.watch = None;
+        let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
+        g.members.clear();
+        self.trace(format!(
+            "slot {slot}: gateway g{} CRASHES",
+            self.gateways[slot].id.0
+        ));
+        for uid in members {
+            self.checker.ended(self.now(), uid, "gateway crashed");
+        }
+        self.at(self.now + ns(back_after), Ev::Restart(slot));
+    }
+
+    pub fn partition(&mut self, slot: usize) {
+        let g = &mut self.gateways[slot];
+        g.partitioned = true;
+        self.model.partition(g.id.0);
+        self.trace(format!(
+            "slot {slot}: gateway g{} PARTITIONED",
+            self.gateways[slot].id.0
+        ));
+    }
+
+    pub fn heal(&mut self, slot: usize) {
+        let g = &mut self.gateways[slot];
+        if !g.partitioned {
+            return;
+        }
+        g.partitioned = false;
+        self.model.heal(g.id.0);
+        self.trace(format!(
+            "slot {slot}: gateway g{} healed",
+            self.gateways[slot].id.0
+        ));
+        self.pump_watches();
+    }
+
+    pub fn is_partitioned(&self, slot: usize) -> bool {
+        self.gateways[slot].partitioned
+    }
+
+    pub fn restart_crashed(&mut self) {
+        for slot in 0..self.gateways.len() {
+            if self.gateways[slot].coord.is_none() {
+                self.start(slot);
+            }
+        }
+    }
+}

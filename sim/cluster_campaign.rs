@@ -1,0 +1,97 @@
+//! The cluster campaign: one seed drives the number of gateways and subscriptions, the workload
+//! (members join and close on random gateways) and the faults (gateway crashes and restarts,
+//! partitions from the backplane and heals) for a fault phase; then everything heals, each
+//! subscription gets a fresh member, and the cluster must settle within a budget.
+
+use std::time::Duration;
+
+use crate::{cluster::ClusterWorld, rng::Rng, trace::Trace};
+
+const FAULT_PHASE: Duration = Duration::from_secs(15);
+/// How long the healed cluster has to settle.
+pub const SETTLE_BUDGET: Duration = Duration::from_secs(10);
+
+/// What one seed did.
+pub struct ClusterOutcome {
+    pub seed: u64,
+    pub violations: Vec<String>,
+    /// Why the cluster did not settle after the faults healed, if it did not.
+    pub unsettled: Option<String>,
+    pub trace: Trace,
+}
+
+impl ClusterOutcome {
+    pub fn failed(&self) -> bool {
+        !self.violations.is_empty() || self.unsettled.is_some()
+    }
+
+    pub fn report(&self) -> String {
+        let mut out = format!("cluster seed {} failed:\n", self.seed);
+        for v in self.violations.iter().take(10) {
+            out.push_str(&format!("  {v}\n"));
+        }
+        if let Some(why) = &self.unsettled {
+            out.push_str(&format!(
+                "  (d) not settled {SETTLE_BUDGET:?} after the faults healed: {why}\n"
+            ));
+        }
+        out.push_str(&format!(
+            "reproduce with: TINYBROKER_SIM_SEED={} cargo test --test sim cluster_campaign -- --nocapture\n",
+            self.seed
+        ));
+        out
+    }
+}
+
+/// Runs one seed of the cluster campaign.
+pub fn run(seed: u64) -> ClusterOutcome {
+    let mut rng = Rng::new(seed);
+    let gateways = rng.range(2, 4) as usize;
+    let subs: Vec<String> = (0..rng.range(1, 2)).map(|i| format!("s{i}")).collect();
+    let mut world = ClusterWorld::new(seed ^ 0xc1a5_7e12, gateways);
+    let mut t = Duration::from_millis(100);
+    while t < FAULT_PHASE {
+        t += Duration::from_millis(rng.range(20, 400));
+        world.run_until(t);
+        let live = world.live_slots();
+        let slot = rng.range(0, gateways as u64 - 1) as usize;
+        match rng.range(0, 19) {
+            0..=7 if live.contains(&slot) => {
+                let sub = subs[rng.range(0, subs.len() as u64 - 1) as usize].clone();
+                world.join(slot, &sub);
+            }
+            8..=12 => world.close_one(rng.next_u64()),
+            13 if live.len() > 1 => {
+                let back = Duration::from_millis(rng.range(100, 3000));
+                world.crash(slot, back);
+            }
+            14..=15 if !world.is_partitioned(slot) => world.partition(slot),
+            16..=18 => world.heal(slot),
+            _ => {}
+        }
+    }
+    for slot in 0..gateways {
+        world.heal(slot);
+    }
+    world.restart_crashed();
+    for sub in &subs {
+        let live = world.live_slots();
+        let slot = live[rng.range(0, live.len() as u64 - 1) as usize];
+        world.join(slot, sub);
+    }
+    world.checker.trace.at(world.now(), "HEALED: settle phase");
+    let start = world.now();
+    let mut unsettled = world.checker.unsettled();
+    while unsettled.is_some() && world.now() < start + SETTLE_BUDGET {
+        let next = world.now() + Duration::from_millis(50);
+        world.run_until(next);
+        unsettled = world.checker.unsettled();
+    }
+    world.checker.trace.close();
+    ClusterOutcome {
+        seed,
+        violations: world.checker.violations().to_vec(),
+        unsettled,
+        trace: world.checker.trace.clone(),
+    }
+}

@@ -1,0 +1,203 @@
+//! The cluster checker: the truth of every singleton subscription across gateways, fed by the
+//! cluster world in true simulated time, checking SPEC §9 continuously:
+//!
+//! (a) epochs per subscription strictly increase, in the order members are activated and in the
+//!     backplane's values;
+//! (b) no two members are active in overlapping periods (a period runs from the gateway's
+//!     confirmation to the member's end: its stream closed, its gateway ended it, or its gateway
+//!     crashed);
+//! (c) promotion follows join order: every value keeps its line in order (removals anywhere,
+//!     appends at the back), its active member is the first of the line, and a member leaves the
+//!     line only once it is gone (a live member never loses its place);
+//! (d) liveness, once faults heal: every subscription with live members has exactly one active
+//!     member, the first of a line that holds exactly the live members.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use tinybroker::cluster::coordinator::{MemberUid, SubValue};
+
+use crate::trace::Trace;
+
+#[derive(Default)]
+struct SubTruth {
+    /// Highest epoch confirmed to a member.
+    last_epoch: u64,
+    /// Members active now, with when they were confirmed.
+    open: BTreeMap<MemberUid, (Duration, u64)>,
+    /// Members whose streams are open (joined, not ended).
+    alive: BTreeSet<MemberUid>,
+    /// The backplane's latest value.
+    kv: SubValue,
+}
+
+#[derive(Default)]
+pub struct ClusterChecker {
+    subs: BTreeMap<String, SubTruth>,
+    sub_of: BTreeMap<MemberUid, String>,
+    violations: Vec<String>,
+    pub trace: Trace,
+}
+
+fn m(u: MemberUid) -> String {
+    format!("g{}/m{}", u.gateway.0, u.member)
+}
+
+fn ms_list(v: &[MemberUid]) -> String {
+    v.iter().map(|u| m(*u)).collect::<Vec<_>>().join(" ")
+}
+
+impl ClusterChecker {
+    pub fn violations(&self) -> &[String] {
+        &self.violations
+    }
+
+    fn violation(&mut self, at: Duration, text: String) {
+        self.trace.at(at, format!("VIOLATION {text}"));
+        self.violations
+            .push(format!("{:.3}s {text}", at.as_secs_f64()));
+    }
+
+    pub fn joined(&mut self, at: Duration, sub: &str, uid: MemberUid) {
+        self.trace.at(at, format!("{sub}: {} joins", m(uid)));
+        self.sub_of.insert(uid, sub.to_string());
+        self.subs
+            .entry(sub.to_string())
+            .or_default()
+            .alive
+            .insert(uid);
+    }
+
+    /// The member's stream ended (`why`: closed, ended by its gateway, gateway crashed).
+    pub fn ended(&mut self, at: Duration, uid: MemberUid, why: &str) {
+        let Some(sub) = self.sub_of.remove(&uid) else {
+            return;
+        };
+        self.trace.at(at, format!("{sub}: {} ends ({why})", m(uid)));
+        let s = self.subs.entry(sub).or_default();
+        s.alive.remove(&uid);
+        s.open.remove(&uid);
+    }
+
+    pub fn activated(&mut self, at: Duration, sub: &str, uid: MemberUid, epoch: u64) {
+        self.trace
+            .at(at, format!("{sub}: {} ACTIVE epoch {epoch}", m(uid)));
+        let s = self.subs.entry(sub.to_string()).or_default();
+        let mut found = Vec::new();
+        if epoch <= s.last_epoch {
+            found.push(format!(
+                "(a) {sub}: {} confirmed with epoch {epoch}, not above {}",
+                m(uid),
+                s.last_epoch
+            ));
+        }
+        if let Some((other, (since, e))) = s.open.iter().next() {
+            found.push(format!(
+                "(b) {sub}: {} confirmed while {} is active (epoch {e}, since {:.3}s)",
+                m(uid),
+                m(*other),
+                since.as_secs_f64()
+            ));
+        }
+        if s.kv.active != Some(uid) {
+            found.push(format!(
+                "(c) {sub}: {} confirmed but the backplane's active member is {:?}",
+                m(uid),
+                s.kv.active.map(m)
+            ));
+        }
+        s.last_epoch = s.last_epoch.max(epoch);
+        s.open.insert(uid, (at, epoch));
+        for f in found {
+            self.violation(at, f);
+        }
+    }
+
+    /// A new value of `sub.<sub>` on the backplane.
+    pub fn kv_changed(&mut self, at: Duration, sub: &str, new: SubValue, revision: u64) {
+        self.trace.at(
+            at,
+            format!(
+                "{sub}: backplane @{revision} line [{}] active {:?} epoch {}",
+                ms_list(&new.line),
+                new.active.map(m),
+                new.epoch
+            ),
+        );
+        let s = self.subs.entry(sub.to_string()).or_default();
+        let old = std::mem::replace(&mut s.kv, new.clone());
+        let mut found = Vec::new();
+        let kept_new: Vec<MemberUid> = new
+            .line
+            .iter()
+            .copied()
+            .filter(|u| old.line.contains(u))
+            .collect();
+        let kept_old: Vec<MemberUid> = old
+            .line
+            .iter()
+            .copied()
+            .filter(|u| new.line.contains(u))
+            .collect();
+        if kept_new != kept_old || new.line[..kept_new.len()] != kept_new[..] {
+            found.push(format!(
+                "(c) {sub}: line reordered from [{}] to [{}]",
+                ms_list(&old.line),
+                ms_list(&new.line)
+            ));
+        }
+        if let Some(a) = new.active
+            && new.line.first() != Some(&a)
+        {
+            found.push(format!(
+                "(c) {sub}: {} active but the line is [{}]",
+                m(a),
+                ms_list(&new.line)
+            ));
+        }
+        if new.active.is_some() && new.active != old.active && new.epoch <= old.epoch {
+            found.push(format!(
+                "(a) {sub}: promotion to epoch {} after epoch {}",
+                new.epoch, old.epoch
+            ));
+        }
+        for gone in old.line.iter().filter(|u| !new.line.contains(u)) {
+            if s.alive.contains(gone) {
+                found.push(format!(
+                    "(c) {sub}: {} removed from the line while its stream is open",
+                    m(*gone)
+                ));
+            }
+        }
+        for f in found {
+            self.violation(at, f);
+        }
+    }
+
+    /// Why the cluster has not converged, or `None` once it has (d).
+    pub fn unsettled(&self) -> Option<String> {
+        for (sub, s) in &self.subs {
+            let line: BTreeSet<MemberUid> = s.kv.line.iter().copied().collect();
+            if line != s.alive {
+                return Some(format!(
+                    "{sub}: line [{}], live members [{}]",
+                    ms_list(&s.kv.line),
+                    ms_list(&s.alive.iter().copied().collect::<Vec<_>>())
+                ));
+            }
+            if !s.alive.is_empty() {
+                let open: Vec<MemberUid> = s.open.keys().copied().collect();
+                if open.len() != 1 || s.kv.line.first() != open.first() {
+                    return Some(format!(
+                        "{sub}: active [{}], line [{}]",
+                        ms_list(&open),
+                        ms_list(&s.kv.line)
+                    ));
+                }
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,703 @@
+//! One gateway's coordination of singleton subscriptions, as a sans-IO state machine: no I/O, no
+//! clock reads, no tokio. The shell feeds it inputs with `now` (the gateway's own monotonic clock)
+//! and executes what it asks for.
+//!
+//! # Driving it
+//! - inputs: [`Coordinator::member_joined`], [`Coordinator::member_left`],
+//!   [`Coordinator::backplane_changed`] (every watch entry of the bucket, in order),
+//!   [`Coordinator::write_result`] (the answer to a [`Command`]), [`Coordinator::tick`] (when
+//!   [`Coordinator::poll_timeout`] is due);
+//! - after every input, drain [`Coordinator::poll_command`] (writes to run on the backplane) and
+//!   [`Coordinator::poll_effect`] (frames or stream ends for local members), then re-arm the timer
+//!   from [`Coordinator::poll_timeout`]. When [`Coordinator::is_fenced`] turns true the gateway
+//!   lost its lease: it has ended every member, and the shell starts a new incarnation with a new
+//!   [`GatewayId`] (as if restarted).
+//!
+//! # Keys
+//! - `lease.<gateway>`: the gateway's lease, created at start, renewed by compare-and-set every
+//!   `lease / 3`, deleted (by compare-and-set) by another gateway that finds it stale.
+//! - `sub.<subscription>`: a [`SubValue`]: the line (members in join order), the active member and
+//!   its epoch, in ONE key, so that "remove the leaving active member and promote the next" is one
+//!   compare-and-set and never half done. Keys are never deleted in this step, so a
+//!   subscription's revisions, and so its epochs, only go up.
+//!
+//! # Epochs
+//! A write that makes a member active stores as its epoch the revision of the value it replaces
+//! (the revision it compare-and-sets against). For two successive promotions P1, P2 of one key,
+//! P2 replaces a value at least as new as P1's own write, whose revision is above the one P1
+//! replaced: epochs strictly increase, for as long as the bucket lives, whichever gateway wrote
+//! them and across gateway restarts. Every reader finds the epoch in the value itself, also
+//! after a gap in its watch.
+//!
+//! # Promotion
+//! Every gateway reconciles each subscription's value with what it holds: its own members in the
+//! line are exactly those it holds locally (a member that left is removed, a new one appended),
+//! members of dead gateways (lease deleted) are removed, and when the active member is removed
+//! (or there is none) the first member of the new line becomes active, in the same write. So on a
+//! clean close the leaving member's gateway promotes the next member, whichever gateway holds it;
+//! that gateway sees the value on its watch and sends the confirmation ([`Effect::Activate`]).
+//! Conflicts (a failed compare-and-set) are retried once the watch shows the newer value.
+//!
+//! # Leases and the clock assumption
+//! Clocks may have any offset but run at a rate within `1 ± ρ` of true time (`max_drift_percent`
+//! = ρ; only durations measured on one clock are ever compared).
+//! - A gateway's lease is valid until `s + lease` on its own clock, where `s` is when it *sent*
+//!   the last renewal that succeeded. At that instant, unless renewed, it ends every member's
+//!   stream with `UNAVAILABLE` and fences itself for good (it activates nobody again). It activates
+//!   a member only while its lease is valid.
+//! - Another gateway that last observed a change of `lease.<g>` at `o` (its clock) deletes it, by
+//!   compare-and-set on the revision it saw, once `lease·(1+ρ)/(1−ρ) + margin` has passed on its
+//!   clock; only then (lease deleted) do gateways remove g's members and promote others.
+//!
+//! Why two members are never active in overlapping periods: the renewal observed at `o` was sent
+//! at some true time `s ≤ o`; g stops acting at most `lease/(1−ρ)` true time after the send of its
+//! last *confirmed* renewal, which is no later than `s`. The observer waits at least
+//! `(lease·(1+ρ)/(1−ρ) + margin)/(1+ρ) ≥ lease/(1−ρ)` true time after `o`. So g's members ended
+//! before the deletion, and every later activation follows the deletion. A renewal the observer
+//! did not see in time fails its compare-and-set against the deleted key: the deletion wins or
+//! loses atomically. A clean close promotes only after the leaving member's stream is closed.
+//!
+//! # Not in this step
+//! Messages (the JetStream stream of messages, acks, redelivery of the in-flight message to the
+//! promoted member) plug in where [`Effect::Activate`] is emitted: the shell will bind the member
+//! to the subscription's consumer with the epoch as its fence.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::backplane::{KvError, Revision};
+pub use super::values::{GatewayId, MemberUid, SubValue, lease_key, sub_key};
+use crate::core::planted::{PlantedBug, active as planted};
+
+/// Timing. `lease` is `--gateway-lease`.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// How long a renewal keeps the lease valid, from its send time.
+    pub lease: Duration,
+    /// The clock drift rate bound ρ, in percent (below 100).
+    pub max_drift_percent: u32,
+    /// Added to the wait before declaring a gateway dead (timer and processing delays).
+    pub margin: Duration,
+    /// How long to wait before retrying a write that failed as unavailable.
+    pub retry: Duration,
+}
+
+impl Config {
+    /// How long another gateway waits, on its own clock, after the last observed renewal.
+    pub fn dead_after(&self) -> Duration {
+        let rho = u128::from(self.max_drift_percent.min(99));
+        let nanos = self.lease.as_nanos() * (100 + rho) / (100 - rho);
+        Duration::from_nanos(nanos as u64) + self.margin
+    }
+}
+
+/// An id matching a [`Command`] to its [`Coordinator::write_result`].
+pub type RequestId = u64;
+
+/// A write for the shell to run on the backplane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    /// Echo it in [`Coordinator::write_result`].
+    pub id: RequestId,
+    /// The key.
+    pub key: String,
+    /// What to do.
+    pub op: Op,
+}
+
+/// A backplane write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// [`super::backplane::Backplane::create`].
+    Create(Bytes),
+    /// [`super::backplane::Backplane::update`].
+    Update(Bytes, Revision),
+    /// [`super::backplane::Backplane::delete`].
+    Delete(Revision),
+}
+
+/// Why a member's stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndStatus {
+    /// The gateway lost its lease, or the cluster removed the member: the client rejoins.
+    Unavailable,
+}
+
+/// What the shell does to a local member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Send the confirmation frame: the member is active with this epoch.
+    Activate {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
+        /// Its fencing token.
+        epoch: u64,
+    },
+    /// End the member's stream with this status; the coordinator has forgotten it.
+    End {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
+        /// The gRPC status to end with.
+        status: EndStatus,
+    },
+}
+
+#[derive(Debug)]
+struct Local {
+    id: u64,
+    /// Seen in the line at least once: if it disappears, someone removed it.
+    seen_in_line: bool,
+    activated: bool,
+}
+
+/// What this gateway knows of another's lease.
+#[derive(Debug, Clone, Copy)]
+enum LeaseView {
+    Alive {
+        revision: Revision,
+        observed: Duration,
+    },
+    Deleted,
+}
+
+/// Why a key cannot be written right now.
+#[derive(Debug, Clone, Copy)]
+enum Block {
+    InFlight,
+    /// A compare-and-set against this revision failed: wait for the watch to go past it.
+    Conflict(Revision),
+    RetryAt(Duration),
+}
+
+struct Pending {
+    key: String,
+    /// The value written (sub keys), to update the mirror on success.
+    value: Option<SubValue>,
+    /// The revision compare-and-set against (0 for a create).
+    expected: Revision,
+    /// The gateway whose lease this deletes.
+    deletes_lease: Option<GatewayId>,
+    sent: Duration,
+}
+
+/// One gateway's singleton coordination (see the module doc).
+pub struct Coordinator {
+    me: GatewayId,
+    config: Config,
+    /// Latest valid sub values seen, with their revisions.
+    subs: BTreeMap<String, (SubValue, Revision)>,
+    leases: BTreeMap<GatewayId, LeaseView>,
+    /// Local members per subscription, in local join order.
+    local: BTreeMap<String, Vec<Local>>,
+    own_revision: Option<Revision>,
+    valid_until: Option<Duration>,
+    renewal: Option<RequestId>,
+    next_renewal: Duration,
+    fenced: bool,
+    blocks: BTreeMap<String, Block>,
+    pending: BTreeMap<RequestId, Pending>,
+    next_id: RequestId,
+    commands: VecDeque<Command>,
+    effects: VecDeque<Effect>,
+    /// Entries that were not a valid value (counted, ignored).
+    bad_values: u64,
+}
+
+impl Coordinator {
+    /// A gateway incarnation starting at `now`: its first command creates its lease.
+    pub fn new(me: GatewayId, config: Config, now: Duration) -> Self {
+        let mut c = Self {
+            me,
+            config,
+            subs: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            local: BTreeMap::new(),
+            own_revision: None,
+            valid_until: None,
+            renewal: None,
+            next_renewal: now,
+            fenced: false,
+            blocks: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            next_id: 1,
+            commands: VecDeque::new(),
+            effects: VecDeque::new(),
+            bad_values: 0,
+        };
+        c.step(now);
+        c
+    }
+
+    /// This incarnation's id.
+    pub fn id(&self) -> GatewayId {
+        self.me
+    }
+
+    /// Whether the gateway lost its lease: it has ended every member and does nothing more.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// Backplane entries that did not parse (ignored).
+    pub fn bad_values(&self) -> u64 {
+        self.bad_values
+    }
+
+    /// A member opened a singleton stream on this gateway; it waits for [`Effect::Activate`].
+    pub fn member_joined(&mut self, now: Duration, subscription: &str, member: u64) {
+        if self.fenced {
+            self.effects.push_back(Effect::End {
+                subscription: subscription.to_string(),
+                member,
+                status: EndStatus::Unavailable,
+            });
+            return;
+        }
+        self.local
+            .entry(subscription.to_string())
+            .or_default()
+            .push(Local {
+                id: member,
+                seen_in_line: false,
+                activated: false,
+            });
+        self.step(now);
+    }
+
+    /// A member's stream closed (cleanly or not): it acts no more, and leaves the line.
+    pub fn member_left(&mut self, now: Duration, subscription: &str, member: u64) {
+        if let Some(members) = self.local.get_mut(subscription) {
+            members.retain(|m| m.id != member);
+        }
+        self.step(now);
+    }
+
+    /// An entry from the watch of the whole bucket, in revision order.
+    pub fn backplane_changed(
+        &mut self,
+        now: Duration,
+        key: &str,
+        value: Option<&[u8]>,
+        revision: Revision,
+    ) {
+        if let Some(sub) = key.strip_prefix("sub.") {
+            match value.map(serde_json::from_slice::<SubValue>) {
+                Some(Ok(v)) => self.see_sub(sub, v, revision),
+                // Deleting sub keys is not part of this design; treat it as no value.
+                None => {}
+                Some(Err(_)) => self.bad_values += 1,
+            }
+        } else if let Some(g) = key.strip_prefix("lease.") {
+            match g.parse::<u64>() {
+                Ok(g) => self.see_lease(now, GatewayId(g), value.is_some(), revision),
+                Err(_) => self.bad_values += 1,
+            }
+        }
+        self.step(now);
+    }
+
+    /// The answer to command `id`.
+    pub fn write_result(
+        &mut self,
+        now: Duration,
+        id: RequestId,
+        result: Result<Revision, KvError>,
+    ) {
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        if self.renewal == Some(id) {
+            self.renewal = None;
+            match result {
+                Ok(rev) => {
+                    self.own_revision = Some(self.own_revision.unwrap_or(0).max(rev));
+                    let until = p.sent + self.config.lease;
+                    self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
+                    self.next_renewal = p.sent + self.config.lease / 3;
+                }
+                Err(_) => self.next_renewal = now + self.config.retry,
+            }
+            self.step(now);
+            return;
+        }
+        let block = match result {
+            Ok(rev) => {
+                if let (Some(v), Some(sub)) = (p.value, p.key.strip_prefix("sub.")) {
+                    self.see_sub(sub, v, rev);
+                }
+                if let Some(g) = p.deletes_lease {
+                    self.leases.insert(g, LeaseView::Deleted);
+                }
+                None
+            }
+            // The watch already went past the revision we expected: retry from it at once.
+            Err(e) if e.is_conflict() && self.revision_of(&p.key) > p.expected => None,
+            Err(e) if e.is_conflict() => Some(Block::Conflict(p.expected)),
+            Err(_) => Some(Block::RetryAt(now + self.config.retry)),
+        };
+        match block {
+            Some(b) => self.blocks.insert(p.key, b),
+            None => self.blocks.remove(&p.key),
+        };
+        self.step(now);
+    }
+
+    /// Time passed: renew the lease, fence on its expiry, find dead gateways, retry writes.
+    pub fn tick(&mut self, now: Duration) {
+        self.step(now);
+    }
+
+    /// The next instant [`Coordinator::tick`] is due, on this gateway's clock.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.fenced {
+            return None;
+        }
+        let mut next = Vec::new();
+        if self.renewal.is_none() {
+            next.push(self.next_renewal);
+        }
+        if !planted(PlantedBug::GatewayActsAfterLeaseExpiry) {
+            next.extend(self.valid_until);
+        }
+        // Dead-gateway checks only once leased (before, nothing is written), and only for leases
+        // not already being deleted.
+        let dead_after = self.config.dead_after();
+        for (g, view) in &self.leases {
+            if let LeaseView::Alive { observed, .. } = view
+                && *g != self.me
+                && self.valid_until.is_some()
+                && !self.blocks.contains_key(&lease_key(*g))
+            {
+                next.push(*observed + dead_after);
+            }
+        }
+        for b in self.blocks.values() {
+            if let Block::RetryAt(at) = b {
+                next.push(*at);
+            }
+        }
+        next.into_iter().min()
+    }
+
+    /// The next write to run.
+    #[must_use]
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// The next effect on a local member.
+    #[must_use]
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    fn revision_of(&self, key: &str) -> Revision {
+        if let Some(sub) = key.strip_prefix("sub.") {
+            return self.subs.get(sub).map_or(0, |(_, r)| *r);
+        }
+        if let Some(g) = key.strip_prefix("lease.").and_then(|g| g.parse().ok()) {
+            return match self.leases.get(&GatewayId(g)) {
+                Some(LeaseView::Alive { revision, .. }) => *revision,
+                _ => 0,
+            };
+        }
+        0
+    }
+
+    fn see_sub(&mut self, sub: &str, v: SubValue, revision: Revision) {
+        let newer = self.subs.get(sub).is_none_or(|(_, r)| revision > *r);
+        if newer {
+            self.subs.insert(sub.to_string(), (v, revision));
+            let key = sub_key(sub);
+            if let Some(Block::Conflict(r)) = self.blocks.get(&key)
+                && revision > *r
+            {
+                self.blocks.remove(&key);
+            }
+        }
+    }
+
+    fn see_lease(&mut self, now: Duration, g: GatewayId, alive: bool, revision: Revision) {
+        if matches!(self.leases.get(&g), Some(LeaseView::Deleted)) {
+            return;
+        }
+        if let Some(LeaseView::Alive { revision: r, .. }) = self.leases.get(&g)
+            && revision <= *r
+        {
+            return;
+        }
+        let view = if alive {
+            LeaseView::Alive {
+                revision,
+                observed: now,
+            }
+        } else {
+            LeaseView::Deleted
+        };
+        self.leases.insert(g, view);
+        if g == self.me {
+            if alive {
+                self.own_revision = Some(self.own_revision.unwrap_or(0).max(revision));
+            } else {
+                // Another gateway found this lease stale: whatever this clock says, stop.
+                self.fence();
+            }
+        }
+        let key = lease_key(g);
+        if let Some(Block::Conflict(r)) = self.blocks.get(&key)
+            && revision > *r
+        {
+            self.blocks.remove(&key);
+        }
+    }
+
+    fn lease_valid(&self, now: Duration) -> bool {
+        !self.fenced
+            && self.valid_until.is_some_and(|until| {
+                now < until || planted(PlantedBug::GatewayActsAfterLeaseExpiry)
+            })
+    }
+
+    fn fence(&mut self) {
+        if self.fenced {
+            return;
+        }
+        self.fenced = true;
+        for (sub, members) in std::mem::take(&mut self.local) {
+            for m in members {
+                self.effects.push_back(Effect::End {
+                    subscription: sub.clone(),
+                    member: m.id,
+                    status: EndStatus::Unavailable,
+                });
+            }
+        }
+        self.commands.clear();
+    }
+
+    fn issue(&mut self, now: Duration, key: String, op: Op, value: Option<SubValue>) -> RequestId {
+        let id = self.next_id;
+        self.next_id += 1;
+        let (expected, deletes_lease) = match &op {
+            Op::Create(_) => (0, None),
+            Op::Update(_, r) => (*r, None),
+            Op::Delete(r) => (
+                *r,
+                key.strip_prefix("lease.")
+                    .and_then(|g| g.parse().ok())
+                    .map(GatewayId),
+            ),
+        };
+        self.pending.insert(
+            id,
+            Pending {
+                key: key.clone(),
+                value,
+                expected,
+                deletes_lease,
+                sent: now,
+            },
+        );
+        self.blocks.insert(key.clone(), Block::InFlight);
+        self.commands.push_back(Command { id, key, op });
+        id
+    }
+
+    fn writable(&self, now: Duration, key: &str) -> bool {
+        match self.blocks.get(key) {
+            None => true,
+            Some(Block::RetryAt(at)) => now >= *at,
+            Some(_) => false,
+        }
+    }
+
+    /// Everything that follows from the state at `now`: lease upkeep, effects, writes.
+    fn step(&mut self, now: Duration) {
+        if self.fenced {
+            return;
+        }
+        self.blocks
+            .retain(|_, b| !matches!(b, Block::RetryAt(at) if now >= *at));
+        if let Some(until) = self.valid_until
+            && now >= until
+            && !planted(PlantedBug::GatewayActsAfterLeaseExpiry)
+        {
+            self.fence();
+            return;
+        }
+        self.renew(now);
+        self.local_effects(now);
+        if !self.lease_valid(now) {
+            return;
+        }
+        self.find_dead(now);
+        let subs: BTreeSet<String> = self.subs.keys().chain(self.local.keys()).cloned().collect();
+        for sub in subs {
+            self.reconcile(now, &sub);
+        }
+    }
+
+    fn renew(&mut self, now: Duration) {
+        if self.renewal.is_some() || now < self.next_renewal {
+            return;
+        }
+        let key = lease_key(self.me);
+        let value = Bytes::from_static(b"{}");
+        let op = match self.own_revision {
+            Some(rev) => Op::Update(value, rev),
+            None => Op::Create(value),
+        };
+        let id = self.issue(now, key.clone(), op, None);
+        // The lease key has a single writer while alive: never blocked by the generic rule.
+        self.blocks.remove(&key);
+        self.renewal = Some(id);
+    }
+
+    fn is_dead(&self, g: GatewayId) -> bool {
+        matches!(self.leases.get(&g), Some(LeaseView::Deleted))
+    }
+
+    fn find_dead(&mut self, now: Duration) {
+        let dead_after = self.config.dead_after();
+        let stale: Vec<(GatewayId, Revision)> = self
+            .leases
+            .iter()
+            .filter_map(|(g, v)| match v {
+                LeaseView::Alive { revision, observed }
+                    if *g != self.me && now >= *observed + dead_after =>
+                {
+                    Some((*g, *revision))
+                }
+                _ => None,
+            })
+            .collect();
+        for (g, rev) in stale {
+            let key = lease_key(g);
+            if self.writable(now, &key) {
+                self.issue(now, key, Op::Delete(rev), None);
+            }
+        }
+    }
+
+    fn local_effects(&mut self, now: Duration) {
+        let may_activate = self.lease_valid(now);
+        let me = self.me;
+        for (sub, members) in &mut self.local {
+            let Some((v, _)) = self.subs.get(sub) else {
+                continue;
+            };
+            members.retain_mut(|m| {
+                let uid = MemberUid {
+                    gateway: me,
+                    member: m.id,
+                };
+                let in_line = v.line.contains(&uid);
+                let is_active = v.active == Some(uid);
+                if (m.seen_in_line && !in_line) || (m.activated && !is_active) {
+                    // Removed or deposed by another gateway: it lost its place.
+                    self.effects.push_back(Effect::End {
+                        subscription: sub.clone(),
+                        member: m.id,
+                        status: EndStatus::Unavailable,
+                    });
+                    return false;
+                }
+                m.seen_in_line |= in_line;
+                if is_active && !m.activated && may_activate {
+                    m.activated = true;
+                    self.effects.push_back(Effect::Activate {
+                        subscription: sub.clone(),
+                        member: m.id,
+                        epoch: v.epoch,
+                    });
+                }
+                true
+            });
+        }
+    }
+
+    fn reconcile(&mut self, now: Duration, sub: &str) {
+        let key = sub_key(sub);
+        if !self.writable(now, &key) {
+            return;
+        }
+        let wanted: Vec<u64> = self
+            .local
+            .get(sub)
+            .map(|ms| ms.iter().map(|m| m.id).collect())
+            .unwrap_or_default();
+        let me = self.me;
+        let Some((current, revision)) = self.subs.get(sub).cloned() else {
+            if wanted.is_empty() {
+                return;
+            }
+            let v = SubValue {
+                line: wanted
+                    .iter()
+                    .map(|&member| MemberUid {
+                        gateway: me,
+                        member,
+                    })
+                    .collect(),
+                active: None,
+                epoch: 0,
+            };
+            let bytes = encode(&v);
+            self.issue(now, key, Op::Create(bytes), Some(v));
+            return;
+        };
+        let mut line: Vec<MemberUid> = current
+            .line
+            .iter()
+            .copied()
+            .filter(|m| {
+                if m.gateway == me {
+                    wanted.contains(&m.member)
+                } else {
+                    !self.is_dead(m.gateway)
+                }
+            })
+            .collect();
+        for &member in &wanted {
+            let uid = MemberUid {
+                gateway: me,
+                member,
+            };
+            // A member once seen in the line and now gone was removed by others: not re-added
+            // (local_effects ended it); only new ones are appended.
+            if !current.line.contains(&uid) && !line.contains(&uid) {
+                line.push(uid);
+            }
+        }
+        let (active, epoch) = match current.active {
+            Some(a) if line.contains(&a) => (Some(a), current.epoch),
+            _ => match line.first() {
+                Some(first) => (Some(*first), revision),
+                None => (None, current.epoch),
+            },
+        };
+        let next = SubValue {
+            line,
+            active,
+            epoch,
+        };
+        if next != current {
+            let bytes = encode(&next);
+            self.issue(now, key, Op::Update(bytes, revision), Some(next));
+        }
+    }
+}
+
+fn encode(v: &SubValue) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+}
+
+#[cfg(test)]
+#[path = "coordinator_tests.rs"]
+mod tests;

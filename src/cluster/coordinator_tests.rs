@@ -1,0 +1,239 @@
+//! The coordinator alone, driven by hand: a single gateway over a hand-fed watch.
+
+use std::time::Duration;
+
+use super::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn config() -> Config {
+    Config {
+        lease: ms(900),
+        max_drift_percent: 10,
+        margin: ms(50),
+        retry: ms(50),
+    }
+}
+
+fn drain(c: &mut Coordinator) -> (Vec<Command>, Vec<Effect>) {
+    let mut cmds = Vec::new();
+    while let Some(x) = c.poll_command() {
+        cmds.push(x);
+    }
+    let mut effects = Vec::new();
+    while let Some(x) = c.poll_effect() {
+        effects.push(x);
+    }
+    (cmds, effects)
+}
+
+/// A gateway whose lease create succeeded at `t=0`, with revision 1.
+fn leased() -> Coordinator {
+    let mut c = Coordinator::new(GatewayId(7), config(), ms(0));
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1);
+    assert_eq!(cmds[0].key, "lease.7");
+    assert!(matches!(cmds[0].op, Op::Create(_)));
+    c.write_result(ms(1), cmds[0].id, Ok(1));
+    c.backplane_changed(ms(2), "lease.7", Some(b"{}"), 1);
+    c
+}
+
+fn value(cmd: &Command) -> SubValue {
+    match &cmd.op {
+        Op::Create(b) | Op::Update(b, _) => serde_json::from_slice(b).unwrap(),
+        Op::Delete(_) => panic!("not a write of a value"),
+    }
+}
+
+fn uid(g: u64, m: u64) -> MemberUid {
+    MemberUid {
+        gateway: GatewayId(g),
+        member: m,
+    }
+}
+
+// SPEC §9: the dead-gateway wait covers the lease stretched by the drift bound, both ways.
+#[test]
+fn dead_after_stretches_the_lease_by_the_drift_bound_and_adds_the_margin() {
+    let wait = config().dead_after();
+    assert_eq!(wait, ms(900 * 110 / 90 + 50));
+}
+
+// Epochs: the first activation's epoch is the revision of the value it replaced.
+#[test]
+fn first_join_creates_the_line_then_promotes_with_the_replaced_revision_as_epoch() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    let (cmds, effects) = drain(&mut c);
+    assert!(effects.is_empty(), "no confirmation before the line exists");
+    assert_eq!(cmds.len(), 1);
+    assert_eq!(value(&cmds[0]).line, vec![uid(7, 1)]);
+    assert_eq!(value(&cmds[0]).active, None);
+    c.write_result(ms(4), cmds[0].id, Ok(5));
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1, "the promotion follows");
+    assert!(matches!(cmds[0].op, Op::Update(_, 5)));
+    let v = value(&cmds[0]);
+    assert_eq!((v.active, v.epoch), (Some(uid(7, 1)), 5));
+    c.write_result(ms(5), cmds[0].id, Ok(6));
+    let (_, effects) = drain(&mut c);
+    assert_eq!(
+        effects,
+        vec![Effect::Activate {
+            subscription: "jobs".into(),
+            member: 1,
+            epoch: 5
+        }]
+    );
+}
+
+// SPEC §9: a gateway that cannot renew ends its members' streams at its lease's end, measured
+// from the send of the last renewal that succeeded.
+#[test]
+fn unrenewed_lease_ends_every_member_at_send_time_plus_lease() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(4), cmds[0].id, Ok(5));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(5), cmds[0].id, Ok(6));
+    drain(&mut c);
+    // Renewals from now on never answer.
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    assert!(matches!(cmds[0].op, Op::Update(_, 1)), "renews at lease/3");
+    assert_eq!(
+        c.poll_timeout(),
+        Some(ms(900)),
+        "the lease ends 900 ms after the create was sent"
+    );
+    c.tick(ms(899));
+    assert!(!c.is_fenced());
+    c.tick(ms(900));
+    assert!(c.is_fenced());
+    let (cmds, effects) = drain(&mut c);
+    assert!(cmds.is_empty());
+    assert_eq!(
+        effects,
+        vec![Effect::End {
+            subscription: "jobs".into(),
+            member: 1,
+            status: EndStatus::Unavailable
+        }]
+    );
+}
+
+// A clean close of the active member removes it and promotes the next in line, in one write.
+#[test]
+fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
+    let mut c = leased();
+    let v = SubValue {
+        line: vec![uid(7, 1), uid(8, 4), uid(7, 2)],
+        active: Some(uid(7, 1)),
+        epoch: 3,
+    };
+    c.member_joined(ms(3), "jobs", 1);
+    c.member_joined(ms(3), "jobs", 2);
+    let (creates, _) = drain(&mut c);
+    assert_eq!(creates.len(), 1);
+    // Another gateway's view won: the create fails, the watch shows the line.
+    c.backplane_changed(ms(4), "sub.jobs", Some(&serde_json::to_vec(&v).unwrap()), 9);
+    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
+    let (cmds, effects) = drain(&mut c);
+    assert!(cmds.is_empty(), "nothing to change: {cmds:?}");
+    assert_eq!(effects.len(), 1, "member 1 is confirmed: {effects:?}");
+    c.member_left(ms(5), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1);
+    assert!(matches!(cmds[0].op, Op::Update(_, 9)));
+    let next = value(&cmds[0]);
+    assert_eq!(next.line, vec![uid(8, 4), uid(7, 2)]);
+    assert_eq!((next.active, next.epoch), (Some(uid(8, 4)), 9));
+}
+
+/// Runs `c` to `now`, answering its own lease renewals at once; returns the other commands.
+fn tick_renewing(c: &mut Coordinator, now: Duration, rev: &mut u64) -> Vec<Command> {
+    c.tick(now);
+    let mut others = Vec::new();
+    loop {
+        let (cmds, _) = drain(c);
+        if cmds.is_empty() {
+            return others;
+        }
+        for cmd in cmds {
+            if cmd.key == "lease.7" {
+                *rev += 1;
+                c.write_result(now, cmd.id, Ok(*rev));
+            } else {
+                others.push(cmd);
+            }
+        }
+    }
+}
+
+// SPEC §9: another gateway's lease is deleted (by compare-and-set on the revision seen) only once
+// the drift-stretched wait has passed since its last observed renewal; only then are its members
+// removed and the next member promoted.
+#[test]
+fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
+    let mut c = leased();
+    let mut rev = 100;
+    c.backplane_changed(ms(10), "lease.8", Some(b"{}"), 2);
+    c.member_joined(ms(10), "jobs", 1);
+    let (creates, _) = drain(&mut c);
+    let v = SubValue {
+        line: vec![uid(8, 4), uid(7, 1)],
+        active: Some(uid(8, 4)),
+        epoch: 3,
+    };
+    c.backplane_changed(
+        ms(11),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&v).unwrap()),
+        9,
+    );
+    c.write_result(ms(11), creates[0].id, Err(KvError::Exists { current: 9 }));
+    let wait = config().dead_after();
+    let mut t = ms(11);
+    while t < ms(10) + wait - ms(1) {
+        t += ms(50).min(ms(10) + wait - ms(1) - t);
+        let cmds = tick_renewing(&mut c, t, &mut rev);
+        assert!(
+            cmds.is_empty(),
+            "nothing before the wait ends: {cmds:?} at {t:?}"
+        );
+    }
+    assert_eq!(c.poll_timeout(), Some(ms(10) + wait));
+    let cmds = tick_renewing(&mut c, ms(10) + wait, &mut rev);
+    assert_eq!(cmds.len(), 1);
+    assert_eq!(
+        (cmds[0].key.as_str(), &cmds[0].op),
+        ("lease.8", &Op::Delete(2))
+    );
+    c.write_result(ms(10) + wait, cmds[0].id, Ok(rev + 1));
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1, "the dead gateway's member makes way");
+    assert!(matches!(cmds[0].op, Op::Update(_, 9)));
+    let next = value(&cmds[0]);
+    assert_eq!(next.line, vec![uid(7, 1)]);
+    assert_eq!((next.active, next.epoch), (Some(uid(7, 1)), 9));
+}
+
+// Bad input from the backplane never panics and changes nothing; it is counted.
+#[test]
+fn unparseable_backplane_entries_are_counted_and_ignored() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    drain(&mut c);
+    c.backplane_changed(ms(4), "sub.jobs", Some(b"not json"), 9);
+    c.backplane_changed(ms(4), "lease.x", Some(b"{}"), 10);
+    let (cmds, effects) = drain(&mut c);
+    assert_eq!(c.bad_values(), 2);
+    assert!(
+        cmds.is_empty() && effects.is_empty(),
+        "{cmds:?} {effects:?}"
+    );
+}

@@ -1,0 +1,39 @@
+//! What gateways keep in the backplane: their ids, the keys, and a subscription's value (see
+//! [`super::coordinator`] for how they are used).
+
+use serde::{Deserialize, Serialize};
+
+/// A gateway incarnation: unique for the life of the bucket (a restarted or fenced gateway gets a
+/// new one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct GatewayId(pub u64);
+
+/// A member across the cluster: its gateway and its id there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct MemberUid {
+    /// The gateway that holds the member's stream.
+    pub gateway: GatewayId,
+    /// The member's id on that gateway.
+    pub member: u64,
+}
+
+/// The value of `sub.<subscription>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubValue {
+    /// Members in join order, across all gateways.
+    pub line: Vec<MemberUid>,
+    /// The active member (always the first of the line when set).
+    pub active: Option<MemberUid>,
+    /// The active member's epoch (the last one handed out when none is active).
+    pub epoch: u64,
+}
+
+/// The key of a subscription's value.
+pub fn sub_key(subscription: &str) -> String {
+    format!("sub.{subscription}")
+}
+
+/// The key of a gateway's lease.
+pub fn lease_key(gateway: GatewayId) -> String {
+    format!("lease.{}", gateway.0)
+}
