@@ -225,6 +225,30 @@ async fn binary_logs_bound_address_and_exits_zero_on_sigterm() {
     assert!(exit.success(), "exit status {exit:?}");
 }
 
+/// `tinybroker subscribe ARGS` against `server` as a child process, and its stdout lines.
+fn cli_subscriber(
+    server: &TestServer,
+    args: &[&str],
+) -> (KillOnDrop, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+            .args(["subscribe", "--server", &format!("http://{}", server.addr)])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
 // SPEC §5: a replica process killed with SIGKILL while holding a message (its TCP connection
 // reset by the kernel, not a polite cancel) is replaced at once by the earliest standby, which
 // gets the message with attempt 2.
@@ -232,24 +256,12 @@ async fn binary_logs_bound_address_and_exits_zero_on_sigterm() {
 async fn killed_replica_process_is_replaced_by_the_standby() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut replica = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
-            .args(["subscribe", "--server", &format!("http://{}", server.addr)])
-            .args([
-                "--id", "killed", "--group", "replicas", "--no-ack", "jobs.*",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (mut replica, mut rx) = cli_subscriber(
+        &server,
+        &[
+            "--id", "killed", "--group", "replicas", "--no-ack", "jobs.*",
+        ],
     );
-    let stdout = replica.0.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
     let mut next_line = async || within(rx.recv()).await.expect("replica output ended");
     while !next_line().await.starts_with("confirmed") {}
     let mut standby = client.subscribe(singleton("killed")).await.unwrap();
@@ -271,22 +283,8 @@ async fn killed_replica_process_is_replaced_by_the_standby() {
 #[tokio::test]
 async fn cli_subscriber_reports_broker_shutdown_with_exit_code_3() {
     let server = TestServer::start().await;
-    let mut subscriber = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
-            .args(["subscribe", "--server", &format!("http://{}", server.addr)])
-            .args(["--id", "cli", "--group", "replicas", "jobs.*"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = subscriber.0.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut subscriber, mut rx) =
+        cli_subscriber(&server, &["--id", "cli", "--group", "replicas", "jobs.*"]);
     let mut next_line = async || within(rx.recv()).await;
     while !next_line()
         .await
@@ -316,24 +314,12 @@ async fn cli_subscriber_reports_broker_shutdown_with_exit_code_3() {
 async fn cli_subscriber_closes_on_ctrl_c_with_every_ack_applied() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut subscriber = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
-            .args(["subscribe", "--server", &format!("http://{}", server.addr)])
-            .args([
-                "--id", "ctrl-c", "--mode", "queue", "--group", "workers", "jobs.*",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (mut subscriber, mut rx) = cli_subscriber(
+        &server,
+        &[
+            "--id", "ctrl-c", "--mode", "queue", "--group", "workers", "jobs.*",
+        ],
     );
-    let stdout = subscriber.0.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
     let mut next_line = async || within(rx.recv()).await;
     while !next_line()
         .await
