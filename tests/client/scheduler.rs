@@ -280,3 +280,85 @@ async fn scheduler_store_sees_strictly_increasing_epochs_across_broker_restarts(
     assert_eq!(seen, epochs, "one leader per broker run, in order");
     let _ = std::fs::remove_file(&store);
 }
+
+// A store that fails to take a write for a reason other than the fence (here its directory does
+// not exist yet: a missing mount, a full disk, a permission) is not a deposition. The leader must
+// not sit on the leadership forever running nothing: once the store can take writes again the
+// job must run again (on this replica or a successor). The example instead awaits `lost`, which
+// never comes while the broker keeps it active: the job stops for good on every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_store_io_error_does_not_stop_the_job_forever() {
+    let server = TestServer::start().await;
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "tinybroker-scheduler-io-error-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = dir.join("report.log");
+    let flags = format!(
+        "--server http://{} --group io-error --every-ms 50 --store {}",
+        server.addr,
+        store.display()
+    );
+    let mut leader = Replica::start(&flags);
+    let epoch = epoch_of(&within(leader.line("leading epoch=")).await);
+    // The first write fails: the store's directory is missing.
+    within(leader.line(&format!("refused epoch={epoch} run=1"))).await;
+    // The store comes back.
+    std::fs::create_dir_all(&dir).unwrap();
+    let resumed = tokio::time::timeout(FAILOVER_BOUND, async {
+        loop {
+            let line = leader.line("").await;
+            if line.contains(" run=") && line.starts_with("epoch=") {
+                return line;
+            }
+        }
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        resumed.is_ok(),
+        "the store took writes again but no replica ran the job within {FAILOVER_BOUND:?}: \
+         the leader waits for a deposition that an I/O error never brings"
+    );
+}
+
+// The epoch fence must fail closed. A store the scheduler cannot read as UTF-8 (one stray byte,
+// e.g. from another writer or a corrupted block) holding a higher epoch than this leader's is
+// read as empty (`read_to_string(..).unwrap_or_default()`), so the fence sees epoch 0 and a
+// deposed leader's write goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_fence_refuses_a_lower_epoch_even_if_the_store_has_a_non_utf8_byte() {
+    let server = TestServer::start().await;
+    let store: PathBuf = std::env::temp_dir().join(format!(
+        "tinybroker-scheduler-fence-utf8-{}.log",
+        std::process::id()
+    ));
+    // A successor's epoch far above any this broker hands out, then a stray byte.
+    std::fs::write(&store, b"epoch=9000000000000000 run=1\n\xff\n").unwrap();
+    let flags = format!(
+        "--server http://{} --group fence-utf8 --every-ms 50 --store {}",
+        server.addr,
+        store.display()
+    );
+    let mut leader = Replica::start(&flags);
+    let epoch = epoch_of(&within(leader.line("leading epoch=")).await);
+    assert!(epoch < 9_000_000_000_000_000);
+    let outcome = within(async {
+        loop {
+            let line = leader.line("").await;
+            if line.contains("refused epoch=") || line.starts_with(&format!("epoch={epoch} run=1"))
+            {
+                return line;
+            }
+        }
+    })
+    .await;
+    let text = std::fs::read(&store).unwrap();
+    let _ = std::fs::remove_file(&store);
+    assert!(
+        outcome.contains("refused"),
+        "a leader with epoch {epoch} wrote past a store holding epoch 9000000000000000: {outcome:?}; store now {:?}",
+        String::from_utf8_lossy(&text)
+    );
+}
