@@ -61,12 +61,26 @@ fn parse_args(flags: Vec<String>) -> Result<Args, String> {
     Ok(args)
 }
 
+/// Why the store did not take a write.
+enum StoreError {
+    /// A later leader wrote already: this one is deposed.
+    Fenced(String),
+    /// The store could not be read or written (missing mount, full disk, permissions): nothing
+    /// is known about leadership, so the job is tried again at the next tick.
+    Io(String),
+}
+
 /// The job's side effect, fenced by epoch: the store remembers the highest epoch that wrote to
 /// it and refuses an older one. (A real store does this check atomically, e.g. a conditional
 /// write `WHERE epoch <= :epoch`; one process per epoch writes here, so read-then-append does.)
-fn fenced_append(store: &PathBuf, epoch: u64, run: u64) -> Result<(), String> {
-    let text = std::fs::read_to_string(store).unwrap_or_default();
-    let highest = text
+/// A store it cannot read fails closed: only a store that does not exist yet counts as empty.
+fn fenced_append(store: &PathBuf, epoch: u64, run: u64) -> Result<(), StoreError> {
+    let bytes = match std::fs::read(store) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(error) => return Err(StoreError::Io(format!("cannot read the store: {error}"))),
+    };
+    let highest = String::from_utf8_lossy(&bytes)
         .lines()
         .filter_map(|line| {
             line.split_whitespace()
@@ -78,17 +92,18 @@ fn fenced_append(store: &PathBuf, epoch: u64, run: u64) -> Result<(), String> {
         .max()
         .unwrap_or(0u64);
     if highest > epoch {
-        return Err(format!(
+        return Err(StoreError::Fenced(format!(
             "fenced: the store has epoch {highest}, this leader has {epoch}"
-        ));
+        )));
     }
     use std::io::Write;
+    let io = |e: std::io::Error| StoreError::Io(format!("cannot write the store: {e}"));
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(store)
-        .map_err(|e| e.to_string())?;
-    writeln!(file, "epoch={epoch} run={run}").map_err(|e| e.to_string())
+        .map_err(io)?;
+    writeln!(file, "epoch={epoch} run={run}").map_err(io)
 }
 
 fn main() -> ExitCode {
@@ -153,6 +168,9 @@ async fn schedule(args: Args) -> ExitCode {
         let mut run = 0;
         loop {
             tokio::select! {
+                // Losing comes first: with a tick due at the same moment, the job does not run
+                // once more after the broker said another replica may lead.
+                biased;
                 lost = &mut lost => {
                     // Stop the job at once: another replica may be leading already.
                     println!("lost epoch={epoch}: {}", lost.cause);
@@ -160,17 +178,20 @@ async fn schedule(args: Args) -> ExitCode {
                 }
                 _ = ticks.tick() => {
                     run += 1;
-                    if let Some(store) = &args.store
-                        && let Err(error) = fenced_append(store, epoch, run)
-                    {
-                        // Only a deposed leader is refused: a successor has a higher epoch and
-                        // runs the job. Stop, and rejoin once the broker says so.
-                        println!("refused epoch={epoch} run={run}: {error}");
-                        let lost = (&mut lost).await;
-                        println!("lost epoch={epoch}: {}", lost.cause);
-                        break;
+                    match args.store.as_ref().map(|store| fenced_append(store, epoch, run)) {
+                        Some(Err(StoreError::Fenced(error))) => {
+                            // Only a deposed leader is refused: a successor has a higher epoch
+                            // and runs the job. Stop, and rejoin once the broker says so.
+                            println!("refused epoch={epoch} run={run}: {error}");
+                            let lost = (&mut lost).await;
+                            println!("lost epoch={epoch}: {}", lost.cause);
+                            break;
+                        }
+                        Some(Err(StoreError::Io(error))) => {
+                            println!("failed epoch={epoch} run={run}: {error} (trying again)");
+                        }
+                        Some(Ok(())) | None => println!("epoch={epoch} run={run}"),
                     }
-                    println!("epoch={epoch} run={run}");
                 }
             }
         }

@@ -75,6 +75,9 @@ struct UnsentIds {
 impl UnsentIds {
     /// Longest unsorted tail before it is sorted in.
     const TAIL: usize = 16;
+    /// Largest buffer a subscription keeps between settles: 1 KiB, inside the fixed
+    /// `SUBSCRIPTION_OVERHEAD` the memory budget counts for it.
+    const KEPT: usize = 128;
 
     fn contains(&self, id: SystemId) -> bool {
         self.ids[..self.sorted].binary_search(&id).is_ok() || self.ids[self.sorted..].contains(&id)
@@ -106,7 +109,7 @@ pub(crate) struct SubState {
     /// The footprint last added to the broker's memory account.
     pub(crate) accounted: u64,
     /// A multi-id settle's buffer of unwritten frame ids, kept between settles while it holds
-    /// at most 1,024 ids (8 KiB).
+    /// at most [`UnsentIds::KEPT`] ids.
     unsent_scratch: Vec<SystemId>,
 }
 
@@ -571,8 +574,9 @@ impl Broker {
                         }
                     }
                 }
-                // Kept only while small: a settle over a huge window does not pin its buffer.
-                if unsent.ids.capacity() <= 1024 {
+                // Kept only while small (within the subscription's fixed overhead in the memory
+                // budget): a settle over a huge window does not pin its buffer.
+                if unsent.ids.capacity() <= UnsentIds::KEPT {
                     unsent.ids.clear();
                     state.unsent_scratch = unsent.ids;
                 }

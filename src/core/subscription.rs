@@ -460,15 +460,17 @@ impl Subscription {
         // They go back in publish order (ascending id), not delivery order: after a nack and
         // its redelivery the member may hold 2 then 1, and the next active member must still
         // get 1 first (SPEC §4). Pushing to the front in reverse puts the lowest id at the head.
-        // Its messages, read off the in-flight map: O(messages in flight on this subscription),
-        // paid on a leave rather than on every delivery and ack.
+        // Its messages, read off the in-flight map, paid on a leave rather than on every
+        // delivery and ack: nothing for a member holding nothing, and the walk stops at its
+        // last message.
         let mut returning: Vec<SystemId> = self
             .in_flight
             .iter()
             .filter(|(_, record)| record.member == member_id)
             .map(|(id, _)| *id)
-            .rev()
+            .take(member.in_flight as usize)
             .collect();
+        returning.reverse();
         if planted(PlantedBug::RequeueNewestFirst) {
             returning.reverse();
         }

@@ -303,7 +303,7 @@ async fn scheduler_store_io_error_does_not_stop_the_job_forever() {
     let mut leader = Replica::start(&flags);
     let epoch = epoch_of(&within(leader.line("leading epoch=")).await);
     // The first write fails: the store's directory is missing.
-    within(leader.line(&format!("refused epoch={epoch} run=1"))).await;
+    within(leader.line(&format!("failed epoch={epoch} run=1"))).await;
     // The store comes back.
     std::fs::create_dir_all(&dir).unwrap();
     let resumed = tokio::time::timeout(FAILOVER_BOUND, async {
