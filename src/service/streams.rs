@@ -20,10 +20,6 @@ use crate::{
     server::{Signal, conn::connection_of},
 };
 
-/// Refusals that may wait to be written before the stream stops reading the client's settles:
-/// a client that floods bad acks and never reads is slowed by HTTP/2 flow control, not buffered.
-const PENDING_REFUSALS: usize = 16;
-
 type FrameResult = Result<pb::SubscriptionFrame, Status>;
 
 /// A `Consume` stream: the member's frames, interleaved with refusals of its own settles, ended
@@ -48,12 +44,12 @@ pub struct ConsumeStream {
 
 impl ConsumeStream {
     /// Reads what the client sent so far, applying settles, until its side has nothing ready,
-    /// ends, or too many refusals wait.
+    /// ends, or a settle's refusals wait to be written. The refusals of at most one settle are
+    /// ever held (a few frames naming at most the member's window of ids, no more than the
+    /// client itself sent): a client that floods bad acks and never reads is slowed by HTTP/2
+    /// flow control, not buffered.
     fn read_settles(&mut self, cx: &mut Context<'_>) {
-        while !self.requests_done
-            && self.terminal.is_none()
-            && self.refusals.len() < PENDING_REFUSALS
-        {
+        while !self.requests_done && self.terminal.is_none() && self.refusals.is_empty() {
             let request = match Pin::new(&mut self.requests).poll_next(cx) {
                 Poll::Pending => return,
                 Poll::Ready(request) => request,
