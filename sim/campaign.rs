@@ -215,15 +215,24 @@ pub fn run(seed: u64) -> Outcome {
 /// Runs `seeds` on as many threads as the machine has (each simulation stays on one thread),
 /// with `bug` planted in every one of them. Returns the outcomes in seed order.
 pub fn run_many(seeds: &[u64], bug: Option<PlantedBug>) -> Vec<Outcome> {
+    let mut outcomes = run_seeds(seeds, bug, run);
+    outcomes.sort_by_key(|o| o.seed);
+    outcomes
+}
+
+/// Runs `run` for each of `seeds`, spread over as many threads as the machine has, with `bug`
+/// planted on each thread (a bug is planted per thread, and a simulation stays on its thread).
+/// The outcomes come back grouped by thread; callers sort them.
+pub fn run_seeds<O: Send>(seeds: &[u64], bug: Option<PlantedBug>, run: fn(u64) -> O) -> Vec<O> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(seeds.len().max(1));
-    let mut outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 scope.spawn(move || {
                     plant(bug);
-                    let mine: Vec<Outcome> = seeds
+                    let mine: Vec<O> = seeds
                         .iter()
                         .skip(t)
                         .step_by(threads)
@@ -238,9 +247,7 @@ pub fn run_many(seeds: &[u64], bug: Option<PlantedBug>) -> Vec<Outcome> {
             .into_iter()
             .flat_map(|h| h.join().expect("campaign thread panicked"))
             .collect()
-    });
-    outcomes.sort_by_key(|o| o.seed);
-    outcomes
+    })
 }
 
 fn plant(bug: Option<PlantedBug>) {

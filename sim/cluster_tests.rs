@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use tinybroker::core::planted::{PlantedBug, plant};
+use tinybroker::core::planted::PlantedBug;
 
 use crate::cluster_campaign::{self as cluster, ClusterOutcome};
 
@@ -14,32 +14,10 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// Runs `seeds` on two threads (each simulation on one), with `bug` planted; in seed order.
+/// Runs `seeds` on the machine's threads (each simulation on one), with `bug` planted; in seed
+/// order.
 fn run_many(seeds: &[u64], bug: Option<PlantedBug>) -> Vec<ClusterOutcome> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(seeds.len().max(1));
-    let mut outcomes: Vec<ClusterOutcome> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                scope.spawn(move || {
-                    plant(bug);
-                    let mine: Vec<_> = seeds
-                        .iter()
-                        .skip(t)
-                        .step_by(threads)
-                        .map(|&s| cluster::run(s))
-                        .collect();
-                    plant(None);
-                    mine
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("cluster campaign thread panicked"))
-            .collect()
-    });
+    let mut outcomes = crate::campaign::run_seeds(seeds, bug, cluster::run);
     outcomes.sort_by_key(|o| o.seed);
     outcomes
 }
