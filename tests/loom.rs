@@ -192,3 +192,61 @@ fn dead_letter_racing_a_publish_keeps_ids_increasing_along_the_queue() {
         drop((p, s));
     });
 }
+
+// SPEC §6 / issue 16 (an exact memory budget): two publishes to different subscriptions race for
+// the last message's worth of budget. Exactly one wins and the account never passes
+// `max_memory_bytes`. Checking the budget and then adding to the account used to be two steps,
+// so both could see room and together go over.
+#[test]
+fn racing_publishes_never_take_the_account_over_the_budget() {
+    use tinybroker::core::subscription::{MEMBER_OVERHEAD, MESSAGE_OVERHEAD, subscription_cost};
+    loom::model(|| {
+        let mut left = singleton("left");
+        left.spec.patterns = vec![Pattern::parse("l.*").unwrap()];
+        let mut right = singleton("right");
+        right.spec.patterns = vec![Pattern::parse("r.*").unwrap()];
+        let to = |topic: &str| {
+            Draft::new(
+                Topic::parse(topic).unwrap(),
+                Bytes::from_static(b"x"),
+                Default::default(),
+                &Limits::default(),
+            )
+            .unwrap()
+        };
+        let empty = subscription_cost(&left.spec) + subscription_cost(&right.spec);
+        let one = to("l.x").size() as u64 + MESSAGE_OVERHEAD;
+        let max = empty + 2 * MEMBER_OVERHEAD + one;
+        let broker = Broker::new(
+            Limits {
+                max_memory_bytes: max,
+                ..Limits::default()
+            },
+            Arc::new(TokioClock::new()),
+        );
+        // Members on standby are enough to hold the subscriptions open; nobody reads.
+        let l = broker.open(&left, Some(1)).unwrap();
+        let r = broker.open(&right, Some(1)).unwrap();
+        let publishers: Vec<_> = ["l.x", "r.x"]
+            .into_iter()
+            .map(|topic| {
+                let broker = broker.clone();
+                let draft = to(topic);
+                thread::spawn(move || broker.publish(draft).is_ok())
+            })
+            .collect();
+        let won = publishers
+            .into_iter()
+            .map(|p| p.join().unwrap())
+            .filter(|won| *won)
+            .count();
+        let stats = broker.list().1;
+        assert!(
+            stats.memory_accounted_bytes <= max,
+            "account {} over the budget {max}",
+            stats.memory_accounted_bytes
+        );
+        assert_eq!(won, 1, "room for exactly one of the two messages");
+        drop((l, r));
+    });
+}

@@ -324,7 +324,7 @@ impl SubState {
                     DropReason::QueueFull => tracing::warn!(
                         subscription = %self.core.id(),
                         system_id,
-                        "dead letter dropped: queue full"
+                        "dead letter dropped: its queue or the memory budget is full"
                     ),
                     // A slow consumer drops on every publish: warn on the 1st, 2nd, 4th, 8th… drop
                     // of this subscription; `dropped_overflow` counts every one.

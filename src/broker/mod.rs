@@ -231,6 +231,10 @@ impl Broker {
 
     /// Brings the broker-wide memory account up to date with this subscription's footprint.
     /// Every input passes through [`apply`](Self::apply), so the account follows every change.
+    ///
+    /// Growth was reserved beforehand ([`reserve_memory`](Self::reserve_memory), credited to
+    /// `state.accounted` by the caller), so this only ever gives back what a change did not
+    /// use: the account never goes over the budget.
     fn account(&self, state: &mut SubState) {
         let now = state.core.footprint();
         let before = std::mem::replace(&mut state.accounted, now);
@@ -242,14 +246,27 @@ impl Broker {
         }
     }
 
-    /// Refuses work that would take the accounted memory over the budget.
-    fn check_memory(&self, needed: u64) -> Result<(), Error> {
-        let used = self.inner.counters.memory.load(Ordering::Relaxed);
+    /// Takes `needed` bytes out of the memory budget, or refuses and takes nothing. One atomic
+    /// step, so concurrent publishes to different subscriptions cannot each see room for
+    /// themselves and together go over: the account stays at or under `max_memory_bytes`.
+    fn reserve_memory(&self, needed: u64) -> Result<(), Error> {
         let max = self.inner.limits.max_memory_bytes;
-        if used.saturating_add(needed) > max {
-            return Err(Error::MemoryBudget { used, needed, max });
-        }
-        Ok(())
+        self.inner
+            .counters
+            .memory
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(needed).filter(|total| *total <= max)
+            })
+            .map(|_| ())
+            .map_err(|used| Error::MemoryBudget { used, needed, max })
+    }
+
+    /// Gives back a reservation that was not used.
+    fn release_memory(&self, amount: u64) {
+        self.inner
+            .counters
+            .memory
+            .fetch_sub(amount, Ordering::Relaxed);
     }
 
     /// The limits in force.
@@ -301,7 +318,8 @@ impl Broker {
                 max: limits.max_subscriptions,
             });
         }
-        self.check_memory(crate::core::subscription::subscription_cost(&request.spec))?;
+        let cost = crate::core::subscription::subscription_cost(&request.spec);
+        self.reserve_memory(cost)?;
         let name: Arc<str> = Arc::from(request.subscription_id.as_str());
         let core = Subscription::new(
             name.clone(),
@@ -317,9 +335,18 @@ impl Broker {
         );
         catalog.last_key += 1;
         let key = catalog.last_key;
-        let cell = Arc::new(Mutex::new(SubState::new(key, core)));
+        let mut state = SubState::new(key, core);
+        // The reservation is the new subscription's footprint so far.
+        state.accounted = cost;
+        let cell = Arc::new(Mutex::new(state));
         // Join before publishing the subscription in the catalog, so a refused join leaves no trace.
-        let stream = self.join(&cell, request, connection)?;
+        let stream = match self.join(&cell, request, connection) {
+            Ok(stream) => stream,
+            Err(error) => {
+                self.release_memory(cost);
+                return Err(error);
+            }
+        };
         for pattern in &request.spec.patterns {
             catalog.index.insert(pattern, key);
         }
@@ -341,8 +368,16 @@ impl Broker {
             // Checked again under the lock: `shutdown` ends the outlets it finds under this same
             // lock, so a member attached after that would never be told.
             self.check_running()?;
-            self.check_memory(crate::core::subscription::MEMBER_OVERHEAD)?;
-            let (member, effects) = state.core.join(&request.spec, request.member)?;
+            let cost = crate::core::subscription::MEMBER_OVERHEAD;
+            self.reserve_memory(cost)?;
+            let (member, effects) = match state.core.join(&request.spec, request.member) {
+                Ok(joined) => joined,
+                Err(error) => {
+                    self.release_memory(cost);
+                    return Err(error);
+                }
+            };
+            state.accounted += cost;
             if state.core.member_count() == 1 {
                 lock(&self.inner.idle).remove(state.key);
             }
@@ -420,9 +455,10 @@ impl Broker {
                 .map(|cell| Locked::new(cell))
                 .collect();
             let size = draft.size();
-            let cost =
-                (size as u64 + crate::core::subscription::MESSAGE_OVERHEAD) * states.len() as u64;
-            let mut refusal = self.check_memory(cost).err();
+            let share = size as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
+            let cost = share * states.len() as u64;
+            let mut refusal = self.reserve_memory(cost).err();
+            let reserved = refusal.is_none();
             for state in &mut states {
                 if let Err(error) = state.core.check_publish(size) {
                     // Every full subscription counts the refusal; the first one names it.
@@ -432,6 +468,9 @@ impl Broker {
                 }
             }
             if let Some(error) = refusal {
+                if reserved {
+                    self.release_memory(cost);
+                }
                 self.inner
                     .counters
                     .rejected_publishes
@@ -442,6 +481,7 @@ impl Broker {
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
             let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
             for state in &mut states {
+                state.accounted += share;
                 let effects = state.core.enqueue(message.clone());
                 self.apply(state, Input::Enqueue { system_id }, effects, &mut dead);
             }
@@ -499,8 +539,16 @@ impl Broker {
             if states.is_empty() {
                 self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
             }
+            let share = message.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
             for state in &mut states {
-                let effects = state.core.enqueue_or_drop(message.clone());
+                // A dead letter is not refused back to anyone: where the budget has no room
+                // for it, it is dropped and counted like one that meets a full queue.
+                let effects = if self.reserve_memory(share).is_ok() {
+                    state.accounted += share;
+                    state.core.enqueue_or_drop(message.clone())
+                } else {
+                    state.core.drop_full(system_id)
+                };
                 self.apply(state, Input::Enqueue { system_id }, effects, &mut ignored);
             }
             self.inner

@@ -295,6 +295,107 @@ async fn dead_letter_skips_its_own_subscription() {
     );
 }
 
+// SPEC §6 / issue 16 (an exact memory budget): four threads publish at once, each to its own
+// subscription, until the budget refuses them. Together they queue exactly what the budget has
+// room for, and the account ends at or under it (the loom model in tests/loom.rs checks every
+// interleaving of two such publishes; this runs real threads at scale).
+#[test]
+fn concurrent_publishers_fill_the_budget_exactly_and_never_pass_it() {
+    use crate::core::subscription::{MEMBER_OVERHEAD, MESSAGE_OVERHEAD, subscription_cost};
+    const THREADS: usize = 4;
+    let requests: Vec<_> = (0..THREADS)
+        .map(|i| request(&format!("s{i}"), Mode::Queue, &format!("t{i}")))
+        .collect();
+    let empty: u64 = requests
+        .iter()
+        .map(|r| subscription_cost(&r.spec) + MEMBER_OVERHEAD)
+        .sum();
+    let one = draft("t0").size() as u64 + MESSAGE_OVERHEAD;
+    let room = 1_000;
+    let max = empty + room * one + one / 2;
+    let broker = broker(Limits {
+        max_memory_bytes: max,
+        max_queue_messages: 10_000,
+        ..Limits::default()
+    });
+    // Standby-free queue members that never read: every message stays held.
+    let members: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.member.max_in_flight = 1;
+            broker.open(&r, None).unwrap()
+        })
+        .collect();
+    let before = broker.list().1.memory_accounted_bytes;
+    let start = std::sync::Barrier::new(THREADS);
+    let accepted: u64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (broker, start) = (&broker, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    let mut accepted = 0u64;
+                    while broker.publish(draft(&format!("t{i}"))).is_ok() {
+                        accepted += 1;
+                    }
+                    accepted
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let after = broker.list().1.memory_accounted_bytes;
+    assert!(after <= max, "account {after} over the budget {max}");
+    assert_eq!(accepted, (max - before) / one, "accepted {accepted}");
+    drop(members);
+}
+
+// SPEC §6 / issue 16 (an exact memory budget): a dead letter takes memory like a publish. It is
+// not refused back to anyone, so where the budget has no room for it, it is dropped and counted
+// (`dropped_full`) instead of taking the account over `max_memory_bytes`.
+#[tokio::test]
+async fn a_dead_letter_with_no_room_in_the_budget_is_dropped_and_counted() {
+    use crate::core::subscription::{MEMBER_OVERHEAD, MESSAGE_OVERHEAD, subscription_cost};
+    let mut poison = request("poison", Mode::Singleton, "jobs.>");
+    poison.spec.max_delivery_attempts = 1;
+    poison.spec.dead_letter_topic = Some(Topic::parse("dead.jobs").unwrap());
+    let sink = request("sink", Mode::Queue, "dead.>");
+    let empty =
+        subscription_cost(&poison.spec) + subscription_cost(&sink.spec) + 2 * MEMBER_OVERHEAD;
+    let one = draft("jobs.x").size() as u64 + MESSAGE_OVERHEAD;
+    let max = empty + one;
+    let broker = broker(Limits {
+        max_memory_bytes: max,
+        ..Limits::default()
+    });
+    let mut member = broker.open(&poison, None).unwrap();
+    let _ = recv(&mut member).await;
+    let _sink = broker.open(&sink, None).unwrap();
+    let id = broker.publish(draft("jobs.x")).unwrap().system_id;
+    assert!(matches!(
+        recv(&mut member).await,
+        Some(Outbound::Message { .. })
+    ));
+    // The dead letter carries headers saying where it came from, so it is larger than the
+    // message it replaces and the budget has no room for it.
+    broker
+        .nack("poison", Fence::Member(member.member_id()), id)
+        .unwrap();
+    let (_, stats) = broker.list();
+    assert!(
+        stats.memory_accounted_bytes <= max,
+        "account {} over the budget {max}",
+        stats.memory_accounted_bytes
+    );
+    let view = broker.describe("sink").unwrap();
+    assert_eq!(
+        (view.queued_messages, view.counters.dropped_full),
+        (0, 1),
+        "{view:?}"
+    );
+}
+
 // Issue: acks guessed for messages not yet written must not wedge a member. An ack for a frame
 // still waiting in the member's outlet is refused and changes nothing, so the outlet never holds
 // more than the window: what the core has in flight and what the stream carries agree.

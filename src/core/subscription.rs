@@ -600,13 +600,19 @@ impl Subscription {
         if self.spec.overflow == Overflow::RejectPublish
             && self.check_capacity(message.size()).is_err()
         {
-            self.counters.dropped_full += 1;
-            return vec![Effect::Dropped {
-                system_id: message.system_id,
-                reason: DropReason::QueueFull,
-            }];
+            return self.drop_full(message.system_id);
         }
         self.enqueue(message)
+    }
+
+    /// Drops a broker-internal message that cannot be held (its queue, or the broker's memory
+    /// budget, is full), counting it as `dropped_full`.
+    pub fn drop_full(&mut self, system_id: SystemId) -> Vec<Effect> {
+        self.counters.dropped_full += 1;
+        vec![Effect::Dropped {
+            system_id,
+            reason: DropReason::QueueFull,
+        }]
     }
 
     /// Releases a delivered message for good.
