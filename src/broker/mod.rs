@@ -239,9 +239,10 @@ impl Broker {
         let now = state.core.footprint();
         let before = std::mem::replace(&mut state.accounted, now);
         let memory = &self.inner.counters.memory;
-        if now >= before {
+        // The common case (a reservation that was exactly used) touches no shared cache line.
+        if now > before {
             memory.fetch_add(now - before, Ordering::Relaxed);
-        } else {
+        } else if now < before {
             memory.fetch_sub(before - now, Ordering::Relaxed);
         }
     }
