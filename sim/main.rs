@@ -9,6 +9,7 @@
 
 mod backplane;
 mod backplane_contract;
+mod backplane_nats;
 mod campaign;
 mod campaign_tests;
 mod checker;

@@ -17,4 +17,5 @@
 
 pub mod backplane;
 pub mod coordinator;
+pub mod nats;
 pub mod values;

@@ -301,7 +301,6 @@ impl NatsCluster {
     async fn await_healthy(&mut self, node: usize) -> Result<(), String> {
         let monitor = self.nodes[node].ports.monitor;
         let deadline = Instant::now() + READY_TIMEOUT;
-        let mut last = String::from("no answer yet");
         loop {
             if let Some(child) = self.nodes[node].process.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
@@ -309,11 +308,11 @@ impl NatsCluster {
                 self.nodes[node].process = None;
                 return Err(format!("node {node} exited: {status}"));
             }
-            match http_get(monitor, "/healthz").await {
+            let last = match http_get(monitor, "/healthz").await {
                 Ok((200, _)) => return Ok(()),
-                Ok((status, body)) => last = format!("{status} {}", body.trim()),
-                Err(e) => last = e,
-            }
+                Ok((status, body)) => format!("{status} {}", body.trim()),
+                Err(e) => e,
+            };
             if Instant::now() >= deadline {
                 return Err(format!(
                     "node {node} not healthy within {READY_TIMEOUT:?} (last /healthz: {last})"
