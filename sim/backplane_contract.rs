@@ -1,6 +1,7 @@
 //! The backplane contract (`tinybroker::cluster::backplane`'s module doc), as generic checks any
 //! implementation must pass: here against the in-memory model; the NATS adapter runs the same
-//! functions against a real nats-server. Each takes a fresh, empty bucket.
+//! functions against a real nats-server (`backplane_nats.rs`, through [`every_contract_check`]).
+//! Each takes a fresh, empty bucket.
 
 use std::time::Duration;
 
@@ -8,6 +9,17 @@ use bytes::Bytes;
 use tinybroker::cluster::backplane::{Backplane, Entry, KvError, Watch};
 
 use crate::backplane::Model;
+
+/// Calls `$run!(check)` for every check of the contract, so each implementation's runner runs
+/// all of them (`backplane_nats.rs` for NATS): a new check goes here too.
+#[macro_export]
+macro_rules! every_contract_check {
+    ($run:ident) => {
+        $run!(compare_and_set);
+        $run!(revisions_increase_across_keys);
+        $run!(watch_delivers_every_change_in_order);
+    };
+}
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())

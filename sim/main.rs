@@ -3,9 +3,13 @@
 //!
 //! Replay a failing campaign seed with `TINYBROKER_SIM_SEED=<seed> cargo test --test sim campaign`;
 //! run more seeds with `TINYBROKER_SIM_SEEDS=<n>`.
+//!
+//! Also here, not simulated: the backplane contract against real nats-server processes
+//! (`tests/support/nats.rs` starts them).
 
 mod backplane;
 mod backplane_contract;
+mod backplane_nats;
 mod campaign;
 mod campaign_tests;
 mod checker;
@@ -14,6 +18,9 @@ mod cluster;
 mod cluster_campaign;
 mod cluster_checker;
 mod cluster_tests;
+mod nats_harness;
+#[path = "../tests/support/nats.rs"]
+mod nats_server;
 mod net;
 mod rng;
 mod scenarios;

@@ -1,7 +1,8 @@
 //! The backplane seam: the few key-value operations cluster mode needs from its coordination
-//! store, modelled on JetStream KV. Two implementations: NATS in production (a later step, over
-//! `async-nats`) and the in-memory model in `sim/backplane.rs`; one contract suite
-//! (`sim/backplane_contract.rs`) holds both to the semantics below.
+//! store, modelled on JetStream KV. Two implementations: NATS in production
+//! ([`super::nats`], over `async-nats`) and the in-memory model in `sim/backplane.rs`; one
+//! contract suite (`sim/backplane_contract.rs`) holds both to the semantics below, the NATS one
+//! against a real three-node cluster.
 //!
 //! # Semantics every implementation must keep
 //! - One bucket, one **revision counter**: every successful write (create, update, delete) gets a
@@ -16,7 +17,16 @@
 //! - A [`Backplane::watch`] delivers, per prefix, first the latest entry of every matching key
 //!   (deletions included), then every later change, all in revision order and without gaps while
 //!   connected. A client cut off from the store sees its watch stop; when it reconnects the watch
-//!   resumes after the last revision it delivered (JetStream: an ordered consumer).
+//!   resumes after the last revision it delivered (JetStream: an ordered consumer), with the
+//!   latest revision of every key that changed meanwhile, in revision order: a revision that was
+//!   overwritten while the watch was cut off may be skipped (the bucket keeps each key's latest
+//!   only; the model replays them all, which the contract allows). Watchers treat entries as
+//!   state, newest revision wins, never as a log of every step.
+//! - A watch may yield an `Err` item ([`KvError::Unavailable`]: it lost contact) and go on after
+//!   it; it ends only when its client is gone.
+//!
+//! Implementations: [`super::nats::NatsBackplane`] (JetStream KV, with how each operation maps
+//! in its module doc) and the model in `sim/backplane.rs`.
 //!
 //! No NATS type appears here: the coordinator and the simulation speak only this.
 

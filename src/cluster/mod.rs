@@ -4,17 +4,21 @@
 //! singleton line.
 //!
 //! - [`backplane`]: the seam to the coordination store, with JetStream KV semantics (revisions,
-//!   compare-and-set, ordered watch). Implemented by the in-memory model in `sim/backplane.rs`;
-//!   the NATS implementation is a later step.
+//!   compare-and-set, ordered watch). Implemented by [`nats`] and by the in-memory model in
+//!   `sim/backplane.rs`; one contract suite holds both (the NATS one on a real three-node
+//!   nats-server cluster, started by `tests/support/nats.rs`).
+//! - [`nats`]: the backplane over a JetStream KV bucket (`async-nats`).
 //! - [`values`]: what gateways keep in the backplane: ids, keys, a subscription's line.
 //! - [`coordinator`]: one gateway's sans-IO state machine for singleton subscriptions: the line
 //!   across gateways, promotion, epochs and leases, with the safety argument and the clock
 //!   assumption in its doc.
 //!
-//! Status: step 1 of 4. The coordinator runs in the simulation (`sim/cluster.rs`) over the model
-//! backplane; it is **not wired to the binary yet** (no `--nats` flag), and messages (JetStream
-//! stream, acks, redelivery) are not part of it: see "Not in this step" in [`coordinator`].
+//! Status: the coordinator runs in the simulation (`sim/cluster.rs`) over the model backplane;
+//! [`nats`] is tested on its own against real servers. Neither is **wired to the binary yet** (no
+//! `--nats` flag), and messages (JetStream stream, acks, redelivery) are not part of them: see
+//! "Not in this step" in [`coordinator`].
 
 pub mod backplane;
 pub mod coordinator;
+pub mod nats;
 pub mod values;

@@ -1,0 +1,164 @@
+//! The backplane contract (`backplane_contract.rs`, every check) against `NatsBackplane` over a
+//! real three-node JetStream cluster, each check on a fresh bucket; and the one fault the seam
+//! promises something about: a watch whose server dies resumes after its last revision.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tinybroker::cluster::{
+    backplane::{Backplane, Entry, KvError, Watch},
+    nats::{NatsBackplane, NatsConfig},
+};
+
+use crate::{backplane_contract, nats_harness::runtime, nats_server::NatsCluster};
+
+/// Bound on one contract check (each is a handful of round trips on loopback).
+const CHECK: Duration = Duration::from_secs(30);
+/// Bound on an event that waits for a reconnect or a leader election after a node's crash.
+const FAILOVER: Duration = Duration::from_secs(30);
+
+async fn bucket(urls: Vec<String>, bucket: &str) -> NatsBackplane {
+    let config = NatsConfig {
+        bucket: bucket.to_string(),
+        ..NatsConfig::new(urls)
+    };
+    NatsBackplane::connect(&config)
+        .await
+        .unwrap_or_else(|e| panic!("bucket {bucket}: {e}"))
+}
+
+async fn next(w: &mut Watch, within: Duration) -> Entry {
+    let item = tokio::time::timeout(within, std::future::poll_fn(|cx| w.as_mut().poll_next(cx)))
+        .await
+        .unwrap_or_else(|_| panic!("watch delivered nothing within {within:?}"))
+        .expect("watch ended");
+    item.expect("watch failed")
+}
+
+#[test]
+fn cluster_backplane_nats_keeps_every_contract_check_on_a_three_node_cluster() {
+    runtime().block_on(async {
+        let cluster = NatsCluster::start(3).await;
+        macro_rules! check {
+            ($name:ident) => {
+                let kv = bucket(cluster.client_urls(), stringify!($name)).await;
+                assert_eq!(
+                    kv.replicas(),
+                    3,
+                    "the default is min(3, cluster size) replicas"
+                );
+                tokio::time::timeout(CHECK, backplane_contract::$name(&kv))
+                    .await
+                    .unwrap_or_else(|_| panic!("{} took over {CHECK:?}", stringify!($name)));
+            };
+        }
+        crate::every_contract_check!(check);
+    });
+}
+
+/// Waits until `writer` can write again after a node's crash: writes need the stream's leader,
+/// and if it was on the dead node another is elected first.
+async fn await_writable(writer: &NatsBackplane) {
+    let ready = async {
+        loop {
+            match writer.create("probe", Bytes::new()).await {
+                Ok(_) | Err(KvError::Exists { .. }) => break,
+                Err(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(FAILOVER, ready)
+        .await
+        .expect("no write accepted within 30 s of a node's crash");
+}
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+// Backplane module doc: "a client cut off from the store sees its watch stop; when it reconnects
+// the watch resumes after the last revision it delivered". The watcher may use node 0 only
+// (discovered servers ignored); node 0 is killed while a writer on node 1 changes keys, then
+// restarted.
+#[test]
+fn cluster_backplane_nats_watch_resumes_after_its_server_restarts() {
+    runtime().block_on(async {
+        let mut cluster = NatsCluster::start(3).await;
+        let writer = bucket(vec![cluster.client_url(1)], "resume").await;
+        let only_node_0 = async_nats::ConnectOptions::new()
+            .ignore_discovered_servers()
+            .connect(cluster.client_url(0))
+            .await
+            .unwrap();
+        let config = NatsConfig {
+            bucket: "resume".to_string(),
+            ..NatsConfig::new(Vec::<String>::new())
+        };
+        let watcher = NatsBackplane::open(only_node_0, &config).await.unwrap();
+
+        let mut w = watcher.watch("k.").await.unwrap();
+        let r1 = writer.create("k.1", b("1")).await.unwrap();
+        assert_eq!(next(&mut w, CHECK).await.revision, r1);
+
+        cluster.kill(0);
+        await_writable(&writer).await;
+        let r2 = writer.update("k.1", b("2"), r1).await.unwrap();
+        let r3 = writer.create("k.2", b("1")).await.unwrap();
+        let r4 = writer.delete("k.1", r2).await.unwrap();
+        let cut_off = watcher.get("k.2").await;
+        assert!(
+            matches!(cut_off, Err(KvError::Unavailable(_))),
+            "the watcher has no server: {cut_off:?}"
+        );
+
+        cluster.restart(0).await;
+        // The bucket keeps each key's latest revision only, so r2 (overwritten by r4 while the
+        // watcher was away) is not replayed: the watch resumes with every key's latest change
+        // after r1, in revision order.
+        let e = next(&mut w, FAILOVER).await;
+        assert_eq!(
+            (e.key.as_str(), e.revision, e.value),
+            ("k.2", r3, Some(b("1")))
+        );
+        let e = next(&mut w, CHECK).await;
+        assert_eq!((e.key.as_str(), e.revision, e.value), ("k.1", r4, None));
+
+        // The watcher's own operations work again.
+        assert_eq!(watcher.get("k.2").await.unwrap().unwrap().revision, r3);
+        let r5 = watcher.update("k.2", b("2"), r3).await.unwrap();
+        assert_eq!(next(&mut w, CHECK).await.revision, r5);
+    });
+}
+
+// The same promise when the client fails over to another node at once (it learned the others
+// from the cluster): whatever it replays after r1 is in revision order, without gaps other than
+// revisions overwritten meanwhile, and ends with every key's latest.
+#[test]
+fn cluster_backplane_nats_watch_fails_over_when_its_server_is_killed() {
+    runtime().block_on(async {
+        let mut cluster = NatsCluster::start(3).await;
+        let writer = bucket(vec![cluster.client_url(1)], "failover").await;
+        let watcher = bucket(vec![cluster.client_url(0)], "failover").await;
+
+        let mut w = watcher.watch("k.").await.unwrap();
+        let r1 = writer.create("k.1", b("1")).await.unwrap();
+        assert_eq!(next(&mut w, CHECK).await.revision, r1);
+
+        cluster.kill(0);
+        await_writable(&writer).await;
+        let r2 = writer.update("k.1", b("2"), r1).await.unwrap();
+        let r3 = writer.create("k.2", b("1")).await.unwrap();
+        let r4 = writer.delete("k.1", r2).await.unwrap();
+
+        let mut seen = vec![];
+        while seen.last() != Some(&r4) {
+            let e = next(&mut w, FAILOVER).await;
+            assert!(
+                [r2, r3, r4].contains(&e.revision) && seen.last().is_none_or(|l| *l < e.revision),
+                "after {seen:?} the watch delivered {e}"
+            );
+            seen.push(e.revision);
+        }
+        assert!(seen.contains(&r3), "k.2's creation was skipped: {seen:?}");
+    });
+}

@@ -1,0 +1,564 @@
+//! The backplane over NATS: one JetStream KV bucket, through `async-nats`.
+//!
+//! # How the seam maps onto JetStream
+//! - **Revision** = the stream sequence of the bucket's stream (`KV_<bucket>`): one counter for
+//!   every key, as the seam wants.
+//! - **create / update / delete** are publishes with `Nats-Expected-Last-Subject-Sequence`, which
+//!   the stream leader checks and orders (linearizable). A delete publishes a `KV-Operation: DEL`
+//!   marker: a revision of its own that watches deliver as an entry without a value, and that
+//!   replaces the key's value (history 1) without erasing the key's revision. A purge marker
+//!   (`KV-Operation: PURGE` with a subject roll-up) would do the same at history 1; DEL is the
+//!   one that never removes other messages, so it is what a plain delete means in KV.
+//! - JetStream's compare-and-set looks at the key's last message whatever it is, a delete marker
+//!   included; the seam's does not let a deleted key be updated or deleted (its current revision
+//!   is 0). So `update` and `delete` first read the message at the `expected` revision (one
+//!   round trip to the stream leader: revisions are immutable, so this read cannot race) and
+//!   refuse a revision that is a deletion; `create` on a deleted key is a compare-and-set on the
+//!   delete marker's revision.
+//! - **get** reads the key's last message from the stream leader (`STREAM.MSG.GET`), not with
+//!   direct get, which any replica may answer from behind.
+//! - **watch** is async-nats's KV watch: an ordered push consumer with "last per subject" then
+//!   every new message, in stream order. When the connection drops, or heartbeats stop, it
+//!   recreates its consumer from the last stream sequence it delivered, so a watch resumes after
+//!   its last revision, as the seam promises. If it was cut off before delivering anything, it
+//!   restarts with "deliver all", which at history 1 is the same set (the bucket holds only each
+//!   key's latest message). A missed heartbeat is yielded as one `Err(Unavailable)` item; the
+//!   stream goes on after it.
+//!
+//! # Errors
+//! - A refused compare-and-set answers "wrong last sequence: N", N the key's last revision:
+//!   [`KvError::Exists`] / [`KvError::WrongRevision`] carry it (0 if that message is a deletion).
+//!   When the answer carries no number, the adapter reads the key's latest revision afterwards:
+//!   that may already be newer than the one the refusal saw, which is still a revision the key
+//!   held after the refusal, so a caller that waits for it on the watch makes progress.
+//! - Timeouts, a lost connection, no responders and JetStream errors (no leader, stream gone)
+//!   are [`KvError::Unavailable`]: the write **may or may not have taken effect** (a publish
+//!   whose acknowledgement is lost was still stored), and the caller learns which from the watch.
+//!
+//! # Keys
+//! The seam's keys are any strings; a KV key allows only `[-/_=.a-zA-Z0-9]`, not starting or
+//! ending with `.`, without empty tokens. Keys are encoded byte by byte: those characters stay
+//! (the token structure stays visible to subject filters), every other byte, `=` itself, and a
+//! `.` that would start, end or empty a token become `=XX` (hex). The encoding is injective, and
+//! watches filter by the decoded key, so a watch prefix means a string prefix as the seam says.
+
+use std::{fmt::Write as _, time::Duration};
+
+use async_nats::{
+    HeaderMap,
+    jetstream::{
+        self,
+        context::PublishErrorKind,
+        kv,
+        stream::{LastRawMessageErrorKind, RawMessageErrorKind, StorageType},
+    },
+};
+use bytes::Bytes;
+use tokio_stream::StreamExt;
+
+use super::backplane::{Backplane, BoxFuture, Entry, KvError, Revision, Watch};
+
+/// How to reach NATS and which bucket to use.
+#[derive(Debug, Clone)]
+pub struct NatsConfig {
+    /// Server URLs (`nats://host:port`); the client learns the rest of the cluster from them.
+    pub urls: Vec<String>,
+    /// The KV bucket (a JetStream stream `KV_<bucket>`).
+    pub bucket: String,
+    /// Replicas of the bucket when this call creates it; `None`: `min(3, cluster size)`.
+    pub replicas: Option<usize>,
+    /// Bound on connecting to a server.
+    pub connect_timeout: Duration,
+    /// Bound on every request (publish acknowledgement, reads, creating the bucket): past it an
+    /// operation is [`KvError::Unavailable`].
+    pub request_timeout: Duration,
+}
+
+impl NatsConfig {
+    /// `urls`, bucket `tinybroker`, replicas by cluster size, 5 s connect and request timeouts.
+    pub fn new(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            urls: urls.into_iter().map(Into::into).collect(),
+            bucket: "tinybroker".to_string(),
+            replicas: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why [`NatsBackplane::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsError {
+    /// No server in the list could be reached.
+    #[error("cannot connect to NATS at {urls}: {reason}")]
+    Connect {
+        /// The URLs tried.
+        urls: String,
+        /// async-nats's reason.
+        reason: String,
+    },
+    /// The bucket could not be bound or created.
+    #[error("cannot open KV bucket {bucket:?}: {reason}")]
+    Bucket {
+        /// The bucket.
+        bucket: String,
+        /// JetStream's reason.
+        reason: String,
+    },
+}
+
+/// The [`Backplane`] over a JetStream KV bucket (see the module doc).
+#[derive(Clone)]
+pub struct NatsBackplane {
+    js: jetstream::Context,
+    store: kv::Store,
+    /// `$KV.<bucket>.`: a key's subject is this plus the encoded key.
+    prefix: String,
+}
+
+const KV_OPERATION: &str = "KV-Operation";
+
+impl NatsBackplane {
+    /// Connects to `config.urls`, then binds the bucket, creating it if it does not exist.
+    ///
+    /// # Errors
+    /// [`NatsError::Connect`] if no server answers within the connect timeout;
+    /// [`NatsError::Bucket`] if the bucket can neither be bound nor created.
+    pub async fn connect(config: &NatsConfig) -> Result<Self, NatsError> {
+        let urls = config.urls.join(",");
+        let addrs: Vec<async_nats::ServerAddr> = config
+            .urls
+            .iter()
+            .map(|u| u.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e: std::io::Error| NatsError::Connect {
+                urls: urls.clone(),
+                reason: e.to_string(),
+            })?;
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(config.connect_timeout)
+            .request_timeout(Some(config.request_timeout))
+            .connect(addrs)
+            .await
+            .map_err(|e| NatsError::Connect {
+                urls,
+                reason: e.to_string(),
+            })?;
+        Self::open(client, config).await
+    }
+
+    /// Binds (or creates) `config.bucket` over an existing connection; `config.urls` and
+    /// `config.connect_timeout` are not used.
+    ///
+    /// # Errors
+    /// [`NatsError::Bucket`].
+    pub async fn open(client: async_nats::Client, config: &NatsConfig) -> Result<Self, NatsError> {
+        let bucket_error = |reason: String| NatsError::Bucket {
+            bucket: config.bucket.clone(),
+            reason,
+        };
+        let replicas = config
+            .replicas
+            .unwrap_or_else(|| cluster_size(&client).min(3));
+        let mut js = jetstream::new(client);
+        js.set_timeout(config.request_timeout);
+        // Creating a bucket that exists with the same config succeeds, so gateways racing to
+        // create it all end up bound to it; one created with another config (say, other
+        // replicas) is bound as it is.
+        let created = js
+            .create_key_value(kv::Config {
+                bucket: config.bucket.clone(),
+                description: "tinybroker cluster coordination".to_string(),
+                history: 1,
+                storage: StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            })
+            .await;
+        let store = match created {
+            Ok(store) => store,
+            Err(create) => js
+                .get_key_value(&config.bucket)
+                .await
+                .map_err(|get| bucket_error(format!("create: {create}; bind: {get}")))?,
+        };
+        let prefix = format!("$KV.{}.", config.bucket);
+        Ok(Self { js, store, prefix })
+    }
+
+    /// The bucket's name.
+    pub fn bucket(&self) -> &str {
+        &self.store.name
+    }
+
+    /// How many replicas the bucket's stream has (as it was when bound).
+    pub fn replicas(&self) -> usize {
+        self.store.stream.cached_info().config.num_replicas
+    }
+
+    fn subject(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, encode_key(key))
+    }
+
+    /// Publishes `payload` on `key` if its last revision is `expected` (0: none).
+    async fn publish(
+        &self,
+        key: &str,
+        payload: Bytes,
+        expected: Revision,
+        delete: bool,
+    ) -> Result<Revision, Publish> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            expected.to_string().as_str(),
+        );
+        if delete {
+            headers.insert(KV_OPERATION, "DEL");
+        }
+        let ack = self
+            .js
+            .publish_with_headers(self.subject(key), headers, payload)
+            .await
+            .map_err(|e| Publish::Failed(unavailable("publish", e)))?;
+        match ack.await {
+            Ok(ack) => Ok(ack.sequence),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                Err(Publish::Conflict(last_sequence_in(&e.to_string())))
+            }
+            Err(e) => Err(Publish::Failed(unavailable("publish", e))),
+        }
+    }
+
+    /// The message at `revision` if it is a revision of `key`: `Some(true)` if it is a value,
+    /// `Some(false)` a deletion; `None` if there is no such message (never written, or replaced
+    /// since: the bucket keeps only each key's latest).
+    async fn kind_at(&self, key: &str, revision: Revision) -> Result<Option<bool>, KvError> {
+        match self.store.stream.get_raw_message(revision).await {
+            Ok(m) if m.subject.as_str() == self.subject(key) => Ok(Some(!is_deletion(&m.headers))),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("read", e)),
+        }
+    }
+
+    /// The key's current revision in the seam's sense (0: missing or deleted), given the last
+    /// sequence a refused compare-and-set reported, if it reported one.
+    async fn current(&self, key: &str, reported: Option<Revision>) -> Result<Revision, KvError> {
+        match reported {
+            // The key had no message at all.
+            Some(0) => return Ok(0),
+            Some(revision) => match self.kind_at(key, revision).await? {
+                Some(true) => return Ok(revision),
+                Some(false) => return Ok(0),
+                // Replaced since the refusal: read the latest below.
+                None => {}
+            },
+            None => {}
+        }
+        Ok(match self.get_entry(key).await? {
+            Some(Entry {
+                value: Some(_),
+                revision,
+                ..
+            }) => revision,
+            _ => 0,
+        })
+    }
+
+    async fn get_entry(&self, key: &str) -> Result<Option<Entry>, KvError> {
+        match self
+            .store
+            .stream
+            .get_last_raw_message_by_subject(&self.subject(key))
+            .await
+        {
+            Ok(m) => Ok(Some(Entry {
+                key: key.to_string(),
+                value: (!is_deletion(&m.headers)).then_some(m.payload),
+                revision: m.sequence,
+            })),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("read", e)),
+        }
+    }
+
+    async fn create_entry(&self, key: &str, value: Bytes) -> Result<Revision, KvError> {
+        // Each retry follows a write by someone else to the key (a deletion we then write over,
+        // or one that replaced the message we read): bounded so a storm cannot hold us forever.
+        let mut expected = 0;
+        for _ in 0..8 {
+            match self.publish(key, value.clone(), expected, false).await {
+                Ok(revision) => return Ok(revision),
+                Err(Publish::Failed(e)) => return Err(e),
+                Err(Publish::Conflict(reported)) => {
+                    let last = match reported {
+                        Some(r) => r,
+                        None => match self.get_entry(key).await? {
+                            Some(e) => e.revision,
+                            None => 0,
+                        },
+                    };
+                    let kind = match last {
+                        0 => None,
+                        _ => self.kind_at(key, last).await?,
+                    };
+                    match kind {
+                        Some(true) => return Err(KvError::Exists { current: last }),
+                        // A deleted key: create it over its delete marker.
+                        Some(false) => expected = last,
+                        // Replaced since, or never there: read again.
+                        None => {
+                            expected = match self.get_entry(key).await? {
+                                Some(Entry {
+                                    value: Some(_),
+                                    revision,
+                                    ..
+                                }) => return Err(KvError::Exists { current: revision }),
+                                Some(e) => e.revision,
+                                None => 0,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Err(KvError::Unavailable(format!(
+            "create {key:?}: the key kept changing under concurrent writes"
+        )))
+    }
+
+    async fn write_at(
+        &self,
+        key: &str,
+        value: Option<Bytes>,
+        expected: Revision,
+    ) -> Result<Revision, KvError> {
+        let refused = async |reported: Option<Revision>| -> KvError {
+            match self.current(key, reported).await {
+                Ok(current) => KvError::WrongRevision { expected, current },
+                Err(e) => e,
+            }
+        };
+        // JetStream would accept a compare-and-set on a delete marker's revision; the seam
+        // treats a deleted key as having no revision.
+        if expected == 0 || self.kind_at(key, expected).await? == Some(false) {
+            return Err(refused(None).await);
+        }
+        let delete = value.is_none();
+        match self
+            .publish(key, value.unwrap_or_default(), expected, delete)
+            .await
+        {
+            Ok(revision) => Ok(revision),
+            Err(Publish::Failed(e)) => Err(e),
+            Err(Publish::Conflict(reported)) => Err(refused(reported).await),
+        }
+    }
+}
+
+enum Publish {
+    /// The compare-and-set was refused; the key's last sequence, when the answer said it.
+    Conflict(Option<Revision>),
+    Failed(KvError),
+}
+
+impl Backplane for NatsBackplane {
+    fn create(&self, key: &str, value: Bytes) -> BoxFuture<'_, Result<Revision, KvError>> {
+        let key = key.to_string();
+        Box::pin(async move { self.create_entry(&key, value).await })
+    }
+
+    fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> BoxFuture<'_, Result<Revision, KvError>> {
+        let key = key.to_string();
+        Box::pin(async move { self.write_at(&key, Some(value), expected).await })
+    }
+
+    fn delete(&self, key: &str, expected: Revision) -> BoxFuture<'_, Result<Revision, KvError>> {
+        let key = key.to_string();
+        Box::pin(async move { self.write_at(&key, None, expected).await })
+    }
+
+    fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<Entry>, KvError>> {
+        let key = key.to_string();
+        Box::pin(async move { self.get_entry(&key).await })
+    }
+
+    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<Watch, KvError>> {
+        let prefix = prefix.to_string();
+        Box::pin(async move {
+            let watch = self
+                .store
+                .watch_many_with_history(watch_filters(&prefix))
+                .await
+                .map_err(|e| unavailable("watch", e))?;
+            let entries = watch.filter_map(move |item| match item {
+                Ok(e) => {
+                    let key = decode_key(&e.key);
+                    key.starts_with(&prefix).then(|| {
+                        Ok(Entry {
+                            key,
+                            value: (e.operation == kv::Operation::Put).then_some(e.value),
+                            revision: e.revision,
+                        })
+                    })
+                }
+                Err(e) => Some(Err(unavailable("watch", e))),
+            });
+            Ok(Box::pin(entries) as Watch)
+        })
+    }
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> KvError {
+    KvError::Unavailable(format!("{what}: {e}"))
+}
+
+fn is_deletion(headers: &HeaderMap) -> bool {
+    matches!(
+        headers.get(KV_OPERATION).map(|v| v.as_str()),
+        Some("DEL" | "PURGE")
+    )
+}
+
+/// The N of JetStream's "wrong last sequence: N" (error 10071) in async-nats's rendering of the
+/// error, "wrong last sequence: wrong last sequence: N (code 400, error code 10071)": the kind,
+/// then the server's description.
+fn last_sequence_in(text: &str) -> Option<Revision> {
+    const MARK: &str = "wrong last sequence: ";
+    let rest = &text[text.rfind(MARK)? + MARK.len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+fn plain(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'/')
+}
+
+/// A seam key as a valid KV key (see "Keys" in the module doc).
+pub fn encode_key(key: &str) -> String {
+    let bytes = key.as_bytes();
+    let mut out = String::with_capacity(key.len());
+    for (i, &byte) in bytes.iter().enumerate() {
+        let token_dot = byte == b'.' && i > 0 && i + 1 < bytes.len() && bytes[i - 1] != b'.';
+        if plain(byte) || token_dot {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "={byte:02X}");
+        }
+    }
+    out
+}
+
+/// The inverse of [`encode_key`]; text that is not an encoding is kept as it is.
+pub fn decode_key(encoded: &str) -> String {
+    let bytes = encoded.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'=', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Subject filters (relative to the bucket) that match every key starting with `prefix`, as
+/// narrow as the prefix's complete tokens allow; the watch filters exactly by decoded key.
+fn watch_filters(prefix: &str) -> Vec<String> {
+    let Some(cut) = prefix.rfind('.') else {
+        return vec![">".to_string()];
+    };
+    // "a.b." or "a.b.c": keys under it all start with the complete tokens "a.b".
+    let head = &prefix[..cut];
+    if head.is_empty()
+        || head
+            .split('.')
+            .any(|t| t.is_empty() || !t.bytes().all(plain))
+    {
+        return vec![">".to_string()];
+    }
+    // A key "a.b.<more>" encodes to "a.b.<...>", except "a.b." itself, whose trailing dot is
+    // escaped.
+    vec![format!("{head}.>"), format!("{head}=2E")]
+}
+
+/// How many servers the connected cluster has, as the server's INFO tells (1 outside a cluster).
+fn cluster_size(client: &async_nats::Client) -> usize {
+    let info = client.server_info();
+    if info.cluster.is_none() {
+        return 1;
+    }
+    info.connect_urls.len().max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_encode_to_valid_kv_keys_and_back() {
+        for key in [
+            "sub.orders",
+            "lease.17",
+            "sub.a b*>",
+            "sub..x",
+            ".lead",
+            "trail.",
+            "sub.=2E",
+            "sub.ünï",
+            "",
+        ] {
+            let encoded = encode_key(key);
+            assert_eq!(decode_key(&encoded), key, "{key:?} -> {encoded:?}");
+            if !key.is_empty() {
+                assert!(
+                    !encoded.starts_with('.') && !encoded.ends_with('.'),
+                    "{encoded:?}"
+                );
+                assert!(!encoded.contains(".."), "{encoded:?}");
+                assert!(encoded.bytes().all(|b| plain(b) || b == b'.' || b == b'='));
+            }
+        }
+        assert_eq!(encode_key("sub.orders"), "sub.orders");
+    }
+
+    #[test]
+    fn watch_filters_cover_every_key_under_the_prefix() {
+        assert_eq!(watch_filters(""), [">"]);
+        assert_eq!(watch_filters("sub"), [">"]);
+        assert_eq!(watch_filters("sub."), ["sub.>", "sub=2E"]);
+        assert_eq!(watch_filters("sub.ab"), ["sub.>", "sub=2E"]);
+        assert_eq!(watch_filters("a b.c"), [">"]);
+        assert_eq!(encode_key("sub."), "sub=2E");
+    }
+
+    #[test]
+    fn the_current_sequence_is_read_from_the_refusal() {
+        assert_eq!(
+            last_sequence_in(
+                "wrong last sequence: wrong last sequence: 42 (code 400, error code 10071)"
+            ),
+            Some(42)
+        );
+        assert_eq!(last_sequence_in("wrong last sequence"), None);
+        assert_eq!(last_sequence_in("timed out"), None);
+    }
+}
