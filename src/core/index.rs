@@ -109,7 +109,11 @@ fn common_tokens(label: &str, path: &str) -> usize {
     if boundary(a) && boundary(b) {
         same
     } else {
-        label[..same].rfind('.').expect("the first tokens are equal")
+        // Bytes, not chars: two tokens may part in the middle of a character.
+        a[..same]
+            .iter()
+            .rposition(|&c| c == b'.')
+            .expect("the first tokens are equal")
     }
 }
 
@@ -349,7 +353,11 @@ impl<K: Ord + Clone> PatternIndex<K> {
             path = path.get(common + 1..).unwrap_or("");
             node = child;
         }
-        let keys = if rest { &mut node.rest } else { &mut node.exact };
+        let keys = if rest {
+            &mut node.rest
+        } else {
+            &mut node.exact
+        };
         if insert_key(keys, key) {
             self.len += 1;
         }
@@ -365,7 +373,14 @@ impl<K: Ord + Clone> PatternIndex<K> {
 
     fn remove_at(node: &mut Node<K>, path: &str, rest: bool, key: &K) -> bool {
         if path.is_empty() {
-            return remove_key(if rest { &mut node.rest } else { &mut node.exact }, key);
+            return remove_key(
+                if rest {
+                    &mut node.rest
+                } else {
+                    &mut node.exact
+                },
+                key,
+            );
         }
         let first = first_token(path);
         if first == "*" {
@@ -458,11 +473,18 @@ impl<K: Ord + Clone> PatternIndex<K> {
             }
             *entries += keys.len();
         }
-        if root != node.label.is_empty() || node.label.split('.').any(str::is_empty) {
+        let label_ok = if root {
+            node.label.is_empty()
+        } else {
+            !node.label.split('.').any(str::is_empty)
+        };
+        if !label_ok {
             return Err(format!("label {at:?} (root: {root})"));
         }
         if !root && !node.has_keys() && node.children() < 2 {
-            return Err(format!("node {at:?} holds no key and has one child or none"));
+            return Err(format!(
+                "node {at:?} holds no key and has one child or none"
+            ));
         }
         for pair in node.literal.windows(2) {
             let key = |e: &Edge<K>| (e.hash, first_token(&e.node.label).to_owned());
