@@ -131,17 +131,87 @@ fn core(c: &mut Criterion) {
     c.bench_function("route_one_topic_among_10000_patterns", |b| {
         let mut index = PatternIndex::new();
         for n in 0..10_000u64 {
-            let pattern = match n % 4 {
-                0 => format!("orders.region{}.*", n % 100),
-                1 => format!("orders.region{}.shop{n}", n % 100),
-                2 => format!("metrics.host{n}.>"),
-                _ => format!("events.{n}.*.created"),
-            };
-            index.insert(&Pattern::parse(&pattern).unwrap(), n);
+            index.insert(&Pattern::parse(&bench_pattern(n)).unwrap(), n);
         }
         let topic = Topic::parse("orders.region42.shop4242").unwrap();
         b.iter(|| black_box(index.matches(black_box(&topic))));
     });
+    c.bench_function(
+        "route_one_topic_to_100_subscriptions_among_10000_patterns",
+        |b| {
+            let mut index = PatternIndex::new();
+            for n in 0..10_000u64 {
+                index.insert(&Pattern::parse(&bench_pattern(n)).unwrap(), n);
+            }
+            // `orders.region40.*`, held by 100 subscriptions.
+            let topic = Topic::parse("orders.region40.shop4240").unwrap();
+            assert_eq!(index.matches(&topic).len(), 100);
+            b.iter(|| black_box(index.matches(black_box(&topic))));
+        },
+    );
+    // Heavy subscriptions (the limit: 64 patterns of up to 256 bytes): 1,000 of them in the
+    // index, then one more inserted and removed, or one topic routed to one of them.
+    let heavy_index = || {
+        let mut index = PatternIndex::new();
+        for n in 0..1_000u64 {
+            for pattern in heavy_subscription(n) {
+                index.insert(&pattern, n);
+            }
+        }
+        index
+    };
+    c.bench_function(
+        "insert_and_remove_a_subscription_of_64_patterns_of_254_bytes",
+        |b| {
+            let mut index = heavy_index();
+            let patterns = heavy_subscription(1_000);
+            b.iter(|| {
+                for pattern in &patterns {
+                    index.insert(pattern, 1_000);
+                }
+                for pattern in &patterns {
+                    index.remove(pattern, &1_000);
+                }
+            });
+        },
+    );
+    c.bench_function(
+        "route_one_topic_among_1000_subscriptions_of_64_patterns_of_254_bytes",
+        |b| {
+            let index = heavy_index();
+            let topic = Topic::parse(heavy_subscription(500)[31].as_str()).unwrap();
+            assert_eq!(index.matches(&topic).len(), 1);
+            b.iter(|| black_box(index.matches(black_box(&topic))));
+        },
+    );
+}
+
+fn bench_pattern(n: u64) -> String {
+    match n % 4 {
+        0 => format!("orders.region{}.*", n % 100),
+        1 => format!("orders.region{}.shop{n}", n % 100),
+        2 => format!("metrics.host{n}.>"),
+        _ => format!("events.{n}.*.created"),
+    }
+}
+
+/// 64 distinct literal patterns of 254 bytes and 32 tokens each.
+fn heavy_subscription(n: u64) -> Vec<Pattern> {
+    (0..64)
+        .map(|p| {
+            let tokens: Vec<String> = (1..32).map(|t| format!("t{t:02}{}", n % 1000)).collect();
+            let used: usize = tokens.iter().map(|t| t.len() + 1).sum();
+            let mut first = format!("h{n}x{p}");
+            while first.len() + used < 254 {
+                first.push('y');
+            }
+            let text = std::iter::once(first)
+                .chain(tokens)
+                .collect::<Vec<_>>()
+                .join(".");
+            Pattern::parse(&text).unwrap()
+        })
+        .collect()
 }
 
 criterion_group!(benches, core);

@@ -653,61 +653,6 @@ proptest! {
     fn core_matches_the_reference_model(setup in setup(), ops in prop::collection::vec(op(), 1..80)) {
         run(setup, ops)?;
     }
-
-    // SPEC §2: the routing index agrees with naive matching on random topics and patterns.
-    #[test]
-    fn index_agrees_with_naive_matching(
-        patterns in prop::collection::vec(pattern_text(), 1..12),
-        topics in prop::collection::vec(topic_text(), 1..12),
-    ) {
-        let mut index = tinybroker::core::PatternIndex::new();
-        let parsed: Vec<Pattern> = patterns.iter().map(|p| Pattern::parse(p).unwrap()).collect();
-        for (key, p) in parsed.iter().enumerate() {
-            index.insert(p, key);
-        }
-        // Remove every third to exercise pruning.
-        for (key, p) in parsed.iter().enumerate().filter(|(k, _)| k % 3 == 2) {
-            index.remove(p, &key);
-        }
-        for t in &topics {
-            let topic = Topic::parse(t).unwrap();
-            let naive: std::collections::BTreeSet<usize> = parsed
-                .iter()
-                .enumerate()
-                .filter(|(k, p)| k % 3 != 2 && p.matches(&topic))
-                .map(|(k, _)| k)
-                .collect();
-            prop_assert_eq!(index.matches(&topic), naive, "topic {}", t);
-        }
-    }
-}
-
-fn token() -> impl Strategy<Value = String> {
-    prop_oneof![Just("a"), Just("b"), Just("c")].prop_map(String::from)
-}
-
-fn topic_text() -> impl Strategy<Value = String> {
-    prop::collection::vec(token(), 1..5).prop_map(|t| t.join("."))
-}
-
-fn pattern_text() -> impl Strategy<Value = String> {
-    (
-        prop::collection::vec(prop_oneof![3 => token(), 1 => Just("*".to_string())], 0..4),
-        prop_oneof![
-            Just(None),
-            Just(Some(">".to_string())),
-            token().prop_map(Some)
-        ],
-    )
-        .prop_map(|(mut tokens, last)| {
-            if let Some(last) = last {
-                tokens.push(last);
-            }
-            if tokens.is_empty() {
-                tokens.push("a".into());
-            }
-            tokens.join(".")
-        })
 }
 
 // The model test has teeth: with each planted bug in the core, proptest finds a counterexample.

@@ -266,23 +266,41 @@ pub fn topic_patterns(data: &[u8]) {
             topics.push(t);
         }
     }
+    // Every pattern under key 0 and under its own key, so entries share nodes and keys.
     let mut index = PatternIndex::new();
     for (key, p) in patterns.iter().enumerate() {
-        index.insert(p, key);
+        index.insert(p, key + 1);
+        index.insert(p, 0);
     }
-    for topic in &topics {
-        let naive: BTreeSet<usize> = patterns
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.matches(topic))
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(index.matches(topic), naive);
+    let agrees = |index: &PatternIndex<usize>, held: &dyn Fn(usize) -> bool, shared: bool| {
+        if let Err(e) = index.check() {
+            panic!("index shape: {e}");
+        }
+        for topic in &topics {
+            let mut naive: BTreeSet<usize> = patterns
+                .iter()
+                .enumerate()
+                .filter(|(k, p)| held(*k) && p.matches(topic))
+                .map(|(k, _)| k + 1)
+                .collect();
+            if shared && patterns.iter().any(|p| p.matches(topic)) {
+                naive.insert(0);
+            }
+            assert_eq!(index.matches(topic), naive);
+        }
+    };
+    agrees(&index, &|_| true, true);
+    // Removing every other pattern's own entry, then all, keeps it in shape and empties it.
+    for (key, p) in patterns.iter().enumerate().filter(|(k, _)| k % 2 == 1) {
+        index.remove(p, &(key + 1));
     }
+    agrees(&index, &|k| k % 2 == 0, true);
     for (key, p) in patterns.iter().enumerate() {
-        index.remove(p, &key);
+        index.remove(p, &(key + 1));
+        index.remove(p, &0);
     }
     assert!(index.is_empty());
+    agrees(&index, &|_| false, false);
 }
 
 /// `requests`: arbitrary bytes decoded as each request message, validated as the service does,

@@ -1,48 +1,278 @@
-//! A token trie that maps a topic to the subscriptions whose patterns match it (SPEC §2).
+//! The routing index: maps a topic to the subscriptions whose patterns match it (SPEC §2).
 //!
-//! Matching walks only the branches the topic's tokens select (its literal token, `*`, and `>`
-//! at each level), so its cost follows the topic's length and the number of matches, not the
-//! number of subscriptions.
+//! A token trie with path compression. A chain of nodes that hold no key and branch nowhere is
+//! one node whose label is the whole run of pattern tokens (`orders.*.created`), so a pattern
+//! shares the nodes of every pattern with the same leading tokens and costs one node (holding the
+//! rest of its text) past them, plus at most one where it splits a label in two. Matching walks
+//! only the branches the topic's tokens select (the literal child and the `*` child at each
+//! node, and the keys of `>`), so its cost follows the topic's length and the number of
+//! matches, not the number of subscriptions.
+//!
+//! Why the memory per entry is bounded ([`PatternIndex::ENTRY_OVERHEAD`]): every node but the
+//! root holds a key or has two children, so there are fewer than two nodes per entry; the labels
+//! on one pattern's path are disjoint pieces of its text, so all labels together are at most
+//! all patterns' text; every vector keeps its capacity within twice its length.
 
-use std::collections::{BTreeSet, HashMap};
+use std::{collections::BTreeSet, mem::size_of};
 
-use super::topic::{Pattern, PatternToken, Topic};
+use super::topic::{Pattern, Topic};
+
+/// What the allocator keeps per allocation beyond the bytes asked for (glibc: an 8-byte header,
+/// chunks rounded up to 16 bytes and at least 32: 8 to 31 bytes).
+pub const ALLOCATION_OVERHEAD: u64 = 32;
 
 /// Maps patterns to keys (subscription handles) and answers "who matches this topic".
-#[derive(Debug)]
 pub struct PatternIndex<K> {
     root: Node<K>,
     len: usize,
 }
 
-#[derive(Debug)]
 struct Node<K> {
-    // Only ever looked up, never iterated, so a HashMap's order cannot leak into behaviour.
-    literal: HashMap<Box<str>, Node<K>>,
-    one: Option<Box<Node<K>>>,
-    /// Keys whose pattern ends at this node.
-    exact: BTreeSet<K>,
-    /// Keys whose pattern is this node's path followed by `>`.
-    rest: BTreeSet<K>,
+    /// The pattern tokens on the way into this node, `.`-joined; empty only at the root.
+    label: Box<str>,
+    /// Children whose label starts with a literal token, ordered by that token's hash, then by
+    /// the token (a fixed hash: the order is the same in every run).
+    literal: Vec<Edge<K>>,
+    /// The child whose label starts with `*`.
+    star: Option<Box<Node<K>>>,
+    /// Keys whose pattern ends at this node, sorted.
+    exact: Vec<K>,
+    /// Keys whose pattern is this node's path followed by `>`, sorted.
+    rest: Vec<K>,
 }
 
-impl<K> Default for Node<K> {
-    fn default() -> Self {
-        Self {
-            literal: HashMap::new(),
-            one: None,
-            exact: BTreeSet::new(),
-            rest: BTreeSet::new(),
+struct Edge<K> {
+    /// [`token_hash`] of the first token of `node.label`.
+    hash: u64,
+    node: Box<Node<K>>,
+}
+
+impl<K> std::fmt::Debug for PatternIndex<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PatternIndex")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// FxHash over the token's bytes, eight at a time: fast for short tokens, and the same in every
+/// run, so the order of a node's children never depends on the process. Colliding tokens still
+/// cost a binary search, not a scan: children are ordered by the token after the hash.
+fn token_hash(token: &str) -> u64 {
+    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+    let mix = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(SEED);
+    let mut hash = token.len() as u64;
+    let mut chunks = token.as_bytes().chunks_exact(8);
+    for chunk in &mut chunks {
+        hash = mix(hash, u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        let mut word = [0u8; 8];
+        word[..tail.len()].copy_from_slice(tail);
+        hash = mix(hash, u64::from_le_bytes(word));
+    }
+    hash
+}
+
+/// The first token of a non-empty, `.`-joined run of tokens.
+fn first_token(tokens: &str) -> &str {
+    tokens.split_once('.').map_or(tokens, |(first, _)| first)
+}
+
+/// The first token of a topic's remaining tokens, and what follows it (`None`: nothing).
+fn split_token(topic: &str) -> (&str, Option<&str>) {
+    match topic.split_once('.') {
+        Some((first, rest)) => (first, Some(rest)),
+        None => (topic, None),
+    }
+}
+
+/// A pattern as a path of tokens (maybe empty) and whether it ends in `>`.
+fn path_of(pattern: &Pattern) -> (&str, bool) {
+    let text = pattern.as_str();
+    if text == ">" {
+        ("", true)
+    } else if let Some(path) = text.strip_suffix(".>") {
+        (path, true)
+    } else {
+        (text, false)
+    }
+}
+
+/// The length of the longest run of whole tokens both start with (at least their first token,
+/// which the caller has matched).
+fn common_tokens(label: &str, path: &str) -> usize {
+    let (a, b) = (label.as_bytes(), path.as_bytes());
+    let same = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let boundary = |s: &[u8]| s.len() == same || s[same] == b'.';
+    if boundary(a) && boundary(b) {
+        same
+    } else {
+        // Bytes, not chars: two tokens may part in the middle of a character.
+        a[..same]
+            .iter()
+            .rposition(|&c| c == b'.')
+            .expect("the first tokens are equal")
+    }
+}
+
+/// `path` past `label`'s tokens, when it starts with them: empty, or the tokens after them.
+fn strip_label<'p>(path: &'p str, label: &str) -> Option<&'p str> {
+    let after = path.strip_prefix(label)?;
+    if after.is_empty() {
+        Some(after)
+    } else {
+        after.strip_prefix('.')
+    }
+}
+
+/// Matches a label's tokens after its first (`tail`: empty, or `.` and the tokens) against the
+/// topic's next tokens. `Some(what follows them)`, or `None` if they do not match.
+fn follow<'t>(tail: &str, topic: Option<&'t str>) -> Option<Option<&'t str>> {
+    let Some(tail) = tail.strip_prefix('.') else {
+        return Some(topic);
+    };
+    let topic = topic?;
+    // A run of literal tokens matches byte for byte (a topic never holds `*`).
+    if let Some(after) = topic.strip_prefix(tail) {
+        if after.is_empty() {
+            return Some(None);
+        }
+        if let Some(after) = after.strip_prefix('.') {
+            return Some(Some(after));
+        }
+    }
+    if !tail.contains('*') {
+        return None;
+    }
+    let mut topic = Some(topic);
+    for token in tail.split('.') {
+        let (head, after) = split_token(topic?);
+        if token != "*" && token != head {
+            return None;
+        }
+        topic = after;
+    }
+    Some(topic)
+}
+
+/// Makes room for one more element, keeping the capacity within twice the length: exact while
+/// small (most nodes hold one key or one child), doubling past that.
+fn reserve_one<T>(v: &mut Vec<T>) {
+    if v.len() == v.capacity() {
+        if v.len() < 4 {
+            v.reserve_exact(1);
+        } else {
+            v.reserve(1);
         }
     }
 }
 
+/// After a removal: gives back memory once the capacity is over twice the length (all of it
+/// when empty), leaving room for half as many again so a remove and an insert do not reallocate
+/// in turn.
+fn shrink<T>(v: &mut Vec<T>) {
+    if v.capacity() > 2 * v.len() {
+        v.shrink_to(v.len() + v.len() / 2);
+    }
+}
+
+fn insert_key<K: Ord>(keys: &mut Vec<K>, key: K) -> bool {
+    match keys.binary_search(&key) {
+        Ok(_) => false,
+        Err(at) => {
+            reserve_one(keys);
+            keys.insert(at, key);
+            true
+        }
+    }
+}
+
+fn remove_key<K: Ord>(keys: &mut Vec<K>, key: &K) -> bool {
+    match keys.binary_search(key) {
+        Ok(at) => {
+            keys.remove(at);
+            shrink(keys);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 impl<K> Node<K> {
-    fn is_empty(&self) -> bool {
-        self.literal.is_empty()
-            && self.one.is_none()
-            && self.exact.is_empty()
-            && self.rest.is_empty()
+    fn new(label: &str) -> Self {
+        Self {
+            label: label.into(),
+            literal: Vec::new(),
+            star: None,
+            exact: Vec::new(),
+            rest: Vec::new(),
+        }
+    }
+
+    fn has_keys(&self) -> bool {
+        !self.exact.is_empty() || !self.rest.is_empty()
+    }
+
+    fn children(&self) -> usize {
+        self.literal.len() + usize::from(self.star.is_some())
+    }
+
+    /// The literal child whose label starts with `token`, or where it would go.
+    fn find(&self, hash: u64, token: &str) -> Result<usize, usize> {
+        self.literal.binary_search_by(|edge| {
+            edge.hash
+                .cmp(&hash)
+                .then_with(|| first_token(&edge.node.label).cmp(token))
+        })
+    }
+
+    /// Cuts the label after `at` bytes (a token boundary): this node keeps the first part and
+    /// gets the rest, with everything this node held, as its only child.
+    fn split(&mut self, at: usize) {
+        let tail = Box::new(Node {
+            label: self.label[at + 1..].into(),
+            literal: std::mem::take(&mut self.literal),
+            star: self.star.take(),
+            exact: std::mem::take(&mut self.exact),
+            rest: std::mem::take(&mut self.rest),
+        });
+        self.label = self.label[..at].into();
+        let first = first_token(&tail.label);
+        if first == "*" {
+            self.star = Some(tail);
+        } else {
+            self.literal = vec![Edge {
+                hash: token_hash(first),
+                node: tail,
+            }];
+        }
+    }
+
+    /// After a removal below or at this (non-root) node: whether it is now empty and should go.
+    /// A node left with no key and one child takes that child's place, its label in front.
+    fn tidy(&mut self) -> bool {
+        if self.has_keys() {
+            return false;
+        }
+        let only = match self.children() {
+            0 => return true,
+            1 => match self.star.take() {
+                Some(child) => child,
+                None => self.literal.pop().expect("one child").node,
+            },
+            _ => return false,
+        };
+        let mut only = *only;
+        let mut label = String::with_capacity(self.label.len() + 1 + only.label.len());
+        label.push_str(&self.label);
+        label.push('.');
+        label.push_str(&only.label);
+        // The first token is unchanged, so the parent's edge (hash and order) stays right.
+        only.label = label.into_boxed_str();
+        *self = only;
+        false
     }
 }
 
@@ -52,11 +282,29 @@ impl<K: Ord + Clone> Default for PatternIndex<K> {
     }
 }
 
+impl<K> PatternIndex<K> {
+    /// An upper bound of what one entry adds to the index's heap memory beyond its pattern's
+    /// text, allocator overhead included (see the module's note; [`ALLOCATION_OVERHEAD`] per
+    /// allocation): two nodes and their labels, two children's slots with room for two more and
+    /// their vectors, and a key with room for another in its set.
+    pub const ENTRY_OVERHEAD: u64 = 2 * (size_of::<Node<K>>() as u64 + ALLOCATION_OVERHEAD)
+        + 2 * ALLOCATION_OVERHEAD
+        + 2 * (2 * size_of::<Edge<K>>() as u64 + ALLOCATION_OVERHEAD)
+        + 2 * size_of::<K>() as u64
+        + ALLOCATION_OVERHEAD;
+
+    /// What an entry under `pattern` can cost the index at most: the sum over the entries held
+    /// bounds the index's heap memory, however the patterns share nodes.
+    pub fn entry_cost(pattern: &Pattern) -> u64 {
+        pattern.as_str().len() as u64 + Self::ENTRY_OVERHEAD
+    }
+}
+
 impl<K: Ord + Clone> PatternIndex<K> {
-    /// An empty index.
+    /// An empty index (it holds no heap memory until the first insert).
     pub fn new() -> Self {
         Self {
-            root: Node::default(),
+            root: Node::new(""),
             len: 0,
         }
     }
@@ -73,150 +321,194 @@ impl<K: Ord + Clone> PatternIndex<K> {
 
     /// Adds `key` under `pattern`. Adding the same pair twice is a no-op.
     pub fn insert(&mut self, pattern: &Pattern, key: K) {
+        let (mut path, rest) = path_of(pattern);
         let mut node = &mut self.root;
-        for token in pattern.tokens() {
-            match token {
-                PatternToken::Literal(lit) => {
-                    node = node.literal.entry(lit.clone()).or_default();
-                }
-                PatternToken::One => node = node.one.get_or_insert_with(Default::default),
-                PatternToken::Rest => {
-                    if node.rest.insert(key) {
-                        self.len += 1;
+        while !path.is_empty() {
+            let first = first_token(path);
+            let child = if first == "*" {
+                node.star.get_or_insert_with(|| Box::new(Node::new(path)))
+            } else {
+                let hash = token_hash(first);
+                let at = match node.find(hash, first) {
+                    Ok(at) => at,
+                    Err(at) => {
+                        reserve_one(&mut node.literal);
+                        let node_here = Box::new(Node::new(path));
+                        node.literal.insert(
+                            at,
+                            Edge {
+                                hash,
+                                node: node_here,
+                            },
+                        );
+                        at
                     }
-                    return;
-                }
+                };
+                &mut node.literal[at].node
+            };
+            let common = common_tokens(&child.label, path);
+            if common < child.label.len() {
+                child.split(common);
             }
+            path = path.get(common + 1..).unwrap_or("");
+            node = child;
         }
-        if node.exact.insert(key) {
+        let keys = if rest {
+            &mut node.rest
+        } else {
+            &mut node.exact
+        };
+        if insert_key(keys, key) {
             self.len += 1;
         }
     }
 
-    /// Removes `key` from under `pattern`, pruning branches left empty.
+    /// Removes `key` from under `pattern`, freeing the nodes it alone needed.
     pub fn remove(&mut self, pattern: &Pattern, key: &K) {
-        if Self::remove_at(&mut self.root, pattern.tokens(), key) {
+        let (path, rest) = path_of(pattern);
+        if Self::remove_at(&mut self.root, path, rest, key) {
             self.len -= 1;
         }
     }
 
-    fn remove_at(node: &mut Node<K>, tokens: &[PatternToken], key: &K) -> bool {
-        let Some((first, rest)) = tokens.split_first() else {
-            return node.exact.remove(key);
-        };
-        match first {
-            PatternToken::Rest => node.rest.remove(key),
-            PatternToken::One => {
-                let Some(child) = node.one.as_deref_mut() else {
-                    return false;
-                };
-                let removed = Self::remove_at(child, rest, key);
-                if child.is_empty() {
-                    node.one = None;
-                }
-                removed
+    fn remove_at(node: &mut Node<K>, path: &str, rest: bool, key: &K) -> bool {
+        if path.is_empty() {
+            return remove_key(
+                if rest {
+                    &mut node.rest
+                } else {
+                    &mut node.exact
+                },
+                key,
+            );
+        }
+        let first = first_token(path);
+        if first == "*" {
+            let Some(child) = node.star.as_deref_mut() else {
+                return false;
+            };
+            let Some(after) = strip_label(path, &child.label) else {
+                return false;
+            };
+            let removed = Self::remove_at(child, after, rest, key);
+            if removed && child.tidy() {
+                node.star = None;
             }
-            PatternToken::Literal(lit) => {
-                let Some(child) = node.literal.get_mut(lit) else {
-                    return false;
-                };
-                let removed = Self::remove_at(child, rest, key);
-                if child.is_empty() {
-                    node.literal.remove(lit);
-                }
-                removed
+            removed
+        } else {
+            let Ok(at) = node.find(token_hash(first), first) else {
+                return false;
+            };
+            let child = &mut node.literal[at].node;
+            let Some(after) = strip_label(path, &child.label) else {
+                return false;
+            };
+            let removed = Self::remove_at(child, after, rest, key);
+            if removed && child.tidy() {
+                node.literal.remove(at);
+                shrink(&mut node.literal);
             }
+            removed
         }
     }
 
     /// Every key with at least one pattern matching `topic`, each once, in key order.
     pub fn matches(&self, topic: &Topic) -> BTreeSet<K> {
-        let tokens: Vec<&str> = topic.tokens().collect();
         let mut out = BTreeSet::new();
-        Self::walk(&self.root, &tokens, &mut out);
+        Self::walk(&self.root, Some(topic.as_str()), &mut out);
         out
     }
 
-    fn walk(node: &Node<K>, tokens: &[&str], out: &mut BTreeSet<K>) {
-        let Some((first, rest)) = tokens.split_first() else {
+    /// `topic`: the topic's tokens after this node's path (`None`: it ends here).
+    fn walk(node: &Node<K>, topic: Option<&str>, out: &mut BTreeSet<K>) {
+        let Some(topic) = topic else {
             out.extend(node.exact.iter().cloned());
             return;
         };
         // At least one token remains, so `>` here matches.
         out.extend(node.rest.iter().cloned());
-        if let Some(child) = node.literal.get(*first) {
-            Self::walk(child, rest, out);
+        let (token, after) = split_token(topic);
+        if !node.literal.is_empty()
+            && let Ok(at) = node.find(token_hash(token), token)
+        {
+            let child = &node.literal[at].node;
+            if let Some(next) = follow(&child.label[token.len()..], after) {
+                Self::walk(child, next, out);
+            }
         }
-        if let Some(child) = node.one.as_deref() {
-            Self::walk(child, rest, out);
+        if let Some(child) = node.star.as_deref()
+            && let Some(next) = follow(&child.label[1..], after)
+        {
+            Self::walk(child, next, out);
         }
+    }
+
+    /// Checks the index's shape: labels, child order and hashes, no node that could merge with
+    /// its only child or that holds nothing, sorted key sets, every capacity within twice its
+    /// length, and the entry count. For tests and fuzzing; `Err` says what is wrong where.
+    pub fn check(&self) -> Result<(), String> {
+        let mut entries = 0;
+        Self::check_node(&self.root, true, &mut entries)?;
+        if entries != self.len {
+            return Err(format!("{entries} entries held, len says {}", self.len));
+        }
+        Ok(())
+    }
+
+    fn check_node(node: &Node<K>, root: bool, entries: &mut usize) -> Result<(), String> {
+        let at = &node.label;
+        let roomy = |what: &str, len: usize, capacity: usize| {
+            if capacity > 2 * len {
+                Err(format!("{what} at {at:?}: capacity {capacity} for {len}"))
+            } else {
+                Ok(())
+            }
+        };
+        roomy("children", node.literal.len(), node.literal.capacity())?;
+        roomy("exact keys", node.exact.len(), node.exact.capacity())?;
+        roomy("rest keys", node.rest.len(), node.rest.capacity())?;
+        for keys in [&node.exact, &node.rest] {
+            if keys.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(format!("keys at {at:?} not sorted or repeated"));
+            }
+            *entries += keys.len();
+        }
+        let label_ok = if root {
+            node.label.is_empty()
+        } else {
+            !node.label.split('.').any(str::is_empty)
+        };
+        if !label_ok {
+            return Err(format!("label {at:?} (root: {root})"));
+        }
+        if !root && !node.has_keys() && node.children() < 2 {
+            return Err(format!(
+                "node {at:?} holds no key and has one child or none"
+            ));
+        }
+        for pair in node.literal.windows(2) {
+            let key = |e: &Edge<K>| (e.hash, first_token(&e.node.label).to_owned());
+            if key(&pair[0]) >= key(&pair[1]) {
+                return Err(format!("children of {at:?} out of order"));
+            }
+        }
+        for edge in &node.literal {
+            let first = first_token(&edge.node.label);
+            if first == "*" || edge.hash != token_hash(first) {
+                return Err(format!("edge to {:?} under {at:?}", edge.node.label));
+            }
+            Self::check_node(&edge.node, false, entries)?;
+        }
+        if let Some(star) = &node.star {
+            if first_token(&star.label) != "*" {
+                return Err(format!("star child {:?} under {at:?}", star.label));
+            }
+            Self::check_node(star, false, entries)?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn p(s: &str) -> Pattern {
-        Pattern::parse(s).unwrap()
-    }
-    fn t(s: &str) -> Topic {
-        Topic::parse(s).unwrap()
-    }
-
-    #[test]
-    fn index_agrees_with_naive_matching() {
-        let patterns = [
-            "a", "a.b", "a.*", "a.>", "*.b", "*", ">", "a.b.c", "a.*.c", "*.*.>", "x.y",
-        ];
-        let topics = [
-            "a", "a.b", "a.c", "a.b.c", "x.b", "x.y", "a.x.c", "q", "a.b.c.d",
-        ];
-        let mut index = PatternIndex::new();
-        for (key, pat) in patterns.iter().enumerate() {
-            index.insert(&p(pat), key);
-        }
-        for topic in topics {
-            let expected: BTreeSet<usize> = patterns
-                .iter()
-                .enumerate()
-                .filter(|(_, pat)| p(pat).matches(&t(topic)))
-                .map(|(k, _)| k)
-                .collect();
-            assert_eq!(index.matches(&t(topic)), expected, "topic {topic}");
-        }
-    }
-
-    #[test]
-    fn a_key_with_two_matching_patterns_is_returned_once() {
-        let mut index = PatternIndex::new();
-        index.insert(&p("a.*"), 7);
-        index.insert(&p("a.>"), 7);
-        assert!(!index.is_empty());
-        assert_eq!(
-            index.matches(&t("a.b")).into_iter().collect::<Vec<_>>(),
-            vec![7]
-        );
-        assert_eq!(index.len(), 2);
-    }
-
-    #[test]
-    fn remove_prunes_and_stops_matching() {
-        let mut index = PatternIndex::new();
-        index.insert(&p("a.*.c"), 1);
-        index.insert(&p("a.>"), 2);
-        index.insert(&p("a.b.c"), 3);
-        index.remove(&p("a.*.c"), &1);
-        index.remove(&p("a.b.c"), &3);
-        assert_eq!(
-            index.matches(&t("a.b.c")).into_iter().collect::<Vec<_>>(),
-            vec![2]
-        );
-        index.remove(&p("a.>"), &2);
-        assert!(index.is_empty());
-        assert!(index.root.is_empty(), "empty branches must be pruned");
-        // Removing what is not there changes nothing.
-        index.remove(&p("a.>"), &2);
-        assert_eq!(index.len(), 0);
-    }
-}
+#[path = "index_tests.rs"]
+mod tests;

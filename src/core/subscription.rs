@@ -14,9 +14,11 @@ use std::{
 
 use super::{
     error::Error,
+    index::{self, PatternIndex},
     message::{Message, SystemId},
     planted::{PlantedBug, active as planted},
     spec::{MemberOptions, Mode, Overflow, SubscriptionSpec},
+    topic::Pattern,
 };
 
 /// Identifies a member of a subscription; increases in join order, never reused.
@@ -116,17 +118,21 @@ pub const MESSAGE_OVERHEAD: u64 = 128;
 pub const MEMBER_OVERHEAD: u64 = 1024;
 /// What one subscription costs before any message or member.
 pub const SUBSCRIPTION_OVERHEAD: u64 = 2048;
-/// What each token of each pattern costs in the routing index (one trie node).
-pub const PATTERN_TOKEN_OVERHEAD: u64 = 512;
+/// What each pattern costs beyond its text in the subscription's settings: its slot in the
+/// pattern list and the text's shared allocation (its counts and the allocator's overhead).
+pub const PATTERN_OVERHEAD: u64 =
+    std::mem::size_of::<Pattern>() as u64 + 16 + index::ALLOCATION_OVERHEAD;
+
+/// The budget cost of one pattern of a subscription: its text in the settings
+/// ([`PATTERN_OVERHEAD`] beside it) and its entry in the broker's routing index, at most
+/// [`PatternIndex::entry_cost`] however it shares nodes with other subscriptions' patterns.
+pub fn pattern_cost(pattern: &Pattern) -> u64 {
+    pattern.as_str().len() as u64 + PATTERN_OVERHEAD + PatternIndex::<u64>::entry_cost(pattern)
+}
 
 /// The budget cost of a subscription with `spec`'s patterns and nothing else.
 pub fn subscription_cost(spec: &SubscriptionSpec) -> u64 {
-    SUBSCRIPTION_OVERHEAD
-        + spec
-            .patterns
-            .iter()
-            .map(|p| p.as_str().len() as u64 + p.tokens().len() as u64 * PATTERN_TOKEN_OVERHEAD)
-            .sum::<u64>()
+    SUBSCRIPTION_OVERHEAD + spec.patterns.iter().map(pattern_cost).sum::<u64>()
 }
 
 /// Where a new subscription starts numbering: above the broker run's [`IdFloor`](super::IdFloor)

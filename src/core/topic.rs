@@ -17,11 +17,11 @@ pub const MAX_TOKENS: usize = 32;
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Topic(Arc<str>);
 
-/// One token of a [`Pattern`].
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PatternToken {
+/// One token of a [`Pattern`], borrowed from its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatternToken<'a> {
     /// Matches this exact token.
-    Literal(Box<str>),
+    Literal(&'a str),
     /// `*`: matches any one token.
     One,
     /// `>`: matches one or more trailing tokens (only ever last).
@@ -29,10 +29,13 @@ pub enum PatternToken {
 }
 
 /// A validated subscription pattern.
+///
+/// Only its text is kept (tokens are read off it on demand): a subscription holds up to 64
+/// patterns of up to 256 bytes, and a parsed token list beside the text cost several times the
+/// text itself.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Pattern {
     text: Arc<str>,
-    tokens: Vec<PatternToken>,
 }
 
 fn check_shape(kind: &str, text: &str) -> Result<(), String> {
@@ -122,23 +125,21 @@ impl Pattern {
         };
         check_shape("pattern", text).map_err(invalid)?;
         let count = text.split('.').count();
-        let mut tokens = Vec::with_capacity(count);
         for (i, token) in text.split('.').enumerate() {
-            tokens.push(match token {
-                "*" => PatternToken::One,
-                ">" if i + 1 == count => PatternToken::Rest,
+            match token {
+                "*" => {}
+                ">" if i + 1 == count => {}
                 ">" => return Err(invalid("`>` may only be the last token".into())),
                 t if t.contains(['*', '>']) => {
                     return Err(invalid(format!(
                         "token {t:?} mixes a wildcard with other characters; `*` and `>` must be whole tokens"
                     )));
                 }
-                t => PatternToken::Literal(t.into()),
-            });
+                _ => {}
+            }
         }
         Ok(Self {
             text: Arc::from(text),
-            tokens,
         })
     }
 
@@ -147,28 +148,30 @@ impl Pattern {
         &self.text
     }
 
-    /// The parsed tokens.
-    pub fn tokens(&self) -> &[PatternToken] {
-        &self.tokens
+    /// The pattern's tokens, in order.
+    pub fn tokens(&self) -> impl Iterator<Item = PatternToken<'_>> {
+        // Parsing guarantees `*` and `>` are whole tokens and `>` is last.
+        self.text.split('.').map(|token| match token {
+            "*" => PatternToken::One,
+            ">" => PatternToken::Rest,
+            literal => PatternToken::Literal(literal),
+        })
     }
 
     /// Naive matching, token by token. The broker routes through
     /// [`PatternIndex`](super::index::PatternIndex); this is its reference.
     pub fn matches(&self, topic: &Topic) -> bool {
         let mut topic_tokens = topic.tokens();
-        for (i, token) in self.tokens.iter().enumerate() {
+        for token in self.tokens() {
             match token {
-                PatternToken::Rest => {
-                    debug_assert_eq!(i + 1, self.tokens.len());
-                    return topic_tokens.next().is_some();
-                }
+                PatternToken::Rest => return topic_tokens.next().is_some(),
                 PatternToken::One => {
                     if topic_tokens.next().is_none() {
                         return false;
                     }
                 }
                 PatternToken::Literal(lit) => {
-                    if topic_tokens.next() != Some(&**lit) {
+                    if topic_tokens.next() != Some(lit) {
                         return false;
                     }
                 }

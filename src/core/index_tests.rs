@@ -1,0 +1,172 @@
+use super::*;
+
+fn p(s: &str) -> Pattern {
+    Pattern::parse(s).unwrap()
+}
+fn t(s: &str) -> Topic {
+    Topic::parse(s).unwrap()
+}
+
+fn naive(patterns: &[&str], topic: &str) -> BTreeSet<usize> {
+    patterns
+        .iter()
+        .enumerate()
+        .filter(|(_, pat)| p(pat).matches(&t(topic)))
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// How many nodes below the root.
+fn nodes<K>(node: &Node<K>) -> usize {
+    node.literal
+        .iter()
+        .map(|e| 1 + nodes(&e.node))
+        .chain(node.star.iter().map(|s| 1 + nodes(s)))
+        .sum()
+}
+
+#[test]
+fn index_agrees_with_naive_matching() {
+    let patterns = [
+        "a", "a.b", "a.*", "a.>", "*.b", "*", ">", "a.b.c", "a.*.c", "*.*.>", "x.y",
+    ];
+    let topics = [
+        "a", "a.b", "a.c", "a.b.c", "x.b", "x.y", "a.x.c", "q", "a.b.c.d",
+    ];
+    let mut index = PatternIndex::new();
+    for (key, pat) in patterns.iter().enumerate() {
+        index.insert(&p(pat), key);
+    }
+    index.check().unwrap();
+    for topic in topics {
+        assert_eq!(
+            index.matches(&t(topic)),
+            naive(&patterns, topic),
+            "topic {topic}"
+        );
+    }
+}
+
+#[test]
+fn a_key_with_two_matching_patterns_is_returned_once() {
+    let mut index = PatternIndex::new();
+    index.insert(&p("a.*"), 7);
+    index.insert(&p("a.>"), 7);
+    assert!(!index.is_empty());
+    assert_eq!(
+        index.matches(&t("a.b")).into_iter().collect::<Vec<_>>(),
+        vec![7]
+    );
+    assert_eq!(index.len(), 2);
+}
+
+#[test]
+fn remove_prunes_and_stops_matching() {
+    let mut index = PatternIndex::new();
+    index.insert(&p("a.*.c"), 1);
+    index.insert(&p("a.>"), 2);
+    index.insert(&p("a.b.c"), 3);
+    index.remove(&p("a.*.c"), &1);
+    index.remove(&p("a.b.c"), &3);
+    index.check().unwrap();
+    assert_eq!(
+        index.matches(&t("a.b.c")).into_iter().collect::<Vec<_>>(),
+        vec![2]
+    );
+    index.remove(&p("a.>"), &2);
+    assert!(index.is_empty());
+    assert_eq!(nodes(&index.root), 0, "empty branches must be pruned");
+    assert_eq!(
+        index.root.literal.capacity(),
+        0,
+        "the root's children freed"
+    );
+    // Removing what is not there changes nothing.
+    index.remove(&p("a.>"), &2);
+    assert_eq!(index.len(), 0);
+}
+
+// A pattern sharing no prefix is one node, whatever its length or wildcards; a second pattern
+// that diverges inside its label splits it once; removing it merges the halves back.
+#[test]
+fn a_run_of_tokens_is_one_node_split_and_merged_as_patterns_come_and_go() {
+    let mut index = PatternIndex::new();
+    let long = "a.b.*.d.e.*.g.h";
+    index.insert(&p(long), 1);
+    assert_eq!(nodes(&index.root), 1);
+    assert_eq!(&*index.root.literal[0].node.label, long);
+
+    index.insert(&p("a.b.*.x.>"), 2);
+    index.check().unwrap();
+    assert_eq!(nodes(&index.root), 3, "a.b.* above d.e.*.g.h and x");
+    assert_eq!(&*index.root.literal[0].node.label, "a.b.*");
+    assert_eq!(index.matches(&t("a.b.c.d.e.f.g.h")), BTreeSet::from([1]));
+    assert_eq!(index.matches(&t("a.b.c.x.y.z")), BTreeSet::from([2]));
+    assert!(index.matches(&t("a.b.c.x")).is_empty());
+    assert!(index.matches(&t("a.b.c.d.e.f.g")).is_empty());
+
+    index.remove(&p("a.b.*.x.>"), &2);
+    index.check().unwrap();
+    assert_eq!(nodes(&index.root), 1, "merged back into one node");
+    assert_eq!(&*index.root.literal[0].node.label, long);
+    assert_eq!(index.matches(&t("a.b.c.d.e.f.g.h")), BTreeSet::from([1]));
+}
+
+// A pattern that ends inside another's label splits it and keeps its key at the split.
+#[test]
+fn a_prefix_pattern_ends_at_the_split() {
+    let mut index = PatternIndex::new();
+    index.insert(&p("a.b.c"), 1);
+    index.insert(&p("a.b"), 2);
+    index.insert(&p("a.b.>"), 3);
+    index.insert(&p("*.b.c"), 4);
+    index.check().unwrap();
+    assert_eq!(index.matches(&t("a.b")), BTreeSet::from([2]));
+    assert_eq!(index.matches(&t("a.b.c")), BTreeSet::from([1, 3, 4]));
+    for (pat, key) in [("a.b", 2), ("a.b.>", 3)] {
+        index.remove(&p(pat), &key);
+        index.check().unwrap();
+    }
+    assert_eq!(nodes(&index.root), 2, "a.b.c and *.b.c");
+}
+
+// Tokens whose hashes collide still each find their own child.
+#[test]
+fn children_with_equal_hashes_are_told_apart_by_their_token() {
+    let mut index = PatternIndex::new();
+    let tokens = ["x1", "x2", "x3"];
+    for (key, token) in tokens.iter().enumerate() {
+        index.insert(&p(&format!("{token}.end")), key);
+    }
+    for edge in &mut index.root.literal {
+        edge.hash = 7;
+    }
+    index
+        .root
+        .literal
+        .sort_by(|a, b| first_token(&a.node.label).cmp(first_token(&b.node.label)));
+    for token in tokens {
+        let found = index.root.find(7, token).expect("found");
+        assert_eq!(first_token(&index.root.literal[found].node.label), token);
+    }
+    assert_eq!(index.root.find(7, "x0"), Err(0));
+    assert_eq!(index.root.find(7, "x4"), Err(3));
+}
+
+#[test]
+fn token_runs_are_compared_whole() {
+    assert_eq!(common_tokens("ab.c", "ab.cd"), 2);
+    assert_eq!(common_tokens("ab.cd", "ab.c"), 2);
+    assert_eq!(common_tokens("ab.c.x", "ab.c.y"), 4);
+    assert_eq!(common_tokens("ab.c", "ab.c"), 4);
+    assert_eq!(common_tokens("ab.*.c", "ab.*"), 4);
+    assert_eq!(common_tokens("ab", "ab.c"), 2);
+    // `é` and `è` share their first byte.
+    assert_eq!(common_tokens("a.é", "a.è"), 1);
+    assert_eq!(follow(".b.*", Some("b.x")), Some(None));
+    assert_eq!(follow(".b.*", Some("b.x.y")), Some(Some("y")));
+    assert_eq!(follow(".b.*", Some("b")), None);
+    assert_eq!(follow(".bc", Some("b.c")), None);
+    assert_eq!(follow(".b", Some("bc")), None);
+    assert_eq!(follow("", Some("q")), Some(Some("q")));
+}
