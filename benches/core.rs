@@ -1,13 +1,12 @@
 //! Micro-benchmarks of the pure core's per-message decisions (README, "Performance"):
 //! `cargo bench --bench core`.
 
-use std::{hint::black_box, sync::Arc, time::Duration};
+use std::{hint::black_box, time::Duration};
 
-use bytes::Bytes;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use tinybroker::core::{
-    Floors, MemberOptions, Message, Mode, Pattern, PatternIndex, QueueLimits, Subscription,
-    SubscriptionSpec, Topic,
+    Envelope, Floors, Headers, MemberOptions, Message, Mode, Pattern, PatternIndex, QueueLimits,
+    Subscription, SubscriptionSpec, Topic,
 };
 
 fn spec(mode: Mode) -> SubscriptionSpec {
@@ -38,14 +37,9 @@ fn subscription(mode: Mode) -> Subscription {
     )
 }
 
-fn message(id: u64) -> Arc<Message> {
-    Arc::new(Message {
-        system_id: id,
-        topic: Topic::parse("bench.work").unwrap(),
-        payload: Bytes::from_static(&[0; 128]),
-        headers: Default::default(),
-        published_at_ms: 0,
-    })
+fn message(id: u64) -> Message {
+    let envelope = Envelope::new(Topic::parse("bench.work").unwrap(), Headers::new());
+    Message::new(id, 0, envelope, &[0; 128])
 }
 
 fn window(n: u32) -> MemberOptions {

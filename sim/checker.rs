@@ -327,7 +327,7 @@ impl Observer for Checker {
                     attempt,
                     epoch,
                 } => {
-                    let sid = message.system_id;
+                    let sid = message.system_id();
                     lines.push(format!(
                         "broker {id}: deliver #{sid} to m{member} attempt {attempt} epoch {epoch}"
                     ));
@@ -354,10 +354,10 @@ impl Observer for Checker {
                 Effect::DeadLetter { message, attempts } => {
                     lines.push(format!(
                         "broker {id}: dead-letter #{} after {attempts}",
-                        message.system_id
+                        message.system_id()
                     ));
-                    m.outstanding.remove(&message.system_id);
-                    m.holder.remove(&message.system_id);
+                    m.outstanding.remove(&message.system_id());
+                    m.holder.remove(&message.system_id());
                 }
                 Effect::Dropped { system_id, reason } => {
                     lines.push(format!("broker {id}: drop #{system_id} ({reason:?})"));

@@ -17,8 +17,8 @@ use tonic::{Code, Request, Response, Status};
 use crate::{
     broker::{Broker, BrokerStats, ConnectionId, Fence, MemberStream, Outbound, SubscriptionView},
     core::{
-        AckMode, Draft, Error, Headers, Limits, MemberOptions, Mode, OpenRequest, Overflow,
-        Pattern, SubscriptionSpec, Topic,
+        AckMode, Draft, Envelope, Error, Headers, Limits, MemberOptions, Mode, OpenRequest,
+        Overflow, Pattern, SubscriptionSpec, Topic,
     },
     pb,
     server::{Signal, TransportSnapshot, TransportStats, conn::connection_of},
@@ -142,27 +142,32 @@ pub fn draft(request: pb::PublishRequest, limits: &Limits) -> Result<Draft, Erro
     draft_reusing(request, limits, &mut None)
 }
 
-/// As [`draft`], reusing `recent`'s topic when the request names the same one (and remembering
-/// this one): a stream or batch publishing to one topic then shares one topic allocation among
-/// all its queued messages.
+/// As [`draft`], reusing `recent`'s envelope when the request names the same topic and headers,
+/// else its topic when the topic is the same (and remembering this draft's envelope): a stream or
+/// batch publishing to one topic then shares one envelope, or at least one topic allocation,
+/// among all its queued messages.
 ///
 /// # Errors
 /// As [`draft`].
 pub fn draft_reusing(
     request: pb::PublishRequest,
     limits: &Limits,
-    recent: &mut Option<Topic>,
+    recent: &mut Option<Envelope>,
 ) -> Result<Draft, Error> {
-    let topic = match recent {
-        Some(topic) if topic.as_str() == request.topic => topic.clone(),
-        _ => {
-            let topic = Topic::parse(&request.topic)?;
-            *recent = Some(topic.clone());
-            topic
-        }
-    };
     let headers: Headers = request.headers.into_iter().collect();
-    Draft::new(topic, request.payload, headers, limits)
+    let same_topic = recent
+        .as_ref()
+        .filter(|envelope| envelope.topic().as_str() == request.topic);
+    if let Some(envelope) = same_topic.filter(|envelope| *envelope.headers() == headers) {
+        return Draft::in_envelope(envelope.clone(), &request.payload, limits);
+    }
+    let topic = match same_topic {
+        Some(envelope) => envelope.topic().clone(),
+        None => Topic::parse(&request.topic)?,
+    };
+    let draft = Draft::new(topic, request.payload, headers, limits)?;
+    *recent = Some(draft.envelope().clone());
+    Ok(draft)
 }
 
 /// Validates an `OpenSubscription` (SPEC §3 "Validation").
@@ -317,7 +322,7 @@ pub fn fence(
 fn publish_one(
     broker: &Broker,
     request: pb::PublishRequest,
-    recent: &mut Option<Topic>,
+    recent: &mut Option<Envelope>,
 ) -> Result<pb::PublishResponse, Error> {
     let published = broker.publish(draft_reusing(request, broker.limits(), recent)?)?;
     Ok(pb::PublishResponse {
@@ -368,16 +373,16 @@ pub fn frame(outbound: Outbound) -> Result<pb::SubscriptionFrame, Status> {
             attempt,
             epoch,
         } => Frame::Message(pb::DeliveredMessage {
-            system_id: message.system_id,
-            topic: message.topic.to_string(),
-            payload: message.payload.clone(),
+            system_id: message.system_id(),
+            topic: message.topic().to_string(),
+            payload: message.payload_bytes(),
             headers: message
-                .headers
+                .headers()
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect::<HashMap<_, _>>(),
             delivery_attempt: attempt,
-            published_at: Some(timestamp(message.published_at_ms)),
+            published_at: Some(timestamp(message.published_at_ms())),
             epoch,
         }),
         Outbound::End(error) => return Err(status(&error)),

@@ -140,7 +140,7 @@ fn concurrent_joins_create_one_subscription_with_one_active() {
 fn delivered_ids(member: &mut MemberStream) -> Vec<u64> {
     std::iter::from_fn(|| member.try_next())
         .filter_map(|frame| match frame {
-            Outbound::Message { message, .. } => Some(message.system_id),
+            Outbound::Message { message, .. } => Some(message.system_id()),
             _ => None,
         })
         .collect()

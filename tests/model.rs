@@ -7,15 +7,13 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    sync::Arc,
     time::Duration,
 };
 
-use bytes::Bytes;
 use proptest::prelude::*;
 use tinybroker::core::{
-    Counters, Effect, Error, IdFloor, MemberOptions, Message, Mode, Overflow, Pattern, QueueLimits,
-    Subscription, SubscriptionSpec, Topic,
+    Counters, Effect, Envelope, Error, Headers, IdFloor, MemberOptions, Message, Mode, Overflow,
+    Pattern, QueueLimits, Subscription, SubscriptionSpec, Topic,
 };
 
 #[derive(Debug, Clone)]
@@ -138,9 +136,14 @@ fn project(effects: &[Effect]) -> Vec<Seen> {
                 message,
                 attempt,
                 epoch,
-            } => Some(Seen::Deliver(*member, message.system_id, *attempt, *epoch)),
+            } => Some(Seen::Deliver(
+                *member,
+                message.system_id(),
+                *attempt,
+                *epoch,
+            )),
             Effect::Dropped { system_id, .. } => Some(Seen::Retired(*system_id)),
-            Effect::DeadLetter { message, .. } => Some(Seen::Retired(message.system_id)),
+            Effect::DeadLetter { message, .. } => Some(Seen::Retired(message.system_id())),
             Effect::Standby { .. } => None,
         })
         .collect()
@@ -365,14 +368,9 @@ impl History {
 }
 
 /// Message `sid` has a payload of `sid % 7` bytes, so byte limits bite at varying counts.
-fn message(sid: u64) -> Arc<Message> {
-    Arc::new(Message {
-        system_id: sid,
-        topic: Topic::parse("jobs.x").unwrap(),
-        payload: Bytes::from(vec![b'x'; (sid % 7) as usize]),
-        headers: Default::default(),
-        published_at_ms: 0,
-    })
+fn message(sid: u64) -> Message {
+    let envelope = Envelope::new(Topic::parse("jobs.x").unwrap(), Headers::new());
+    Message::new(sid, 0, envelope, &vec![b'x'; (sid % 7) as usize])
 }
 
 /// Its size as the reference counts it: topic plus payload.

@@ -3,17 +3,16 @@
 //! artifacts (`fuzz/artifacts/<target>/`) through the same code on stable Rust, without
 //! cargo-fuzz.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
 use arbitrary::{Arbitrary, Unstructured};
-use bytes::Bytes;
 use prost::Message as _;
 use tinybroker::{
     broker::Broker,
     clock::TokioClock,
     core::{
-        AckMode, Effect, Error, IdFloor, Limits, MemberOptions, Message, Mode, Overflow, Pattern,
-        PatternIndex, QueueLimits, Subscription, SubscriptionSpec, Topic,
+        AckMode, Effect, Envelope, Error, Headers, IdFloor, Limits, MemberOptions, Message, Mode,
+        Overflow, Pattern, PatternIndex, QueueLimits, Subscription, SubscriptionSpec, Topic,
     },
     pb, service,
 };
@@ -128,13 +127,9 @@ pub fn group_state_machine(data: &[u8]) {
             Op::Leave { .. } => vec![],
             Op::Publish { size } => {
                 next_id += 1;
-                let message = Arc::new(Message {
-                    system_id: next_id,
-                    topic: Topic::parse("a.b").expect("valid topic"),
-                    payload: Bytes::from(vec![0; usize::from(size)]),
-                    headers: Default::default(),
-                    published_at_ms: 0,
-                });
+                let envelope =
+                    Envelope::new(Topic::parse("a.b").expect("valid topic"), Headers::new());
+                let message = Message::new(next_id, 0, envelope, &vec![0; usize::from(size)]);
                 match sub.check_publish(message.size()) {
                     Ok(()) => sub.enqueue(message),
                     Err(_) => sub.enqueue_or_drop(message),

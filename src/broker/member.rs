@@ -51,7 +51,7 @@ pub enum Outbound {
     /// A delivered message.
     Message {
         /// The message.
-        message: Arc<Message>,
+        message: Message,
         /// 1 on first delivery.
         attempt: u32,
         /// The member's epoch.
@@ -190,7 +190,7 @@ impl SubState {
     pub(crate) fn unsent(&self, member: MemberId, system_id: SystemId) -> bool {
         self.outlets.get(&member).is_some_and(|o| {
             o.frames.iter().any(
-                |f| matches!(f, Outbound::Message { message, .. } if message.system_id == system_id),
+                |f| matches!(f, Outbound::Message { message, .. } if message.system_id() == system_id),
             )
         })
     }
@@ -204,7 +204,7 @@ impl SubState {
         };
         for frame in outlet.frames.iter().skip(unsent.seen) {
             if let Outbound::Message { message, .. } = frame {
-                unsent.ids.push(message.system_id);
+                unsent.ids.push(message.system_id());
             }
         }
         unsent.seen = outlet.frames.len();
@@ -304,7 +304,7 @@ impl SubState {
                     if let Some(topic) = self.core.spec().dead_letter_topic.clone() {
                         tracing::warn!(
                             subscription = %self.core.id(),
-                            system_id = message.system_id,
+                            system_id = message.system_id(),
                             attempts,
                             dead_letter_topic = %topic,
                             "message reached max_delivery_attempts; dead-lettering it"
@@ -503,7 +503,7 @@ impl Broker {
             if state.core.spec().ack_mode == AckMode::None {
                 for frame in buf.iter() {
                     if let Outbound::Message { message, .. } = frame {
-                        let system_id = message.system_id;
+                        let system_id = message.system_id();
                         // Cannot fail: a frame in the outlet is in flight to its member, and
                         // nothing else settles messages of an ack-free subscription.
                         let effects = state.core.ack(Some(member), system_id);

@@ -448,7 +448,7 @@ impl Broker {
         let mut dead = DeadLetters::new();
         let published = {
             let catalog = read(&self.inner.catalog);
-            let keys = catalog.index.matches(&draft.topic);
+            let keys = catalog.index.matches(draft.topic());
             // Key order: every multi-lock acquisition follows it, so publishes cannot deadlock.
             let mut states: Vec<_> = keys
                 .iter()
@@ -480,7 +480,7 @@ impl Broker {
             }
             // Taken while holding every matched lock, so ids increase along every queue.
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
-            let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
+            let message = draft.into_message(system_id, self.inner.clock.unix_millis());
             for state in &mut states {
                 state.accounted += share;
                 let effects = state.core.enqueue(message.clone());
@@ -523,7 +523,7 @@ impl Broker {
     fn publish_dead_letters(&self, dead: DeadLetters) {
         for (origin, draft) in dead {
             let catalog = read(&self.inner.catalog);
-            let keys = catalog.index.matches(&draft.topic);
+            let keys = catalog.index.matches(draft.topic());
             // As in `publish`: every matched lock first (key order), then the id, so a
             // concurrent publish cannot queue id N+1 ahead of this dead letter's N and ids keep
             // increasing along every queue (a consumer deduplicating by high-water mark relies
@@ -535,7 +535,7 @@ impl Broker {
                 .map(|cell| Locked::new(cell))
                 .collect();
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
-            let message = Arc::new(draft.into_message(system_id, self.inner.clock.unix_millis()));
+            let message = draft.into_message(system_id, self.inner.clock.unix_millis());
             let mut ignored = DeadLetters::new();
             if states.is_empty() {
                 self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);

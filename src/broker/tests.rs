@@ -287,7 +287,7 @@ async fn dead_letter_skips_its_own_subscription() {
     let Some(Outbound::Message { message, .. }) = recv(&mut watcher).await else {
         panic!("watcher should get the dead letter");
     };
-    assert_eq!(message.topic.as_str(), "jobs.dead");
+    assert_eq!(message.topic().as_str(), "jobs.dead");
     let view = broker.describe("loop").unwrap();
     assert_eq!(
         (view.queued_messages, view.in_flight, view.counters.enqueued),
@@ -424,7 +424,7 @@ fn ack_for_a_frame_not_yet_written_is_refused() {
     // Each message, once taken, can be acked, and exactly one more follows.
     for id in &ids {
         match member.try_next() {
-            Some(Outbound::Message { message, .. }) => assert_eq!(message.system_id, *id),
+            Some(Outbound::Message { message, .. }) => assert_eq!(message.system_id(), *id),
             other => panic!("expected message {id}, got {other:?}"),
         }
         assert_eq!(member.try_next(), None, "window 1 holds one frame");
@@ -497,7 +497,7 @@ async fn memory_budget_refuses_past_it_and_accounts_every_release() {
         panic!("expected a message");
     };
     broker
-        .ack("m", Fence::Member(member.member_id()), message.system_id)
+        .ack("m", Fence::Member(member.member_id()), message.system_id())
         .unwrap();
     assert_eq!(accounted(&broker), empty + 2 * per_message);
     broker.publish(draft("a.b")).unwrap();
@@ -549,7 +549,7 @@ fn message_id(frame: Option<Outbound>) -> (SystemId, u32) {
     match frame {
         Some(Outbound::Message {
             message, attempt, ..
-        }) => (message.system_id, attempt),
+        }) => (message.system_id(), attempt),
         other => panic!("expected a message, got {other:?}"),
     }
 }

@@ -7,6 +7,7 @@
 //! - [`ids`]: where a broker run starts numbering, so ids never repeat across restarts;
 //! - [`spec`]: what a member asks for, and the broker's limits;
 //! - [`message`]: published messages, shared between queues;
+//! - `queue`: a subscription's waiting messages, attempt numbers kept only for the given-back;
 //! - [`error`]: every refusal, as data;
 //! - [`planted`]: test-only broken behaviours the simulation checker must catch.
 
@@ -15,18 +16,17 @@ pub mod ids;
 pub mod index;
 pub mod message;
 pub mod planted;
+mod queue;
 pub mod spec;
 pub mod subscription;
 pub mod topic;
-
-use std::sync::Arc;
 
 use bytes::Bytes;
 
 pub use error::Error;
 pub use ids::IdFloor;
 pub use index::PatternIndex;
-pub use message::{Headers, Message, SystemId};
+pub use message::{Envelope, Headers, Message, SystemId};
 pub use spec::{AckMode, Limits, MemberOptions, Mode, OpenRequest, Overflow, SubscriptionSpec};
 pub use subscription::{
     Counters, DropReason, Effect, Epoch, Floors, MemberId, MemberInfo, QueueLimits, Subscription,
@@ -34,15 +34,11 @@ pub use subscription::{
 pub use topic::{Pattern, Topic};
 
 /// A validated message about to be published; the shell assigns its id and timestamp.
+///
+/// It already is the message's one allocation, payload copied in, so that publishing only
+/// stamps the id and time (under the matched queues' locks) and copies nothing there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Draft {
-    /// Where to publish.
-    pub topic: Topic,
-    /// Opaque payload.
-    pub payload: Bytes,
-    /// Application headers.
-    pub headers: Arc<Headers>,
-}
+pub struct Draft(Message);
 
 impl Draft {
     /// Validates a message against the size limit.
@@ -63,30 +59,46 @@ impl Draft {
                 message::MAX_HEADERS
             )));
         }
-        let size = message::encoded_size(&topic, &payload, &headers);
+        Self::in_envelope(Envelope::new(topic, headers), &payload, limits)
+    }
+
+    /// As [`new`](Self::new), in an envelope already built (and checked) for an earlier draft:
+    /// a stream or batch publishing to one topic without headers shares one envelope.
+    ///
+    /// # Errors
+    /// [`Error::MessageTooLarge`] naming the limit.
+    pub fn in_envelope(envelope: Envelope, payload: &[u8], limits: &Limits) -> Result<Self, Error> {
+        let size = envelope.size() + payload.len();
         if size > limits.max_message_bytes {
             return Err(Error::MessageTooLarge {
                 size,
                 max: limits.max_message_bytes,
             });
         }
-        Ok(Self {
-            topic,
-            // Its own allocation: a payload decoded from a request is a view into the whole
-            // request buffer (a batch, or a chunk of a stream), which one queued message would
-            // otherwise keep alive long after its neighbours were acked.
-            payload: Bytes::copy_from_slice(&payload),
-            headers: if headers.is_empty() {
-                message::no_headers()
-            } else {
-                Arc::new(headers)
-            },
-        })
+        // Its own allocation: a payload decoded from a request is a view into the whole
+        // request buffer (a batch, or a chunk of a stream), which one queued message would
+        // otherwise keep alive long after its neighbours were acked.
+        Ok(Self(Message::new(0, 0, envelope, payload)))
+    }
+
+    /// Topic and headers.
+    pub fn envelope(&self) -> &Envelope {
+        self.0.envelope()
+    }
+
+    /// Where to publish.
+    pub fn topic(&self) -> &Topic {
+        self.0.topic()
+    }
+
+    /// Opaque payload.
+    pub fn payload(&self) -> &[u8] {
+        self.0.payload()
     }
 
     /// Size counted against limits.
     pub fn size(&self) -> usize {
-        message::encoded_size(&self.topic, &self.payload, &self.headers)
+        self.0.size()
     }
 
     /// The message a poisoned `original` becomes on `topic`: same payload, original headers plus
@@ -97,7 +109,7 @@ impl Draft {
         topic: Topic,
         attempts: u32,
     ) -> Self {
-        let mut headers = (*original.headers).clone();
+        let mut headers = original.headers().clone();
         for (key, value) in [
             (
                 "tinybroker-dead-letter-reason",
@@ -107,30 +119,21 @@ impl Draft {
                 "tinybroker-dead-letter-subscription",
                 subscription.to_string(),
             ),
-            ("tinybroker-dead-letter-topic", original.topic.to_string()),
+            ("tinybroker-dead-letter-topic", original.topic().to_string()),
             (
                 "tinybroker-dead-letter-system-id",
-                original.system_id.to_string(),
+                original.system_id().to_string(),
             ),
             ("tinybroker-dead-letter-attempts", attempts.to_string()),
         ] {
             headers.insert(key.to_string(), value);
         }
-        Self {
-            topic,
-            payload: original.payload.clone(),
-            headers: Arc::new(headers),
-        }
+        let envelope = Envelope::new(topic, headers);
+        Self(Message::new(0, 0, envelope, original.payload()))
     }
 
     /// Turns the draft into a message with its id and publish time.
     pub fn into_message(self, system_id: SystemId, published_at_ms: u64) -> Message {
-        Message {
-            system_id,
-            topic: self.topic,
-            payload: self.payload,
-            headers: self.headers,
-            published_at_ms,
-        }
+        self.0.stamped(system_id, published_at_ms)
     }
 }

@@ -5,18 +5,14 @@
 //! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
 //! `now` argument (time since the broker started).
 
-use std::{
-    collections::{BTreeMap, VecDeque},
-    ops::Bound,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, ops::Bound, sync::Arc, time::Duration};
 
 use super::{
     error::Error,
     index::{self, PatternIndex},
     message::{Message, SystemId},
     planted::{PlantedBug, active as planted},
+    queue::Queue,
     spec::{MemberOptions, Mode, Overflow, SubscriptionSpec},
     topic::Pattern,
 };
@@ -48,7 +44,7 @@ pub enum Effect {
         /// The receiving member.
         member: MemberId,
         /// The message.
-        message: Arc<Message>,
+        message: Message,
         /// 1 on first delivery, +1 on each redelivery.
         attempt: u32,
         /// The receiving member's epoch.
@@ -57,7 +53,7 @@ pub enum Effect {
     /// Publish a poisoned message to the dead-letter topic.
     DeadLetter {
         /// The poisoned message.
-        message: Arc<Message>,
+        message: Message,
         /// How many times it was delivered.
         attempts: u32,
     },
@@ -111,9 +107,15 @@ pub struct Counters {
     pub dropped_overflow: u64,
 }
 
-/// What one held message costs beyond its own bytes: its queue slot or in-flight record, and
-/// its share of the shared message header (counted in full per subscription).
-pub const MESSAGE_OVERHEAD: u64 = 128;
+/// What one held message costs beyond its own bytes, charged in full by every subscription
+/// holding it. Queued: its slot, one pointer (8 bytes, up to 16 just after the ring buffer
+/// doubles), and its allocation beyond the payload: count, length, id, publish time and envelope
+/// pointer (40 bytes), the allocator's 8-byte header and rounding to 16 (0 to 15): 56 to 79 in
+/// all, 56 to 64 with a 128-byte payload. Not charged: an envelope of its own (a unary publish,
+/// or a stream whose topic or headers change from one message to the next: about 50 bytes plus
+/// the topic's own allocation; a stream to one topic shares one), and the in-flight record's
+/// extra over a slot (an ordered-map entry, about 50 bytes; the windows bound how many).
+pub const MESSAGE_OVERHEAD: u64 = 80;
 /// What one member costs: its record, its outlet and the stream's state.
 pub const MEMBER_OVERHEAD: u64 = 1024;
 /// What one subscription costs before any message or member.
@@ -178,15 +180,8 @@ impl Member {
 }
 
 #[derive(Debug, Clone)]
-struct Pending {
-    message: Arc<Message>,
-    /// The attempt number its next delivery will carry.
-    attempt: u32,
-}
-
-#[derive(Debug, Clone)]
 struct InFlight {
-    message: Arc<Message>,
+    message: Message,
     attempt: u32,
     member: MemberId,
 }
@@ -216,7 +211,7 @@ pub struct Subscription {
     limits: QueueLimits,
     /// Keyed by member id, which increases in join order: the first entry joined earliest.
     members: BTreeMap<MemberId, Member>,
-    queue: VecDeque<Pending>,
+    queue: Queue,
     in_flight: BTreeMap<SystemId, InFlight>,
     held_bytes: u64,
     /// The part of `held_bytes` in flight, kept as a running total so inspection and metrics
@@ -244,7 +239,7 @@ impl Subscription {
             spec,
             limits,
             members: BTreeMap::new(),
-            queue: VecDeque::new(),
+            queue: Queue::default(),
             in_flight: BTreeMap::new(),
             held_bytes: 0,
             in_flight_bytes: 0,
@@ -332,7 +327,7 @@ impl Subscription {
 
     /// Ids of the queued messages, head first.
     pub fn queued_ids(&self) -> impl Iterator<Item = SystemId> + '_ {
-        self.queue.iter().map(|p| p.message.system_id)
+        self.queue.iter().map(|(m, _)| m.system_id())
     }
 
     /// The member holding `system_id`, if it is in flight.
@@ -350,7 +345,7 @@ impl Subscription {
     pub fn in_flight_published_at(&self, system_id: SystemId) -> Option<u64> {
         self.in_flight
             .get(&system_id)
-            .map(|f| f.message.published_at_ms)
+            .map(|f| f.message.published_at_ms())
     }
 
     /// The counters.
@@ -563,22 +558,19 @@ impl Subscription {
     /// subscription before queuing on any, so a refused publish changes nothing. Under the
     /// drop-oldest policy the oldest queued messages make room, each dropped and counted; if the
     /// in-flight messages alone leave no room, the new message itself is dropped and counted.
-    pub fn enqueue(&mut self, message: Arc<Message>) -> Vec<Effect> {
+    pub fn enqueue(&mut self, message: Message) -> Vec<Effect> {
         let mut out = Vec::new();
         if self.spec.overflow == Overflow::DropOldest && !self.make_room(message.size(), &mut out) {
             self.counters.dropped_overflow += 1;
             out.push(Effect::Dropped {
-                system_id: message.system_id,
+                system_id: message.system_id(),
                 reason: DropReason::Overflow,
             });
             return out;
         }
         self.held_bytes += message.size() as u64;
         self.counters.enqueued += 1;
-        self.queue.push_back(Pending {
-            message,
-            attempt: 1,
-        });
+        self.queue.push_back(message);
         self.dispatch(&mut out);
         out
     }
@@ -587,13 +579,13 @@ impl Subscription {
     /// emptied and it still does not.
     fn make_room(&mut self, size: usize, out: &mut Vec<Effect>) -> bool {
         while self.check_capacity(size).is_err() {
-            let Some(oldest) = self.queue.pop_front() else {
+            let Some((oldest, _)) = self.queue.pop_front() else {
                 return false;
             };
-            self.held_bytes -= oldest.message.size() as u64;
+            self.held_bytes -= oldest.size() as u64;
             self.counters.dropped_overflow += 1;
             out.push(Effect::Dropped {
-                system_id: oldest.message.system_id,
+                system_id: oldest.system_id(),
                 reason: DropReason::Overflow,
             });
         }
@@ -602,11 +594,11 @@ impl Subscription {
 
     /// Queues a broker-internal message (a dead letter), dropping and counting it if full (or
     /// making room, under the drop-oldest policy).
-    pub fn enqueue_or_drop(&mut self, message: Arc<Message>) -> Vec<Effect> {
+    pub fn enqueue_or_drop(&mut self, message: Message) -> Vec<Effect> {
         if self.spec.overflow == Overflow::RejectPublish
             && self.check_capacity(message.size()).is_err()
         {
-            return self.drop_full(message.system_id);
+            return self.drop_full(message.system_id());
         }
         self.enqueue(message)
     }
@@ -708,13 +700,10 @@ impl Subscription {
 
     /// A message came back unacked after delivery number `attempt`: requeue it at the head, or
     /// retire it if it has used its attempts.
-    fn give_back(&mut self, message: Arc<Message>, attempt: u32, out: &mut Vec<Effect>) {
+    fn give_back(&mut self, message: Message, attempt: u32, out: &mut Vec<Effect>) {
         let max = self.spec.max_delivery_attempts;
         if max == 0 || attempt < max {
-            self.queue.push_front(Pending {
-                message,
-                attempt: attempt + 1,
-            });
+            self.queue.push_front(message, attempt + 1);
             return;
         }
         self.held_bytes -= message.size() as u64;
@@ -727,7 +716,7 @@ impl Subscription {
         } else {
             self.counters.dropped_max_attempts += 1;
             out.push(Effect::Dropped {
-                system_id: message.system_id,
+                system_id: message.system_id(),
                 reason: DropReason::MaxDeliveryAttempts,
             });
         }
@@ -739,7 +728,7 @@ impl Subscription {
             let Some(member_id) = self.next_target() else {
                 return;
             };
-            let (Some(pending), Some(member)) =
+            let (Some((message, attempt)), Some(member)) =
                 (self.queue.pop_front(), self.members.get_mut(&member_id))
             else {
                 return;
@@ -747,26 +736,26 @@ impl Subscription {
             let Some(epoch) = member.epoch else {
                 unreachable!("next_target only picks active members");
             };
-            let system_id = pending.message.system_id;
+            let system_id = message.system_id();
             member.in_flight += 1;
-            self.in_flight_bytes += pending.message.size() as u64;
+            self.in_flight_bytes += message.size() as u64;
             self.served_last = member_id;
             self.counters.delivered += 1;
-            if pending.attempt > 1 {
+            if attempt > 1 {
                 self.counters.redelivered += 1;
             }
             self.in_flight.insert(
                 system_id,
                 InFlight {
-                    message: pending.message.clone(),
-                    attempt: pending.attempt,
+                    message: message.clone(),
+                    attempt,
                     member: member_id,
                 },
             );
             out.push(Effect::Deliver {
                 member: member_id,
-                message: pending.message,
-                attempt: pending.attempt,
+                message,
+                attempt,
                 epoch,
             });
         }
@@ -851,14 +840,14 @@ impl Subscription {
         if self
             .queue
             .iter()
-            .any(|p| self.in_flight.contains_key(&p.message.system_id))
+            .any(|(m, _)| self.in_flight.contains_key(&m.system_id()))
         {
             return Err("a message is both queued and in flight".into());
         }
         let bytes: u64 = self
             .queue
             .iter()
-            .map(|p| &p.message)
+            .map(|(m, _)| m)
             .chain(self.in_flight.values().map(|f| &f.message))
             .map(|m| m.size() as u64)
             .sum();

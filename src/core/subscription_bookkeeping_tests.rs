@@ -86,12 +86,7 @@ fn checker_rejects_each_kind_of_broken_bookkeeping() {
         ),
         (
             busy_queue,
-            |s, _, _| {
-                s.queue.push_back(Pending {
-                    message: msg(1),
-                    attempt: 1,
-                })
-            },
+            |s, _, _| s.queue.push_back(msg(1)),
             "a message is both queued and in flight",
         ),
         (

@@ -49,10 +49,7 @@ fn drop_oldest_evicts_enough_bytes() {
     let mut s = dropping(100, 40); // each message is 16 bytes
     let _ = s.enqueue(msg(1));
     let _ = s.enqueue(msg(2));
-    let big = Arc::new(Message {
-        payload: Bytes::from(vec![0u8; 30]),
-        ..(*msg(3)).clone()
-    }); // 36 bytes: both must go
+    let big = Message::new(3, 0, msg(3).envelope().clone(), &[0u8; 30]); // 36 bytes: both must go
     let fx = s.enqueue(big);
     assert_eq!(dropped(&fx), vec![1, 2]);
     assert_eq!(s.held_bytes(), 36);

@@ -1,11 +1,9 @@
 //! Unit tests of the group state machine, one per SPEC §3–§5 bullet.
 
-use std::{sync::Arc, time::Duration};
-
-use bytes::Bytes;
+use std::time::Duration;
 
 use super::*;
-use crate::core::{Pattern, Topic};
+use crate::core::{Envelope, Headers, Pattern, Topic};
 
 const NOW: Duration = Duration::from_secs(1);
 
@@ -44,14 +42,9 @@ fn sub(mode: Mode) -> Subscription {
     )
 }
 
-fn msg(id: SystemId) -> Arc<Message> {
-    Arc::new(Message {
-        system_id: id,
-        topic: Topic::parse("jobs.a").unwrap(),
-        payload: Bytes::from_static(b"0123456789"),
-        headers: Default::default(),
-        published_at_ms: 0,
-    })
+fn msg(id: SystemId) -> Message {
+    let envelope = Envelope::new(Topic::parse("jobs.a").unwrap(), Headers::new());
+    Message::new(id, 0, envelope, b"0123456789")
 }
 
 fn window(n: u32) -> MemberOptions {
@@ -78,7 +71,7 @@ fn delivered(effects: &[Effect]) -> Vec<(MemberId, SystemId, u32, Epoch)> {
                 message,
                 attempt,
                 epoch,
-            } => Some((*member, message.system_id, *attempt, *epoch)),
+            } => Some((*member, message.system_id(), *attempt, *epoch)),
             _ => None,
         })
         .collect()

@@ -15,7 +15,7 @@ use tonic::{Code, Request, Status, Streaming};
 use super::{FrameStream, code, open_request, publish_one, status};
 use crate::{
     broker::{Broker, Settler},
-    core::{AckMode, Error, SystemId, Topic},
+    core::{AckMode, Envelope, Error, SystemId},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
     server::{Signal, conn::connection_of},
 };
@@ -223,8 +223,8 @@ pub(super) async fn consume(
 pub struct PublishResults {
     broker: Broker,
     requests: Streaming<pb::PublishRequest>,
-    /// The last topic parsed, reused while a publisher keeps to one topic.
-    recent: Option<Topic>,
+    /// The last envelope built, reused (or its topic) while a publisher keeps to one topic.
+    recent: Option<Envelope>,
     /// Completes when shutdown starts. Polled only while no request is ready, so a busy stream
     /// pays nothing for it; a busy stream meets the broker's own refusal instead.
     stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
