@@ -697,6 +697,43 @@ impl pb::broker_server::Broker for BrokerService {
 mod tests {
     use super::*;
 
+    // A stream to one topic shares one envelope (else each queued message would carry its own,
+    // about 50 bytes more: `bench fill`); other headers or another topic get their own, with
+    // the topic's allocation still shared when only the headers differ.
+    #[test]
+    fn a_stream_to_one_topic_shares_one_envelope() {
+        let limits = Limits::default();
+        let mut recent = None;
+        let mut draft = |topic: &str, headers: &[(&str, &str)]| {
+            let request = pb::PublishRequest {
+                topic: topic.into(),
+                payload: vec![1, 2, 3].into(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            };
+            draft_reusing(request, &limits, &mut recent).unwrap()
+        };
+        let first = draft("a.b", &[]);
+        let second = draft("a.b", &[]);
+        assert!(first.envelope().is_shared_with(second.envelope()));
+        assert_eq!(second.payload(), [1, 2, 3]);
+        let with_headers = draft("a.b", &[("k", "v")]);
+        assert!(!with_headers.envelope().is_shared_with(first.envelope()));
+        assert_eq!(with_headers.envelope().headers().len(), 1);
+        let again = draft("a.b", &[("k", "v")]);
+        assert!(again.envelope().is_shared_with(with_headers.envelope()));
+        let other = draft("a.c", &[]);
+        assert_eq!(other.topic().as_str(), "a.c");
+        assert!(!other.envelope().is_shared_with(first.envelope()));
+        assert!(
+            draft("a.c", &[])
+                .envelope()
+                .is_shared_with(other.envelope())
+        );
+    }
+
     #[test]
     fn long_status_messages_are_cut_at_a_char_boundary() {
         let long = "é".repeat(2000);

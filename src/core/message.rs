@@ -65,6 +65,11 @@ impl Envelope {
     pub fn size(&self) -> usize {
         self.0.size
     }
+
+    /// Whether `other` is this same envelope (one allocation), not merely an equal one.
+    pub fn is_shared_with(&self, other: &Envelope) -> bool {
+        triomphe::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl fmt::Debug for Envelope {
@@ -242,6 +247,23 @@ mod tests {
     #[test]
     fn a_message_is_one_word() {
         assert_eq!(size_of::<Message>(), size_of::<usize>());
+    }
+
+    // Publishing stamps the draft's own allocation in place; one still shared elsewhere is
+    // copied instead, so the other holder keeps what it had.
+    #[test]
+    fn stamping_is_in_place_only_when_unshared() {
+        let draft = message(Headers::new(), b"p");
+        let at = draft.0.ptr();
+        let stamped = draft.stamped(9, 10);
+        assert_eq!((stamped.system_id(), stamped.published_at_ms()), (9, 10));
+        assert_eq!(stamped.0.ptr(), at);
+        let held = stamped.clone();
+        let copy = stamped.stamped(11, 12);
+        assert_eq!((copy.system_id(), copy.published_at_ms()), (11, 12));
+        assert_eq!((held.system_id(), held.published_at_ms()), (9, 10));
+        assert_eq!(copy.payload(), b"p");
+        assert!(copy.envelope().is_shared_with(held.envelope()));
     }
 
     #[test]
