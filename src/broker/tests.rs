@@ -557,7 +557,8 @@ async fn injected_messages_keep_their_id_and_attempt_and_reach_one_subscription(
     assert_eq!(broker.room("a"), Some(1));
     assert_eq!(broker.room("nope"), None);
     assert!(broker.has_member("a", a.member_id()));
-    assert!(!broker.has_member("a", other.member_id()));
+    assert!(!broker.has_member("a", a.member_id() + 1));
+    assert!(!broker.has_member("gone", a.member_id()));
     let message = draft("x.y").into_message(42, 7);
     broker.inject("a", message, 3).unwrap();
     match recv(&mut a).await {
