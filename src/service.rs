@@ -16,6 +16,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::{
     broker::{Broker, BrokerStats, ConnectionId, Fence, MemberStream, Outbound, SubscriptionView},
+    cluster::gateway::Gateway,
     core::{
         AckMode, Draft, Envelope, Error, Headers, Limits, MemberOptions, Mode, OpenRequest,
         Overflow, Pattern, SubscriptionSpec, Topic,
@@ -488,9 +489,14 @@ impl futures_core::Stream for FrameStream {
 }
 
 /// The `tinybroker.v1.Broker` gRPC service.
+///
+/// In cluster mode (`gateway` set) publishes go to JetStream and joins and unary settles go
+/// through the gateway, which keeps using `broker` for its local members; everything else
+/// (validation, frames, carriages, inspection) is the same code for both deployments.
 #[derive(Debug, Clone)]
 pub struct BrokerService {
     broker: Broker,
+    gateway: Option<Gateway>,
     transport: Arc<TransportStats>,
     stopping: Arc<Signal>,
 }
@@ -511,9 +517,53 @@ impl BrokerService {
     ) -> Self {
         Self {
             broker,
+            gateway: None,
             transport,
             stopping,
         }
+    }
+
+    /// Serves as a cluster-mode gateway: `broker` holds this gateway's members, `gateway`
+    /// reaches JetStream.
+    pub fn with_gateway(mut self, gateway: Option<Gateway>) -> Self {
+        self.gateway = gateway;
+        self
+    }
+
+    /// Opens a member here, or through the gateway in cluster mode.
+    async fn open(
+        &self,
+        open: &OpenRequest,
+        connection: Option<ConnectionId>,
+    ) -> Result<MemberStream, Status> {
+        match &self.gateway {
+            Some(gateway) => gateway.open(open, connection).await,
+            None => self.broker.open(open, connection).map_err(|e| {
+                crate::broker::refused_join(&open.subscription_id, &e);
+                status(&e)
+            }),
+        }
+    }
+
+    /// A unary Ack or Nack, after its fields were validated.
+    async fn settle(
+        &self,
+        subscription_id: &str,
+        fence: Fence,
+        system_id: u64,
+        nack: bool,
+    ) -> Result<(), Status> {
+        if let Some(gateway) = &self.gateway {
+            return gateway
+                .settle(subscription_id, fence, system_id, nack)
+                .await;
+        }
+        if nack {
+            self.broker.nack(subscription_id, fence, system_id)
+        } else {
+            self.broker.ack(subscription_id, fence, system_id)
+        }
+        .map_err(|e| status(&e))
     }
 }
 
@@ -523,6 +573,15 @@ impl pb::broker_server::Broker for BrokerService {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
+        if let Some(gateway) = &self.gateway {
+            let draft =
+                draft(request.into_inner(), self.broker.limits()).map_err(|e| status(&e))?;
+            let published = gateway.publish(draft).await?;
+            return Ok(Response::new(pb::PublishResponse {
+                system_id: published.system_id,
+                queued_for: published.queued_for,
+            }));
+        }
         publish_one(&self.broker, request.into_inner(), &mut None)
             .map(Response::new)
             .map_err(|e| status(&e))
@@ -556,7 +615,30 @@ impl pb::broker_server::Broker for BrokerService {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let total = drafts.len();
-        match self.broker.publish_batch(drafts) {
+        let result = match &self.gateway {
+            Some(gateway) => {
+                let mut published = Vec::with_capacity(total);
+                let mut refused = None;
+                for draft in drafts {
+                    match gateway.publish(draft).await {
+                        Ok(p) => published.push(p),
+                        Err(s) => {
+                            refused = Some(s);
+                            break;
+                        }
+                    }
+                }
+                match refused {
+                    None => Ok(published),
+                    Some(s) => Err((published, s)),
+                }
+            }
+            None => self
+                .broker
+                .publish_batch(drafts)
+                .map_err(|e| (e.published, status(&e.error))),
+        };
+        match result {
             Ok(published) => Ok(Response::new(pb::PublishBatchResponse {
                 results: published
                     .into_iter()
@@ -566,9 +648,8 @@ impl pb::broker_server::Broker for BrokerService {
                     })
                     .collect(),
             })),
-            Err(e) => {
-                let s = status(&e.error);
-                let done = e.published.len();
+            Err((published, s)) => {
+                let done = published.len();
                 let mut s = Status::new(
                     s.code(),
                     format!(
@@ -594,10 +675,7 @@ impl pb::broker_server::Broker for BrokerService {
         let connection = connection_of(&request);
         let open =
             open_request(request.into_inner(), self.broker.limits()).map_err(|e| status(&e))?;
-        let stream = self.broker.open(&open, connection).map_err(|e| {
-            crate::broker::refused_join(&open.subscription_id, &e);
-            status(&e)
-        })?;
+        let stream = self.open(&open, connection).await?;
         Ok(Response::new(FrameStream(stream)))
     }
 
@@ -607,9 +685,7 @@ impl pb::broker_server::Broker for BrokerService {
         &self,
         request: Request<tonic::Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
-        streams::consume(&self.broker, request)
-            .await
-            .map(Response::new)
+        streams::consume(self, request).await.map(Response::new)
     }
 
     type PublishStreamStream = streams::PublishResults;
@@ -620,6 +696,7 @@ impl pb::broker_server::Broker for BrokerService {
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         Ok(Response::new(streams::publish_stream(
             self.broker.clone(),
+            self.gateway.clone(),
             request.into_inner(),
             &self.stopping,
         )))
@@ -637,9 +714,8 @@ impl pb::broker_server::Broker for BrokerService {
             connection,
         )
         .map_err(|e| status(&e))?;
-        self.broker
-            .ack(&ack.subscription_id, fence, ack.system_id)
-            .map_err(|e| status(&e))?;
+        self.settle(&ack.subscription_id, fence, ack.system_id, false)
+            .await?;
         Ok(Response::new(pb::AckResponse {}))
     }
 
@@ -655,9 +731,8 @@ impl pb::broker_server::Broker for BrokerService {
             connection,
         )
         .map_err(|e| status(&e))?;
-        self.broker
-            .nack(&nack.subscription_id, fence, nack.system_id)
-            .map_err(|e| status(&e))?;
+        self.settle(&nack.subscription_id, fence, nack.system_id, true)
+            .await?;
         Ok(Response::new(pb::NackResponse {}))
     }
 

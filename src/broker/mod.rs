@@ -12,6 +12,7 @@ mod logs;
 mod member;
 mod observe;
 mod timing;
+mod upstream;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 

@@ -637,3 +637,44 @@ fn a_settle_cannot_ack_a_frame_its_own_earlier_acks_delivered() {
         "one unwritten frame at most: b is in flight and written, the window is 2"
     );
 }
+
+// Cluster mode feeds a subscription from upstream: the message keeps the id it was given,
+// reaches only the subscription named (not every match of its topic), carries the attempt
+// upstream counted, and never takes an id from the broker's own counter.
+#[tokio::test(start_paused = true)]
+async fn injected_messages_keep_their_id_and_attempt_and_reach_one_subscription() {
+    let broker = broker(Limits::default());
+    let mut a = broker
+        .open(&request("a", Mode::Queue, "x.*"), None)
+        .unwrap();
+    let mut other = broker
+        .open(&request("b", Mode::Queue, "x.*"), None)
+        .unwrap();
+    assert!(matches!(recv(&mut a).await, Some(Outbound::Confirm { .. })));
+    assert!(matches!(
+        recv(&mut other).await,
+        Some(Outbound::Confirm { .. })
+    ));
+    assert_eq!(broker.room("a"), Some(1));
+    assert_eq!(broker.room("nope"), None);
+    assert!(broker.has_member("a", a.member_id()));
+    assert!(!broker.has_member("a", a.member_id() + 1));
+    assert!(!broker.has_member("gone", a.member_id()));
+    let message = draft("x.y").into_message(42, 7);
+    broker.inject("a", message, 3).unwrap();
+    match recv(&mut a).await {
+        Some(Outbound::Message {
+            message, attempt, ..
+        }) => assert_eq!((message.system_id(), attempt), (42, 3)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(broker.room("a"), Some(0));
+    assert_eq!(other.try_next(), None, "only the named subscription");
+    assert!(matches!(
+        broker.inject("gone", draft("x.y").into_message(43, 7), 1),
+        Err(Error::SubscriptionNotFound(_))
+    ));
+    broker.ack("a", Fence::Member(a.member_id()), 42).unwrap();
+    let own = broker.publish(draft("z.z")).unwrap();
+    assert_eq!(own.system_id, broker.id_floor().last_system_id() + 1);
+}

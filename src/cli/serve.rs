@@ -4,6 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
 use tinybroker::{
+    cluster::gateway::{self, Gateway, GatewayConfig, Router},
     core::Limits,
     metrics::Metrics,
     server::{Server, ServerConfig},
@@ -93,6 +94,21 @@ pub struct Serve {
     /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
     #[arg(long, env = "TINYBROKER_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Run as a cluster-mode gateway over these NATS servers (comma-separated URLs, e.g.
+    /// nats://h1:4222,nats://h2:4222) [default: the embedded in-memory broker].
+    #[arg(long, env = "TINYBROKER_NATS")]
+    nats: Option<String>,
+    /// Cluster mode: the JetStream stream holding every topic (subjects `<stream>.<topic>`).
+    #[arg(long, env = "TINYBROKER_NATS_STREAM", default_value = "tinybroker")]
+    nats_stream: String,
+    /// Cluster mode: replicas of the stream when this gateway creates it; 0 is 3, or 1 on a
+    /// cluster too small for 3.
+    #[arg(long, env = "TINYBROKER_NATS_REPLICAS", default_value_t = 0)]
+    nats_replicas: usize,
+    /// Cluster mode: how long JetStream waits for an ack before redelivering (held messages are
+    /// kept alive every third of it; this bounds how late a dead gateway's messages come back).
+    #[arg(long, env = "TINYBROKER_NATS_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    nats_ack_wait: Duration,
     /// Log line format on stderr.
     #[arg(long, env = "TINYBROKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -182,14 +198,39 @@ async fn shutdown_signal() {
 }
 
 pub async fn run(args: Serve) -> Result<(), String> {
-    let config = args.config()?;
+    let mut config = args.config()?;
+    let router = args.nats.as_ref().map(|_| {
+        let router = Router::new();
+        config.limits = gateway::local_limits(config.limits.clone());
+        config.observer = Some(router.clone());
+        router
+    });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let tls = (config.tls.is_some(), config.tls_client_ca.is_some());
     let auth = config.auth_token.is_some();
-    let server = Server::new(config);
+    let mut server = Server::new(config);
+    let gateway = match (&args.nats, router) {
+        (Some(urls), Some(router)) => {
+            let gateway = Gateway::connect(
+                GatewayConfig {
+                    stream: args.nats_stream.clone(),
+                    replicas: args.nats_replicas,
+                    idle_timeout: args.idle_timeout,
+                    ack_wait: args.nats_ack_wait.max(Duration::from_secs(1)),
+                    ..GatewayConfig::new(urls.clone())
+                },
+                server.broker().clone(),
+                router,
+            )
+            .await?;
+            server = server.with_gateway(gateway.clone());
+            Some(gateway)
+        }
+        _ => None,
+    };
     // The run's id floor, as a number and as the time it stands for: an operator comparing ids
     // across restarts, or suspecting the clock went back, compares these lines.
     let floor = server.broker().id_floor().unix_micros();
@@ -203,6 +244,17 @@ pub async fn run(args: Serve) -> Result<(), String> {
         "tinybroker listening on {addr} (ids start above {floor}: the start time, {}, in µs since the Unix epoch)",
         humantime::format_rfc3339_micros(started),
     );
+    if let (Some(gateway), Some(urls)) = (&gateway, &args.nats) {
+        let (stream, replicas) = gateway.stream();
+        tracing::info!(
+            nats = %urls,
+            connected_to = %gateway.connected_to(),
+            %stream,
+            replicas,
+            "cluster mode: a gateway over NATS JetStream, connected to {} (stream {stream}, {replicas} replicas)",
+            gateway.connected_to(),
+        );
+    }
     if !addr.ip().is_loopback() && !tls.0 && !auth {
         tracing::warn!(
             %addr,
@@ -231,6 +283,10 @@ pub async fn run(args: Serve) -> Result<(), String> {
         }
         None => server.run(incoming, shutdown_signal()).await,
     };
+    if let Some(gateway) = gateway {
+        // Gives back what this gateway still holds, so other gateways get it at once.
+        gateway.close(Duration::from_secs(2)).await;
+    }
     result.map_err(|e| e.to_string())?;
     tracing::info!("tinybroker stopped");
     Ok(())

@@ -1,8 +1,11 @@
-//! Cluster mode (SPEC §9, in progress): `tinybroker serve --nats URLS` will run the same gRPC API
+//! Cluster mode (SPEC §9, in progress): `tinybroker serve --nats URLS` runs the same gRPC API
 //! as a gateway that keeps no state of its own over a NATS JetStream cluster; any number of
-//! gateways serve the same subscriptions, and members on different gateways stand in one
-//! singleton line.
+//! gateways serve the same subscriptions.
 //!
+//! - [`gateway`] (step 2): the NATS adapter behind `serve --nats`: publishes to JetStream,
+//!   QUEUE and BROADCAST subscriptions bridged from JetStream consumers into each gateway's
+//!   local broker, acks forwarded to the gateway holding the member. What it chose and why is
+//!   in its doc; SINGLETON is refused there until step 3.
 //! - [`backplane`]: the seam to the coordination store, with JetStream KV semantics (revisions,
 //!   compare-and-set, ordered watch). Implemented by [`nats`] and by the in-memory model in
 //!   `sim/backplane.rs`; one contract suite holds both (the NATS one on a real three-node
@@ -13,12 +16,12 @@
 //!   across gateways, promotion, epochs and leases, with the safety argument and the clock
 //!   assumption in its doc.
 //!
-//! Status: the coordinator runs in the simulation (`sim/cluster.rs`) over the model backplane;
-//! [`nats`] is tested on its own against real servers. Neither is **wired to the binary yet** (no
-//! `--nats` flag), and messages (JetStream stream, acks, redelivery) are not part of them: see
-//! "Not in this step" in [`coordinator`].
+//! Status: the coordinator runs in the simulation (`sim/cluster.rs`) over the model backplane,
+//! and [`nats`] is tested on its own against real servers; neither is wired to the gateway yet
+//! (step 3: SINGLETON across gateways).
 
 pub mod backplane;
 pub mod coordinator;
+pub mod gateway;
 pub mod nats;
 pub mod values;

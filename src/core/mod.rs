@@ -96,6 +96,11 @@ impl Draft {
         self.0.payload()
     }
 
+    /// The payload as [`Bytes`] sharing this draft's allocation (no copy).
+    pub fn payload_bytes(&self) -> Bytes {
+        self.0.payload_bytes()
+    }
+
     /// Size counted against limits.
     pub fn size(&self) -> usize {
         self.0.size()

@@ -6,17 +6,22 @@
 //! which always go to the head, keep their attempt number beside them. A million queued
 //! messages then cost 8 MB of slots instead of 16.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
-use super::message::Message;
+use super::message::{Message, SystemId};
 
 /// Waiting messages in delivery order: every given-back message, then every fresh one.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Queue {
     /// Given back, head first, with the attempt of their next delivery (at least 2).
     returned: VecDeque<(Message, u32)>,
-    /// Never delivered (their next delivery is attempt 1), in publish order.
+    /// Never delivered by this broker (their next delivery is attempt 1 unless `later` says
+    /// otherwise), in publish order.
     fresh: VecDeque<Message>,
+    /// Attempts above 1 of messages in `fresh`: only cluster mode queues a message at the back
+    /// that an upstream store delivered before (`push_back_attempt`), so this is almost always
+    /// empty and costs nothing per message.
+    later: BTreeMap<SystemId, u32>,
 }
 
 impl Queue {
@@ -35,6 +40,15 @@ impl Queue {
         self.fresh.push_back(message);
     }
 
+    /// Queues at the back a message whose next delivery carries `attempt` (cluster mode: an
+    /// upstream store delivered it before).
+    pub(super) fn push_back_attempt(&mut self, message: Message, attempt: u32) {
+        if attempt > 1 {
+            self.later.insert(message.system_id(), attempt);
+        }
+        self.push_back(message);
+    }
+
     /// Puts a message back at the head, to be delivered next as `attempt`.
     pub(super) fn push_front(&mut self, message: Message, attempt: u32) {
         if attempt <= 1 && self.returned.is_empty() {
@@ -46,9 +60,11 @@ impl Queue {
 
     /// Takes the head with the attempt its delivery carries.
     pub(super) fn pop_front(&mut self) -> Option<(Message, u32)> {
-        self.returned
-            .pop_front()
-            .or_else(|| self.fresh.pop_front().map(|m| (m, 1)))
+        self.returned.pop_front().or_else(|| {
+            let message = self.fresh.pop_front()?;
+            let attempt = self.later.remove(&message.system_id()).unwrap_or(1);
+            Some((message, attempt))
+        })
     }
 
     /// Messages with their next attempt, head first.
@@ -56,13 +72,17 @@ impl Queue {
         self.returned
             .iter()
             .map(|(m, attempt)| (m, *attempt))
-            .chain(self.fresh.iter().map(|m| (m, 1)))
+            .chain(self.fresh.iter().map(|m| {
+                let attempt = self.later.get(&m.system_id()).copied().unwrap_or(1);
+                (m, attempt)
+            }))
     }
 
     /// Empties it.
     pub(super) fn clear(&mut self) {
         self.returned.clear();
         self.fresh.clear();
+        self.later.clear();
     }
 }
 
@@ -97,6 +117,26 @@ mod tests {
             .collect();
         assert_eq!(popped, vec![(1, 3), (2, 2), (3, 1), (4, 1), (5, 1)]);
         assert!(q.is_empty());
+    }
+
+    // Cluster mode queues at the back a message upstream delivered before: it keeps its attempt
+    // through pops, iteration and clearing, and the others keep attempt 1.
+    #[test]
+    fn a_message_queued_at_the_back_keeps_the_attempt_it_came_with() {
+        let mut q = Queue::default();
+        q.push_back(message(1));
+        q.push_back_attempt(message(2), 4);
+        q.push_back_attempt(message(3), 1);
+        q.push_front(message(0), 2);
+        assert_eq!(contents(&q), vec![(0, 2), (1, 1), (2, 4), (3, 1)]);
+        let popped: Vec<_> = std::iter::from_fn(|| q.pop_front())
+            .map(|(m, a)| (m.system_id(), a))
+            .collect();
+        assert_eq!(popped, vec![(0, 2), (1, 1), (2, 4), (3, 1)]);
+        q.push_back_attempt(message(5), 3);
+        q.clear();
+        q.push_back(message(5));
+        assert_eq!(contents(&q), vec![(5, 1)], "clear forgets the attempt too");
     }
 
     // An attempt-1 message put back behind a returned one must not jump ahead of it.

@@ -325,6 +325,19 @@ impl Subscription {
         self.members.get(&member).map(|m| m.options.max_in_flight)
     }
 
+    /// How many more messages the active members could take now: their free window space,
+    /// less what already waits in the queue. A gateway pulls no more than this from upstream
+    /// (cluster mode), so what it holds never exceeds its members' windows.
+    pub fn room(&self) -> u64 {
+        let free: u64 = self
+            .members
+            .values()
+            .filter(|m| m.epoch.is_some())
+            .map(|m| u64::from(m.options.max_in_flight.saturating_sub(m.in_flight)))
+            .sum();
+        free.saturating_sub(self.queue.len() as u64)
+    }
+
     /// Ids of the queued messages, head first.
     pub fn queued_ids(&self) -> impl Iterator<Item = SystemId> + '_ {
         self.queue.iter().map(|(m, _)| m.system_id())
@@ -559,7 +572,23 @@ impl Subscription {
     /// drop-oldest policy the oldest queued messages make room, each dropped and counted; if the
     /// in-flight messages alone leave no room, the new message itself is dropped and counted.
     pub fn enqueue(&mut self, message: Message) -> Vec<Effect> {
+        self.enqueue_attempt(message, 1)
+    }
+
+    /// As [`enqueue`](Self::enqueue), for a message an upstream store has delivered before:
+    /// its next delivery carries `attempt` (at least 1). In cluster mode that is JetStream's
+    /// delivery count, so a message redelivered through another gateway shows it. One that has
+    /// already used `max_delivery_attempts` is retired at once, as a nack of its last attempt
+    /// would have retired it.
+    pub fn enqueue_attempt(&mut self, message: Message, attempt: u32) -> Vec<Effect> {
+        let attempt = attempt.max(1);
         let mut out = Vec::new();
+        let max = self.spec.max_delivery_attempts;
+        if max != 0 && attempt > max {
+            self.held_bytes += message.size() as u64;
+            self.give_back(message, attempt - 1, &mut out);
+            return out;
+        }
         if self.spec.overflow == Overflow::DropOldest && !self.make_room(message.size(), &mut out) {
             self.counters.dropped_overflow += 1;
             out.push(Effect::Dropped {
@@ -570,7 +599,7 @@ impl Subscription {
         }
         self.held_bytes += message.size() as u64;
         self.counters.enqueued += 1;
-        self.queue.push_back(message);
+        self.queue.push_back_attempt(message, attempt);
         self.dispatch(&mut out);
         out
     }

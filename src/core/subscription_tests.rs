@@ -558,3 +558,53 @@ mod bookkeeping;
 
 #[path = "subscription_overflow_tests.rs"]
 mod overflow;
+
+#[test]
+fn room_is_the_active_members_free_window_less_the_queue() {
+    let mut s = sub(Mode::Queue);
+    assert_eq!(s.room(), 0, "no member, no room");
+    let spec = s.spec().clone();
+    let (a, _) = s.join(&spec, window(3)).unwrap();
+    s.join(&spec, window(2)).unwrap();
+    assert_eq!(s.room(), 5);
+    s.enqueue(msg(1));
+    s.enqueue(msg(2));
+    assert_eq!(s.room(), 3, "two in flight");
+    for id in 3..=7 {
+        s.enqueue(msg(id));
+    }
+    assert_eq!(
+        s.room(),
+        0,
+        "five in flight, two queued: full and then some"
+    );
+    s.ack(Some(a), 1).unwrap();
+    assert_eq!(s.room(), 0, "the ack let a queued message in");
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn an_upstream_attempt_is_carried_and_one_past_the_limit_is_retired() {
+    let mut s = sub(Mode::Queue);
+    let (_, _) = join(&mut s);
+    let effects = s.enqueue_attempt(msg(1), 3);
+    assert!(
+        matches!(effects.as_slice(), [Effect::Deliver { attempt: 3, .. }]),
+        "{effects:?}"
+    );
+    let mut limited = spec(Mode::Queue);
+    limited.max_delivery_attempts = 2;
+    let mut s = Subscription::new("s".into(), limited, limits(), Floors::default(), NOW);
+    join(&mut s);
+    let effects = s.enqueue_attempt(msg(1), 3);
+    assert_eq!(
+        effects,
+        vec![Effect::Dropped {
+            system_id: 1,
+            reason: DropReason::MaxDeliveryAttempts
+        }]
+    );
+    assert_eq!(s.counters().dropped_max_attempts, 1);
+    assert_eq!(s.held_bytes(), 0);
+    s.check_invariants().unwrap();
+}

@@ -31,6 +31,7 @@ use tonic::{
 use crate::{
     broker::{Broker, Observer},
     clock::{Clock, TokioClock},
+    cluster::gateway::Gateway,
     core::Limits,
     pb::{self, broker_server::BrokerServer},
     service::BrokerService,
@@ -179,6 +180,7 @@ pub enum ServeError {
 pub struct Server {
     config: ServerConfig,
     broker: Broker,
+    gateway: Option<Gateway>,
     transport: Arc<TransportStats>,
 }
 
@@ -193,8 +195,17 @@ impl Server {
         Self {
             config,
             broker,
+            gateway: None,
             transport: Arc::default(),
         }
+    }
+
+    /// Serves as a cluster-mode gateway (SPEC §9): publishes, joins and unary settles go
+    /// through `gateway`, which must have been connected with this server's broker (built with
+    /// the gateway's router as `config.observer` and its local limits).
+    pub fn with_gateway(mut self, gateway: Gateway) -> Self {
+        self.gateway = Some(gateway);
+        self
     }
 
     /// The broker this server will serve (for in-process inspection).
@@ -225,6 +236,7 @@ impl Server {
         let Self {
             config,
             broker,
+            gateway,
             transport,
         } = self;
         let tls = match &config.tls {
@@ -243,11 +255,14 @@ impl Server {
             .build_v1alpha()?;
         // Fired when shutdown starts: ends the service's streams the broker does not own.
         let stopping_streams = Arc::new(Signal::default());
-        let service = BrokerServer::new(BrokerService::with_transport(
-            broker.clone(),
-            transport.clone(),
-            stopping_streams.clone(),
-        ))
+        let service = BrokerServer::new(
+            BrokerService::with_transport(
+                broker.clone(),
+                transport.clone(),
+                stopping_streams.clone(),
+            )
+            .with_gateway(gateway),
+        )
         .max_decoding_message_size(config.max_request_bytes);
         let auth = BearerAuth(config.auth_token.as_deref().map(Arc::from));
         let service = OversizeAsResourceExhausted::new(

@@ -12,9 +12,10 @@ use std::{
 use tokio_stream::Stream;
 use tonic::{Code, Request, Status, Streaming};
 
-use super::{FrameStream, code, open_request, publish_one, status};
+use super::{BrokerService, FrameStream, code, draft_reusing, open_request, publish_one, status};
 use crate::{
-    broker::{Broker, Settler},
+    broker::{Broker, Published, Settler},
+    cluster::gateway::Gateway,
     core::{AckMode, Envelope, Error, SystemId},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
     server::{Signal, conn::connection_of},
@@ -176,7 +177,7 @@ impl Stream for ConsumeStream {
 /// Opens the member from the first client message; its settles are then read as the stream is
 /// polled.
 pub(super) async fn consume(
-    broker: &Broker,
+    service: &BrokerService,
     request: Request<Streaming<pb::ConsumeRequest>>,
 ) -> Result<ConsumeStream, Status> {
     let connection = connection_of(&request);
@@ -196,12 +197,9 @@ pub(super) async fn consume(
             ));
         }
     };
-    let open = open_request(open, broker.limits()).map_err(|e| status(&e))?;
+    let open = open_request(open, service.broker.limits()).map_err(|e| status(&e))?;
     let ack_free = open.spec.ack_mode == AckMode::None;
-    let member = broker.open(&open, connection).map_err(|e| {
-        crate::broker::refused_join(&open.subscription_id, &e);
-        status(&e)
-    })?;
+    let member = service.open(&open, connection).await?;
     Ok(ConsumeStream {
         settler: member.settler(),
         frames: FrameStream(member),
@@ -214,6 +212,8 @@ pub(super) async fn consume(
     })
 }
 
+type PendingPublish = Pin<Box<dyn Future<Output = Result<Published, Status>> + Send>>;
+
 /// The responses of a `PublishStream`, one per request, in order, ended with `UNAVAILABLE`
 /// once shutdown starts.
 ///
@@ -222,6 +222,11 @@ pub(super) async fn consume(
 /// publisher that does not read its answers.
 pub struct PublishResults {
     broker: Broker,
+    /// In cluster mode, where publishes go; each is answered once JetStream confirmed it, one
+    /// at a time, in order.
+    gateway: Option<Gateway>,
+    /// The cluster publish awaiting JetStream's confirmation.
+    pending: Option<PendingPublish>,
     requests: Streaming<pb::PublishRequest>,
     /// The last envelope built, reused (or its topic) while a publisher keeps to one topic.
     recent: Option<Envelope>,
@@ -255,6 +260,14 @@ impl Stream for PublishResults {
         if this.ended {
             return Poll::Ready(None);
         }
+        if let Some(pending) = this.pending.as_mut() {
+            let result = std::task::ready!(pending.as_mut().poll(cx));
+            this.pending = None;
+            return Poll::Ready(Some(Ok(match result {
+                Ok(published) => answer(published),
+                Err(refused) => refusal(&refused),
+            })));
+        }
         let request = match Pin::new(&mut this.requests).poll_next(cx) {
             Poll::Ready(Some(Ok(request))) => request,
             // Undecodable input or a transport error ends the stream, as before any answer.
@@ -272,6 +285,27 @@ impl Stream for PublishResults {
                 return Poll::Pending;
             }
         };
+        if let Some(gateway) = &this.gateway {
+            // Nothing here meets the broker's shutdown refusal, so look for it on every request.
+            if this.stopping.as_mut().poll(cx).is_ready() {
+                return this.end(status(&Error::ShuttingDown));
+            }
+            let draft = match draft_reusing(request, this.broker.limits(), &mut this.recent) {
+                Ok(draft) => draft,
+                Err(error) => return Poll::Ready(Some(Ok(refusal(&status(&error))))),
+            };
+            let gateway = gateway.clone();
+            let mut pending: PendingPublish = Box::pin(async move { gateway.publish(draft).await });
+            // Polled at once: answered now, or registered for JetStream's confirmation.
+            return match pending.as_mut().poll(cx) {
+                Poll::Ready(Ok(published)) => Poll::Ready(Some(Ok(answer(published)))),
+                Poll::Ready(Err(refused)) => Poll::Ready(Some(Ok(refusal(&refused)))),
+                Poll::Pending => {
+                    this.pending = Some(pending);
+                    Poll::Pending
+                }
+            };
+        }
         Poll::Ready(Some(Ok(
             match publish_one(&this.broker, request, &mut this.recent) {
                 Ok(published) => pb::PublishStreamResponse {
@@ -282,17 +316,27 @@ impl Stream for PublishResults {
                 },
                 // Shutdown ends the stream, however fast the client keeps sending.
                 Err(Error::ShuttingDown) => return this.end(status(&Error::ShuttingDown)),
-                Err(error) => {
-                    let refused = status(&error);
-                    pb::PublishStreamResponse {
-                        system_id: 0,
-                        queued_for: 0,
-                        code: refused.code() as i32,
-                        message: refused.message().to_string(),
-                    }
-                }
+                Err(error) => refusal(&status(&error)),
             },
         )))
+    }
+}
+
+fn answer(published: Published) -> pb::PublishStreamResponse {
+    pb::PublishStreamResponse {
+        system_id: published.system_id,
+        queued_for: published.queued_for,
+        code: Code::Ok as i32,
+        message: String::new(),
+    }
+}
+
+fn refusal(refused: &Status) -> pb::PublishStreamResponse {
+    pb::PublishStreamResponse {
+        system_id: 0,
+        queued_for: 0,
+        code: refused.code() as i32,
+        message: refused.message().to_string(),
     }
 }
 
@@ -300,11 +344,14 @@ impl Stream for PublishResults {
 /// with `UNAVAILABLE` once `stopping` fires.
 pub(super) fn publish_stream(
     broker: Broker,
+    gateway: Option<Gateway>,
     requests: Streaming<pb::PublishRequest>,
     stopping: &Arc<Signal>,
 ) -> PublishResults {
     PublishResults {
         broker,
+        gateway,
+        pending: None,
         requests,
         recent: None,
         stopping: Box::pin(stopping.clone().wait()),

@@ -28,10 +28,14 @@ impl TestServer {
     }
 
     pub async fn with_config(config: ServerConfig) -> Self {
+        Self::run(Server::new(config)).await
+    }
+
+    /// Serves `server` (built by the caller, e.g. as a cluster-mode gateway).
+    pub async fn run(server: Server) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
-        let server = Server::new(config);
         let task = tokio::spawn(
             server.run(tinybroker::server::tcp_incoming(listener), async {
                 let _ = rx.await;

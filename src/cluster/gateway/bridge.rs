@@ -1,0 +1,375 @@
+//! One subscription's bridge between its JetStream consumer and this gateway's local broker:
+//! it pulls only as many messages as the local members have window for, injects each into the
+//! local subscription (named by its stream sequence, carrying JetStream's delivery count as
+//! its attempt), and turns what the local core decides into JetStream acks: an ack releases the
+//! message, a drop (max attempts, overflow) terminates it, and what the gateway still holds
+//! when its last local member leaves (the local subscription expires at once in cluster mode)
+//! is given back with a nak, so another gateway's members get it.
+//!
+//! The local core learns nothing new: it sees members, windows, a queue and acks as always.
+//! What it decides reaches the bridge through the broker's [`Observer`] seam ([`Router`]).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, PoisonError, RwLock},
+    time::Duration,
+};
+
+use async_nats::{
+    Subject,
+    jetstream::{AckKind, consumer::PullConsumer},
+};
+use bytes::Bytes;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::StreamExt;
+
+use super::Shared;
+use crate::{
+    broker::{Input, Observation, Observer},
+    core::{Effect, Envelope, Error, Headers, Message, Topic},
+};
+
+/// How long one pull request waits for messages. A request asks for the room the members had
+/// when it was sent; room that frees up meanwhile is asked for by the next request, at the
+/// latest this long after (only while no message arrives: one that does ends a full request).
+const PULL_EXPIRES: Duration = Duration::from_secs(1);
+/// Pause after a failed pull (NATS unreachable, consumer gone) before the next.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// What the local core decided about a message the bridge holds, or that the subscription is
+/// gone from this gateway.
+#[derive(Debug)]
+pub(super) enum Event {
+    /// Acked by its holder (or, ack-free, written to its stream).
+    Acked(u64),
+    /// Dropped by the core (max attempts, overflow): JetStream must not redeliver it.
+    Dropped(u64),
+    /// The local subscription expired (its last member left) or the gateway stops: give back
+    /// everything held and stop.
+    Stop,
+}
+
+struct Link {
+    events: mpsc::UnboundedSender<Event>,
+    wake: Arc<Notify>,
+}
+
+/// Routes the local broker's decisions to the bridge of each subscription. It is the broker's
+/// observer in cluster mode: called under the subscription's lock, it only looks up the
+/// subscription's link and queues an event.
+///
+/// The event queues are unbounded in type but bounded in fact: each message a bridge holds
+/// produces at most one `Acked` or `Dropped`, and a bridge holds at most its members' windows.
+#[derive(Default)]
+pub struct Router {
+    links: RwLock<HashMap<Arc<str>, Link>>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router").finish_non_exhaustive()
+    }
+}
+
+/// What [`Router::attach`] found.
+pub(super) enum Attach {
+    /// A bridge runs for the subscription: it was woken to pull for the new member.
+    Running,
+    /// None ran: start one with these.
+    New {
+        events: mpsc::UnboundedReceiver<Event>,
+        wake: Arc<Notify>,
+    },
+}
+
+impl Router {
+    /// A router with no bridges.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Called once a member joined `subscription` locally: wakes its bridge, or registers a
+    /// new one (in the same write lock, so two joins cannot both start one).
+    pub(super) fn attach(&self, subscription: &Arc<str>) -> Attach {
+        let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(link) = links.get(subscription) {
+            link.wake.notify_one();
+            return Attach::Running;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let wake = Arc::new(Notify::new());
+        links.insert(
+            subscription.clone(),
+            Link {
+                events: tx,
+                wake: wake.clone(),
+            },
+        );
+        Attach::New { events: rx, wake }
+    }
+
+    /// Stops every bridge (the gateway is shutting down): each gives back what it holds.
+    pub(super) fn stop_all(&self) {
+        let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
+        for (_, link) in links.drain() {
+            let _ = link.events.send(Event::Stop);
+        }
+    }
+}
+
+impl Observer for Router {
+    fn observe(&self, observation: &Observation<'_>) {
+        let id = observation.subscription.id();
+        let relevant = matches!(
+            observation.input,
+            Input::Ack { accepted: true, .. } | Input::Expire { .. }
+        ) || observation
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::Dropped { .. }));
+        if !relevant {
+            return;
+        }
+        if let Input::Expire { .. } = observation.input {
+            // Unlinked here, under the subscription's lock, so a join that recreates the
+            // subscription right after starts a new bridge instead of waking this one.
+            let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
+            if let Some(link) = links.remove(id) {
+                let _ = link.events.send(Event::Stop);
+            }
+            return;
+        }
+        let links = self.links.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(link) = links.get(id) else {
+            return;
+        };
+        if let Input::Ack {
+            accepted: true,
+            system_id,
+            ..
+        } = observation.input
+        {
+            let _ = link.events.send(Event::Acked(*system_id));
+        }
+        for effect in observation.effects {
+            if let Effect::Dropped { system_id, .. } = effect {
+                let _ = link.events.send(Event::Dropped(*system_id));
+            }
+        }
+    }
+}
+
+/// One subscription's bridge task.
+pub(super) struct Bridge {
+    pub(super) shared: Arc<Shared>,
+    pub(super) subscription: Arc<str>,
+    pub(super) consumer: PullConsumer,
+    /// Whether JetStream expects acks (false for an ack-free subscription: its consumer is
+    /// `AckNone`, and a message is done once delivered to the gateway).
+    pub(super) explicit: bool,
+    pub(super) events: mpsc::UnboundedReceiver<Event>,
+    pub(super) wake: Arc<Notify>,
+    /// Messages injected and not yet settled, by stream sequence: their ack subjects.
+    pub(super) held: BTreeMap<u64, Subject>,
+}
+
+enum Flow {
+    Go,
+    Stop,
+}
+
+impl Bridge {
+    /// Runs until told to stop (the local subscription expired, or the gateway stops), then
+    /// gives back (naks) what it still holds.
+    pub(super) async fn run(mut self) {
+        tracing::debug!(subscription = %self.subscription, consumer = %self.consumer.cached_info().name, "bridge started");
+        // Ack-pending messages are kept alive while the gateway holds them: JetStream would
+        // otherwise redeliver them elsewhere after `ack_wait`, while a member still works on them.
+        let mut progress = tokio::time::interval(self.shared.ack_wait / 3);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        'pulling: loop {
+            // No local subscription (yet, or any more): wait for a join to wake this bridge.
+            // A bridge stops only when told (its link is removed in the same step), so a
+            // join always finds a live bridge or starts one.
+            let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
+            if room == 0 {
+                tokio::select! {
+                    event = self.events.recv() => if let Flow::Stop = self.handle(event).await { break },
+                    () = self.wake.notified() => {}
+                    _ = progress.tick() => self.progress().await,
+                }
+                continue;
+            }
+            let batch = self
+                .consumer
+                .batch()
+                .max_messages(room.min(u64::from(u32::MAX)) as usize)
+                .expires(PULL_EXPIRES)
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(batch) => batch,
+                Err(error) => {
+                    tracing::warn!(subscription = %self.subscription, %error, "pull from JetStream failed; retrying");
+                    let retry = tokio::time::sleep(RETRY);
+                    tokio::pin!(retry);
+                    loop {
+                        tokio::select! {
+                            event = self.events.recv() => if let Flow::Stop = self.handle(event).await { break 'pulling },
+                            _ = progress.tick() => self.progress().await,
+                            () = &mut retry => continue 'pulling,
+                        }
+                    }
+                }
+            };
+            loop {
+                tokio::select! {
+                    message = batch.next() => match message {
+                        Some(Ok(message)) => if let Flow::Stop = self.inject(message).await { break 'pulling },
+                        Some(Err(error)) => {
+                            tracing::warn!(subscription = %self.subscription, %error, "JetStream ended a pull");
+                            continue 'pulling;
+                        }
+                        None => continue 'pulling,
+                    },
+                    event = self.events.recv() => if let Flow::Stop = self.handle(event).await { break 'pulling },
+                    _ = progress.tick() => self.progress().await,
+                }
+            }
+        }
+        self.give_back().await;
+    }
+
+    async fn handle(&mut self, event: Option<Event>) -> Flow {
+        let (sequence, kind) = match event {
+            Some(Event::Acked(sequence)) => (sequence, AckKind::Ack),
+            Some(Event::Dropped(sequence)) => (sequence, AckKind::Term),
+            Some(Event::Stop) | None => return Flow::Stop,
+        };
+        if let Some(reply) = self.held.remove(&sequence) {
+            self.reply(reply, kind).await;
+        }
+        Flow::Go
+    }
+
+    async fn reply(&self, reply: Subject, kind: AckKind) {
+        if let Err(error) = self.shared.client.publish(reply, Bytes::from(kind)).await {
+            // JetStream redelivers after `ack_wait`: late, never lost.
+            tracing::warn!(subscription = %self.subscription, %error, "could not send an ack to JetStream");
+        }
+    }
+
+    async fn progress(&self) {
+        for reply in self.held.values() {
+            self.reply(reply.clone(), AckKind::Progress).await;
+        }
+    }
+
+    /// Gives back every message still held, so JetStream redelivers it (to any gateway) at once.
+    async fn give_back(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        let count = held.len();
+        for (_, reply) in held {
+            self.reply(reply, AckKind::Nak(None)).await;
+        }
+        if let Err(error) = self.shared.client.flush().await {
+            tracing::warn!(subscription = %self.subscription, %error, "could not flush the naks");
+        }
+        tracing::debug!(subscription = %self.subscription, given_back = count, "bridge stopped");
+    }
+
+    /// Hands one JetStream message to the local subscription.
+    async fn inject(&mut self, message: async_nats::jetstream::Message) -> Flow {
+        let reply = message.reply.clone();
+        let info = match message.info() {
+            Ok(info) => (
+                info.stream_sequence,
+                info.delivered,
+                info.published.unix_timestamp_nanos(),
+            ),
+            Err(error) => {
+                tracing::warn!(subscription = %self.subscription, %error, "a JetStream message without its metadata; terminating it");
+                if let Some(reply) = reply {
+                    self.reply(reply, AckKind::Term).await;
+                }
+                return Flow::Go;
+            }
+        };
+        let (sequence, delivered, published_nanos) = info;
+        if self.explicit
+            && let Some(reply) = &reply
+            && let Some(held) = self.held.get_mut(&sequence)
+        {
+            // JetStream redelivered a message this gateway still holds (an ack or progress
+            // went missing): keep the one copy, answer through the newest subject.
+            *held = reply.clone();
+            return Flow::Go;
+        }
+        let decoded = decode(
+            &self.shared.prefix,
+            &message.message,
+            sequence,
+            published_nanos,
+        );
+        let message = match decoded {
+            Ok(message) => message,
+            Err(why) => {
+                tracing::warn!(subscription = %self.subscription, sequence, why, "an undeliverable JetStream message; terminating it");
+                if let Some(reply) = reply {
+                    self.reply(reply, AckKind::Term).await;
+                }
+                return Flow::Go;
+            }
+        };
+        let attempt = u32::try_from(delivered.max(1)).unwrap_or(u32::MAX);
+        if self.explicit
+            && let Some(reply) = &reply
+        {
+            // Held before the injection: an ack the injection triggers is handled after it.
+            self.held.insert(sequence, reply.clone());
+        }
+        match self
+            .shared
+            .broker
+            .inject(&self.subscription, message, attempt)
+        {
+            Ok(()) => Flow::Go,
+            Err(error) => {
+                if let Some(reply) = self.held.remove(&sequence) {
+                    self.reply(reply, AckKind::Nak(None)).await;
+                }
+                // Gone meanwhile (its Stop is on the way), or full: either way it is given back.
+                if !matches!(error, Error::SubscriptionNotFound(_) | Error::ShuttingDown) {
+                    tracing::warn!(subscription = %self.subscription, sequence, %error, "could not queue a JetStream message here; gave it back");
+                }
+                Flow::Go
+            }
+        }
+    }
+}
+
+/// The broker message a JetStream message carries.
+fn decode(
+    prefix: &str,
+    message: &async_nats::Message,
+    sequence: u64,
+    published_nanos: i128,
+) -> Result<Message, String> {
+    let topic = super::names::topic_of(prefix, message.subject.as_str())
+        .ok_or_else(|| format!("subject {} is outside {prefix}.>", message.subject))?;
+    let topic = Topic::parse(topic).map_err(|e| e.to_string())?;
+    let mut headers = Headers::new();
+    if let Some(map) = &message.headers {
+        for (name, values) in map.iter() {
+            if let Some(value) = values.last() {
+                headers.insert(name.to_string(), value.to_string());
+            }
+        }
+    }
+    Ok(Message::new(
+        sequence,
+        u64::try_from(published_nanos / 1_000_000).unwrap_or(0),
+        Envelope::new(topic, headers),
+        &message.payload,
+    ))
+}

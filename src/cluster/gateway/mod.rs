@@ -1,0 +1,501 @@
+//! Cluster mode's gateway (SPEC §9, step 2 of issue 14): `tinybroker serve --nats URLS` serves
+//! the gRPC API over a NATS JetStream cluster, for publishes and for QUEUE and BROADCAST
+//! subscriptions. Any number of gateways serve the same subscriptions.
+//!
+//! # What we chose and why
+//! - **One stream** (file storage, replicas = min(3, cluster size) unless `--nats-replicas`
+//!   says otherwise) holds every topic under the subjects `<stream>.<topic>`. Topics are
+//!   already NATS-shaped (dot-separated tokens without whitespace, `*` or `>`), so the mapping
+//!   is the identity behind the prefix, and patterns become filter subjects as they are. The
+//!   stream's retention is **interest**: a message no subscription's consumer wants is not
+//!   kept (as the embedded broker keeps no message published before a matching subscription),
+//!   and one every consumer has acked is removed.
+//! - **A publish is confirmed once JetStream stored it** (its `PubAck`); its `system_id` is the
+//!   stream sequence, the name every gateway uses for that message. `queued_for` is not known
+//!   to a gateway (consumers live on other gateways too) and is 0.
+//! - **The per-gateway broker is reused, not forked.** Each gateway keeps its local
+//!   [`Broker`] for member streams, windows, fences, ack carriages and frames. A subscription
+//!   with local members has a durable JetStream pull consumer and a bridge task
+//!   ([`bridge`]) that pulls only as many messages as the local members have window for and
+//!   injects each into the local subscription ([`Broker::inject`]), with JetStream's delivery
+//!   count as its attempt. What the local core decides comes back through the broker's
+//!   observer seam: an ack becomes a JetStream ack, a drop a `TERM`, and what the gateway
+//!   holds when its last local member leaves is given back with a `NAK` (the local
+//!   subscription expires at once in cluster mode; the cluster-wide idle time is the
+//!   consumer's inactivity threshold, `--idle-timeout`). While held, messages get progress
+//!   acks every `ack_wait / 3`, so JetStream redelivers only what a dead gateway held.
+//! - **QUEUE**: one consumer per subscription id, shared by every gateway, so JetStream gives
+//!   each message to one gateway and that gateway's core to one member. Its settings are kept
+//!   in the consumer's metadata, so a join on any gateway with other patterns, mode or group is
+//!   `FAILED_PRECONDITION` saying what differs.
+//! - **BROADCAST**: a broadcast id names one stream (SPEC §3), so its consumer is this
+//!   gateway's own (named with the gateway's id) and gets every matching message. The
+//!   `ALREADY_EXISTS` check for a second live stream on one id is per gateway.
+//! - **Redelivery**: a nack or a member leaving requeues at the head of the gateway's local
+//!   queue while it has other members there (attempt + 1, as in the embedded broker); a
+//!   message given back to JetStream comes again with JetStream's delivery count.
+//! - **Acks with `member_id` work at any gateway**: one that does not hold the member forwards
+//!   the ack over NATS request/reply to every gateway ([`forward`]); only the one holding the
+//!   member applies it and answers. The two-field ack is fenced by the connection, so it works
+//!   only on the gateway holding the member's stream; elsewhere it is refused, saying so.
+//! - **Not yet**: SINGLETON subscriptions and dead-letter topics are refused with
+//!   `FAILED_PRECONDITION`.
+
+mod bridge;
+mod forward;
+pub mod names;
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use async_nats::{
+    HeaderMap, HeaderName, HeaderValue,
+    jetstream::{
+        self,
+        consumer::{self, AckPolicy, DeliverPolicy, PullConsumer},
+        stream::{RetentionPolicy, StorageType},
+    },
+};
+pub use bridge::Router;
+use tonic::Status;
+
+use crate::{
+    broker::{Broker, ConnectionId, Fence, MemberStream, Published},
+    core::{AckMode, Draft, Error, Mode, OpenRequest},
+    service,
+};
+
+/// How a gateway reaches JetStream, and its timings.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// NATS server URLs, comma-separated (`nats://h1:4222,nats://h2:4222`).
+    pub urls: String,
+    /// The JetStream stream's name, also its subjects' prefix (`<stream>.<topic>`).
+    pub stream: String,
+    /// Stream replicas when the gateway creates the stream; 0 picks min(3, cluster size).
+    pub replicas: usize,
+    /// How long a QUEUE subscription outlives its last member on every gateway (its
+    /// consumer's inactivity threshold).
+    pub idle_timeout: Duration,
+    /// How long JetStream waits for an ack before redelivering; held messages get progress
+    /// acks every third of it, so this bounds how late a dead gateway's messages come back.
+    pub ack_wait: Duration,
+    /// How long an ack forwarded to the gateway holding its member may take to be answered.
+    pub forward_timeout: Duration,
+}
+
+impl GatewayConfig {
+    /// Defaults for everything but the URLs.
+    pub fn new(urls: impl Into<String>) -> Self {
+        Self {
+            urls: urls.into(),
+            stream: "tinybroker".into(),
+            replicas: 0,
+            idle_timeout: Duration::from_secs(300),
+            ack_wait: Duration::from_secs(30),
+            forward_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What every part of the gateway shares.
+struct Shared {
+    client: async_nats::Client,
+    broker: Broker,
+    prefix: String,
+    ack_wait: Duration,
+}
+
+/// A running gateway: cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    js: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    router: Arc<Router>,
+    /// Names this gateway's own consumers (BROADCAST).
+    id: String,
+    config: GatewayConfig,
+    bridges: tokio::sync::Mutex<tokio::task::JoinSet<()>>,
+    responder: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("id", &self.inner.id)
+            .field("stream", &self.inner.config.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.responder.abort();
+    }
+}
+
+/// The broker settings a gateway needs: the local subscription expires as soon as its last
+/// member leaves, so what it held goes back to JetStream for other gateways at once.
+pub fn local_limits(mut limits: crate::core::Limits) -> crate::core::Limits {
+    limits.idle_timeout = Duration::ZERO;
+    limits
+}
+
+fn unavailable(what: &str, error: impl std::fmt::Display) -> Status {
+    Status::unavailable(service::cap_message(format!("{what}: {error}")))
+}
+
+impl Gateway {
+    /// Connects to NATS, makes sure the stream exists, and starts answering forwarded acks.
+    /// `broker` must have been built with `router` as its observer and [`local_limits`].
+    ///
+    /// # Errors
+    /// A sentence saying what failed: bad URLs or stream name, NATS unreachable, JetStream
+    /// disabled or refusing the stream.
+    pub async fn connect(
+        config: GatewayConfig,
+        broker: Broker,
+        router: Arc<Router>,
+    ) -> Result<Self, String> {
+        if config.stream.is_empty()
+            || !config
+                .stream
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "--nats-stream {:?}: use letters, digits, '-' and '_' only",
+                config.stream
+            ));
+        }
+        let urls = config
+            .urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(|u| {
+                u.parse::<async_nats::ServerAddr>()
+                    .map_err(|e| format!("--nats {u:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if urls.is_empty() {
+            return Err("--nats needs at least one URL".into());
+        }
+        let client = async_nats::ConnectOptions::new()
+            .name("tinybroker-gateway")
+            .connect(urls)
+            .await
+            .map_err(|e| format!("cannot connect to NATS at {}: {e}", config.urls))?;
+        let js = jetstream::new(client.clone());
+        let stream = ensure_stream(&js, &config).await?;
+        let id = format!(
+            "{:x}{:x}",
+            broker.id_floor().unix_micros(),
+            std::process::id()
+        );
+        let shared = Arc::new(Shared {
+            client: client.clone(),
+            broker: broker.clone(),
+            prefix: config.stream.clone(),
+            ack_wait: config.ack_wait,
+        });
+        let responder = forward::serve(&client, &config.stream, broker)
+            .await
+            .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                shared,
+                js,
+                stream,
+                router,
+                id,
+                config,
+                bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
+                responder,
+            }),
+        })
+    }
+
+    /// The server this gateway is connected to now (for the start-up log line).
+    pub fn connected_to(&self) -> String {
+        let info = self.inner.shared.client.server_info();
+        format!("{}:{} ({})", info.host, info.port, info.server_name)
+    }
+
+    /// The stream's name and replicas.
+    pub fn stream(&self) -> (String, usize) {
+        let config = &self.inner.stream.cached_info().config;
+        (config.name.clone(), config.num_replicas)
+    }
+
+    /// Publishes one message to JetStream; confirmed once JetStream stored it.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a header NATS cannot carry, `UNAVAILABLE` when JetStream does
+    /// not confirm.
+    pub async fn publish(&self, draft: Draft) -> Result<Published, Status> {
+        let subject = names::subject(&self.inner.shared.prefix, draft.topic().as_str());
+        let headers = nats_headers(draft.envelope().headers())?;
+        let ack = self
+            .inner
+            .js
+            .publish_with_headers(subject, headers, draft.payload_bytes())
+            .await
+            .map_err(|e| unavailable("JetStream did not take the publish", e))?
+            .await
+            .map_err(|e| unavailable("JetStream did not confirm the publish", e))?;
+        Ok(Published {
+            system_id: ack.sequence,
+            queued_for: 0,
+        })
+    }
+
+    /// Joins a subscription at this gateway: checks (or creates) its JetStream consumer, joins
+    /// the local subscription, and makes sure its bridge runs.
+    ///
+    /// # Errors
+    /// `FAILED_PRECONDITION` for what cluster mode does not offer yet or a join that differs
+    /// from the subscription's settings; the local broker's refusals; `UNAVAILABLE` when
+    /// JetStream cannot be reached.
+    pub async fn open(
+        &self,
+        request: &OpenRequest,
+        connection: Option<ConnectionId>,
+    ) -> Result<MemberStream, Status> {
+        let spec = &request.spec;
+        if spec.mode == Mode::Singleton {
+            return Err(Status::failed_precondition(
+                "singleton subscriptions are not available in cluster mode yet",
+            ));
+        }
+        if spec.dead_letter_topic.is_some() {
+            return Err(Status::failed_precondition(
+                "dead_letter_topic is not available in cluster mode yet",
+            ));
+        }
+        let consumer = self.consumer(request).await?;
+        let broker = &self.inner.shared.broker;
+        let member = broker.open(request, connection).map_err(|e| {
+            crate::broker::refused_join(&request.subscription_id, &e);
+            service::status(&e)
+        })?;
+        let subscription: Arc<str> = Arc::from(request.subscription_id.as_str());
+        if let bridge::Attach::New { events, wake } = self.inner.router.attach(&subscription) {
+            let bridge = bridge::Bridge {
+                shared: self.inner.shared.clone(),
+                subscription,
+                consumer,
+                explicit: spec.ack_mode == AckMode::Explicit,
+                events,
+                wake,
+                held: BTreeMap::new(),
+            };
+            let mut bridges = self.inner.bridges.lock().await;
+            // Reap the finished ones, so the set stays as large as the live bridges.
+            while bridges.try_join_next().is_some() {}
+            bridges.spawn(bridge.run());
+        }
+        Ok(member)
+    }
+
+    /// The subscription's consumer: checked against the settings its metadata records when it
+    /// exists, created otherwise.
+    async fn consumer(&self, request: &OpenRequest) -> Result<PullConsumer, Status> {
+        let spec = &request.spec;
+        let name = names::consumer_name(spec.mode, &request.subscription_id, &self.inner.id);
+        let stream = &self.inner.stream;
+        let check = |info: &consumer::Info| -> Result<(), Status> {
+            let (id, recorded) = names::recorded(&info.config.metadata).map_err(|why| {
+                Status::failed_precondition(service::cap_message(format!(
+                    "subscription {:?} cannot use JetStream consumer {name}: {why}",
+                    request.subscription_id
+                )))
+            })?;
+            if id != request.subscription_id {
+                return Err(Status::failed_precondition(service::cap_message(format!(
+                    "subscription {:?}: its JetStream consumer name {name} is taken by subscription {id:?}",
+                    request.subscription_id
+                ))));
+            }
+            match recorded.differences(spec) {
+                None => Ok(()),
+                Some(diff) => Err(Status::failed_precondition(service::cap_message(format!(
+                    "subscription {:?} exists with other settings (on some gateway): {diff}",
+                    request.subscription_id
+                )))),
+            }
+        };
+        if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
+            check(consumer.cached_info())?;
+            return Ok(consumer);
+        }
+        let config = consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subjects: spec
+                .patterns
+                .iter()
+                .map(|p| names::subject(&self.inner.shared.prefix, p.as_str()))
+                .collect(),
+            deliver_policy: DeliverPolicy::New,
+            ack_policy: match spec.ack_mode {
+                AckMode::Explicit => AckPolicy::Explicit,
+                AckMode::None => AckPolicy::None,
+            },
+            ack_wait: self.inner.config.ack_wait,
+            max_deliver: -1,
+            // Every gateway pulls at most its members' windows; this bounds them all together.
+            max_ack_pending: i64::try_from(self.inner.shared.broker.limits().max_queue_messages)
+                .unwrap_or(i64::MAX),
+            inactive_threshold: self.inner.config.idle_timeout,
+            metadata: names::metadata(&request.subscription_id, spec),
+            ..Default::default()
+        };
+        match stream.create_consumer_strict(config).await {
+            Ok(consumer) => Ok(consumer),
+            Err(error) => {
+                // Another gateway may have created it first, with other settings.
+                if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
+                    check(consumer.cached_info())?;
+                    return Ok(consumer);
+                }
+                Err(Status::failed_precondition(service::cap_message(format!(
+                    "JetStream refused the consumer of subscription {:?}: {error}",
+                    request.subscription_id
+                ))))
+            }
+        }
+    }
+
+    /// A unary Ack or Nack. One naming its member is applied here when the member is here,
+    /// else forwarded to the gateway that holds it; a two-field one is fenced by this
+    /// connection, so it is applied here or refused.
+    ///
+    /// # Errors
+    /// The broker's refusals; `NOT_FOUND` when no gateway holds the member;
+    /// `FAILED_PRECONDITION` for a two-field ack whose message is not held here.
+    pub async fn settle(
+        &self,
+        subscription_id: &str,
+        fence: Fence,
+        system_id: u64,
+        nack: bool,
+    ) -> Result<(), Status> {
+        let broker = &self.inner.shared.broker;
+        let local = |fence| {
+            if nack {
+                broker.nack(subscription_id, fence, system_id)
+            } else {
+                broker.ack(subscription_id, fence, system_id)
+            }
+        };
+        match fence {
+            Fence::Member(member) if broker.has_member(subscription_id, member) => {
+                local(fence).map_err(|e| service::status(&e))
+            }
+            Fence::Member(member) => {
+                forward::request(
+                    &self.inner.shared.client,
+                    &self.inner.config.stream,
+                    forward::SettleRequest {
+                        subscription: subscription_id.to_string(),
+                        member,
+                        system_id,
+                        nack,
+                    },
+                    self.inner.config.forward_timeout,
+                )
+                .await
+            }
+            Fence::Connection(_) => local(fence).map_err(|e| match e {
+                Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => {
+                    Status::failed_precondition(service::cap_message(format!(
+                        "message {system_id} is not in flight on subscription {subscription_id:?} at this gateway; in cluster mode an ack or nack without member_id is fenced by the connection and works only at the gateway holding the member's stream: pass the member_id from the confirmation frame"
+                    )))
+                }
+                e => service::status(&e),
+            }),
+        }
+    }
+
+    /// Stops every bridge, giving back what each holds, and waits (at most `timeout`) for them.
+    pub async fn close(&self, timeout: Duration) {
+        self.inner.router.stop_all();
+        let mut bridges = self.inner.bridges.lock().await;
+        let _ = tokio::time::timeout(timeout, async {
+            while bridges.join_next().await.is_some() {}
+        })
+        .await;
+        let _ = self.inner.shared.client.flush().await;
+    }
+}
+
+/// Message headers as NATS headers. NATS header names are ASCII without ':' or whitespace,
+/// values have no line breaks, and names starting `Nats-` instruct JetStream: those are
+/// refused, never sent.
+fn nats_headers(headers: &crate::core::Headers) -> Result<HeaderMap, Status> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        if name.len() >= 5 && name[..5].eq_ignore_ascii_case("nats-") {
+            return Err(Status::invalid_argument(service::cap_message(format!(
+                "header {name:?}: names starting with Nats- are reserved by NATS in cluster mode"
+            ))));
+        }
+        let header: HeaderName = name.parse().map_err(|_| {
+            Status::invalid_argument(service::cap_message(format!(
+                "header {name:?} cannot be carried in cluster mode: NATS header names are ASCII without ':', spaces or control characters"
+            )))
+        })?;
+        let value: HeaderValue = value.parse().map_err(|_| {
+            Status::invalid_argument(service::cap_message(format!(
+                "the value of header {name:?} cannot be carried in cluster mode: no line breaks"
+            )))
+        })?;
+        map.insert(header, value);
+    }
+    Ok(map)
+}
+
+/// The stream, created when missing. Auto replicas try 3 first and take fewer when the
+/// cluster is smaller.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    config: &GatewayConfig,
+) -> Result<jetstream::stream::Stream, String> {
+    let subjects = format!("{}.>", config.stream);
+    if let Ok(stream) = js.get_stream(&config.stream).await {
+        if !stream.cached_info().config.subjects.contains(&subjects) {
+            return Err(format!(
+                "JetStream stream {} exists but does not take {subjects}",
+                config.stream
+            ));
+        }
+        return Ok(stream);
+    }
+    let tries: &[usize] = match config.replicas {
+        0 => &[3, 1],
+        n => &[n][..],
+    };
+    let mut last = String::new();
+    for &replicas in tries {
+        let stream_config = jetstream::stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![subjects.clone()],
+            retention: RetentionPolicy::Interest,
+            storage: StorageType::File,
+            num_replicas: replicas,
+            ..Default::default()
+        };
+        match js.get_or_create_stream(stream_config).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = error.to_string(),
+        }
+    }
+    Err(format!(
+        "JetStream refused the stream {}: {last}",
+        config.stream
+    ))
+}

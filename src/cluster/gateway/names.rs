@@ -1,0 +1,191 @@
+//! How tinybroker's names map onto JetStream's: subjects for topics and patterns, consumer names
+//! for subscription ids, and the subscription's settings kept in its consumer's metadata so
+//! that every gateway checks a join against the same record.
+
+use std::collections::HashMap;
+
+use crate::core::{AckMode, Mode, Overflow, Pattern, SubscriptionSpec};
+
+/// A topic's or pattern's subject: `<prefix>.<topic>`. Topics are already NATS-shaped (SPEC §2:
+/// dot-separated non-empty tokens without whitespace, `*` or `>`), and patterns use NATS
+/// wildcards, so the mapping is the identity behind the prefix.
+pub fn subject(prefix: &str, topic: &str) -> String {
+    format!("{prefix}.{topic}")
+}
+
+/// The topic a stream subject carries, if it is under `prefix`.
+pub fn topic_of<'a>(prefix: &str, subject: &'a str) -> Option<&'a str> {
+    subject.strip_prefix(prefix)?.strip_prefix('.')
+}
+
+/// The longest name this builds; JetStream's API subjects carry it, so keep well under 255.
+const MAX_NAME: usize = 160;
+
+/// The durable consumer of a subscription. A QUEUE subscription has one, shared by every
+/// gateway, so JetStream spreads its messages over them; a BROADCAST subscription (one stream,
+/// one member) gets its own per gateway. Characters a consumer name may not hold (`.`, `*`,
+/// `>`, whitespace, slashes, anything outside `[A-Za-z0-9-]`) are escaped as `_xx`; an id too
+/// long for that is named by a 128-bit hash, and the id itself is kept in the consumer's
+/// metadata and compared on every join, so a collision is refused, never shared.
+pub fn consumer_name(mode: Mode, subscription_id: &str, gateway: &str) -> String {
+    let mut escaped = String::with_capacity(subscription_id.len());
+    for byte in subscription_id.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' {
+            escaped.push(byte as char);
+        } else {
+            escaped.push_str(&format!("_{byte:02x}"));
+        }
+    }
+    if escaped.len() > MAX_NAME - 40 {
+        escaped = format!(
+            "h_{:016x}{:016x}",
+            fnv1a(subscription_id.as_bytes(), 0xcbf2_9ce4_8422_2325),
+            fnv1a(subscription_id.as_bytes(), 0x6c62_272e_07bb_0142)
+        );
+    }
+    match mode {
+        Mode::Broadcast => format!("tb-b-{gateway}-{escaped}"),
+        Mode::Queue | Mode::Singleton => format!("tb-q-{escaped}"),
+    }
+}
+
+fn fnv1a(bytes: &[u8], basis: u64) -> u64 {
+    bytes.iter().fold(basis, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+const ID: &str = "tinybroker-subscription";
+const MODE: &str = "tinybroker-mode";
+const GROUP: &str = "tinybroker-group";
+const PATTERNS: &str = "tinybroker-patterns";
+const ACK_MODE: &str = "tinybroker-ack-mode";
+const OVERFLOW: &str = "tinybroker-overflow";
+const MAX_ATTEMPTS: &str = "tinybroker-max-delivery-attempts";
+
+/// The subscription's id and shared settings, as consumer metadata.
+pub fn metadata(subscription_id: &str, spec: &SubscriptionSpec) -> HashMap<String, String> {
+    let patterns: Vec<&str> = spec.patterns.iter().map(Pattern::as_str).collect();
+    HashMap::from([
+        (ID.to_string(), subscription_id.to_string()),
+        (MODE.to_string(), spec.mode.to_string()),
+        (GROUP.to_string(), spec.consumer_group.clone()),
+        // Patterns hold no whitespace, so a space separates them unambiguously.
+        (PATTERNS.to_string(), patterns.join(" ")),
+        (ACK_MODE.to_string(), spec.ack_mode.to_string()),
+        (OVERFLOW.to_string(), spec.overflow.to_string()),
+        (
+            MAX_ATTEMPTS.to_string(),
+            spec.max_delivery_attempts.to_string(),
+        ),
+    ])
+}
+
+/// The subscription id and settings a consumer's metadata records, or why they cannot be read
+/// (a consumer tinybroker did not make, or one of another subscription whose name collides).
+///
+/// # Errors
+/// A sentence naming what is missing or unreadable.
+pub fn recorded(metadata: &HashMap<String, String>) -> Result<(String, SubscriptionSpec), String> {
+    let get = |key: &str| {
+        metadata
+            .get(key)
+            .ok_or_else(|| format!("its consumer has no {key} metadata"))
+    };
+    let parse = |key: &str, value: &str| format!("its consumer's {key} is {value:?}");
+    let mode = match get(MODE)?.as_str() {
+        m if m == Mode::Queue.to_string() => Mode::Queue,
+        m if m == Mode::Broadcast.to_string() => Mode::Broadcast,
+        m if m == Mode::Singleton.to_string() => Mode::Singleton,
+        other => return Err(parse(MODE, other)),
+    };
+    let ack_mode = match get(ACK_MODE)?.as_str() {
+        m if m == AckMode::Explicit.to_string() => AckMode::Explicit,
+        m if m == AckMode::None.to_string() => AckMode::None,
+        other => return Err(parse(ACK_MODE, other)),
+    };
+    let overflow = match get(OVERFLOW)?.as_str() {
+        m if m == Overflow::RejectPublish.to_string() => Overflow::RejectPublish,
+        m if m == Overflow::DropOldest.to_string() => Overflow::DropOldest,
+        other => return Err(parse(OVERFLOW, other)),
+    };
+    let patterns = get(PATTERNS)?
+        .split(' ')
+        .map(Pattern::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("its consumer's {PATTERNS}: {e}"))?;
+    let max_attempts = get(MAX_ATTEMPTS)?;
+    let max_delivery_attempts = max_attempts
+        .parse()
+        .map_err(|_| parse(MAX_ATTEMPTS, max_attempts))?;
+    Ok((
+        get(ID)?.clone(),
+        SubscriptionSpec {
+            mode,
+            consumer_group: get(GROUP)?.clone(),
+            patterns,
+            max_delivery_attempts,
+            dead_letter_topic: None,
+            ack_mode,
+            overflow,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SubscriptionSpec {
+        SubscriptionSpec {
+            mode: Mode::Queue,
+            consumer_group: "workers".into(),
+            patterns: vec![
+                Pattern::parse("jobs.*").unwrap(),
+                Pattern::parse("mail.>").unwrap(),
+            ],
+            max_delivery_attempts: 5,
+            dead_letter_topic: None,
+            ack_mode: AckMode::Explicit,
+            overflow: Overflow::RejectPublish,
+        }
+    }
+
+    #[test]
+    fn settings_survive_the_metadata_round_trip() {
+        let (id, back) = recorded(&metadata("orders", &spec())).unwrap();
+        assert_eq!(id, "orders");
+        assert_eq!(back, spec());
+        let mut broken = metadata("orders", &spec());
+        broken.insert(MODE.into(), "sideways".into());
+        assert!(recorded(&broken).unwrap_err().contains("sideways"));
+        broken.remove(MODE);
+        assert!(recorded(&broken).unwrap_err().contains(MODE));
+    }
+
+    #[test]
+    fn consumer_names_hold_only_safe_characters_and_stay_short() {
+        for id in ["orders", "a.b c/d*>", "é", &"x".repeat(256)] {
+            for mode in [Mode::Queue, Mode::Broadcast] {
+                let name = consumer_name(mode, id, "g1");
+                assert!(name.len() <= MAX_NAME, "{name}");
+                assert!(
+                    name.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                    "{name}"
+                );
+            }
+        }
+        assert_ne!(
+            consumer_name(Mode::Queue, "a.b", "g"),
+            consumer_name(Mode::Queue, "a_2eb", "g"),
+            "an escape cannot be forged by an id that spells it"
+        );
+        assert_ne!(
+            consumer_name(Mode::Broadcast, "a", "g1"),
+            consumer_name(Mode::Broadcast, "a", "g2")
+        );
+        assert_eq!(topic_of("tb", &subject("tb", "a.b")), Some("a.b"));
+        assert_eq!(topic_of("tb", "tbx.a"), None);
+    }
+}

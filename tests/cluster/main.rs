@@ -1,0 +1,338 @@
+//! Cluster mode (SPEC §9, step 2 of issue 14) against real nats-server processes: two gateways
+//! over a three-node JetStream cluster, subscribers on one gateway and publishers on the other.
+//! Every wait is for an event, bounded by the API harness's `within`.
+
+#[allow(dead_code, unused_macros)]
+#[macro_use]
+#[path = "../api/harness.rs"]
+mod harness;
+
+#[allow(dead_code)]
+#[path = "../api/binary.rs"]
+mod binary;
+
+#[path = "../support/nats.rs"]
+mod nats_server;
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use harness::{Carriage, Member, TestServer, assert_code, open, singleton, within};
+use nats_server::NatsCluster;
+use tinybroker::{
+    cluster::gateway::{self, Gateway, GatewayConfig, Router},
+    core::Limits,
+    pb::DeliveryMode,
+    server::{Server, ServerConfig},
+};
+use tonic::Code;
+
+/// A gateway on `url`, serving on a port-0 loopback listener, as `serve --nats` builds it.
+async fn gateway(url: &str) -> TestServer {
+    let router = Router::new();
+    let server = Server::new(ServerConfig {
+        limits: gateway::local_limits(Limits::default()),
+        observer: Some(router.clone()),
+        ..ServerConfig::default()
+    });
+    let gateway = Gateway::connect(GatewayConfig::new(url), server.broker().clone(), router)
+        .await
+        .expect("gateway connects");
+    TestServer::run(server.with_gateway(gateway)).await
+}
+
+/// A three-node cluster and two gateways on different nodes.
+async fn two_gateways() -> (NatsCluster, TestServer, TestServer) {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let a = gateway(&urls[0]).await;
+    let b = gateway(&urls[1]).await;
+    (cluster, a, b)
+}
+
+fn queue(id: &str, window: u32) -> tinybroker::pb::OpenSubscription {
+    let mut request = open(id, DeliveryMode::Queue, "workers", &["orders.*"]);
+    request.max_in_flight = window;
+    request
+}
+
+/// How many messages JetStream still waits on an ack for, on a subscription's consumer.
+async fn ack_pending(url: &str, subscription: &str) -> u64 {
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("tinybroker").await.unwrap();
+    let name = gateway::names::consumer_name(tinybroker::core::Mode::Queue, subscription, "");
+    let info = stream.consumer_info(&name).await.unwrap();
+    info.num_ack_pending as u64
+}
+
+// A publish on gateway B is confirmed by JetStream and consumed by a QUEUE member on gateway A;
+// a nack redelivers it with attempt + 1; acks are applied in JetStream (nothing is left pending
+// and nothing comes again), also an ack sent to the other gateway with the member's id.
+#[tokio::test]
+async fn queue_across_gateways_publish_consume_nack_ack() {
+    let (cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    member.confirmed().await;
+
+    let first = on_b.publish("orders.new", "one").await;
+    assert!(first.system_id > 0, "confirmed with the stream sequence");
+    let got = member.message().await;
+    assert_eq!(
+        (
+            got.system_id,
+            got.topic.as_str(),
+            &got.payload[..],
+            got.delivery_attempt
+        ),
+        (first.system_id, "orders.new", &b"one"[..], 1)
+    );
+    member.nack(got.system_id).await;
+    let again = member.message().await;
+    assert_eq!(
+        (again.system_id, again.delivery_attempt),
+        (first.system_id, 2)
+    );
+    member.ack(again.system_id).await;
+
+    let second = on_b.publish("orders.new", "two").await;
+    let got = member.message().await;
+    assert_eq!(
+        got.system_id, second.system_id,
+        "the acked one did not come again"
+    );
+    // Acked through the gateway that does not hold the member: forwarded to the one that does.
+    on_b.ack("orders", member.member_id, got.system_id)
+        .await
+        .unwrap();
+    let third = on_b.publish("orders.new", "three").await;
+    let got = member.message().await;
+    assert_eq!(got.system_id, third.system_id);
+    member.ack(got.system_id).await;
+    let url = &cluster.client_urls()[2];
+    within(async {
+        while ack_pending(url, "orders").await != 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // A stale forwarded ack is refused by the holder, as at home; an unknown member by nobody.
+    assert_code(
+        on_b.ack("orders", member.member_id, got.system_id).await,
+        Code::NotFound,
+        "not in flight",
+    );
+    assert_code(
+        on_b.ack("orders", member.member_id + 1000, got.system_id)
+            .await,
+        Code::NotFound,
+        "not connected to any gateway",
+    );
+}
+
+/// The next message on either member, with the index of the member that got it.
+async fn next_of(members: &mut [Member; 2]) -> (usize, tinybroker::pb::DeliveredMessage) {
+    let [x, y] = members;
+    tokio::select! {
+        m = x.message() => (0, m),
+        m = y.message() => (1, m),
+    }
+}
+
+// QUEUE with a member on each gateway: every message reaches exactly one member, all arrive,
+// and both gateways take part; a join elsewhere with other settings is refused, saying what
+// differs.
+#[tokio::test]
+async fn queue_members_on_both_gateways_share_the_messages() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut members = [
+        on_a.subscribe(queue("shared", 1)).await.unwrap(),
+        on_b.subscribe_via(Carriage::Stream, queue("shared", 1))
+            .await
+            .unwrap(),
+    ];
+    for member in &mut members {
+        member.confirmed().await;
+    }
+    let mut other = queue("shared", 1);
+    other.topic_patterns = vec!["other.*".into()];
+    assert_code(
+        on_b.subscribe(other).await.map(|_| ()),
+        Code::FailedPrecondition,
+        "topic_patterns",
+    );
+
+    let mut published = BTreeSet::new();
+    for i in 0..12 {
+        published.insert(on_b.publish("orders.x", &format!("m{i}")).await.system_id);
+    }
+    // Windows of 1: until one acks, each holds one, so both gateways must have pulled.
+    let (first, m1) = next_of(&mut members).await;
+    let (second, m2) = next_of(&mut members).await;
+    assert_ne!(first, second, "each gateway's member holds one");
+    let mut got = vec![(first, m1.system_id), (second, m2.system_id)];
+    members[first].ack(m1.system_id).await;
+    members[second].ack(m2.system_id).await;
+    while got.len() < published.len() {
+        let (who, message) = next_of(&mut members).await;
+        got.push((who, message.system_id));
+        members[who].ack(message.system_id).await;
+    }
+    let ids: BTreeSet<u64> = got.iter().map(|(_, id)| *id).collect();
+    assert_eq!(
+        ids.len(),
+        got.len(),
+        "no message reached two members: {got:?}"
+    );
+    assert_eq!(ids, published);
+}
+
+// BROADCAST: every member on both gateways gets every message, in publish order, over both
+// carriages and ack-free.
+#[tokio::test]
+async fn broadcast_members_on_both_gateways_get_every_message() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let broadcast = |id: &str| {
+        let mut request = open(id, DeliveryMode::Broadcast, "", &["news.>"]);
+        request.max_in_flight = 16;
+        request
+    };
+    let mut ack_free = broadcast("feed-b2");
+    ack_free.ack_mode = tinybroker::pb::AckMode::None.into();
+    let mut members = vec![
+        on_a.subscribe(broadcast("feed-a1")).await.unwrap(),
+        on_a.subscribe_via(Carriage::Stream, broadcast("feed-a2"))
+            .await
+            .unwrap(),
+        on_b.subscribe(broadcast("feed-b1")).await.unwrap(),
+        on_b.subscribe(ack_free).await.unwrap(),
+    ];
+    for member in &mut members {
+        member.confirmed().await;
+    }
+    let mut published = Vec::new();
+    for i in 0..5 {
+        published.push(on_a.publish("news.today", &format!("n{i}")).await.system_id);
+    }
+    for member in &mut members {
+        let mut seen = Vec::new();
+        for _ in 0..published.len() {
+            let message = member.message().await;
+            seen.push(message.system_id);
+            if member.id != "feed-b2" {
+                member.ack(message.system_id).await;
+            }
+        }
+        assert_eq!(seen, published, "{}", member.id);
+    }
+}
+
+// A member whose stream closes with an unacked message: the message goes to a member on the
+// other gateway, with attempt 2.
+#[tokio::test]
+async fn unacked_message_of_a_closed_member_goes_to_another_gateway() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leaving = on_a.subscribe(queue("handover", 1)).await.unwrap();
+    leaving.confirmed().await;
+    let published = on_b.publish("orders.held", "x").await.system_id;
+    assert_eq!(leaving.message().await.system_id, published);
+    let mut staying = on_b.subscribe(queue("handover", 1)).await.unwrap();
+    staying.confirmed().await;
+    drop(leaving);
+    let got = staying.message().await;
+    assert_eq!((got.system_id, got.delivery_attempt), (published, 2));
+    staying.ack(got.system_id).await;
+}
+
+// SINGLETON is not offered by gateways yet: both carriages are refused, clearly.
+#[tokio::test]
+async fn singleton_is_refused_in_cluster_mode() {
+    let cluster = NatsCluster::start(1).await;
+    let server = gateway(&cluster.client_urls()[0]).await;
+    let client = server.client().await;
+    for carriage in [Carriage::Unary, Carriage::Stream] {
+        assert_code(
+            client
+                .subscribe_via(carriage, singleton("leader"))
+                .await
+                .map(|_| ()),
+            Code::FailedPrecondition,
+            "singleton subscriptions are not available in cluster mode yet",
+        );
+    }
+    let mut dead_letters = queue("poison", 1);
+    dead_letters.dead_letter_topic = "dead.orders".into();
+    assert_code(
+        client.subscribe(dead_letters).await.map(|_| ()),
+        Code::FailedPrecondition,
+        "not available in cluster mode yet",
+    );
+}
+
+// The binary: `serve --nats URL` logs what it connected to, and the CLI's subscribe and
+// publish work through it.
+#[tokio::test]
+async fn serve_with_nats_runs_the_cli_through_jetstream() {
+    let cluster = NatsCluster::start(3).await;
+    let url = cluster.client_urls()[0].clone();
+    let (mut gateway, addr) = binary::serve(&["--nats", &url]).await;
+    let line = gateway.line_with("cluster mode").await;
+    assert!(line.contains("connected to"), "{line}");
+    let server = format!("http://{addr}");
+    let mut subscriber = Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+        .args(["subscribe", "--server", &server])
+        .args(["--id", "cli", "--mode", "queue", "--group", "g", "jobs.*"])
+        .env_remove("TINYBROKER_AUTH_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = subscriber.stdout.take().unwrap();
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut next_line = async || within(lines.recv()).await.expect("subscriber output ended");
+    while !next_line().await.starts_with("confirmed") {}
+    let output = binary::run_client(vec![
+        "publish".into(),
+        "--server".into(),
+        server.clone(),
+        "jobs.cli".into(),
+        "hello".into(),
+    ])
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let printed = String::from_utf8_lossy(&output.stdout).to_string();
+    let system_id = printed
+        .split("system_id=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("publish prints the system_id")
+        .to_string();
+    let delivered = loop {
+        let line = next_line().await;
+        if line.starts_with("message") {
+            break line;
+        }
+    };
+    assert!(
+        delivered.contains(&format!("system_id={system_id} "))
+            && delivered.contains("payload=\"hello\""),
+        "{delivered}"
+    );
+    assert_eq!(next_line().await, format!("acked system_id={system_id}"));
+    let _ = subscriber.kill();
+    let _ = subscriber.wait();
+    drop(gateway);
+}
