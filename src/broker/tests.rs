@@ -660,8 +660,9 @@ async fn injected_messages_keep_their_id_and_attempt_and_reach_one_subscription(
     assert!(broker.has_member("a", a.member_id()));
     assert!(!broker.has_member("a", a.member_id() + 1));
     assert!(!broker.has_member("gone", a.member_id()));
+    let live = std::sync::atomic::AtomicBool::new(true);
     let message = draft("x.y").into_message(42, 7);
-    broker.inject("a", message, 3).unwrap();
+    broker.inject("a", message, 3, &live).unwrap();
     match recv(&mut a).await {
         Some(Outbound::Message {
             message, attempt, ..
@@ -671,9 +672,19 @@ async fn injected_messages_keep_their_id_and_attempt_and_reach_one_subscription(
     assert_eq!(broker.room("a"), Some(0));
     assert_eq!(other.try_next(), None, "only the named subscription");
     assert!(matches!(
-        broker.inject("gone", draft("x.y").into_message(43, 7), 1),
+        broker.inject("gone", draft("x.y").into_message(43, 7), 1, &live),
         Err(Error::SubscriptionNotFound(_))
     ));
+    // A feeder whose subscription expired (its claim cleared) cannot feed one of the same
+    // name: the message is refused and nothing is queued, charged or counted.
+    let stale = std::sync::atomic::AtomicBool::new(false);
+    let before = broker.list().1.memory_accounted_bytes;
+    assert!(matches!(
+        broker.inject("a", draft("x.y").into_message(44, 7), 1, &stale),
+        Err(Error::SubscriptionNotFound(_))
+    ));
+    assert_eq!(broker.list().1.memory_accounted_bytes, before);
+    assert_eq!(broker.describe("a").unwrap().queued_messages, 0);
     broker.ack("a", Fence::Member(a.member_id()), 42).unwrap();
     let own = broker.publish(draft("z.z")).unwrap();
     assert_eq!(own.system_id, broker.id_floor().last_system_id() + 1);

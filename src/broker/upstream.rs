@@ -3,13 +3,17 @@
 //! and fences, and injects the messages JetStream delivers into one subscription at a time,
 //! named by JetStream's stream sequence so that every gateway names a message the same way.
 
+use std::sync::atomic::AtomicBool;
+
 use super::{Broker, Input};
 use crate::core::{Error, MemberId, Message};
 
 impl Broker {
     /// Queues `message` (its `system_id` chosen upstream) on the subscription `subscription_id`
     /// alone, its next delivery carrying `attempt`. Nothing is routed by topic and no id is
-    /// taken from this broker's counter.
+    /// taken from this broker's counter. `live` is the feeder's claim on the subscription: when
+    /// the subscription it fed expired (and `live` was cleared under its lock), the message is
+    /// refused as `SubscriptionNotFound`, even if a new subscription of the same name exists.
     ///
     /// # Errors
     /// [`Error::SubscriptionNotFound`], [`Error::QueueFull`] or [`Error::MemoryBudget`] (then
@@ -19,9 +23,15 @@ impl Broker {
         subscription_id: &str,
         message: Message,
         attempt: u32,
+        live: &AtomicBool,
     ) -> Result<(), Error> {
         self.check_running()?;
         self.with_subscription(subscription_id, |state, dead| {
+            // Read under the subscription's lock, where expiry clears it: a feeder whose
+            // subscription expired finds it cleared even if a new one of the same name exists.
+            if !live.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Error::SubscriptionNotFound(subscription_id.to_string()));
+            }
             let size = message.size();
             let share = size as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
             self.reserve_memory(share)?;

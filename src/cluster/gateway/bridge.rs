@@ -11,7 +11,10 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, PoisonError, RwLock},
+    sync::{
+        Arc, PoisonError, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -52,6 +55,10 @@ pub(super) enum Event {
 struct Link {
     events: mpsc::UnboundedSender<Event>,
     wake: Arc<Notify>,
+    /// Cleared, under the subscription's lock, when the local subscription this bridge feeds
+    /// expires: the broker checks it under that same lock before queuing what the bridge
+    /// injects, so a stopping bridge can never feed a newer subscription of the same name.
+    live: Arc<AtomicBool>,
 }
 
 /// Routes the local broker's decisions to the bridge of each subscription. It is the broker's
@@ -79,6 +86,7 @@ pub(super) enum Attach {
     New {
         events: mpsc::UnboundedReceiver<Event>,
         wake: Arc<Notify>,
+        live: Arc<AtomicBool>,
     },
 }
 
@@ -98,20 +106,27 @@ impl Router {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let wake = Arc::new(Notify::new());
+        let live = Arc::new(AtomicBool::new(true));
         links.insert(
             subscription.clone(),
             Link {
                 events: tx,
                 wake: wake.clone(),
+                live: live.clone(),
             },
         );
-        Attach::New { events: rx, wake }
+        Attach::New {
+            events: rx,
+            wake,
+            live,
+        }
     }
 
     /// Stops every bridge (the gateway is shutting down): each gives back what it holds.
     pub(super) fn stop_all(&self) {
         let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
         for (_, link) in links.drain() {
+            link.live.store(false, Ordering::Release);
             let _ = link.events.send(Event::Stop);
         }
     }
@@ -135,6 +150,7 @@ impl Observer for Router {
             // subscription right after starts a new bridge instead of waking this one.
             let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(link) = links.remove(id) {
+                link.live.store(false, Ordering::Release);
                 let _ = link.events.send(Event::Stop);
             }
             return;
@@ -169,6 +185,8 @@ pub(super) struct Bridge {
     pub(super) explicit: bool,
     pub(super) events: mpsc::UnboundedReceiver<Event>,
     pub(super) wake: Arc<Notify>,
+    /// Whether the local subscription this bridge was started for still exists (see `Link`).
+    pub(super) live: Arc<AtomicBool>,
     /// Messages injected and not yet settled, by stream sequence: their ack subjects.
     pub(super) held: BTreeMap<u64, Subject>,
 }
@@ -331,7 +349,7 @@ impl Bridge {
         match self
             .shared
             .broker
-            .inject(&self.subscription, message, attempt)
+            .inject(&self.subscription, message, attempt, &self.live)
         {
             Ok(()) => Flow::Go,
             Err(error) => {

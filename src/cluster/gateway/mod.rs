@@ -284,7 +284,8 @@ impl Gateway {
             service::status(&e)
         })?;
         let subscription: Arc<str> = Arc::from(request.subscription_id.as_str());
-        if let bridge::Attach::New { events, wake } = self.inner.router.attach(&subscription) {
+        if let bridge::Attach::New { events, wake, live } = self.inner.router.attach(&subscription)
+        {
             let bridge = bridge::Bridge {
                 shared: self.inner.shared.clone(),
                 subscription,
@@ -292,6 +293,7 @@ impl Gateway {
                 explicit: spec.ack_mode == AckMode::Explicit,
                 events,
                 wake,
+                live,
                 held: BTreeMap::new(),
             };
             let mut bridges = self.inner.bridges.lock().await;
@@ -439,7 +441,12 @@ impl Gateway {
 fn nats_headers(headers: &crate::core::Headers) -> Result<HeaderMap, Status> {
     let mut map = HeaderMap::new();
     for (name, value) in headers {
-        if name.len() >= 5 && name[..5].eq_ignore_ascii_case("nats-") {
+        // Bytes, not a `str` slice: a name may have a multi-byte character across byte 5.
+        if name
+            .as_bytes()
+            .get(..5)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"nats-"))
+        {
             return Err(Status::invalid_argument(service::cap_message(format!(
                 "header {name:?}: names starting with Nats- are reserved by NATS in cluster mode"
             ))));
@@ -498,4 +505,22 @@ async fn ensure_stream(
         "JetStream refused the stream {}: {last}",
         config.stream
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // SPEC §6: nothing a client sends panics the broker. A header name with a multi-byte
+    // character across its fifth byte used to be sliced there (a panic in cluster mode).
+    #[test]
+    fn header_names_are_checked_without_slicing_inside_a_character() {
+        let headers = |name: &str| crate::core::Headers::from([(name.to_string(), "v".into())]);
+        let refused = nats_headers(&headers("abcdé")).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        let reserved = nats_headers(&headers("NATS-Msg-Id")).unwrap_err();
+        assert!(reserved.message().contains("reserved"), "{reserved:?}");
+        assert!(nats_headers(&headers("trace-id")).is_ok());
+        assert!(nats_headers(&headers("nats")).is_ok());
+    }
 }
