@@ -161,6 +161,8 @@ impl Checker {
                 )
             }
             Input::Expire { held } => format!("expire ({held} held)"),
+            Input::Activate { member, epoch } => format!("activate m{member} epoch {epoch}"),
+            Input::HandBack { ids } => format!("hand back {ids:?}"),
         }
     }
 }
@@ -282,7 +284,12 @@ impl Observer for Checker {
                 check_fence(m, "nack", *member, *connection, *system_id, &mut violations);
                 m.holder.remove(system_id);
             }
-            Input::Ack { .. } | Input::Nack { .. } => {}
+            Input::Ack { .. } | Input::Nack { .. } | Input::Activate { .. } => {}
+            Input::HandBack { ids } => {
+                for id in ids {
+                    m.outstanding.remove(id);
+                }
+            }
             Input::Expire { .. } => {
                 m.outstanding.clear();
                 m.holder.clear();

@@ -73,7 +73,7 @@ pub fn code(error: &Error) -> Code {
         | Error::BatchTooLarge { .. }
         | Error::TooManySubscriptions { .. }
         | Error::TooManyMembers { .. } => Code::ResourceExhausted,
-        Error::ShuttingDown => Code::Unavailable,
+        Error::ShuttingDown | Error::Unavailable(_) => Code::Unavailable,
     }
 }
 

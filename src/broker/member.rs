@@ -233,6 +233,23 @@ impl SubState {
         }
     }
 
+    /// Ends one member's stream with `error`: its waiting frames are dropped (the core takes
+    /// back what they carried) and the end frame is its last.
+    pub(crate) fn end_one(&mut self, member: MemberId, error: &Error) {
+        let Some(outlet) = self.outlets.get_mut(&member) else {
+            return;
+        };
+        if outlet.ended {
+            return;
+        }
+        outlet.ended = true;
+        outlet.frames.clear();
+        outlet.frames.push_back(Outbound::End(error.clone()));
+        if let Some(waker) = outlet.waker.take() {
+            self.wake.push(waker);
+        }
+    }
+
     /// Moves every frame waiting for `member` into `buf` (which the caller has emptied), or, when
     /// there is none, parks `waker` to be woken by the next one. Returns false once the stream
     /// is over: the member was detached, or its end frame was already taken.

@@ -75,6 +75,9 @@ struct Inner {
     idle: Mutex<expiry::IdleSchedule>,
     observer: Option<Arc<dyn Observer>>,
     timings: std::sync::OnceLock<Arc<dyn Timings>>,
+    /// Cluster mode: singleton subscriptions' active members are chosen by the cluster
+    /// (`Broker::gateway`).
+    arbitrated: bool,
 }
 
 #[derive(Default)]
@@ -206,6 +209,7 @@ impl Broker {
                 idle: Mutex::new(expiry::IdleSchedule::default()),
                 observer,
                 timings: std::sync::OnceLock::new(),
+                arbitrated: false,
             }),
         }
     }
@@ -323,7 +327,7 @@ impl Broker {
         let cost = crate::core::subscription::subscription_cost(&request.spec);
         self.reserve_memory(cost)?;
         let name: Arc<str> = Arc::from(request.subscription_id.as_str());
-        let core = Subscription::new(
+        let mut core = Subscription::new(
             name.clone(),
             request.spec.clone(),
             QueueLimits {
@@ -335,6 +339,9 @@ impl Broker {
             catalog.retired,
             self.inner.clock.now(),
         );
+        if self.inner.arbitrated {
+            core.arbitrate();
+        }
         catalog.last_key += 1;
         let key = catalog.last_key;
         let mut state = SubState::new(key, core);

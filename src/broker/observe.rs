@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::ConnectionId;
-use crate::core::{Effect, MemberId, Subscription, SystemId};
+use crate::core::{Effect, Epoch, MemberId, Subscription, SystemId};
 
 /// An input applied to one subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +50,18 @@ pub enum Input {
         system_id: SystemId,
         /// Whether it returned the message.
         accepted: bool,
+    },
+    /// Cluster mode: the cluster made this member of an arbitrated singleton active.
+    Activate {
+        /// The member.
+        member: MemberId,
+        /// Its epoch, from the cluster.
+        epoch: Epoch,
+    },
+    /// Cluster mode: these queued messages were taken out, to go back upstream.
+    HandBack {
+        /// The messages, head first.
+        ids: Vec<SystemId>,
     },
     /// The subscription expired after its idle time; it held `held` messages.
     Expire {

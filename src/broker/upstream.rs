@@ -3,12 +3,91 @@
 //! and fences, and injects the messages JetStream delivers into one subscription at a time,
 //! named by JetStream's stream sequence so that every gateway names a message the same way.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, atomic::AtomicBool};
 
-use super::{Broker, Input};
-use crate::core::{Error, MemberId, Message};
+use super::{Broker, Input, Observer};
+use crate::{
+    clock::Clock,
+    core::{Epoch, Error, Limits, MemberId, Message, SystemId},
+};
 
 impl Broker {
+    /// A gateway's local broker (cluster mode): like [`Broker::with_observer`], but every
+    /// singleton subscription is arbitrated: its members join on standby, and only
+    /// [`Broker::activate`] (the cluster's coordinator) makes one active.
+    pub fn gateway(limits: Limits, clock: Arc<dyn Clock>, observer: Arc<dyn Observer>) -> Self {
+        let mut broker = Self::with_observer(limits, clock, Some(observer));
+        if let Some(inner) = Arc::get_mut(&mut broker.inner) {
+            inner.arbitrated = true;
+        }
+        broker
+    }
+
+    /// Makes `member` the active member of the arbitrated singleton `subscription_id`, with the
+    /// cluster's `epoch`: it gets the confirmation frame, then what waits here.
+    ///
+    /// # Errors
+    /// [`Error::SubscriptionNotFound`]; [`Error::InvalidArgument`] when the member left
+    /// meanwhile or another member is active here.
+    pub fn activate(
+        &self,
+        subscription_id: &str,
+        member: MemberId,
+        epoch: Epoch,
+    ) -> Result<(), Error> {
+        self.with_subscription(subscription_id, |state, dead| {
+            let effects = state.core.activate(member, epoch)?;
+            tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");
+            self.apply(state, Input::Activate { member, epoch }, effects, dead);
+            Ok(())
+        })
+    }
+
+    /// Ends `member`'s stream with `error` and removes it at once, as if its stream had closed:
+    /// what it held goes back to the queue and it acts no more. Nothing happens when it is not
+    /// a member here (it left meanwhile).
+    pub fn end_member(&self, subscription_id: &str, member: MemberId, error: &Error) {
+        let now = self.inner.clock.now();
+        let result = self.with_subscription(subscription_id, |state, dead| {
+            if state.core.window(member).is_none() {
+                return Ok(());
+            }
+            state.end_one(member, error);
+            let effects = state.core.leave(member, now);
+            tracing::info!(subscription = %state.core.id(), member, %error, "member's stream ended by the cluster");
+            self.apply(state, Input::Leave { member }, effects, dead);
+            Ok(())
+        });
+        // Gone meanwhile: nothing to end.
+        let _ = result;
+    }
+
+    /// Whether `subscription_id` has an active member here.
+    pub fn has_active(&self, subscription_id: &str) -> bool {
+        self.with_subscription(subscription_id, |state, _| {
+            Ok(state.core.active_members().next().is_some())
+        })
+        .unwrap_or(false)
+    }
+
+    /// Takes every queued (not in-flight) message out of `subscription_id`, to give back
+    /// upstream; returns their ids, head first (empty when there is no such subscription).
+    pub fn hand_back(&self, subscription_id: &str) -> Vec<SystemId> {
+        self.with_subscription(subscription_id, |state, dead| {
+            let ids: Vec<SystemId> = state
+                .core
+                .take_queued()
+                .into_iter()
+                .map(|(message, _)| message.system_id())
+                .collect();
+            if !ids.is_empty() {
+                self.apply(state, Input::HandBack { ids: ids.clone() }, Vec::new(), dead);
+            }
+            Ok(ids)
+        })
+        .unwrap_or_default()
+    }
+
     /// Queues `message` (its `system_id` chosen upstream) on the subscription `subscription_id`
     /// alone, its next delivery carrying `attempt`. Nothing is routed by topic and no id is
     /// taken from this broker's counter. `live` is the feeder's claim on the subscription: when
@@ -31,6 +110,13 @@ impl Broker {
             // subscription expired finds it cleared even if a new one of the same name exists.
             if !live.load(std::sync::atomic::Ordering::Acquire) {
                 return Err(Error::SubscriptionNotFound(subscription_id.to_string()));
+            }
+            // An arbitrated singleton with no active member here queues nothing: what arrives
+            // goes back upstream, for the active member wherever it is.
+            if state.core.is_arbitrated() && state.core.active_members().next().is_none() {
+                return Err(Error::Unavailable(format!(
+                    "subscription {subscription_id:?} has no active member at this gateway"
+                )));
             }
             let size = message.size();
             let share = size as u64 + crate::core::subscription::MESSAGE_OVERHEAD;

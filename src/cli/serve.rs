@@ -109,6 +109,12 @@ pub struct Serve {
     /// kept alive every third of it; this bounds how late a dead gateway's messages come back).
     #[arg(long, env = "TINYBROKER_NATS_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
     nats_ack_wait: Duration,
+    /// Cluster mode: how long this gateway's lease lasts without renewal (renewed every third
+    /// of it). A gateway that cannot renew ends its singleton members' streams with
+    /// UNAVAILABLE; other gateways promote the next member once it has surely lapsed (about
+    /// the lease plus a tenth). Between 300ms and 1h.
+    #[arg(long, env = "TINYBROKER_GATEWAY_LEASE", default_value = "3s", value_parser = parse_lease)]
+    gateway_lease: Duration,
     /// Log line format on stderr.
     #[arg(long, env = "TINYBROKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -197,12 +203,23 @@ async fn shutdown_signal() {
     }
 }
 
+fn parse_lease(text: &str) -> Result<Duration, String> {
+    let lease = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if !(Duration::from_millis(300)..=Duration::from_secs(3600)).contains(&lease) {
+        return Err(format!(
+            "{text}: the gateway lease must be between 300ms and 1h"
+        ));
+    }
+    Ok(lease)
+}
+
 pub async fn run(args: Serve) -> Result<(), String> {
     let mut config = args.config()?;
     let router = args.nats.as_ref().map(|_| {
         let router = Router::new();
         config.limits = gateway::local_limits(config.limits.clone());
         config.observer = Some(router.clone());
+        config.cluster_gateway = true;
         router
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -220,6 +237,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     replicas: args.nats_replicas,
                     idle_timeout: args.idle_timeout,
                     ack_wait: args.nats_ack_wait.max(Duration::from_secs(1)),
+                    lease: args.gateway_lease,
                     ..GatewayConfig::new(urls.clone())
                 },
                 server.broker().clone(),

@@ -161,4 +161,8 @@ pub enum Error {
     /// The broker is shutting down and takes no new work.
     #[error("the broker is shutting down")]
     ShuttingDown,
+    /// Cluster mode: this gateway cannot serve the request now (it lost its lease, or the
+    /// cluster removed the member); the client retries or rejoins, at any gateway.
+    #[error("{0}")]
+    Unavailable(String),
 }

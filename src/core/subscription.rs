@@ -223,6 +223,9 @@ pub struct Subscription {
     served_last: MemberId,
     idle_since: Option<Duration>,
     counters: Counters,
+    /// Cluster mode: a singleton whose active member is chosen outside this core
+    /// ([`Subscription::arbitrate`]).
+    arbitrated: bool,
 }
 
 impl Subscription {
@@ -248,7 +251,73 @@ impl Subscription {
             served_last: 0,
             idle_since: Some(now),
             counters: Counters::default(),
+            arbitrated: false,
         }
+    }
+
+    /// Cluster mode: hands the choice of this singleton's active member to the caller (the
+    /// cluster's coordinator, which keeps the line across gateways). From now on a member
+    /// joins on standby, the active member's leaving promotes nobody, and only
+    /// [`Subscription::activate`] makes a member active, with the epoch the cluster gave it.
+    /// Other modes ignore it.
+    pub fn arbitrate(&mut self) {
+        self.arbitrated = self.spec.mode == Mode::Singleton;
+    }
+
+    /// Whether the active member is chosen outside this core (see [`Subscription::arbitrate`]).
+    pub fn is_arbitrated(&self) -> bool {
+        self.arbitrated
+    }
+
+    /// Makes `member_id` the active member of an arbitrated singleton, with `epoch` (the
+    /// cluster's fencing token). It gets the confirmation, then what waits in the queue.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the subscription is not arbitrated, the member is not
+    /// here, or another member is active; nothing changes then.
+    pub fn activate(&mut self, member_id: MemberId, epoch: Epoch) -> Result<Vec<Effect>, Error> {
+        if !self.arbitrated {
+            return Err(Error::InvalidArgument(format!(
+                "subscription {:?} chooses its own active member",
+                self.id
+            )));
+        }
+        if let Some(active) = self.active_members().find(|&m| m != member_id) {
+            return Err(Error::InvalidArgument(format!(
+                "subscription {:?} already has active member {active}",
+                self.id
+            )));
+        }
+        let Some(member) = self.members.get_mut(&member_id) else {
+            return Err(Error::InvalidArgument(format!(
+                "subscription {:?} has no member {member_id}",
+                self.id
+            )));
+        };
+        if member.epoch.is_some() {
+            return Ok(Vec::new());
+        }
+        member.epoch = Some(epoch);
+        self.epoch = self.epoch.max(epoch);
+        self.counters.promotions += 1;
+        let mut out = vec![Effect::Confirm {
+            member: member_id,
+            epoch,
+        }];
+        self.dispatch(&mut out);
+        Ok(out)
+    }
+
+    /// Takes every queued (not in-flight) message out, head first, with the attempt its next
+    /// delivery would carry: an arbitrated singleton with no active member gives them back
+    /// upstream, so that the next active member, on whichever gateway, gets them first.
+    pub fn take_queued(&mut self) -> Vec<(Message, u32)> {
+        let mut taken = Vec::with_capacity(self.queue.len());
+        while let Some((message, attempt)) = self.queue.pop_front() {
+            self.held_bytes -= message.size() as u64;
+            taken.push((message, attempt));
+        }
+        taken
     }
 
     // ---- getters ----
@@ -442,8 +511,9 @@ impl Subscription {
         };
         let mut out = Vec::new();
         let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
-        if self.spec.mode == Mode::Singleton && ahead > 0 && !second_active {
-            if options.notify_standby {
+        if self.spec.mode == Mode::Singleton && (ahead > 0 || self.arbitrated) && !second_active {
+            // An arbitrated member's place is in the cluster's line, not known here.
+            if options.notify_standby && !self.arbitrated {
                 out.push(Effect::Standby {
                     member: id,
                     position: ahead as u32,
@@ -499,7 +569,7 @@ impl Subscription {
                 self.give_back(record.message, record.attempt, &mut out);
             }
         }
-        if self.spec.mode == Mode::Singleton && member.epoch.is_some() {
+        if self.spec.mode == Mode::Singleton && member.epoch.is_some() && !self.arbitrated {
             // Promotion looks at the first entry only: its cost does not grow with the standbys.
             let next = if planted(PlantedBug::PromoteNewestStandby) {
                 self.members.iter_mut().next_back()
@@ -815,10 +885,13 @@ impl Subscription {
             if active.len() > 1 {
                 return Err(format!("{} active members: {active:?}", active.len()));
             }
-            if !self.members.is_empty() && active.len() != 1 {
+            // Arbitrated: the cluster's line decides who is active and when, so neither "one
+            // whenever there are members" nor "the earliest-joined here" holds locally.
+            if !self.arbitrated && !self.members.is_empty() && active.len() != 1 {
                 return Err("members but no active member".into());
             }
             if let (Some(first), Some(active)) = (self.members.keys().next(), active.first())
+                && !self.arbitrated
                 && first != active
             {
                 return Err(format!(

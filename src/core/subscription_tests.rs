@@ -608,3 +608,58 @@ fn an_upstream_attempt_is_carried_and_one_past_the_limit_is_retired() {
     assert_eq!(s.held_bytes(), 0);
     s.check_invariants().unwrap();
 }
+
+// Cluster mode (SPEC §9): an arbitrated singleton never picks its own active member. Joining,
+// even first, waits on standby; the cluster's choice comes in with its epoch; the active
+// member's leaving promotes nobody here, and what it held can be taken out, in publish order,
+// to go back upstream ahead of anything newer.
+#[test]
+fn an_arbitrated_singleton_activates_only_whom_the_cluster_names() {
+    let mut s = sub(Mode::Singleton);
+    s.arbitrate();
+    assert!(s.is_arbitrated());
+    let (first, effects) = join(&mut s);
+    assert!(confirms(&effects).is_empty(), "{effects:?}");
+    let (second, _) = join(&mut s);
+    assert_eq!(s.active_members().count(), 0);
+    assert!(s.enqueue(msg(1)).is_empty(), "no active member: nothing delivered");
+
+    let effects = s.activate(second, 41).unwrap();
+    s.check_invariants().unwrap();
+    assert_eq!(confirms(&effects), vec![(second, 41)]);
+    assert_eq!(delivered(&effects), vec![(second, 1, 1, 41)]);
+    assert!(s.activate(first, 42).is_err(), "two active members");
+    assert!(s.activate(99, 42).is_err(), "no such member");
+    s.enqueue(msg(2));
+    s.enqueue(msg(3));
+
+    let effects = s.leave(second, NOW);
+    s.check_invariants().unwrap();
+    assert!(confirms(&effects).is_empty(), "nobody promoted: {effects:?}");
+    assert_eq!(s.active_members().count(), 0);
+    let taken: Vec<(SystemId, u32)> = s
+        .take_queued()
+        .into_iter()
+        .map(|(m, attempt)| (m.system_id(), attempt))
+        .collect();
+    assert_eq!(taken, vec![(1, 2), (2, 1), (3, 1)]);
+    assert_eq!(s.queued(), 0);
+    assert_eq!(s.queued_bytes(), 0);
+    s.check_invariants().unwrap();
+
+    let effects = s.activate(first, 42).unwrap();
+    assert_eq!(confirms(&effects), vec![(first, 42)]);
+    assert_eq!(s.epoch(), 42);
+}
+
+#[test]
+fn a_subscription_that_is_not_arbitrated_refuses_activation() {
+    let mut s = sub(Mode::Singleton);
+    let (first, _) = join(&mut s);
+    let (second, _) = join(&mut s);
+    assert!(s.activate(second, 7).is_err());
+    assert_eq!(s.active_members().collect::<Vec<_>>(), vec![first]);
+    let mut q = sub(Mode::Queue);
+    q.arbitrate();
+    assert!(!q.is_arbitrated(), "only singletons are arbitrated");
+}

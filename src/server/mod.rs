@@ -76,8 +76,12 @@ pub struct ServerConfig {
     pub max_pending_request_bytes: usize,
     /// Where time comes from.
     pub clock: Arc<dyn Clock>,
-    /// Sees every input applied to every subscription (simulations and tests).
+    /// Sees every input applied to every subscription (simulations and tests; in cluster mode
+    /// the gateway's [`Router`](crate::cluster::gateway::Router)).
     pub observer: Option<Arc<dyn Observer>>,
+    /// Cluster mode: the broker is a gateway's local broker, whose singleton members are made
+    /// active by the cluster's coordinator ([`Broker::gateway`]); needs `observer`.
+    pub cluster_gateway: bool,
 }
 
 impl ServerConfig {
@@ -110,6 +114,7 @@ impl Default for ServerConfig {
             max_pending_request_bytes: 64 * 1024 * 1024,
             clock: Arc::new(TokioClock::new()),
             observer: None,
+            cluster_gateway: false,
         }
     }
 }
@@ -187,11 +192,16 @@ pub struct Server {
 impl Server {
     /// A server with a fresh, empty broker.
     pub fn new(config: ServerConfig) -> Self {
-        let broker = Broker::with_observer(
-            config.limits.clone(),
-            config.clock.clone(),
-            config.observer.clone(),
-        );
+        let broker = match (&config.observer, config.cluster_gateway) {
+            (Some(observer), true) => {
+                Broker::gateway(config.limits.clone(), config.clock.clone(), observer.clone())
+            }
+            _ => Broker::with_observer(
+                config.limits.clone(),
+                config.clock.clone(),
+                config.observer.clone(),
+            ),
+        };
         Self {
             config,
             broker,

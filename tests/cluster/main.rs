@@ -14,6 +14,8 @@ mod binary;
 #[path = "../support/nats.rs"]
 mod nats_server;
 
+mod singleton;
+
 use std::{
     collections::BTreeSet,
     io::{BufRead, BufReader},
@@ -32,11 +34,12 @@ use tinybroker::{
 use tonic::Code;
 
 /// A gateway on `url`, serving on a port-0 loopback listener, as `serve --nats` builds it.
-async fn gateway(url: &str) -> TestServer {
+pub(crate) async fn gateway(url: &str) -> TestServer {
     let router = Router::new();
     let server = Server::new(ServerConfig {
         limits: gateway::local_limits(Limits::default()),
         observer: Some(router.clone()),
+        cluster_gateway: true,
         ..ServerConfig::default()
     });
     let gateway = Gateway::connect(GatewayConfig::new(url), server.broker().clone(), router)
@@ -46,7 +49,7 @@ async fn gateway(url: &str) -> TestServer {
 }
 
 /// A three-node cluster and two gateways on different nodes.
-async fn two_gateways() -> (NatsCluster, TestServer, TestServer) {
+pub(crate) async fn two_gateways() -> (NatsCluster, TestServer, TestServer) {
     let cluster = NatsCluster::start(3).await;
     let urls = cluster.client_urls();
     let a = gateway(&urls[0]).await;
@@ -252,20 +255,20 @@ async fn unacked_message_of_a_closed_member_goes_to_another_gateway() {
     staying.ack(got.system_id).await;
 }
 
-// SINGLETON is not offered by gateways yet: both carriages are refused, clearly.
+// What gateways do not offer yet is refused, clearly: standby notices (a standby's place is in
+// the cluster-wide line) and dead-letter topics.
 #[tokio::test]
-async fn singleton_is_refused_in_cluster_mode() {
+async fn what_cluster_mode_does_not_offer_is_refused() {
     let cluster = NatsCluster::start(1).await;
     let server = gateway(&cluster.client_urls()[0]).await;
     let client = server.client().await;
     for carriage in [Carriage::Unary, Carriage::Stream] {
+        let mut notify = singleton("leader");
+        notify.notify_standby = true;
         assert_code(
-            client
-                .subscribe_via(carriage, singleton("leader"))
-                .await
-                .map(|_| ()),
+            client.subscribe_via(carriage, notify).await.map(|_| ()),
             Code::FailedPrecondition,
-            "singleton subscriptions are not available in cluster mode yet",
+            "notify_standby is not available in cluster mode yet",
         );
     }
     let mut dead_letters = queue("poison", 1);

@@ -29,7 +29,7 @@ use tokio_stream::StreamExt;
 use super::Shared;
 use crate::{
     broker::{Input, Observation, Observer},
-    core::{Effect, Envelope, Error, Headers, Message, Topic},
+    core::{Effect, Envelope, Error, Headers, MemberId, Message, Topic},
 };
 
 /// How long one pull request waits for messages. A request asks for the room the members had
@@ -38,6 +38,8 @@ use crate::{
 const PULL_EXPIRES: Duration = Duration::from_secs(1);
 /// Pause after a failed pull (NATS unreachable, consumer gone) before the next.
 const RETRY: Duration = Duration::from_millis(500);
+/// How long a nak that hands a singleton's messages on may wait for JetStream's confirmation.
+const NAK_CONFIRM: Duration = Duration::from_secs(2);
 
 /// What the local core decided about a message the bridge holds, or that the subscription is
 /// gone from this gateway.
@@ -47,6 +49,11 @@ pub(super) enum Event {
     Acked(u64),
     /// Dropped by the core (max attempts, overflow): JetStream must not redeliver it.
     Dropped(u64),
+    /// A member of an arbitrated singleton left this gateway (its stream closed, or the
+    /// cluster ended it): when no active member remains here, what the gateway holds goes back
+    /// to JetStream before the coordinator hears of it, so the next active member, on any
+    /// gateway, gets it first.
+    Left(MemberId),
     /// The local subscription expired (its last member left) or the gateway stops: give back
     /// everything held and stop.
     Stop,
@@ -135,10 +142,16 @@ impl Router {
 impl Observer for Router {
     fn observe(&self, observation: &Observation<'_>) {
         let id = observation.subscription.id();
+        let arbitrated = observation.subscription.is_arbitrated();
         let relevant = matches!(
             observation.input,
             Input::Ack { accepted: true, .. } | Input::Expire { .. }
-        ) || observation
+        ) || (arbitrated
+            && matches!(
+                observation.input,
+                Input::Leave { .. } | Input::Activate { .. }
+            ))
+            || observation
             .effects
             .iter()
             .any(|e| matches!(e, Effect::Dropped { .. }));
@@ -159,6 +172,14 @@ impl Observer for Router {
         let Some(link) = links.get(id) else {
             return;
         };
+        match observation.input {
+            Input::Leave { member } if arbitrated => {
+                let _ = link.events.send(Event::Left(*member));
+            }
+            // The active member has window now: pull for it.
+            Input::Activate { .. } => link.wake.notify_one(),
+            _ => {}
+        }
         if let Input::Ack {
             accepted: true,
             system_id,
@@ -183,6 +204,8 @@ pub(super) struct Bridge {
     /// Whether JetStream expects acks (false for an ack-free subscription: its consumer is
     /// `AckNone`, and a message is done once delivered to the gateway).
     pub(super) explicit: bool,
+    /// How often held messages get progress acks: a third of the consumer's ack wait.
+    pub(super) progress_every: Duration,
     pub(super) events: mpsc::UnboundedReceiver<Event>,
     pub(super) wake: Arc<Notify>,
     /// Whether the local subscription this bridge was started for still exists (see `Link`).
@@ -194,6 +217,8 @@ pub(super) struct Bridge {
 enum Flow {
     Go,
     Stop,
+    /// A singleton member left: drop the open pull, then [`Bridge::vacate`].
+    Vacated(MemberId),
 }
 
 impl Bridge {
@@ -203,7 +228,7 @@ impl Bridge {
         tracing::debug!(subscription = %self.subscription, consumer = %self.consumer.cached_info().name, "bridge started");
         // Ack-pending messages are kept alive while the gateway holds them: JetStream would
         // otherwise redeliver them elsewhere after `ack_wait`, while a member still works on them.
-        let mut progress = tokio::time::interval(self.shared.ack_wait / 3);
+        let mut progress = tokio::time::interval(self.progress_every);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         'pulling: loop {
             // No local subscription (yet, or any more): wait for a join to wake this bridge.
@@ -212,7 +237,11 @@ impl Bridge {
             let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
             if room == 0 {
                 tokio::select! {
-                    event = self.events.recv() => if let Flow::Stop = self.handle(event).await { break },
+                    event = self.events.recv() => match self.handle(event).await {
+                        Flow::Stop => break,
+                        Flow::Vacated(member) => self.vacate(member).await,
+                        Flow::Go => {}
+                    },
                     () = self.wake.notified() => {}
                     _ = progress.tick() => self.progress().await,
                 }
@@ -233,14 +262,18 @@ impl Bridge {
                     tokio::pin!(retry);
                     loop {
                         tokio::select! {
-                            event = self.events.recv() => if let Flow::Stop = self.handle(event).await { break 'pulling },
+                            event = self.events.recv() => match self.handle(event).await {
+                                Flow::Stop => break 'pulling,
+                                Flow::Vacated(member) => self.vacate(member).await,
+                                Flow::Go => {}
+                            },
                             _ = progress.tick() => self.progress().await,
                             () = &mut retry => continue 'pulling,
                         }
                     }
                 }
             };
-            loop {
+            let vacated = loop {
                 tokio::select! {
                     message = batch.next() => match message {
                         Some(Ok(message)) => if let Flow::Stop = self.inject(message).await { break 'pulling },
@@ -250,18 +283,58 @@ impl Bridge {
                         }
                         None => continue 'pulling,
                     },
-                    event = self.events.recv() => if let Flow::Stop = self.handle(event).await { break 'pulling },
+                    event = self.events.recv() => match self.handle(event).await {
+                        Flow::Stop => break 'pulling,
+                        Flow::Vacated(member) => break member,
+                        Flow::Go => {}
+                    },
                     _ = progress.tick() => self.progress().await,
                 }
-            }
+            };
+            // The open pull request goes first (its unsubscribe precedes the naks on the
+            // connection), so JetStream cannot hand what is given back to this pull again.
+            drop(batch);
+            self.vacate(vacated).await;
         }
         self.give_back().await;
+    }
+
+    /// A member of an arbitrated singleton left. When no active member remains here, every
+    /// message this gateway holds goes back to JetStream, each nak confirmed, in stream order
+    /// (JetStream redelivers naked messages ahead of new ones), and only then is the
+    /// coordinator told, whose write promotes the next member: so that member, on any gateway,
+    /// gets the in-flight messages first, with attempt + 1.
+    async fn vacate(&mut self, member: MemberId) {
+        if !self.shared.broker.has_active(&self.subscription) {
+            let local = self.shared.broker.hand_back(&self.subscription);
+            let held = std::mem::take(&mut self.held);
+            let count = held.len();
+            for (sequence, reply) in held {
+                let confirmed = tokio::time::timeout(
+                    NAK_CONFIRM,
+                    self.shared
+                        .client
+                        .request(reply, Bytes::from(AckKind::Nak(None))),
+                )
+                .await;
+                if !matches!(confirmed, Ok(Ok(_))) {
+                    // JetStream still redelivers it after its ack wait (the lease for singleton
+                    // consumers), so it is late, never lost.
+                    tracing::warn!(subscription = %self.subscription, sequence, "JetStream did not confirm a nak in time");
+                }
+            }
+            tracing::debug!(subscription = %self.subscription, member, queued_here = local.len(), given_back = count, "no active member here: gave back what this gateway held");
+        }
+        if let Some(singletons) = &self.shared.singletons {
+            singletons.left(self.subscription.clone(), member);
+        }
     }
 
     async fn handle(&mut self, event: Option<Event>) -> Flow {
         let (sequence, kind) = match event {
             Some(Event::Acked(sequence)) => (sequence, AckKind::Ack),
             Some(Event::Dropped(sequence)) => (sequence, AckKind::Term),
+            Some(Event::Left(member)) => return Flow::Vacated(member),
             Some(Event::Stop) | None => return Flow::Stop,
         };
         if let Some(reply) = self.held.remove(&sequence) {

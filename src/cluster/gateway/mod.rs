@@ -44,6 +44,7 @@
 mod bridge;
 mod forward;
 pub mod names;
+pub mod singleton;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -81,6 +82,11 @@ pub struct GatewayConfig {
     pub ack_wait: Duration,
     /// How long an ack forwarded to the gateway holding its member may take to be answered.
     pub forward_timeout: Duration,
+    /// The gateway lease (`--gateway-lease`): a gateway that cannot renew it within this long
+    /// ends its singleton members' streams; others promote the next member after about this
+    /// long plus a tenth. Singleton consumers also wait this long for an ack, so what a dead
+    /// gateway held is redelivered before its successor is promoted.
+    pub lease: Duration,
 }
 
 impl GatewayConfig {
@@ -93,6 +99,7 @@ impl GatewayConfig {
             idle_timeout: Duration::from_secs(300),
             ack_wait: Duration::from_secs(30),
             forward_timeout: Duration::from_secs(2),
+            lease: Duration::from_secs(3),
         }
     }
 }
@@ -102,7 +109,8 @@ struct Shared {
     client: async_nats::Client,
     broker: Broker,
     prefix: String,
-    ack_wait: Duration,
+    /// The line to the singleton coordinator.
+    singletons: Option<singleton::Handle>,
 }
 
 /// A running gateway: cheap to clone.
@@ -121,6 +129,7 @@ struct Inner {
     config: GatewayConfig,
     bridges: tokio::sync::Mutex<tokio::task::JoinSet<()>>,
     responder: tokio::task::JoinHandle<()>,
+    coordination: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -135,6 +144,7 @@ impl std::fmt::Debug for Gateway {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.responder.abort();
+        self.coordination.abort();
     }
 }
 
@@ -197,11 +207,23 @@ impl Gateway {
             broker.id_floor().unix_micros(),
             std::process::id()
         );
+        let backplane = crate::cluster::nats::NatsBackplane::open(
+            client.clone(),
+            &crate::cluster::nats::NatsConfig {
+                bucket: format!("{}-coordination", config.stream),
+                replicas: (config.replicas > 0).then_some(config.replicas),
+                ..crate::cluster::nats::NatsConfig::new(Vec::<String>::new())
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let (singletons, coordination) =
+            singleton::spawn(backplane, broker.clone(), singleton::config(config.lease));
         let shared = Arc::new(Shared {
             client: client.clone(),
             broker: broker.clone(),
             prefix: config.stream.clone(),
-            ack_wait: config.ack_wait,
+            singletons: Some(singletons),
         });
         let responder = forward::serve(&client, &config.stream, broker)
             .await
@@ -216,6 +238,7 @@ impl Gateway {
                 config,
                 bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
                 responder,
+                coordination,
             }),
         })
     }
@@ -267,9 +290,10 @@ impl Gateway {
         connection: Option<ConnectionId>,
     ) -> Result<MemberStream, Status> {
         let spec = &request.spec;
-        if spec.mode == Mode::Singleton {
+        let singleton = spec.mode == Mode::Singleton;
+        if singleton && request.member.notify_standby {
             return Err(Status::failed_precondition(
-                "singleton subscriptions are not available in cluster mode yet",
+                "notify_standby is not available in cluster mode yet: a standby's place is in the cluster-wide line",
             ));
         }
         if spec.dead_letter_topic.is_some() {
@@ -288,9 +312,10 @@ impl Gateway {
         {
             let bridge = bridge::Bridge {
                 shared: self.inner.shared.clone(),
-                subscription,
+                subscription: subscription.clone(),
                 consumer,
                 explicit: spec.ack_mode == AckMode::Explicit,
+                progress_every: self.ack_wait(spec.mode) / 3,
                 events,
                 wake,
                 live,
@@ -301,7 +326,21 @@ impl Gateway {
             while bridges.try_join_next().is_some() {}
             bridges.spawn(bridge.run());
         }
+        if singleton && let Some(singletons) = &self.inner.shared.singletons {
+            // After the bridge is there: it tells the coordinator when this member leaves.
+            singletons.joined(subscription, member.member_id());
+        }
         Ok(member)
+    }
+
+    /// How long JetStream waits for an ack on a consumer of this mode: a singleton's is the
+    /// gateway lease, so what a dead gateway held comes back before the next member is
+    /// promoted (which takes longer than the lease), and so comes first.
+    fn ack_wait(&self, mode: Mode) -> Duration {
+        match mode {
+            Mode::Singleton => self.inner.config.ack_wait.min(self.inner.config.lease),
+            Mode::Queue | Mode::Broadcast => self.inner.config.ack_wait,
+        }
     }
 
     /// The subscription's consumer: checked against the settings its metadata records when it
@@ -347,7 +386,7 @@ impl Gateway {
                 AckMode::Explicit => AckPolicy::Explicit,
                 AckMode::None => AckPolicy::None,
             },
-            ack_wait: self.inner.config.ack_wait,
+            ack_wait: self.ack_wait(spec.mode),
             max_deliver: -1,
             // Every gateway pulls at most its members' windows; this bounds them all together.
             max_ack_pending: i64::try_from(self.inner.shared.broker.limits().max_queue_messages)

@@ -1,0 +1,205 @@
+//! SINGLETON subscriptions across gateways: the shell that runs this gateway's
+//! [`Coordinator`] over the KV backplane ([`NatsBackplane`]) and carries out what it decides on
+//! the local broker.
+//!
+//! - A singleton member that joins here joins the local (arbitrated) subscription on standby
+//!   and is announced to the coordinator, which appends it to the subscription's line in the
+//!   bucket. When the line makes it active, [`Broker::activate`] sends its confirmation with
+//!   the cluster's epoch and the bridge starts pulling for it.
+//! - When a member leaves, the bridge first gives back what this gateway held (when no active
+//!   member remains here), then tells the coordinator ([`Handle::left`]), whose write promotes
+//!   the next member in the line, on whichever gateway it is.
+//! - When this gateway's lease lapses, the coordinator ends every local member with
+//!   `UNAVAILABLE` ([`Broker::end_member`]) and fences itself; this shell then starts a new
+//!   incarnation, with a new gateway id, for members that join afterwards.
+//!
+//! Time is the gateway's monotonic clock (tokio's), from when the shell started.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{sync::mpsc, task::JoinSet};
+use tokio_stream::StreamExt;
+
+use crate::{
+    broker::Broker,
+    cluster::{
+        backplane::{Backplane, KvError, Revision},
+        coordinator::{Command, Config, Coordinator, Effect, Op, RequestId},
+        nats::NatsBackplane,
+        values::GatewayId,
+    },
+    core::{Error, MemberId},
+};
+
+/// What the gateway tells the coordinator.
+#[derive(Debug)]
+enum Input {
+    Joined(Arc<str>, MemberId),
+    Left(Arc<str>, MemberId),
+}
+
+/// The gateway's line to its coordinator shell: cheap to clone.
+#[derive(Debug, Clone)]
+pub(super) struct Handle {
+    inputs: mpsc::UnboundedSender<Input>,
+}
+
+impl Handle {
+    /// A singleton member joined the local subscription (on standby).
+    pub(super) fn joined(&self, subscription: Arc<str>, member: MemberId) {
+        let _ = self.inputs.send(Input::Joined(subscription, member));
+    }
+
+    /// A singleton member left, and what it held was given back.
+    pub(super) fn left(&self, subscription: Arc<str>, member: MemberId) {
+        let _ = self.inputs.send(Input::Left(subscription, member));
+    }
+}
+
+/// Starts the shell; it runs until every [`Handle`] is dropped.
+pub(super) fn spawn(
+    backplane: NatsBackplane,
+    broker: Broker,
+    config: Config,
+) -> (Handle, tokio::task::JoinHandle<()>) {
+    let (inputs, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(run(backplane, broker, config, rx));
+    (Handle { inputs }, task)
+}
+
+/// A gateway id for a new incarnation: random, so unique for the life of the bucket with
+/// overwhelming probability (the OS seeds std's hasher keys).
+fn fresh_id() -> GatewayId {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    // Keep it within JSON's exact integers, for anyone reading the bucket with other tools.
+    GatewayId(hasher.finish() >> 11)
+}
+
+async fn run(
+    backplane: NatsBackplane,
+    broker: Broker,
+    config: Config,
+    mut inputs: mpsc::UnboundedReceiver<Input>,
+) {
+    let start = tokio::time::Instant::now();
+    let now = || start.elapsed();
+    loop {
+        let id = fresh_id();
+        let mut coordinator = Coordinator::new(id, config, now());
+        tracing::info!(gateway = id.0, bucket = backplane.bucket(), lease = ?config.lease, "singleton coordination started");
+        let mut watch = None;
+        let mut writes: JoinSet<(RequestId, Result<Revision, KvError>)> = JoinSet::new();
+        loop {
+            carry_out(&mut coordinator, &backplane, &broker, &mut writes);
+            if coordinator.is_fenced() {
+                tracing::error!(
+                    gateway = id.0,
+                    "this gateway's cluster lease lapsed: its singleton members were ended with UNAVAILABLE; starting a new incarnation"
+                );
+                break;
+            }
+            let Some(stream) = watch.as_mut() else {
+                match backplane.watch("").await {
+                    Ok(w) => watch = Some(w),
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot watch the coordination bucket; retrying");
+                        tokio::time::sleep(config.retry).await;
+                        coordinator.tick(now());
+                    }
+                }
+                continue;
+            };
+            let deadline = coordinator.poll_timeout().map(|t| start + t);
+            tokio::select! {
+                input = inputs.recv() => match input {
+                    Some(Input::Joined(sub, member)) => coordinator.member_joined(now(), &sub, member),
+                    Some(Input::Left(sub, member)) => coordinator.member_left(now(), &sub, member),
+                    None => return,
+                },
+                entry = stream.next() => match entry {
+                    Some(Ok(e)) => coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision),
+                    Some(Err(error)) => tracing::warn!(%error, "the coordination watch lost contact; it resumes"),
+                    None => watch = None,
+                },
+                Some(done) = writes.join_next(), if !writes.is_empty() => {
+                    if let Ok((request, result)) = done {
+                        coordinator.write_result(now(), request, result);
+                    }
+                }
+                () = sleep_until(deadline) => coordinator.tick(now()),
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs the coordinator's writes and applies its effects to the local broker.
+fn carry_out(
+    coordinator: &mut Coordinator,
+    backplane: &NatsBackplane,
+    broker: &Broker,
+    writes: &mut JoinSet<(RequestId, Result<Revision, KvError>)>,
+) {
+    while let Some(Command { id, key, op }) = coordinator.poll_command() {
+        let backplane = backplane.clone();
+        writes.spawn(async move {
+            let result = match op {
+                Op::Create(value) => backplane.create(&key, value).await,
+                Op::Update(value, expected) => backplane.update(&key, value, expected).await,
+                Op::Delete(expected) => backplane.delete(&key, expected).await,
+            };
+            (id, result)
+        });
+    }
+    while let Some(effect) = coordinator.poll_effect() {
+        match effect {
+            Effect::Activate {
+                subscription,
+                member,
+                epoch,
+            } => {
+                if let Err(error) = broker.activate(&subscription, member, epoch) {
+                    // It left meanwhile: its leaving is on its way to the coordinator.
+                    tracing::debug!(%subscription, member, %error, "could not activate a member");
+                }
+            }
+            Effect::End {
+                subscription,
+                member,
+                ..
+            } => broker.end_member(
+                &subscription,
+                member,
+                &Error::Unavailable(
+                    "this gateway lost its place in the cluster (its lease lapsed, or the cluster removed this member): rejoin, at any gateway"
+                        .into(),
+                ),
+            ),
+        }
+    }
+}
+
+/// Coordinator timing for a gateway lease of `lease`: renewals every third of it, a clock
+/// drift bound of 1 %, and a margin of a tenth of the lease (at least 100 ms) for timers and
+/// processing.
+pub fn config(lease: Duration) -> Config {
+    Config {
+        lease,
+        max_drift_percent: 1,
+        margin: (lease / 10).max(Duration::from_millis(100)),
+        retry: (lease / 20).max(Duration::from_millis(50)),
+    }
+}

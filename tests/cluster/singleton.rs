@@ -1,0 +1,132 @@
+//! SINGLETON across gateways (SPEC §5 and §9, step 3 of issue 14): one line across every
+//! gateway, kept in the coordination bucket; promotion in join order on a clean close; epochs
+//! from the bucket's revisions; the in-flight message first, with attempt + 1.
+
+use std::time::{Duration, Instant};
+
+use tinybroker::{
+    cluster::gateway::{self, Gateway, GatewayConfig, Router},
+    core::Limits,
+    server::{Server, ServerConfig},
+};
+
+use crate::{
+    harness::{TestServer, singleton, within},
+    nats_server::NatsCluster,
+    two_gateways,
+};
+
+// Three members in join order A1 (gateway A), B1 (gateway B), A2 (gateway A). A1 leads; the
+// standbys get no frame (each one's first frame is its confirmation). A1 closes its stream
+// cleanly while holding a message: B1, the earliest-joined standby though on the other
+// gateway, gets the confirmation with a higher epoch, then that message with attempt 2, then
+// the next one. B1 closes: A2 leads, with a higher epoch still.
+#[tokio::test]
+async fn a_clean_close_promotes_the_earliest_standby_on_any_gateway_in_flight_message_first() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut a1 = on_a.subscribe(singleton("leader")).await.unwrap();
+    let first = a1.confirmed().await;
+    let mut b1 = on_b.subscribe(singleton("leader")).await.unwrap();
+    let mut a2 = on_a.subscribe(singleton("leader")).await.unwrap();
+
+    let held = on_b.publish("jobs.run", "one").await.system_id;
+    let got = a1.message().await;
+    assert_eq!(
+        (got.system_id, got.delivery_attempt, got.epoch),
+        (held, 1, first.epoch)
+    );
+    // Queued behind the unacked one (window 1): it must come after it, also after failover.
+    let next = on_a.publish("jobs.run", "two").await.system_id;
+
+    let closed = Instant::now();
+    drop(a1);
+    let promoted = b1.confirmed().await;
+    let promotion = closed.elapsed();
+    eprintln!("promotion across gateways on a clean close: {promotion:?}");
+    assert!(
+        promoted.epoch > first.epoch,
+        "epoch {} after {}",
+        promoted.epoch,
+        first.epoch
+    );
+    // A clean close promotes at once, not after a lease (3 s here).
+    assert!(
+        promotion < Duration::from_millis(1500),
+        "promotion took {promotion:?}"
+    );
+    let again = b1.message().await;
+    assert_eq!(
+        (again.system_id, again.delivery_attempt, again.epoch),
+        (held, 2, promoted.epoch),
+        "the in-flight message first, with attempt 2"
+    );
+    b1.ack(again.system_id).await;
+    let then = b1.message().await;
+    assert_eq!((then.system_id, then.delivery_attempt), (next, 1));
+    b1.ack(then.system_id).await;
+
+    drop(b1);
+    let last = a2.confirmed().await;
+    assert!(
+        last.epoch > promoted.epoch,
+        "epoch {} after {}",
+        last.epoch,
+        promoted.epoch
+    );
+    let third = on_b.publish("jobs.run", "three").await.system_id;
+    let got = a2.message().await;
+    assert_eq!((got.system_id, got.epoch), (third, last.epoch));
+}
+
+/// A gateway on `url` with a short lease, so that its death is noticed quickly.
+async fn gateway_with_lease(url: &str, lease: Duration) -> TestServer {
+    let router = Router::new();
+    let server = Server::new(ServerConfig {
+        limits: gateway::local_limits(Limits::default()),
+        observer: Some(router.clone()),
+        cluster_gateway: true,
+        ..ServerConfig::default()
+    });
+    let config = GatewayConfig {
+        lease,
+        ..GatewayConfig::new(url)
+    };
+    let gateway = Gateway::connect(config, server.broker().clone(), router)
+        .await
+        .expect("gateway connects");
+    TestServer::run(server.with_gateway(gateway)).await
+}
+
+// The gateway holding the active member stops (its lease is no longer renewed): after the
+// lease, the standby on the other gateway leads, with a higher epoch, and gets the message the
+// stopped gateway's member held first, with attempt 2.
+#[tokio::test]
+async fn when_the_active_members_gateway_stops_a_standby_elsewhere_leads_after_the_lease() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let lease = Duration::from_secs(1);
+    let a = gateway_with_lease(&urls[0], lease).await;
+    let b = gateway_with_lease(&urls[1], lease).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut active = on_a.subscribe(singleton("failover")).await.unwrap();
+    let first = active.confirmed().await;
+    let mut standby = on_b.subscribe(singleton("failover")).await.unwrap();
+    let held = on_b.publish("jobs.run", "held").await.system_id;
+    assert_eq!(active.message().await.system_id, held);
+
+    let stopped = Instant::now();
+    a.stop().await.expect("gateway A stops");
+    drop(active);
+    let promoted = standby.confirmed().await;
+    eprintln!(
+        "promotion after the active member's gateway stopped: {:?}",
+        stopped.elapsed()
+    );
+    assert!(promoted.epoch > first.epoch);
+    let got = standby.message().await;
+    assert_eq!((got.system_id, got.delivery_attempt), (held, 2));
+    standby.ack(got.system_id).await;
+    let next = on_b.publish("jobs.run", "next").await.system_id;
+    assert_eq!(within(standby.message()).await.system_id, next);
+}
