@@ -81,7 +81,12 @@ impl Broker {
                 .map(|(message, _)| message.system_id())
                 .collect();
             if !ids.is_empty() {
-                self.apply(state, Input::HandBack { ids: ids.clone() }, Vec::new(), dead);
+                self.apply(
+                    state,
+                    Input::HandBack { ids: ids.clone() },
+                    Vec::new(),
+                    dead,
+                );
             }
             Ok(ids)
         })

@@ -224,7 +224,9 @@ impl NatsBackplane {
             .map_err(|e| Publish::Failed(unavailable("publish", e)))?;
         match ack.await {
             Ok(ack) => Ok(ack.sequence),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+            Err(e)
+                if e.kind() == PublishErrorKind::WrongLastSequence || is_stale(&e.to_string()) =>
+            {
                 Err(Publish::Conflict(last_sequence_in(&e.to_string())))
             }
             Err(e) => Err(Publish::Failed(unavailable("publish", e))),
@@ -430,6 +432,15 @@ fn is_deletion(headers: &HeaderMap) -> bool {
 /// The N of JetStream's "wrong last sequence: N" (error 10071) in async-nats's rendering of the
 /// error, "wrong last sequence: wrong last sequence: N (code 400, error code 10071)": the kind,
 /// then the server's description.
+/// Whether a refused publish was refused because the key moved on. A clustered stream may
+/// refuse a compare-and-set with error code 10164, "wrong last sequence" without the number,
+/// which async-nats does not classify as [`PublishErrorKind::WrongLastSequence`] (that is
+/// code 10071, with the number): taken for "unavailable", it held every such conflict up for a
+/// retry delay instead of retrying once the watch moved on.
+fn is_stale(text: &str) -> bool {
+    text.contains("wrong last sequence") || text.contains("error code 10164")
+}
+
 fn last_sequence_in(text: &str) -> Option<Revision> {
     const MARK: &str = "wrong last sequence: ";
     let rest = &text[text.rfind(MARK)? + MARK.len()..];
@@ -538,6 +549,17 @@ mod tests {
             }
         }
         assert_eq!(encode_key("sub.orders"), "sub.orders");
+    }
+
+    #[test]
+    fn both_forms_of_a_refused_compare_and_set_are_conflicts() {
+        let clustered = "publish failed: wrong last sequence (code 400, error code 10164)";
+        assert!(is_stale(clustered));
+        assert_eq!(last_sequence_in(clustered), None, "no number: read it");
+        let single = "wrong last sequence: 17";
+        assert!(is_stale(single));
+        assert_eq!(last_sequence_in(single), Some(17));
+        assert!(!is_stale("publish failed: timed out"));
     }
 
     #[test]

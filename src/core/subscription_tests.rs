@@ -622,7 +622,10 @@ fn an_arbitrated_singleton_activates_only_whom_the_cluster_names() {
     assert!(confirms(&effects).is_empty(), "{effects:?}");
     let (second, _) = join(&mut s);
     assert_eq!(s.active_members().count(), 0);
-    assert!(s.enqueue(msg(1)).is_empty(), "no active member: nothing delivered");
+    assert!(
+        s.enqueue(msg(1)).is_empty(),
+        "no active member: nothing delivered"
+    );
 
     let effects = s.activate(second, 41).unwrap();
     s.check_invariants().unwrap();
@@ -635,7 +638,10 @@ fn an_arbitrated_singleton_activates_only_whom_the_cluster_names() {
 
     let effects = s.leave(second, NOW);
     s.check_invariants().unwrap();
-    assert!(confirms(&effects).is_empty(), "nobody promoted: {effects:?}");
+    assert!(
+        confirms(&effects).is_empty(),
+        "nobody promoted: {effects:?}"
+    );
     assert_eq!(s.active_members().count(), 0);
     let taken: Vec<(SystemId, u32)> = s
         .take_queued()

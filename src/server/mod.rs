@@ -193,9 +193,11 @@ impl Server {
     /// A server with a fresh, empty broker.
     pub fn new(config: ServerConfig) -> Self {
         let broker = match (&config.observer, config.cluster_gateway) {
-            (Some(observer), true) => {
-                Broker::gateway(config.limits.clone(), config.clock.clone(), observer.clone())
-            }
+            (Some(observer), true) => Broker::gateway(
+                config.limits.clone(),
+                config.clock.clone(),
+                observer.clone(),
+            ),
             _ => Broker::with_observer(
                 config.limits.clone(),
                 config.clock.clone(),

@@ -23,11 +23,20 @@ use crate::{
 // the next one. B1 closes: A2 leads, with a higher epoch still.
 #[tokio::test]
 async fn a_clean_close_promotes_the_earliest_standby_on_any_gateway_in_flight_message_first() {
-    let (_cluster, a, b) = two_gateways().await;
+    let (cluster, a, b) = two_gateways().await;
     let (on_a, on_b) = (a.client().await, b.client().await);
     let mut a1 = on_a.subscribe(singleton("leader")).await.unwrap();
     let first = a1.confirmed().await;
     let mut b1 = on_b.subscribe(singleton("leader")).await.unwrap();
+    // Join order across gateways is the order the bucket records the joins, a write after
+    // each stream opens: A2 joins once B1 is recorded.
+    let url = &cluster.client_urls()[2];
+    within(async {
+        while line(url, "leader").await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
     let mut a2 = on_a.subscribe(singleton("leader")).await.unwrap();
 
     let held = on_b.publish("jobs.run", "one").await.system_id;
@@ -77,6 +86,23 @@ async fn a_clean_close_promotes_the_earliest_standby_on_any_gateway_in_flight_me
     let third = on_b.publish("jobs.run", "three").await.system_id;
     let got = a2.message().await;
     assert_eq!((got.system_id, got.epoch), (third, last.epoch));
+}
+
+/// The subscription's line as the coordination bucket holds it.
+async fn line(url: &str, subscription: &str) -> Vec<tinybroker::cluster::values::MemberUid> {
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let Ok(bucket) = js.get_key_value("tinybroker-coordination").await else {
+        return Vec::new();
+    };
+    match bucket.get(format!("sub.{subscription}")).await {
+        Ok(Some(value)) => {
+            serde_json::from_slice::<tinybroker::cluster::values::SubValue>(&value)
+                .unwrap()
+                .line
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// A gateway on `url` with a short lease, so that its death is noticed quickly.

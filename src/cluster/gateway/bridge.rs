@@ -152,9 +152,9 @@ impl Observer for Router {
                 Input::Leave { .. } | Input::Activate { .. }
             ))
             || observation
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::Dropped { .. }));
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::Dropped { .. }));
         if !relevant {
             return;
         }
