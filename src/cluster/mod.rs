@@ -2,10 +2,10 @@
 //! as a gateway that keeps no state of its own over a NATS JetStream cluster; any number of
 //! gateways serve the same subscriptions.
 //!
-//! - [`gateway`] (step 2): the NATS adapter behind `serve --nats`: publishes to JetStream,
-//!   QUEUE and BROADCAST subscriptions bridged from JetStream consumers into each gateway's
-//!   local broker, acks forwarded to the gateway holding the member. What it chose and why is
-//!   in its doc; SINGLETON is refused there until step 3.
+//! - [`gateway`]: the NATS adapter behind `serve --nats`: publishes to JetStream, subscriptions
+//!   of every mode bridged from JetStream consumers into each gateway's local broker, acks
+//!   forwarded to the gateway holding the member, and SINGLETON's line kept by the
+//!   [`coordinator`] over [`nats`] ([`gateway::singleton`]). What it chose and why is in its doc.
 //! - [`backplane`]: the seam to the coordination store, with JetStream KV semantics (revisions,
 //!   compare-and-set, ordered watch). Implemented by [`nats`] and by the in-memory model in
 //!   `sim/backplane.rs`; one contract suite holds both (the NATS one on a real three-node
@@ -16,9 +16,9 @@
 //!   across gateways, promotion, epochs and leases, with the safety argument and the clock
 //!   assumption in its doc.
 //!
-//! Status: the coordinator runs in the simulation (`sim/cluster.rs`) over the model backplane,
-//! and [`nats`] is tested on its own against real servers; neither is wired to the gateway yet
-//! (step 3: SINGLETON across gateways).
+//! Status: the coordinator runs in the simulation (`sim/cluster.rs`) over the model backplane and
+//! in every gateway over [`nats`]; [`nats`] is also tested on its own against real servers.
+//! Step 4 (fault tests against processes, the bench, the API suite against gateways) remains.
 
 pub mod backplane;
 pub mod coordinator;

@@ -1,6 +1,6 @@
-//! Cluster mode's gateway (SPEC §9, step 2 of issue 14): `tinybroker serve --nats URLS` serves
-//! the gRPC API over a NATS JetStream cluster, for publishes and for QUEUE and BROADCAST
-//! subscriptions. Any number of gateways serve the same subscriptions.
+//! Cluster mode's gateway (SPEC §9): `tinybroker serve --nats URLS` serves the gRPC API over a
+//! NATS JetStream cluster, for publishes and subscriptions of every mode. Any number of
+//! gateways serve the same subscriptions.
 //!
 //! # What we chose and why
 //! - **One stream** (file storage, replicas = min(3, cluster size) unless `--nats-replicas`
@@ -38,7 +38,13 @@
 //!   the ack over NATS request/reply to every gateway ([`forward`]); only the one holding the
 //!   member applies it and answers. The two-field ack is fenced by the connection, so it works
 //!   only on the gateway holding the member's stream; elsewhere it is refused, saying so.
-//! - **Not yet**: SINGLETON subscriptions and dead-letter topics are refused with
+//! - **SINGLETON**: one consumer per subscription id, shared like QUEUE's, and a line across
+//!   gateways kept in a KV bucket by each gateway's coordinator ([`singleton`]). The local
+//!   subscription is arbitrated: its members join on standby and only the coordinator makes
+//!   one active, with the cluster's epoch. A gateway whose active member leaves gives back
+//!   what it holds before the coordinator promotes the next member ([`bridge`]), and singleton
+//!   consumers wait the gateway lease for acks, so the in-flight messages come first.
+//! - **Not yet**: dead-letter topics and a singleton's `notify_standby` are refused with
 //!   `FAILED_PRECONDITION`.
 
 mod bridge;
