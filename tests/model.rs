@@ -1,7 +1,9 @@
 //! Model-based property test of the group state machine (SPEC §3-§5): random sequences of joins,
 //! leaves, publishes, acks (good, stale, unknown), nacks, time passing and broker restarts (the
 //! wall clock passed in, moved forward or set back), over all three modes and various windows and
-//! limits, applied both to the core and to a small reference model written independently here. After every step the effects, the inspection view (counts, bytes,
+//! limits, and cluster mode's arbitrated singletons (activation by the cluster with its epoch,
+//! queued messages handed back upstream), applied both to the core and to a small reference
+//! model written independently here. After every step the effects, the inspection view (counts, bytes,
 //! members, counters) must be identical and the invariants must hold. proptest shrinks a failure
 //! to a short sequence.
 
@@ -47,6 +49,13 @@ enum Op {
         micros: u64,
         back: bool,
     },
+    /// Cluster mode: the cluster makes a member active, with an epoch `step` above the last.
+    Activate {
+        pick: usize,
+        step: u64,
+    },
+    /// Cluster mode: the queued messages are taken out, to go back upstream.
+    HandBack,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -66,6 +75,8 @@ fn op() -> impl Strategy<Value = Op> {
         // clock assumption broken) and some later.
         1 => (0u64..200, prop::bool::weighted(0.2))
             .prop_map(|(micros, back)| Op::Restart { micros, back }),
+        2 => (any::<usize>(), 1u64..4).prop_map(|(pick, step)| Op::Activate { pick, step }),
+        1 => Just(Op::HandBack),
     ]
 }
 
@@ -79,6 +90,8 @@ struct Setup {
     max_members: usize,
     /// Overflow policy drop-oldest instead of reject-publish.
     drop_oldest: bool,
+    /// Cluster mode: the subscription is arbitrated (singletons only; others ignore it).
+    arbitrated: bool,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -94,6 +107,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         prop_oneof![Just(u64::MAX), 20u64..120],
         1usize..5,
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -104,6 +118,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 max_bytes,
                 max_members,
                 drop_oldest,
+                arbitrated,
             )| {
                 Setup {
                     mode,
@@ -113,6 +128,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                     max_bytes,
                     max_members,
                     drop_oldest,
+                    arbitrated,
                 }
             },
         )
@@ -188,6 +204,32 @@ impl Model {
             idle_since: Some(now),
             counters: Counters::default(),
         }
+    }
+
+    fn arbitrated(&self) -> bool {
+        self.setup.arbitrated && self.setup.mode == Mode::Singleton
+    }
+
+    /// Cluster mode: member `i` made active with `epoch`; `Err` when refused.
+    fn activate(&mut self, i: usize, epoch: u64) -> Result<Vec<Seen>, ()> {
+        if !self.arbitrated()
+            || self
+                .members
+                .iter()
+                .enumerate()
+                .any(|(j, m)| j != i && m.epoch.is_some())
+        {
+            return Err(());
+        }
+        if self.members[i].epoch.is_some() {
+            return Ok(vec![]);
+        }
+        self.members[i].epoch = Some(epoch);
+        self.epoch = self.epoch.max(epoch);
+        self.counters.promotions += 1;
+        let mut out = vec![Seen::Confirm(self.members[i].id, epoch)];
+        self.dispatch(&mut out);
+        Ok(out)
     }
 
     fn held_count(&self) -> u64 {
@@ -284,7 +326,7 @@ impl Model {
             epoch: None,
             held: vec![],
         };
-        if self.setup.mode != Mode::Singleton || self.members.is_empty() {
+        if self.setup.mode != Mode::Singleton || (self.members.is_empty() && !self.arbitrated()) {
             self.epoch += 1;
             member.epoch = Some(self.epoch);
             out.push(Seen::Confirm(member.id, self.epoch));
@@ -305,7 +347,11 @@ impl Model {
             let attempt = self.attempt.remove(sid).unwrap();
             self.give_back(*sid, attempt, &mut out);
         }
-        if self.setup.mode == Mode::Singleton && m.epoch.is_some() && !self.members.is_empty() {
+        if self.setup.mode == Mode::Singleton
+            && m.epoch.is_some()
+            && !self.members.is_empty()
+            && !self.arbitrated()
+        {
             self.epoch += 1;
             self.members[0].epoch = Some(self.epoch);
             self.counters.promotions += 1;
@@ -417,6 +463,9 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut wall = START_MICROS;
     let floor = IdFloor::at_start(wall);
     let mut core = Subscription::new("s".into(), spec.clone(), limits, floor.floors(), now);
+    if setup.arbitrated {
+        core.arbitrate();
+    }
     let mut model = Model::start(&setup, wall, now);
     let mut next_sid = floor.last_system_id();
     prop_assert_eq!(next_sid, wall, "system ids start at the start time");
@@ -552,9 +601,39 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 history.restart(wall);
                 let floor = IdFloor::at_start(wall);
                 core = Subscription::new("s".into(), spec.clone(), limits, floor.floors(), now);
+                if setup.arbitrated {
+                    core.arbitrate();
+                }
                 model = Model::start(&setup, wall, now);
                 next_sid = floor.last_system_id();
                 prop_assert_eq!(next_sid, wall, "system ids start at the start time");
+                (vec![], vec![])
+            }
+            Op::Activate { pick, step } => {
+                if model.members.is_empty() {
+                    continue;
+                }
+                let i = pick % model.members.len();
+                let id = model.members[i].id;
+                let epoch = model.epoch + step;
+                match (core.activate(id, epoch), model.activate(i, epoch)) {
+                    (Ok(fx), Ok(want)) => (project(&fx), want),
+                    (Err(_), Err(())) => (vec![], vec![]),
+                    (got, want) => {
+                        return Err(TestCaseError::fail(format!(
+                            "activate m{id}: core {got:?}, model {want:?}"
+                        )));
+                    }
+                }
+            }
+            Op::HandBack => {
+                let got: Vec<(u64, u32)> = core
+                    .take_queued()
+                    .into_iter()
+                    .map(|(m, attempt)| (m.system_id(), attempt))
+                    .collect();
+                let want: Vec<(u64, u32)> = model.queue.drain(..).collect();
+                prop_assert_eq!(got, want, "handed back");
                 (vec![], vec![])
             }
         };
@@ -629,9 +708,11 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(infos, model_infos);
         prop_assert_eq!(core.counters(), &model.counters);
         // SPEC §5 invariant 1.
+        // Arbitrated: at most one; the cluster decides when there is one.
         if setup.mode == Mode::Singleton {
             let active = core.active_members().count();
-            prop_assert!(active <= 1 && (core.member_count() == 0 || active == 1));
+            prop_assert!(active <= 1);
+            prop_assert!(model.arbitrated() || core.member_count() == 0 || active == 1);
         }
     }
     Ok(())
