@@ -274,6 +274,10 @@ impl Coordinator {
     pub fn member_left(&mut self, now: Duration, subscription: &str, member: u64) {
         if let Some(members) = self.local.get_mut(subscription) {
             members.retain(|m| m.id != member);
+            // Nothing is kept for a subscription without local members: ids come and go.
+            if members.is_empty() {
+                self.local.remove(subscription);
+            }
         }
         self.step(now);
     }
@@ -620,6 +624,7 @@ impl Coordinator {
                 true
             });
         }
+        self.local.retain(|_, members| !members.is_empty());
     }
 
     fn reconcile(&mut self, now: Duration, sub: &str) {

@@ -237,3 +237,18 @@ fn unparseable_backplane_entries_are_counted_and_ignored() {
         "{cmds:?} {effects:?}"
     );
 }
+
+// Memory is bounded: a gateway keeps nothing per subscription for its local members once the
+// last of them left. A client joining and leaving singletons under ever new ids must not grow
+// the coordinator's local table (walked on every input) without bound.
+#[test]
+fn a_subscription_whose_local_members_all_left_is_forgotten_locally() {
+    let mut c = leased();
+    for n in 0..50u64 {
+        let sub = format!("churn-{n}");
+        c.member_joined(ms(3), &sub, n + 1);
+        c.member_left(ms(3), &sub, n + 1);
+        drain(&mut c);
+    }
+    assert_eq!(c.local.len(), 0, "{:?}", c.local.keys().collect::<Vec<_>>());
+}
