@@ -863,6 +863,13 @@ impl Subscription {
     fn next_target(&self) -> Option<MemberId> {
         let with_space = |(id, m): (&MemberId, &Member)| m.has_space().then_some(*id);
         match self.spec.mode {
+            // Arbitrated: the cluster's line chose the active member, which need not be the
+            // earliest-joined here (joins reach the line in the order their gateways record them).
+            Mode::Singleton if self.arbitrated => self
+                .members
+                .iter()
+                .find(|(_, m)| m.epoch.is_some())
+                .and_then(with_space),
             // The first member is the only one that can be active.
             Mode::Singleton | Mode::Broadcast => self.members.iter().next().and_then(with_space),
             // Round robin over members with space, starting after the one served last.
