@@ -284,6 +284,12 @@ impl Model {
     fn target(&self) -> Option<usize> {
         let has_space = |m: &RefMember| m.epoch.is_some() && m.held.len() < m.window;
         match self.setup.mode {
+            // Arbitrated: whoever the cluster made active, wherever it stands in the local line.
+            Mode::Singleton if self.arbitrated() => self
+                .members
+                .iter()
+                .position(|m| m.epoch.is_some())
+                .filter(|&i| has_space(&self.members[i])),
             Mode::Singleton | Mode::Broadcast => {
                 self.members.first().filter(|m| has_space(m)).map(|_| 0)
             }

@@ -339,12 +339,15 @@ impl Gateway {
         Ok(member)
     }
 
-    /// How long JetStream waits for an ack on a consumer of this mode: a singleton's is the
-    /// gateway lease, so what a dead gateway held comes back before the next member is
-    /// promoted (which takes longer than the lease), and so comes first.
+    /// How long JetStream waits for an ack on a consumer of this mode. A singleton's is half
+    /// the gateway lease: a dead gateway's last progress ack was sent at most a sixth of the
+    /// lease before it died, so what it held is redelivered at most two thirds of a lease
+    /// after, while its successor is promoted no sooner than `dead_after` (above the lease)
+    /// after the last renewal others saw, sent at most a third of a lease before the death:
+    /// later than two thirds of a lease after it. So the held messages come first.
     fn ack_wait(&self, mode: Mode) -> Duration {
         match mode {
-            Mode::Singleton => self.inner.config.ack_wait.min(self.inner.config.lease),
+            Mode::Singleton => self.inner.config.ack_wait.min(self.inner.config.lease / 2),
             Mode::Queue | Mode::Broadcast => self.inner.config.ack_wait,
         }
     }
