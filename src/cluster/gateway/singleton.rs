@@ -23,7 +23,7 @@ use tokio_stream::StreamExt;
 use crate::{
     broker::Broker,
     cluster::{
-        backplane::{Backplane, KvError, Revision},
+        backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
         coordinator::{Command, Config, Coordinator, Effect, Op, RequestId},
         nats::NatsBackplane,
         values::GatewayId,
@@ -94,7 +94,11 @@ async fn run(
         let id = fresh_id();
         let mut coordinator = Coordinator::new(id, config, now());
         tracing::info!(gateway = id.0, bucket = backplane.bucket(), lease = ?config.lease, "singleton coordination started");
-        let mut watch = None;
+        let mut watch: Option<Watch> = None;
+        // (Re)opening the watch is one more event of the loop, never a wait outside it: the
+        // lease's timer, renewals and members are served meanwhile, so a gateway whose lease
+        // lapses while NATS is slow to answer still ends its members on time.
+        let mut opening: Option<BoxFuture<'_, Result<Watch, KvError>>> = Some(backplane.watch(""));
         let mut writes: JoinSet<(RequestId, Result<Revision, KvError>)> = JoinSet::new();
         loop {
             carry_out(&mut coordinator, &backplane, &broker, &mut writes);
@@ -105,17 +109,13 @@ async fn run(
                 );
                 break;
             }
-            let Some(stream) = watch.as_mut() else {
-                match backplane.watch("").await {
-                    Ok(w) => watch = Some(w),
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot watch the coordination bucket; retrying");
-                        tokio::time::sleep(config.retry).await;
-                        coordinator.tick(now());
-                    }
-                }
-                continue;
-            };
+            if watch.is_none() && opening.is_none() {
+                let backplane = &backplane;
+                opening = Some(Box::pin(async move {
+                    tokio::time::sleep(config.retry).await;
+                    backplane.watch("").await
+                }));
+            }
             let deadline = coordinator.poll_timeout().map(|t| start + t);
             tokio::select! {
                 input = inputs.recv() => match input {
@@ -123,7 +123,15 @@ async fn run(
                     Some(Input::Left(sub, member)) => coordinator.member_left(now(), &sub, member),
                     None => return,
                 },
-                entry = stream.next() => match entry {
+                opened = async { opening.as_mut()?.await.into() }, if opening.is_some() => {
+                    opening = None;
+                    match opened {
+                        Some(Ok(w)) => watch = Some(w),
+                        Some(Err(error)) => tracing::warn!(%error, "cannot watch the coordination bucket; retrying"),
+                        None => {}
+                    }
+                }
+                entry = async { watch.as_mut()?.next().await }, if watch.is_some() => match entry {
                     Some(Ok(e)) => coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision),
                     Some(Err(error)) => tracing::warn!(%error, "the coordination watch lost contact; it resumes"),
                     None => watch = None,
