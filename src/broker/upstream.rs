@@ -8,17 +8,36 @@ use std::sync::{Arc, atomic::AtomicBool};
 use super::{Broker, Input, Observer};
 use crate::{
     clock::Clock,
-    core::{Epoch, Error, Limits, MemberId, Message, SystemId},
+    core::{Epoch, Error, IdFloor, Limits, MemberId, Message, SystemId},
 };
+
+/// A random number from the OS-seeded keys of std's hasher (the shell's, never the core's).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0x7462_6761_7465_7761);
+    hasher.finish()
+}
 
 impl Broker {
     /// A gateway's local broker (cluster mode): like [`Broker::with_observer`], but every
     /// singleton subscription is arbitrated: its members join on standby, and only
     /// [`Broker::activate`] (the cluster's coordinator) makes one active.
+    ///
+    /// Its member ids start at a random floor in `[2^60, 2^62)` rather than at the start time:
+    /// an ack naming a member id may arrive at any gateway and is forwarded to the one holding
+    /// that member, so member ids must not repeat across gateways, which may start in the same
+    /// microsecond. Two gateways' id ranges overlap only if their floors fall within as many ids
+    /// of each other as they hand out: with a billion joins each, about 1 in 10^9. (Epochs and
+    /// system ids come from the cluster, not from this floor.)
     pub fn gateway(limits: Limits, clock: Arc<dyn Clock>, observer: Arc<dyn Observer>) -> Self {
         let mut broker = Self::with_observer(limits, clock, Some(observer));
         if let Some(inner) = Arc::get_mut(&mut broker.inner) {
             inner.arbitrated = true;
+            let floor = IdFloor::at_start((1 << 60) + random_u64() % (3 << 60));
+            inner.id_floor = floor;
+            inner.last_system_id = std::sync::atomic::AtomicU64::new(floor.last_system_id());
+            crate::sync::write(&inner.catalog).retired = floor.floors();
         }
         broker
     }

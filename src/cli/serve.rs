@@ -250,18 +250,31 @@ pub async fn run(args: Serve) -> Result<(), String> {
         _ => None,
     };
     // The run's id floor, as a number and as the time it stands for: an operator comparing ids
-    // across restarts, or suspecting the clock went back, compares these lines.
+    // across restarts, or suspecting the clock went back, compares these lines. A gateway's
+    // floor is random instead (member ids unique across gateways; epochs and system ids come
+    // from the cluster).
     let floor = server.broker().id_floor().unix_micros();
-    let started = std::time::UNIX_EPOCH + std::time::Duration::from_micros(floor);
-    tracing::info!(
-        %addr,
-        tls = tls.0,
-        mutual_tls = tls.1,
-        auth,
-        id_floor = floor,
-        "tinybroker listening on {addr} (ids start above {floor}: the start time, {}, in µs since the Unix epoch)",
-        humantime::format_rfc3339_micros(started),
-    );
+    if gateway.is_some() {
+        tracing::info!(
+            %addr,
+            tls = tls.0,
+            mutual_tls = tls.1,
+            auth,
+            id_floor = floor,
+            "tinybroker listening on {addr} (member ids start above {floor}, random for this gateway)",
+        );
+    } else {
+        let started = std::time::UNIX_EPOCH + std::time::Duration::from_micros(floor);
+        tracing::info!(
+            %addr,
+            tls = tls.0,
+            mutual_tls = tls.1,
+            auth,
+            id_floor = floor,
+            "tinybroker listening on {addr} (ids start above {floor}: the start time, {}, in µs since the Unix epoch)",
+            humantime::format_rfc3339_micros(started),
+        );
+    }
     if let (Some(gateway), Some(urls)) = (&gateway, &args.nats) {
         let (stream, replicas) = gateway.stream();
         tracing::info!(

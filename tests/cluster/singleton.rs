@@ -2,9 +2,13 @@
 //! gateway, kept in the coordination bucket; promotion in join order on a clean close; epochs
 //! from the bucket's revisions; the in-flight message first, with attempt + 1.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use tinybroker::{
+    clock::{Clock, TokioClock},
     cluster::gateway::{self, Gateway, GatewayConfig, Router},
     core::Limits,
     server::{Server, ServerConfig},
@@ -155,4 +159,82 @@ async fn when_the_active_members_gateway_stops_a_standby_elsewhere_leads_after_t
     standby.ack(got.system_id).await;
     let next = on_b.publish("jobs.run", "next").await.system_id;
     assert_eq!(within(standby.message()).await.system_id, next);
+}
+
+/// Wall time frozen at one instant for the id floor; everything else is tokio's clock.
+struct StartedAt(TokioClock, u64);
+
+impl Clock for StartedAt {
+    fn now(&self) -> Duration {
+        self.0.now()
+    }
+    fn unix_millis(&self) -> u64 {
+        self.0.unix_millis()
+    }
+    fn unix_micros(&self) -> u64 {
+        self.1
+    }
+    fn sleep_until(
+        &self,
+        deadline: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        self.0.sleep_until(deadline)
+    }
+}
+
+/// A gateway on `url` whose broker's id floor is `floor_micros`.
+async fn gateway_started_at(url: &str, floor_micros: u64) -> TestServer {
+    let router = Router::new();
+    let server = Server::new(ServerConfig {
+        limits: gateway::local_limits(Limits::default()),
+        observer: Some(router.clone()),
+        cluster_gateway: true,
+        clock: Arc::new(StartedAt(TokioClock::new(), floor_micros)),
+        ..ServerConfig::default()
+    });
+    let gateway = Gateway::connect(GatewayConfig::new(url), server.broker().clone(), router)
+        .await
+        .expect("gateway connects");
+    TestServer::run(server.with_gateway(gateway)).await
+}
+
+// SPEC §4: an ack from a member that no longer holds the message must not release the new
+// holder's copy, and in cluster mode an ack naming its member works at any gateway. Member ids
+// are numbered per gateway from the gateway's start time, so two gateways started at nearly the
+// same time (here: the same microsecond) hand out the same ids. The deposed active member's
+// late ack, naming its own member id, must change nothing on the gateway whose member now holds
+// the message under the same id.
+#[tokio::test]
+async fn a_deposed_members_late_ack_does_not_release_the_promoted_members_copy() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let floor = 1_700_000_000_000_000;
+    let a = gateway_started_at(&urls[0], floor).await;
+    let b = gateway_started_at(&urls[1], floor).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut a1 = on_a.subscribe(singleton("fenced")).await.unwrap();
+    a1.confirmed().await;
+    let mut b1 = on_b.subscribe(singleton("fenced")).await.unwrap();
+    within(async {
+        while line(&urls[2], "fenced").await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let held = on_b.publish("jobs.run", "one").await.system_id;
+    assert_eq!(a1.message().await.system_id, held);
+    let deposed = a1.member_id;
+    drop(a1);
+    b1.confirmed().await;
+    let got = b1.message().await;
+    assert_eq!((got.system_id, got.delivery_attempt), (held, 2));
+
+    let stale = on_a.ack("fenced", deposed, held).await;
+    assert!(
+        stale.is_err(),
+        "member {deposed} (deposed, on gateway A) released message {held}, held by member {} on gateway B",
+        b1.member_id
+    );
+    // The promoted member still holds it.
+    on_b.ack("fenced", b1.member_id, held).await.unwrap();
 }
