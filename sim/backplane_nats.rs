@@ -27,12 +27,22 @@ async fn bucket(urls: Vec<String>, bucket: &str) -> NatsBackplane {
         .unwrap_or_else(|e| panic!("bucket {bucket}: {e}"))
 }
 
+/// The watch's next entry. The seam lets a watch report losing contact (an `Unavailable` item,
+/// e.g. a missed heartbeat while a node dies) and go on; entries must still come in order.
 async fn next(w: &mut Watch, within: Duration) -> Entry {
-    let item = tokio::time::timeout(within, std::future::poll_fn(|cx| w.as_mut().poll_next(cx)))
+    let entry = async {
+        loop {
+            match std::future::poll_fn(|cx| w.as_mut().poll_next(cx)).await {
+                Some(Ok(entry)) => return entry,
+                Some(Err(KvError::Unavailable(_))) => {}
+                Some(Err(e)) => panic!("watch failed: {e}"),
+                None => panic!("watch ended"),
+            }
+        }
+    };
+    tokio::time::timeout(within, entry)
         .await
         .unwrap_or_else(|_| panic!("watch delivered nothing within {within:?}"))
-        .expect("watch ended");
-    item.expect("watch failed")
 }
 
 #[test]
@@ -72,6 +82,37 @@ async fn await_writable(writer: &NatsBackplane) {
         .expect("no write accepted within 30 s of a node's crash");
 }
 
+/// A write by a test's only writer while the cluster settles after a crash (a stream leader may
+/// be moving: JetStream then answers "no stream found" or times out). An `Unavailable` attempt
+/// may have taken effect, so when a retry finds the key already moved on, the key's latest
+/// revision is this write's (nobody else writes it).
+async fn settled<F, Fut>(writer: &NatsBackplane, key: &str, mut write: F) -> u64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, KvError>>,
+{
+    let attempts = async {
+        let mut retried = false;
+        loop {
+            match write().await {
+                Ok(revision) => return revision,
+                Err(e) if e.is_conflict() && retried => {
+                    let latest = writer.get(key).await;
+                    if let Ok(Some(entry)) = latest {
+                        return entry.revision;
+                    }
+                }
+                Err(KvError::Unavailable(_)) => retried = true,
+                Err(e) => panic!("write of {key} refused: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(FAILOVER, attempts)
+        .await
+        .unwrap_or_else(|_| panic!("no write of {key} accepted within 30 s of a node's crash"))
+}
+
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
@@ -102,9 +143,9 @@ fn cluster_backplane_nats_watch_resumes_after_its_server_restarts() {
 
         cluster.kill(0);
         await_writable(&writer).await;
-        let r2 = writer.update("k.1", b("2"), r1).await.unwrap();
-        let r3 = writer.create("k.2", b("1")).await.unwrap();
-        let r4 = writer.delete("k.1", r2).await.unwrap();
+        let r2 = settled(&writer, "k.1", || writer.update("k.1", b("2"), r1)).await;
+        let r3 = settled(&writer, "k.2", || writer.create("k.2", b("1"))).await;
+        let r4 = settled(&writer, "k.1", || writer.delete("k.1", r2)).await;
         let cut_off = watcher.get("k.2").await;
         assert!(
             matches!(cut_off, Err(KvError::Unavailable(_))),
@@ -146,9 +187,9 @@ fn cluster_backplane_nats_watch_fails_over_when_its_server_is_killed() {
 
         cluster.kill(0);
         await_writable(&writer).await;
-        let r2 = writer.update("k.1", b("2"), r1).await.unwrap();
-        let r3 = writer.create("k.2", b("1")).await.unwrap();
-        let r4 = writer.delete("k.1", r2).await.unwrap();
+        let r2 = settled(&writer, "k.1", || writer.update("k.1", b("2"), r1)).await;
+        let r3 = settled(&writer, "k.2", || writer.create("k.2", b("1"))).await;
+        let r4 = settled(&writer, "k.1", || writer.delete("k.1", r2)).await;
 
         let mut seen = vec![];
         while seen.last() != Some(&r4) {

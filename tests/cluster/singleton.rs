@@ -238,3 +238,68 @@ async fn a_deposed_members_late_ack_does_not_release_the_promoted_members_copy()
     // The promoted member still holds it.
     on_b.ack("fenced", b1.member_id, held).await.unwrap();
 }
+
+// SPEC §4 and §9: a singleton's messages reach the active member in publish order, a
+// redelivered one first, also across a clean close. The active member (window 32) closes while
+// messages keep arriving from the pull its gateway had open for it: whatever that gateway held
+// or was being handed goes back in stream order, so the promoted member on the other gateway
+// sees every message in publish order.
+#[tokio::test]
+async fn a_close_during_a_stream_of_messages_keeps_publish_order_for_the_promoted_member() {
+    const COUNT: usize = 150;
+    let (cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut request = singleton("ordered");
+    request.max_in_flight = 32;
+    let mut a1 = on_a.subscribe(request).await.unwrap();
+    a1.confirmed().await;
+    let mut b1 = on_b.subscribe(singleton("ordered")).await.unwrap();
+    let url = &cluster.client_urls()[2];
+    within(async {
+        while line(url, "ordered").await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let publisher = on_b.clone();
+    let published = tokio::spawn(async move {
+        let mut ids = Vec::with_capacity(COUNT);
+        for n in 0..COUNT {
+            ids.push(
+                publisher
+                    .publish("jobs.run", &n.to_string())
+                    .await
+                    .system_id,
+            );
+        }
+        ids
+    });
+    for _ in 0..5 {
+        a1.message().await;
+    }
+    drop(a1);
+    b1.confirmed().await;
+    let published = published.await.unwrap();
+    let first = published[0];
+    let mut seen = Vec::new();
+    while seen.len() < COUNT {
+        let got = b1.message().await;
+        b1.ack(got.system_id).await;
+        if !seen.contains(&got.system_id) {
+            seen.push(got.system_id);
+        }
+    }
+    let expected: Vec<u64> = (first..first + COUNT as u64).collect();
+    let out_of_order: Vec<(usize, u64)> = seen
+        .iter()
+        .enumerate()
+        .filter(|(i, id)| **id != expected[*i])
+        .map(|(i, id)| (i, *id))
+        .take(10)
+        .collect();
+    assert!(
+        out_of_order.is_empty(),
+        "the promoted member saw messages out of publish order, (position, id): {out_of_order:?}; first: {:?}",
+        &seen[..20.min(seen.len())]
+    );
+}

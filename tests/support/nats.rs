@@ -233,6 +233,14 @@ impl NatsCluster {
                     break;
                 }
             }
+            if failure.is_none() && nodes > 1 {
+                for i in 0..nodes {
+                    if let Err(why) = cluster.await_routes(i, nodes - 1).await {
+                        failure = Some(why);
+                        break;
+                    }
+                }
+            }
             let Some(why) = failure else {
                 return cluster;
             };
@@ -319,6 +327,43 @@ impl NatsCluster {
                 ));
             }
             // Polling interval of the health check, not a wait for the event itself.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `node` has a route to `peers` others (`/routez`): healthy nodes may not know
+    /// each other yet, and a client then learns too few servers (a bucket created with the
+    /// default replicas would get fewer than three).
+    async fn await_routes(&mut self, node: usize, peers: usize) -> Result<(), String> {
+        let monitor = self.nodes[node].ports.monitor;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let last = match http_get(monitor, "/routez").await {
+                Ok((200, body)) => {
+                    let routes = body
+                        .split("\"num_routes\":")
+                        .nth(1)
+                        .and_then(|rest| {
+                            rest.trim_start()
+                                .split(|c: char| !c.is_ascii_digit())
+                                .next()
+                                .and_then(|n| n.parse::<usize>().ok())
+                        })
+                        .unwrap_or(0);
+                    if routes >= peers {
+                        return Ok(());
+                    }
+                    format!("{routes} routes")
+                }
+                Ok((status, body)) => format!("{status} {}", body.trim()),
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "node {node} has no route to {peers} peers within {READY_TIMEOUT:?} (last /routez: {last})"
+                ));
+            }
+            // Polling interval of the check, not a wait for the event itself.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

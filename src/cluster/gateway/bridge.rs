@@ -35,7 +35,12 @@ use crate::{
 /// How long one pull request waits for messages. A request asks for the room the members had
 /// when it was sent; room that frees up meanwhile is asked for by the next request, at the
 /// latest this long after (only while no message arrives: one that does ends a full request).
-const PULL_EXPIRES: Duration = Duration::from_secs(1);
+pub(super) const PULL_EXPIRES: Duration = Duration::from_secs(1);
+/// A singleton's pulls: when its active member leaves, the gateway waits for the open pull
+/// to end before giving back what it holds, so this bounds that part of a clean close's
+/// promotion, at the cost of about 1/this pull requests per second while the active member
+/// idles.
+pub(super) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
 /// Pause after a failed pull (NATS unreachable, consumer gone) before the next.
 const RETRY: Duration = Duration::from_millis(500);
 /// How long a nak that hands a singleton's messages on may wait for JetStream's confirmation.
@@ -212,12 +217,17 @@ pub(super) struct Bridge {
     pub(super) live: Arc<AtomicBool>,
     /// Messages injected and not yet settled, by stream sequence: their ack subjects.
     pub(super) held: BTreeMap<u64, Subject>,
+    /// How long one pull request waits for messages (short for singletons: a leaving active
+    /// member's gateway waits for its open pull to end before giving back, see `vacate`).
+    pub(super) pull_expires: Duration,
+    /// Singleton members that left while a pull was open, for [`Bridge::vacate`].
+    pub(super) leaving: Vec<MemberId>,
 }
 
 enum Flow {
     Go,
     Stop,
-    /// A singleton member left: drop the open pull, then [`Bridge::vacate`].
+    /// A singleton member left: once no pull is open, [`Bridge::vacate`].
     Vacated(MemberId),
 }
 
@@ -239,7 +249,10 @@ impl Bridge {
                 tokio::select! {
                     event = self.events.recv() => match self.handle(event).await {
                         Flow::Stop => break,
-                        Flow::Vacated(member) => self.vacate(member).await,
+                        Flow::Vacated(member) => {
+                            self.leaving.push(member);
+                            self.vacate().await;
+                        }
                         Flow::Go => {}
                     },
                     () = self.wake.notified() => {}
@@ -251,7 +264,7 @@ impl Bridge {
                 .consumer
                 .batch()
                 .max_messages(room.min(u64::from(u32::MAX)) as usize)
-                .expires(PULL_EXPIRES)
+                .expires(self.pull_expires)
                 .messages()
                 .await;
             let mut batch = match batch {
@@ -264,7 +277,10 @@ impl Bridge {
                         tokio::select! {
                             event = self.events.recv() => match self.handle(event).await {
                                 Flow::Stop => break 'pulling,
-                                Flow::Vacated(member) => self.vacate(member).await,
+                                Flow::Vacated(member) => {
+                            self.leaving.push(member);
+                            self.vacate().await;
+                        }
                                 Flow::Go => {}
                             },
                             _ = progress.tick() => self.progress().await,
@@ -273,38 +289,46 @@ impl Bridge {
                     }
                 }
             };
-            let vacated = loop {
+            // The open pull cannot be cancelled: what JetStream already sent it would be lost in
+            // transit until its ack wait, and arrive after newer messages. So a pull always runs
+            // to its end (a singleton's pulls are short). What it brings once the subscription
+            // has no active member here, or is gone, is held, and given back in order after it.
+            let mut stopping = false;
+            loop {
                 tokio::select! {
                     message = batch.next() => match message {
-                        Some(Ok(message)) => if let Flow::Stop = self.inject(message).await { break 'pulling },
+                        Some(Ok(message)) => self.inject(message).await,
                         Some(Err(error)) => {
                             tracing::warn!(subscription = %self.subscription, %error, "JetStream ended a pull");
-                            continue 'pulling;
+                            break;
                         }
-                        None => continue 'pulling,
+                        None => break,
                     },
-                    event = self.events.recv() => match self.handle(event).await {
-                        Flow::Stop => break 'pulling,
-                        Flow::Vacated(member) => break member,
+                    event = self.events.recv(), if !stopping => match self.handle(event).await {
+                        Flow::Stop => stopping = true,
+                        Flow::Vacated(member) => self.leaving.push(member),
                         Flow::Go => {}
                     },
                     _ = progress.tick() => self.progress().await,
                 }
-            };
-            // The open pull request goes first (its unsubscribe precedes the naks on the
-            // connection), so JetStream cannot hand what is given back to this pull again.
-            drop(batch);
-            self.vacate(vacated).await;
+            }
+            if !self.leaving.is_empty() {
+                self.vacate().await;
+            }
+            if stopping {
+                break;
+            }
         }
         self.give_back().await;
     }
 
-    /// A member of an arbitrated singleton left. When no active member remains here, every
-    /// message this gateway holds goes back to JetStream, each nak confirmed, in stream order
-    /// (JetStream redelivers naked messages ahead of new ones), and only then is the
-    /// coordinator told, whose write promotes the next member: so that member, on any gateway,
-    /// gets the in-flight messages first, with attempt + 1.
-    async fn vacate(&mut self, member: MemberId) {
+    /// Members of an arbitrated singleton left (no pull is open now). When no active member
+    /// remains here, every message this gateway holds goes back to JetStream, each nak
+    /// confirmed, in stream order (JetStream redelivers naked messages ahead of new ones), and
+    /// only then is the coordinator told, whose write promotes the next member: so that
+    /// member, on any gateway, gets the in-flight messages first, with attempt + 1.
+    async fn vacate(&mut self) {
+        let leaving = std::mem::take(&mut self.leaving);
         if !self.shared.broker.has_active(&self.subscription) {
             let local = self.shared.broker.hand_back(&self.subscription);
             let held = std::mem::take(&mut self.held);
@@ -323,10 +347,12 @@ impl Bridge {
                     tracing::warn!(subscription = %self.subscription, sequence, "JetStream did not confirm a nak in time");
                 }
             }
-            tracing::debug!(subscription = %self.subscription, member, queued_here = local.len(), given_back = count, "no active member here: gave back what this gateway held");
+            tracing::debug!(subscription = %self.subscription, ?leaving, queued_here = local.len(), given_back = count, "no active member here: gave back what this gateway held");
         }
         if let Some(singletons) = &self.shared.singletons {
-            singletons.left(self.subscription.clone(), member);
+            for member in leaving {
+                singletons.left(self.subscription.clone(), member);
+            }
         }
     }
 
@@ -370,7 +396,7 @@ impl Bridge {
     }
 
     /// Hands one JetStream message to the local subscription.
-    async fn inject(&mut self, message: async_nats::jetstream::Message) -> Flow {
+    async fn inject(&mut self, message: async_nats::jetstream::Message) {
         let reply = message.reply.clone();
         let info = match message.info() {
             Ok(info) => (
@@ -383,7 +409,7 @@ impl Bridge {
                 if let Some(reply) = reply {
                     self.reply(reply, AckKind::Term).await;
                 }
-                return Flow::Go;
+                return;
             }
         };
         let (sequence, delivered, published_nanos) = info;
@@ -394,7 +420,7 @@ impl Bridge {
             // JetStream redelivered a message this gateway still holds (an ack or progress
             // went missing): keep the one copy, answer through the newest subject.
             *held = reply.clone();
-            return Flow::Go;
+            return;
         }
         let decoded = decode(
             &self.shared.prefix,
@@ -409,7 +435,7 @@ impl Bridge {
                 if let Some(reply) = reply {
                     self.reply(reply, AckKind::Term).await;
                 }
-                return Flow::Go;
+                return;
             }
         };
         let attempt = u32::try_from(delivered.max(1)).unwrap_or(u32::MAX);
@@ -424,16 +450,22 @@ impl Bridge {
             .broker
             .inject(&self.subscription, message, attempt, &self.live)
         {
-            Ok(()) => Flow::Go,
+            Ok(()) => {}
+            // No active member here, or the subscription is gone here: its Left or Stop is on
+            // the way. Naked now, it could come straight back to the pull still open; held, it
+            // is given back in order with the rest once that pull ends.
+            Err(Error::Unavailable(_) | Error::SubscriptionNotFound(_) | Error::ShuttingDown)
+                if self.held.contains_key(&sequence) => {}
             Err(error) => {
                 if let Some(reply) = self.held.remove(&sequence) {
                     self.reply(reply, AckKind::Nak(None)).await;
                 }
-                // Gone meanwhile (its Stop is on the way), or full: either way it is given back.
-                if !matches!(error, Error::SubscriptionNotFound(_) | Error::ShuttingDown) {
+                if !matches!(
+                    error,
+                    Error::Unavailable(_) | Error::SubscriptionNotFound(_) | Error::ShuttingDown
+                ) {
                     tracing::warn!(subscription = %self.subscription, sequence, %error, "could not queue a JetStream message here; gave it back");
                 }
-                Flow::Go
             }
         }
     }

@@ -326,6 +326,12 @@ impl Gateway {
                 wake,
                 live,
                 held: BTreeMap::new(),
+                pull_expires: if singleton {
+                    bridge::SINGLETON_PULL_EXPIRES
+                } else {
+                    bridge::PULL_EXPIRES
+                },
+                leaving: Vec::new(),
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
