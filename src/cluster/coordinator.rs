@@ -18,8 +18,9 @@
 //!   `lease / 3`, deleted (by compare-and-set) by another gateway that finds it stale.
 //! - `sub.<subscription>`: a [`SubValue`]: the line (members in join order), the active member and
 //!   its epoch, in ONE key, so that "remove the leaving active member and promote the next" is one
-//!   compare-and-set and never half done. Keys are never deleted in this step, so a
-//!   subscription's revisions, and so its epochs, only go up.
+//!   compare-and-set and never half done. The write that empties the line deletes the key
+//!   instead (by compare-and-set), so neither the bucket nor any gateway keeps subscriptions
+//!   nobody is in; the next join creates it again.
 //!
 //! # Epochs
 //! A write that makes a member active stores as its epoch the revision of the value it replaces
@@ -28,6 +29,8 @@
 //! replaced: epochs strictly increase, for as long as the bucket lives, whichever gateway wrote
 //! them and across gateway restarts. Every reader finds the epoch in the value itself, also
 //! after a gap in its watch.
+//! Deleting an emptied key keeps this: revisions are bucket-wide, so the value that recreates
+//! it, and so the first promotion after, replaces a revision above every one written before.
 //!
 //! # Promotion
 //! Every gateway reconciles each subscription's value with what it holds: its own members in the
@@ -183,6 +186,8 @@ struct Pending {
     expected: Revision,
     /// The gateway whose lease this deletes.
     deletes_lease: Option<GatewayId>,
+    /// Whether this deletes a subscription's emptied key.
+    deletes_sub: bool,
     sent: Duration,
 }
 
@@ -293,8 +298,8 @@ impl Coordinator {
         if let Some(sub) = key.strip_prefix("sub.") {
             match value.map(serde_json::from_slice::<SubValue>) {
                 Some(Ok(v)) => self.see_sub(sub, v, revision),
-                // Deleting sub keys is not part of this design; treat it as no value.
-                None => {}
+                // The line emptied: forget it (the next join creates it again).
+                None => self.forget_sub(sub, revision),
                 Some(Err(_)) => self.bad_values += 1,
             }
         } else if let Some(g) = key.strip_prefix("lease.") {
@@ -332,8 +337,12 @@ impl Coordinator {
         }
         let block = match result {
             Ok(rev) => {
-                if let (Some(v), Some(sub)) = (p.value, p.key.strip_prefix("sub.")) {
-                    self.see_sub(sub, v, rev);
+                if let Some(sub) = p.key.strip_prefix("sub.") {
+                    match p.value {
+                        Some(v) => self.see_sub(sub, v, rev),
+                        None if p.deletes_sub => self.forget_sub(sub, rev),
+                        None => {}
+                    }
                 }
                 if let Some(g) = p.deletes_lease {
                     self.leases.insert(g, LeaseView::Deleted);
@@ -342,6 +351,18 @@ impl Coordinator {
             }
             // The watch already went past the revision we expected: retry from it at once.
             Err(e) if e.is_conflict() && self.revision_of(&p.key) > p.expected => None,
+            // Someone created the key: wait until the watch shows that value.
+            Err(KvError::Exists { current }) => Some(Block::Conflict(current.saturating_sub(1))),
+            // The watch already showed the key deleted (its line emptied): create it again now,
+            // as no later revision of it need ever come.
+            Err(e)
+                if e.is_conflict()
+                    && p.key
+                        .strip_prefix("sub.")
+                        .is_some_and(|sub| !self.subs.contains_key(sub)) =>
+            {
+                None
+            }
             Err(e) if e.is_conflict() => Some(Block::Conflict(p.expected)),
             Err(_) => Some(Block::RetryAt(now + self.config.retry)),
         };
@@ -427,6 +448,20 @@ impl Coordinator {
         }
     }
 
+    /// The subscription's key was deleted at `revision` (its line emptied).
+    fn forget_sub(&mut self, sub: &str, revision: Revision) {
+        if self.subs.get(sub).is_some_and(|(_, r)| revision <= *r) {
+            return;
+        }
+        self.subs.remove(sub);
+        let key = sub_key(sub);
+        if let Some(Block::Conflict(r)) = self.blocks.get(&key)
+            && revision > *r
+        {
+            self.blocks.remove(&key);
+        }
+    }
+
     fn see_lease(&mut self, now: Duration, g: GatewayId, alive: bool, revision: Revision) {
         if matches!(self.leases.get(&g), Some(LeaseView::Deleted)) {
             return;
@@ -498,6 +533,7 @@ impl Coordinator {
                     .map(GatewayId),
             ),
         };
+        let deletes_sub = matches!(op, Op::Delete(_)) && key.starts_with("sub.");
         self.pending.insert(
             id,
             Pending {
@@ -505,6 +541,7 @@ impl Coordinator {
                 value,
                 expected,
                 deletes_lease,
+                deletes_sub,
                 sent: now,
             },
         );
@@ -692,7 +729,9 @@ impl Coordinator {
             active,
             epoch,
         };
-        if next != current {
+        if next.line.is_empty() {
+            self.issue(now, key, Op::Delete(revision), None);
+        } else if next != current {
             let bytes = encode(&next);
             self.issue(now, key, Op::Update(bytes, revision), Some(next));
         }

@@ -252,3 +252,57 @@ fn a_subscription_whose_local_members_all_left_is_forgotten_locally() {
     }
     assert_eq!(c.local.len(), 0, "{:?}", c.local.keys().collect::<Vec<_>>());
 }
+
+// Bounded state: the write that empties a subscription's line deletes its key (compare-and-set
+// on the revision it replaces), and the gateway forgets the subscription. A later join creates
+// it again, and its first epoch is still above every earlier one: revisions are bucket-wide.
+#[test]
+fn an_emptied_line_is_deleted_and_forgotten_and_epochs_still_rise_when_it_returns() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(4), cmds[0].id, Ok(5));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(5), cmds[0].id, Ok(6));
+    let (_, effects) = drain(&mut c);
+    assert!(matches!(effects[..], [Effect::Activate { epoch: 5, .. }]));
+
+    c.member_left(ms(6), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1);
+    assert_eq!(cmds[0].key, "sub.jobs");
+    assert_eq!(
+        cmds[0].op,
+        Op::Delete(6),
+        "deleted against the revision it replaces"
+    );
+    c.write_result(ms(7), cmds[0].id, Ok(9));
+    assert!(
+        c.subs.is_empty(),
+        "forgotten: {:?}",
+        c.subs.keys().collect::<Vec<_>>()
+    );
+    // The deletion as the watch shows it changes nothing more.
+    c.backplane_changed(ms(8), "sub.jobs", None, 9);
+    let (cmds, _) = drain(&mut c);
+    assert!(cmds.is_empty(), "{cmds:?}");
+
+    c.member_joined(ms(9), "jobs", 2);
+    let (cmds, _) = drain(&mut c);
+    assert!(matches!(cmds[0].op, Op::Create(_)));
+    c.write_result(ms(10), cmds[0].id, Ok(12));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(11), cmds[0].id, Ok(13));
+    let (_, effects) = drain(&mut c);
+    assert!(
+        matches!(
+            effects[..],
+            [Effect::Activate {
+                member: 2,
+                epoch: 12,
+                ..
+            }]
+        ),
+        "{effects:?}"
+    );
+}

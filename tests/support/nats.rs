@@ -241,6 +241,9 @@ impl NatsCluster {
                     }
                 }
             }
+            if failure.is_none() && nodes > 1 {
+                failure = cluster.await_placement().await.err();
+            }
             let Some(why) = failure else {
                 return cluster;
             };
@@ -361,6 +364,43 @@ impl NatsCluster {
             if Instant::now() >= deadline {
                 return Err(format!(
                     "node {node} has no route to {peers} peers within {READY_TIMEOUT:?} (last /routez: {last})"
+                ));
+            }
+            // Polling interval of the check, not a wait for the event itself.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until JetStream can place a stream on every node: routed nodes may not count each
+    /// other as online peers yet ("no suitable peers for placement"). A probe stream with as
+    /// many replicas as nodes (at most 3) is created, then deleted.
+    async fn await_placement(&self) -> Result<(), String> {
+        let replicas = self.nodes.len().min(3);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let client = async_nats::connect(self.client_url(0))
+            .await
+            .map_err(|e| format!("connect to node 0: {e}"))?;
+        let js = async_nats::jetstream::new(client);
+        loop {
+            let created = js
+                .create_stream(async_nats::jetstream::stream::Config {
+                    name: "harness-ready-probe".into(),
+                    subjects: vec!["_harness.ready.probe".into()],
+                    num_replicas: replicas,
+                    storage: async_nats::jetstream::stream::StorageType::Memory,
+                    ..Default::default()
+                })
+                .await;
+            let last = match created {
+                Ok(_) => {
+                    let _ = js.delete_stream("harness-ready-probe").await;
+                    return Ok(());
+                }
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "JetStream could not place an R{replicas} stream within {READY_TIMEOUT:?}: {last}"
                 ));
             }
             // Polling interval of the check, not a wait for the event itself.
