@@ -36,7 +36,7 @@ impl Broker {
             inner.arbitrated = true;
             let floor = IdFloor::at_start((1 << 60) + random_u64() % (3 << 60));
             inner.id_floor = floor;
-            inner.last_system_id = std::sync::atomic::AtomicU64::new(floor.last_system_id());
+            inner.last_system_id = crate::sync::AtomicU64::new(floor.last_system_id());
             crate::sync::write(&inner.catalog).retired = floor.floors();
         }
         broker
