@@ -79,8 +79,16 @@ async fn a_clean_close_promotes_the_earliest_standby_on_any_gateway_in_flight_me
     assert_eq!((then.system_id, then.delivery_attempt), (next, 1));
     b1.ack(then.system_id).await;
 
+    // B1 now idles with a pull open: its gateway lets that pull end (at most 15 ms) first.
+    let closed = Instant::now();
     drop(b1);
     let last = a2.confirmed().await;
+    let idle_promotion = closed.elapsed();
+    eprintln!("promotion across gateways on a clean close of an idle member: {idle_promotion:?}");
+    assert!(
+        idle_promotion < Duration::from_millis(1500),
+        "promotion took {idle_promotion:?}"
+    );
     assert!(
         last.epoch > promoted.epoch,
         "epoch {} after {}",
