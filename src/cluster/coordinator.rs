@@ -212,6 +212,9 @@ pub struct Coordinator {
     effects: VecDeque<Effect>,
     /// Entries that were not a valid value (counted, ignored).
     bad_values: u64,
+    /// The highest revision the watch delivered: it delivers in revision order, so every key's
+    /// state up to this revision has been seen (a deletion included, which leaves no trace).
+    watched: Revision,
 }
 
 impl Coordinator {
@@ -234,6 +237,7 @@ impl Coordinator {
             commands: VecDeque::new(),
             effects: VecDeque::new(),
             bad_values: 0,
+            watched: 0,
         };
         c.step(now);
         c
@@ -295,6 +299,7 @@ impl Coordinator {
         value: Option<&[u8]>,
         revision: Revision,
     ) {
+        self.watched = self.watched.max(revision);
         if let Some(sub) = key.strip_prefix("sub.") {
             match value.map(serde_json::from_slice::<SubValue>) {
                 Some(Ok(v)) => self.see_sub(sub, v, revision),
@@ -351,8 +356,11 @@ impl Coordinator {
             }
             // The watch already went past the revision we expected: retry from it at once.
             Err(e) if e.is_conflict() && self.revision_of(&p.key) > p.expected => None,
-            // Someone created the key: wait until the watch shows that value.
-            Err(KvError::Exists { current }) => Some(Block::Conflict(current.saturating_sub(1))),
+            // Someone created the key: wait until the watch shows that value (unless it already
+            // went past it: the key was deleted since, see below).
+            Err(KvError::Exists { current }) if current > self.watched => {
+                Some(Block::Conflict(current.saturating_sub(1)))
+            }
             // The watch already showed the key deleted (its line emptied): create it again now,
             // as no later revision of it need ever come.
             Err(e)

@@ -306,3 +306,42 @@ fn an_emptied_line_is_deleted_and_forgotten_and_epochs_still_rise_when_it_return
         "{effects:?}"
     );
 }
+
+// No stall: a create refused because another gateway's line existed, when the watch already
+// showed that line and then its deletion before the refusal came back. Nothing more of the key
+// need ever come, so waiting for the watch to pass the refused revision would leave the local
+// member out of every line (on standby, never promoted): the create is retried at once.
+#[test]
+fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    let (creates, _) = drain(&mut c);
+    assert_eq!(creates.len(), 1);
+    assert!(matches!(creates[0].op, Op::Create(_)));
+    // Gateway 8's member came and went while our create was on its way.
+    let theirs = SubValue {
+        line: vec![uid(8, 4)],
+        active: None,
+        epoch: 0,
+    };
+    c.backplane_changed(
+        ms(4),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&theirs).unwrap()),
+        5,
+    );
+    c.backplane_changed(ms(4), "sub.jobs", None, 6);
+    c.write_result(ms(5), creates[0].id, Err(KvError::Exists { current: 5 }));
+    let mut rev = 100;
+    let mut retried = tick_renewing(&mut c, ms(5), &mut rev);
+    let mut t = ms(5);
+    while retried.is_empty() && t < ms(2000) {
+        t += ms(50);
+        retried = tick_renewing(&mut c, t, &mut rev);
+    }
+    assert!(!c.is_fenced(), "the lease was renewed throughout");
+    assert!(
+        matches!(&retried[..], [Command { key, op: Op::Create(_), .. }] if key == "sub.jobs"),
+        "the local member's line is created again: {retried:?}"
+    );
+}
