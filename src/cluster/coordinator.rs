@@ -19,8 +19,8 @@
 //! - `sub.<subscription>`: a [`SubValue`]: the line (members in join order), the active member and
 //!   its epoch, in ONE key, so that "remove the leaving active member and promote the next" is one
 //!   compare-and-set and never half done. The write that empties the line deletes the key
-//!   instead (by compare-and-set), so neither the bucket nor any gateway keeps subscriptions
-//!   nobody is in; the next join creates it again.
+//!   instead (by compare-and-set), so no gateway keeps subscriptions nobody is in (the bucket
+//!   keeps the key's delete marker); the next join creates it again.
 //!
 //! # Epochs
 //! A write that makes a member active stores as its epoch the revision of the value it replaces

@@ -178,10 +178,23 @@ impl NatsBackplane {
             .await;
         let store = match created {
             Ok(store) => store,
-            Err(create) => js
-                .get_key_value(&config.bucket)
-                .await
-                .map_err(|get| bucket_error(format!("create: {create}; bind: {get}")))?,
+            Err(create) => {
+                // Another client may be creating it right now (the stream exists before it
+                // answers): bind, retrying briefly while its creation settles.
+                let mut attempt = 0;
+                loop {
+                    match js.get_key_value(&config.bucket).await {
+                        Ok(store) => break store,
+                        Err(get) if attempt >= 4 => {
+                            return Err(bucket_error(format!("create: {create}; bind: {get}")));
+                        }
+                        Err(_) => {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+            }
         };
         let prefix = format!("$KV.{}.", config.bucket);
         Ok(Self { js, store, prefix })

@@ -222,6 +222,8 @@ pub(super) struct Bridge {
     pub(super) pull_expires: Duration,
     /// Singleton members that left while a pull was open, for [`Bridge::vacate`].
     pub(super) leaving: Vec<MemberId>,
+    /// Whether the subscription is a singleton (arbitrated here): its pulls run to their end.
+    pub(super) singleton: bool,
 }
 
 enum Flow {
@@ -290,9 +292,9 @@ impl Bridge {
                 }
             };
             // The open pull cannot be cancelled: what JetStream already sent it would be lost in
-            // transit until its ack wait, and arrive after newer messages. So a pull always runs
-            // to its end (a singleton's pulls are short). What it brings once the subscription
-            // has no active member here, or is gone, is held, and given back in order after it.
+            // transit until its ack wait, and arrive after newer messages. So a singleton's pull
+            // runs to its end (at most 15 ms). What it brings once the subscription has no
+            // active member here, or is gone, is held, and given back in order after it.
             let mut stopping = false;
             loop {
                 tokio::select! {
@@ -305,7 +307,12 @@ impl Bridge {
                         None => break,
                     },
                     event = self.events.recv(), if !stopping => match self.handle(event).await {
-                        Flow::Stop => stopping = true,
+                        // A singleton's pull runs out within 15 ms, and its order matters. A QUEUE
+                        // or BROADCAST pull could run a second more and bring up to its whole
+                        // room, which would then go back with an attempt no member saw: it is
+                        // dropped, and only what was in transit comes back late (ack wait).
+                        Flow::Stop if self.singleton => stopping = true,
+                        Flow::Stop => break 'pulling,
                         Flow::Vacated(member) => self.leaving.push(member),
                         Flow::Go => {}
                     },

@@ -217,7 +217,10 @@ impl Gateway {
             client.clone(),
             &crate::cluster::nats::NatsConfig {
                 bucket: format!("{}-coordination", config.stream),
-                replicas: (config.replicas > 0).then_some(config.replicas),
+                // The stream's own, which every gateway reads alike (a count from the servers
+                // a client learned can differ between gateways started together, and a bucket
+                // created twice with different settings is refused).
+                replicas: Some(stream.cached_info().config.num_replicas),
                 ..crate::cluster::nats::NatsConfig::new(Vec::<String>::new())
             },
         )
@@ -332,6 +335,7 @@ impl Gateway {
                     bridge::PULL_EXPIRES
                 },
                 leaving: Vec::new(),
+                singleton,
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
