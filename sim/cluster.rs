@@ -225,6 +225,7 @@ impl ClusterWorld {
                         subscription,
                         member,
                         epoch,
+                        ..
                     } => {
                         let uid = g.uid(member);
                         self.checker

@@ -111,6 +111,9 @@ pub(crate) struct SubState {
     /// A multi-id settle's buffer of unwritten frame ids, kept between settles while it holds
     /// at most [`UnsentIds::KEPT`] ids.
     unsent_scratch: Vec<SystemId>,
+    /// Cluster mode: the least attempt the next injection of these messages carries (set when
+    /// the cluster activates a member here; at most `MAX_CARRY` entries, replaced each time).
+    pub(crate) attempt_floors: BTreeMap<SystemId, u32>,
 }
 
 /// A locked subscription. Dropping it releases the lock, then wakes the streams that got frames.
@@ -162,6 +165,7 @@ impl SubState {
             wake: Vec::new(),
             accounted: 0,
             unsent_scratch: Vec::new(),
+            attempt_floors: BTreeMap::new(),
         }
     }
 

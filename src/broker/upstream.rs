@@ -48,14 +48,20 @@ impl Broker {
     /// # Errors
     /// [`Error::SubscriptionNotFound`]; [`Error::InvalidArgument`] when the member left
     /// meanwhile or another member is active here.
+    ///
+    /// `carry` (stream sequence, attempt) raises the attempt of those messages when they are
+    /// injected next: the previous active member's gateway delivered them more often than the
+    /// upstream count says.
     pub fn activate(
         &self,
         subscription_id: &str,
         member: MemberId,
         epoch: Epoch,
+        carry: Vec<(SystemId, u32)>,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
             let effects = state.core.activate(member, epoch)?;
+            state.attempt_floors = carry.into_iter().collect();
             tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");
             self.apply(state, Input::Activate { member, epoch }, effects, dead);
             Ok(())
@@ -90,24 +96,21 @@ impl Broker {
     }
 
     /// Takes every queued (not in-flight) message out of `subscription_id`, to give back
-    /// upstream; returns their ids, head first (empty when there is no such subscription).
-    pub fn hand_back(&self, subscription_id: &str) -> Vec<SystemId> {
+    /// upstream; returns their ids with the attempt each one's next delivery would carry, head
+    /// first (empty when there is no such subscription).
+    pub fn hand_back(&self, subscription_id: &str) -> Vec<(SystemId, u32)> {
         self.with_subscription(subscription_id, |state, dead| {
-            let ids: Vec<SystemId> = state
+            let taken: Vec<(SystemId, u32)> = state
                 .core
                 .take_queued()
                 .into_iter()
-                .map(|(message, _)| message.system_id())
+                .map(|(message, attempt)| (message.system_id(), attempt))
                 .collect();
-            if !ids.is_empty() {
-                self.apply(
-                    state,
-                    Input::HandBack { ids: ids.clone() },
-                    Vec::new(),
-                    dead,
-                );
+            if !taken.is_empty() {
+                let ids = taken.iter().map(|(id, _)| *id).collect();
+                self.apply(state, Input::HandBack { ids }, Vec::new(), dead);
             }
-            Ok(ids)
+            Ok(taken)
         })
         .unwrap_or_default()
     }
@@ -151,6 +154,10 @@ impl Broker {
             }
             state.accounted += share;
             let system_id = message.system_id();
+            let attempt = state
+                .attempt_floors
+                .remove(&system_id)
+                .map_or(attempt, |floor| floor.max(attempt));
             let effects = state.core.enqueue_attempt(message, attempt);
             self.apply(state, Input::Enqueue { system_id }, effects, dead);
             Ok(())

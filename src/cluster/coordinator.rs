@@ -74,6 +74,9 @@ use super::backplane::{KvError, Revision};
 pub use super::values::{GatewayId, MemberUid, SubValue, lease_key, sub_key};
 use crate::core::planted::{PlantedBug, active as planted};
 
+/// Most given-back messages whose attempts one promotion carries ([`SubValue::carry`]).
+pub const MAX_CARRY: usize = 1024;
+
 /// Timing. `lease` is `--gateway-lease`.
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
@@ -139,6 +142,9 @@ pub enum Effect {
         member: u64,
         /// Its fencing token.
         epoch: u64,
+        /// Attempts the messages given back by the previous active member's gateway must
+        /// carry at least ([`SubValue::carry`]).
+        carry: Vec<(u64, u32)>,
     },
     /// End the member's stream with this status; the coordinator has forgotten it.
     End {
@@ -215,6 +221,8 @@ pub struct Coordinator {
     /// The highest revision the watch delivered: it delivers in revision order, so every key's
     /// state up to this revision has been seen (a deletion included, which leaves no trace).
     watched: Revision,
+    /// Attempts to hand to the next active member, per subscription, until written.
+    carry: BTreeMap<String, Vec<(u64, u32)>>,
 }
 
 impl Coordinator {
@@ -238,6 +246,7 @@ impl Coordinator {
             effects: VecDeque::new(),
             bad_values: 0,
             watched: 0,
+            carry: BTreeMap::new(),
         };
         c.step(now);
         c
@@ -281,6 +290,25 @@ impl Coordinator {
 
     /// A member's stream closed (cleanly or not): it acts no more, and leaves the line.
     pub fn member_left(&mut self, now: Duration, subscription: &str, member: u64) {
+        self.member_left_carrying(now, subscription, member, Vec::new());
+    }
+
+    /// As [`Coordinator::member_left`], when this gateway gave back messages whose next
+    /// attempt JetStream would undercount: `carry` goes into the write that promotes the next
+    /// member ([`SubValue::carry`]).
+    pub fn member_left_carrying(
+        &mut self,
+        now: Duration,
+        subscription: &str,
+        member: u64,
+        carry: Vec<(u64, u32)>,
+    ) {
+        if !carry.is_empty() {
+            let mut carry = carry;
+            // A value stays small: past this, attempts are JetStream's count (README).
+            carry.truncate(MAX_CARRY);
+            self.carry.insert(subscription.to_string(), carry);
+        }
         if let Some(members) = self.local.get_mut(subscription) {
             members.retain(|m| m.id != member);
             // Nothing is kept for a subscription without local members: ids come and go.
@@ -344,7 +372,12 @@ impl Coordinator {
             Ok(rev) => {
                 if let Some(sub) = p.key.strip_prefix("sub.") {
                     match p.value {
-                        Some(v) => self.see_sub(sub, v, rev),
+                        Some(v) => {
+                            if self.carry.get(sub) == Some(&v.carry) {
+                                self.carry.remove(sub);
+                            }
+                            self.see_sub(sub, v, rev);
+                        }
                         None if p.deletes_sub => self.forget_sub(sub, rev),
                         None => {}
                     }
@@ -462,6 +495,7 @@ impl Coordinator {
             return;
         }
         self.subs.remove(sub);
+        self.carry.remove(sub);
         let key = sub_key(sub);
         if let Some(Block::Conflict(r)) = self.blocks.get(&key)
             && revision > *r
@@ -664,6 +698,7 @@ impl Coordinator {
                         subscription: sub.clone(),
                         member: m.id,
                         epoch: v.epoch,
+                        carry: v.carry.clone(),
                     });
                 }
                 true
@@ -697,6 +732,7 @@ impl Coordinator {
                     .collect(),
                 active: None,
                 epoch: 0,
+                carry: Vec::new(),
             };
             let bytes = encode(&v);
             self.issue(now, key, Op::Create(bytes), Some(v));
@@ -732,10 +768,18 @@ impl Coordinator {
                 None => (None, current.epoch),
             },
         };
+        // What this gateway gave back rides with the promotion; a promotion without any clears
+        // what an earlier one carried.
+        let carry = match self.carry.get(sub) {
+            Some(carry) => carry.clone(),
+            None if active != current.active => Vec::new(),
+            None => current.carry.clone(),
+        };
         let next = SubValue {
             line,
             active,
             epoch,
+            carry,
         };
         if next.line.is_empty() {
             self.issue(now, key, Op::Delete(revision), None);

@@ -85,7 +85,8 @@ fn first_join_creates_the_line_then_promotes_with_the_replaced_revision_as_epoch
         vec![Effect::Activate {
             subscription: "jobs".into(),
             member: 1,
-            epoch: 5
+            epoch: 5,
+            carry: Vec::new(),
         }]
     );
 }
@@ -134,6 +135,7 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
         line: vec![uid(7, 1), uid(8, 4), uid(7, 2)],
         active: Some(uid(7, 1)),
         epoch: 3,
+        carry: Vec::new(),
     };
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
@@ -188,6 +190,7 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
         line: vec![uid(8, 4), uid(7, 1)],
         active: Some(uid(8, 4)),
         epoch: 3,
+        carry: Vec::new(),
     };
     c.backplane_changed(
         ms(11),
@@ -323,6 +326,7 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
         line: vec![uid(8, 4)],
         active: None,
         epoch: 0,
+        carry: Vec::new(),
     };
     c.backplane_changed(
         ms(4),
@@ -343,5 +347,59 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
     assert!(
         matches!(&retried[..], [Command { key, op: Op::Create(_), .. }] if key == "sub.jobs"),
         "the local member's line is created again: {retried:?}"
+    );
+}
+
+// SPEC §4: a message's attempt counts every delivery. What the leaving active member's gateway
+// gave back, with the attempts their next deliveries must carry, rides in the promoting write,
+// reaches the promoted member's activation, and the promotion after clears it.
+#[test]
+fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
+    let mut c = leased();
+    let v = SubValue {
+        line: vec![uid(7, 1), uid(7, 2)],
+        active: Some(uid(7, 1)),
+        epoch: 3,
+        carry: Vec::new(),
+    };
+    c.member_joined(ms(3), "jobs", 1);
+    c.member_joined(ms(3), "jobs", 2);
+    let (creates, _) = drain(&mut c);
+    c.backplane_changed(ms(4), "sub.jobs", Some(&serde_json::to_vec(&v).unwrap()), 9);
+    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
+    drain(&mut c);
+    c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3), (42, 2)]);
+    let (cmds, _) = drain(&mut c);
+    let next = value(&cmds[0]);
+    assert_eq!(
+        (next.active, next.carry.clone()),
+        (Some(uid(7, 2)), vec![(41, 3), (42, 2)])
+    );
+    c.write_result(ms(6), cmds[0].id, Ok(10));
+    let (_, effects) = drain(&mut c);
+    assert_eq!(
+        effects,
+        vec![Effect::Activate {
+            subscription: "jobs".into(),
+            member: 2,
+            epoch: 9,
+            carry: vec![(41, 3), (42, 2)],
+        }]
+    );
+    c.member_joined(ms(7), "jobs", 3);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(
+        value(&cmds[0]).carry,
+        vec![(41, 3), (42, 2)],
+        "kept while 2 leads"
+    );
+    c.write_result(ms(8), cmds[0].id, Ok(11));
+    c.member_left(ms(9), "jobs", 2);
+    let (cmds, _) = drain(&mut c);
+    let next = value(&cmds[0]);
+    assert_eq!(
+        (next.active, next.carry),
+        (Some(uid(7, 3)), vec![]),
+        "cleared by the next promotion"
     );
 }

@@ -311,3 +311,38 @@ async fn a_close_during_a_stream_of_messages_keeps_publish_order_for_the_promote
         &seen[..20.min(seen.len())]
     );
 }
+
+// SPEC §4 and §5: every delivery of a message counts, and a member's stream ending puts its
+// in-flight message back with attempt + 1. The active member nacks a message (it comes back
+// to it with attempt 2), then closes while holding it: the member promoted on the other gateway
+// gets it with attempt 3, not with JetStream's count of deliveries to gateways.
+#[tokio::test]
+async fn a_message_nacked_before_a_clean_close_reaches_the_promoted_member_with_attempt_plus_one() {
+    let (cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut a1 = on_a.subscribe(singleton("counted")).await.unwrap();
+    a1.confirmed().await;
+    let mut b1 = on_b.subscribe(singleton("counted")).await.unwrap();
+    let url = &cluster.client_urls()[2];
+    within(async {
+        while line(url, "counted").await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let held = on_b.publish("jobs.run", "one").await.system_id;
+    let got = a1.message().await;
+    assert_eq!((got.system_id, got.delivery_attempt), (held, 1));
+    a1.nack(held).await;
+    let again = a1.message().await;
+    assert_eq!((again.system_id, again.delivery_attempt), (held, 2));
+
+    drop(a1);
+    b1.confirmed().await;
+    let promoted = b1.message().await;
+    assert_eq!(
+        (promoted.system_id, promoted.delivery_attempt),
+        (held, 3),
+        "delivered twice before the close: the promoted member's delivery is the third"
+    );
+}

@@ -336,6 +336,7 @@ impl Bridge {
     /// member, on any gateway, gets the in-flight messages first, with attempt + 1.
     async fn vacate(&mut self) {
         let leaving = std::mem::take(&mut self.leaving);
+        let mut carry = Vec::new();
         if !self.shared.broker.has_active(&self.subscription) {
             let local = self.shared.broker.hand_back(&self.subscription);
             let held = std::mem::take(&mut self.held);
@@ -355,10 +356,16 @@ impl Bridge {
                 }
             }
             tracing::debug!(subscription = %self.subscription, ?leaving, queued_here = local.len(), given_back = count, "no active member here: gave back what this gateway held");
+            carry = local;
         }
         if let Some(singletons) = &self.shared.singletons {
+            // The carry rides with the first leave: the one whose promotion follows.
             for member in leaving {
-                singletons.left(self.subscription.clone(), member);
+                singletons.left(
+                    self.subscription.clone(),
+                    member,
+                    std::mem::take(&mut carry),
+                );
             }
         }
     }

@@ -35,7 +35,7 @@ use crate::{
 #[derive(Debug)]
 enum Input {
     Joined(Arc<str>, MemberId),
-    Left(Arc<str>, MemberId),
+    Left(Arc<str>, MemberId, Vec<(u64, u32)>),
 }
 
 /// The gateway's line to its coordinator shell: cheap to clone.
@@ -50,9 +50,10 @@ impl Handle {
         let _ = self.inputs.send(Input::Joined(subscription, member));
     }
 
-    /// A singleton member left, and what it held was given back.
-    pub(super) fn left(&self, subscription: Arc<str>, member: MemberId) {
-        let _ = self.inputs.send(Input::Left(subscription, member));
+    /// A singleton member left, and what it held was given back; `carry` names the attempts
+    /// those messages' next deliveries must carry at least.
+    pub(super) fn left(&self, subscription: Arc<str>, member: MemberId, carry: Vec<(u64, u32)>) {
+        let _ = self.inputs.send(Input::Left(subscription, member, carry));
     }
 }
 
@@ -120,7 +121,7 @@ async fn run(
             tokio::select! {
                 input = inputs.recv() => match input {
                     Some(Input::Joined(sub, member)) => coordinator.member_joined(now(), &sub, member),
-                    Some(Input::Left(sub, member)) => coordinator.member_left(now(), &sub, member),
+                    Some(Input::Left(sub, member, carry)) => coordinator.member_left_carrying(now(), &sub, member, carry),
                     None => return,
                 },
                 opened = async { opening.as_mut()?.await.into() }, if opening.is_some() => {
@@ -178,8 +179,9 @@ fn carry_out(
                 subscription,
                 member,
                 epoch,
+                carry,
             } => {
-                if let Err(error) = broker.activate(&subscription, member, epoch) {
+                if let Err(error) = broker.activate(&subscription, member, epoch, carry) {
                     // It left meanwhile: its leaving is on its way to the coordinator.
                     tracing::debug!(%subscription, member, %error, "could not activate a member");
                 }
