@@ -72,16 +72,17 @@ pub async fn serve(args: &[&str]) -> (Running, String) {
     (running, addr)
 }
 
-/// Runs a client subcommand of the binary to completion (off the runtime's worker threads).
+/// Runs a client subcommand of the binary to completion. One that does not finish in time is
+/// killed (the test then fails), so a hung client cannot hold the test binary open.
 pub async fn run_client(args: Vec<String>) -> Output {
-    within(tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+    within(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_tinybroker"))
             .args(&args)
             .env_remove("TINYBROKER_AUTH_TOKEN")
             .env_remove("TINYBROKER_SERVER")
-            .output()
-            .unwrap()
-    }))
+            .kill_on_drop(true)
+            .output(),
+    )
     .await
     .unwrap()
 }

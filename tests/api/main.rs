@@ -5,6 +5,7 @@ mod certs;
 #[macro_use]
 mod harness;
 
+mod bench;
 mod delivery;
 mod lifecycle;
 mod logs;

@@ -61,7 +61,7 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
         .map(|_| Consumer {
             open: pb::OpenSubscription {
                 subscription_id: subscription.clone(),
-                topic_patterns: vec!["bench.>".into()],
+                topic_patterns: vec![format!("{}.>", run_prefix())],
                 mode: DeliveryMode::Queue.into(),
                 consumer_group: "bench".into(),
                 max_in_flight: args.window,
@@ -110,7 +110,7 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
         .map(|n| Consumer {
             open: pb::OpenSubscription {
                 subscription_id: format!("bench-w3-{pid}-{n}"),
-                topic_patterns: vec!["bench.>".into()],
+                topic_patterns: vec![format!("{}.>", run_prefix())],
                 mode: DeliveryMode::Broadcast.into(),
                 max_in_flight: args.window,
                 ack_mode: if args.ack_free {
@@ -173,7 +173,7 @@ pub(super) async fn run_fill(common: &Common, broker: &Target) -> Result<(), Str
     // Join and leave at once: the member-less subscription keeps its queue (idle expiry).
     let open = pb::OpenSubscription {
         subscription_id: format!("bench-fill-{}", std::process::id()),
-        topic_patterns: vec!["bench.>".into()],
+        topic_patterns: vec![format!("{}.>", run_prefix())],
         mode: DeliveryMode::Queue.into(),
         consumer_group: "bench".into(),
         ..Default::default()
@@ -287,8 +287,9 @@ fn payload(bytes: usize, start: Instant) -> bytes::Bytes {
 
 /// Publishes `common.messages` messages with up to `common.pipeline` unanswered at once.
 async fn publish(mut client: Client, common: &Common, start: Instant) -> Result<(), String> {
+    let topic = format!("{}.work", run_prefix());
     let request = |start| pb::PublishRequest {
-        topic: "bench.work".into(),
+        topic: topic.clone(),
         payload: payload(common.payload_bytes, start),
         headers: Default::default(),
     };
@@ -321,26 +322,37 @@ async fn publish(mut client: Client, common: &Common, start: Instant) -> Result<
                 let expected = common.messages;
                 tokio::spawn(async move {
                     let mut got = 0;
-                    while got < expected {
-                        let Some(answer) = answers.next().await else {
-                            return Err(format!("PublishStream ended after {got} answers"));
-                        };
-                        let answer = answer.map_err(|e| e.to_string())?;
-                        if answer.code != 0 {
-                            return Err(format!("publish refused: {}", answer.message));
+                    let read = async {
+                        while got < expected {
+                            let Some(answer) = answers.next().await else {
+                                return Err(format!("PublishStream ended after {got} answers"));
+                            };
+                            let answer = answer.map_err(|e| e.to_string())?;
+                            if answer.code != 0 {
+                                return Err(format!("publish refused: {}", answer.message));
+                            }
+                            got += 1;
+                            credit.add_permits(1);
                         }
-                        got += 1;
-                        credit.add_permits(1);
+                        Ok(())
                     }
-                    Ok(())
+                    .await;
+                    // No more credit comes: the publisher must not wait for it.
+                    credit.close();
+                    read
                 })
             };
             for _ in 0..common.messages {
-                credit.acquire().await.map_err(|e| e.to_string())?.forget();
+                // Closed: the reader stopped, and says why below.
+                let Ok(permit) = credit.acquire().await else {
+                    break;
+                };
+                permit.forget();
                 if tx.send(request(start)).await.is_err() {
                     break;
                 }
             }
+            drop(tx);
             reader.await.map_err(|e| e.to_string())??;
         }
     }
@@ -489,4 +501,10 @@ fn count_ack(
         count.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
+}
+
+/// The topic prefix of this bench run: its own, so that a run against a long-lived broker
+/// (`--server`) neither feeds nor is fed by the subscriptions earlier runs left to idle out.
+fn run_prefix() -> String {
+    format!("bench.run{}", std::process::id())
 }
