@@ -239,7 +239,9 @@ async fn a_deposed_members_late_ack_does_not_release_the_promoted_members_copy()
 
     let stale = on_a.ack("fenced", deposed, held).await;
     assert!(
-        stale.is_err(),
+        stale
+            .as_ref()
+            .is_err_and(|s| s.code() == tonic::Code::FailedPrecondition),
         "member {deposed} (deposed, on gateway A) released message {held}, held by member {} on gateway B",
         b1.member_id
     );

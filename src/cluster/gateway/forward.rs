@@ -2,9 +2,9 @@
 //! balancer, grpcurl or a second client may send them to any gateway). The request goes to
 //! every gateway on one subject; only a gateway where the member is live applies it and
 //! answers, with the status it would have given. Silence until the timeout means no gateway
-//! holds the member: `NOT_FOUND`. NATS request/reply is at most once, so an answer lost on the
-//! way also looks like that, though the holder applied it; a repeat then says `NOT_FOUND`
-//! ("not in flight"), which a client may take as done.
+//! holds the member: `FAILED_PRECONDITION` (a stale ack). NATS request/reply is at most once,
+//! so an answer lost on the way also looks like that, though the holder applied it; a repeat
+//! then says `NOT_FOUND` ("not in flight"), which a client may take as done.
 
 use std::time::Duration;
 
@@ -94,8 +94,10 @@ pub(super) async fn request(
     timeout: Duration,
 ) -> Result<(), Status> {
     let not_here = || {
-        Status::not_found(service::cap_message(format!(
-            "member {} of subscription {:?} is not connected to any gateway",
+        // As at home, an ack from a member that no longer holds anything is stale: it left, or
+        // the cluster deposed it, and its message (if any) went to another member.
+        Status::failed_precondition(service::cap_message(format!(
+            "member {} of subscription {:?} is not connected to any gateway (it left or was deposed): this ack or nack is stale and changed nothing",
             settle.member, settle.subscription
         )))
     };
