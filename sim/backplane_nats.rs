@@ -113,6 +113,16 @@ where
         .unwrap_or_else(|_| panic!("no write of {key} accepted within 30 s of a node's crash"))
 }
 
+/// The writes both watch tests make while node 0 is down: k.1 updated over `r1`, k.2 created,
+/// k.1 deleted; their revisions.
+async fn write_while_node_0_is_down(writer: &NatsBackplane, r1: u64) -> (u64, u64, u64) {
+    await_writable(writer).await;
+    let r2 = settled(writer, "k.1", || writer.update("k.1", b("2"), r1)).await;
+    let r3 = settled(writer, "k.2", || writer.create("k.2", b("1"))).await;
+    let r4 = settled(writer, "k.1", || writer.delete("k.1", r2)).await;
+    (r2, r3, r4)
+}
+
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
@@ -142,10 +152,7 @@ fn cluster_backplane_nats_watch_resumes_after_its_server_restarts() {
         assert_eq!(next(&mut w, CHECK).await.revision, r1);
 
         cluster.kill(0);
-        await_writable(&writer).await;
-        let r2 = settled(&writer, "k.1", || writer.update("k.1", b("2"), r1)).await;
-        let r3 = settled(&writer, "k.2", || writer.create("k.2", b("1"))).await;
-        let r4 = settled(&writer, "k.1", || writer.delete("k.1", r2)).await;
+        let (_, r3, r4) = write_while_node_0_is_down(&writer, r1).await;
         let cut_off = watcher.get("k.2").await;
         assert!(
             matches!(cut_off, Err(KvError::Unavailable(_))),
@@ -186,10 +193,7 @@ fn cluster_backplane_nats_watch_fails_over_when_its_server_is_killed() {
         assert_eq!(next(&mut w, CHECK).await.revision, r1);
 
         cluster.kill(0);
-        await_writable(&writer).await;
-        let r2 = settled(&writer, "k.1", || writer.update("k.1", b("2"), r1)).await;
-        let r3 = settled(&writer, "k.2", || writer.create("k.2", b("1"))).await;
-        let r4 = settled(&writer, "k.1", || writer.delete("k.1", r2)).await;
+        let (r2, r3, r4) = write_while_node_0_is_down(&writer, r1).await;
 
         let mut seen = vec![];
         while seen.last() != Some(&r4) {

@@ -254,27 +254,23 @@ pub async fn run(args: Serve) -> Result<(), String> {
     // floor is random instead (member ids unique across gateways; epochs and system ids come
     // from the cluster).
     let floor = server.broker().id_floor().unix_micros();
-    if gateway.is_some() {
-        tracing::info!(
-            %addr,
-            tls = tls.0,
-            mutual_tls = tls.1,
-            auth,
-            id_floor = floor,
-            "tinybroker listening on {addr} (member ids start above {floor}, random for this gateway)",
-        );
+    let ids = if gateway.is_some() {
+        format!("member ids start above {floor}, random for this gateway")
     } else {
         let started = std::time::UNIX_EPOCH + std::time::Duration::from_micros(floor);
-        tracing::info!(
-            %addr,
-            tls = tls.0,
-            mutual_tls = tls.1,
-            auth,
-            id_floor = floor,
-            "tinybroker listening on {addr} (ids start above {floor}: the start time, {}, in µs since the Unix epoch)",
-            humantime::format_rfc3339_micros(started),
-        );
-    }
+        format!(
+            "ids start above {floor}: the start time, {}, in µs since the Unix epoch",
+            humantime::format_rfc3339_micros(started)
+        )
+    };
+    tracing::info!(
+        %addr,
+        tls = tls.0,
+        mutual_tls = tls.1,
+        auth,
+        id_floor = floor,
+        "tinybroker listening on {addr} ({ids})",
+    );
     if let (Some(gateway), Some(urls)) = (&gateway, &args.nats) {
         let (stream, replicas) = gateway.stream();
         tracing::info!(

@@ -20,12 +20,14 @@ use std::{
     collections::BTreeSet,
     io::{BufRead, BufReader},
     process::{Command, Stdio},
+    sync::Arc,
     time::Duration,
 };
 
 use harness::{Carriage, Member, TestServer, assert_code, open, singleton, within};
 use nats_server::NatsCluster;
 use tinybroker::{
+    clock::{Clock, TokioClock},
     cluster::gateway::{self, Gateway, GatewayConfig, Router},
     core::Limits,
     pb::DeliveryMode,
@@ -35,14 +37,20 @@ use tonic::Code;
 
 /// A gateway on `url`, serving on a port-0 loopback listener, as `serve --nats` builds it.
 pub(crate) async fn gateway(url: &str) -> TestServer {
+    gateway_with(GatewayConfig::new(url), Arc::new(TokioClock::new())).await
+}
+
+/// A gateway with these settings, its broker reading time from `clock`.
+pub(crate) async fn gateway_with(config: GatewayConfig, clock: Arc<dyn Clock>) -> TestServer {
     let router = Router::new();
     let server = Server::new(ServerConfig {
         limits: gateway::local_limits(Limits::default()),
         observer: Some(router.clone()),
         cluster_gateway: true,
+        clock,
         ..ServerConfig::default()
     });
-    let gateway = Gateway::connect(GatewayConfig::new(url), server.broker().clone(), router)
+    let gateway = Gateway::connect(config, server.broker().clone(), router)
         .await
         .expect("gateway connects");
     TestServer::run(server.with_gateway(gateway)).await

@@ -9,12 +9,11 @@ use std::{
 
 use tinybroker::{
     clock::{Clock, TokioClock},
-    cluster::gateway::{self, Gateway, GatewayConfig, Router},
-    core::Limits,
-    server::{Server, ServerConfig},
+    cluster::gateway::GatewayConfig,
 };
 
 use crate::{
+    gateway_with,
     harness::{TestServer, singleton, within},
     nats_server::NatsCluster,
     two_gateways,
@@ -119,21 +118,11 @@ async fn line(url: &str, subscription: &str) -> Vec<tinybroker::cluster::values:
 
 /// A gateway on `url` with a short lease, so that its death is noticed quickly.
 async fn gateway_with_lease(url: &str, lease: Duration) -> TestServer {
-    let router = Router::new();
-    let server = Server::new(ServerConfig {
-        limits: gateway::local_limits(Limits::default()),
-        observer: Some(router.clone()),
-        cluster_gateway: true,
-        ..ServerConfig::default()
-    });
     let config = GatewayConfig {
         lease,
         ..GatewayConfig::new(url)
     };
-    let gateway = Gateway::connect(config, server.broker().clone(), router)
-        .await
-        .expect("gateway connects");
-    TestServer::run(server.with_gateway(gateway)).await
+    gateway_with(config, Arc::new(TokioClock::new())).await
 }
 
 // The gateway holding the active member stops (its lease is no longer renewed): after the
@@ -192,18 +181,8 @@ impl Clock for StartedAt {
 
 /// A gateway on `url` whose broker's id floor is `floor_micros`.
 async fn gateway_started_at(url: &str, floor_micros: u64) -> TestServer {
-    let router = Router::new();
-    let server = Server::new(ServerConfig {
-        limits: gateway::local_limits(Limits::default()),
-        observer: Some(router.clone()),
-        cluster_gateway: true,
-        clock: Arc::new(StartedAt(TokioClock::new(), floor_micros)),
-        ..ServerConfig::default()
-    });
-    let gateway = Gateway::connect(GatewayConfig::new(url), server.broker().clone(), router)
-        .await
-        .expect("gateway connects");
-    TestServer::run(server.with_gateway(gateway)).await
+    let clock = Arc::new(StartedAt(TokioClock::new(), floor_micros));
+    gateway_with(GatewayConfig::new(url), clock).await
 }
 
 // SPEC §4: an ack from a member that no longer holds the message must not release the new

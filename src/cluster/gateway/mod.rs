@@ -90,7 +90,7 @@ pub struct GatewayConfig {
     pub forward_timeout: Duration,
     /// The gateway lease (`--gateway-lease`): a gateway that cannot renew it within this long
     /// ends its singleton members' streams; others promote the next member after about this
-    /// long plus a tenth. Singleton consumers also wait this long for an ack, so what a dead
+    /// long plus a tenth. Singleton consumers wait half of it for an ack, so what a dead
     /// gateway held is redelivered before its successor is promoted.
     pub lease: Duration,
 }
@@ -435,8 +435,8 @@ impl Gateway {
     /// connection, so it is applied here or refused.
     ///
     /// # Errors
-    /// The broker's refusals; `NOT_FOUND` when no gateway holds the member;
-    /// `FAILED_PRECONDITION` for a two-field ack whose message is not held here.
+    /// The broker's refusals; `FAILED_PRECONDITION` when no gateway holds the member (stale)
+    /// or for a two-field ack whose message is not held here.
     pub async fn settle(
         &self,
         subscription_id: &str,
