@@ -50,9 +50,11 @@ enum Op {
         back: bool,
     },
     /// Cluster mode: the cluster makes a member active, with an epoch `step` above the last.
+    /// `promotion`: it takes over from an earlier active member (counted as a promotion).
     Activate {
         pick: usize,
         step: u64,
+        promotion: bool,
     },
     /// Cluster mode: the queued messages are taken out, to go back upstream.
     HandBack,
@@ -75,7 +77,8 @@ fn op() -> impl Strategy<Value = Op> {
         // clock assumption broken) and some later.
         1 => (0u64..200, prop::bool::weighted(0.2))
             .prop_map(|(micros, back)| Op::Restart { micros, back }),
-        2 => (any::<usize>(), 1u64..4).prop_map(|(pick, step)| Op::Activate { pick, step }),
+        2 => (any::<usize>(), 1u64..4, any::<bool>())
+            .prop_map(|(pick, step, promotion)| Op::Activate { pick, step, promotion }),
         1 => Just(Op::HandBack),
     ]
 }
@@ -211,7 +214,7 @@ impl Model {
     }
 
     /// Cluster mode: member `i` made active with `epoch`; `Err` when refused.
-    fn activate(&mut self, i: usize, epoch: u64) -> Result<Vec<Seen>, ()> {
+    fn activate(&mut self, i: usize, epoch: u64, promotion: bool) -> Result<Vec<Seen>, ()> {
         if !self.arbitrated()
             || self
                 .members
@@ -226,7 +229,7 @@ impl Model {
         }
         self.members[i].epoch = Some(epoch);
         self.epoch = self.epoch.max(epoch);
-        self.counters.promotions += 1;
+        self.counters.promotions += u64::from(promotion);
         let mut out = vec![Seen::Confirm(self.members[i].id, epoch)];
         self.dispatch(&mut out);
         Ok(out)
@@ -615,14 +618,17 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(next_sid, wall, "system ids start at the start time");
                 (vec![], vec![])
             }
-            Op::Activate { pick, step } => {
+            Op::Activate { pick, step, promotion } => {
                 if model.members.is_empty() {
                     continue;
                 }
                 let i = pick % model.members.len();
                 let id = model.members[i].id;
                 let epoch = model.epoch + step;
-                match (core.activate(id, epoch), model.activate(i, epoch)) {
+                match (
+                    core.activate(id, epoch, promotion),
+                    model.activate(i, epoch, promotion),
+                ) {
                     (Ok(fx), Ok(want)) => (project(&fx), want),
                     (Err(_), Err(())) => (vec![], vec![]),
                     (got, want) => {

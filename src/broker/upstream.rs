@@ -24,22 +24,37 @@ impl Broker {
     /// singleton subscription is arbitrated: its members join on standby, and only
     /// [`Broker::activate`] (the cluster's coordinator) makes one active.
     ///
-    /// Its member ids start at a random floor in `[2^60, 2^62)` rather than at the start time:
-    /// an ack naming a member id may arrive at any gateway and is forwarded to the one holding
-    /// that member, so member ids must not repeat across gateways, which may start in the same
-    /// microsecond. Two gateways' id ranges overlap only if their floors fall within as many ids
-    /// of each other as they hand out: with a billion joins each, about 1 in 10^9. (Epochs and
-    /// system ids come from the cluster, not from this floor.)
+    /// Its member ids start at a random floor in `[2^60, 2^62)` whose low 32 bits are zero,
+    /// rather than at the start time: an ack naming a member id may arrive at any gateway and
+    /// is forwarded by the id's high 32 bits (its route) to the gateway that admitted it, so
+    /// member ids must not repeat across gateways, which may start in the same microsecond. Two
+    /// live gateways share a route with a chance of about 1 in 8 × 10^8 per pair; a gateway's
+    /// ids stay on its route for its first 2^32 joins per subscription. (Epochs and system ids
+    /// come from the cluster, not from this floor.)
     pub fn gateway(limits: Limits, clock: Arc<dyn Clock>, observer: Arc<dyn Observer>) -> Self {
         let mut broker = Self::with_observer(limits, clock, Some(observer));
         if let Some(inner) = Arc::get_mut(&mut broker.inner) {
             inner.arbitrated = true;
-            let floor = IdFloor::at_start((1 << 60) + random_u64() % (3 << 60));
+            let floor = IdFloor::at_start(((1 << 28) + random_u64() % (3 << 28)) << 32);
             inner.id_floor = floor;
             inner.last_system_id = crate::sync::AtomicU64::new(floor.last_system_id());
-            crate::sync::write(&inner.catalog).retired = floor.floors();
+            // Epochs come from the cluster (small revisions): none from this floor, or a
+            // subscription's own epoch (what `DescribeSubscription` shows) would stay at it.
+            crate::sync::write(&inner.catalog).retired = crate::core::Floors {
+                epoch: 0,
+                ..floor.floors()
+            };
         }
         broker
+    }
+
+    /// Counts a publish JetStream confirmed through this gateway (the broker's `published`,
+    /// as for its own publishes; none of them is routed here, so `unrouted` stays).
+    pub fn count_upstream_publish(&self) {
+        self.inner
+            .counters
+            .published
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Makes `member` the active member of the arbitrated singleton `subscription_id`, with the
@@ -58,9 +73,10 @@ impl Broker {
         member: MemberId,
         epoch: Epoch,
         carry: Vec<(SystemId, u32)>,
+        promotion: bool,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            let effects = state.core.activate(member, epoch)?;
+            let effects = state.core.activate(member, epoch, promotion)?;
             state.attempt_floors = carry.into_iter().collect();
             tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");
             self.apply(state, Input::Activate { member, epoch }, effects, dead);

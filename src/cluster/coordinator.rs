@@ -145,6 +145,8 @@ pub enum Effect {
         /// Attempts the messages given back by the previous active member's gateway must
         /// carry at least ([`SubValue::carry`]).
         carry: Vec<(u64, u32)>,
+        /// It took over from an earlier active member ([`SubValue::promoted`]).
+        promoted: bool,
     },
     /// End the member's stream with this status; the coordinator has forgotten it.
     End {
@@ -699,6 +701,7 @@ impl Coordinator {
                         member: m.id,
                         epoch: v.epoch,
                         carry: v.carry.clone(),
+                        promoted: v.promoted,
                     });
                 }
                 true
@@ -733,6 +736,7 @@ impl Coordinator {
                 active: None,
                 epoch: 0,
                 carry: Vec::new(),
+                promoted: false,
             };
             let bytes = encode(&v);
             self.issue(now, key, Op::Create(bytes), Some(v));
@@ -775,11 +779,19 @@ impl Coordinator {
             None if active != current.active => Vec::new(),
             None => current.carry.clone(),
         };
+        // A new active member after an earlier one (or after a line that had handed out an
+        // epoch) is a promotion; the line's first is not.
+        let promoted = if active == current.active {
+            current.promoted
+        } else {
+            active.is_some() && (current.active.is_some() || current.epoch != 0)
+        };
         let next = SubValue {
             line,
             active,
             epoch,
             carry,
+            promoted,
         };
         if next.line.is_empty() {
             self.issue(now, key, Op::Delete(revision), None);

@@ -87,6 +87,7 @@ fn first_join_creates_the_line_then_promotes_with_the_replaced_revision_as_epoch
             member: 1,
             epoch: 5,
             carry: Vec::new(),
+            promoted: false,
         }]
     );
 }
@@ -384,6 +385,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
             member: 2,
             epoch: 9,
             carry: vec![(41, 3), (42, 2)],
+            promoted: true,
         }]
     );
     c.member_joined(ms(7), "jobs", 3);

@@ -32,6 +32,10 @@ pub struct SubValue {
     /// that follows a clean close; replaced by the next promotion.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub carry: Vec<(u64, u32)>,
+    /// Whether the active member took over from an earlier one (a promotion, counted as
+    /// such by its gateway) rather than being the line's first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub promoted: bool,
 }
 
 /// The key of a subscription's value.

@@ -275,7 +275,12 @@ impl Subscription {
     /// # Errors
     /// [`Error::InvalidArgument`] when the subscription is not arbitrated, the member is not
     /// here, or another member is active; nothing changes then.
-    pub fn activate(&mut self, member_id: MemberId, epoch: Epoch) -> Result<Vec<Effect>, Error> {
+    pub fn activate(
+        &mut self,
+        member_id: MemberId,
+        epoch: Epoch,
+        promotion: bool,
+    ) -> Result<Vec<Effect>, Error> {
         if !self.arbitrated {
             return Err(Error::InvalidArgument(format!(
                 "subscription {:?} chooses its own active member",
@@ -299,7 +304,7 @@ impl Subscription {
         }
         member.epoch = Some(epoch);
         self.epoch = self.epoch.max(epoch);
-        self.counters.promotions += 1;
+        self.counters.promotions += u64::from(promotion);
         let mut out = vec![Effect::Confirm {
             member: member_id,
             epoch,

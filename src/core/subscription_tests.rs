@@ -627,12 +627,12 @@ fn an_arbitrated_singleton_activates_only_whom_the_cluster_names() {
         "no active member: nothing delivered"
     );
 
-    let effects = s.activate(second, 41).unwrap();
+    let effects = s.activate(second, 41, false).unwrap();
     s.check_invariants().unwrap();
     assert_eq!(confirms(&effects), vec![(second, 41)]);
     assert_eq!(delivered(&effects), vec![(second, 1, 1, 41)]);
-    assert!(s.activate(first, 42).is_err(), "two active members");
-    assert!(s.activate(99, 42).is_err(), "no such member");
+    assert!(s.activate(first, 42, true).is_err(), "two active members");
+    assert!(s.activate(99, 42, true).is_err(), "no such member");
     s.enqueue(msg(2));
     s.enqueue(msg(3));
 
@@ -653,9 +653,14 @@ fn an_arbitrated_singleton_activates_only_whom_the_cluster_names() {
     assert_eq!(s.queued_bytes(), 0);
     s.check_invariants().unwrap();
 
-    let effects = s.activate(first, 42).unwrap();
+    let effects = s.activate(first, 42, true).unwrap();
     assert_eq!(confirms(&effects), vec![(first, 42)]);
     assert_eq!(s.epoch(), 42);
+    assert_eq!(
+        s.counters().promotions,
+        1,
+        "the line's first activation is no promotion, the take-over is"
+    );
 }
 
 #[test]
@@ -663,7 +668,7 @@ fn a_subscription_that_is_not_arbitrated_refuses_activation() {
     let mut s = sub(Mode::Singleton);
     let (first, _) = join(&mut s);
     let (second, _) = join(&mut s);
-    assert!(s.activate(second, 7).is_err());
+    assert!(s.activate(second, 7, true).is_err());
     assert_eq!(s.active_members().collect::<Vec<_>>(), vec![first]);
     let mut q = sub(Mode::Queue);
     q.arbitrate();

@@ -80,7 +80,7 @@ async fn broadcast_gives_every_stream_every_message(carriage: Carriage) {
         "tv",
     );
     let r = client.publish("news.today", "hello").await;
-    assert_eq!(r.queued_for, 2);
+    assert_eq!(r.queued_for, queued_for(2));
     let (ma, mb) = (a.message().await, b.message().await);
     assert_eq!((ma.system_id, mb.system_id), (r.system_id, r.system_id));
     assert_eq!(ma.topic, "news.today");
@@ -106,7 +106,7 @@ async fn patterns_route_as_nats_does() {
     assert_eq!(client.publish("schedule", "x").await.queued_for, 0);
     assert_eq!(client.publish("schedule.a.b", "x").await.queued_for, 0);
     let r = client.publish("schedule.daily", "x").await;
-    assert_eq!(r.queued_for, 1);
+    assert_eq!(r.queued_for, queued_for(1));
     assert_eq!(star.message().await.system_id, r.system_id);
 }
 
@@ -125,15 +125,21 @@ async fn unknown_ack_is_not_found_and_window_gates_delivery(carriage: Carriage) 
         Code::NotFound,
         "not in flight",
     );
+    // A gateway cannot tell a subscription that never existed from one whose members all left
+    // it (it forgets those at once): an ack naming a member for either is stale there.
     assert_code(
         client.ack("nope", a.member_id, first).await,
-        Code::NotFound,
+        if GATEWAYS {
+            Code::FailedPrecondition
+        } else {
+            Code::NotFound
+        },
         "nope",
     );
     let info = client.describe("win").await.unwrap();
     assert_eq!(
         (info.in_flight, info.queued_messages),
-        (1, 1),
+        (1, queued_here(1)),
         "window of 1 holds the second"
     );
     a.ack(first).await;
@@ -162,7 +168,7 @@ async fn max_in_flight_window_allows_several_unacked(carriage: Carriage) {
         a.message().await;
     }
     let info = client.describe("wide").await.unwrap();
-    assert_eq!((info.in_flight, info.queued_messages), (3, 1));
+    assert_eq!((info.in_flight, info.queued_messages), (3, queued_here(1)));
     assert_eq!(info.members[0].max_in_flight, 3);
 }
 }
@@ -189,6 +195,8 @@ async fn nack_redelivers_at_the_head(carriage: Carriage) {
 }
 
 // SPEC §4: a poison message is published to the dead-letter topic with headers saying why.
+// Cluster mode refuses dead_letter_topic for now (README, cluster mode).
+embedded_only! {
 over_carriages! {
 async fn poison_message_goes_to_the_dead_letter_topic(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -226,6 +234,7 @@ async fn poison_message_goes_to_the_dead_letter_topic(carriage: Carriage) {
     assert_eq!(counters.dead_lettered, 1);
 }
 }
+}
 
 // SPEC §1: PublishBatch publishes in order; an invalid message rejects the whole batch.
 #[tokio::test]
@@ -243,7 +252,7 @@ async fn publish_batch_is_ordered_and_validated_up_front() {
         messages: vec![msg("jobs.a"), msg("jobs..b")],
     };
     assert_code(
-        within(client.0.clone().publish_batch(bad)).await,
+        within(client.1.clone().publish_batch(bad)).await,
         Code::InvalidArgument,
         "message 2 of the batch",
     );
@@ -260,14 +269,14 @@ async fn publish_batch_is_ordered_and_validated_up_front() {
     let ok = pb::PublishBatchRequest {
         messages: vec![msg("jobs.a"), msg("jobs.b"), msg("other.c")],
     };
-    let results = within(client.0.clone().publish_batch(ok))
+    let results = within(client.1.clone().publish_batch(ok))
         .await
         .unwrap()
         .into_inner()
         .results;
     assert_eq!(
         results.iter().map(|r| r.queued_for).collect::<Vec<_>>(),
-        vec![1, 1, 0]
+        vec![queued_for(1), queued_for(1), 0]
     );
     assert!(results.windows(2).all(|w| w[0].system_id < w[1].system_id));
     let m = a.message().await;

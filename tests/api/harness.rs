@@ -1,5 +1,9 @@
 //! A real server on a port-0 loopback listener, and a tonic client with helpers that await
 //! events (with a timeout), never sleep.
+//!
+//! Which server is the including test binary's choice: its `deployment` module builds the
+//! [`TestServer`] for a [`ServerConfig`] (one embedded broker for `tests/api`; two gateways over a
+//! NATS cluster for `tests/api_gateways`, subscribers on one and publishers on the other).
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -13,13 +17,46 @@ use tinybroker::{
 use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::{Code, Status, Streaming, transport::Channel};
 
+pub use crate::deployment::GATEWAYS;
+
+/// What a publish answers as `queued_for` when `subscriptions` subscriptions queued it: the
+/// count on an embedded broker, 0 through a gateway (it does not know the subscriptions on
+/// other gateways; README, cluster mode).
+pub fn queued_for(subscriptions: u32) -> u32 {
+    if GATEWAYS { 0 } else { subscriptions }
+}
+
+/// What `DescribeSubscription` shows as `queued_messages` when `queued` wait beyond the
+/// members' windows: all of them on an embedded broker; through a gateway only what it pulled
+/// (its members' windows), so 0, as the backlog stays in JetStream (README, cluster mode).
+pub fn queued_here(queued: u64) -> u64 {
+    if GATEWAYS { 0 } else { queued }
+}
+
+/// Asserts `after` is the epoch of the promotion right after `before`: one more on an embedded
+/// broker; higher through gateways, whose epochs are the coordination bucket's revisions.
+pub fn assert_next_epoch(before: u64, after: u64) {
+    if GATEWAYS {
+        assert!(after > before, "epoch {after} after {before}");
+    } else {
+        assert_eq!(after, before + 1);
+    }
+}
+
 /// How long any single expected event may take before the test fails.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct TestServer {
+    /// Where subscribers connect (and every call but publishes).
     pub addr: SocketAddr,
+    /// Where [`Client::publish`] and unary acks go: `addr` itself, or another gateway.
+    pub publish_addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), tinybroker::server::ServeError>>>,
+    /// The publishers' server when it is another one.
+    peer: Option<Box<TestServer>>,
+    /// What the deployment keeps alive beside the servers (a NATS cluster), dropped last.
+    _keep: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl TestServer {
@@ -27,8 +64,18 @@ impl TestServer {
         Self::with_config(ServerConfig::default()).await
     }
 
+    /// The including binary's deployment for `config`.
     pub async fn with_config(config: ServerConfig) -> Self {
-        Self::run(Server::new(config)).await
+        crate::deployment::start(config).await
+    }
+
+    /// Two servers as one deployment: subscribers on `self`, publishers on `peer`, with `keep`
+    /// alive until both are dropped.
+    pub fn paired(mut self, peer: TestServer, keep: Box<dyn std::any::Any + Send>) -> Self {
+        self.publish_addr = peer.addr;
+        self.peer = Some(Box::new(peer));
+        self._keep = Some(keep);
+        self
     }
 
     /// Serves `server` (built by the caller, e.g. as a cluster-mode gateway).
@@ -43,24 +90,40 @@ impl TestServer {
         );
         Self {
             addr,
+            publish_addr: addr,
             shutdown: Some(tx),
             task: Some(task),
+            peer: None,
+            _keep: None,
         }
     }
 
     pub async fn client(&self) -> Client {
-        let channel = Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        Client(BrokerClient::new(channel))
+        let connect = |addr: SocketAddr| async move {
+            let channel = Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            BrokerClient::new(channel)
+        };
+        let here = connect(self.addr).await;
+        let publisher = if self.publish_addr == self.addr {
+            here.clone()
+        } else {
+            connect(self.publish_addr).await
+        };
+        Client(here, publisher)
     }
 
-    /// Triggers graceful shutdown and waits for the server to return.
+    /// Triggers graceful shutdown and waits for the server (and its peer) to return.
     pub async fn stop(mut self) -> Result<(), tinybroker::server::ServeError> {
         let _ = self.shutdown.take().unwrap().send(());
-        within(self.task.take().unwrap()).await.unwrap()
+        let result = within(self.task.take().unwrap()).await.unwrap();
+        match self.peer.take() {
+            Some(peer) => result.and(Box::pin(peer.stop()).await),
+            None => result,
+        }
     }
 }
 
@@ -79,8 +142,10 @@ pub async fn within<F: Future>(future: F) -> F::Output {
         .expect("timed out waiting for an event")
 }
 
+/// A client of a deployment: `.0` talks to the subscribers' server, `.1` to the publishers'
+/// (the same connection on an embedded broker).
 #[derive(Clone)]
-pub struct Client(pub BrokerClient<Channel>);
+pub struct Client(pub BrokerClient<Channel>, pub BrokerClient<Channel>);
 
 pub fn open(id: &str, mode: DeliveryMode, group: &str, patterns: &[&str]) -> OpenSubscription {
     OpenSubscription {
@@ -128,6 +193,11 @@ macro_rules! over_carriages {
 }
 
 impl Client {
+    /// A client whose every call goes over one connection (a server the test built itself).
+    pub fn of(client: BrokerClient<Channel>) -> Self {
+        Self(client.clone(), client)
+    }
+
     /// Opens a subscription stream. Returns once the broker has accepted the member (the
     /// response headers arrive after the join), not when it becomes active.
     pub async fn subscribe(&self, request: OpenSubscription) -> Result<Member, Status> {
@@ -185,7 +255,7 @@ impl Client {
         topic: &str,
         payload: Vec<u8>,
     ) -> Result<pb::PublishResponse, Status> {
-        within(self.0.clone().publish(PublishRequest {
+        within(self.1.clone().publish(PublishRequest {
             topic: topic.into(),
             payload: payload.into(),
             headers: Default::default(),
@@ -210,6 +280,18 @@ impl Client {
         self.list_page(0, "").await.unwrap()
     }
 
+    /// `ListSubscriptions` at the publishers' server, whose broker counters count the publishes.
+    pub async fn publishers_list(&self) -> pb::ListSubscriptionsResponse {
+        within(
+            self.1
+                .clone()
+                .list_subscriptions(pb::ListSubscriptionsRequest::default()),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+    }
+
     pub async fn list_page(
         &self,
         page_size: u32,
@@ -227,8 +309,19 @@ impl Client {
         .map(|r| r.into_inner())
     }
 
+    /// The connection a unary settle goes over: one naming its member goes to the publishers'
+    /// server (through a gateway, forwarded to the member's own), the two-field form over the
+    /// subscribers' connection, which fences it.
+    fn settler(&self, member_id: u64) -> BrokerClient<Channel> {
+        if member_id == 0 {
+            self.0.clone()
+        } else {
+            self.1.clone()
+        }
+    }
+
     pub async fn ack(&self, id: &str, member_id: u64, system_id: u64) -> Result<(), Status> {
-        within(self.0.clone().ack(pb::Ack {
+        within(self.settler(member_id).ack(pb::Ack {
             subscription_id: id.into(),
             system_id,
             member_id,
@@ -238,7 +331,7 @@ impl Client {
     }
 
     pub async fn nack(&self, id: &str, member_id: u64, system_id: u64) -> Result<(), Status> {
-        within(self.0.clone().nack(pb::Nack {
+        within(self.settler(member_id).nack(pb::Nack {
             subscription_id: id.into(),
             system_id,
             member_id,

@@ -42,7 +42,7 @@ async fn shutdown_ends_publish_streams_with_unavailable_without_waiting_for_the_
     let (requests, rx) = tokio::sync::mpsc::channel(4);
     let mut answers = within(
         client
-            .0
+            .1
             .clone()
             .publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
     )
@@ -123,7 +123,7 @@ async fn bearer_token_is_required_when_configured() {
         .metadata_mut()
         .insert("authorization", "Bearer nope".parse().unwrap());
     assert_code(
-        within(client.0.clone().publish(wrong)).await,
+        within(client.1.clone().publish(wrong)).await,
         Code::Unauthenticated,
         "does not match",
     );
@@ -134,7 +134,7 @@ async fn bearer_token_is_required_when_configured() {
     right
         .metadata_mut()
         .insert("authorization", "Bearer s3cret".parse().unwrap());
-    within(client.0.clone().publish(right)).await.unwrap();
+    within(client.1.clone().publish(right)).await.unwrap();
 }
 
 // SPEC §6: a subscription whose last member left keeps its queue for the idle time; a member
@@ -155,12 +155,16 @@ async fn subscription_without_members_keeps_its_queue() {
     a.confirmed().await;
     drop(a);
     let id = client.publish("jobs.kept", "x").await.system_id;
-    let info = client.describe("idle").await.unwrap();
-    assert!(info.members.is_empty());
-    assert!(
-        info.expires_in_ms.is_some_and(|ms| ms > 0 && ms <= 600_000),
-        "{info:?}"
-    );
+    // Through gateways the member-less subscription is JetStream's consumer, which no gateway
+    // describes (README, cluster mode); what it kept is checked below alike.
+    if !GATEWAYS {
+        let info = client.describe("idle").await.unwrap();
+        assert!(info.members.is_empty());
+        assert!(
+            info.expires_in_ms.is_some_and(|ms| ms > 0 && ms <= 600_000),
+            "{info:?}"
+        );
+    }
     let mut b = client.subscribe(singleton("idle")).await.unwrap();
     b.confirmed().await;
     assert_eq!(b.message().await.system_id, id);
@@ -209,7 +213,7 @@ async fn binary_logs_bound_address_and_exits_zero_on_sigterm() {
         .connect()
         .await
         .unwrap();
-    let client = Client(pb::broker_client::BrokerClient::new(channel));
+    let client = Client::of(pb::broker_client::BrokerClient::new(channel));
     let mut a = client.subscribe(singleton("bin")).await.unwrap();
     a.confirmed().await;
     let status = Command::new("kill")
@@ -273,7 +277,7 @@ async fn killed_replica_process_is_replaced_by_the_standby() {
     let first_epoch = client.describe("killed").await.unwrap().epoch;
     replica.0.kill().unwrap();
     let confirmation = standby.confirmed().await;
-    assert_eq!(confirmation.epoch, first_epoch + 1);
+    assert_next_epoch(first_epoch, confirmation.epoch);
     let m = standby.message().await;
     assert_eq!((m.system_id, m.delivery_attempt), (id, 2));
 }
@@ -353,6 +357,17 @@ async fn cli_subscriber_closes_on_ctrl_c_with_every_ack_applied() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "{status:?}");
-    let counters = client.describe("ctrl-c").await.unwrap().counters.unwrap();
-    assert_eq!((counters.acked, counters.redelivered), (5, 0));
+    // Every ack applied: the next member gets a new message first, none of the five again.
+    if !GATEWAYS {
+        // (A gateway forgets its counters with its last member.)
+        let counters = client.describe("ctrl-c").await.unwrap().counters.unwrap();
+        assert_eq!((counters.acked, counters.redelivered), (5, 0));
+    }
+    let mut next = client
+        .subscribe(open("ctrl-c", pb::DeliveryMode::Queue, "workers", &["jobs.*"]))
+        .await
+        .unwrap();
+    next.confirmed().await;
+    let marker = client.publish("jobs.x", "after").await.system_id;
+    assert_eq!(next.message().await.system_id, marker);
 }

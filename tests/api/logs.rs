@@ -19,7 +19,7 @@ async fn json_logs_name_subscription_member_and_epoch_on_failover() {
         .connect()
         .await
         .unwrap();
-    let client = Client(BrokerClient::new(channel));
+    let client = Client::of(BrokerClient::new(channel));
     let mut active = client.subscribe(singleton("logged")).await.unwrap();
     let first = active.confirmed().await;
     let mut standby = client.subscribe(singleton("logged")).await.unwrap();

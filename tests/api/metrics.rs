@@ -59,7 +59,7 @@ impl MeteredServer {
             .connect()
             .await
             .unwrap();
-        Client(BrokerClient::new(channel))
+        Client::of(BrokerClient::new(channel))
     }
 
     async fn scrape(&self) -> Scrape {

@@ -44,7 +44,7 @@ async fn tls_client(
             .connect(),
     )
     .await?;
-    Ok(Client(BrokerClient::new(channel)))
+    Ok(Client::of(BrokerClient::new(channel)))
 }
 
 /// One publish, failing if the connection or the call fails.
@@ -87,7 +87,7 @@ async fn plaintext_client_is_refused_by_a_tls_server() {
             .connect()
             .await
             .map_err(|e| format!("{e:?}"))?;
-        Client(BrokerClient::new(channel))
+        Client::of(BrokerClient::new(channel))
             .try_publish("jobs.plain", b"x".to_vec())
             .await
             .map_err(|e| format!("{e:?}"))

@@ -1,10 +1,13 @@
-//! Acks and nacks that name their member, forwarded to the gateway holding it (a load
-//! balancer, grpcurl or a second client may send them to any gateway). The request goes to
-//! every gateway on one subject; only a gateway where the member is live applies it and
-//! answers, with the status it would have given. Silence until the timeout means no gateway
-//! holds the member: `FAILED_PRECONDITION` (a stale ack). NATS request/reply is at most once,
-//! so an answer lost on the way also looks like that, though the holder applied it; a repeat
-//! then says `NOT_FOUND` ("not in flight"), which a client may take as done.
+//! Acks and nacks that name their member, forwarded to the gateway that admitted it (a load
+//! balancer, grpcurl or a second client may send them to any gateway). A gateway's member ids
+//! share their high 32 bits, its *route* ([`route_of`]); it listens on one subject for its
+//! route, so a forwarded settle reaches that gateway alone, which answers as it would have
+//! answered the member's own connection: applied, `NOT_FOUND` (not in flight), or
+//! `FAILED_PRECONDITION` for a member that left or was deposed (counted as a stale ack where
+//! the subscription is still held there). No gateway on the route (it stopped or died) answers
+//! at once, as NATS reports no responders: `FAILED_PRECONDITION`, stale. A gateway that does
+//! not answer within the timeout is `UNAVAILABLE`: NATS request/reply is at most once, so the
+//! settle may or may not have been applied; a repeat then says `NOT_FOUND` ("not in flight").
 
 use std::time::Duration;
 
@@ -14,6 +17,7 @@ use tonic::{Code, Status};
 
 use crate::{
     broker::{Broker, Fence},
+    core::Error,
     service,
 };
 
@@ -32,9 +36,45 @@ struct SettleReply {
     message: String,
 }
 
+/// The route of a member id: the gateway that admitted it listens for its route's settles (a
+/// gateway's member ids start at a floor whose low 32 bits are zero; `Broker::gateway`).
+pub(super) fn route_of(member: u64) -> u64 {
+    member >> 32
+}
+
 /// Outside the stream's subjects (`<stream>.>`), so forwarded acks are never stored.
-fn subject(stream: &str) -> String {
-    format!("_tinybroker.{stream}.settle")
+fn subject(stream: &str, route: u64) -> String {
+    format!("_tinybroker.{stream}.settle.{route}")
+}
+
+/// Settles at this gateway, the one that admitted `member`, answering as its own connection
+/// would have been answered. A subscription it no longer holds (its last member here left, so
+/// the local part was forgotten) makes the settle stale, as the member is gone.
+pub(super) fn settle_here(
+    broker: &Broker,
+    subscription: &str,
+    member: u64,
+    system_id: u64,
+    nack: bool,
+) -> Result<(), Status> {
+    let fence = Fence::Member(member);
+    let result = if nack {
+        broker.nack(subscription, fence, system_id)
+    } else {
+        broker.ack(subscription, fence, system_id)
+    };
+    result.map_err(|error| match error {
+        Error::SubscriptionNotFound(_) => stale(subscription, member),
+        error => service::status(&error),
+    })
+}
+
+/// As at home, an ack from a member that no longer holds anything is stale: it left, or the
+/// cluster deposed it, and its message (if any) went to another member.
+fn stale(subscription: &str, member: u64) -> Status {
+    Status::failed_precondition(service::cap_message(format!(
+        "member {member} of subscription {subscription:?} is not connected to any gateway (it left or was deposed): this ack or nack is stale and changed nothing"
+    )))
 }
 
 /// Starts answering forwarded acks for the members of `broker`.
@@ -43,7 +83,8 @@ pub(super) async fn serve(
     stream: &str,
     broker: Broker,
 ) -> Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
-    let mut requests = client.subscribe(subject(stream)).await?;
+    let route = route_of(broker.id_floor().unix_micros());
+    let mut requests = client.subscribe(subject(stream, route)).await?;
     let client = client.clone();
     Ok(tokio::spawn(async move {
         while let Some(message) = requests.next().await {
@@ -53,28 +94,22 @@ pub(super) async fn serve(
             let Ok(request) = serde_json::from_slice::<SettleRequest>(&message.payload) else {
                 continue;
             };
-            // Silence from every gateway but the member's own: the first answer is the answer.
-            if !broker.has_member(&request.subscription, request.member) {
-                continue;
-            }
-            let fence = Fence::Member(request.member);
-            let result = if request.nack {
-                broker.nack(&request.subscription, fence, request.system_id)
-            } else {
-                broker.ack(&request.subscription, fence, request.system_id)
-            };
+            let result = settle_here(
+                &broker,
+                &request.subscription,
+                request.member,
+                request.system_id,
+                request.nack,
+            );
             let answer = match result {
                 Ok(()) => SettleReply {
                     code: Code::Ok as i32,
                     message: String::new(),
                 },
-                Err(error) => {
-                    let status = service::status(&error);
-                    SettleReply {
-                        code: status.code() as i32,
-                        message: status.message().to_string(),
-                    }
-                }
+                Err(status) => SettleReply {
+                    code: status.code() as i32,
+                    message: status.message().to_string(),
+                },
             };
             let Ok(body) = serde_json::to_vec(&answer) else {
                 continue;
@@ -93,30 +128,34 @@ pub(super) async fn request(
     settle: SettleRequest,
     timeout: Duration,
 ) -> Result<(), Status> {
-    let not_here = || {
-        // As at home, an ack from a member that no longer holds anything is stale: it left, or
-        // the cluster deposed it, and its message (if any) went to another member.
-        Status::failed_precondition(service::cap_message(format!(
-            "member {} of subscription {:?} is not connected to any gateway (it left or was deposed): this ack or nack is stale and changed nothing",
-            settle.member, settle.subscription
+    let body = serde_json::to_vec(&settle).map_err(|e| Status::internal(e.to_string()))?;
+    let subject = subject(stream, route_of(settle.member));
+    let late = || {
+        Status::unavailable(service::cap_message(format!(
+            "the gateway holding member {} did not answer within {timeout:?}: the ack or nack may or may not have been applied",
+            settle.member
         )))
     };
-    let body = serde_json::to_vec(&settle).map_err(|e| Status::internal(e.to_string()))?;
-    let answer =
-        match tokio::time::timeout(timeout, client.request(subject(stream), body.into())).await {
-            Ok(Ok(answer)) => answer,
-            // Only holders answer: silence means no gateway holds the member.
-            Err(_) => return Err(not_here()),
-            Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::TimedOut => {
-                return Err(not_here());
-            }
-            Ok(Err(error)) => {
-                return Err(Status::unavailable(service::cap_message(format!(
-                    "could not forward the ack to the gateway holding member {}: {error}",
-                    settle.member
-                ))));
-            }
-        };
+    let answer = match tokio::time::timeout(timeout, client.request(subject, body.into())).await {
+        Ok(Ok(answer)) => answer,
+        // No gateway listens on the member's route: the one that admitted it is gone.
+        Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
+            return Err(Status::failed_precondition(service::cap_message(format!(
+                "member {} of subscription {:?} is not connected to any gateway (the gateway that admitted it is gone): this ack or nack is stale and changed nothing",
+                settle.member, settle.subscription
+            ))));
+        }
+        Err(_) => return Err(late()),
+        Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::TimedOut => {
+            return Err(late());
+        }
+        Ok(Err(error)) => {
+            return Err(Status::unavailable(service::cap_message(format!(
+                "could not forward the ack to the gateway holding member {}: {error}",
+                settle.member
+            ))));
+        }
+    };
     let reply: SettleReply = serde_json::from_slice(&answer.payload)
         .map_err(|e| Status::internal(format!("unreadable answer from a gateway: {e}")))?;
     match Code::from_i32(reply.code) {

@@ -154,6 +154,9 @@ impl Drop for Inner {
     }
 }
 
+/// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
+const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
+
 /// The broker settings a gateway needs: the local subscription expires as soon as its last
 /// member leaves, so what it held goes back to JetStream for other gateways at once.
 pub fn local_limits(mut limits: crate::core::Limits) -> crate::core::Limits {
@@ -272,18 +275,40 @@ impl Gateway {
     pub async fn publish(&self, draft: Draft) -> Result<Published, Status> {
         let subject = names::subject(&self.inner.shared.prefix, draft.topic().as_str());
         let headers = nats_headers(draft.envelope().headers())?;
-        let ack = self
-            .inner
-            .js
-            .publish_with_headers(subject, headers, draft.payload_bytes())
-            .await
-            .map_err(|e| unavailable("JetStream did not take the publish", e))?
-            .await
-            .map_err(|e| unavailable("JetStream did not confirm the publish", e))?;
-        Ok(Published {
-            system_id: ack.sequence,
-            queued_for: 0,
-        })
+        // "No responders" means no server took the message, so sending it again cannot store
+        // it twice. It happens while the stream's interest is still spreading over the routes
+        // (a stream just created) or while its leader moves: retried for a bounded time.
+        let mut delay = Duration::from_millis(5);
+        let mut waited = Duration::ZERO;
+        loop {
+            let confirmed = self
+                .inner
+                .js
+                .publish_with_headers(subject.clone(), headers.clone(), draft.payload_bytes())
+                .await
+                .map_err(|e| unavailable("JetStream did not take the publish", e))?
+                .await;
+            match confirmed {
+                Ok(ack) => {
+                    self.inner.shared.broker.count_upstream_publish();
+                    return Ok(Published {
+                        system_id: ack.sequence,
+                        queued_for: 0,
+                    });
+                }
+                Err(error)
+                    if error.kind() == jetstream::context::PublishErrorKind::StreamNotFound
+                        && waited < NO_RESPONDERS_PATIENCE =>
+                {
+                    tokio::time::sleep(delay).await;
+                    waited += delay;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                }
+                Err(error) => {
+                    return Err(unavailable("JetStream did not confirm the publish", error));
+                }
+            }
+        }
     }
 
     /// Joins a subscription at this gateway: checks (or creates) its JetStream consumer, joins
@@ -453,8 +478,10 @@ impl Gateway {
             }
         };
         match fence {
-            Fence::Member(member) if broker.has_member(subscription_id, member) => {
-                local(fence).map_err(|e| service::status(&e))
+            Fence::Member(member)
+                if forward::route_of(member) == forward::route_of(broker.id_floor().unix_micros()) =>
+            {
+                forward::settle_here(broker, subscription_id, member, system_id, nack)
             }
             Fence::Member(member) => {
                 forward::request(

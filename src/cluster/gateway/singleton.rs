@@ -180,8 +180,9 @@ fn carry_out(
                 member,
                 epoch,
                 carry,
+                promoted,
             } => {
-                if let Err(error) = broker.activate(&subscription, member, epoch, carry) {
+                if let Err(error) = broker.activate(&subscription, member, epoch, carry, promoted) {
                     // It left meanwhile: its leaving is on its way to the coordinator.
                     tracing::debug!(%subscription, member, %error, "could not activate a member");
                 }
