@@ -4,6 +4,9 @@
 
 #[path = "client/close.rs"]
 mod close;
+#[path = "api/embedded.rs"]
+#[allow(dead_code)]
+mod deployment;
 #[path = "api/harness.rs"]
 #[allow(dead_code)]
 mod harness;

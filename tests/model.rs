@@ -618,7 +618,11 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(next_sid, wall, "system ids start at the start time");
                 (vec![], vec![])
             }
-            Op::Activate { pick, step, promotion } => {
+            Op::Activate {
+                pick,
+                step,
+                promotion,
+            } => {
                 if model.members.is_empty() {
                     continue;
                 }

@@ -137,6 +137,7 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
         active: Some(uid(7, 1)),
         epoch: 3,
         carry: Vec::new(),
+        promoted: false,
     };
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
@@ -192,6 +193,7 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
         active: Some(uid(8, 4)),
         epoch: 3,
         carry: Vec::new(),
+        promoted: false,
     };
     c.backplane_changed(
         ms(11),
@@ -328,6 +330,7 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
         active: None,
         epoch: 0,
         carry: Vec::new(),
+        promoted: false,
     };
     c.backplane_changed(
         ms(4),
@@ -362,6 +365,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         active: Some(uid(7, 1)),
         epoch: 3,
         carry: Vec::new(),
+        promoted: false,
     };
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);

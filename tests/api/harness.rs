@@ -71,6 +71,10 @@ impl TestServer {
 
     /// Two servers as one deployment: subscribers on `self`, publishers on `peer`, with `keep`
     /// alive until both are dropped.
+    #[allow(
+        dead_code,
+        reason = "the gateways' deployment (tests/cluster) pairs servers"
+    )]
     pub fn paired(mut self, peer: TestServer, keep: Box<dyn std::any::Any + Send>) -> Self {
         self.publish_addr = peer.addr;
         self.peer = Some(Box::new(peer));

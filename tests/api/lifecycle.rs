@@ -364,7 +364,12 @@ async fn cli_subscriber_closes_on_ctrl_c_with_every_ack_applied() {
         assert_eq!((counters.acked, counters.redelivered), (5, 0));
     }
     let mut next = client
-        .subscribe(open("ctrl-c", pb::DeliveryMode::Queue, "workers", &["jobs.*"]))
+        .subscribe(open(
+            "ctrl-c",
+            pb::DeliveryMode::Queue,
+            "workers",
+            &["jobs.*"],
+        ))
         .await
         .unwrap();
     next.confirmed().await;

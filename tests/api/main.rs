@@ -14,19 +14,8 @@ mod certs;
 #[macro_use]
 mod harness;
 
-/// One embedded broker serves both subscribers and publishers.
-mod deployment {
-    use tinybroker::server::{Server, ServerConfig};
-
-    use crate::harness::TestServer;
-
-    /// Whether the suite runs against cluster-mode gateways.
-    pub const GATEWAYS: bool = false;
-
-    pub async fn start(config: ServerConfig) -> TestServer {
-        TestServer::run(Server::new(config)).await
-    }
-}
+#[path = "embedded.rs"]
+mod deployment;
 
 mod bench;
 mod delivery;

@@ -405,7 +405,10 @@ async fn slow_ack_free_subscriber_drops_oldest_and_never_blocks_publishers() {
     if GATEWAYS {
         // The gateway pulls only what the member's window takes; the rest waits in JetStream.
         assert_eq!(info.queued_messages, 0, "{info:?}");
-        assert!(info.in_flight <= u64::from(info.members[0].max_in_flight), "{info:?}");
+        assert!(
+            info.in_flight <= u64::from(info.members[0].max_in_flight),
+            "{info:?}"
+        );
     } else {
         let dropped = info.counters.unwrap().dropped_overflow;
         assert!(dropped > 0, "the slow subscriber dropped nothing: {info:?}");

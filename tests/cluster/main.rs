@@ -41,8 +41,7 @@ mod deployment {
         let urls = cluster.client_urls();
         let clock = config.clock.clone();
         let subscribers =
-            crate::serve_gateway(config.clone(), GatewayConfig::new(&urls[0]), clock.clone())
-                .await;
+            crate::serve_gateway(config.clone(), GatewayConfig::new(&urls[0]), clock.clone()).await;
         let publishers = crate::serve_gateway(config, GatewayConfig::new(&urls[1]), clock).await;
         subscribers.paired(publishers, Box::new(cluster))
     }

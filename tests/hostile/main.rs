@@ -6,6 +6,9 @@
 #[path = "../api/certs.rs"]
 #[allow(dead_code)]
 mod certs;
+#[path = "../api/embedded.rs"]
+#[allow(dead_code)]
+mod deployment;
 #[path = "../api/harness.rs"]
 #[allow(dead_code)]
 mod harness;

@@ -85,7 +85,7 @@ async fn tls_client(server: &TestServer, ca: &Ca) -> Client {
     )
     .await
     .expect("a TLS client connects");
-    Client(pb::broker_client::BrokerClient::new(channel))
+    Client::of(pb::broker_client::BrokerClient::new(channel))
 }
 
 /// Reads until the server closes the connection (cleanly or not); fails the test if it stays
@@ -413,6 +413,6 @@ async fn accept_errors_back_off_log_once_and_recover() {
         .connect()
         .await
         .unwrap();
-    let client = Client(pb::broker_client::BrokerClient::new(channel));
+    let client = Client::of(pb::broker_client::BrokerClient::new(channel));
     ordinary_round_trip(&client, "after-fd-exhaustion").await;
 }
