@@ -34,16 +34,17 @@
 //! - **Redelivery**: a nack or a member leaving requeues at the head of the gateway's local
 //!   queue while it has other members there (attempt + 1, as in the embedded broker); a
 //!   message given back to JetStream comes again with JetStream's delivery count.
-//! - **Acks with `member_id` work at any gateway**: one that does not hold the member forwards
-//!   the ack over NATS request/reply to every gateway ([`forward`]); only the one holding the
-//!   member applies it and answers. The two-field ack is fenced by the connection, so it works
+//! - **Acks with `member_id` work at any gateway**: one that did not admit the member forwards
+//!   the ack over NATS request/reply to the one that did, found by the member id's high 32
+//!   bits ([`forward`]), which answers as the member's own connection would be answered. The
+//!   two-field ack is fenced by the connection, so it works
 //!   only on the gateway holding the member's stream; elsewhere it is refused, saying so.
 //! - **SINGLETON**: one consumer per subscription id, shared like QUEUE's, and a line across
 //!   gateways kept in a KV bucket by each gateway's coordinator ([`singleton`]). The local
 //!   subscription is arbitrated: its members join on standby and only the coordinator makes
 //!   one active, with the cluster's epoch. A gateway whose active member leaves gives back
 //!   what it holds before the coordinator promotes the next member ([`bridge`]), and singleton
-//!   consumers wait the gateway lease for acks, so the in-flight messages come first.
+//!   consumers wait half the gateway lease for acks, so the in-flight messages come first.
 //! - **Not yet**: dead-letter topics and a singleton's `notify_standby` are refused with
 //!   `FAILED_PRECONDITION`.
 
