@@ -1,6 +1,8 @@
 //! The in-memory model of the backplane: JetStream KV semantics behind one lock, so every
 //! operation is linearizable, with one revision counter for the bucket and watches that deliver
-//! every change in revision order. Each gateway talks through its own [`ModelClient`]; a
+//! changes in revision order. A bucket keeps one revision per key, so a NATS watch that has not
+//! yet read a change when the key changes again never sees it; the model always skips such a
+//! change (the harshest case, where NATS skips it only when its consumer is behind). Each gateway talks through its own [`ModelClient`]; a
 //! partitioned client's operations fail with `Unavailable` (the driver delays that answer by its
 //! request timeout, as a real client cut off from NATS would see) and its watches stop, then
 //! resume after healing from where they stopped.
@@ -89,6 +91,7 @@ impl State {
         self.keys.insert(key.to_string(), entry.clone());
         for w in &mut self.watchers {
             if !w.dropped && key.starts_with(&w.prefix) {
+                w.queue.retain(|queued| queued.key != key);
                 w.queue.push_back(entry.clone());
                 if let Some(waker) = w.waker.take() {
                     waker.wake();

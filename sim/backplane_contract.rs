@@ -87,8 +87,10 @@ pub async fn revisions_increase_across_keys(kv: &impl Backplane) {
     }
 }
 
-/// A watch delivers the latest entry of each matching key, then every change, in revision order,
-/// deletions included, and nothing outside its prefix.
+/// A watch delivers the latest entry of each matching key, then the changes, in revision order,
+/// deletions included, and nothing outside its prefix. A change overwritten before the watch
+/// read it may be skipped (the bucket keeps one revision per key); the last one of each key
+/// never is.
 pub async fn watch_delivers_every_change_in_order(kv: &impl Backplane) {
     let r1 = kv.create("sub.a", b("1")).await.unwrap();
     let r2 = kv.update("sub.a", b("2"), r1).await.unwrap();
@@ -102,14 +104,21 @@ pub async fn watch_delivers_every_change_in_order(kv: &impl Backplane) {
     let r4 = kv.update("sub.b", b("2"), r3).await.unwrap();
     let r5 = kv.update("sub.b", b("3"), r4).await.unwrap();
     let r6 = kv.delete("sub.a", r2).await.unwrap();
-    for (key, rev, value) in [
-        ("sub.b", r4, Some(b("2"))),
-        ("sub.b", r5, Some(b("3"))),
-        ("sub.a", r6, None),
-    ] {
+    let mut seen = Vec::new();
+    while seen.last().map(|(_, rev, _)| *rev) != Some(r6) {
         let e = next(&mut w).await;
-        assert_eq!((e.key.as_str(), e.revision, e.value), (key, rev, value));
+        seen.push((e.key, e.revision, e.value));
     }
+    let expected = [
+        ("sub.b".to_string(), r4, Some(b("2"))),
+        ("sub.b".to_string(), r5, Some(b("3"))),
+        ("sub.a".to_string(), r6, None),
+    ];
+    let skipped_r4 = &expected[1..];
+    assert!(
+        seen[..] == expected[..] || seen[..] == skipped_r4[..],
+        "watch delivered {seen:?}"
+    );
 }
 
 fn run(f: impl AsyncFnOnce(&crate::backplane::ModelClient)) {
