@@ -24,6 +24,7 @@ mod certs;
 mod nats_server;
 
 mod api;
+mod faults;
 mod singleton;
 
 /// The API suite's deployment here: two gateways over a fresh three-node NATS cluster,

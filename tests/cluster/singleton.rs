@@ -100,7 +100,10 @@ async fn a_clean_close_promotes_the_earliest_standby_on_any_gateway_in_flight_me
 }
 
 /// The subscription's line as the coordination bucket holds it.
-async fn line(url: &str, subscription: &str) -> Vec<tinybroker::cluster::values::MemberUid> {
+pub(crate) async fn line(
+    url: &str,
+    subscription: &str,
+) -> Vec<tinybroker::cluster::values::MemberUid> {
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let Ok(bucket) = js.get_key_value("tinybroker-coordination").await else {
