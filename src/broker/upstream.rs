@@ -38,12 +38,7 @@ impl Broker {
             let floor = IdFloor::at_start(((1 << 28) + random_u64() % (3 << 28)) << 32);
             inner.id_floor = floor;
             inner.last_system_id = crate::sync::AtomicU64::new(floor.last_system_id());
-            // Epochs come from the cluster (small revisions): none from this floor, or a
-            // subscription's own epoch (what `DescribeSubscription` shows) would stay at it.
-            crate::sync::write(&inner.catalog).retired = crate::core::Floors {
-                epoch: 0,
-                ..floor.floors()
-            };
+            crate::sync::write(&inner.catalog).retired = floor.floors();
         }
         broker
     }

@@ -218,6 +218,9 @@ pub struct Subscription {
     /// never walk the queue.
     in_flight_bytes: u64,
     epoch: Epoch,
+    /// Arbitrated singletons: the highest epoch the cluster activated a member with (the
+    /// cluster's epochs have nothing to do with this run's floor, which `epoch` keeps).
+    cluster_epoch: Epoch,
     last_member_id: MemberId,
     /// Queue mode: the member served last, for round robin.
     served_last: MemberId,
@@ -247,6 +250,7 @@ impl Subscription {
             held_bytes: 0,
             in_flight_bytes: 0,
             epoch: floors.epoch,
+            cluster_epoch: 0,
             last_member_id: floors.member_id,
             served_last: 0,
             idle_since: Some(now),
@@ -304,6 +308,7 @@ impl Subscription {
         }
         member.epoch = Some(epoch);
         self.epoch = self.epoch.max(epoch);
+        self.cluster_epoch = self.cluster_epoch.max(epoch);
         self.counters.promotions += u64::from(promotion);
         let mut out = vec![Effect::Confirm {
             member: member_id,
@@ -337,9 +342,14 @@ impl Subscription {
         &self.spec
     }
 
-    /// Highest epoch handed out so far.
+    /// Highest epoch handed out so far: for an arbitrated singleton, the highest the cluster
+    /// activated a member with (0 before the first).
     pub fn epoch(&self) -> Epoch {
-        self.epoch
+        if self.arbitrated {
+            self.cluster_epoch
+        } else {
+            self.epoch
+        }
     }
 
     /// What a subscription recreated under this id must start above.
