@@ -24,6 +24,7 @@ mod certs;
 mod nats_server;
 
 mod api;
+mod bench;
 mod faults;
 mod singleton;
 

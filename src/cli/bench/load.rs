@@ -24,23 +24,23 @@ use crate::cli::client::{Client, Connection};
 pub struct W1 {
     /// Queue consumers.
     #[arg(long, default_value_t = 3)]
-    consumers: u64,
+    pub(super) consumers: u64,
     /// Each consumer's window (`max_in_flight`).
     #[arg(long, default_value_t = 1)]
-    window: u32,
+    pub(super) window: u32,
 }
 
 #[derive(Args)]
 pub struct W3 {
     /// Broadcast subscribers.
     #[arg(long, default_value_t = 8)]
-    subscribers: u64,
+    pub(super) subscribers: u64,
     /// Ack-free (at-most-once) subscriptions; otherwise each subscriber acks every message.
     #[arg(long)]
-    ack_free: bool,
+    pub(super) ack_free: bool,
     /// Each subscriber's window (acked), or how many frames may wait to be written (ack-free).
     #[arg(long, default_value_t = 256)]
-    window: u32,
+    pub(super) window: u32,
 }
 
 /// What one consumer does with its stream.
@@ -76,6 +76,7 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
     let run = drive(common, broker, consumers).await?;
     let report = Report {
         workload: "w1",
+        deployment: broker.deployment(),
         publish: Some(common.publish),
         acks: Some(common.acks),
         messages: common.messages,
@@ -90,7 +91,8 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
         ..Report::default()
     };
     report.print(&format!(
-        "w1 work queue: {} x {} B, publish {:?}, {} consumers window {}, acks {:?}: {:.0} acked msg/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        "w1 work queue{}: {} x {} B, publish {:?}, {} consumers window {}, acks {:?}: {:.0} acked msg/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        broker.label(),
         common.messages,
         common.payload_bytes,
         common.publish,
@@ -131,6 +133,7 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
     let deliveries = common.messages * args.subscribers;
     let report = Report {
         workload: "w3",
+        deployment: broker.deployment(),
         publish: Some(common.publish),
         acks: (!args.ack_free).then_some(common.acks),
         messages: common.messages,
@@ -146,7 +149,8 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
         ..Report::default()
     };
     report.print(&format!(
-        "w3 fan-out: {} x {} B to {} subscribers ({}), publish {:?}: {:.0} deliveries/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        "w3 fan-out{}: {} x {} B to {} subscribers ({}), publish {:?}: {:.0} deliveries/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        broker.label(),
         common.messages,
         common.payload_bytes,
         args.subscribers,
@@ -250,7 +254,12 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
             .await
             .map_err(|_| "a consumer failed before it was confirmed")?;
     }
-    let publisher = connection.connect().await?;
+    let publisher = Connection {
+        server: broker.publish_url().to_string(),
+        ..connection.clone()
+    }
+    .connect()
+    .await?;
     let publish_start = Instant::now();
     publish(publisher, common, start).await?;
     let publish_elapsed = publish_start.elapsed();
@@ -279,7 +288,17 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     })
 }
 
-fn payload(bytes: usize, start: Instant) -> bytes::Bytes {
+/// Nanoseconds from the send time in `payload` (see [`payload`]) to now.
+pub(super) fn latency_ns(payload: &[u8], start: Instant) -> u64 {
+    let sent = payload
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes);
+    (start.elapsed().as_nanos() as u64).saturating_sub(sent)
+}
+
+/// A payload of `bytes` (at least 8) carrying the send time since `start`.
+pub(super) fn payload(bytes: usize, start: Instant) -> bytes::Bytes {
     let mut payload = vec![0u8; bytes.max(8)];
     payload[..8].copy_from_slice(&(start.elapsed().as_nanos() as u64).to_le_bytes());
     payload.into()
@@ -448,8 +467,7 @@ async fn consume(
             Some(Frame::Refused(r)) => return Err(format!("settle refused: {}", r.message)),
             _ => continue,
         };
-        let sent = u64::from_le_bytes(message.payload[..8].try_into().unwrap_or_default());
-        latencies.push((consumer.start.elapsed().as_nanos() as u64).saturating_sub(sent));
+        latencies.push(latency_ns(&message.payload, consumer.start));
         match (consumer.acks, &stream.settles) {
             (None, _) => {
                 consumer.count.fetch_add(1, Ordering::Relaxed);

@@ -7,11 +7,16 @@
 //!   again; the gap from kill to the first delivery at the new active, lost and duplicated;
 //! - `w3`: fan-out to broadcast subscribers, acked or ack-free.
 //!
+//! With `--nats URL`, w1 and w3 run through two gateways the bench starts (`serve --nats`;
+//! consumers on one, the publisher on the other), then the same workload straight on
+//! JetStream ([`jetstream`]): what the gateway costs.
+//!
 //! Publishes and acks go unary (one HTTP/2 request each, as the seed's protocol has it) or
 //! streaming (`PublishStream`, acks on the `Consume` stream). Each run prints a readable summary
 //! and one JSON line.
 
 mod failover;
+mod jetstream;
 mod load;
 
 use std::{
@@ -61,8 +66,12 @@ enum Workload {
 pub struct Common {
     /// Broker URL; without it the bench starts `tinybroker serve` as its own process on a free
     /// loopback port and reports that process's peak RSS.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "nats")]
     server: Option<String>,
+    /// NATS URLs (comma-separated): run w1 or w3 through two gateways the bench starts over
+    /// this JetStream cluster, then the same workload straight on JetStream.
+    #[arg(long, global = true)]
+    nats: Option<String>,
     /// Bearer token, if the broker requires one.
     #[arg(
         long,
@@ -92,6 +101,9 @@ pub struct Common {
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
     workload: &'static str,
+    /// `gateways` or `jetstream` for a `--nats` run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deployment: Option<&'static str>,
     publish: Option<Carriage>,
     acks: Option<Carriage>,
     messages: u64,
@@ -147,6 +159,9 @@ impl Report {
 
 pub async fn run(args: Bench) -> Result<(), String> {
     let Bench { workload, common } = args;
+    if let Some(urls) = common.nats.clone() {
+        return run_nats(workload, &common, &urls).await;
+    }
     let broker = match &common.server {
         Some(url) => Target::External(url.clone()),
         None => Target::Process(BrokerProcess::start(common.messages)?),
@@ -159,30 +174,93 @@ pub async fn run(args: Bench) -> Result<(), String> {
     }
 }
 
+/// `bench --nats`: the workload through two gateways, then straight on JetStream.
+async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(), String> {
+    let stream = format!("bench_gw_{}", std::process::id());
+    let gateways = || -> Result<Target, String> {
+        let start = |n: usize| {
+            BrokerProcess::start_with(
+                common.messages,
+                &[
+                    "--nats".into(),
+                    urls.into(),
+                    "--nats-stream".into(),
+                    stream.clone(),
+                ],
+            )
+            .map_err(|e| format!("gateway {n}: {e}"))
+        };
+        Ok(Target::Gateways(start(1)?, start(2)?))
+    };
+    let through_gateways = match &workload {
+        Workload::W1(w1) => load::run_w1(common, &gateways()?, w1).await,
+        Workload::W3(w3) => load::run_w3(common, &gateways()?, w3).await,
+        Workload::W2(_) | Workload::Fill => {
+            return Err(
+                "--nats runs w1 and w3 (w2 and fill through gateways are not built yet)".into(),
+            );
+        }
+    };
+    jetstream::delete_stream(urls, &stream).await;
+    through_gateways?;
+    match &workload {
+        Workload::W1(w1) => jetstream::run_w1(common, urls, w1).await,
+        Workload::W3(w3) => jetstream::run_w3(common, urls, w3).await,
+        Workload::W2(_) | Workload::Fill => Ok(()),
+    }
+}
+
 /// The broker under test.
 enum Target {
     External(String),
     Process(BrokerProcess),
+    /// Two gateways over NATS: consumers on the first, the publisher on the second.
+    Gateways(BrokerProcess, BrokerProcess),
 }
 
 impl Target {
+    /// Where consumers connect.
     fn url(&self) -> &str {
         match self {
             Target::External(url) => url,
-            Target::Process(p) => &p.url,
+            Target::Process(p) | Target::Gateways(p, _) => &p.url,
         }
     }
 
+    /// Where the publisher connects.
+    fn publish_url(&self) -> &str {
+        match self {
+            Target::Gateways(_, p) => &p.url,
+            other => other.url(),
+        }
+    }
+
+    fn deployment(&self) -> Option<&'static str> {
+        matches!(self, Target::Gateways(..)).then_some("gateways")
+    }
+
+    /// How a summary line names the deployment.
+    fn label(&self) -> &'static str {
+        match self {
+            Target::Gateways(..) => " through two gateways",
+            _ => "",
+        }
+    }
+
+    /// The broker's peak resident set; both gateways' together.
     fn peak_rss(&self) -> Option<u64> {
         match self {
             Target::External(_) => None,
             Target::Process(p) => proc_status(p.child.id(), "VmHWM:"),
+            Target::Gateways(a, b) => {
+                Some(proc_status(a.child.id(), "VmHWM:")? + proc_status(b.child.id(), "VmHWM:")?)
+            }
         }
     }
 
     fn rss(&self) -> Option<u64> {
         match self {
-            Target::External(_) => None,
+            Target::External(_) | Target::Gateways(..) => None,
             Target::Process(p) => proc_status(p.child.id(), "VmRSS:"),
         }
     }
@@ -198,9 +276,15 @@ impl BrokerProcess {
     /// Starts the broker with queues deep enough for the whole run, and waits for the address it
     /// logs once bound.
     fn start(messages: u64) -> Result<Self, String> {
+        Self::start_with(messages, &[])
+    }
+
+    /// [`Self::start`] with more `serve` arguments.
+    fn start_with(messages: u64, extra: &[String]) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
             .args(["--max-queue-messages", &messages.max(100_000).to_string()])
             .args(["--max-queue-bytes", &(16u64 << 30).to_string()])
             .args(["--max-memory-bytes", &(16u64 << 30).to_string()])

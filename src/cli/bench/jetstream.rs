@@ -1,0 +1,323 @@
+//! `bench --nats`: the w1 and w3 workloads straight on JetStream through `async-nats`, run
+//! after the same workload through two gateways, so the two lines side by side show what the
+//! gateway costs. The stream is set up as a gateway sets up its own (file storage, interest
+//! retention, replicas min(3, cluster size)); a pipelined publisher waits for each `PubAck`;
+//! consumers are pull consumers acking each message (or acking nothing, for ack-free w3).
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use async_nats::jetstream::{
+    self, Context,
+    consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
+    context::PublishAckFuture,
+    stream::{RetentionPolicy, StorageType, Stream},
+};
+use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
+
+use super::{Common, Report, load, per_second, quantile_us};
+
+/// Deletes the stream `name` and its gateways' coordination bucket (what a `--nats` run
+/// through gateways left in JetStream).
+pub(super) async fn delete_stream(urls: &str, name: &str) {
+    let Ok(client) = connect(urls).await else {
+        return;
+    };
+    let js = jetstream::new(client);
+    for stream in [name.to_string(), format!("KV_{name}-coordination")] {
+        if let Err(error) = js.delete_stream(&stream).await {
+            eprintln!("could not delete the bench stream {stream}: {error}");
+        }
+    }
+}
+
+async fn connect(urls: &str) -> Result<async_nats::Client, String> {
+    let addrs = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>()
+                .map_err(|e| format!("--nats {u:?}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    async_nats::ConnectOptions::new()
+        .name("tinybroker-bench")
+        .connect(addrs)
+        .await
+        .map_err(|e| format!("cannot connect to NATS at {urls}: {e}"))
+}
+
+/// A stream made for one run, deleted when the run ends.
+struct Bench {
+    js: Context,
+    stream: Stream,
+    name: String,
+}
+
+impl Bench {
+    async fn create(urls: &str, workload: &str) -> Result<Self, String> {
+        let js = jetstream::new(connect(urls).await?);
+        let name = format!("bench_js_{workload}_{}", std::process::id());
+        let mut last = String::new();
+        for replicas in [3, 1] {
+            let config = jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.>")],
+                retention: RetentionPolicy::Interest,
+                storage: StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            };
+            match js.create_stream(config).await {
+                Ok(stream) => return Ok(Self { js, stream, name }),
+                Err(error) => last = error.to_string(),
+            }
+        }
+        Err(format!("JetStream refused the stream {name}: {last}"))
+    }
+
+    async fn consumer(&self, config: pull::Config) -> Result<PullConsumer, String> {
+        self.stream
+            .create_consumer(config)
+            .await
+            .map_err(|e| format!("JetStream refused a consumer: {e}"))
+    }
+
+    /// Publishes `common.messages`, at most `common.pipeline` unconfirmed at once; returns the
+    /// time from the first publish to the last confirmation.
+    async fn publish(&self, common: &Common, start: Instant) -> Result<Duration, String> {
+        let subject = format!("{}.work", self.name);
+        let began = Instant::now();
+        let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
+        for _ in 0..common.messages {
+            if pending.len() >= common.pipeline.max(1)
+                && let Some(ack) = pending.pop_front()
+            {
+                ack.await
+                    .map_err(|e| format!("publish not confirmed: {e}"))?;
+            }
+            let ack = self
+                .js
+                .publish(subject.clone(), load::payload(common.payload_bytes, start))
+                .await
+                .map_err(|e| format!("publish refused: {e}"))?;
+            pending.push_back(ack);
+        }
+        for ack in pending {
+            ack.await
+                .map_err(|e| format!("publish not confirmed: {e}"))?;
+        }
+        Ok(began.elapsed())
+    }
+
+    async fn delete(self) {
+        if let Err(error) = self.js.delete_stream(&self.name).await {
+            eprintln!("could not delete the bench stream {}: {error}", self.name);
+        }
+    }
+}
+
+/// Pulls from `consumer` until `count` (shared by the consumers of one queue) reaches `target`,
+/// acking each message unless `ack` is false; returns publish-to-receive latencies.
+async fn consume(
+    consumer: PullConsumer,
+    window: usize,
+    ack: bool,
+    count: Arc<AtomicU64>,
+    target: u64,
+    start: Instant,
+) -> Result<Vec<u64>, String> {
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(window.max(1))
+        .expires(Duration::from_millis(200))
+        .messages()
+        .await
+        .map_err(|e| format!("pull: {e}"))?;
+    let mut latencies = Vec::new();
+    while count.load(Ordering::Relaxed) < target {
+        let Some(message) = messages.next().await else {
+            break;
+        };
+        let message = message.map_err(|e| format!("pull: {e}"))?;
+        latencies.push(load::latency_ns(&message.payload, start));
+        if ack {
+            message.ack().await.map_err(|e| format!("ack: {e}"))?;
+        }
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(latencies)
+}
+
+/// Consumes with `consumers` while the run publishes; waits until every count is reached.
+async fn drive(
+    bench: &Bench,
+    common: &Common,
+    consumers: Vec<(PullConsumer, usize, bool, Arc<AtomicU64>)>,
+) -> Result<(Duration, Duration, Vec<u64>), String> {
+    let start = Instant::now();
+    let targets: Vec<Arc<AtomicU64>> = consumers.iter().map(|c| c.3.clone()).collect();
+    let mut tasks = JoinSet::new();
+    for (consumer, window, ack, count) in consumers {
+        tasks.spawn(consume(
+            consumer,
+            window,
+            ack,
+            count,
+            common.messages,
+            start,
+        ));
+    }
+    let began = Instant::now();
+    let publish_elapsed = bench.publish(common, start).await?;
+    let mut latencies = Vec::new();
+    while !targets
+        .iter()
+        .all(|count| count.load(Ordering::Relaxed) >= common.messages)
+    {
+        match tasks.try_join_next() {
+            Some(done) => latencies.extend(done.map_err(|e| e.to_string())??),
+            None => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+        if tasks.is_empty()
+            && !targets
+                .iter()
+                .all(|count| count.load(Ordering::Relaxed) >= common.messages)
+        {
+            return Err("the consumers stopped before every message arrived".into());
+        }
+    }
+    let elapsed = began.elapsed();
+    // Queue consumers waiting for a message that will not come are stopped here.
+    tasks.abort_all();
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(done) = done {
+            latencies.extend(done?);
+        }
+    }
+    latencies.sort_unstable();
+    Ok((elapsed, publish_elapsed, latencies))
+}
+
+/// w1 straight on JetStream: one durable pull consumer shared by `--consumers` pullers, each
+/// holding at most `--window` unacked messages.
+pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Result<(), String> {
+    let bench = Bench::create(urls, "w1").await?;
+    let result = async {
+        let consumer = bench
+            .consumer(pull::Config {
+                durable_name: Some("w1".into()),
+                ack_policy: AckPolicy::Explicit,
+                max_ack_pending: (args.consumers * u64::from(args.window.max(1))) as i64,
+                ..Default::default()
+            })
+            .await?;
+        let count = Arc::new(AtomicU64::new(0));
+        let consumers = (0..args.consumers)
+            .map(|_| {
+                (
+                    consumer.clone(),
+                    args.window.max(1) as usize,
+                    true,
+                    count.clone(),
+                )
+            })
+            .collect();
+        drive(&bench, common, consumers).await
+    }
+    .await;
+    bench.delete().await;
+    let (elapsed, publish_elapsed, latencies) = result?;
+    let report = Report {
+        workload: "w1",
+        deployment: Some("jetstream"),
+        messages: common.messages,
+        payload_bytes: common.payload_bytes,
+        window: Some(args.window),
+        consumers: Some(args.consumers),
+        rate_per_s: Some(per_second(common.messages, elapsed)),
+        publish_rate_per_s: Some(per_second(common.messages, publish_elapsed)),
+        latency_p50_us: Some(quantile_us(&latencies, 0.50)),
+        latency_p99_us: Some(quantile_us(&latencies, 0.99)),
+        ..Report::default()
+    };
+    report.print(&format!(
+        "w1 work queue straight on JetStream: {} x {} B, {} pullers window {}: {:.0} acked msg/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        common.messages,
+        common.payload_bytes,
+        args.consumers,
+        args.window,
+        report.rate_per_s.unwrap_or_default(),
+        report.publish_rate_per_s.unwrap_or_default(),
+        report.latency_p50_us.unwrap_or_default(),
+        report.latency_p99_us.unwrap_or_default(),
+    ))
+}
+
+/// w3 straight on JetStream: one pull consumer per subscriber, each getting every message,
+/// acking each (window `--window`) or, ack-free, acking none.
+pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Result<(), String> {
+    let bench = Bench::create(urls, "w3").await?;
+    let result = async {
+        let mut consumers = Vec::new();
+        for n in 0..args.subscribers {
+            let consumer = bench
+                .consumer(pull::Config {
+                    durable_name: Some(format!("w3-{n}")),
+                    deliver_policy: DeliverPolicy::All,
+                    ack_policy: if args.ack_free {
+                        AckPolicy::None
+                    } else {
+                        AckPolicy::Explicit
+                    },
+                    max_ack_pending: i64::from(args.window.max(1)),
+                    ..Default::default()
+                })
+                .await?;
+            consumers.push((
+                consumer,
+                args.window.max(1) as usize,
+                !args.ack_free,
+                Arc::new(AtomicU64::new(0)),
+            ));
+        }
+        drive(&bench, common, consumers).await
+    }
+    .await;
+    bench.delete().await;
+    let (elapsed, publish_elapsed, latencies) = result?;
+    let deliveries = common.messages * args.subscribers;
+    let report = Report {
+        workload: "w3",
+        deployment: Some("jetstream"),
+        messages: common.messages,
+        payload_bytes: common.payload_bytes,
+        window: Some(args.window),
+        consumers: Some(args.subscribers),
+        ack_free: Some(args.ack_free),
+        rate_per_s: Some(per_second(deliveries, elapsed)),
+        publish_rate_per_s: Some(per_second(common.messages, publish_elapsed)),
+        latency_p50_us: Some(quantile_us(&latencies, 0.50)),
+        latency_p99_us: Some(quantile_us(&latencies, 0.99)),
+        ..Report::default()
+    };
+    report.print(&format!(
+        "w3 fan-out straight on JetStream: {} x {} B to {} consumers ({}): {:.0} deliveries/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        common.messages,
+        common.payload_bytes,
+        args.subscribers,
+        if args.ack_free { "ack-free" } else { "acked" },
+        report.rate_per_s.unwrap_or_default(),
+        report.publish_rate_per_s.unwrap_or_default(),
+        report.latency_p50_us.unwrap_or_default(),
+        report.latency_p99_us.unwrap_or_default(),
+    ))
+}

@@ -1,0 +1,70 @@
+//! `tinybroker bench --nats`: w1 and w3 through two gateways, then straight on JetStream, on a
+//! real three-node cluster; what the bench made in JetStream is gone afterwards.
+
+use tokio_stream::StreamExt;
+
+use crate::{binary, nats_server::NatsCluster};
+
+/// The JSON lines of a bench run's output.
+fn reports(stdout: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON report line"))
+        .collect()
+}
+
+#[tokio::test]
+async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    for workload in [
+        vec!["w1", "--window", "4"],
+        vec!["w3", "--ack-free", "--subscribers", "2"],
+        vec!["w3", "--subscribers", "2", "--window", "16"],
+    ] {
+        let mut args: Vec<String> = ["bench", "--nats", &urls, "--messages", "300"]
+            .map(String::from)
+            .to_vec();
+        args.extend(workload.iter().map(|s| s.to_string()));
+        let output = binary::run_client(args).await;
+        assert!(output.status.success(), "{workload:?}: {output:?}");
+        let reports = reports(&output.stdout);
+        let deployments: Vec<&str> = reports
+            .iter()
+            .map(|r| r["deployment"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(deployments, ["gateways", "jetstream"], "{workload:?}");
+        for r in &reports {
+            assert_eq!(r["workload"], workload[0], "{r}");
+            assert_eq!(r["messages"], 300, "{r}");
+            assert!(r["rate_per_s"].as_f64().unwrap_or_default() > 0.0, "{r}");
+        }
+    }
+    let client = async_nats::connect(&cluster.client_urls()[0])
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let left: Vec<String> = js
+        .stream_names()
+        .collect::<Result<Vec<_>, _>>()
+        .await
+        .unwrap();
+    assert!(
+        left.iter().all(|name| !name.contains("bench")),
+        "streams left behind: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn bench_with_nats_refuses_what_it_does_not_run() {
+    let output = binary::run_client(
+        ["bench", "--nats", "nats://127.0.0.1:1", "w2"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("--nats runs w1 and w3"), "{said}");
+}
