@@ -17,7 +17,7 @@ mod upstream;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 pub(crate) use logs::refused_join;
-pub use member::{ConnectionId, MemberStream, Outbound, Settler};
+pub use member::{ConnectionId, MemberStream, Outbound, Settler, SharedEncoding};
 use member::{Locked, SubState};
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
@@ -222,6 +222,18 @@ impl Broker {
         effects: Vec<Effect>,
         dead: &mut DeadLetters,
     ) {
+        self.apply_sharing(state, input, effects, dead, None);
+    }
+
+    /// As [`apply`](Self::apply), giving the deliveries of one message its shared encoding.
+    fn apply_sharing(
+        &self,
+        state: &mut SubState,
+        input: Input,
+        effects: Vec<Effect>,
+        dead: &mut DeadLetters,
+        shared: Option<(SystemId, &SharedEncoding)>,
+    ) {
         if let Some(observer) = &self.inner.observer {
             observer.observe(&Observation {
                 now: self.inner.clock.now(),
@@ -230,7 +242,7 @@ impl Broker {
                 effects: &effects,
             });
         }
-        state.apply(effects, dead);
+        state.apply(effects, dead, shared);
         self.account(state);
     }
 
@@ -489,10 +501,15 @@ impl Broker {
             // Taken while holding every matched lock, so ids increase along every queue.
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
             let message = draft.into_message(system_id, self.inner.clock.unix_millis());
+            // Fan-out: the frames delivering this message share its encoding (one allocation
+            // per publish, so only when there is more than one subscription to share it).
+            let encoding = (states.len() > 1).then(SharedEncoding::default);
+            let shared = encoding.as_ref().map(|encoding| (system_id, encoding));
             for state in &mut states {
                 state.accounted += share;
                 let effects = state.core.enqueue(message.clone());
-                self.apply(state, Input::Enqueue { system_id }, effects, &mut dead);
+                let input = Input::Enqueue { system_id };
+                self.apply_sharing(state, input, effects, &mut dead, shared);
             }
             Published {
                 system_id,
