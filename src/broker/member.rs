@@ -151,6 +151,8 @@ pub(crate) struct SubState {
     /// A multi-id settle's buffer of unwritten frame ids, kept between settles while it holds
     /// at most [`UnsentIds::KEPT`] ids.
     unsent_scratch: Vec<SystemId>,
+    /// A publish's effects buffer, kept between publishes while it is small.
+    effects: Vec<Effect>,
     /// Cluster mode: the least attempt the next injection of these messages carries (set when
     /// the cluster activates a member here; at most `MAX_CARRY` entries, replaced each time).
     pub(crate) attempt_floors: BTreeMap<SystemId, u32>,
@@ -188,6 +190,16 @@ impl Drop for Locked<'_> {
         let Some(mut guard) = self.guard.take() else {
             return;
         };
+        // One stream to wake is the common case (a publish to a subscription with one member):
+        // its waker is taken out and the buffer keeps its capacity for the next.
+        if guard.wake.len() <= 1 {
+            let waker = guard.wake.pop();
+            drop(guard);
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+            return;
+        }
         let wake = std::mem::take(&mut guard.wake);
         drop(guard);
         for waker in wake {
@@ -205,7 +217,23 @@ impl SubState {
             wake: Vec::new(),
             accounted: 0,
             unsent_scratch: Vec::new(),
+            effects: Vec::new(),
             attempt_floors: BTreeMap::new(),
+        }
+    }
+
+    /// The effects buffer kept from an earlier publish, empty.
+    pub(crate) fn take_effects_buffer(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Keeps an (emptied) effects buffer for the next publish, unless it grew past a few
+    /// effects (a drop-oldest publish that dropped many): nothing large stays pinned.
+    pub(crate) fn keep_effects_buffer(&mut self, buffer: Vec<Effect>) {
+        const KEPT: usize = 8;
+        debug_assert!(buffer.is_empty());
+        if buffer.capacity() <= KEPT {
+            self.effects = buffer;
         }
     }
 
@@ -326,11 +354,11 @@ impl SubState {
     /// shared encoding.
     pub(crate) fn apply(
         &mut self,
-        effects: Vec<Effect>,
+        effects: &mut Vec<Effect>,
         dead: &mut DeadLetters,
         shared: Option<(SystemId, &SharedEncoding)>,
     ) {
-        for effect in effects {
+        for effect in effects.drain(..) {
             match effect {
                 Effect::Confirm { member, epoch } => {
                     let subscription_id = self.core.id().clone();

@@ -222,15 +222,17 @@ impl Broker {
         effects: Vec<Effect>,
         dead: &mut DeadLetters,
     ) {
-        self.apply_sharing(state, input, effects, dead, None);
+        let mut effects = effects;
+        self.apply_sharing(state, input, &mut effects, dead, None);
     }
 
-    /// As [`apply`](Self::apply), giving the deliveries of one message its shared encoding.
+    /// As [`apply`](Self::apply), draining `effects` (so its buffer can be reused) and giving
+    /// the deliveries of one message its shared encoding.
     fn apply_sharing(
         &self,
         state: &mut SubState,
         input: Input,
-        effects: Vec<Effect>,
+        effects: &mut Vec<Effect>,
         dead: &mut DeadLetters,
         shared: Option<(SystemId, &SharedEncoding)>,
     ) {
@@ -239,7 +241,7 @@ impl Broker {
                 now: self.inner.clock.now(),
                 subscription: &state.core,
                 input: &input,
-                effects: &effects,
+                effects,
             });
         }
         state.apply(effects, dead, shared);
@@ -505,11 +507,19 @@ impl Broker {
             // per publish, so only when there is more than one subscription to share it).
             let encoding = (states.len() > 1).then(SharedEncoding::default);
             let shared = encoding.as_ref().map(|encoding| (system_id, encoding));
+            // One buffer for every subscription's effects, kept by the first between publishes.
+            let mut effects = states
+                .first_mut()
+                .map(|state| state.take_effects_buffer())
+                .unwrap_or_default();
             for state in &mut states {
                 state.accounted += share;
-                let effects = state.core.enqueue(message.clone());
+                state.core.enqueue_into(message.clone(), &mut effects);
                 let input = Input::Enqueue { system_id };
-                self.apply_sharing(state, input, effects, &mut dead, shared);
+                self.apply_sharing(state, input, &mut effects, &mut dead, shared);
+            }
+            if let Some(state) = states.first_mut() {
+                state.keep_effects_buffer(effects);
             }
             Published {
                 system_id,
