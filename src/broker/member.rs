@@ -66,8 +66,9 @@ pub enum Outbound {
 
 /// Where the frames that deliver one message to several subscriptions at its publish keep its
 /// encoding: the first stream to write the message fills it, the others copy it. The service
-/// decides what goes in: what every delivery has in common, but not the payload, so a frame
-/// waiting in a slow member's outlet holds no second copy of it outside the memory budget.
+/// decides what goes in: what every delivery has in common, but not the payload (and nothing
+/// for a large envelope), so a frame waiting in a slow member's outlet holds no second copy of
+/// either outside the memory budget.
 #[derive(Clone, Default)]
 pub struct SharedEncoding(Arc<OnceLock<Box<[u8]>>>);
 

@@ -37,6 +37,12 @@ const ENTRY_VALUE: u32 = 2;
 const SECONDS: u32 = 1;
 const NANOS: u32 = 2;
 
+/// Largest envelope (topic and headers, as the limits count them) whose encoding is shared.
+/// A shared encoding lives as long as the slowest member's frame of its message waits, beside
+/// the message the budget counts; bounding it keeps that extra small next to the message.
+/// Larger envelopes are encoded by each member, as unshared deliveries are.
+pub const MAX_SHARED_ENVELOPE: usize = 512;
+
 /// A `SubscriptionFrame` as the server's `Subscribe` and `Consume` streams write it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WireFrame {
@@ -84,6 +90,7 @@ pub struct Delivery {
 
 impl Delivery {
     fn new(message: Message, attempt: u32, epoch: u64, shared: Option<SharedEncoding>) -> Self {
+        let shared = shared.filter(|_| message.envelope().size() <= MAX_SHARED_ENVELOPE);
         let common_len = match &shared {
             Some(shared) => shared.get_or_init(|| encode_common(&message)).len(),
             None => common_len(&message),
@@ -347,7 +354,8 @@ mod tests {
                 // The first fills the shared encoding, the later ones reuse it.
                 check(delivery(&message, attempt, epoch, Some(&shared)));
             }
-            prop_assert!(shared.get().is_some());
+            let small = message.envelope().size() <= MAX_SHARED_ENVELOPE;
+            prop_assert_eq!(shared.get().is_some(), small);
         }
     }
 
@@ -370,5 +378,16 @@ mod tests {
         let shared = SharedEncoding::default();
         check(delivery(&message, 1, 2, Some(&shared)));
         assert!(shared.get().unwrap().len() < 64);
+    }
+
+    // A large envelope is encoded by each member instead: its shared copy could wait as long
+    // as the slowest member's frame, outside the memory budget.
+    #[test]
+    fn a_large_envelope_is_not_shared() {
+        let headers: Headers = [("k".to_string(), "v".repeat(MAX_SHARED_ENVELOPE))].into();
+        let message = message(5, 1_700_000_000_123, "a.b", headers, b"payload");
+        let shared = SharedEncoding::default();
+        check(delivery(&message, 1, 2, Some(&shared)));
+        assert!(shared.get().is_none());
     }
 }
