@@ -3,6 +3,7 @@
 //! carriages (`Consume`, `PublishStream`) live in [`streams`].
 
 mod streams;
+pub mod wire;
 
 use std::{
     collections::HashMap,
@@ -348,6 +349,7 @@ fn timestamp(unix_millis: u64) -> Timestamp {
 }
 
 /// Turns a domain frame into its protobuf form; an `End` becomes the stream's final status.
+/// The streams write frames as [`wire::WireFrame`]s, which encode the same.
 pub fn frame(outbound: Outbound) -> Result<pb::SubscriptionFrame, Status> {
     use pb::subscription_frame::Frame;
     let frame = match outbound {
@@ -373,6 +375,7 @@ pub fn frame(outbound: Outbound) -> Result<pb::SubscriptionFrame, Status> {
             message,
             attempt,
             epoch,
+            shared: _,
         } => Frame::Message(pb::DeliveredMessage {
             system_id: message.system_id(),
             topic: message.topic().to_string(),
@@ -481,10 +484,12 @@ fn stats(stats: BrokerStats, transport: TransportSnapshot) -> pb::BrokerCounters
 pub struct FrameStream(MemberStream);
 
 impl futures_core::Stream for FrameStream {
-    type Item = Result<pb::SubscriptionFrame, Status>;
+    type Item = Result<wire::WireFrame, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.0).poll_next(cx).map(|o| o.map(frame))
+        Pin::new(&mut self.0)
+            .poll_next(cx)
+            .map(|o| o.map(wire::WireFrame::of))
     }
 }
 

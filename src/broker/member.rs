@@ -12,7 +12,7 @@ use std::{
     collections::{BTreeMap, VecDeque},
     ops::{Deref, DerefMut},
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     task::{Context, Poll, Waker},
 };
 
@@ -56,10 +56,51 @@ pub enum Outbound {
         attempt: u32,
         /// The member's epoch.
         epoch: Epoch,
+        /// Shared with the other frames that deliver this message at its publish, when there
+        /// are others: what they have in common is encoded once.
+        shared: Option<SharedEncoding>,
     },
     /// The broker ends the stream with this error (e.g. shutting down).
     End(Error),
 }
+
+/// Where the frames that deliver one message to several subscriptions at its publish keep its
+/// encoding: the first stream to write the message fills it, the others copy it. The service
+/// decides what goes in: what every delivery has in common, but not the payload (and nothing
+/// for a large envelope), so a frame waiting in a slow member's outlet holds no second copy of
+/// either outside the memory budget.
+#[derive(Clone, Default)]
+pub struct SharedEncoding(Arc<OnceLock<Box<[u8]>>>);
+
+impl SharedEncoding {
+    /// The encoding, made by `encode` if no frame made it yet.
+    pub fn get_or_init(&self, encode: impl FnOnce() -> Box<[u8]>) -> &[u8] {
+        self.0.get_or_init(encode)
+    }
+
+    /// The encoding, once a frame made it.
+    pub fn get(&self) -> Option<&[u8]> {
+        self.0.get().map(|bytes| &bytes[..])
+    }
+}
+
+impl std::fmt::Debug for SharedEncoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SharedEncoding")
+            .field(&self.get().map(<[u8]>::len))
+            .finish()
+    }
+}
+
+/// A cache, not content: two frames delivering the same message are equal whether or not
+/// they share its encoding.
+impl PartialEq for SharedEncoding {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SharedEncoding {}
 
 /// The ids of the message frames a member's stream has not written, as one `Settle` sees them:
 /// a sorted run and a short unsorted tail of frames its own acks and nacks delivered.
@@ -111,6 +152,8 @@ pub(crate) struct SubState {
     /// A multi-id settle's buffer of unwritten frame ids, kept between settles while it holds
     /// at most [`UnsentIds::KEPT`] ids.
     unsent_scratch: Vec<SystemId>,
+    /// A publish's effects buffer, kept between publishes while it is small.
+    effects: Vec<Effect>,
     /// Cluster mode: the least attempt the next injection of these messages carries (set when
     /// the cluster activates a member here; at most `MAX_CARRY` entries, replaced each time).
     pub(crate) attempt_floors: BTreeMap<SystemId, u32>,
@@ -148,6 +191,16 @@ impl Drop for Locked<'_> {
         let Some(mut guard) = self.guard.take() else {
             return;
         };
+        // One stream to wake is the common case (a publish to a subscription with one member):
+        // its waker is taken out and the buffer keeps its capacity for the next.
+        if guard.wake.len() <= 1 {
+            let waker = guard.wake.pop();
+            drop(guard);
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+            return;
+        }
         let wake = std::mem::take(&mut guard.wake);
         drop(guard);
         for waker in wake {
@@ -165,7 +218,23 @@ impl SubState {
             wake: Vec::new(),
             accounted: 0,
             unsent_scratch: Vec::new(),
+            effects: Vec::new(),
             attempt_floors: BTreeMap::new(),
+        }
+    }
+
+    /// The effects buffer kept from an earlier publish, empty.
+    pub(crate) fn take_effects_buffer(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Keeps an (emptied) effects buffer for the next publish, unless it grew past a few
+    /// effects (a drop-oldest publish that dropped many): nothing large stays pinned.
+    pub(crate) fn keep_effects_buffer(&mut self, buffer: Vec<Effect>) {
+        const KEPT: usize = 8;
+        debug_assert!(buffer.is_empty());
+        if buffer.capacity() <= KEPT {
+            self.effects = buffer;
         }
     }
 
@@ -282,9 +351,15 @@ impl SubState {
     }
 
     /// Carries out the core's effects in order. Dead letters are collected for publishing once
-    /// this subscription's lock is released.
-    pub(crate) fn apply(&mut self, effects: Vec<Effect>, dead: &mut DeadLetters) {
-        for effect in effects {
+    /// this subscription's lock is released. A delivery of the message `shared` names gets its
+    /// shared encoding.
+    pub(crate) fn apply(
+        &mut self,
+        effects: &mut Vec<Effect>,
+        dead: &mut DeadLetters,
+        shared: Option<(SystemId, &SharedEncoding)>,
+    ) {
+        for effect in effects.drain(..) {
             match effect {
                 Effect::Confirm { member, epoch } => {
                     let subscription_id = self.core.id().clone();
@@ -313,14 +388,20 @@ impl SubState {
                     message,
                     attempt,
                     epoch,
-                } => self.send(
-                    member,
-                    Outbound::Message {
-                        message,
-                        attempt,
-                        epoch,
-                    },
-                ),
+                } => {
+                    let shared = shared
+                        .filter(|(id, _)| *id == message.system_id())
+                        .map(|(_, encoding)| encoding.clone());
+                    self.send(
+                        member,
+                        Outbound::Message {
+                            message,
+                            attempt,
+                            epoch,
+                            shared,
+                        },
+                    );
+                }
                 Effect::DeadLetter { message, attempts } => {
                     if let Some(topic) = self.core.spec().dead_letter_topic.clone() {
                         tracing::warn!(

@@ -17,7 +17,7 @@ mod upstream;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 pub(crate) use logs::refused_join;
-pub use member::{ConnectionId, MemberStream, Outbound, Settler};
+pub use member::{ConnectionId, MemberStream, Outbound, Settler, SharedEncoding};
 use member::{Locked, SubState};
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
@@ -222,15 +222,29 @@ impl Broker {
         effects: Vec<Effect>,
         dead: &mut DeadLetters,
     ) {
+        let mut effects = effects;
+        self.apply_sharing(state, input, &mut effects, dead, None);
+    }
+
+    /// As [`apply`](Self::apply), draining `effects` (so its buffer can be reused) and giving
+    /// the deliveries of one message its shared encoding.
+    fn apply_sharing(
+        &self,
+        state: &mut SubState,
+        input: Input,
+        effects: &mut Vec<Effect>,
+        dead: &mut DeadLetters,
+        shared: Option<(SystemId, &SharedEncoding)>,
+    ) {
         if let Some(observer) = &self.inner.observer {
             observer.observe(&Observation {
                 now: self.inner.clock.now(),
                 subscription: &state.core,
                 input: &input,
-                effects: &effects,
+                effects,
             });
         }
-        state.apply(effects, dead);
+        state.apply(effects, dead, shared);
         self.account(state);
     }
 
@@ -489,10 +503,23 @@ impl Broker {
             // Taken while holding every matched lock, so ids increase along every queue.
             let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
             let message = draft.into_message(system_id, self.inner.clock.unix_millis());
+            // Fan-out: the frames delivering this message share its encoding (one allocation
+            // per publish, so only when there is more than one subscription to share it).
+            let encoding = (states.len() > 1).then(SharedEncoding::default);
+            let shared = encoding.as_ref().map(|encoding| (system_id, encoding));
+            // One buffer for every subscription's effects, kept by the first between publishes.
+            let mut effects = states
+                .first_mut()
+                .map(|state| state.take_effects_buffer())
+                .unwrap_or_default();
             for state in &mut states {
                 state.accounted += share;
-                let effects = state.core.enqueue(message.clone());
-                self.apply(state, Input::Enqueue { system_id }, effects, &mut dead);
+                state.core.enqueue_into(message.clone(), &mut effects);
+                let input = Input::Enqueue { system_id };
+                self.apply_sharing(state, input, &mut effects, &mut dead, shared);
+            }
+            if let Some(state) = states.first_mut() {
+                state.keep_effects_buffer(effects);
             }
             Published {
                 system_id,

@@ -689,3 +689,44 @@ async fn injected_messages_keep_their_id_and_attempt_and_reach_one_subscription(
     let own = broker.publish(draft("z.z")).unwrap();
     assert_eq!(own.system_id, broker.id_floor().last_system_id() + 1);
 }
+
+/// The shared encoding a message frame carries, or a panic naming what came instead.
+fn shared_of(frame: Option<Outbound>) -> Option<SharedEncoding> {
+    match frame {
+        Some(Outbound::Message { shared, .. }) => shared,
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+// Issue 16: the frames delivering one publish to several subscriptions share one encoding slot
+// (filled through one, seen through the others); a message queued for one subscription only has
+// none to share.
+#[test]
+fn a_fanned_out_publish_shares_one_encoding() {
+    let broker = broker(Limits::default());
+    let mut members: Vec<_> = ["p", "q", "r"]
+        .iter()
+        .map(|id| {
+            let mut member = broker
+                .open(&request(id, Mode::Broadcast, "a.*"), None)
+                .unwrap();
+            assert!(matches!(member.try_next(), Some(Outbound::Confirm { .. })));
+            member
+        })
+        .collect();
+    broker.publish(draft("a.b")).unwrap();
+    let shared: Vec<_> = members
+        .iter_mut()
+        .map(|m| shared_of(m.try_next()).expect("shared across subscriptions"))
+        .collect();
+    assert!(shared.iter().all(|s| s.get().is_none()));
+    shared[0].get_or_init(|| Box::new([1, 2, 3]));
+    assert!(shared.iter().all(|s| s.get() == Some(&[1, 2, 3][..])));
+
+    let mut alone = broker
+        .open(&request("alone", Mode::Queue, "solo.*"), None)
+        .unwrap();
+    assert!(matches!(alone.try_next(), Some(Outbound::Confirm { .. })));
+    broker.publish(draft("solo.x")).unwrap();
+    assert!(shared_of(alone.try_next()).is_none(), "nothing to share");
+}

@@ -660,33 +660,43 @@ impl Subscription {
         self.enqueue_attempt(message, 1)
     }
 
+    /// As [`enqueue`](Self::enqueue), appending the effects to `out`: a caller queuing on
+    /// many subscriptions per publish reuses one buffer instead of allocating one each time.
+    pub fn enqueue_into(&mut self, message: Message, out: &mut Vec<Effect>) {
+        self.enqueue_attempt_into(message, 1, out);
+    }
+
     /// As [`enqueue`](Self::enqueue), for a message an upstream store has delivered before:
     /// its next delivery carries `attempt` (at least 1). In cluster mode that is JetStream's
     /// delivery count, so a message redelivered through another gateway shows it. One that has
     /// already used `max_delivery_attempts` is retired at once, as a nack of its last attempt
     /// would have retired it.
     pub fn enqueue_attempt(&mut self, message: Message, attempt: u32) -> Vec<Effect> {
-        let attempt = attempt.max(1);
         let mut out = Vec::new();
+        self.enqueue_attempt_into(message, attempt, &mut out);
+        out
+    }
+
+    fn enqueue_attempt_into(&mut self, message: Message, attempt: u32, out: &mut Vec<Effect>) {
+        let attempt = attempt.max(1);
         let max = self.spec.max_delivery_attempts;
         if max != 0 && attempt > max {
             self.held_bytes += message.size() as u64;
-            self.give_back(message, attempt - 1, &mut out);
-            return out;
+            self.give_back(message, attempt - 1, out);
+            return;
         }
-        if self.spec.overflow == Overflow::DropOldest && !self.make_room(message.size(), &mut out) {
+        if self.spec.overflow == Overflow::DropOldest && !self.make_room(message.size(), out) {
             self.counters.dropped_overflow += 1;
             out.push(Effect::Dropped {
                 system_id: message.system_id(),
                 reason: DropReason::Overflow,
             });
-            return out;
+            return;
         }
         self.held_bytes += message.size() as u64;
         self.counters.enqueued += 1;
         self.queue.push_back_attempt(message, attempt);
-        self.dispatch(&mut out);
-        out
+        self.dispatch(out);
     }
 
     /// Drops queued messages from the head until one of `size` bytes fits; false if the queue

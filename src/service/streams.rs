@@ -12,7 +12,10 @@ use std::{
 use tokio_stream::Stream;
 use tonic::{Code, Request, Status, Streaming};
 
-use super::{BrokerService, FrameStream, code, draft_reusing, open_request, publish_one, status};
+use super::{
+    BrokerService, FrameStream, code, draft_reusing, open_request, publish_one, status,
+    wire::WireFrame,
+};
 use crate::{
     broker::{Broker, Published, Settler},
     cluster::gateway::Gateway,
@@ -21,7 +24,7 @@ use crate::{
     server::{Signal, conn::connection_of},
 };
 
-type FrameResult = Result<pb::SubscriptionFrame, Status>;
+type FrameResult = Result<WireFrame, Status>;
 
 /// A `Consume` stream: the member's frames, interleaved with refusals of its own settles, ended
 /// by the first terminal status (the broker's, or one about the client's side of the stream).
@@ -145,9 +148,9 @@ fn refused_frame(mut frame: pb::SettleRefused, error: &Error) -> FrameResult {
             refused.message()
         ),
     };
-    Ok(pb::SubscriptionFrame {
+    Ok(WireFrame::Frame(pb::SubscriptionFrame {
         frame: Some(Frame::Refused(frame)),
-    })
+    }))
 }
 
 impl Stream for ConsumeStream {
