@@ -19,23 +19,30 @@ fn random_u64() -> u64 {
     hasher.finish()
 }
 
+/// How many low bits of a gateway's member ids count its joins; the bits above are its route
+/// (`Broker::gateway`).
+pub const GATEWAY_ROUTE_SHIFT: u32 = 28;
+
 impl Broker {
     /// A gateway's local broker (cluster mode): like [`Broker::with_observer`], but every
     /// singleton subscription is arbitrated: its members join on standby, and only
     /// [`Broker::activate`] (the cluster's coordinator) makes one active.
     ///
-    /// Its member ids start at a random floor in `[2^60, 2^62)` whose low 32 bits are zero,
-    /// rather than at the start time: an ack naming a member id may arrive at any gateway and
-    /// is forwarded by the id's high 32 bits (its route) to the gateway that admitted it, so
-    /// member ids must not repeat across gateways, which may start in the same microsecond. Two
-    /// live gateways share a route with a chance of about 1 in 8 × 10^8 per pair; a gateway's
-    /// ids stay on its route for its first 2^32 joins per subscription. (Epochs and system ids
-    /// come from the cluster, not from this floor.)
+    /// Its member ids start at a random floor in `[2^52, 2^53)` whose low
+    /// [`GATEWAY_ROUTE_SHIFT`] bits are zero, rather than at the start time: an ack naming a
+    /// member id may arrive at any gateway and is forwarded by the id's high bits (its route)
+    /// to the gateway that admitted it, so member ids must not repeat across gateways, which
+    /// may start in the same microsecond. Two live gateways share a route with a chance of
+    /// about 1 in 1.7 × 10^7 per pair; a gateway's ids stay on its route for its first 2^28
+    /// joins (the floor is the broker's, raised past every expired subscription's ids). Ids
+    /// stay below 2^53, exact in JSON readers that use doubles. (A singleton's epochs and
+    /// system ids come from the cluster, not from this floor.)
     pub fn gateway(limits: Limits, clock: Arc<dyn Clock>, observer: Arc<dyn Observer>) -> Self {
         let mut broker = Self::with_observer(limits, clock, Some(observer));
         if let Some(inner) = Arc::get_mut(&mut broker.inner) {
             inner.arbitrated = true;
-            let floor = IdFloor::at_start(((1 << 28) + random_u64() % (3 << 28)) << 32);
+            let routes = 1 << (52 - GATEWAY_ROUTE_SHIFT);
+            let floor = IdFloor::at_start((routes + random_u64() % routes) << GATEWAY_ROUTE_SHIFT);
             inner.id_floor = floor;
             inner.last_system_id = crate::sync::AtomicU64::new(floor.last_system_id());
             crate::sync::write(&inner.catalog).retired = floor.floors();
@@ -188,5 +195,113 @@ impl Broker {
             Ok(state.core.window(member).is_some())
         })
         .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        broker::{MemberStream, Observation, Outbound},
+        clock::VirtualClock,
+        core::{MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec},
+    };
+
+    struct Unobserved;
+    impl Observer for Unobserved {
+        fn observe(&self, _: &Observation<'_>) {}
+    }
+
+    /// A gateway's broker, as `serve --nats` builds it: a subscription expires with its last
+    /// member.
+    fn gateway() -> Broker {
+        let limits = Limits {
+            idle_timeout: Duration::ZERO,
+            ..Limits::default()
+        };
+        Broker::gateway(
+            limits,
+            Arc::new(VirtualClock::new(1_700_000_000_000)),
+            Arc::new(Unobserved),
+        )
+    }
+
+    fn request(id: &str, mode: Mode) -> OpenRequest {
+        OpenRequest {
+            subscription_id: id.into(),
+            spec: SubscriptionSpec {
+                mode,
+                consumer_group: "g".into(),
+                patterns: vec![Pattern::parse("a.*").unwrap()],
+                max_delivery_attempts: 0,
+                dead_letter_topic: None,
+                ack_mode: Default::default(),
+                overflow: Default::default(),
+            },
+            member: MemberOptions::default(),
+        }
+    }
+
+    async fn confirmed_epoch(member: &mut MemberStream) -> Epoch {
+        match tokio::time::timeout(Duration::from_secs(5), member.next()).await {
+            Ok(Some(Outbound::Confirm { epoch, .. })) => epoch,
+            other => panic!("expected a confirmation, got {other:?}"),
+        }
+    }
+
+    // SPEC §5 / README "Restart identity": a restarted broker never hands out an epoch an
+    // earlier run handed out. A queue member's epoch is the gateway's own (the cluster chooses
+    // only a singleton's), so a restarted gateway, or a second one, must not start it again
+    // where the first started.
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_gateway_does_not_hand_out_the_same_queue_epoch_again() {
+        let first = gateway();
+        let mut a = first.open(&request("q", Mode::Queue), None).unwrap();
+        let before = confirmed_epoch(&mut a).await;
+        drop((a, first));
+        let restarted = gateway();
+        let mut b = restarted.open(&request("q", Mode::Queue), None).unwrap();
+        let after = confirmed_epoch(&mut b).await;
+        assert_ne!(
+            before, after,
+            "the restarted gateway handed out queue epoch {after} again"
+        );
+    }
+
+    // README "Restart identity": ids below 2^53 read exactly as doubles (jq, JavaScript), also
+    // a gateway's; its member ids start at a route boundary, so forwarded acks find it.
+    #[tokio::test(start_paused = true)]
+    async fn a_gateways_ids_start_below_2_53_at_a_route_boundary() {
+        for _ in 0..64 {
+            let floor = gateway().id_floor().unix_micros();
+            assert!((1 << 52..1 << 53).contains(&floor), "floor {floor}");
+            assert_eq!(floor % (1 << GATEWAY_ROUTE_SHIFT), 0, "floor {floor}");
+        }
+    }
+
+    // README cluster mode: "A subscription's epoch is the cluster's." A singleton's local
+    // subscription must not show an epoch of another subscription that expired on this gateway
+    // (the broker-wide retired floor), above the cluster's.
+    #[tokio::test(start_paused = true)]
+    async fn a_gateways_singleton_shows_the_clusters_epoch_after_another_subscription_expired() {
+        let broker = gateway();
+        for _ in 0..3 {
+            let mut m = broker.open(&request("q", Mode::Queue), None).unwrap();
+            confirmed_epoch(&mut m).await;
+            drop(m);
+            broker.expire_idle();
+        }
+        let mut s = broker.open(&request("s", Mode::Singleton), None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, Vec::new(), false)
+            .unwrap();
+        assert_eq!(confirmed_epoch(&mut s).await, 2);
+        assert_eq!(
+            broker.describe("s").unwrap().epoch,
+            2,
+            "the singleton's epoch is the cluster's"
+        );
     }
 }

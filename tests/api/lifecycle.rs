@@ -182,6 +182,8 @@ impl Drop for KillOnDrop {
 }
 
 // SPEC §7: `tinybroker serve` on port 0 logs the bound address, serves, and exits 0 on SIGTERM.
+// Runs its own embedded `tinybroker serve` (cluster mode's binary is tested in tests/cluster/main.rs).
+embedded_only! {
 #[tokio::test]
 async fn binary_logs_bound_address_and_exits_zero_on_sigterm() {
     let mut child = KillOnDrop(
@@ -227,6 +229,7 @@ async fn binary_logs_bound_address_and_exits_zero_on_sigterm() {
         .unwrap()
         .unwrap();
     assert!(exit.success(), "exit status {exit:?}");
+}
 }
 
 /// `tinybroker subscribe ARGS` against `server` as a child process, and its stdout lines.

@@ -175,6 +175,8 @@ fn text(output: &std::process::Output) -> String {
 // The binary end to end: `serve` with TLS, mutual TLS and a token file; `publish` with the CA,
 // a client certificate and the token file gets through; without the token it is
 // UNAUTHENTICATED; without a client certificate or over plaintext it is refused.
+// Runs its own embedded `tinybroker serve` (cluster mode's binary is tested in tests/cluster/main.rs).
+embedded_only! {
 #[tokio::test]
 async fn cli_talks_mutual_tls_with_a_token_file() {
     let dir = TempDir::new("cli-tls");
@@ -264,9 +266,12 @@ async fn cli_talks_mutual_tls_with_a_token_file() {
     .await;
     assert!(!plaintext.status.success(), "{}", text(&plaintext));
 }
+}
 
 // The token given as a file: no `authorization` metadata or a wrong token is UNAUTHENTICATED,
 // the file's token (without its trailing newline) is accepted.
+// Runs its own embedded `tinybroker serve` (cluster mode's binary is tested in tests/cluster/main.rs).
+embedded_only! {
 #[tokio::test]
 async fn token_file_is_enforced_by_the_binary() {
     let dir = TempDir::new("token-file");
@@ -300,11 +305,15 @@ async fn token_file_is_enforced_by_the_binary() {
         .await
         .unwrap();
 }
+}
 
 // Binding a non-loopback address with neither TLS nor a token is worth a warning at start.
+// Runs its own embedded `tinybroker serve` (cluster mode's binary is tested in tests/cluster/main.rs).
+embedded_only! {
 #[tokio::test]
 async fn exposed_plaintext_listener_without_token_warns_at_start() {
     let (mut broker, _addr) = binary::serve(&["--listen", "0.0.0.0:0"]).await;
     let warning = broker.line_with("neither TLS nor an auth token").await;
     assert!(warning.contains("WARN"), "{warning}");
+}
 }

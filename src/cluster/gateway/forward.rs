@@ -1,6 +1,6 @@
 //! Acks and nacks that name their member, forwarded to the gateway that admitted it (a load
 //! balancer, grpcurl or a second client may send them to any gateway). A gateway's member ids
-//! share their high 32 bits, its *route* ([`route_of`]); it listens on one subject for its
+//! share their high bits, its *route* ([`route_of`]); it listens on one subject for its
 //! route, so a forwarded settle reaches that gateway alone, which answers as it would have
 //! answered the member's own connection: applied, `NOT_FOUND` (not in flight), or
 //! `FAILED_PRECONDITION` for a member that left or was deposed (counted as a stale ack where
@@ -37,9 +37,9 @@ struct SettleReply {
 }
 
 /// The route of a member id: the gateway that admitted it listens for its route's settles (a
-/// gateway's member ids start at a floor whose low 32 bits are zero; `Broker::gateway`).
+/// gateway's member ids start at a floor whose low bits are zero; `Broker::gateway`).
 pub(super) fn route_of(member: u64) -> u64 {
-    member >> 32
+    member >> crate::broker::GATEWAY_ROUTE_SHIFT
 }
 
 /// Outside the stream's subjects (`<stream>.>`), so forwarded acks are never stored.

@@ -35,7 +35,7 @@
 //!   queue while it has other members there (attempt + 1, as in the embedded broker); a
 //!   message given back to JetStream comes again with JetStream's delivery count.
 //! - **Acks with `member_id` work at any gateway**: one that did not admit the member forwards
-//!   the ack over NATS request/reply to the one that did, found by the member id's high 32
+//!   the ack over NATS request/reply to the one that did, found by the member id's high
 //!   bits ([`forward`]), which answers as the member's own connection would be answered. The
 //!   two-field ack is fenced by the connection, so it works
 //!   only on the gateway holding the member's stream; elsewhere it is refused, saying so.
@@ -479,8 +479,11 @@ impl Gateway {
             }
         };
         match fence {
+            // Its own members (also any past its route's ids) and its route's are answered here.
             Fence::Member(member)
-                if forward::route_of(member) == forward::route_of(broker.id_floor().unix_micros()) =>
+                if broker.has_member(subscription_id, member)
+                    || forward::route_of(member)
+                        == forward::route_of(broker.id_floor().unix_micros()) =>
             {
                 forward::settle_here(broker, subscription_id, member, system_id, nack)
             }
