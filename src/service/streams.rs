@@ -18,7 +18,10 @@ use super::{
 };
 use crate::{
     broker::{Broker, Published, Settler},
-    cluster::gateway::Gateway,
+    cluster::gateway::{
+        Gateway,
+        publish::{Sent, Unconfirmed},
+    },
     core::{AckMode, Envelope, Error, SystemId},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
     server::{Signal, conn::connection_of},
@@ -217,6 +220,24 @@ pub(super) async fn consume(
 
 type PendingPublish = Pin<Box<dyn Future<Output = Result<Published, Status>> + Send>>;
 
+/// At most this many publishes of one `PublishStream` wait at a gateway for JetStream's
+/// confirmation; the stream reads no more requests meanwhile (HTTP/2 flow control then paces
+/// the publisher).
+const GATEWAY_PIPELINE: usize = 256;
+
+/// One answer of a gateway's `PublishStream`, in request order.
+enum Slot {
+    /// Answered already: refused before it was sent.
+    Ready(pb::PublishStreamResponse),
+    /// Being sent to JetStream: only the newest slot, so sends keep the request order.
+    Sending(Pin<Box<dyn Future<Output = Result<Sent, Status>> + Send>>),
+    /// Sent; JetStream's confirmation to come.
+    Confirming(Pin<Box<dyn Future<Output = Result<Published, Unconfirmed>> + Send>>),
+    /// No JetStream server answered it while nothing after it had been sent: sent again, alone,
+    /// for a bounded time (nothing is read meanwhile, so the order holds).
+    Again(PendingPublish),
+}
+
 /// The responses of a `PublishStream`, one per request, in order, ended with `UNAVAILABLE`
 /// once shutdown starts.
 ///
@@ -225,11 +246,13 @@ type PendingPublish = Pin<Box<dyn Future<Output = Result<Published, Status>> + S
 /// publisher that does not read its answers.
 pub struct PublishResults {
     broker: Broker,
-    /// In cluster mode, where publishes go; each is answered once JetStream confirmed it, one
-    /// at a time, in order.
+    /// In cluster mode, where publishes go: each is sent as it is read and answered once
+    /// JetStream confirmed it, in order, up to [`GATEWAY_PIPELINE`] at once.
     gateway: Option<Gateway>,
-    /// The cluster publish awaiting JetStream's confirmation.
-    pending: Option<PendingPublish>,
+    /// Cluster mode: the answers to come, oldest first.
+    slots: VecDeque<Slot>,
+    /// Cluster mode: the client sent its last request.
+    requests_done: bool,
     requests: Streaming<pb::PublishRequest>,
     /// The last envelope built, reused (or its topic) while a publisher keeps to one topic.
     recent: Option<Envelope>,
@@ -253,6 +276,104 @@ impl PublishResults {
         self.ended = true;
         Poll::Ready(Some(Err(status)))
     }
+
+    /// Cluster mode's `poll_next`: sends as it reads, answers in order (see [`Slot`]).
+    fn poll_gateway(
+        &mut self,
+        gateway: &Gateway,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<<Self as Stream>::Item>> {
+        loop {
+            if let Some(newest) = self.slots.back_mut()
+                && let Slot::Sending(send) = newest
+            {
+                let sent = send.as_mut().poll(cx);
+                match sent {
+                    Poll::Ready(Ok(sent)) => *newest = Slot::Confirming(Box::pin(sent.confirmed())),
+                    Poll::Ready(Err(refused)) => *newest = Slot::Ready(refusal(&refused)),
+                    Poll::Pending => {}
+                }
+            }
+            let alone = self.slots.len() == 1;
+            if let Some(head) = self.slots.front_mut() {
+                let answered = match head {
+                    Slot::Ready(_) => true,
+                    Slot::Sending(_) => false,
+                    Slot::Confirming(confirming) => match confirming.as_mut().poll(cx) {
+                        Poll::Ready(Ok(published)) => {
+                            *head = Slot::Ready(answer(published));
+                            true
+                        }
+                        Poll::Ready(Err(Unconfirmed::NoResponders(draft))) if alone => {
+                            let gateway = gateway.clone();
+                            *head =
+                                Slot::Again(Box::pin(async move { gateway.publish(draft).await }));
+                            continue;
+                        }
+                        Poll::Ready(Err(unconfirmed)) => {
+                            *head = Slot::Ready(refusal(&unconfirmed.status()));
+                            true
+                        }
+                        Poll::Pending => false,
+                    },
+                    Slot::Again(again) => match again.as_mut().poll(cx) {
+                        Poll::Ready(result) => {
+                            *head = Slot::Ready(match result {
+                                Ok(published) => answer(published),
+                                Err(refused) => refusal(&refused),
+                            });
+                            true
+                        }
+                        Poll::Pending => false,
+                    },
+                };
+                if answered && let Some(Slot::Ready(response)) = self.slots.pop_front() {
+                    return Poll::Ready(Some(Ok(response)));
+                }
+            }
+            if self.requests_done {
+                if self.slots.is_empty() {
+                    self.ended = true;
+                    return Poll::Ready(None);
+                }
+                return Poll::Pending;
+            }
+            let busy = matches!(
+                self.slots.back(),
+                Some(Slot::Sending(_)) | Some(Slot::Again(_))
+            );
+            if busy || self.slots.len() >= GATEWAY_PIPELINE {
+                return Poll::Pending;
+            }
+            let request = match Pin::new(&mut self.requests).poll_next(cx) {
+                Poll::Ready(Some(Ok(request))) => request,
+                Poll::Ready(Some(Err(status))) => return self.end(status),
+                Poll::Ready(None) => {
+                    self.requests_done = true;
+                    continue;
+                }
+                Poll::Pending => {
+                    if self.stopping.as_mut().poll(cx).is_ready() {
+                        return self.end(status(&Error::ShuttingDown));
+                    }
+                    return Poll::Pending;
+                }
+            };
+            // Nothing here meets the broker's shutdown refusal, so look for it on every request.
+            if self.stopping.as_mut().poll(cx).is_ready() {
+                return self.end(status(&Error::ShuttingDown));
+            }
+            match draft_reusing(request, self.broker.limits(), &mut self.recent) {
+                Ok(draft) => {
+                    let gateway = gateway.clone();
+                    self.slots.push_back(Slot::Sending(Box::pin(async move {
+                        gateway.send(draft).await
+                    })));
+                }
+                Err(error) => self.slots.push_back(Slot::Ready(refusal(&status(&error)))),
+            }
+        }
+    }
 }
 
 impl Stream for PublishResults {
@@ -263,13 +384,8 @@ impl Stream for PublishResults {
         if this.ended {
             return Poll::Ready(None);
         }
-        if let Some(pending) = this.pending.as_mut() {
-            let result = std::task::ready!(pending.as_mut().poll(cx));
-            this.pending = None;
-            return Poll::Ready(Some(Ok(match result {
-                Ok(published) => answer(published),
-                Err(refused) => refusal(&refused),
-            })));
+        if let Some(gateway) = this.gateway.clone() {
+            return this.poll_gateway(&gateway, cx);
         }
         let request = match Pin::new(&mut this.requests).poll_next(cx) {
             Poll::Ready(Some(Ok(request))) => request,
@@ -288,27 +404,6 @@ impl Stream for PublishResults {
                 return Poll::Pending;
             }
         };
-        if let Some(gateway) = &this.gateway {
-            // Nothing here meets the broker's shutdown refusal, so look for it on every request.
-            if this.stopping.as_mut().poll(cx).is_ready() {
-                return this.end(status(&Error::ShuttingDown));
-            }
-            let draft = match draft_reusing(request, this.broker.limits(), &mut this.recent) {
-                Ok(draft) => draft,
-                Err(error) => return Poll::Ready(Some(Ok(refusal(&status(&error))))),
-            };
-            let gateway = gateway.clone();
-            let mut pending: PendingPublish = Box::pin(async move { gateway.publish(draft).await });
-            // Polled at once: answered now, or registered for JetStream's confirmation.
-            return match pending.as_mut().poll(cx) {
-                Poll::Ready(Ok(published)) => Poll::Ready(Some(Ok(answer(published)))),
-                Poll::Ready(Err(refused)) => Poll::Ready(Some(Ok(refusal(&refused)))),
-                Poll::Pending => {
-                    this.pending = Some(pending);
-                    Poll::Pending
-                }
-            };
-        }
         Poll::Ready(Some(Ok(
             match publish_one(&this.broker, request, &mut this.recent) {
                 Ok(published) => pb::PublishStreamResponse {
@@ -354,7 +449,8 @@ pub(super) fn publish_stream(
     PublishResults {
         broker,
         gateway,
-        pending: None,
+        slots: VecDeque::new(),
+        requests_done: false,
         requests,
         recent: None,
         stopping: Box::pin(stopping.clone().wait()),

@@ -5,21 +5,45 @@
 //! (see the README's cluster-mode section for the list and why). Not included: `bench.rs`,
 //! `logs.rs` and `metrics.rs`, whose tests run their own embedded server or binary.
 
-#[allow(dead_code, unused_imports, reason = "helpers of its embedded-only tests")]
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "helpers of its embedded-only tests"
+)]
 #[path = "../api/delivery.rs"]
 mod delivery;
-#[allow(dead_code, unused_imports, reason = "helpers of its embedded-only tests")]
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "helpers of its embedded-only tests"
+)]
 #[path = "../api/lifecycle.rs"]
 mod lifecycle;
-#[allow(dead_code, unused_imports, reason = "helpers of its embedded-only tests")]
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "helpers of its embedded-only tests"
+)]
 #[path = "../api/singleton.rs"]
 mod singleton;
-#[allow(dead_code, unused_imports, reason = "helpers of its embedded-only tests")]
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "helpers of its embedded-only tests"
+)]
 #[path = "../api/streams.rs"]
 mod streams;
-#[allow(dead_code, unused_imports, reason = "helpers of its embedded-only tests")]
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "helpers of its embedded-only tests"
+)]
 #[path = "../api/tls.rs"]
 mod tls;
-#[allow(dead_code, unused_imports, reason = "helpers of its embedded-only tests")]
+#[allow(
+    dead_code,
+    unused_imports,
+    reason = "helpers of its embedded-only tests"
+)]
 #[path = "../api/validation.rs"]
 mod validation;

@@ -396,3 +396,68 @@ async fn serve_with_nats_runs_the_cli_through_jetstream() {
     let _ = subscriber.wait();
     drop(gateway);
 }
+
+// A `PublishStream` through a gateway sends each publish as it reads it, up to 256 awaiting
+// JetStream's confirmation: the answers still come in request order (a refusal in the middle
+// included), their system ids rise with it, and the member on the other gateway gets the
+// messages in that order.
+#[tokio::test]
+async fn a_pipelined_publish_stream_through_a_gateway_keeps_its_order() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("ordered", 64)).await.unwrap();
+    member.confirmed().await;
+    const N: usize = 1000;
+    let requests: Vec<tinybroker::pb::PublishRequest> = (0..N)
+        .map(|n| tinybroker::pb::PublishRequest {
+            topic: if n == N / 2 {
+                "orders..bad".into()
+            } else {
+                "orders.new".into()
+            },
+            payload: n.to_string().into_bytes().into(),
+            headers: Default::default(),
+        })
+        .collect();
+    let answers: Vec<tinybroker::pb::PublishStreamResponse> = within(async {
+        let mut answers = on_b
+            .1
+            .clone()
+            .publish_stream(tokio_stream::iter(requests))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut all = Vec::new();
+        while let Some(answer) = tokio_stream::StreamExt::next(&mut answers).await {
+            all.push(answer.unwrap());
+        }
+        all
+    })
+    .await;
+    assert_eq!(answers.len(), N);
+    assert_eq!(Code::from(answers[N / 2].code), Code::InvalidArgument);
+    let confirmed: Vec<(usize, u64)> = answers
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| *n != N / 2)
+        .map(|(n, answer)| {
+            assert_eq!(answer.code, 0, "answer {n}: {answer:?}");
+            (n, answer.system_id)
+        })
+        .collect();
+    assert!(
+        confirmed.windows(2).all(|w| w[0].1 < w[1].1),
+        "system ids rise with the request order"
+    );
+    for (n, system_id) in confirmed {
+        let got = member.message().await;
+        assert_eq!(
+            (
+                got.system_id,
+                String::from_utf8_lossy(&got.payload).to_string()
+            ),
+            (system_id, n.to_string())
+        );
+        member.ack(got.system_id).await;
+    }
+}

@@ -51,6 +51,7 @@
 mod bridge;
 mod forward;
 pub mod names;
+pub mod publish;
 pub mod singleton;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -154,9 +155,6 @@ impl Drop for Inner {
         self.coordination.abort();
     }
 }
-
-/// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
-const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
 
 /// The broker settings a gateway needs: the local subscription expires as soon as its last
 /// member leaves, so what it held goes back to JetStream for other gateways at once.
@@ -268,48 +266,24 @@ impl Gateway {
         (config.name.clone(), config.num_replicas)
     }
 
-    /// Publishes one message to JetStream; confirmed once JetStream stored it.
+    /// Publishes one message to JetStream; confirmed once JetStream stored it. A publish no
+    /// server answered is sent again for a bounded time ([`publish::NO_RESPONDERS_PATIENCE`]).
     ///
     /// # Errors
     /// `INVALID_ARGUMENT` for a header NATS cannot carry, `UNAVAILABLE` when JetStream does
     /// not confirm.
     pub async fn publish(&self, draft: Draft) -> Result<Published, Status> {
-        let subject = names::subject(&self.inner.shared.prefix, draft.topic().as_str());
-        let headers = nats_headers(draft.envelope().headers())?;
-        // "No responders" means no server took the message, so sending it again cannot store
-        // it twice. It happens while the stream's interest is still spreading over the routes
-        // (a stream just created) or while its leader moves: retried for a bounded time.
-        let mut delay = Duration::from_millis(5);
-        let mut waited = Duration::ZERO;
-        loop {
-            let confirmed = self
-                .inner
-                .js
-                .publish_with_headers(subject.clone(), headers.clone(), draft.payload_bytes())
-                .await
-                .map_err(|e| unavailable("JetStream did not take the publish", e))?
-                .await;
-            match confirmed {
-                Ok(ack) => {
-                    self.inner.shared.broker.count_upstream_publish();
-                    return Ok(Published {
-                        system_id: ack.sequence,
-                        queued_for: 0,
-                    });
-                }
-                Err(error)
-                    if error.kind() == jetstream::context::PublishErrorKind::StreamNotFound
-                        && waited < NO_RESPONDERS_PATIENCE =>
-                {
-                    tokio::time::sleep(delay).await;
-                    waited += delay;
-                    delay = (delay * 2).min(Duration::from_millis(200));
-                }
-                Err(error) => {
-                    return Err(unavailable("JetStream did not confirm the publish", error));
-                }
-            }
-        }
+        publish::publish(self, draft).await
+    }
+
+    /// Sends one message to JetStream without waiting for its confirmation: messages sent one
+    /// after another through this gateway are stored in that order. Await the returned
+    /// [`publish::Sent`] for the confirmation.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a header NATS cannot carry, `UNAVAILABLE` when it cannot be sent.
+    pub async fn send(&self, draft: Draft) -> Result<publish::Sent, Status> {
+        publish::send(self, draft).await
     }
 
     /// Joins a subscription at this gateway: checks (or creates) its JetStream consumer, joins

@@ -1,0 +1,106 @@
+//! Publishes through a gateway: sent to JetStream and answered once JetStream stored them
+//! (its `PubAck`). `PublishStream` pipelines them: it sends each as it reads it, in order, and
+//! answers each confirmation in order ([`Sent`]), so one stream is not held to one round trip
+//! per message.
+
+use std::time::Duration;
+
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use tonic::Status;
+
+use super::{Gateway, names, nats_headers, unavailable};
+use crate::{broker::Published, core::Draft};
+
+/// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
+pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
+
+/// A publish sent to JetStream, its confirmation still to come.
+pub struct Sent {
+    gateway: Gateway,
+    draft: Draft,
+    ack: PublishAckFuture,
+}
+
+/// Why a sent publish was not confirmed.
+#[derive(Debug)]
+pub enum Unconfirmed {
+    /// No JetStream server answered ("no responders"): nobody stored it, so it may be sent
+    /// again, carried here for that.
+    NoResponders(Draft),
+    /// Any other failure: it may or may not have been stored.
+    Failed(Status),
+}
+
+impl Sent {
+    /// Waits for JetStream's confirmation.
+    ///
+    /// # Errors
+    /// [`Unconfirmed`].
+    pub async fn confirmed(self) -> Result<Published, Unconfirmed> {
+        match self.ack.await {
+            Ok(ack) => {
+                self.gateway.inner.shared.broker.count_upstream_publish();
+                Ok(Published {
+                    system_id: ack.sequence,
+                    queued_for: 0,
+                })
+            }
+            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
+                Err(Unconfirmed::NoResponders(self.draft))
+            }
+            Err(error) => Err(Unconfirmed::Failed(unavailable(
+                "JetStream did not confirm the publish",
+                error,
+            ))),
+        }
+    }
+}
+
+impl Unconfirmed {
+    /// The status a client gets when the publish is not sent again.
+    pub fn status(&self) -> Status {
+        match self {
+            Unconfirmed::NoResponders(_) => Status::unavailable(
+                "JetStream did not confirm the publish: no JetStream server answered (the stream's leader may be moving); nothing was stored",
+            ),
+            Unconfirmed::Failed(status) => status.clone(),
+        }
+    }
+}
+
+pub(super) async fn send(gateway: &Gateway, draft: Draft) -> Result<Sent, Status> {
+    let subject = names::subject(&gateway.inner.shared.prefix, draft.topic().as_str());
+    let headers = nats_headers(draft.envelope().headers())?;
+    let ack = gateway
+        .inner
+        .js
+        .publish_with_headers(subject, headers, draft.payload_bytes())
+        .await
+        .map_err(|e| unavailable("JetStream did not take the publish", e))?;
+    Ok(Sent {
+        gateway: gateway.clone(),
+        draft,
+        ack,
+    })
+}
+
+pub(super) async fn publish(gateway: &Gateway, draft: Draft) -> Result<Published, Status> {
+    // "No responders" means no server took the message, so sending it again cannot store it
+    // twice. It happens while the stream's interest is still spreading over the routes (a
+    // stream just created) or while its leader moves: retried for a bounded time.
+    let mut delay = Duration::from_millis(5);
+    let mut waited = Duration::ZERO;
+    let mut draft = draft;
+    loop {
+        match send(gateway, draft).await?.confirmed().await {
+            Ok(published) => return Ok(published),
+            Err(Unconfirmed::NoResponders(again)) if waited < NO_RESPONDERS_PATIENCE => {
+                tokio::time::sleep(delay).await;
+                waited += delay;
+                delay = (delay * 2).min(Duration::from_millis(200));
+                draft = again;
+            }
+            Err(unconfirmed) => return Err(unconfirmed.status()),
+        }
+    }
+}
