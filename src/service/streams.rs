@@ -225,6 +225,11 @@ type PendingPublish = Pin<Box<dyn Future<Output = Result<Published, Status>> + S
 /// the publisher).
 const GATEWAY_PIPELINE: usize = 256;
 
+/// And at most this many bytes of them (message sizes as the limits count them), beyond the
+/// first: a publish waiting for its confirmation is held for a resend, outside the memory
+/// budget, so each stream's share stays small.
+const GATEWAY_PIPELINE_BYTES: usize = 4 << 20;
+
 /// One answer of a gateway's `PublishStream`, in request order.
 enum Slot {
     /// Answered already: refused before it was sent.
@@ -249,8 +254,10 @@ pub struct PublishResults {
     /// In cluster mode, where publishes go: each is sent as it is read and answered once
     /// JetStream confirmed it, in order, up to [`GATEWAY_PIPELINE`] at once.
     gateway: Option<Gateway>,
-    /// Cluster mode: the answers to come, oldest first.
-    slots: VecDeque<Slot>,
+    /// Cluster mode: the answers to come, oldest first, with each one's message size.
+    slots: VecDeque<(Slot, usize)>,
+    /// Cluster mode: the sizes in `slots` summed.
+    slot_bytes: usize,
     /// Cluster mode: the client sent its last request.
     requests_done: bool,
     requests: Streaming<pb::PublishRequest>,
@@ -284,7 +291,7 @@ impl PublishResults {
         cx: &mut Context<'_>,
     ) -> Poll<Option<<Self as Stream>::Item>> {
         loop {
-            if let Some(newest) = self.slots.back_mut()
+            if let Some((newest, _)) = self.slots.back_mut()
                 && let Slot::Sending(send) = newest
             {
                 let sent = send.as_mut().poll(cx);
@@ -295,7 +302,7 @@ impl PublishResults {
                 }
             }
             let alone = self.slots.len() == 1;
-            if let Some(head) = self.slots.front_mut() {
+            if let Some((head, _)) = self.slots.front_mut() {
                 let answered = match head {
                     Slot::Ready(_) => true,
                     Slot::Sending(_) => false,
@@ -327,7 +334,8 @@ impl PublishResults {
                         Poll::Pending => false,
                     },
                 };
-                if answered && let Some(Slot::Ready(response)) = self.slots.pop_front() {
+                if answered && let Some((Slot::Ready(response), size)) = self.slots.pop_front() {
+                    self.slot_bytes -= size;
                     return Poll::Ready(Some(Ok(response)));
                 }
             }
@@ -340,9 +348,12 @@ impl PublishResults {
             }
             let busy = matches!(
                 self.slots.back(),
-                Some(Slot::Sending(_)) | Some(Slot::Again(_))
+                Some((Slot::Sending(_) | Slot::Again(_), _))
             );
-            if busy || self.slots.len() >= GATEWAY_PIPELINE {
+            if busy
+                || self.slots.len() >= GATEWAY_PIPELINE
+                || self.slot_bytes >= GATEWAY_PIPELINE_BYTES
+            {
                 return Poll::Pending;
             }
             let request = match Pin::new(&mut self.requests).poll_next(cx) {
@@ -365,12 +376,17 @@ impl PublishResults {
             }
             match draft_reusing(request, self.broker.limits(), &mut self.recent) {
                 Ok(draft) => {
+                    let size = draft.size();
                     let gateway = gateway.clone();
-                    self.slots.push_back(Slot::Sending(Box::pin(async move {
-                        gateway.send(draft).await
-                    })));
+                    self.slot_bytes += size;
+                    self.slots.push_back((
+                        Slot::Sending(Box::pin(async move { gateway.send(draft).await })),
+                        size,
+                    ));
                 }
-                Err(error) => self.slots.push_back(Slot::Ready(refusal(&status(&error)))),
+                Err(error) => self
+                    .slots
+                    .push_back((Slot::Ready(refusal(&status(&error))), 0)),
             }
         }
     }
@@ -450,6 +466,7 @@ pub(super) fn publish_stream(
         broker,
         gateway,
         slots: VecDeque::new(),
+        slot_bytes: 0,
         requests_done: false,
         requests,
         recent: None,

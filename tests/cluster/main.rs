@@ -461,3 +461,46 @@ async fn a_pipelined_publish_stream_through_a_gateway_keeps_its_order() {
         member.ack(got.system_id).await;
     }
 }
+
+// Large messages through a pipelined `PublishStream` (at most 4 MiB of them await JetStream's
+// confirmation per stream): each of a dozen 1 MB publishes is confirmed, in order, and
+// delivered whole.
+#[tokio::test]
+async fn large_publishes_through_a_gateway_stream_are_confirmed_in_order() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("large", 4)).await.unwrap();
+    member.confirmed().await;
+    let requests: Vec<tinybroker::pb::PublishRequest> = (0..12u8)
+        .map(|n| tinybroker::pb::PublishRequest {
+            topic: "orders.big".into(),
+            payload: vec![n; 1_000_000].into(),
+            headers: Default::default(),
+        })
+        .collect();
+    let answers: Vec<tinybroker::pb::PublishStreamResponse> = within(async {
+        let mut answers = on_b
+            .1
+            .clone()
+            .publish_stream(tokio_stream::iter(requests))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut all = Vec::new();
+        while let Some(answer) = tokio_stream::StreamExt::next(&mut answers).await {
+            all.push(answer.unwrap());
+        }
+        all
+    })
+    .await;
+    assert_eq!(answers.len(), 12);
+    assert!(answers.iter().all(|a| a.code == 0), "{answers:?}");
+    assert!(answers.windows(2).all(|w| w[0].system_id < w[1].system_id));
+    for (n, answer) in answers.iter().enumerate() {
+        let got = member.message().await;
+        assert_eq!(got.system_id, answer.system_id);
+        assert_eq!(got.payload.len(), 1_000_000);
+        assert!(got.payload.iter().all(|&b| b == n as u8));
+        member.ack(got.system_id).await;
+    }
+}
