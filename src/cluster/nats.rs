@@ -119,6 +119,9 @@ pub struct NatsBackplane {
 
 const KV_OPERATION: &str = "KV-Operation";
 
+/// How long opening the coordination bucket keeps trying while the cluster settles.
+const BUCKET_PATIENCE: Duration = Duration::from_secs(10);
+
 impl NatsBackplane {
     /// Connects to `config.urls`, then binds the bucket, creating it if it does not exist.
     ///
@@ -165,35 +168,30 @@ impl NatsBackplane {
         js.set_timeout(config.request_timeout);
         // Creating a bucket that exists with the same config succeeds, so gateways racing to
         // create it all end up bound to it; one created with another config (say, other
-        // replicas) is bound as it is.
-        let created = js
-            .create_key_value(kv::Config {
-                bucket: config.bucket.clone(),
-                description: "tinybroker cluster coordination".to_string(),
-                history: 1,
-                storage: StorageType::File,
-                num_replicas: replicas,
-                ..Default::default()
-            })
-            .await;
-        let store = match created {
-            Ok(store) => store,
-            Err(create) => {
-                // Another client may be creating it right now (the stream exists before it
-                // answers): bind, retrying briefly while its creation settles.
-                let mut attempt = 0;
-                loop {
-                    match js.get_key_value(&config.bucket).await {
-                        Ok(store) => break store,
-                        Err(get) if attempt >= 4 => {
-                            return Err(bucket_error(format!("create: {create}; bind: {get}")));
-                        }
-                        Err(_) => {
-                            attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                    }
+        // replicas) is bound as it is. Another client may be creating it right now (the stream
+        // exists before it answers), and a cluster just started may still count a peer offline
+        // ("no suitable peers for placement"): both settle, so creating and binding are retried
+        // for a bounded time.
+        let bucket = kv::Config {
+            bucket: config.bucket.clone(),
+            description: "tinybroker cluster coordination".to_string(),
+            history: 1,
+            storage: StorageType::File,
+            num_replicas: replicas,
+            ..Default::default()
+        };
+        let deadline = tokio::time::Instant::now() + BUCKET_PATIENCE;
+        let store = loop {
+            let create = match js.create_key_value(bucket.clone()).await {
+                Ok(store) => break store,
+                Err(create) => create,
+            };
+            match js.get_key_value(&config.bucket).await {
+                Ok(store) => break store,
+                Err(get) if tokio::time::Instant::now() >= deadline => {
+                    return Err(bucket_error(format!("create: {create}; bind: {get}")));
                 }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         };
         let prefix = format!("$KV.{}.", config.bucket);
