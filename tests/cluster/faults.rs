@@ -173,15 +173,8 @@ async fn queued_messages_survive_stopping_every_gateway() {
     let urls = cluster.client_urls();
     let (a, b) = (gateway(&urls[0]).await, gateway(&urls[1]).await);
     let (on_a, on_b) = (a.client().await, b.client().await);
-    let mut worker = on_a
-        .subscribe(open(
-            "durable",
-            DeliveryMode::Queue,
-            "workers",
-            &["orders.*"],
-        ))
-        .await
-        .unwrap();
+    let durable = || open("durable", DeliveryMode::Queue, "workers", &["orders.*"]);
+    let mut worker = on_a.subscribe(durable()).await.unwrap();
     worker.confirmed().await;
     let mut leader = on_a.subscribe(singleton("leader")).await.unwrap();
     let before = leader.confirmed().await;
@@ -197,15 +190,7 @@ async fn queued_messages_survive_stopping_every_gateway() {
 
     let (c, _d) = (gateway(&urls[2]).await, gateway(&urls[0]).await);
     let on_c = c.client().await;
-    let mut worker = on_c
-        .subscribe(open(
-            "durable",
-            DeliveryMode::Queue,
-            "workers",
-            &["orders.*"],
-        ))
-        .await
-        .unwrap();
+    let mut worker = on_c.subscribe(durable()).await.unwrap();
     worker.confirmed().await;
     let first = worker.message().await;
     assert_eq!((first.system_id, first.delivery_attempt), (confirmed[0], 2));

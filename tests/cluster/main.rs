@@ -419,21 +419,7 @@ async fn a_pipelined_publish_stream_through_a_gateway_keeps_its_order() {
             headers: Default::default(),
         })
         .collect();
-    let answers: Vec<tinybroker::pb::PublishStreamResponse> = within(async {
-        let mut answers = on_b
-            .1
-            .clone()
-            .publish_stream(tokio_stream::iter(requests))
-            .await
-            .unwrap()
-            .into_inner();
-        let mut all = Vec::new();
-        while let Some(answer) = tokio_stream::StreamExt::next(&mut answers).await {
-            all.push(answer.unwrap());
-        }
-        all
-    })
-    .await;
+    let answers = publish_stream(&on_b, requests).await;
     assert_eq!(answers.len(), N);
     assert_eq!(Code::from(answers[N / 2].code), Code::InvalidArgument);
     let confirmed: Vec<(usize, u64)> = answers
@@ -478,8 +464,26 @@ async fn large_publishes_through_a_gateway_stream_are_confirmed_in_order() {
             headers: Default::default(),
         })
         .collect();
-    let answers: Vec<tinybroker::pb::PublishStreamResponse> = within(async {
-        let mut answers = on_b
+    let answers = publish_stream(&on_b, requests).await;
+    assert_eq!(answers.len(), 12);
+    assert!(answers.iter().all(|a| a.code == 0), "{answers:?}");
+    assert!(answers.windows(2).all(|w| w[0].system_id < w[1].system_id));
+    for (n, answer) in answers.iter().enumerate() {
+        let got = member.message().await;
+        assert_eq!(got.system_id, answer.system_id);
+        assert_eq!(got.payload.len(), 1_000_000);
+        assert!(got.payload.iter().all(|&b| b == n as u8));
+        member.ack(got.system_id).await;
+    }
+}
+
+/// Publishes `requests` on one `PublishStream` and returns every answer.
+async fn publish_stream(
+    client: &harness::Client,
+    requests: Vec<tinybroker::pb::PublishRequest>,
+) -> Vec<tinybroker::pb::PublishStreamResponse> {
+    within(async {
+        let mut answers = client
             .1
             .clone()
             .publish_stream(tokio_stream::iter(requests))
@@ -492,15 +496,5 @@ async fn large_publishes_through_a_gateway_stream_are_confirmed_in_order() {
         }
         all
     })
-    .await;
-    assert_eq!(answers.len(), 12);
-    assert!(answers.iter().all(|a| a.code == 0), "{answers:?}");
-    assert!(answers.windows(2).all(|w| w[0].system_id < w[1].system_id));
-    for (n, answer) in answers.iter().enumerate() {
-        let got = member.message().await;
-        assert_eq!(got.system_id, answer.system_id);
-        assert_eq!(got.payload.len(), 1_000_000);
-        assert!(got.payload.iter().all(|&b| b == n as u8));
-        member.ack(got.system_id).await;
-    }
+    .await
 }

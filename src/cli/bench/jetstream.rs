@@ -39,15 +39,7 @@ pub(super) async fn delete_stream(urls: &str, name: &str) {
 }
 
 async fn connect(urls: &str) -> Result<async_nats::Client, String> {
-    let addrs = urls
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(|u| {
-            u.parse::<async_nats::ServerAddr>()
-                .map_err(|e| format!("--nats {u:?}: {e}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let addrs = tinybroker::cluster::gateway::parse_urls(urls)?;
     async_nats::ConnectOptions::new()
         .name("tinybroker-bench")
         .connect(addrs)

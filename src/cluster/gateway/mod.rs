@@ -156,6 +156,26 @@ impl Drop for Inner {
     }
 }
 
+/// NATS server URLs, comma-separated, as `--nats` takes them.
+///
+/// # Errors
+/// A sentence naming the URL that does not parse, or saying none was given.
+pub fn parse_urls(urls: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
+    let urls = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>()
+                .map_err(|e| format!("--nats {u:?}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if urls.is_empty() {
+        return Err("--nats needs at least one URL".into());
+    }
+    Ok(urls)
+}
+
 /// The broker settings a gateway needs: the local subscription expires as soon as its last
 /// member leaves, so what it held goes back to JetStream for other gateways at once.
 pub fn local_limits(mut limits: crate::core::Limits) -> crate::core::Limits {
@@ -190,19 +210,7 @@ impl Gateway {
                 config.stream
             ));
         }
-        let urls = config
-            .urls
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(|u| {
-                u.parse::<async_nats::ServerAddr>()
-                    .map_err(|e| format!("--nats {u:?}: {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if urls.is_empty() {
-            return Err("--nats needs at least one URL".into());
-        }
+        let urls = parse_urls(&config.urls)?;
         let client = async_nats::ConnectOptions::new()
             .name("tinybroker-gateway")
             .connect(urls)
