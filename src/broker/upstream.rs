@@ -59,6 +59,15 @@ impl Broker {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Counts a publish JetStream refused through this gateway (its stream full, the message
+    /// too large for NATS): the broker's `rejected_publishes`, as for its own refusals.
+    pub fn count_rejected_publish(&self) {
+        self.inner
+            .counters
+            .rejected_publishes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Makes `member` the active member of the arbitrated singleton `subscription_id`, with the
     /// cluster's `epoch`: it gets the confirmation frame, then what waits here.
     ///

@@ -109,6 +109,15 @@ pub struct Serve {
     /// kept alive every third of it; this bounds how late a dead gateway's messages come back).
     #[arg(long, env = "TINYBROKER_NATS_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
     nats_ack_wait: Duration,
+    /// Cluster mode: most messages the JetStream stream keeps (every subscription's backlog
+    /// together) when this gateway creates it; publishes past it get RESOURCE_EXHAUSTED. A
+    /// stream that exists keeps its own limits.
+    #[arg(long, env = "TINYBROKER_NATS_MAX_MESSAGES", default_value_t = gateway::DEFAULT_MAX_MESSAGES, value_parser = clap::value_parser!(i64).range(1..))]
+    nats_max_messages: i64,
+    /// Cluster mode: most bytes the JetStream stream keeps when this gateway creates it;
+    /// publishes past it get RESOURCE_EXHAUSTED. A stream that exists keeps its own limits.
+    #[arg(long, env = "TINYBROKER_NATS_MAX_BYTES", default_value_t = gateway::DEFAULT_MAX_BYTES, value_parser = clap::value_parser!(i64).range(1..))]
+    nats_max_bytes: i64,
     /// Cluster mode: how long this gateway's lease lasts without renewal (renewed every third
     /// of it). A gateway that cannot renew ends its singleton members' streams with
     /// UNAVAILABLE; other gateways promote the next member once it has surely lapsed (about
@@ -238,6 +247,8 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     idle_timeout: args.idle_timeout,
                     ack_wait: args.nats_ack_wait.max(Duration::from_secs(1)),
                     lease: args.gateway_lease,
+                    max_messages: args.nats_max_messages,
+                    max_bytes: args.nats_max_bytes,
                     ..GatewayConfig::new(urls.clone())
                 },
                 server.broker().clone(),

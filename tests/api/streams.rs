@@ -424,7 +424,9 @@ async fn slow_ack_free_subscriber_drops_oldest_and_never_blocks_publishers() {
 
 // SPEC §6: with drop-oldest, a subscription abandoned by its members cannot block publishers to
 // its topics; with the default reject-publish it does, until it expires.
-// Through gateways a subscription without members has its queue in JetStream, not at a gateway: no gateway drops or refuses for it (README, cluster mode).
+// Through gateways a subscription without members has its queue in JetStream, not at a gateway:
+// no gateway drops or refuses for it; the stream's limits bound every backlog together
+// (tests/cluster/limits.rs; README, cluster mode).
 embedded_only! {
 #[tokio::test]
 async fn abandoned_drop_oldest_subscription_does_not_block_publishers() {

@@ -238,7 +238,8 @@ async fn oversized_messages_are_resource_exhausted() {
 // SPEC §6: a full queue refuses publishes with RESOURCE_EXHAUSTED naming the subscription and
 // limit; the publish is all-or-nothing (a matching subscription with room does not queue it
 // either), and the refusal is counted.
-// Through gateways the queue is in JetStream and a full one refuses no publish (README, cluster mode).
+// Through gateways the queue is in JetStream, bounded by the stream's limits for every
+// subscription together, not per subscription (tests/cluster/limits.rs; README, cluster mode).
 embedded_only! {
 #[tokio::test]
 async fn full_queue_rejects_publish_on_every_subscription_and_counts_it() {

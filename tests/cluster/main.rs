@@ -26,6 +26,7 @@ mod nats_server;
 mod api;
 mod bench;
 mod faults;
+mod limits;
 mod singleton;
 
 /// The API suite's deployment here: two gateways over a fresh three-node NATS cluster,

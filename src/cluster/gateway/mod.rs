@@ -61,7 +61,7 @@ use async_nats::{
     jetstream::{
         self,
         consumer::{self, AckPolicy, DeliverPolicy, PullConsumer},
-        stream::{RetentionPolicy, StorageType},
+        stream::{DiscardPolicy, RetentionPolicy, StorageType},
     },
 };
 pub use bridge::Router;
@@ -95,7 +95,18 @@ pub struct GatewayConfig {
     /// long plus a tenth. Singleton consumers wait half of it for an ack, so what a dead
     /// gateway held is redelivered before its successor is promoted.
     pub lease: Duration,
+    /// Most messages the stream keeps, across every subscription's backlog, when the gateway
+    /// creates it (`--nats-max-messages`); a publish past it is refused.
+    pub max_messages: i64,
+    /// Most bytes the stream keeps when the gateway creates it (`--nats-max-bytes`); a publish
+    /// past it is refused.
+    pub max_bytes: i64,
 }
+
+/// `--nats-max-messages`' default: ten subscriptions' worth of the embedded default queue.
+pub const DEFAULT_MAX_MESSAGES: i64 = 1_000_000;
+/// `--nats-max-bytes`' default: the embedded broker's default memory budget.
+pub const DEFAULT_MAX_BYTES: i64 = 1 << 30;
 
 impl GatewayConfig {
     /// Defaults for everything but the URLs.
@@ -108,6 +119,8 @@ impl GatewayConfig {
             ack_wait: Duration::from_secs(30),
             forward_timeout: Duration::from_secs(2),
             lease: Duration::from_secs(3),
+            max_messages: DEFAULT_MAX_MESSAGES,
+            max_bytes: DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -216,6 +229,15 @@ impl Gateway {
             .connect(urls)
             .await
             .map_err(|e| format!("cannot connect to NATS at {}: {e}", config.urls))?;
+        let max_payload = client.server_info().max_payload;
+        let max_message = broker.limits().max_message_bytes;
+        if max_message > max_payload {
+            tracing::warn!(
+                max_message_bytes = max_message,
+                max_payload,
+                "--max-message-bytes {max_message} is above the NATS servers' max_payload {max_payload}: larger messages are refused with INVALID_ARGUMENT"
+            );
+        }
         let js = jetstream::new(client.clone());
         let stream = ensure_stream(&js, &config).await?;
         let id = format!(
@@ -538,18 +560,38 @@ fn nats_headers(headers: &crate::core::Headers) -> Result<HeaderMap, Status> {
 }
 
 /// The stream, created when missing. Auto replicas try 3 first and take fewer when the
-/// cluster is smaller.
+/// cluster is smaller. A stream the gateway creates is bounded (`max_messages`, `max_bytes`)
+/// and refuses new messages when full (discard new), as the embedded broker's default
+/// overflow policy refuses publishes: a confirmed message is never discarded to make room.
+/// One that exists is taken as it is, its limits logged.
 async fn ensure_stream(
     js: &jetstream::Context,
     config: &GatewayConfig,
 ) -> Result<jetstream::stream::Stream, String> {
     let subjects = format!("{}.>", config.stream);
     if let Ok(stream) = js.get_stream(&config.stream).await {
-        if !stream.cached_info().config.subjects.contains(&subjects) {
+        let existing = &stream.cached_info().config;
+        if !existing.subjects.contains(&subjects) {
             return Err(format!(
                 "JetStream stream {} exists but does not take {subjects}",
                 config.stream
             ));
+        }
+        if existing.max_messages < 0 && existing.max_bytes < 0 {
+            tracing::warn!(
+                stream = %config.stream,
+                "JetStream stream {} exists without max_msgs or max_bytes: its backlog is bounded only by the servers' disks (set them with `nats stream edit`)",
+                config.stream
+            );
+        } else {
+            tracing::info!(
+                stream = %config.stream,
+                max_msgs = existing.max_messages,
+                max_bytes = existing.max_bytes,
+                discard = ?existing.discard,
+                "JetStream stream {} exists: its own limits apply, not --nats-max-messages/--nats-max-bytes",
+                config.stream
+            );
         }
         return Ok(stream);
     }
@@ -565,6 +607,9 @@ async fn ensure_stream(
             retention: RetentionPolicy::Interest,
             storage: StorageType::File,
             num_replicas: replicas,
+            max_messages: config.max_messages,
+            max_bytes: config.max_bytes,
+            discard: DiscardPolicy::New,
             ..Default::default()
         };
         match js.get_or_create_stream(stream_config).await {

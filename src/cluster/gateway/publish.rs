@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use tonic::Status;
 
 use super::{Gateway, names, nats_headers, unavailable};
-use crate::{broker::Published, core::Draft};
+use crate::{broker::Published, core::Draft, service};
 
 /// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
 pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
@@ -48,12 +48,41 @@ impl Sent {
             Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
                 Err(Unconfirmed::NoResponders(self.draft))
             }
-            Err(error) => Err(Unconfirmed::Failed(unavailable(
-                "JetStream did not confirm the publish",
-                error,
-            ))),
+            Err(error) => {
+                let status = refused(&self.gateway, &error)
+                    .unwrap_or_else(|| unavailable("JetStream did not confirm the publish", error));
+                Err(Unconfirmed::Failed(status))
+            }
         }
     }
+}
+
+/// The status for a publish JetStream refused for a reason the client can act on: the stream
+/// is full (its `max_msgs` or `max_bytes`, with discard new), or the message is larger than
+/// the NATS servers take. Counted as a rejected publish. `None` for other failures.
+fn refused(gateway: &Gateway, error: &PublishError) -> Option<Status> {
+    let broker = &gateway.inner.shared.broker;
+    if error.kind() == PublishErrorKind::MaxPayloadExceeded {
+        broker.count_rejected_publish();
+        return Some(Status::invalid_argument(
+            "the message, with its headers as NATS carries them, is larger than the NATS servers' max_payload; send a smaller one, or raise max_payload on the servers",
+        ));
+    }
+    let text = std::error::Error::source(error)
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let limit = if text.contains("maximum messages") {
+        "max_msgs (--nats-max-messages when the gateway created it)"
+    } else if text.contains("maximum bytes") {
+        "max_bytes (--nats-max-bytes when the gateway created it)"
+    } else {
+        return None;
+    };
+    broker.count_rejected_publish();
+    let stream = &gateway.inner.config.stream;
+    Some(Status::resource_exhausted(service::cap_message(format!(
+        "JetStream stream {stream} is full: its {limit} limit is reached ({text}); ack or drain subscriptions' backlogs, or raise the limit"
+    ))))
 }
 
 impl Unconfirmed {
@@ -76,7 +105,10 @@ pub(super) async fn send(gateway: &Gateway, draft: Draft) -> Result<Sent, Status
         .js
         .publish_with_headers(subject, headers, draft.payload_bytes())
         .await
-        .map_err(|e| unavailable("JetStream did not take the publish", e))?;
+        .map_err(|e| {
+            refused(gateway, &e)
+                .unwrap_or_else(|| unavailable("JetStream did not take the publish", e))
+        })?;
     Ok(Sent {
         gateway: gateway.clone(),
         draft,

@@ -1,0 +1,175 @@
+//! Cluster mode's bounds: the JetStream stream a gateway creates holds at most
+//! `--nats-max-messages` messages and `--nats-max-bytes` bytes (every subscription's backlog
+//! together) and refuses a publish past either with `RESOURCE_EXHAUSTED`, counted, as the
+//! embedded broker's default overflow policy refuses one; and a message larger than NATS
+//! carries is `INVALID_ARGUMENT`, not a failure of the cluster.
+
+use std::sync::Arc;
+
+use tinybroker::{clock::TokioClock, cluster::gateway::GatewayConfig, pb};
+use tonic::Code;
+
+use crate::{
+    NatsCluster, assert_code, gateway, gateway_with, harness::Member, publish_stream, queue, within,
+};
+
+/// A cluster whose stream the first gateway created with these limits; the second binds it.
+async fn bounded(
+    max_messages: i64,
+    max_bytes: i64,
+) -> (NatsCluster, crate::TestServer, crate::TestServer) {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let a = gateway_with(
+        GatewayConfig {
+            max_messages,
+            max_bytes,
+            ..GatewayConfig::new(&urls[0])
+        },
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let b = gateway(&urls[1]).await;
+    (cluster, a, b)
+}
+
+fn request(topic: &str, payload: Vec<u8>) -> pb::PublishRequest {
+    pb::PublishRequest {
+        topic: topic.into(),
+        payload: payload.into(),
+        headers: Default::default(),
+    }
+}
+
+/// Acks the next message; once JetStream removed it (interest retention: every consumer
+/// acked), a publish is taken again. Returns that publish's answer.
+async fn ack_and_publish_again(member: &mut Member, on_b: &crate::harness::Client) {
+    let got = member.message().await;
+    member.ack(got.system_id).await;
+    // The ack reaches JetStream asynchronously: the stream has room once it is applied.
+    within(async {
+        loop {
+            match on_b.try_publish("orders.new", b"again".to_vec()).await {
+                Ok(answer) => return answer,
+                Err(status) if status.code() == Code::ResourceExhausted => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Err(status) => panic!("unexpected refusal: {status:?}"),
+            }
+        }
+    })
+    .await;
+}
+
+// SPEC §6 (memory is bounded) in cluster mode: the stream refuses the publish past its
+// max_msgs, on the unary and the streaming carriage, counts it, and takes publishes again once
+// an ack makes room. Nothing confirmed is discarded to make room.
+#[tokio::test]
+async fn a_full_stream_refuses_publishes_and_counts_them() {
+    let (_cluster, a, b) = bounded(3, 1 << 30).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    member.confirmed().await;
+    let mut stored = Vec::new();
+    for n in 0..3 {
+        stored.push(on_b.publish("orders.new", &n.to_string()).await.system_id);
+    }
+    assert_code(
+        on_b.try_publish("orders.new", b"4".to_vec()).await,
+        Code::ResourceExhausted,
+        "max_msgs (--nats-max-messages",
+    );
+    let answers = publish_stream(&on_b, vec![request("orders.new", b"5".to_vec())]).await;
+    assert_eq!(
+        answers.iter().map(|a| a.code).collect::<Vec<_>>(),
+        vec![Code::ResourceExhausted as i32],
+        "{answers:?}"
+    );
+    let broker = on_b.publishers_list().await.broker.unwrap();
+    assert_eq!((broker.published, broker.rejected_publishes), (3, 2));
+    // The three stored ones are all delivered, in order: none was discarded for the refused.
+    ack_and_publish_again(&mut member, &on_b).await;
+    let mut delivered = Vec::new();
+    for _ in 0..2 {
+        let got = member.message().await;
+        delivered.push(got.system_id);
+        member.ack(got.system_id).await;
+    }
+    assert_eq!(delivered, stored[1..]);
+    assert_eq!(
+        member.message().await.payload,
+        b"again".as_slice(),
+        "the publish taken after the ack"
+    );
+}
+
+// The same for max_bytes: a stream of 2 KiB takes a few 500-byte messages, then refuses.
+#[tokio::test]
+async fn a_stream_full_by_bytes_refuses_publishes() {
+    let (_cluster, a, b) = bounded(1_000_000, 2048).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    member.confirmed().await;
+    let mut taken = 0;
+    let refused = within(async {
+        loop {
+            match on_b.try_publish("orders.new", vec![b'x'; 500]).await {
+                Ok(_) => taken += 1,
+                Err(status) => return status,
+            }
+        }
+    })
+    .await;
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("max_bytes (--nats-max-bytes"),
+        "{refused:?}"
+    );
+    assert!(
+        (1..=4).contains(&taken),
+        "{taken} messages of 500 B in 2 KiB"
+    );
+    ack_and_publish_again(&mut member, &on_b).await;
+}
+
+// SPEC §6: bad input never breaks the broker. A gateway whose --max-message-bytes is above the
+// NATS servers' max_payload (1 MiB by default) takes a message NATS cannot carry: it is
+// INVALID_ARGUMENT saying so, counted, and the gateway goes on publishing.
+#[tokio::test]
+async fn a_message_larger_than_nats_carries_is_invalid_argument() {
+    let cluster = NatsCluster::start(3).await;
+    let mut server = tinybroker::server::ServerConfig::default();
+    server.limits.max_message_bytes = 2 << 20;
+    server.max_request_bytes = tinybroker::server::ServerConfig::request_bytes_for(&server.limits);
+    server.max_pending_request_bytes = server
+        .max_pending_request_bytes
+        .max(4 * server.max_request_bytes);
+    let b = crate::serve_gateway(
+        server,
+        GatewayConfig::new(&cluster.client_urls()[0]),
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let on_b = b.client().await;
+    let huge = vec![b'x'; (1 << 20) + 1024];
+    assert_code(
+        on_b.try_publish("orders.big", huge.clone()).await,
+        Code::InvalidArgument,
+        "max_payload",
+    );
+    let answers = publish_stream(&on_b, vec![request("orders.big", huge)]).await;
+    assert_eq!(
+        answers.iter().map(|a| a.code).collect::<Vec<_>>(),
+        vec![Code::InvalidArgument as i32],
+        "{answers:?}"
+    );
+    assert_eq!(
+        on_b.publishers_list()
+            .await
+            .broker
+            .unwrap()
+            .rejected_publishes,
+        2
+    );
+    on_b.publish("orders.small", "fine").await;
+}
