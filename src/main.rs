@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker.
-    Serve(cli::serve::Serve),
+    Serve(Box<cli::serve::Serve>),
     /// Publish one message.
     Publish(cli::client::Publish),
     /// Join a subscription and print every frame; acks each message unless --no-ack.
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match command {
-            Command::Serve(args) => cli::serve::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Serve(args) => cli::serve::run(*args).await.map(|()| ExitCode::SUCCESS),
             Command::Publish(args) => cli::client::publish(args).await.map(|()| ExitCode::SUCCESS),
             Command::Subscribe(args) => cli::client::subscribe(args).await.map(|end| match end {
                 cli::client::SubscribeEnd::Ended => ExitCode::SUCCESS,

@@ -79,6 +79,9 @@ struct Inner {
     /// Cluster mode: singleton subscriptions' active members are chosen by the cluster
     /// (`Broker::gateway`).
     arbitrated: bool,
+    /// Cluster mode: dead letters go to JetStream through the observer (the gateway's
+    /// router), not to this broker's own subscriptions, which only JetStream feeds.
+    upstream_dead_letters: bool,
 }
 
 #[derive(Default)]
@@ -211,6 +214,7 @@ impl Broker {
                 observer,
                 timings: std::sync::OnceLock::new(),
                 arbitrated: false,
+                upstream_dead_letters: false,
             }),
         }
     }
@@ -557,6 +561,9 @@ impl Broker {
     /// dead-letter topic matches its own patterns cannot loop) and is dropped and counted where a
     /// queue is full. Queuing never produces new dead letters, so this does not recurse.
     fn publish_dead_letters(&self, dead: DeadLetters) {
+        if self.inner.upstream_dead_letters {
+            return;
+        }
         for (origin, draft) in dead {
             let catalog = read(&self.inner.catalog);
             let keys = catalog.index.matches(draft.topic());

@@ -41,6 +41,7 @@ impl Broker {
         let mut broker = Self::with_observer(limits, clock, Some(observer));
         if let Some(inner) = Arc::get_mut(&mut broker.inner) {
             inner.arbitrated = true;
+            inner.upstream_dead_letters = true;
             let routes = 1 << (52 - GATEWAY_ROUTE_SHIFT);
             let floor = IdFloor::at_start((routes + random_u64() % routes) << GATEWAY_ROUTE_SHIFT);
             inner.id_floor = floor;

@@ -195,8 +195,6 @@ async fn nack_redelivers_at_the_head(carriage: Carriage) {
 }
 
 // SPEC §4: a poison message is published to the dead-letter topic with headers saying why.
-// Cluster mode refuses dead_letter_topic for now (README, cluster mode).
-embedded_only! {
 over_carriages! {
 async fn poison_message_goes_to_the_dead_letter_topic(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -234,6 +232,56 @@ async fn poison_message_goes_to_the_dead_letter_topic(carriage: Carriage) {
     assert_eq!(counters.dead_lettered, 1);
 }
 }
+
+// SPEC §4: a dead letter whose topic matches its own subscription's patterns skips it (no
+// loop), reaches the others, and a member joining later without max_delivery_attempts or
+// dead_letter_topic gets the subscription's own (through gateways: a member on the other
+// gateway, where the subscription did not exist yet).
+#[tokio::test]
+async fn dead_letters_skip_their_own_subscription_and_joins_inherit_the_settings() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut watch = client
+        .subscribe(open("watch", DeliveryMode::Queue, "ops", &["jobs.dead"]))
+        .await
+        .unwrap();
+    watch.confirmed().await;
+    let mut req = open("loop", DeliveryMode::Queue, "workers", &["jobs.>"]);
+    req.max_delivery_attempts = 1;
+    req.dead_letter_topic = "jobs.dead".into();
+    let mut first = client.subscribe(req).await.unwrap();
+    first.confirmed().await;
+    let poison = client.publish("jobs.x", "boom").await.system_id;
+    assert_eq!(first.message().await.system_id, poison);
+    first.nack(poison).await;
+    let dead = watch.message().await;
+    assert_eq!(
+        (dead.topic.as_str(), &dead.payload[..]),
+        ("jobs.dead", &b"boom"[..])
+    );
+    watch.ack(dead.system_id).await;
+    // The next message "loop" gets is the one published after: not its own dead letter.
+    let after = client.publish("jobs.y", "next").await.system_id;
+    let got = first.message().await;
+    assert_eq!((got.system_id, &got.payload[..]), (after, &b"next"[..]));
+    first.ack(after).await;
+    drop(first);
+    // A later member names neither setting: it joins with the subscription's.
+    let mut later = client
+        .at_publishers()
+        .subscribe(open("loop", DeliveryMode::Queue, "workers", &["jobs.>"]))
+        .await
+        .unwrap();
+    later.confirmed().await;
+    let poison = client.publish("jobs.z", "again").await.system_id;
+    assert_eq!(later.message().await.system_id, poison);
+    later.nack(poison).await;
+    let dead = watch.message().await;
+    assert_eq!(
+        dead.headers["tinybroker-dead-letter-system-id"],
+        poison.to_string()
+    );
+    assert_eq!(dead.headers["tinybroker-dead-letter-attempts"], "1");
 }
 
 // SPEC §1: PublishBatch publishes in order; an invalid message rejects the whole batch.

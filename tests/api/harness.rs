@@ -202,6 +202,12 @@ impl Client {
         Self(client.clone(), client)
     }
 
+    /// This client's calls all at the publishers' server (through gateways, the other
+    /// gateway; embedded, the same broker): for a member joining elsewhere.
+    pub fn at_publishers(&self) -> Self {
+        Self::of(self.1.clone())
+    }
+
     /// Opens a subscription stream. Returns once the broker has accepted the member (the
     /// response headers arrive after the join), not when it becomes active.
     pub async fn subscribe(&self, request: OpenSubscription) -> Result<Member, Status> {

@@ -29,7 +29,7 @@ use tokio_stream::StreamExt;
 use super::Shared;
 use crate::{
     broker::{Input, Observation, Observer},
-    core::{Effect, Envelope, Error, Headers, MemberId, Message, Topic},
+    core::{Draft, Effect, Envelope, Error, Headers, MemberId, Message, Topic},
 };
 
 /// How long one pull request waits for messages. A request asks for the room the members had
@@ -43,8 +43,13 @@ pub(super) const PULL_EXPIRES: Duration = Duration::from_secs(1);
 pub(super) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
 /// Pause after a failed pull (NATS unreachable, consumer gone) before the next.
 const RETRY: Duration = Duration::from_millis(500);
+/// How long JetStream waits before redelivering a message whose dead letter it did not store.
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
 /// How long a nak that hands a singleton's messages on may wait for JetStream's confirmation.
 const NAK_CONFIRM: Duration = Duration::from_secs(2);
+
+/// The header naming the subscription a dead letter came from ([`Draft::dead_letter`]).
+const DEAD_LETTER_ORIGIN: &str = "tinybroker-dead-letter-subscription";
 
 /// What the local core decided about a message the bridge holds, or that the subscription is
 /// gone from this gateway.
@@ -54,6 +59,9 @@ pub(super) enum Event {
     Acked(u64),
     /// Dropped by the core (max attempts, overflow): JetStream must not redeliver it.
     Dropped(u64),
+    /// It reached `max_delivery_attempts` and the subscription has a dead-letter topic:
+    /// publish this draft to JetStream, then terminate the message.
+    DeadLettered(u64, Draft),
     /// A member of an arbitrated singleton left this gateway (its stream closed, or the
     /// cluster ended it): when no active member remains here, what the gateway holds goes back
     /// to JetStream before the coordinator hears of it, so the next active member, on any
@@ -159,7 +167,7 @@ impl Observer for Router {
             || observation
                 .effects
                 .iter()
-                .any(|e| matches!(e, Effect::Dropped { .. }));
+                .any(|e| matches!(e, Effect::Dropped { .. } | Effect::DeadLetter { .. }));
         if !relevant {
             return;
         }
@@ -194,8 +202,19 @@ impl Observer for Router {
             let _ = link.events.send(Event::Acked(*system_id));
         }
         for effect in observation.effects {
-            if let Effect::Dropped { system_id, .. } = effect {
-                let _ = link.events.send(Event::Dropped(*system_id));
+            match effect {
+                Effect::Dropped { system_id, .. } => {
+                    let _ = link.events.send(Event::Dropped(*system_id));
+                }
+                Effect::DeadLetter { message, attempts } => {
+                    if let Some(topic) = &observation.subscription.spec().dead_letter_topic {
+                        let draft = Draft::dead_letter(message, id, topic.clone(), *attempts);
+                        let _ = link
+                            .events
+                            .send(Event::DeadLettered(message.system_id(), draft));
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -375,12 +394,43 @@ impl Bridge {
             Some(Event::Acked(sequence)) => (sequence, AckKind::Ack),
             Some(Event::Dropped(sequence)) => (sequence, AckKind::Term),
             Some(Event::Left(member)) => return Flow::Vacated(member),
+            Some(Event::DeadLettered(sequence, draft)) => {
+                self.dead_letter(sequence, draft).await;
+                return Flow::Go;
+            }
             Some(Event::Stop) | None => return Flow::Stop,
         };
         if let Some(reply) = self.held.remove(&sequence) {
             self.reply(reply, kind).await;
         }
         Flow::Go
+    }
+
+    /// Publishes a dead letter to JetStream, then terminates its message: a dead letter is
+    /// stored before the message it replaces is let go. One refused because the stream is full
+    /// is dropped (counted in `rejected_publishes`), as the embedded broker drops a dead letter
+    /// that finds no room. One JetStream did not answer is given back after a pause instead,
+    /// so the message comes again and, past its attempts, is dead-lettered again when given
+    /// back: late, never lost.
+    async fn dead_letter(&mut self, sequence: u64, draft: Draft) {
+        let topic = draft.topic().clone();
+        let kind = match super::publish::publish(&self.shared, draft).await {
+            Ok(published) => {
+                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, dead_letter = published.system_id, "message reached max_delivery_attempts; dead-lettered it to JetStream");
+                AckKind::Term
+            }
+            Err(status) if status.code() != tonic::Code::Unavailable => {
+                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, error = %status.message(), "JetStream refused a dead letter; dropping it");
+                AckKind::Term
+            }
+            Err(status) => {
+                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, error = %status.message(), "JetStream did not store a dead letter; giving its message back to come again");
+                AckKind::Nak(Some(DEAD_LETTER_RETRY))
+            }
+        };
+        if let Some(reply) = self.held.remove(&sequence) {
+            self.reply(reply, kind).await;
+        }
     }
 
     async fn reply(&self, reply: Subject, kind: AckKind) {
@@ -452,6 +502,19 @@ impl Bridge {
                 return;
             }
         };
+        if message
+            .headers()
+            .get(DEAD_LETTER_ORIGIN)
+            .map(String::as_str)
+            == Some(&*self.subscription)
+        {
+            // This subscription's own dead letter, matching its own patterns: as in the
+            // embedded broker, a dead letter skips the subscription it came from (no loop).
+            if let Some(reply) = reply {
+                self.reply(reply, AckKind::Ack).await;
+            }
+            return;
+        }
         let attempt = u32::try_from(delivered.max(1)).unwrap_or(u32::MAX);
         if self.explicit
             && let Some(reply) = &reply

@@ -128,6 +128,7 @@ impl GatewayConfig {
 /// What every part of the gateway shares.
 struct Shared {
     client: async_nats::Client,
+    js: jetstream::Context,
     broker: Broker,
     prefix: String,
     /// The line to the singleton coordinator.
@@ -142,7 +143,6 @@ pub struct Gateway {
 
 struct Inner {
     shared: Arc<Shared>,
-    js: jetstream::Context,
     stream: jetstream::stream::Stream,
     router: Arc<Router>,
     /// Names this gateway's own consumers (BROADCAST).
@@ -262,6 +262,7 @@ impl Gateway {
             singleton::spawn(backplane, broker.clone(), singleton::config(config.lease));
         let shared = Arc::new(Shared {
             client: client.clone(),
+            js: js.clone(),
             broker: broker.clone(),
             prefix: config.stream.clone(),
             singletons: Some(singletons),
@@ -272,7 +273,6 @@ impl Gateway {
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
-                js,
                 stream,
                 router,
                 id,
@@ -303,7 +303,7 @@ impl Gateway {
     /// `INVALID_ARGUMENT` for a header NATS cannot carry, `UNAVAILABLE` when JetStream does
     /// not confirm.
     pub async fn publish(&self, draft: Draft) -> Result<Published, Status> {
-        publish::publish(self, draft).await
+        publish::publish(&self.inner.shared, draft).await
     }
 
     /// Sends one message to JetStream without waiting for its confirmation: messages sent one
@@ -313,7 +313,7 @@ impl Gateway {
     /// # Errors
     /// `INVALID_ARGUMENT` for a header NATS cannot carry, `UNAVAILABLE` when it cannot be sent.
     pub async fn send(&self, draft: Draft) -> Result<publish::Sent, Status> {
-        publish::send(self, draft).await
+        publish::send(&self.inner.shared, draft).await
     }
 
     /// Joins a subscription at this gateway: checks (or creates) its JetStream consumer, joins
@@ -335,12 +335,15 @@ impl Gateway {
                 "notify_standby is not available in cluster mode yet: a standby's place is in the cluster-wide line",
             ));
         }
-        if spec.dead_letter_topic.is_some() {
-            return Err(Status::failed_precondition(
-                "dead_letter_topic is not available in cluster mode yet",
-            ));
-        }
-        let consumer = self.consumer(request).await?;
+        let (consumer, recorded) = self.consumer(request).await?;
+        // Joined with the subscription's own settings: a join that leaves
+        // max_delivery_attempts or dead_letter_topic unset takes them from the subscription,
+        // wherever it was created.
+        let request = &OpenRequest {
+            spec: recorded,
+            ..request.clone()
+        };
+        let spec = &request.spec;
         let broker = &self.inner.shared.broker;
         let member = broker.open(request, connection).map_err(|e| {
             crate::broker::refused_join(&request.subscription_id, &e);
@@ -392,13 +395,16 @@ impl Gateway {
         }
     }
 
-    /// The subscription's consumer: checked against the settings its metadata records when it
-    /// exists, created otherwise.
-    async fn consumer(&self, request: &OpenRequest) -> Result<PullConsumer, Status> {
+    /// The subscription's consumer and its settings: checked against those its metadata
+    /// records when it exists, created otherwise.
+    async fn consumer(
+        &self,
+        request: &OpenRequest,
+    ) -> Result<(PullConsumer, crate::core::SubscriptionSpec), Status> {
         let spec = &request.spec;
         let name = names::consumer_name(spec.mode, &request.subscription_id, &self.inner.id);
         let stream = &self.inner.stream;
-        let check = |info: &consumer::Info| -> Result<(), Status> {
+        let check = |info: &consumer::Info| -> Result<crate::core::SubscriptionSpec, Status> {
             let (id, recorded) = names::recorded(&info.config.metadata).map_err(|why| {
                 Status::failed_precondition(service::cap_message(format!(
                     "subscription {:?} cannot use JetStream consumer {name}: {why}",
@@ -412,7 +418,7 @@ impl Gateway {
                 ))));
             }
             match recorded.differences(spec) {
-                None => Ok(()),
+                None => Ok(recorded),
                 Some(diff) => Err(Status::failed_precondition(service::cap_message(format!(
                     "subscription {:?} exists with other settings (on some gateway): {diff}",
                     request.subscription_id
@@ -420,8 +426,8 @@ impl Gateway {
             }
         };
         if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
-            check(consumer.cached_info())?;
-            return Ok(consumer);
+            let recorded = check(consumer.cached_info())?;
+            return Ok((consumer, recorded));
         }
         let config = consumer::pull::Config {
             durable_name: Some(name.clone()),
@@ -445,12 +451,12 @@ impl Gateway {
             ..Default::default()
         };
         match stream.create_consumer_strict(config).await {
-            Ok(consumer) => Ok(consumer),
+            Ok(consumer) => Ok((consumer, spec.clone())),
             Err(error) => {
                 // Another gateway may have created it first, with other settings.
                 if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
-                    check(consumer.cached_info())?;
-                    return Ok(consumer);
+                    let recorded = check(consumer.cached_info())?;
+                    return Ok((consumer, recorded));
                 }
                 Err(Status::failed_precondition(service::cap_message(format!(
                     "JetStream refused the consumer of subscription {:?}: {error}",

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::core::{AckMode, Mode, Overflow, Pattern, SubscriptionSpec};
+use crate::core::{AckMode, Mode, Overflow, Pattern, SubscriptionSpec, Topic};
 
 /// A topic's or pattern's subject: `<prefix>.<topic>`. Topics are already NATS-shaped (SPEC §2:
 /// dot-separated non-empty tokens without whitespace, `*` or `>`), and patterns use NATS
@@ -62,11 +62,13 @@ const PATTERNS: &str = "tinybroker-patterns";
 const ACK_MODE: &str = "tinybroker-ack-mode";
 const OVERFLOW: &str = "tinybroker-overflow";
 const MAX_ATTEMPTS: &str = "tinybroker-max-delivery-attempts";
+/// Absent on consumers made before dead-letter topics worked in cluster mode: none.
+const DEAD_LETTER: &str = "tinybroker-dead-letter-topic";
 
 /// The subscription's id and shared settings, as consumer metadata.
 pub fn metadata(subscription_id: &str, spec: &SubscriptionSpec) -> HashMap<String, String> {
     let patterns: Vec<&str> = spec.patterns.iter().map(Pattern::as_str).collect();
-    HashMap::from([
+    let mut metadata = HashMap::from([
         (ID.to_string(), subscription_id.to_string()),
         (MODE.to_string(), spec.mode.to_string()),
         (GROUP.to_string(), spec.consumer_group.clone()),
@@ -78,7 +80,11 @@ pub fn metadata(subscription_id: &str, spec: &SubscriptionSpec) -> HashMap<Strin
             MAX_ATTEMPTS.to_string(),
             spec.max_delivery_attempts.to_string(),
         ),
-    ])
+    ]);
+    if let Some(topic) = &spec.dead_letter_topic {
+        metadata.insert(DEAD_LETTER.to_string(), topic.as_str().to_string());
+    }
+    metadata
 }
 
 /// The subscription id and settings a consumer's metadata records, or why they cannot be read
@@ -118,6 +124,10 @@ pub fn recorded(metadata: &HashMap<String, String>) -> Result<(String, Subscript
     let max_delivery_attempts = max_attempts
         .parse()
         .map_err(|_| parse(MAX_ATTEMPTS, max_attempts))?;
+    let dead_letter_topic = metadata
+        .get(DEAD_LETTER)
+        .map(|topic| Topic::parse(topic).map_err(|e| format!("its consumer's {DEAD_LETTER}: {e}")))
+        .transpose()?;
     Ok((
         get(ID)?.clone(),
         SubscriptionSpec {
@@ -125,7 +135,7 @@ pub fn recorded(metadata: &HashMap<String, String>) -> Result<(String, Subscript
             consumer_group: get(GROUP)?.clone(),
             patterns,
             max_delivery_attempts,
-            dead_letter_topic: None,
+            dead_letter_topic,
             ack_mode,
             overflow,
         },
@@ -145,7 +155,7 @@ mod tests {
                 Pattern::parse("mail.>").unwrap(),
             ],
             max_delivery_attempts: 5,
-            dead_letter_topic: None,
+            dead_letter_topic: Some(Topic::parse("jobs.dead").unwrap()),
             ack_mode: AckMode::Explicit,
             overflow: Overflow::RejectPublish,
         }
@@ -156,6 +166,9 @@ mod tests {
         let (id, back) = recorded(&metadata("orders", &spec())).unwrap();
         assert_eq!(id, "orders");
         assert_eq!(back, spec());
+        let mut without = metadata("orders", &spec());
+        without.remove(DEAD_LETTER);
+        assert_eq!(recorded(&without).unwrap().1.dead_letter_topic, None);
         let mut broken = metadata("orders", &spec());
         broken.insert(MODE.into(), "sideways".into());
         assert!(recorded(&broken).unwrap_err().contains("sideways"));

@@ -8,7 +8,9 @@ use std::time::Duration;
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use tonic::Status;
 
-use super::{Gateway, names, nats_headers, unavailable};
+use std::sync::Arc;
+
+use super::{Shared, names, nats_headers, unavailable};
 use crate::{broker::Published, core::Draft, service};
 
 /// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
@@ -16,7 +18,7 @@ pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
 
 /// A publish sent to JetStream, its confirmation still to come.
 pub struct Sent {
-    gateway: Gateway,
+    shared: Arc<Shared>,
     draft: Draft,
     ack: PublishAckFuture,
 }
@@ -39,7 +41,7 @@ impl Sent {
     pub async fn confirmed(self) -> Result<Published, Unconfirmed> {
         match self.ack.await {
             Ok(ack) => {
-                self.gateway.inner.shared.broker.count_upstream_publish();
+                self.shared.broker.count_upstream_publish();
                 Ok(Published {
                     system_id: ack.sequence,
                     queued_for: 0,
@@ -49,7 +51,7 @@ impl Sent {
                 Err(Unconfirmed::NoResponders(self.draft))
             }
             Err(error) => {
-                let status = refused(&self.gateway, &error)
+                let status = refused(&self.shared, &error)
                     .unwrap_or_else(|| unavailable("JetStream did not confirm the publish", error));
                 Err(Unconfirmed::Failed(status))
             }
@@ -60,8 +62,8 @@ impl Sent {
 /// The status for a publish JetStream refused for a reason the client can act on: the stream
 /// is full (its `max_msgs` or `max_bytes`, with discard new), or the message is larger than
 /// the NATS servers take. Counted as a rejected publish. `None` for other failures.
-fn refused(gateway: &Gateway, error: &PublishError) -> Option<Status> {
-    let broker = &gateway.inner.shared.broker;
+fn refused(shared: &Shared, error: &PublishError) -> Option<Status> {
+    let broker = &shared.broker;
     if error.kind() == PublishErrorKind::MaxPayloadExceeded {
         broker.count_rejected_publish();
         return Some(Status::invalid_argument(
@@ -79,7 +81,7 @@ fn refused(gateway: &Gateway, error: &PublishError) -> Option<Status> {
         return None;
     };
     broker.count_rejected_publish();
-    let stream = &gateway.inner.config.stream;
+    let stream = &shared.prefix;
     Some(Status::resource_exhausted(service::cap_message(format!(
         "JetStream stream {stream} is full: its {limit} limit is reached ({text}); ack or drain subscriptions' backlogs, or raise the limit"
     ))))
@@ -97,26 +99,25 @@ impl Unconfirmed {
     }
 }
 
-pub(super) async fn send(gateway: &Gateway, draft: Draft) -> Result<Sent, Status> {
-    let subject = names::subject(&gateway.inner.shared.prefix, draft.topic().as_str());
+pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Status> {
+    let subject = names::subject(&shared.prefix, draft.topic().as_str());
     let headers = nats_headers(draft.envelope().headers())?;
-    let ack = gateway
-        .inner
+    let ack = shared
         .js
         .publish_with_headers(subject, headers, draft.payload_bytes())
         .await
         .map_err(|e| {
-            refused(gateway, &e)
+            refused(shared, &e)
                 .unwrap_or_else(|| unavailable("JetStream did not take the publish", e))
         })?;
     Ok(Sent {
-        gateway: gateway.clone(),
+        shared: shared.clone(),
         draft,
         ack,
     })
 }
 
-pub(super) async fn publish(gateway: &Gateway, draft: Draft) -> Result<Published, Status> {
+pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Status> {
     // "No responders" means no server took the message, so sending it again cannot store it
     // twice. It happens while the stream's interest is still spreading over the routes (a
     // stream just created) or while its leader moves: retried for a bounded time.
@@ -124,7 +125,7 @@ pub(super) async fn publish(gateway: &Gateway, draft: Draft) -> Result<Published
     let mut waited = Duration::ZERO;
     let mut draft = draft;
     loop {
-        match send(gateway, draft).await?.confirmed().await {
+        match send(shared, draft).await?.confirmed().await {
             Ok(published) => return Ok(published),
             Err(Unconfirmed::NoResponders(again)) if waited < NO_RESPONDERS_PATIENCE => {
                 tokio::time::sleep(delay).await;
