@@ -162,6 +162,9 @@ impl Checker {
             }
             Input::Expire { held } => format!("expire ({held} held)"),
             Input::Activate { member, epoch } => format!("activate m{member} epoch {epoch}"),
+            Input::PlaceInLine { member, position } => {
+                format!("m{member} placed {position} in the cluster's line")
+            }
             Input::HandBack { ids } => format!("hand back {ids:?}"),
         }
     }
@@ -284,7 +287,10 @@ impl Observer for Checker {
                 check_fence(m, "nack", *member, *connection, *system_id, &mut violations);
                 m.holder.remove(system_id);
             }
-            Input::Ack { .. } | Input::Nack { .. } | Input::Activate { .. } => {}
+            Input::Ack { .. }
+            | Input::Nack { .. }
+            | Input::Activate { .. }
+            | Input::PlaceInLine { .. } => {}
             Input::HandBack { ids } => {
                 for id in ids {
                     m.outstanding.remove(id);

@@ -231,6 +231,15 @@ impl ClusterWorld {
                         self.checker
                             .activated(self.now(), &subscription, uid, epoch);
                     }
+                    Effect::Standby {
+                        subscription,
+                        member,
+                        position,
+                    } => {
+                        let uid = g.uid(member);
+                        self.checker
+                            .standby(self.now(), &subscription, uid, position);
+                    }
                     Effect::End { member, .. } => {
                         let uid = g.uid(member);
                         g.members.remove(&member);

@@ -10,7 +10,10 @@
 //!     appends at the back), its active member is the first of the line, and a member leaves the
 //!     line only once it is gone (a live member never loses its place);
 //! (d) liveness, once faults heal: every subscription with live members has exactly one active
-//!     member, the first of a line that holds exactly the live members.
+//!     member, the first of a line that holds exactly the live members;
+//! (e) a standby notice goes to a live member that is not active, in the line, with a place
+//!     (1 = next) no nearer the front than it stands in the newest value (places only move
+//!     forward: appends go to the back).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -110,6 +113,43 @@ impl ClusterChecker {
         }
         s.last_epoch = s.last_epoch.max(epoch);
         s.open.insert(uid, (at, epoch));
+        for f in found {
+            self.violation(at, f);
+        }
+    }
+
+    /// A gateway told `uid` it stands at `position` in the line (e).
+    pub fn standby(&mut self, at: Duration, sub: &str, uid: MemberUid, position: u32) {
+        self.trace
+            .at(at, format!("{sub}: {} standby, place {position}", m(uid)));
+        let s = self.subs.entry(sub.to_string()).or_default();
+        let place = s.kv.line.iter().position(|u| *u == uid);
+        let mut found = Vec::new();
+        if !s.alive.contains(&uid) {
+            found.push(format!(
+                "(e) {sub}: standby notice to {}, which is gone",
+                m(uid)
+            ));
+        }
+        if s.open.contains_key(&uid) {
+            found.push(format!(
+                "(e) {sub}: standby notice to {}, which is active",
+                m(uid)
+            ));
+        }
+        match place {
+            None => found.push(format!(
+                "(e) {sub}: standby notice to {}, not in the line [{}]",
+                m(uid),
+                ms_list(&s.kv.line)
+            )),
+            Some(now) if position == 0 || (position as usize) < now => found.push(format!(
+                "(e) {sub}: {} told place {position}, but it stands at {now} in [{}]",
+                m(uid),
+                ms_list(&s.kv.line)
+            )),
+            Some(_) => {}
+        }
         for f in found {
             self.violation(at, f);
         }

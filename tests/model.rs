@@ -22,6 +22,8 @@ use tinybroker::core::{
 enum Op {
     Join {
         window: u32,
+        /// It asks for a standby notice (`notify_standby`).
+        notify: bool,
     },
     Leave {
         pick: usize,
@@ -58,12 +60,17 @@ enum Op {
     },
     /// Cluster mode: the queued messages are taken out, to go back upstream.
     HandBack,
+    /// Cluster mode: the cluster's line places a member at `position`.
+    PlaceInLine {
+        pick: usize,
+        position: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         // Window 0 is taken as 1.
-        3 => (0u32..=3).prop_map(|window| Op::Join { window }),
+        3 => (0u32..=3, any::<bool>()).prop_map(|(window, notify)| Op::Join { window, notify }),
         2 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
         4 => Just(Op::Publish),
         1 => Just(Op::PublishInternal),
@@ -80,6 +87,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<usize>(), 1u64..4, any::<bool>())
             .prop_map(|(pick, step, promotion)| Op::Activate { pick, step, promotion }),
         1 => Just(Op::HandBack),
+        1 => (any::<usize>(), 0u32..4).prop_map(|(pick, position)| Op::PlaceInLine { pick, position }),
     ]
 }
 
@@ -143,27 +151,23 @@ enum Seen {
     Confirm(u64, u64),
     Deliver(u64, u64, u32, u64),
     Retired(u64),
+    Standby(u64, u32),
 }
 
 fn project(effects: &[Effect]) -> Vec<Seen> {
     effects
         .iter()
-        .filter_map(|e| match e {
-            Effect::Confirm { member, epoch } => Some(Seen::Confirm(*member, *epoch)),
+        .map(|e| match e {
+            Effect::Confirm { member, epoch } => Seen::Confirm(*member, *epoch),
             Effect::Deliver {
                 member,
                 message,
                 attempt,
                 epoch,
-            } => Some(Seen::Deliver(
-                *member,
-                message.system_id(),
-                *attempt,
-                *epoch,
-            )),
-            Effect::Dropped { system_id, .. } => Some(Seen::Retired(*system_id)),
-            Effect::DeadLetter { message, .. } => Some(Seen::Retired(message.system_id())),
-            Effect::Standby { .. } => None,
+            } => Seen::Deliver(*member, message.system_id(), *attempt, *epoch),
+            Effect::Dropped { system_id, .. } => Seen::Retired(*system_id),
+            Effect::DeadLetter { message, .. } => Seen::Retired(message.system_id()),
+            Effect::Standby { member, position } => Seen::Standby(*member, *position),
         })
         .collect()
 }
@@ -171,6 +175,7 @@ fn project(effects: &[Effect]) -> Vec<Seen> {
 struct RefMember {
     id: u64,
     window: usize,
+    notify: bool,
     epoch: Option<u64>,
     held: Vec<u64>,
 }
@@ -233,6 +238,17 @@ impl Model {
         let mut out = vec![Seen::Confirm(self.members[i].id, epoch)];
         self.dispatch(&mut out);
         Ok(out)
+    }
+
+    /// Cluster mode: member `i` placed at `position` in the cluster's line: a notice when it
+    /// is a standby of an arbitrated singleton that asked for one.
+    fn place_in_line(&self, i: usize, position: u32) -> Vec<Seen> {
+        let m = &self.members[i];
+        if self.arbitrated() && m.epoch.is_none() && m.notify {
+            vec![Seen::Standby(m.id, position.max(1))]
+        } else {
+            vec![]
+        }
     }
 
     fn held_count(&self) -> u64 {
@@ -321,7 +337,7 @@ impl Model {
         }
     }
 
-    fn join(&mut self, window: u32) -> Result<Vec<Seen>, ()> {
+    fn join(&mut self, window: u32, notify: bool) -> Result<Vec<Seen>, ()> {
         if (self.setup.mode == Mode::Broadcast && !self.members.is_empty())
             || self.members.len() >= self.setup.max_members
         {
@@ -332,6 +348,7 @@ impl Model {
         let mut member = RefMember {
             id: self.last_member,
             window: window.max(1) as usize,
+            notify,
             epoch: None,
             held: vec![],
         };
@@ -339,6 +356,9 @@ impl Model {
             self.epoch += 1;
             member.epoch = Some(self.epoch);
             out.push(Seen::Confirm(member.id, self.epoch));
+        } else if self.setup.mode == Mode::Singleton && notify && !self.arbitrated() {
+            // SPEC §5: its place is the number of members ahead of it.
+            out.push(Seen::Standby(member.id, self.members.len() as u32));
         }
         self.members.push(member);
         self.idle_since = None;
@@ -482,12 +502,12 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         history.saw_ids(&model, next_sid);
         let (got, want): (Vec<Seen>, Vec<Seen>) = match op {
-            Op::Join { window } => {
+            Op::Join { window, notify } => {
                 let options = MemberOptions {
                     max_in_flight: window,
-                    notify_standby: false,
+                    notify_standby: notify,
                 };
-                match (core.join(&spec, options), model.join(window)) {
+                match (core.join(&spec, options), model.join(window, notify)) {
                     (Ok((_, fx)), Ok(want)) => (project(&fx), want),
                     (Err(_), Err(())) => (vec![], vec![]),
                     (got, want) => {
@@ -641,6 +661,17 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         )));
                     }
                 }
+            }
+            Op::PlaceInLine { pick, position } => {
+                if model.members.is_empty() {
+                    continue;
+                }
+                let i = pick % model.members.len();
+                let id = model.members[i].id;
+                (
+                    project(&core.place_in_line(id, position)),
+                    model.place_in_line(i, position),
+                )
             }
             Op::HandBack => {
                 let got: Vec<(u64, u32)> = core

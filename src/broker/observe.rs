@@ -58,6 +58,14 @@ pub enum Input {
         /// Its epoch, from the cluster.
         epoch: Epoch,
     },
+    /// Cluster mode: the cluster's line places this standby of an arbitrated singleton at
+    /// `position` (1 = next).
+    PlaceInLine {
+        /// The member.
+        member: MemberId,
+        /// Its place.
+        position: u32,
+    },
     /// Cluster mode: these queued messages were taken out, to go back upstream.
     HandBack {
         /// The messages, head first.

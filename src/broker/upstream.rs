@@ -96,6 +96,26 @@ impl Broker {
         })
     }
 
+    /// Tells `member`, a standby of the arbitrated singleton `subscription_id`, its place in
+    /// the cluster's line when it asked for standby notices. Nothing happens when it left
+    /// meanwhile, is active, or did not ask.
+    pub fn place_in_line(&self, subscription_id: &str, member: MemberId, position: u32) {
+        let result = self.with_subscription(subscription_id, |state, dead| {
+            let effects = state.core.place_in_line(member, position);
+            if !effects.is_empty() {
+                self.apply(
+                    state,
+                    Input::PlaceInLine { member, position },
+                    effects,
+                    dead,
+                );
+            }
+            Ok(())
+        });
+        // Gone meanwhile: nobody to tell.
+        let _ = result;
+    }
+
     /// Ends `member`'s stream with `error` and removes it at once, as if its stream had closed:
     /// what it held goes back to the queue and it acts no more. Nothing happens when it is not
     /// a member here (it left meanwhile).

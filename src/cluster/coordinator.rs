@@ -148,6 +148,16 @@ pub enum Effect {
         /// It took over from an earlier active member ([`SubValue::promoted`]).
         promoted: bool,
     },
+    /// The member, on standby, entered the line at `position` (1 = next): tell it, if it
+    /// asked for standby notices.
+    Standby {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
+        /// Members ahead of it in the line when it entered.
+        position: u32,
+    },
     /// End the member's stream with this status; the coordinator has forgotten it.
     End {
         /// The subscription.
@@ -693,7 +703,18 @@ impl Coordinator {
                     });
                     return false;
                 }
+                let entered = in_line && !m.seen_in_line;
                 m.seen_in_line |= in_line;
+                // At the head of the line with nobody active it is about to be promoted, not
+                // waiting: no notice.
+                let ahead = v.line.iter().position(|u| *u == uid).unwrap_or(0);
+                if entered && !is_active && ahead > 0 {
+                    self.effects.push_back(Effect::Standby {
+                        subscription: sub.clone(),
+                        member: m.id,
+                        position: u32::try_from(ahead).unwrap_or(u32::MAX),
+                    });
+                }
                 if is_active && !m.activated && may_activate {
                     m.activated = true;
                     self.effects.push_back(Effect::Activate {

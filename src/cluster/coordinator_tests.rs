@@ -148,9 +148,28 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
     c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
     let (cmds, effects) = drain(&mut c);
     assert!(cmds.is_empty(), "nothing to change: {cmds:?}");
-    assert_eq!(effects.len(), 1, "member 1 is confirmed: {effects:?}");
+    assert_eq!(
+        effects,
+        vec![
+            Effect::Activate {
+                subscription: "jobs".into(),
+                member: 1,
+                epoch: 3,
+                carry: Vec::new(),
+                promoted: false
+            },
+            // Member 2 is told its place once: two members are ahead of it.
+            Effect::Standby {
+                subscription: "jobs".into(),
+                member: 2,
+                position: 2
+            },
+        ],
+        "member 1 is confirmed, member 2 waits"
+    );
     c.member_left(ms(5), "jobs", 1);
-    let (cmds, _) = drain(&mut c);
+    let (cmds, effects) = drain(&mut c);
+    assert!(effects.is_empty(), "no second notice: {effects:?}");
     assert_eq!(cmds.len(), 1);
     assert!(matches!(cmds[0].op, Op::Update(_, 9)));
     let next = value(&cmds[0]);

@@ -273,6 +273,23 @@ impl Subscription {
         self.arbitrated
     }
 
+    /// Cluster mode: `member`, a standby of this arbitrated singleton, stands at `position` in
+    /// the cluster's line (1 = next). A standby notice for it when it asked for one
+    /// (`notify_standby`) and is still on standby; nothing otherwise.
+    pub fn place_in_line(&self, member_id: MemberId, position: u32) -> Vec<Effect> {
+        match self.members.get(&member_id) {
+            Some(member)
+                if self.arbitrated && member.epoch.is_none() && member.options.notify_standby =>
+            {
+                vec![Effect::Standby {
+                    member: member_id,
+                    position: position.max(1),
+                }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Makes `member_id` the active member of an arbitrated singleton, with `epoch` (the
     /// cluster's fencing token). It gets the confirmation, then what waits in the queue.
     ///

@@ -141,9 +141,8 @@ async fn late_joiner_never_preempts_and_waits_its_turn(carriage: Carriage) {
 }
 }
 
-// SPEC §5 (optional notice): a member that asks is told it is on standby and its place in line.
-// Cluster mode refuses notify_standby for now (README, cluster mode).
-embedded_only! {
+// SPEC §5 (optional notice): a member that asks is told it is on standby and its place in line
+// (through gateways, its place in the cluster's line).
 #[tokio::test]
 async fn standby_notice_reports_place_in_line_when_asked() {
     let server = TestServer::start().await;
@@ -152,19 +151,31 @@ async fn standby_notice_reports_place_in_line_when_asked() {
     a.confirmed().await;
     let mut ask = singleton("notice");
     ask.notify_standby = true;
-    let mut b = client.subscribe(ask.clone()).await.unwrap();
-    let mut c = client.subscribe(ask).await.unwrap();
     use tinybroker::pb::subscription_frame::Frame;
-    match (b.frame().await, c.frame().await) {
-        (Frame::Standby(nb), Frame::Standby(nc)) => {
-            assert_eq!((nb.position, nc.position), (1, 2));
-            assert!(nb.member_id < nc.member_id);
-        }
-        other => panic!("expected standby notices, got {other:?}"),
-    }
+    let mut b = client.subscribe(ask.clone()).await.unwrap();
+    let Frame::Standby(nb) = b.frame().await else {
+        panic!("expected a standby notice for b");
+    };
+    // Through gateways c joins at the other one: its place counts members everywhere.
+    let mut c = client.at_publishers().subscribe(ask).await.unwrap();
+    let Frame::Standby(nc) = c.frame().await else {
+        panic!("expected a standby notice for c");
+    };
+    assert_eq!((nb.position, nc.position), (1, 2));
+    assert_eq!(
+        (nb.subscription_id.as_str(), nc.subscription_id.as_str()),
+        ("notice", "notice")
+    );
+    // A member that did not ask gets no notice: its first frame is its confirmation.
+    let mut d = client.subscribe(singleton("notice")).await.unwrap();
     drop(a);
     b.confirmed().await;
-}
+    assert_eq!(b.member_id, nb.member_id, "the notice named b");
+    drop(b);
+    c.confirmed().await;
+    assert_eq!(c.member_id, nc.member_id, "the notice named c");
+    drop(c);
+    d.confirmed().await;
 }
 
 // SPEC §4: a demoted member's late ack cannot release the new holder's copy.

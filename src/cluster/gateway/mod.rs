@@ -45,8 +45,8 @@
 //!   one active, with the cluster's epoch. A gateway whose active member leaves gives back
 //!   what it holds before the coordinator promotes the next member ([`bridge`]), and singleton
 //!   consumers wait half the gateway lease for acks, so the in-flight messages come first.
-//! - **Not yet**: dead-letter topics and a singleton's `notify_standby` are refused with
-//!   `FAILED_PRECONDITION`.
+//! - **Dead letters** are stored in JetStream by the bridge before their message is
+//!   terminated; a standby's notice (`notify_standby`) names its place in the cluster's line.
 
 mod bridge;
 mod forward;
@@ -328,13 +328,7 @@ impl Gateway {
         request: &OpenRequest,
         connection: Option<ConnectionId>,
     ) -> Result<MemberStream, Status> {
-        let spec = &request.spec;
-        let singleton = spec.mode == Mode::Singleton;
-        if singleton && request.member.notify_standby {
-            return Err(Status::failed_precondition(
-                "notify_standby is not available in cluster mode yet: a standby's place is in the cluster-wide line",
-            ));
-        }
+        let singleton = request.spec.mode == Mode::Singleton;
         let (consumer, recorded) = self.consumer(request).await?;
         // Joined with the subscription's own settings: a join that leaves
         // max_delivery_attempts or dead_letter_topic unset takes them from the subscription,

@@ -187,6 +187,11 @@ fn carry_out(
                     tracing::debug!(%subscription, member, %error, "could not activate a member");
                 }
             }
+            Effect::Standby {
+                subscription,
+                member,
+                position,
+            } => broker.place_in_line(&subscription, member, position),
             Effect::End {
                 subscription,
                 member,
