@@ -313,29 +313,38 @@ async fn unacked_message_of_a_closed_member_goes_to_another_gateway() {
     staying.ack(got.system_id).await;
 }
 
-// What gateways do not offer yet is refused, clearly: standby notices (a standby's place is in
-// the cluster-wide line) and dead-letter topics.
+// A subscription's settings are the same at every gateway: a join at another gateway naming
+// another dead-letter topic or max_delivery_attempts is refused, saying what differs (the
+// consumer's metadata records them).
 #[tokio::test]
-async fn what_cluster_mode_does_not_offer_is_refused() {
+async fn a_join_elsewhere_with_other_dead_letter_settings_is_refused() {
     let cluster = NatsCluster::start(1).await;
-    let server = gateway(&cluster.client_urls()[0]).await;
-    let client = server.client().await;
+    let url = &cluster.client_urls()[0];
+    let (a, b) = (gateway(url).await, gateway(url).await);
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut first = queue("poison", 1);
+    first.dead_letter_topic = "dead.orders".into();
+    first.max_delivery_attempts = 3;
+    let mut member = on_a.subscribe(first.clone()).await.unwrap();
+    member.confirmed().await;
     for carriage in [Carriage::Unary, Carriage::Stream] {
-        let mut notify = singleton("leader");
-        notify.notify_standby = true;
+        let mut other = first.clone();
+        other.dead_letter_topic = "dead.other".into();
         assert_code(
-            client.subscribe_via(carriage, notify).await.map(|_| ()),
+            on_b.subscribe_via(carriage, other).await.map(|_| ()),
             Code::FailedPrecondition,
-            "notify_standby is not available in cluster mode yet",
+            "dead_letter_topic is \"dead.orders\", request asks \"dead.other\"",
         );
     }
-    let mut dead_letters = queue("poison", 1);
-    dead_letters.dead_letter_topic = "dead.orders".into();
+    let mut other = first.clone();
+    other.max_delivery_attempts = 4;
     assert_code(
-        client.subscribe(dead_letters).await.map(|_| ()),
+        on_b.subscribe(other).await.map(|_| ()),
         Code::FailedPrecondition,
-        "not available in cluster mode yet",
+        "max_delivery_attempts is 3, request asks 4",
     );
+    let mut same = on_b.subscribe(first).await.unwrap();
+    same.confirmed().await;
 }
 
 // The binary: `serve --nats URL` logs what it connected to, and the CLI's subscribe and

@@ -3,6 +3,8 @@
 //! interval the active replica is killed with SIGKILL and a fresh one joins at the back. For
 //! each kill: the gap from the kill to the first delivery at the new active. At the end: how
 //! many published messages were never acked (lost) and how many were delivered more than once.
+//! Through two gateways (`bench --nats`), replicas alternate between them, so a kill on one
+//! promotes a replica on the other.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -36,8 +38,9 @@ pub struct W2 {
     interval: Duration,
 }
 
-/// `tinybroker bench-replica`: one W2 replica. Prints `active EPOCH` when confirmed and
-/// `got SYSTEM_ID ATTEMPT UNIX_NANOS` for each message, then acks it.
+/// `tinybroker bench-replica`: one W2 replica. Prints `standby POSITION` when told its place
+/// in line, `active EPOCH` when confirmed and `got SYSTEM_ID ATTEMPT UNIX_NANOS` for each
+/// message, then acks it.
 #[derive(Args)]
 pub struct Replica {
     #[command(flatten)]
@@ -63,6 +66,7 @@ pub async fn replica(args: Replica) -> Result<(), String> {
         topic_patterns: vec!["bench.>".into()],
         mode: DeliveryMode::Singleton.into(),
         consumer_group: "bench".into(),
+        notify_standby: true,
         ..Default::default()
     };
     let (tx, rx) = mpsc::channel(64);
@@ -91,6 +95,7 @@ pub async fn replica(args: Replica) -> Result<(), String> {
                 member_id = c.member_id;
                 println!("active {}", c.epoch);
             }
+            Some(Frame::Standby(notice)) => println!("standby {}", notice.position),
             Some(Frame::Message(m)) => {
                 println!(
                     "got {} {} {}",
@@ -127,6 +132,10 @@ pub async fn replica(args: Replica) -> Result<(), String> {
 
 /// A line from a replica process.
 enum Event {
+    /// In line (it is there for good: promotion order is join order).
+    Standby {
+        replica: usize,
+    },
     Active {
         replica: usize,
     },
@@ -138,7 +147,8 @@ enum Event {
 }
 
 struct Replicas {
-    url: String,
+    /// Replica n connects to `urls[n % urls.len()]`.
+    urls: Vec<String>,
     subscription: String,
     acks: Carriage,
     children: BTreeMap<usize, Child>,
@@ -151,14 +161,9 @@ impl Replicas {
         let n = self.next;
         self.next += 1;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let url = &self.urls[n % self.urls.len()];
         let mut child = Command::new(exe)
-            .args([
-                "bench-replica",
-                "--server",
-                &self.url,
-                "--id",
-                &self.subscription,
-            ])
+            .args(["bench-replica", "--server", url, "--id", &self.subscription])
             .args([
                 "--acks",
                 if self.acks == Carriage::Stream {
@@ -179,6 +184,7 @@ impl Replicas {
                 let mut words = line.split_whitespace();
                 let event = match words.next() {
                     Some("active") => Event::Active { replica: n },
+                    Some("standby") => Event::Standby { replica: n },
                     Some("got") => {
                         let system_id = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
                         let _attempt = words.next();
@@ -213,7 +219,7 @@ impl Drop for Replicas {
 pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Result<(), String> {
     let (events_tx, events) = std_mpsc::channel();
     let mut replicas = Replicas {
-        url: broker.url().to_string(),
+        urls: broker.consumer_urls(),
         subscription: format!("bench-w2-{}", std::process::id()),
         acks: common.acks,
         children: BTreeMap::new(),
@@ -221,17 +227,18 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
         next: 0,
     };
     let mut active = None;
-    // Join one at a time so the join order (and so the promotion order) is known.
+    // Join one at a time, each in line before the next, so the join order (and so the
+    // promotion order) is known.
     for _ in 0..args.replicas.max(2) {
         let n = replicas.spawn()?;
         if active.is_none() {
             active = Some(wait_active(&events, &mut Default::default())?);
         } else {
-            wait_member(&replicas, broker, common, n + 1).await?;
+            wait_standby(&events, n)?;
         }
     }
     let connection = Connection {
-        server: broker.url().to_string(),
+        server: broker.publish_url().to_string(),
         token: common.token.clone(),
         ..Connection::default()
     };
@@ -255,7 +262,7 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
                 .recv_timeout(Duration::from_secs(10))
                 .map_err(|_| "no delivery within 10 s of a kill")?;
             match event {
-                Event::Active { .. } => {}
+                Event::Active { .. } | Event::Standby { .. } => {}
                 Event::Got {
                     replica,
                     system_id,
@@ -334,6 +341,7 @@ fn pump(
     while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
         match events.recv_timeout(left) {
             Ok((Event::Active { replica }, _)) => *active = Some(replica),
+            Ok((Event::Standby { .. }, _)) => {}
             Ok((
                 Event::Got {
                     replica, system_id, ..
@@ -358,36 +366,21 @@ fn wait_active(
         match events.recv_timeout(Duration::from_secs(10)) {
             Ok((Event::Active { replica }, _)) => return Ok(replica),
             Ok((Event::Got { system_id, .. }, _)) => *received.entry(system_id).or_default() += 1,
+            Ok((Event::Standby { .. }, _)) => {}
             Err(_) => return Err("the first replica was not confirmed within 10 s".into()),
         }
     }
 }
 
-/// Waits until the subscription has `members` members.
-async fn wait_member(
-    replicas: &Replicas,
-    broker: &Target,
-    common: &Common,
-    members: usize,
-) -> Result<(), String> {
-    let connection = Connection {
-        server: broker.url().to_string(),
-        token: common.token.clone(),
-        ..Connection::default()
-    };
-    let mut client = connection.connect().await?;
-    for _ in 0..1000 {
-        let info = client
-            .describe_subscription(pb::DescribeSubscriptionRequest {
-                subscription_id: replicas.subscription.clone(),
-            })
-            .await;
-        if info.is_ok_and(|i| i.into_inner().members.len() >= members) {
-            return Ok(());
+/// Waits until replica `n` is in line (its standby notice); nothing else happens meanwhile.
+fn wait_standby(events: &std_mpsc::Receiver<(Event, u64)>, n: usize) -> Result<(), String> {
+    loop {
+        match events.recv_timeout(Duration::from_secs(10)) {
+            Ok((Event::Standby { replica }, _)) if replica == n => return Ok(()),
+            Ok(_) => {}
+            Err(_) => return Err(format!("replica {n} was not in line within 10 s")),
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Err("a replica did not join within 10 s".into())
 }
 
 async fn publish_at_rate(
