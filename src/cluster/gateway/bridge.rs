@@ -225,8 +225,9 @@ pub(super) struct Bridge {
     pub(super) shared: Arc<Shared>,
     pub(super) subscription: Arc<str>,
     pub(super) consumer: PullConsumer,
-    /// Whether JetStream expects acks (false for an ack-free subscription: its consumer is
-    /// `AckNone`, and a message is done once delivered to the gateway).
+    /// Whether JetStream expects acks (false for an ack-free QUEUE or BROADCAST subscription:
+    /// its consumer is `AckNone`, and a message is done once delivered to the gateway; an
+    /// ack-free singleton's is acked once written to its member's stream).
     pub(super) explicit: bool,
     /// How often held messages get progress acks: a third of the consumer's ack wait.
     pub(super) progress_every: Duration,

@@ -350,7 +350,7 @@ impl Gateway {
                 shared: self.inner.shared.clone(),
                 subscription: subscription.clone(),
                 consumer,
-                explicit: spec.ack_mode == AckMode::Explicit,
+                explicit: acked_upstream(spec),
                 progress_every: self.ack_wait(spec.mode) / 3,
                 events,
                 wake,
@@ -431,9 +431,10 @@ impl Gateway {
                 .map(|p| names::subject(&self.inner.shared.prefix, p.as_str()))
                 .collect(),
             deliver_policy: DeliverPolicy::New,
-            ack_policy: match spec.ack_mode {
-                AckMode::Explicit => AckPolicy::Explicit,
-                AckMode::None => AckPolicy::None,
+            ack_policy: if acked_upstream(spec) {
+                AckPolicy::Explicit
+            } else {
+                AckPolicy::None
             },
             ack_wait: self.ack_wait(spec.mode),
             max_deliver: -1,
@@ -526,6 +527,16 @@ impl Gateway {
         .await;
         let _ = self.inner.shared.client.flush().await;
     }
+}
+
+/// Whether the subscription's JetStream consumer expects acks: for acked subscriptions, and
+/// for ack-free singletons too, whose gateway acks a message once it is written to the active
+/// member's stream (the local core's ack-free "done"). So what a gateway pulled but had not
+/// yet written when its active member left goes back to JetStream with the rest, in order,
+/// for the next active member, rather than being lost with JetStream counting it delivered.
+/// An ack-free QUEUE or BROADCAST consumer acks nothing: the message is done once pulled.
+fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
+    spec.ack_mode == AckMode::Explicit || spec.mode == Mode::Singleton
 }
 
 /// Message headers as NATS headers. NATS header names are ASCII without ':' or whitespace,
