@@ -58,7 +58,7 @@ use std::{
     time::Duration,
 };
 
-use harness::{Carriage, Member, TestServer, assert_code, open, singleton, within};
+use harness::{Carriage, Member, TestServer, assert_code, open, within};
 use nats_server::NatsCluster;
 use tinybroker::{
     clock::{Clock, TokioClock},
