@@ -621,23 +621,7 @@ impl pb::broker_server::Broker for BrokerService {
             .collect::<Result<Vec<_>, _>>()?;
         let total = drafts.len();
         let result = match &self.gateway {
-            Some(gateway) => {
-                let mut published = Vec::with_capacity(total);
-                let mut refused = None;
-                for draft in drafts {
-                    match gateway.publish(draft).await {
-                        Ok(p) => published.push(p),
-                        Err(s) => {
-                            refused = Some(s);
-                            break;
-                        }
-                    }
-                }
-                match refused {
-                    None => Ok(published),
-                    Some(s) => Err((published, s)),
-                }
-            }
+            Some(gateway) => gateway.publish_batch(drafts).await,
             None => self
                 .broker
                 .publish_batch(drafts)

@@ -103,6 +103,44 @@ async fn a_full_stream_refuses_publishes_and_counts_them() {
     );
 }
 
+// A PublishBatch into a stream with room for three of its five: the first three are
+// confirmed, the fourth is refused and the answer says so, as on the embedded broker (the
+// gateway sends the whole batch before awaiting confirmations).
+#[tokio::test]
+async fn a_batch_into_a_full_stream_reports_the_confirmed_prefix() {
+    let (_cluster, a, b) = bounded(3, 1 << 30).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    member.confirmed().await;
+    let batch = pb::PublishBatchRequest {
+        messages: (0..5)
+            .map(|n| request("orders.new", vec![b'0' + n]))
+            .collect(),
+    };
+    let refused = within(on_b.1.clone().publish_batch(batch))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .starts_with("published 3 of 5 messages; message 4 was refused"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused
+            .metadata()
+            .get("tinybroker-published-count")
+            .unwrap(),
+        "3"
+    );
+    for n in 0..3 {
+        let got = member.message().await;
+        assert_eq!(got.payload, vec![b'0' + n]);
+        member.ack(got.system_id).await;
+    }
+}
+
 // The same for max_bytes: a stream of 2 KiB takes a few 500-byte messages, then refuses.
 #[tokio::test]
 async fn a_stream_full_by_bytes_refuses_publishes() {

@@ -313,6 +313,42 @@ async fn unacked_message_of_a_closed_member_goes_to_another_gateway() {
     staying.ack(got.system_id).await;
 }
 
+// A PublishBatch through a gateway is stored in order, every message confirmed with its own
+// stream sequence, and delivered in that order (the gateway sends the whole batch, then
+// awaits the confirmations in order).
+#[tokio::test]
+async fn a_batch_through_a_gateway_is_stored_and_delivered_in_order() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("orders", 64)).await.unwrap();
+    member.confirmed().await;
+    let batch = tinybroker::pb::PublishBatchRequest {
+        messages: (0..500)
+            .map(|n| tinybroker::pb::PublishRequest {
+                topic: "orders.new".into(),
+                payload: format!("{n}").into_bytes().into(),
+                headers: Default::default(),
+            })
+            .collect(),
+    };
+    let results = within(on_b.1.clone().publish_batch(batch))
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    let ids: Vec<u64> = results.iter().map(|r| r.system_id).collect();
+    assert_eq!(ids.len(), 500);
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+    for (n, id) in ids.iter().enumerate() {
+        let got = member.message().await;
+        assert_eq!(
+            (got.system_id, got.payload),
+            (*id, format!("{n}").into_bytes().into())
+        );
+        member.ack(got.system_id).await;
+    }
+}
+
 // A subscription's settings are the same at every gateway: a join at another gateway naming
 // another dead-letter topic or max_delivery_attempts is refused, saying what differs (the
 // consumer's metadata records them).

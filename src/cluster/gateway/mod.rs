@@ -306,6 +306,18 @@ impl Gateway {
         publish::publish(&self.inner.shared, draft).await
     }
 
+    /// Publishes a batch: sent in order, then confirmed in order (see
+    /// [`publish::publish_batch`]).
+    ///
+    /// # Errors
+    /// The messages confirmed before the first refusal, and that refusal.
+    pub async fn publish_batch(
+        &self,
+        drafts: Vec<Draft>,
+    ) -> Result<Vec<Published>, (Vec<Published>, Status)> {
+        publish::publish_batch(&self.inner.shared, drafts).await
+    }
+
     /// Sends one message to JetStream without waiting for its confirmation: messages sent one
     /// after another through this gateway are stored in that order. Await the returned
     /// [`publish::Sent`] for the confirmation.

@@ -137,3 +137,93 @@ pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Publis
         }
     }
 }
+
+/// A `PublishBatch` through the gateway: every message sent in order without waiting, then
+/// each confirmation awaited in order, so a batch costs about one round trip to JetStream, not
+/// one per message. On a refusal the answer is the confirmed prefix and the first refusal, as
+/// the embedded broker's; messages JetStream stored after a refused one (a concurrent ack can
+/// make room in a full stream) are named in the refusal's message, never hidden. A batch that
+/// no JetStream server answered from some message on (nothing stored after it) is sent again
+/// from there, one at a time, with [`publish`]'s patience.
+///
+/// # Errors
+/// The messages confirmed before the first refusal, and that refusal.
+pub(super) async fn publish_batch(
+    shared: &Arc<Shared>,
+    drafts: Vec<Draft>,
+) -> Result<Vec<Published>, (Vec<Published>, Status)> {
+    let mut sent = Vec::with_capacity(drafts.len());
+    let mut refused_to_send = None;
+    for draft in drafts {
+        match send(shared, draft).await {
+            Ok(one) => sent.push(one),
+            // Nothing after it is sent, so it is the batch's last word.
+            Err(status) => {
+                refused_to_send = Some(status);
+                break;
+            }
+        }
+    }
+    let mut published = Vec::with_capacity(sent.len());
+    // From the first message not confirmed on: its drafts when no server answered them.
+    let mut again: Vec<Draft> = Vec::new();
+    let mut refused: Option<Status> = None;
+    // Stored, or possibly stored, after the first message not confirmed.
+    let mut stored_after = Vec::new();
+    let mut uncertain_after = false;
+    for one in sent {
+        let outcome = one.confirmed().await;
+        if refused.is_none() && again.is_empty() {
+            match outcome {
+                Ok(p) => published.push(p),
+                Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
+                Err(Unconfirmed::Failed(status)) => refused = Some(status),
+            }
+            continue;
+        }
+        match outcome {
+            Ok(p) => stored_after.push(p.system_id),
+            Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
+            Err(Unconfirmed::Failed(_)) => uncertain_after = true,
+        }
+    }
+    let later = |status: Status| -> Status {
+        if stored_after.is_empty() && !uncertain_after {
+            return status;
+        }
+        let ids: Vec<String> = stored_after.iter().map(u64::to_string).collect();
+        Status::new(
+            status.code(),
+            service::cap_message(format!(
+                "{}; JetStream stored {} later message(s) of the batch all the same (system ids [{}]){}",
+                status.message(),
+                ids.len(),
+                ids.join(", "),
+                if uncertain_after {
+                    ", and may have stored others"
+                } else {
+                    ""
+                }
+            )),
+        )
+    };
+    if let Some(status) = refused {
+        return Err((published, later(status)));
+    }
+    if !again.is_empty() {
+        if !stored_after.is_empty() || uncertain_after {
+            let status = Unconfirmed::NoResponders(again.swap_remove(0)).status();
+            return Err((published, later(status)));
+        }
+        for draft in again {
+            match publish(shared, draft).await {
+                Ok(p) => published.push(p),
+                Err(status) => return Err((published, status)),
+            }
+        }
+    }
+    match refused_to_send {
+        Some(status) => Err((published, status)),
+        None => Ok(published),
+    }
+}
