@@ -59,12 +59,58 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
 #[tokio::test]
 async fn bench_with_nats_refuses_what_it_does_not_run() {
     let output = binary::run_client(
-        ["bench", "--nats", "nats://127.0.0.1:1", "w2"]
+        ["bench", "--nats", "nats://127.0.0.1:1", "fill"]
             .map(String::from)
             .to_vec(),
     )
     .await;
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
-    assert!(said.contains("--nats runs w1 and w3"), "{said}");
+    assert!(said.contains("--nats runs w1, w2 and w3"), "{said}");
+}
+
+// w2 through two gateways: replicas alternate between them, every kill promotes across, and
+// every publish reaches a replica. JetStream alone has no such workload, and the bench says so.
+#[tokio::test]
+async fn bench_with_nats_runs_w2_across_gateways() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let args = [
+        "bench",
+        "--nats",
+        &urls,
+        "w2",
+        "--kills",
+        "2",
+        "--interval",
+        "300ms",
+        "--rate",
+        "200",
+    ]
+    .map(String::from)
+    .to_vec();
+    let output = binary::run_client(args).await;
+    assert!(output.status.success(), "{output:?}");
+    let reports = reports(&output.stdout);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert_eq!(
+        (r["workload"].as_str(), r["deployment"].as_str()),
+        (Some("w2"), Some("gateways")),
+        "{r}"
+    );
+    assert_eq!(
+        (r["kills"].as_u64(), r["lost"].as_u64()),
+        (Some(2), Some(0)),
+        "{r}"
+    );
+    assert!(r["messages"].as_u64().unwrap_or_default() > 0, "{r}");
+    assert!(
+        r["gap_max_ms"].as_f64().unwrap_or(f64::MAX) < 5_000.0,
+        "{r}"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("w2 straight on JetStream: not run"),
+        "{output:?}"
+    );
 }

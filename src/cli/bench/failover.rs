@@ -315,10 +315,12 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
         lost: Some(lost),
         duplicated: Some(duplicated),
         broker_peak_rss_bytes: broker.peak_rss(),
+        deployment: broker.deployment(),
         ..Report::default()
     };
     report.print(&format!(
-        "w2 singleton failover: {} replicas, {} msg/s, {} kills (SIGKILL every {:?}), acks {:?}: gap median {:.2} ms, max {:.2} ms; {} published, {lost} lost, {duplicated} delivered twice (the in-flight message at each kill)",
+        "w2 singleton failover{}: {} replicas, {} msg/s, {} kills (SIGKILL every {:?}), acks {:?}: gap median {:.2} ms, max {:.2} ms; {} published, {lost} lost, {duplicated} delivered twice (the in-flight message at each kill)",
+        broker.label(),
         args.replicas,
         args.rate,
         args.kills,
