@@ -10,7 +10,7 @@ use tonic::Status;
 
 use std::sync::Arc;
 
-use super::{Shared, names, nats_headers, unavailable};
+use super::{DEAD_LETTER_OF, Shared, names, nats_headers, unavailable};
 use crate::{broker::Published, core::Draft, service};
 
 /// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
@@ -100,8 +100,20 @@ impl Unconfirmed {
 }
 
 pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Status> {
+    send_marked(shared, draft, None).await
+}
+
+/// [`send`], for a dead letter with the subscription it came from (`dead_letter_of`).
+async fn send_marked(
+    shared: &Arc<Shared>,
+    draft: Draft,
+    dead_letter_of: Option<&str>,
+) -> Result<Sent, Status> {
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
-    let headers = nats_headers(draft.envelope().headers())?;
+    let mut headers = nats_headers(draft.envelope().headers())?;
+    if let Some(subscription) = dead_letter_of {
+        headers.insert(DEAD_LETTER_OF, subscription);
+    }
     let ack = shared
         .js
         .publish_with_headers(subject, headers, draft.payload_bytes())
@@ -118,6 +130,24 @@ pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Sta
 }
 
 pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Status> {
+    publish_marked(shared, draft, None).await
+}
+
+/// [`publish`], for a dead letter that came from subscription `dead_letter_of`: it is marked
+/// so that subscription skips it.
+pub(super) async fn publish_dead_letter(
+    shared: &Arc<Shared>,
+    draft: Draft,
+    dead_letter_of: &str,
+) -> Result<Published, Status> {
+    publish_marked(shared, draft, Some(dead_letter_of)).await
+}
+
+async fn publish_marked(
+    shared: &Arc<Shared>,
+    draft: Draft,
+    dead_letter_of: Option<&str>,
+) -> Result<Published, Status> {
     // "No responders" means no server took the message, so sending it again cannot store it
     // twice. It happens while the stream's interest is still spreading over the routes (a
     // stream just created) or while its leader moves: retried for a bounded time.
@@ -125,7 +155,11 @@ pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Publis
     let mut waited = Duration::ZERO;
     let mut draft = draft;
     loop {
-        match send(shared, draft).await?.confirmed().await {
+        match send_marked(shared, draft, dead_letter_of)
+            .await?
+            .confirmed()
+            .await
+        {
             Ok(published) => return Ok(published),
             Err(Unconfirmed::NoResponders(again)) if waited < NO_RESPONDERS_PATIENCE => {
                 tokio::time::sleep(delay).await;
