@@ -211,3 +211,55 @@ async fn a_message_larger_than_nats_carries_is_invalid_argument() {
     );
     on_b.publish("orders.small", "fine").await;
 }
+
+/// `n` messages of one byte to `orders.new`.
+fn batch_of(n: usize) -> pb::PublishBatchRequest {
+    pb::PublishBatchRequest {
+        messages: (0..n).map(|_| request("orders.new", vec![b'x'])).collect(),
+    }
+}
+
+// A PublishBatch larger than the JetStream context's 5,000 publishes awaiting confirmation
+// (--max-batch-messages raised to 6,000): sent whole before any confirmation is awaited, the
+// batch must still complete, and the gateway go on publishing for others.
+#[tokio::test]
+async fn a_batch_past_five_thousand_messages_is_published() {
+    let cluster = NatsCluster::start(3).await;
+    let mut server = tinybroker::server::ServerConfig::default();
+    server.limits.max_batch_messages = 6000;
+    let b = crate::serve_gateway(
+        server,
+        GatewayConfig::new(&cluster.client_urls()[0]),
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let on_b = b.client().await;
+    let results = within(on_b.1.clone().publish_batch(batch_of(5001)))
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert_eq!(results.len(), 5001);
+    on_b.publish("orders.new", "after").await;
+}
+
+// Six PublishBatch calls of 1,000 (the default --max-batch-messages) at once through one
+// gateway: together past the 5,000 publishes the JetStream context lets await confirmation.
+// Each must complete, and the gateway go on publishing for others.
+#[tokio::test]
+async fn concurrent_batches_past_five_thousand_messages_are_published() {
+    let cluster = NatsCluster::start(3).await;
+    let b = gateway(&cluster.client_urls()[0]).await;
+    let on_b = b.client().await;
+    let batches: Vec<_> = (0..6)
+        .map(|_| {
+            let mut client = on_b.1.clone();
+            tokio::spawn(async move { client.publish_batch(batch_of(1000)).await })
+        })
+        .collect();
+    for batch in batches {
+        let results = within(batch).await.unwrap().unwrap().into_inner().results;
+        assert_eq!(results.len(), 1000);
+    }
+    on_b.publish("orders.new", "after").await;
+}
