@@ -5,7 +5,12 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use std::future::IntoFuture;
+
+use async_nats::jetstream::{
+    context::{PublishError, PublishErrorKind},
+    publish::PublishAck,
+};
 use tonic::Status;
 
 use std::sync::Arc;
@@ -20,7 +25,12 @@ pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
 pub struct Sent {
     shared: Arc<Shared>,
     draft: Draft,
-    ack: PublishAckFuture,
+    /// The confirmation, awaited by a task of its own: a `PublishAckFuture` holds one of the
+    /// JetStream context's 5,000 in-flight permits until it is awaited or dropped, so a batch
+    /// or stream that sends ahead and awaits in order would hold permits for confirmations
+    /// already in, and past 5,000 sent at once (one large batch, or several batches and
+    /// streams together) every send through the gateway would wait forever.
+    ack: tokio::task::JoinHandle<Result<PublishAck, PublishError>>,
 }
 
 /// Why a sent publish was not confirmed.
@@ -39,7 +49,16 @@ impl Sent {
     /// # Errors
     /// [`Unconfirmed`].
     pub async fn confirmed(self) -> Result<Published, Unconfirmed> {
-        match self.ack.await {
+        let outcome = match self.ack.await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                return Err(Unconfirmed::Failed(unavailable(
+                    "JetStream's confirmation was lost",
+                    error,
+                )));
+            }
+        };
+        match outcome {
             Ok(ack) => {
                 self.shared.broker.count_upstream_publish();
                 Ok(Published {
@@ -125,7 +144,7 @@ async fn send_marked(
     Ok(Sent {
         shared: shared.clone(),
         draft,
-        ack,
+        ack: tokio::spawn(ack.into_future()),
     })
 }
 
