@@ -263,3 +263,24 @@ async fn concurrent_batches_past_five_thousand_messages_are_published() {
     }
     on_b.publish("orders.new", "after").await;
 }
+
+// A PublishBatch of five into a stream with room for three, as on the embedded broker: one
+// refused publish counted (the batch's), and the answer claims no later message may have been
+// stored when JetStream refused every one of them (a full stream stores nothing).
+#[tokio::test]
+async fn a_refused_batch_is_counted_once_and_names_nothing_stored_after() {
+    let (_cluster, a, b) = bounded(3, 1 << 30).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    member.confirmed().await;
+    let refused = within(on_b.1.clone().publish_batch(batch_of(5)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let broker = on_b.publishers_list().await.broker.unwrap();
+    assert_eq!((broker.published, broker.rejected_publishes), (3, 1));
+    assert!(
+        !refused.message().contains("later message"),
+        "nothing after the refused message was stored: {refused:?}"
+    );
+}
