@@ -49,6 +49,12 @@ impl Sent {
     /// # Errors
     /// [`Unconfirmed`].
     pub async fn confirmed(self) -> Result<Published, Unconfirmed> {
+        self.confirm(true).await
+    }
+
+    /// [`confirmed`](Self::confirmed); a refusal is counted in `rejected_publishes` only when
+    /// `count_refusal` (a batch counts its first refusal, not those of messages after it).
+    async fn confirm(self, count_refusal: bool) -> Result<Published, Unconfirmed> {
         let outcome = match self.ack.await {
             Ok(outcome) => outcome,
             Err(error) => {
@@ -70,7 +76,7 @@ impl Sent {
                 Err(Unconfirmed::NoResponders(self.draft))
             }
             Err(error) => {
-                let status = refused(&self.shared, &error)
+                let status = refused(&self.shared, &error, count_refusal)
                     .unwrap_or_else(|| unavailable("JetStream did not confirm the publish", error));
                 Err(Unconfirmed::Failed(status))
             }
@@ -80,11 +86,14 @@ impl Sent {
 
 /// The status for a publish JetStream refused for a reason the client can act on: the stream
 /// is full (its `max_msgs` or `max_bytes`, with discard new), or the message is larger than
-/// the NATS servers take. Counted as a rejected publish. `None` for other failures.
-fn refused(shared: &Shared, error: &PublishError) -> Option<Status> {
+/// the NATS servers take. Counted as a rejected publish when `count`. `None` for other
+/// failures.
+fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Status> {
     let broker = &shared.broker;
     if error.kind() == PublishErrorKind::MaxPayloadExceeded {
-        broker.count_rejected_publish();
+        if count {
+            broker.count_rejected_publish();
+        }
         return Some(Status::invalid_argument(
             "the message, with its headers as NATS carries them, is larger than the NATS servers' max_payload; send a smaller one, or raise max_payload on the servers",
         ));
@@ -99,7 +108,9 @@ fn refused(shared: &Shared, error: &PublishError) -> Option<Status> {
     } else {
         return None;
     };
-    broker.count_rejected_publish();
+    if count {
+        broker.count_rejected_publish();
+    }
     let stream = &shared.prefix;
     Some(Status::resource_exhausted(service::cap_message(format!(
         "JetStream stream {stream} is full: its {limit} limit is reached ({text}); ack or drain subscriptions' backlogs, or raise the limit"
@@ -138,7 +149,7 @@ async fn send_marked(
         .publish_with_headers(subject, headers, draft.payload_bytes())
         .await
         .map_err(|e| {
-            refused(shared, &e)
+            refused(shared, &e, true)
                 .unwrap_or_else(|| unavailable("JetStream did not take the publish", e))
         })?;
     Ok(Sent {
@@ -225,8 +236,9 @@ pub(super) async fn publish_batch(
     let mut stored_after = Vec::new();
     let mut uncertain_after = false;
     for one in sent {
-        let outcome = one.confirmed().await;
-        if refused.is_none() && again.is_empty() {
+        let first = refused.is_none() && again.is_empty();
+        let outcome = one.confirm(first).await;
+        if first {
             match outcome {
                 Ok(p) => published.push(p),
                 Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
@@ -237,7 +249,10 @@ pub(super) async fn publish_batch(
         match outcome {
             Ok(p) => stored_after.push(p.system_id),
             Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
-            Err(Unconfirmed::Failed(_)) => uncertain_after = true,
+            // A refusal (stream full, too large) stored nothing; any other failure may have.
+            Err(Unconfirmed::Failed(status)) => {
+                uncertain_after |= status.code() == tonic::Code::Unavailable;
+            }
         }
     }
     let later = |status: Status| -> Status {
