@@ -366,6 +366,50 @@ async fn a_poison_message_at_the_size_limit_is_dead_lettered() {
     assert_eq!(dead.payload.len(), payload.len());
 }
 
+// SPEC §4: a message whose last attempt ends with its member's stream (a singleton's active
+// member closes while holding it) is dead-lettered once, and not delivered again to the
+// member promoted after it (through gateways: on the other gateway).
+#[tokio::test]
+async fn a_message_whose_last_attempt_ends_with_its_member_is_dead_lettered_once() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut dlq = client
+        .subscribe(open("dlq", DeliveryMode::Queue, "ops", &["dead.>"]))
+        .await
+        .unwrap();
+    dlq.confirmed().await;
+    let mut req = singleton("leader");
+    req.max_delivery_attempts = 1;
+    req.dead_letter_topic = "dead.jobs".into();
+    let mut active = client.subscribe(req.clone()).await.unwrap();
+    active.confirmed().await;
+    let mut standby = client.at_publishers().subscribe(req).await.unwrap();
+    let poison = client.publish("jobs.a", "poison").await.system_id;
+    assert_eq!(active.message().await.system_id, poison);
+    drop(active);
+    standby.confirmed().await;
+    let next = client.publish("jobs.b", "next").await.system_id;
+    let got = standby.message().await;
+    assert_eq!(
+        got.system_id, next,
+        "the promoted member gets the message after the dead-lettered one, not it again"
+    );
+    standby.nack(next).await;
+    // Dead letters until the one of `next`, which comes after any of `poison`.
+    let mut of_poison = 0;
+    loop {
+        let dead = dlq.message().await;
+        dlq.ack(dead.system_id).await;
+        let of = dead.headers["tinybroker-dead-letter-system-id"].clone();
+        if of == next.to_string() {
+            break;
+        }
+        assert_eq!(of, poison.to_string());
+        of_poison += 1;
+    }
+    assert_eq!(of_poison, 1, "one dead letter of the poison message");
+}
+
 // SPEC §1: PublishBatch publishes in order; an invalid message rejects the whole batch.
 #[tokio::test]
 async fn publish_batch_is_ordered_and_validated_up_front() {
