@@ -182,13 +182,9 @@ impl Observer for Router {
         let Some(link) = links.get(id) else {
             return;
         };
-        match observation.input {
-            Input::Leave { member } if arbitrated => {
-                let _ = link.events.send(Event::Left(*member));
-            }
+        if let Input::Activate { .. } = observation.input {
             // The active member has window now: pull for it.
-            Input::Activate { .. } => link.wake.notify_one(),
-            _ => {}
+            link.wake.notify_one();
         }
         if let Input::Ack {
             accepted: true,
@@ -213,6 +209,14 @@ impl Observer for Router {
                 }
                 _ => {}
             }
+        }
+        // After the message its last attempt ended with (dead-lettered or dropped): the bridge
+        // terminates that one before it gives back what it holds, or JetStream would deliver
+        // it again elsewhere, to be dead-lettered a second time.
+        if let Input::Leave { member } = observation.input
+            && arbitrated
+        {
+            let _ = link.events.send(Event::Left(*member));
         }
     }
 }
