@@ -284,6 +284,132 @@ async fn dead_letters_skip_their_own_subscription_and_joins_inherit_the_settings
     assert_eq!(dead.headers["tinybroker-dead-letter-attempts"], "1");
 }
 
+// SPEC §4: a dead letter skips only the subscription it came from. A message a client
+// publishes with the `tinybroker-dead-letter-*` headers (a dead letter sent back to its topic
+// with its headers, to be tried again) is an ordinary message: the subscription named in them
+// gets it like any other.
+#[tokio::test]
+async fn a_dead_letter_published_again_reaches_the_subscription_it_names() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut dlq = client
+        .subscribe(open("dlq", DeliveryMode::Queue, "ops", &["dead.>"]))
+        .await
+        .unwrap();
+    dlq.confirmed().await;
+    let mut req = open("orders", DeliveryMode::Queue, "workers", &["orders.>"]);
+    req.max_delivery_attempts = 1;
+    req.dead_letter_topic = "dead.orders".into();
+    let mut worker = client.subscribe(req).await.unwrap();
+    worker.confirmed().await;
+    let poison = client.publish("orders.new", "order-7").await.system_id;
+    assert_eq!(worker.message().await.system_id, poison);
+    worker.nack(poison).await;
+    let dead = dlq.message().await;
+    dlq.ack(dead.system_id).await;
+    assert_eq!(
+        dead.headers["tinybroker-dead-letter-subscription"],
+        "orders"
+    );
+    // The handler is fixed: the dead letter goes back to its topic, headers and all.
+    let again = pb::PublishRequest {
+        topic: dead.headers["tinybroker-dead-letter-topic"].clone(),
+        payload: dead.payload.clone(),
+        headers: dead.headers.clone(),
+    };
+    let again = within(client.1.clone().publish(again))
+        .await
+        .unwrap()
+        .into_inner()
+        .system_id;
+    let after = client.publish("orders.new", "order-8").await.system_id;
+    let first = worker.message().await;
+    assert_eq!(
+        (first.system_id, &first.payload[..]),
+        (again, &b"order-7"[..]),
+        "the message published again must reach its subscription, before the one published after it"
+    );
+    worker.ack(again).await;
+    assert_eq!(worker.message().await.system_id, after);
+}
+
+// SPEC §4: a poison message is moved to the dead-letter topic whatever its size: one the
+// broker took (just under max_message_bytes, 1 MiB by default, as NATS's default max_payload)
+// is dead-lettered too, though its dead letter carries five headers more.
+#[tokio::test]
+async fn a_poison_message_at_the_size_limit_is_dead_lettered() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut dlq = client
+        .subscribe(open("dlq", DeliveryMode::Queue, "ops", &["dead.>"]))
+        .await
+        .unwrap();
+    dlq.confirmed().await;
+    let mut req = open("big", DeliveryMode::Queue, "workers", &["orders.>"]);
+    req.max_delivery_attempts = 1;
+    req.dead_letter_topic = "dead.big".into();
+    let mut worker = client.subscribe(req).await.unwrap();
+    worker.confirmed().await;
+    let payload = vec![b'x'; (1 << 20) - 200];
+    let poison = client
+        .try_publish("orders.big", payload.clone())
+        .await
+        .unwrap()
+        .system_id;
+    assert_eq!(worker.message().await.system_id, poison);
+    worker.nack(poison).await;
+    let dead = dlq.message().await;
+    assert_eq!(
+        dead.headers["tinybroker-dead-letter-system-id"],
+        poison.to_string()
+    );
+    assert_eq!(dead.payload.len(), payload.len());
+}
+
+// SPEC §4: a message whose last attempt ends with its member's stream (a singleton's active
+// member closes while holding it) is dead-lettered once, and not delivered again to the
+// member promoted after it (through gateways: on the other gateway).
+#[tokio::test]
+async fn a_message_whose_last_attempt_ends_with_its_member_is_dead_lettered_once() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut dlq = client
+        .subscribe(open("dlq", DeliveryMode::Queue, "ops", &["dead.>"]))
+        .await
+        .unwrap();
+    dlq.confirmed().await;
+    let mut req = singleton("leader");
+    req.max_delivery_attempts = 1;
+    req.dead_letter_topic = "dead.jobs".into();
+    let mut active = client.subscribe(req.clone()).await.unwrap();
+    active.confirmed().await;
+    let mut standby = client.at_publishers().subscribe(req).await.unwrap();
+    let poison = client.publish("jobs.a", "poison").await.system_id;
+    assert_eq!(active.message().await.system_id, poison);
+    drop(active);
+    standby.confirmed().await;
+    let next = client.publish("jobs.b", "next").await.system_id;
+    let got = standby.message().await;
+    assert_eq!(
+        got.system_id, next,
+        "the promoted member gets the message after the dead-lettered one, not it again"
+    );
+    standby.nack(next).await;
+    // Dead letters until the one of `next`, which comes after any of `poison`.
+    let mut of_poison = 0;
+    loop {
+        let dead = dlq.message().await;
+        dlq.ack(dead.system_id).await;
+        let of = dead.headers["tinybroker-dead-letter-system-id"].clone();
+        if of == next.to_string() {
+            break;
+        }
+        assert_eq!(of, poison.to_string());
+        of_poison += 1;
+    }
+    assert_eq!(of_poison, 1, "one dead letter of the poison message");
+}
+
 // SPEC §1: PublishBatch publishes in order; an invalid message rejects the whole batch.
 #[tokio::test]
 async fn publish_batch_is_ordered_and_validated_up_front() {

@@ -211,3 +211,76 @@ async fn a_message_larger_than_nats_carries_is_invalid_argument() {
     );
     on_b.publish("orders.small", "fine").await;
 }
+
+/// `n` messages of one byte to `orders.new`.
+fn batch_of(n: usize) -> pb::PublishBatchRequest {
+    pb::PublishBatchRequest {
+        messages: (0..n).map(|_| request("orders.new", vec![b'x'])).collect(),
+    }
+}
+
+// A PublishBatch larger than the JetStream context's 5,000 publishes awaiting confirmation
+// (--max-batch-messages raised to 6,000): sent whole before any confirmation is awaited, the
+// batch must still complete, and the gateway go on publishing for others.
+#[tokio::test]
+async fn a_batch_past_five_thousand_messages_is_published() {
+    let cluster = NatsCluster::start(3).await;
+    let mut server = tinybroker::server::ServerConfig::default();
+    server.limits.max_batch_messages = 6000;
+    let b = crate::serve_gateway(
+        server,
+        GatewayConfig::new(&cluster.client_urls()[0]),
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let on_b = b.client().await;
+    let results = within(on_b.1.clone().publish_batch(batch_of(5001)))
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert_eq!(results.len(), 5001);
+    on_b.publish("orders.new", "after").await;
+}
+
+// Six PublishBatch calls of 1,000 (the default --max-batch-messages) at once through one
+// gateway: together past the 5,000 publishes the JetStream context lets await confirmation.
+// Each must complete, and the gateway go on publishing for others.
+#[tokio::test]
+async fn concurrent_batches_past_five_thousand_messages_are_published() {
+    let cluster = NatsCluster::start(3).await;
+    let b = gateway(&cluster.client_urls()[0]).await;
+    let on_b = b.client().await;
+    let batches: Vec<_> = (0..6)
+        .map(|_| {
+            let mut client = on_b.1.clone();
+            tokio::spawn(async move { client.publish_batch(batch_of(1000)).await })
+        })
+        .collect();
+    for batch in batches {
+        let results = within(batch).await.unwrap().unwrap().into_inner().results;
+        assert_eq!(results.len(), 1000);
+    }
+    on_b.publish("orders.new", "after").await;
+}
+
+// A PublishBatch of five into a stream with room for three, as on the embedded broker: one
+// refused publish counted (the batch's), and the answer claims no later message may have been
+// stored when JetStream refused every one of them (a full stream stores nothing).
+#[tokio::test]
+async fn a_refused_batch_is_counted_once_and_names_nothing_stored_after() {
+    let (_cluster, a, b) = bounded(3, 1 << 30).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    member.confirmed().await;
+    let refused = within(on_b.1.clone().publish_batch(batch_of(5)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let broker = on_b.publishers_list().await.broker.unwrap();
+    assert_eq!((broker.published, broker.rejected_publishes), (3, 1));
+    assert!(
+        !refused.message().contains("later message"),
+        "nothing after the refused message was stored: {refused:?}"
+    );
+}

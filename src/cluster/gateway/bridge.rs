@@ -26,7 +26,7 @@ use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
 
-use super::Shared;
+use super::{DEAD_LETTER_OF, Shared};
 use crate::{
     broker::{Input, Observation, Observer},
     core::{Draft, Effect, Envelope, Error, Headers, MemberId, Message, Topic},
@@ -47,9 +47,6 @@ const RETRY: Duration = Duration::from_millis(500);
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
 /// How long a nak that hands a singleton's messages on may wait for JetStream's confirmation.
 const NAK_CONFIRM: Duration = Duration::from_secs(2);
-
-/// The header naming the subscription a dead letter came from ([`Draft::dead_letter`]).
-const DEAD_LETTER_ORIGIN: &str = "tinybroker-dead-letter-subscription";
 
 /// What the local core decided about a message the bridge holds, or that the subscription is
 /// gone from this gateway.
@@ -185,13 +182,9 @@ impl Observer for Router {
         let Some(link) = links.get(id) else {
             return;
         };
-        match observation.input {
-            Input::Leave { member } if arbitrated => {
-                let _ = link.events.send(Event::Left(*member));
-            }
+        if let Input::Activate { .. } = observation.input {
             // The active member has window now: pull for it.
-            Input::Activate { .. } => link.wake.notify_one(),
-            _ => {}
+            link.wake.notify_one();
         }
         if let Input::Ack {
             accepted: true,
@@ -216,6 +209,14 @@ impl Observer for Router {
                 }
                 _ => {}
             }
+        }
+        // After the message its last attempt ended with (dead-lettered or dropped): the bridge
+        // terminates that one before it gives back what it holds, or JetStream would deliver
+        // it again elsewhere, to be dead-lettered a second time.
+        if let Input::Leave { member } = observation.input
+            && arbitrated
+        {
+            let _ = link.events.send(Event::Left(*member));
         }
     }
 }
@@ -415,7 +416,13 @@ impl Bridge {
     /// back: late, never lost.
     async fn dead_letter(&mut self, sequence: u64, draft: Draft) {
         let topic = draft.topic().clone();
-        let kind = match super::publish::publish(&self.shared, draft).await {
+        let kind = match super::publish::publish_dead_letter(
+            &self.shared,
+            draft,
+            &self.subscription,
+        )
+        .await
+        {
             Ok(published) => {
                 tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, dead_letter = published.system_id, "message reached max_delivery_attempts; dead-lettered it to JetStream");
                 AckKind::Term
@@ -487,6 +494,13 @@ impl Bridge {
             *held = reply.clone();
             return;
         }
+        let own_dead_letter = message
+            .message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(DEAD_LETTER_OF))
+            .map(async_nats::HeaderValue::as_str)
+            == Some(&*self.subscription);
         let decoded = decode(
             &self.shared.prefix,
             &message.message,
@@ -503,14 +517,11 @@ impl Bridge {
                 return;
             }
         };
-        if message
-            .headers()
-            .get(DEAD_LETTER_ORIGIN)
-            .map(String::as_str)
-            == Some(&*self.subscription)
-        {
+        if own_dead_letter {
             // This subscription's own dead letter, matching its own patterns: as in the
             // embedded broker, a dead letter skips the subscription it came from (no loop).
+            // Marked by the gateway that stored it, not by `tinybroker-dead-letter-*`, which
+            // a client's message may carry (a dead letter sent back to be tried again).
             if let Some(reply) = reply {
                 self.reply(reply, AckKind::Ack).await;
             }
@@ -562,6 +573,9 @@ fn decode(
     let mut headers = Headers::new();
     if let Some(map) = &message.headers {
         for (name, values) in map.iter() {
+            if AsRef::<str>::as_ref(name) == DEAD_LETTER_OF {
+                continue;
+            }
             if let Some(value) = values.last() {
                 headers.insert(name.to_string(), value.to_string());
             }

@@ -551,6 +551,12 @@ fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
     spec.ack_mode == AckMode::Explicit || spec.mode == Mode::Singleton
 }
 
+/// The NATS header that marks a dead letter a gateway stored with the subscription it came
+/// from, so that subscription skips it (no loop). Never shown to clients, and refused on their
+/// publishes: a client's message, even one carrying a dead letter's
+/// `tinybroker-dead-letter-*` headers, is delivered like any other.
+const DEAD_LETTER_OF: &str = "tinybroker-gateway-dead-letter-of";
+
 /// Message headers as NATS headers. NATS header names are ASCII without ':' or whitespace,
 /// values have no line breaks, and names starting `Nats-` instruct JetStream: those are
 /// refused, never sent.
@@ -565,6 +571,11 @@ fn nats_headers(headers: &crate::core::Headers) -> Result<HeaderMap, Status> {
         {
             return Err(Status::invalid_argument(service::cap_message(format!(
                 "header {name:?}: names starting with Nats- are reserved by NATS in cluster mode"
+            ))));
+        }
+        if name.eq_ignore_ascii_case(DEAD_LETTER_OF) {
+            return Err(Status::invalid_argument(service::cap_message(format!(
+                "header {name:?} is reserved in cluster mode: gateways mark their dead letters with it"
             ))));
         }
         let header: HeaderName = name.parse().map_err(|_| {
@@ -659,6 +670,9 @@ mod tests {
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         let reserved = nats_headers(&headers("NATS-Msg-Id")).unwrap_err();
         assert!(reserved.message().contains("reserved"), "{reserved:?}");
+        let marker = nats_headers(&headers("Tinybroker-Gateway-Dead-Letter-Of")).unwrap_err();
+        assert!(marker.message().contains("reserved"), "{marker:?}");
+        assert!(nats_headers(&headers("tinybroker-dead-letter-subscription")).is_ok());
         assert!(nats_headers(&headers("trace-id")).is_ok());
         assert!(nats_headers(&headers("nats")).is_ok());
     }

@@ -5,12 +5,17 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use std::future::IntoFuture;
+
+use async_nats::jetstream::{
+    context::{PublishError, PublishErrorKind},
+    publish::PublishAck,
+};
 use tonic::Status;
 
 use std::sync::Arc;
 
-use super::{Shared, names, nats_headers, unavailable};
+use super::{DEAD_LETTER_OF, Shared, names, nats_headers, unavailable};
 use crate::{broker::Published, core::Draft, service};
 
 /// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
@@ -20,7 +25,12 @@ pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
 pub struct Sent {
     shared: Arc<Shared>,
     draft: Draft,
-    ack: PublishAckFuture,
+    /// The confirmation, awaited by a task of its own: a `PublishAckFuture` holds one of the
+    /// JetStream context's 5,000 in-flight permits until it is awaited or dropped, so a batch
+    /// or stream that sends ahead and awaits in order would hold permits for confirmations
+    /// already in, and past 5,000 sent at once (one large batch, or several batches and
+    /// streams together) every send through the gateway would wait forever.
+    ack: tokio::task::JoinHandle<Result<PublishAck, PublishError>>,
 }
 
 /// Why a sent publish was not confirmed.
@@ -39,7 +49,22 @@ impl Sent {
     /// # Errors
     /// [`Unconfirmed`].
     pub async fn confirmed(self) -> Result<Published, Unconfirmed> {
-        match self.ack.await {
+        self.confirm(true).await
+    }
+
+    /// [`confirmed`](Self::confirmed); a refusal is counted in `rejected_publishes` only when
+    /// `count_refusal` (a batch counts its first refusal, not those of messages after it).
+    async fn confirm(self, count_refusal: bool) -> Result<Published, Unconfirmed> {
+        let outcome = match self.ack.await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                return Err(Unconfirmed::Failed(unavailable(
+                    "JetStream's confirmation was lost",
+                    error,
+                )));
+            }
+        };
+        match outcome {
             Ok(ack) => {
                 self.shared.broker.count_upstream_publish();
                 Ok(Published {
@@ -51,7 +76,7 @@ impl Sent {
                 Err(Unconfirmed::NoResponders(self.draft))
             }
             Err(error) => {
-                let status = refused(&self.shared, &error)
+                let status = refused(&self.shared, &error, count_refusal)
                     .unwrap_or_else(|| unavailable("JetStream did not confirm the publish", error));
                 Err(Unconfirmed::Failed(status))
             }
@@ -61,11 +86,14 @@ impl Sent {
 
 /// The status for a publish JetStream refused for a reason the client can act on: the stream
 /// is full (its `max_msgs` or `max_bytes`, with discard new), or the message is larger than
-/// the NATS servers take. Counted as a rejected publish. `None` for other failures.
-fn refused(shared: &Shared, error: &PublishError) -> Option<Status> {
+/// the NATS servers take. Counted as a rejected publish when `count`. `None` for other
+/// failures.
+fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Status> {
     let broker = &shared.broker;
     if error.kind() == PublishErrorKind::MaxPayloadExceeded {
-        broker.count_rejected_publish();
+        if count {
+            broker.count_rejected_publish();
+        }
         return Some(Status::invalid_argument(
             "the message, with its headers as NATS carries them, is larger than the NATS servers' max_payload; send a smaller one, or raise max_payload on the servers",
         ));
@@ -80,7 +108,9 @@ fn refused(shared: &Shared, error: &PublishError) -> Option<Status> {
     } else {
         return None;
     };
-    broker.count_rejected_publish();
+    if count {
+        broker.count_rejected_publish();
+    }
     let stream = &shared.prefix;
     Some(Status::resource_exhausted(service::cap_message(format!(
         "JetStream stream {stream} is full: its {limit} limit is reached ({text}); ack or drain subscriptions' backlogs, or raise the limit"
@@ -100,24 +130,54 @@ impl Unconfirmed {
 }
 
 pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Status> {
+    send_marked(shared, draft, None).await
+}
+
+/// [`send`], for a dead letter with the subscription it came from (`dead_letter_of`).
+async fn send_marked(
+    shared: &Arc<Shared>,
+    draft: Draft,
+    dead_letter_of: Option<&str>,
+) -> Result<Sent, Status> {
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
-    let headers = nats_headers(draft.envelope().headers())?;
+    let mut headers = nats_headers(draft.envelope().headers())?;
+    if let Some(subscription) = dead_letter_of {
+        headers.insert(DEAD_LETTER_OF, subscription);
+    }
     let ack = shared
         .js
         .publish_with_headers(subject, headers, draft.payload_bytes())
         .await
         .map_err(|e| {
-            refused(shared, &e)
+            refused(shared, &e, true)
                 .unwrap_or_else(|| unavailable("JetStream did not take the publish", e))
         })?;
     Ok(Sent {
         shared: shared.clone(),
         draft,
-        ack,
+        ack: tokio::spawn(ack.into_future()),
     })
 }
 
 pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Status> {
+    publish_marked(shared, draft, None).await
+}
+
+/// [`publish`], for a dead letter that came from subscription `dead_letter_of`: it is marked
+/// so that subscription skips it.
+pub(super) async fn publish_dead_letter(
+    shared: &Arc<Shared>,
+    draft: Draft,
+    dead_letter_of: &str,
+) -> Result<Published, Status> {
+    publish_marked(shared, draft, Some(dead_letter_of)).await
+}
+
+async fn publish_marked(
+    shared: &Arc<Shared>,
+    draft: Draft,
+    dead_letter_of: Option<&str>,
+) -> Result<Published, Status> {
     // "No responders" means no server took the message, so sending it again cannot store it
     // twice. It happens while the stream's interest is still spreading over the routes (a
     // stream just created) or while its leader moves: retried for a bounded time.
@@ -125,7 +185,11 @@ pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Publis
     let mut waited = Duration::ZERO;
     let mut draft = draft;
     loop {
-        match send(shared, draft).await?.confirmed().await {
+        match send_marked(shared, draft, dead_letter_of)
+            .await?
+            .confirmed()
+            .await
+        {
             Ok(published) => return Ok(published),
             Err(Unconfirmed::NoResponders(again)) if waited < NO_RESPONDERS_PATIENCE => {
                 tokio::time::sleep(delay).await;
@@ -172,8 +236,9 @@ pub(super) async fn publish_batch(
     let mut stored_after = Vec::new();
     let mut uncertain_after = false;
     for one in sent {
-        let outcome = one.confirmed().await;
-        if refused.is_none() && again.is_empty() {
+        let first = refused.is_none() && again.is_empty();
+        let outcome = one.confirm(first).await;
+        if first {
             match outcome {
                 Ok(p) => published.push(p),
                 Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
@@ -184,7 +249,10 @@ pub(super) async fn publish_batch(
         match outcome {
             Ok(p) => stored_after.push(p.system_id),
             Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
-            Err(Unconfirmed::Failed(_)) => uncertain_after = true,
+            // A refusal (stream full, too large) stored nothing; any other failure may have.
+            Err(Unconfirmed::Failed(status)) => {
+                uncertain_after |= status.code() == tonic::Code::Unavailable;
+            }
         }
     }
     let later = |status: Status| -> Status {
