@@ -284,3 +284,39 @@ async fn a_refused_batch_is_counted_once_and_names_nothing_stored_after() {
         "nothing after the refused message was stored: {refused:?}"
     );
 }
+
+// A message that would fit NATS's max_payload but leave no room for its dead letter's headers
+// is refused up front through a gateway (INVALID_ARGUMENT naming both limits, counted; in a
+// batch, the whole batch), so every message a gateway took can be dead-lettered.
+#[tokio::test]
+async fn a_message_without_room_for_its_dead_letter_is_refused_up_front() {
+    let (_cluster, _a, b) = bounded(1_000_000, 1 << 30).await;
+    let on_b = b.client().await;
+    let too_big = vec![b'x'; (1 << 20) - 200];
+    assert_code(
+        on_b.try_publish("orders.big", too_big.clone()).await,
+        Code::InvalidArgument,
+        "over cluster mode's limit of 1046528: the NATS servers' max_payload less 2048 bytes",
+    );
+    let batch = pb::PublishBatchRequest {
+        messages: vec![
+            request("orders.small", b"fine".to_vec()),
+            request("orders.big", too_big.clone()),
+        ],
+    };
+    assert_code(
+        within(on_b.1.clone().publish_batch(batch)).await,
+        Code::InvalidArgument,
+        "message 2 of the batch: message is",
+    );
+    let answers = publish_stream(&on_b, vec![request("orders.big", too_big)]).await;
+    assert_eq!(
+        answers.iter().map(|a| a.code).collect::<Vec<_>>(),
+        vec![Code::InvalidArgument as i32],
+        "{answers:?}"
+    );
+    let broker = on_b.publishers_list().await.broker.unwrap();
+    assert_eq!((broker.published, broker.rejected_publishes), (0, 3));
+    let fits = vec![b'x'; 1046528 - "orders.big".len()];
+    on_b.try_publish("orders.big", fits).await.unwrap();
+}

@@ -103,6 +103,11 @@ pub struct GatewayConfig {
     pub max_bytes: i64,
 }
 
+/// What a client's message may not use of NATS's `max_payload`: a dead letter adds six headers
+/// (reason, subscription and topic of at most 256 bytes each, system id, attempts, the
+/// gateway's origin marker) and their wire framing, about 1.1 KiB at most.
+pub const DEAD_LETTER_HEADROOM: usize = 2048;
+
 /// `--nats-max-messages`' default: ten subscriptions' worth of the embedded default queue.
 pub const DEFAULT_MAX_MESSAGES: i64 = 1_000_000;
 /// `--nats-max-bytes`' default: the embedded broker's default memory budget.
@@ -131,6 +136,9 @@ struct Shared {
     js: jetstream::Context,
     broker: Broker,
     prefix: String,
+    /// The largest message a client may publish here, as the broker counts size: below the
+    /// NATS servers' `max_payload` by [`DEAD_LETTER_HEADROOM`], so its dead letter fits too.
+    largest_message: usize,
     /// The line to the singleton coordinator.
     singletons: Option<singleton::Handle>,
 }
@@ -231,11 +239,13 @@ impl Gateway {
             .map_err(|e| format!("cannot connect to NATS at {}: {e}", config.urls))?;
         let max_payload = client.server_info().max_payload;
         let max_message = broker.limits().max_message_bytes;
-        if max_message > max_payload {
-            tracing::warn!(
+        let largest_message = max_message.min(max_payload.saturating_sub(DEAD_LETTER_HEADROOM));
+        if largest_message < max_message {
+            tracing::info!(
                 max_message_bytes = max_message,
                 max_payload,
-                "--max-message-bytes {max_message} is above the NATS servers' max_payload {max_payload}: larger messages are refused with INVALID_ARGUMENT"
+                largest_message,
+                "messages above {largest_message} bytes are refused with INVALID_ARGUMENT: the NATS servers' max_payload {max_payload} less {DEAD_LETTER_HEADROOM} bytes kept for a dead letter's headers (--max-message-bytes is {max_message})"
             );
         }
         let js = jetstream::new(client.clone());
@@ -265,6 +275,7 @@ impl Gateway {
             js: js.clone(),
             broker: broker.clone(),
             prefix: config.stream.clone(),
+            largest_message,
             singletons: Some(singletons),
         });
         let responder = forward::serve(&client, &config.stream, broker)
@@ -303,7 +314,27 @@ impl Gateway {
     /// `INVALID_ARGUMENT` for a header NATS cannot carry, `UNAVAILABLE` when JetStream does
     /// not confirm.
     pub async fn publish(&self, draft: Draft) -> Result<Published, Status> {
+        self.check_size(&draft)?;
         publish::publish(&self.inner.shared, draft).await
+    }
+
+    /// Refuses a message larger than this gateway takes from clients (counted as a rejected
+    /// publish): one that fits NATS's `max_payload` with room for the headers a dead letter
+    /// adds, so a message the gateway took can always be dead-lettered.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` naming both limits.
+    pub fn check_size(&self, draft: &Draft) -> Result<(), Status> {
+        let shared = &self.inner.shared;
+        let size = draft.envelope().size() + draft.payload().len();
+        if size <= shared.largest_message {
+            return Ok(());
+        }
+        shared.broker.count_rejected_publish();
+        Err(Status::invalid_argument(format!(
+            "message is {size} bytes, over cluster mode's limit of {}: the NATS servers' max_payload less {DEAD_LETTER_HEADROOM} bytes kept for the headers of its dead letter",
+            shared.largest_message
+        )))
     }
 
     /// Publishes a batch: sent in order, then confirmed in order (see
@@ -325,6 +356,7 @@ impl Gateway {
     /// # Errors
     /// `INVALID_ARGUMENT` for a header NATS cannot carry, `UNAVAILABLE` when it cannot be sent.
     pub async fn send(&self, draft: Draft) -> Result<publish::Sent, Status> {
+        self.check_size(&draft)?;
         publish::send(&self.inner.shared, draft).await
     }
 
