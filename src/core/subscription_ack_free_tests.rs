@@ -85,9 +85,12 @@ fn settling_finds_any_held_message_and_refuses_as_the_map_does() {
     s.check_invariants().unwrap();
 }
 
+/// One way to corrupt [`two_members`]' state, and how the checker must describe the result.
+type Corruption = (fn(&mut Subscription, MemberId, MemberId), &'static str);
+
 #[test]
 fn checker_rejects_broken_ack_free_bookkeeping() {
-    let cases: [(fn(&mut Subscription, MemberId, MemberId), &str); 3] = [
+    let cases: [Corruption; 3] = [
         (
             |s, _, _| s.unwritten += 1,
             "5 unwritten messages counted, members hold 4",
