@@ -14,8 +14,8 @@ use std::{
 
 use proptest::prelude::*;
 use tinybroker::core::{
-    Counters, Effect, Envelope, Error, Headers, IdFloor, MemberOptions, Message, Mode, Overflow,
-    Pattern, QueueLimits, Subscription, SubscriptionSpec, Topic,
+    AckMode, Counters, Effect, Envelope, Error, Headers, IdFloor, MemberOptions, Message, Mode,
+    Overflow, Pattern, QueueLimits, Subscription, SubscriptionSpec, Topic,
 };
 
 #[derive(Debug, Clone)]
@@ -103,6 +103,9 @@ struct Setup {
     drop_oldest: bool,
     /// Cluster mode: the subscription is arbitrated (singletons only; others ignore it).
     arbitrated: bool,
+    /// Ack-free: the core keeps what a member holds in the member's own list instead of the
+    /// in-flight map; acks, nacks and leaves must behave exactly as with explicit acks.
+    ack_free: bool,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -119,6 +122,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         1usize..5,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -130,6 +134,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 max_members,
                 drop_oldest,
                 arbitrated,
+                ack_free,
             )| {
                 Setup {
                     mode,
@@ -140,6 +145,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                     max_members,
                     drop_oldest,
                     arbitrated,
+                    ack_free,
                 }
             },
         )
@@ -473,7 +479,11 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
         dead_letter_topic: setup
             .dead_letter
             .then(|| Topic::parse("dead.jobs").unwrap()),
-        ack_mode: Default::default(),
+        ack_mode: if setup.ack_free {
+            AckMode::None
+        } else {
+            AckMode::Explicit
+        },
         overflow: if setup.drop_oldest {
             Overflow::DropOldest
         } else {

@@ -80,7 +80,13 @@ pub fn group_state_machine(data: &[u8]) {
         max_delivery_attempts: u32::from(machine.max_attempts % 5),
         dead_letter_topic: (machine.max_attempts % 2 == 1)
             .then(|| Topic::parse("dead.a").expect("valid topic")),
-        ack_mode: AckMode::Explicit,
+        // Ack-free keeps what members hold in their own lists, not the in-flight map: the
+        // same operations must keep the same invariants.
+        ack_mode: if machine.max_members & 0x80 != 0 {
+            AckMode::None
+        } else {
+            AckMode::Explicit
+        },
         overflow: if machine.max_messages & 0x80 != 0 {
             Overflow::DropOldest
         } else {

@@ -5,7 +5,12 @@
 //! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
 //! `now` argument (time since the broker started).
 
-use std::{collections::BTreeMap, ops::Bound, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    ops::Bound,
+    sync::Arc,
+    time::Duration,
+};
 
 use super::{
     error::Error,
@@ -13,7 +18,7 @@ use super::{
     message::{Message, SystemId},
     planted::{PlantedBug, active as planted},
     queue::Queue,
-    spec::{MemberOptions, Mode, Overflow, SubscriptionSpec},
+    spec::{AckMode, MemberOptions, Mode, Overflow, SubscriptionSpec},
     topic::Pattern,
 };
 
@@ -114,7 +119,8 @@ pub struct Counters {
 /// all, 56 to 64 with a 128-byte payload. Not charged: an envelope of its own (a unary publish,
 /// or a stream whose topic or headers change from one message to the next: about 50 bytes plus
 /// the topic's own allocation; a stream to one topic shares one), and the in-flight record's
-/// extra over a slot (an ordered-map entry, about 50 bytes; the windows bound how many).
+/// extra over a slot (an ordered-map entry, about 50 bytes, or in an ack-free subscription a
+/// 24-byte slot of its member's list; the windows bound how many).
 pub const MESSAGE_OVERHEAD: u64 = 80;
 /// What one member costs: its record, its outlet and the stream's state.
 pub const MEMBER_OVERHEAD: u64 = 1024;
@@ -166,11 +172,16 @@ struct Member {
     options: MemberOptions,
     /// `Some` once active.
     epoch: Option<Epoch>,
-    /// How many messages this member holds. Which ones is in the subscription's in-flight
-    /// map alone (each record names its holder): one record per message, so an ack is one
-    /// O(log n) removal there and a counter here, and a leaving member's messages are read
-    /// off that map in id order, which is publish order (SPEC §4).
+    /// How many messages this member holds. Which ones, when members ack, is in the
+    /// subscription's in-flight map alone (each record names its holder): one record per
+    /// message, so an ack is one O(log n) removal there and a counter here, and a leaving
+    /// member's messages are read off that map in id order, which is publish order (SPEC §4).
     in_flight: u32,
+    /// Ack-free subscriptions: the messages this member holds, in delivery order. Its stream
+    /// settles them in the order it writes them, which is this order, so settling one is a
+    /// `pop_front` (no ordered map insert and removal per delivery); a leaving member's
+    /// unwritten messages are read from here, sorted by id, and go back to the queue.
+    unwritten: VecDeque<InFlight>,
 }
 
 impl Member {
@@ -179,6 +190,7 @@ impl Member {
     }
 }
 
+/// A message delivered to a member and not yet settled.
 #[derive(Debug, Clone)]
 struct InFlight {
     message: Message,
@@ -212,7 +224,11 @@ pub struct Subscription {
     /// Keyed by member id, which increases in join order: the first entry joined earliest.
     members: BTreeMap<MemberId, Member>,
     queue: Queue,
+    /// What members hold when they ack; empty in an ack-free subscription, whose members
+    /// keep theirs ([`Member::unwritten`]).
     in_flight: BTreeMap<SystemId, InFlight>,
+    /// How many messages the members of an ack-free subscription hold, all together.
+    unwritten: usize,
     held_bytes: u64,
     /// The part of `held_bytes` in flight, kept as a running total so inspection and metrics
     /// never walk the queue.
@@ -247,6 +263,7 @@ impl Subscription {
             members: BTreeMap::new(),
             queue: Queue::default(),
             in_flight: BTreeMap::new(),
+            unwritten: 0,
             held_bytes: 0,
             in_flight_bytes: 0,
             epoch: floors.epoch,
@@ -397,7 +414,7 @@ impl Subscription {
 
     /// Messages delivered and not yet acked.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + self.unwritten
     }
 
     /// Bytes of every message held (queued + in flight).
@@ -409,7 +426,7 @@ impl Subscription {
     /// message's size plus [`MESSAGE_OVERHEAD`], [`MEMBER_OVERHEAD`] per member, and the
     /// subscription itself with its patterns ([`subscription_cost`]).
     pub fn footprint(&self) -> u64 {
-        let held = (self.queue.len() + self.in_flight.len()) as u64;
+        let held = (self.queue.len() + self.in_flight()) as u64;
         subscription_cost(&self.spec)
             + self.held_bytes
             + held * MESSAGE_OVERHEAD
@@ -446,20 +463,45 @@ impl Subscription {
 
     /// The member holding `system_id`, if it is in flight.
     pub fn holder(&self, system_id: SystemId) -> Option<MemberId> {
-        self.in_flight.get(&system_id).map(|f| f.member)
+        self.record(system_id).map(|f| f.member)
     }
 
-    /// Ids of the in-flight messages with their holders.
+    /// Ids of the in-flight messages with their holders, in id order.
     pub fn in_flight_ids(&self) -> impl Iterator<Item = (SystemId, MemberId)> + '_ {
-        self.in_flight.iter().map(|(id, f)| (*id, f.member))
+        let mut unwritten: Vec<(SystemId, MemberId)> = self
+            .unwritten_records()
+            .map(|f| (f.message.system_id(), f.member))
+            .collect();
+        unwritten.sort_unstable();
+        self.in_flight
+            .iter()
+            .map(|(id, f)| (*id, f.member))
+            .chain(unwritten)
     }
 
     /// When an in-flight message was published (ms since the Unix epoch), for the shell's
     /// publish-to-ack latency.
     pub fn in_flight_published_at(&self, system_id: SystemId) -> Option<u64> {
-        self.in_flight
-            .get(&system_id)
-            .map(|f| f.message.published_at_ms())
+        self.record(system_id).map(|f| f.message.published_at_ms())
+    }
+
+    /// The in-flight record of `system_id`, wherever it is kept.
+    fn record(&self, system_id: SystemId) -> Option<&InFlight> {
+        self.in_flight.get(&system_id).or_else(|| {
+            self.unwritten_records()
+                .find(|f| f.message.system_id() == system_id)
+        })
+    }
+
+    /// Every in-flight record: the map's, then the members' own.
+    fn in_flight_records(&self) -> impl Iterator<Item = &InFlight> + '_ {
+        self.in_flight.values().chain(self.unwritten_records())
+    }
+
+    /// What the members of an ack-free subscription hold (nothing in another), member by
+    /// member, each in delivery order.
+    fn unwritten_records(&self) -> impl Iterator<Item = &InFlight> + '_ {
+        self.members.values().flat_map(|m| m.unwritten.iter())
     }
 
     /// The counters.
@@ -540,6 +582,7 @@ impl Subscription {
             },
             epoch: None,
             in_flight: 0,
+            unwritten: VecDeque::new(),
         };
         let mut out = Vec::new();
         let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
@@ -579,27 +622,37 @@ impl Subscription {
         // Its messages, read off the in-flight map, paid on a leave rather than on every
         // delivery and ack: nothing for a member holding nothing, and the walk stops at its
         // last message.
-        let mut returning: Vec<SystemId> = self
-            .in_flight
-            .iter()
-            .filter(|(_, record)| record.member == member_id)
-            .map(|(id, _)| *id)
-            .take(member.in_flight as usize)
-            .collect();
+        // An ack-free member's own list is in delivery order, which a given-back message can
+        // put out of id order: sorted here.
+        let mut returning: Vec<InFlight> = if member.unwritten.is_empty() {
+            let ids: Vec<SystemId> = self
+                .in_flight
+                .iter()
+                .filter(|(_, record)| record.member == member_id)
+                .map(|(id, _)| *id)
+                .take(member.in_flight as usize)
+                .collect();
+            ids.iter()
+                .filter_map(|id| self.in_flight.remove(id))
+                .collect()
+        } else {
+            self.unwritten -= member.unwritten.len();
+            let mut records = Vec::from(member.unwritten);
+            records.sort_unstable_by_key(|r| r.message.system_id());
+            records
+        };
         returning.reverse();
         if planted(PlantedBug::RequeueNewestFirst) {
             returning.reverse();
         }
-        for system_id in returning {
-            if let Some(record) = self.in_flight.remove(&system_id) {
-                let size = record.message.size() as u64;
-                self.in_flight_bytes -= size;
-                if planted(PlantedBug::ForgetRedelivery) {
-                    self.held_bytes -= size;
-                    continue;
-                }
-                self.give_back(record.message, record.attempt, &mut out);
+        for record in returning {
+            let size = record.message.size() as u64;
+            self.in_flight_bytes -= size;
+            if planted(PlantedBug::ForgetRedelivery) {
+                self.held_bytes -= size;
+                continue;
             }
+            self.give_back(record.message, record.attempt, &mut out);
         }
         if self.spec.mode == Mode::Singleton && member.epoch.is_some() && !self.arbitrated {
             // Promotion looks at the first entry only: its cost does not grow with the standbys.
@@ -630,7 +683,7 @@ impl Subscription {
     /// # Errors
     /// [`Error::QueueFull`] naming the limit.
     pub fn check_capacity(&self, size: usize) -> Result<(), Error> {
-        let held = (self.queue.len() + self.in_flight.len()) as u64;
+        let held = (self.queue.len() + self.in_flight()) as u64;
         let full = |limit, max| Error::QueueFull {
             subscription: self.id.to_string(),
             limit,
@@ -793,11 +846,13 @@ impl Subscription {
 
     /// Empties the subscription as it expires; returns how many messages it still held.
     pub fn drain(&mut self) -> usize {
-        let held = self.queue.len() + self.in_flight.len();
+        let held = self.queue.len() + self.in_flight();
         self.queue.clear();
         self.in_flight.clear();
+        self.unwritten = 0;
         for member in self.members.values_mut() {
             member.in_flight = 0;
+            member.unwritten.clear();
         }
         self.held_bytes = 0;
         self.in_flight_bytes = 0;
@@ -811,6 +866,9 @@ impl Subscription {
         member: Option<MemberId>,
         system_id: SystemId,
     ) -> Result<InFlight, Error> {
+        if self.spec.ack_mode == AckMode::None {
+            return self.take_unwritten(member, system_id);
+        }
         let Some(record) = self.in_flight.get(&system_id) else {
             return Err(Error::NotInFlight {
                 subscription: self.id.to_string(),
@@ -835,6 +893,56 @@ impl Subscription {
         if let Some(holder) = self.members.get_mut(&record.member) {
             holder.in_flight -= 1;
         }
+        self.in_flight_bytes -= record.message.size() as u64;
+        Ok(record)
+    }
+
+    /// [`take_in_flight`](Self::take_in_flight) in an ack-free subscription. The message a
+    /// stream settles is the first its member holds (it writes them in delivery order), so
+    /// this looks there first; anything else is a search, with the same errors as the map.
+    fn take_unwritten(
+        &mut self,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<InFlight, Error> {
+        let is = |r: &InFlight| r.message.system_id() == system_id;
+        let first = member.filter(|m| {
+            self.members
+                .get(m)
+                .is_some_and(|m| m.unwritten.front().is_some_and(is))
+        });
+        let place = match first {
+            Some(member) => Some((member, 0)),
+            None => self
+                .members
+                .iter()
+                .find_map(|(id, m)| m.unwritten.iter().position(is).map(|at| (*id, at))),
+        };
+        let Some((holder, at)) = place else {
+            return Err(Error::NotInFlight {
+                subscription: self.id.to_string(),
+                system_id,
+            });
+        };
+        if let Some(member) = member
+            && member != holder
+            && !planted(PlantedBug::AckIgnoresFence)
+        {
+            self.counters.stale_acks += 1;
+            return Err(Error::NotHolder {
+                subscription: self.id.to_string(),
+                system_id,
+                member,
+                holder,
+            });
+        }
+        let Some(record) = self.members.get_mut(&holder).and_then(|m| {
+            m.in_flight -= 1;
+            m.unwritten.remove(at)
+        }) else {
+            unreachable!("found above");
+        };
+        self.unwritten -= 1;
         self.in_flight_bytes -= record.message.size() as u64;
         Ok(record)
     }
@@ -885,14 +993,17 @@ impl Subscription {
             if attempt > 1 {
                 self.counters.redelivered += 1;
             }
-            self.in_flight.insert(
-                system_id,
-                InFlight {
-                    message: message.clone(),
-                    attempt,
-                    member: member_id,
-                },
-            );
+            let record = InFlight {
+                message: message.clone(),
+                attempt,
+                member: member_id,
+            };
+            if self.spec.ack_mode == AckMode::None {
+                member.unwritten.push_back(record);
+                self.unwritten += 1;
+            } else {
+                self.in_flight.insert(system_id, record);
+            }
             out.push(Effect::Deliver {
                 member: member_id,
                 message,
@@ -954,9 +1065,8 @@ impl Subscription {
         // and everything in flight comes before it, so each delivery is the lowest id waiting.
         if self.spec.mode == Mode::Singleton {
             let ids: Vec<SystemId> = self
-                .in_flight
-                .keys()
-                .copied()
+                .in_flight_ids()
+                .map(|(id, _)| id)
                 .chain(self.queued_ids())
                 .collect();
             if let Some(pair) = ids.windows(2).find(|pair| pair[0] >= pair[1]) {
@@ -966,15 +1076,41 @@ impl Subscription {
                 ));
             }
         }
+        let ack_free = self.spec.ack_mode == AckMode::None;
+        if ack_free && !self.in_flight.is_empty() {
+            return Err("an ack-free subscription keeps records in the in-flight map".into());
+        }
+        if let Some((id, _)) = self
+            .members
+            .iter()
+            .find(|(_, m)| !ack_free && !m.unwritten.is_empty())
+        {
+            return Err(format!(
+                "member {id} of an acked subscription holds unwritten messages"
+            ));
+        }
+        let unwritten = self.unwritten_records().count();
+        if unwritten != self.unwritten {
+            return Err(format!(
+                "{} unwritten messages counted, members hold {unwritten}",
+                self.unwritten
+            ));
+        }
         let mut held: BTreeMap<MemberId, u32> = BTreeMap::new();
-        for (system_id, record) in &self.in_flight {
-            if !self.members.contains_key(&record.member) {
+        for (system_id, holder) in self.in_flight_ids() {
+            if !self.members.contains_key(&holder) {
                 return Err(format!(
-                    "#{system_id} is in flight to member {}, which is gone",
-                    record.member
+                    "#{system_id} is in flight to member {holder}, which is gone"
                 ));
             }
-            *held.entry(record.member).or_default() += 1;
+            *held.entry(holder).or_default() += 1;
+        }
+        if let Some((id, _)) = self
+            .members
+            .iter()
+            .find(|(id, m)| m.unwritten.iter().any(|r| r.member != **id))
+        {
+            return Err(format!("member {id} holds a record naming another member"));
         }
         for (id, member) in &self.members {
             let holds = held.get(id).copied().unwrap_or(0);
@@ -991,7 +1127,7 @@ impl Subscription {
         if self
             .queue
             .iter()
-            .any(|(m, _)| self.in_flight.contains_key(&m.system_id()))
+            .any(|(m, _)| self.record(m.system_id()).is_some())
         {
             return Err("a message is both queued and in flight".into());
         }
@@ -999,7 +1135,7 @@ impl Subscription {
             .queue
             .iter()
             .map(|(m, _)| m)
-            .chain(self.in_flight.values().map(|f| &f.message))
+            .chain(self.in_flight_records().map(|f| &f.message))
             .map(|m| m.size() as u64)
             .sum();
         if bytes != self.held_bytes {
@@ -1009,8 +1145,7 @@ impl Subscription {
             ));
         }
         let in_flight_bytes: u64 = self
-            .in_flight
-            .values()
+            .in_flight_records()
             .map(|f| f.message.size() as u64)
             .sum();
         if in_flight_bytes != self.in_flight_bytes {

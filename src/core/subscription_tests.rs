@@ -559,6 +559,9 @@ mod bookkeeping;
 #[path = "subscription_overflow_tests.rs"]
 mod overflow;
 
+#[path = "subscription_ack_free_tests.rs"]
+mod ack_free;
+
 #[test]
 fn room_is_the_active_members_free_window_less_the_queue() {
     let mut s = sub(Mode::Queue);

@@ -114,3 +114,58 @@ async fn bench_with_nats_runs_w2_across_gateways() {
         "{output:?}"
     );
 }
+
+/// `bench --nats-core`: w3 on plain NATS core, a report of the same shape with every delivery
+/// either counted as arrived or as dropped.
+#[tokio::test]
+async fn bench_with_nats_core_runs_w3_and_accounts_for_every_delivery() {
+    let cluster = NatsCluster::start(1).await;
+    let url = cluster.client_urls()[0].clone();
+    let output = binary::run_client(
+        [
+            "bench",
+            "--nats-core",
+            &url,
+            "--messages",
+            "500",
+            "w3",
+            "--subscribers",
+            "3",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let reports = reports(&output.stdout);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert_eq!(r["workload"], "w3", "{r}");
+    assert_eq!(r["deployment"], "nats-core", "{r}");
+    assert_eq!(r["messages"], 500, "{r}");
+    assert_eq!(r["consumers"], 3, "{r}");
+    let delivered = r["delivered"].as_u64().expect("delivered");
+    let dropped = r["dropped"].as_u64().expect("dropped");
+    assert_eq!(delivered + dropped, 500 * 3, "{r}");
+    // Each subscriber's client buffers a whole run this small, and the server's pending limit
+    // (64 MiB) is far off: nothing can be dropped on loopback.
+    assert_eq!(dropped, 0, "{r}");
+    assert!(r["rate_per_s"].as_f64().unwrap_or_default() > 0.0, "{r}");
+    assert!(
+        r["publish_rate_per_s"].as_f64().unwrap_or_default() > 0.0,
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn bench_with_nats_core_refuses_what_it_does_not_run() {
+    let output = binary::run_client(
+        ["bench", "--nats-core", "nats://127.0.0.1:1", "w1"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("--nats-core runs w3 only"), "{said}");
+}

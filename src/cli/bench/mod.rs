@@ -9,7 +9,9 @@
 //!
 //! With `--nats URL`, w1 and w3 run through two gateways the bench starts (`serve --nats`;
 //! consumers on one, the publisher on the other), then the same workload straight on
-//! JetStream ([`jetstream`]): what the gateway costs.
+//! JetStream ([`jetstream`]): what the gateway costs. With `--nats-core URL`, w3 runs on plain
+//! NATS core ([`nats_core`]): the broadcast without acks that ack-free fan-out is measured
+//! against.
 //!
 //! Publishes and acks go unary (one HTTP/2 request each, as the seed's protocol has it) or
 //! streaming (`PublishStream`, acks on the `Consume` stream). Each run prints a readable summary
@@ -18,6 +20,7 @@
 mod failover;
 mod jetstream;
 mod load;
+mod nats_core;
 
 use std::{
     io::{BufRead, BufReader},
@@ -66,12 +69,16 @@ enum Workload {
 pub struct Common {
     /// Broker URL; without it the bench starts `tinybroker serve` as its own process on a free
     /// loopback port and reports that process's peak RSS.
-    #[arg(long, global = true, conflicts_with = "nats")]
+    #[arg(long, global = true, conflicts_with_all = ["nats", "nats_core"])]
     server: Option<String>,
     /// NATS URLs (comma-separated): run w1 or w3 through two gateways the bench starts over
     /// this JetStream cluster, then the same workload straight on JetStream.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "nats_core")]
     nats: Option<String>,
+    /// NATS URLs (comma-separated): run w3 on plain NATS core (no JetStream, no acks), one
+    /// connection per subscriber; what it drops is counted, not waited for.
+    #[arg(long, global = true)]
+    nats_core: Option<String>,
     /// Bearer token, if the broker requires one.
     #[arg(
         long,
@@ -101,7 +108,7 @@ pub struct Common {
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
     workload: &'static str,
-    /// `gateways` or `jetstream` for a `--nats` run.
+    /// `gateways` or `jetstream` for a `--nats` run, `nats-core` for a `--nats-core` run.
     #[serde(skip_serializing_if = "Option::is_none")]
     deployment: Option<&'static str>,
     publish: Option<Carriage>,
@@ -133,6 +140,11 @@ pub struct Report {
     lost: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     duplicated: Option<u64>,
+    /// `--nats-core`: deliveries that arrived, and those NATS core dropped (never arrived).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delivered: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dropped: Option<u64>,
     /// The broker process's peak resident set (`VmHWM`), when the bench started it.
     #[serde(skip_serializing_if = "Option::is_none")]
     broker_peak_rss_bytes: Option<u64>,
@@ -161,6 +173,15 @@ pub async fn run(args: Bench) -> Result<(), String> {
     let Bench { workload, common } = args;
     if let Some(urls) = common.nats.clone() {
         return run_nats(workload, &common, &urls).await;
+    }
+    if let Some(urls) = common.nats_core.clone() {
+        return match &workload {
+            Workload::W3(w3) => nats_core::run_w3(&common, &urls, w3).await,
+            Workload::W1(_) | Workload::W2(_) | Workload::Fill => Err(
+                "--nats-core runs w3 only (NATS core has no acks or queues to hold the others)"
+                    .into(),
+            ),
+        };
     }
     let broker = match &common.server {
         Some(url) => Target::External(url.clone()),
