@@ -250,6 +250,7 @@ impl Gateway {
         }
         let js = jetstream::new(client.clone());
         let stream = ensure_stream(&js, &config).await?;
+        await_stream(&js, &config.stream).await?;
         let id = format!(
             "{:x}{:x}",
             broker.id_floor().unix_micros(),
@@ -623,6 +624,42 @@ fn nats_headers(headers: &crate::core::Headers) -> Result<HeaderMap, Status> {
         map.insert(header, value);
     }
     Ok(map)
+}
+
+/// How long a starting gateway waits for its NATS server to route publishes to the stream.
+const STREAM_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Waits until a publish to the stream finds a JetStream server from this connection. Right
+/// after the stream is created, a server that has not yet learned its subjects over the
+/// cluster's routes answers publishes with "no responders"; a pipelined `PublishStream` or
+/// batch could not send those again in order. The probe stores nothing: it expects a subject
+/// sequence the stream can never have, so the stream refuses it, which is the answer waited for.
+async fn await_stream(js: &jetstream::Context, stream: &str) -> Result<(), String> {
+    let subject = format!("{stream}._tinybroker.probe");
+    let deadline = tokio::time::Instant::now() + STREAM_PATIENCE;
+    let mut delay = Duration::from_millis(5);
+    loop {
+        let probe =
+            jetstream::message::PublishMessage::build().expected_last_subject_sequence(u64::MAX);
+        let answer = match js.send_publish(subject.clone(), probe).await {
+            Ok(ack) => ack.await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        match answer {
+            Err(error) if error.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "no JetStream server answered publishes to stream {stream} within {STREAM_PATIENCE:?}"
+                    ));
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(200));
+            }
+            // Refused by the stream (the expected sequence), or answered otherwise: a server
+            // that routes to the stream answered.
+            _ => return Ok(()),
+        }
+    }
 }
 
 /// The stream, created when missing. Auto replicas try 3 first and take fewer when the
