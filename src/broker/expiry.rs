@@ -94,7 +94,7 @@ impl Broker {
             }
             catalog.by_name.remove(state.core.id());
             catalog.retired = catalog.retired.max(state.core.floors());
-            let held = state.core.drain();
+            let held = state.core.drain() + std::mem::take(&mut state.held_back).len();
             self.apply(
                 &mut state,
                 super::Input::Expire { held },

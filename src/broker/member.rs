@@ -157,7 +157,19 @@ pub(crate) struct SubState {
     /// Cluster mode: the least attempt the next injection of these messages carries (set when
     /// the cluster activates a member here; at most `MAX_CARRY` entries, replaced each time).
     pub(crate) attempt_floors: BTreeMap<SystemId, u32>,
+    /// Cluster mode: messages injected ahead of a carried one that has not come back yet
+    /// (JetStream does not always redeliver given-back messages in the order they were given
+    /// back), with their attempts; queued in id order once the carried ones before them came.
+    pub(crate) held_back: BTreeMap<SystemId, (crate::core::Message, u32)>,
+    /// When `attempt_floors` was last set (broker time): past [`HOLD_BACK_PATIENCE`] the
+    /// carried messages still missing are not waited for.
+    pub(crate) floors_since: std::time::Duration,
 }
+
+/// How long a promoted gateway holds back messages that arrive ahead of a carried one that has
+/// not come back: above a singleton consumer's ack wait (half the gateway lease, 1.5 s by
+/// default), after which JetStream redelivers a message whose give-back it did not apply.
+pub(crate) const HOLD_BACK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A locked subscription. Dropping it releases the lock, then wakes the streams that got frames.
 pub(crate) struct Locked<'a> {
@@ -220,6 +232,8 @@ impl SubState {
             unsent_scratch: Vec::new(),
             effects: Vec::new(),
             attempt_floors: BTreeMap::new(),
+            held_back: BTreeMap::new(),
+            floors_since: std::time::Duration::ZERO,
         }
     }
 

@@ -90,6 +90,7 @@ impl Broker {
         self.with_subscription(subscription_id, |state, dead| {
             let effects = state.core.activate(member, epoch, promotion)?;
             state.attempt_floors = carry.into_iter().collect();
+            state.floors_since = self.inner.clock.now();
             tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");
             self.apply(state, Input::Activate { member, epoch }, effects, dead);
             Ok(())
@@ -148,12 +149,20 @@ impl Broker {
     /// first (empty when there is no such subscription).
     pub fn hand_back(&self, subscription_id: &str) -> Vec<(SystemId, u32)> {
         self.with_subscription(subscription_id, |state, dead| {
-            let taken: Vec<(SystemId, u32)> = state
+            let mut taken: Vec<(SystemId, u32)> = state
                 .core
                 .take_queued()
                 .into_iter()
                 .map(|(message, attempt)| (message.system_id(), attempt))
                 .collect();
+            // What was held back goes upstream too (its memory with it).
+            for (id, (message, attempt)) in std::mem::take(&mut state.held_back) {
+                let share = message.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
+                state.accounted -= share;
+                self.release_memory(share);
+                taken.push((id, attempt));
+            }
+            state.attempt_floors.clear();
             if !taken.is_empty() {
                 let ids = taken.iter().map(|(id, _)| *id).collect();
                 self.apply(state, Input::HandBack { ids }, Vec::new(), dead);
@@ -206,17 +215,58 @@ impl Broker {
                 .attempt_floors
                 .remove(&system_id)
                 .map_or(attempt, |floor| floor.max(attempt));
+            if state.attempt_floors.range(..system_id).next().is_some() {
+                // A carried message before it has not come back yet: it waits, so the active
+                // member gets the given-back messages in order, then the rest.
+                state.held_back.insert(system_id, (message, attempt));
+                return Ok(());
+            }
             let effects = state.core.enqueue_attempt(message, attempt);
             self.apply(state, Input::Enqueue { system_id }, effects, dead);
+            self.release_held_back(state, dead);
             Ok(())
         })
+    }
+
+    /// Queues, in id order, the held-back messages no missing carried message precedes (all of
+    /// them once the carried messages are waited for no longer).
+    fn release_held_back(
+        &self,
+        state: &mut super::member::SubState,
+        dead: &mut super::DeadLetters,
+    ) {
+        if !state.attempt_floors.is_empty()
+            && self.inner.clock.now().saturating_sub(state.floors_since)
+                > super::member::HOLD_BACK_PATIENCE
+        {
+            tracing::warn!(
+                subscription = %state.core.id(),
+                missing = ?state.attempt_floors.keys().collect::<Vec<_>>(),
+                "given-back messages did not come back in time; delivering what came after them"
+            );
+            state.attempt_floors.clear();
+        }
+        while let Some(entry) = state.held_back.first_entry() {
+            if state.attempt_floors.range(..*entry.key()).next().is_some() {
+                break;
+            }
+            let (system_id, (message, attempt)) = entry.remove_entry();
+            let effects = state.core.enqueue_attempt(message, attempt);
+            self.apply(state, Input::Enqueue { system_id }, effects, dead);
+        }
     }
 
     /// How many more messages `subscription_id`'s active members could take now (free window
     /// space less what is queued), or `None` when this broker has no such subscription.
     pub fn room(&self, subscription_id: &str) -> Option<u64> {
-        self.with_subscription(subscription_id, |state, _| Ok(state.core.room()))
-            .ok()
+        self.with_subscription(subscription_id, |state, dead| {
+            self.release_held_back(state, dead);
+            // The carried messages still missing can be pulled whatever waits for them; what
+            // waits is bounded by the window plus those.
+            let allowed = state.core.room() + state.attempt_floors.len() as u64;
+            Ok(allowed.saturating_sub(state.held_back.len() as u64))
+        })
+        .ok()
     }
 
     /// Whether `member` is a live member of `subscription_id` here.
@@ -333,5 +383,89 @@ mod tests {
             2,
             "the singleton's epoch is the cluster's"
         );
+    }
+
+    fn message(id: SystemId) -> Message {
+        let envelope = crate::core::Envelope::new(
+            crate::core::Topic::parse("a.b").unwrap(),
+            crate::core::Headers::new(),
+        );
+        Message::new(id, 0, envelope, b"x")
+    }
+
+    async fn delivered(member: &mut MemberStream) -> Option<(SystemId, u32)> {
+        match tokio::time::timeout(Duration::from_millis(10), member.next()).await {
+            Ok(Some(Outbound::Message {
+                message, attempt, ..
+            })) => Some((message.system_id(), attempt)),
+            Ok(other) => panic!("expected a message, got {other:?}"),
+            Err(_) => None,
+        }
+    }
+
+    // README cluster mode: JetStream may redeliver given-back messages out of the order they
+    // were given back in; the promoted gateway delivers them in stream order (the promotion
+    // names them: carry), then what came after them.
+    #[tokio::test(start_paused = true)]
+    async fn given_back_messages_reach_the_promoted_member_in_order_whatever_order_they_return_in()
+    {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 2), (6, 3), (7, 2)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        for id in [7, 8] {
+            broker.inject("s", message(id), 1, &live).unwrap();
+        }
+        assert_eq!(delivered(&mut s).await, None, "7 and 8 wait for 5 and 6");
+        assert_eq!(
+            broker.room("s"),
+            Some(10 + 2 - 2),
+            "the missing two can be pulled"
+        );
+        broker.inject("s", message(5), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((5, 2)));
+        assert_eq!(delivered(&mut s).await, None, "7 and 8 wait for 6");
+        broker.inject("s", message(6), 1, &live).unwrap();
+        let mut rest = Vec::new();
+        while let Some(d) = delivered(&mut s).await {
+            rest.push(d);
+        }
+        assert_eq!(rest, [(6, 3), (7, 2), (8, 1)]);
+    }
+
+    // A given-back message that never comes back is waited for at most HOLD_BACK_PATIENCE:
+    // then what came after it is delivered.
+    #[tokio::test(start_paused = true)]
+    async fn a_given_back_message_that_never_returns_is_waited_for_a_bounded_time() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 2)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(6), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, None);
+        let patience = super::super::member::HOLD_BACK_PATIENCE;
+        tokio::time::advance(patience - Duration::from_millis(100)).await;
+        assert_eq!(
+            broker.room("s"),
+            Some(10 + 1 - 1),
+            "not yet past the patience"
+        );
+        assert_eq!(delivered(&mut s).await, None);
+        tokio::time::advance(Duration::from_millis(200)).await;
+        broker.room("s");
+        assert_eq!(delivered(&mut s).await, Some((6, 1)));
+        // Nothing is waited for any more.
+        broker.inject("s", message(9), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((9, 1)));
     }
 }
