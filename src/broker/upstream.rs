@@ -468,4 +468,69 @@ mod tests {
         broker.inject("s", message(9), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, Some((9, 1)));
     }
+
+    // README cluster mode: what waits is bounded by "the member's window plus the carried
+    // ones", and the carried ones still missing can always be pulled. Carried messages that
+    // came back early and wait for an earlier one must not use up the room that earlier one
+    // needs: with a window of 1, 6 and 7 back before 5 left no room to pull 5, which then came
+    // only after the patience, behind 6 and 7.
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_carried_message_can_be_pulled_while_later_carried_ones_wait() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 1;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 2), (6, 2), (7, 2)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        for id in [7, 6] {
+            broker.inject("s", message(id), 1, &live).unwrap();
+        }
+        assert_eq!(delivered(&mut s).await, None, "6 and 7 wait for 5");
+        assert!(
+            broker.room("s").unwrap() >= 1,
+            "5 is missing and must be pullable, room {:?}",
+            broker.room("s")
+        );
+        broker.inject("s", message(5), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((5, 2)));
+    }
+
+    // README cluster mode: a held-back message is "counted in the budget" for as long as it
+    // waits, whatever else the subscription does meanwhile (here an ack).
+    #[tokio::test(start_paused = true)]
+    async fn a_held_back_message_stays_counted_in_the_memory_budget() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let accounted = |b: &Broker| b.list().1.memory_accounted_bytes;
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 1), (7, 1)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(5), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((5, 1)));
+        let with_one = accounted(&broker);
+        broker.inject("s", message(8), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, None, "8 waits for 7");
+        let share = accounted(&broker) - with_one;
+        assert!(share > 0);
+        broker
+            .ack("s", crate::broker::Fence::Member(s.member_id()), 5)
+            .unwrap();
+        assert_eq!(
+            accounted(&broker),
+            with_one,
+            "5 left (the same size as 8), 8 still waits here"
+        );
+        // A redelivery of the waiting 8 keeps one copy, counted once.
+        broker.inject("s", message(8), 1, &live).unwrap();
+        assert_eq!(accounted(&broker), with_one, "8 counted once");
+        assert_eq!(broker.hand_back("s"), [(8, 1)]);
+        assert_eq!(accounted(&broker), with_one - share);
+    }
 }
