@@ -260,7 +260,8 @@ impl Broker {
     /// `state.accounted` by the caller), so this only ever gives back what a change did not
     /// use: the account never goes over the budget.
     fn account(&self, state: &mut SubState) {
-        let now = state.core.footprint();
+        // Cluster mode: messages held back for order are the subscription's too.
+        let now = state.core.footprint() + state.held_back_bytes;
         let before = std::mem::replace(&mut state.accounted, now);
         let memory = &self.inner.counters.memory;
         // The common case (a reservation that was exactly used) touches no shared cache line.
