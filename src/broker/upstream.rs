@@ -546,4 +546,25 @@ mod tests {
         assert_eq!(broker.hand_back("s"), [(8, 1)]);
         assert_eq!(accounted(&broker), with_one - share);
     }
+
+    // README cluster mode: `queued_messages` counts what the gateway pulled; a message held
+    // back for order was pulled and waits here, as a queued one does.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_back_message_shows_as_queued() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 1)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(6), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
+        let view = broker.describe("s").unwrap();
+        assert_eq!((view.queued_messages, view.queued_bytes), (1, 1));
+        let listed = &broker.list().0[0];
+        assert_eq!((listed.queued_messages, listed.queued_bytes), (1, 1));
+    }
 }
