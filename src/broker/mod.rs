@@ -768,7 +768,7 @@ impl Broker {
     /// [`Error::SubscriptionNotFound`].
     pub fn describe(&self, subscription_id: &str) -> Result<SubscriptionView, Error> {
         let now = self.inner.clock.now();
-        self.with_subscription(subscription_id, |state, _| Ok(view(&state.core, now)))
+        self.with_subscription(subscription_id, |state, _| Ok(view(state, now)))
     }
 
     /// Inspects every subscription, in id order, plus broker-wide counters.
@@ -802,7 +802,7 @@ impl Broker {
         let now = self.inner.clock.now();
         let views: Vec<_> = page
             .iter()
-            .map(|cell| view(&Locked::new(cell).core, now))
+            .map(|cell| view(&Locked::new(cell), now))
             .collect();
         let c = &self.inner.counters;
         let stats = BrokerStats {
@@ -830,14 +830,19 @@ impl Broker {
     }
 }
 
-fn view(core: &Subscription, now: Duration) -> SubscriptionView {
+fn view(state: &SubState, now: Duration) -> SubscriptionView {
+    let core = &state.core;
+    // Cluster mode: a message held back for order was pulled and waits here, as queued ones do.
+    let held_back = state.held_back.len() as u64;
+    let held_back_bytes =
+        state.held_back_bytes - held_back * crate::core::subscription::MESSAGE_OVERHEAD;
     SubscriptionView {
         subscription_id: core.id().clone(),
         spec: core.spec().clone(),
         members: core.member_infos(),
         epoch: core.epoch(),
-        queued_messages: core.queued() as u64,
-        queued_bytes: core.queued_bytes(),
+        queued_messages: core.queued() as u64 + held_back,
+        queued_bytes: core.queued_bytes() + held_back_bytes,
         in_flight: core.in_flight() as u64,
         counters: *core.counters(),
         expires_in: core.expires_at().map(|at| at.saturating_sub(now)),

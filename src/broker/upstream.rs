@@ -562,9 +562,10 @@ mod tests {
         confirmed_epoch(&mut s).await;
         broker.inject("s", message(6), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
+        let size = message(6).size() as u64;
         let view = broker.describe("s").unwrap();
-        assert_eq!((view.queued_messages, view.queued_bytes), (1, 1));
+        assert_eq!((view.queued_messages, view.queued_bytes), (1, size));
         let listed = &broker.list().0[0];
-        assert_eq!((listed.queued_messages, listed.queued_bytes), (1, 1));
+        assert_eq!((listed.queued_messages, listed.queued_bytes), (1, size));
     }
 }
