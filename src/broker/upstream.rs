@@ -568,4 +568,29 @@ mod tests {
         let listed = &broker.list().0[0];
         assert_eq!((listed.queued_messages, listed.queued_bytes), (1, size));
     }
+
+    // README cluster mode: "the promotion carries their ids (`carry`) to the next active
+    // member's gateway", which puts them in order and delivers each with at least its carried
+    // attempt. When the promoted member leaves too before a carried message came back here,
+    // that message is still JetStream's to redeliver, to the gateway after: its carry must go
+    // on with what this gateway gives back, or it comes there with a lower attempt and
+    // unordered.
+    #[tokio::test(start_paused = true)]
+    async fn a_carried_message_still_missing_is_carried_on_when_the_promoted_member_leaves() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 3), (6, 3)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(6), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
+        broker.end_member("s", s.member_id(), &Error::Unavailable("left".into()));
+        let mut given_back = broker.hand_back("s");
+        given_back.sort_unstable();
+        assert_eq!(given_back, [(5, 3), (6, 3)]);
+    }
 }
