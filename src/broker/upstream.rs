@@ -146,7 +146,8 @@ impl Broker {
 
     /// Takes every queued (not in-flight) message out of `subscription_id`, to give back
     /// upstream; returns their ids with the attempt each one's next delivery would carry, head
-    /// first (empty when there is no such subscription).
+    /// first, then the carried messages that have not come back here (empty when there is no
+    /// such subscription).
     pub fn hand_back(&self, subscription_id: &str) -> Vec<(SystemId, u32)> {
         self.with_subscription(subscription_id, |state, dead| {
             let mut taken: Vec<(SystemId, u32)> = state
@@ -161,11 +162,13 @@ impl Broker {
             }
             state.held_back_bytes = 0;
             state.held_back_carried = 0;
-            state.attempt_floors.clear();
             if !taken.is_empty() {
                 let ids = taken.iter().map(|(id, _)| *id).collect();
                 self.apply(state, Input::HandBack { ids }, Vec::new(), dead);
             }
+            // Carried messages that have not come back here are still JetStream's to
+            // redeliver, now to the next active member's gateway: their carry goes on.
+            taken.extend(std::mem::take(&mut state.attempt_floors));
             Ok(taken)
         })
         .unwrap_or_default()
@@ -543,7 +546,11 @@ mod tests {
         // A redelivery of the waiting 8 keeps one copy, counted once.
         broker.inject("s", message(8), 1, &live).unwrap();
         assert_eq!(accounted(&broker), with_one, "8 counted once");
-        assert_eq!(broker.hand_back("s"), [(8, 1)]);
+        assert_eq!(
+            broker.hand_back("s"),
+            [(8, 1), (7, 1)],
+            "8 given back, 7's carry goes on"
+        );
         assert_eq!(accounted(&broker), with_one - share);
     }
 
