@@ -600,4 +600,29 @@ mod tests {
         given_back.sort_unstable();
         assert_eq!(given_back, [(5, 3), (6, 3)]);
     }
+
+    // An activation of the member already active here changes nothing (the core's answer):
+    // neither does it forget the carried messages still missing, which would let what waits
+    // for them go first.
+    #[tokio::test(start_paused = true)]
+    async fn activating_the_active_member_again_keeps_waiting_for_the_carried_ones() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 3)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(6), 1, &live).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, Vec::new(), true)
+            .unwrap();
+        broker.room("s");
+        assert_eq!(delivered(&mut s).await, None, "6 still waits for 5");
+        broker.inject("s", message(5), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((5, 3)));
+        assert_eq!(delivered(&mut s).await, Some((6, 1)));
+    }
 }
