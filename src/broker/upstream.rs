@@ -88,9 +88,14 @@ impl Broker {
         promotion: bool,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
+            let again = state.core.active_members().any(|m| m == member);
             let effects = state.core.activate(member, epoch, promotion)?;
-            state.attempt_floors = carry.into_iter().collect();
-            state.floors_since = self.inner.clock.now();
+            if !again {
+                // Activating the active member again changes nothing: what waits keeps waiting
+                // for the same carried ones.
+                state.attempt_floors = carry.into_iter().collect();
+                state.floors_since = self.inner.clock.now();
+            }
             tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");
             self.apply(state, Input::Activate { member, epoch }, effects, dead);
             Ok(())
