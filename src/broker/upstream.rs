@@ -90,9 +90,9 @@ impl Broker {
         self.with_subscription(subscription_id, |state, dead| {
             let again = state.core.active_members().any(|m| m == member);
             let effects = state.core.activate(member, epoch, promotion)?;
+            // Activating the active member again changes nothing: what waits keeps waiting for
+            // the same carried ones.
             if !again {
-                // Activating the active member again changes nothing: what waits keeps waiting
-                // for the same carried ones.
                 state.attempt_floors = carry.into_iter().collect();
                 state.floors_since = self.inner.clock.now();
             }
