@@ -160,7 +160,13 @@ pub(crate) struct SubState {
     /// Cluster mode: messages injected ahead of a carried one that has not come back yet
     /// (JetStream does not always redeliver given-back messages in the order they were given
     /// back), with their attempts; queued in id order once the carried ones before them came.
-    pub(crate) held_back: BTreeMap<SystemId, (crate::core::Message, u32)>,
+    /// Each with whether it was carried itself (it then waits beyond the window).
+    pub(crate) held_back: BTreeMap<SystemId, (crate::core::Message, u32, bool)>,
+    /// Bytes of `held_back` (with the per-message overhead), part of `accounted`: they are in
+    /// no core queue, so the core's footprint does not count them.
+    pub(crate) held_back_bytes: u64,
+    /// How many of `held_back` were carried: those do not take window room.
+    pub(crate) held_back_carried: usize,
     /// When `attempt_floors` was last set (broker time): past [`HOLD_BACK_PATIENCE`] the
     /// carried messages still missing are not waited for.
     pub(crate) floors_since: std::time::Duration,
@@ -233,6 +239,8 @@ impl SubState {
             effects: Vec::new(),
             attempt_floors: BTreeMap::new(),
             held_back: BTreeMap::new(),
+            held_back_bytes: 0,
+            held_back_carried: 0,
             floors_since: std::time::Duration::ZERO,
         }
     }

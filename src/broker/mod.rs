@@ -260,7 +260,8 @@ impl Broker {
     /// `state.accounted` by the caller), so this only ever gives back what a change did not
     /// use: the account never goes over the budget.
     fn account(&self, state: &mut SubState) {
-        let now = state.core.footprint();
+        // Cluster mode: messages held back for order are the subscription's too.
+        let now = state.core.footprint() + state.held_back_bytes;
         let before = std::mem::replace(&mut state.accounted, now);
         let memory = &self.inner.counters.memory;
         // The common case (a reservation that was exactly used) touches no shared cache line.
@@ -767,7 +768,7 @@ impl Broker {
     /// [`Error::SubscriptionNotFound`].
     pub fn describe(&self, subscription_id: &str) -> Result<SubscriptionView, Error> {
         let now = self.inner.clock.now();
-        self.with_subscription(subscription_id, |state, _| Ok(view(&state.core, now)))
+        self.with_subscription(subscription_id, |state, _| Ok(view(state, now)))
     }
 
     /// Inspects every subscription, in id order, plus broker-wide counters.
@@ -801,7 +802,7 @@ impl Broker {
         let now = self.inner.clock.now();
         let views: Vec<_> = page
             .iter()
-            .map(|cell| view(&Locked::new(cell).core, now))
+            .map(|cell| view(&Locked::new(cell), now))
             .collect();
         let c = &self.inner.counters;
         let stats = BrokerStats {
@@ -829,14 +830,19 @@ impl Broker {
     }
 }
 
-fn view(core: &Subscription, now: Duration) -> SubscriptionView {
+fn view(state: &SubState, now: Duration) -> SubscriptionView {
+    let core = &state.core;
+    // Cluster mode: a message held back for order was pulled and waits here, as queued ones do.
+    let held_back = state.held_back.len() as u64;
+    let held_back_bytes =
+        state.held_back_bytes - held_back * crate::core::subscription::MESSAGE_OVERHEAD;
     SubscriptionView {
         subscription_id: core.id().clone(),
         spec: core.spec().clone(),
         members: core.member_infos(),
         epoch: core.epoch(),
-        queued_messages: core.queued() as u64,
-        queued_bytes: core.queued_bytes(),
+        queued_messages: core.queued() as u64 + held_back,
+        queued_bytes: core.queued_bytes() + held_back_bytes,
         in_flight: core.in_flight() as u64,
         counters: *core.counters(),
         expires_in: core.expires_at().map(|at| at.saturating_sub(now)),

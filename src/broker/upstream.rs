@@ -88,9 +88,14 @@ impl Broker {
         promotion: bool,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
+            let again = state.core.active_members().any(|m| m == member);
             let effects = state.core.activate(member, epoch, promotion)?;
-            state.attempt_floors = carry.into_iter().collect();
-            state.floors_since = self.inner.clock.now();
+            // Activating the active member again changes nothing: what waits keeps waiting for
+            // the same carried ones.
+            if !again {
+                state.attempt_floors = carry.into_iter().collect();
+                state.floors_since = self.inner.clock.now();
+            }
             tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");
             self.apply(state, Input::Activate { member, epoch }, effects, dead);
             Ok(())
@@ -146,7 +151,8 @@ impl Broker {
 
     /// Takes every queued (not in-flight) message out of `subscription_id`, to give back
     /// upstream; returns their ids with the attempt each one's next delivery would carry, head
-    /// first (empty when there is no such subscription).
+    /// first, then the carried messages that have not come back here (empty when there is no
+    /// such subscription).
     pub fn hand_back(&self, subscription_id: &str) -> Vec<(SystemId, u32)> {
         self.with_subscription(subscription_id, |state, dead| {
             let mut taken: Vec<(SystemId, u32)> = state
@@ -155,18 +161,19 @@ impl Broker {
                 .into_iter()
                 .map(|(message, attempt)| (message.system_id(), attempt))
                 .collect();
-            // What was held back goes upstream too (its memory with it).
-            for (id, (message, attempt)) in std::mem::take(&mut state.held_back) {
-                let share = message.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
-                state.accounted -= share;
-                self.release_memory(share);
+            // What was held back goes upstream too (its memory with it, when `apply` accounts).
+            for (id, (_, attempt, _)) in std::mem::take(&mut state.held_back) {
                 taken.push((id, attempt));
             }
-            state.attempt_floors.clear();
+            state.held_back_bytes = 0;
+            state.held_back_carried = 0;
             if !taken.is_empty() {
                 let ids = taken.iter().map(|(id, _)| *id).collect();
                 self.apply(state, Input::HandBack { ids }, Vec::new(), dead);
             }
+            // Carried messages that have not come back here are still JetStream's to
+            // redeliver, now to the next active member's gateway: their carry goes on.
+            taken.extend(std::mem::take(&mut state.attempt_floors));
             Ok(taken)
         })
         .unwrap_or_default()
@@ -202,6 +209,11 @@ impl Broker {
                     "subscription {subscription_id:?} has no active member at this gateway"
                 )));
             }
+            let system_id = message.system_id();
+            if state.held_back.contains_key(&system_id) {
+                // Redelivered while it waits here: the one copy stays.
+                return Ok(());
+            }
             let size = message.size();
             let share = size as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
             self.reserve_memory(share)?;
@@ -210,15 +222,17 @@ impl Broker {
                 return Err(error);
             }
             state.accounted += share;
-            let system_id = message.system_id();
-            let attempt = state
-                .attempt_floors
-                .remove(&system_id)
-                .map_or(attempt, |floor| floor.max(attempt));
+            let floor = state.attempt_floors.remove(&system_id);
+            let carried = floor.is_some();
+            let attempt = floor.map_or(attempt, |floor| floor.max(attempt));
             if state.attempt_floors.range(..system_id).next().is_some() {
                 // A carried message before it has not come back yet: it waits, so the active
                 // member gets the given-back messages in order, then the rest.
-                state.held_back.insert(system_id, (message, attempt));
+                state.held_back_bytes += share;
+                state.held_back_carried += usize::from(carried);
+                state
+                    .held_back
+                    .insert(system_id, (message, attempt, carried));
                 return Ok(());
             }
             let effects = state.core.enqueue_attempt(message, attempt);
@@ -250,7 +264,11 @@ impl Broker {
             if state.attempt_floors.range(..*entry.key()).next().is_some() {
                 break;
             }
-            let (system_id, (message, attempt)) = entry.remove_entry();
+            let (system_id, (message, attempt, carried)) = entry.remove_entry();
+            // From here the core's footprint counts it.
+            state.held_back_bytes -=
+                message.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
+            state.held_back_carried -= usize::from(carried);
             let effects = state.core.enqueue_attempt(message, attempt);
             self.apply(state, Input::Enqueue { system_id }, effects, dead);
         }
@@ -261,10 +279,13 @@ impl Broker {
     pub fn room(&self, subscription_id: &str) -> Option<u64> {
         self.with_subscription(subscription_id, |state, dead| {
             self.release_held_back(state, dead);
-            // The carried messages still missing can be pulled whatever waits for them; what
-            // waits is bounded by the window plus those.
+            // The carried messages still missing can be pulled whatever waits for them: what
+            // waits beyond them takes window room, carried ones that came back early do not
+            // (else a window of 1 with 6 and 7 back before 5 leaves no room to pull 5). What
+            // waits is bounded by the window plus the carried ones.
             let allowed = state.core.room() + state.attempt_floors.len() as u64;
-            Ok(allowed.saturating_sub(state.held_back.len() as u64))
+            let uncarried = state.held_back.len() - state.held_back_carried;
+            Ok(allowed.saturating_sub(uncarried as u64))
         })
         .ok()
     }
@@ -424,8 +445,8 @@ mod tests {
         assert_eq!(delivered(&mut s).await, None, "7 and 8 wait for 5 and 6");
         assert_eq!(
             broker.room("s"),
-            Some(10 + 2 - 2),
-            "the missing two can be pulled"
+            Some(10 + 2 - 1),
+            "the missing two can be pulled (8 takes window room, 7 was carried)"
         );
         broker.inject("s", message(5), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, Some((5, 2)));
@@ -467,5 +488,146 @@ mod tests {
         // Nothing is waited for any more.
         broker.inject("s", message(9), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, Some((9, 1)));
+    }
+
+    // README cluster mode: what waits is bounded by "the member's window plus the carried
+    // ones", and the carried ones still missing can always be pulled. Carried messages that
+    // came back early and wait for an earlier one must not use up the room that earlier one
+    // needs: with a window of 1, 6 and 7 back before 5 left no room to pull 5, which then came
+    // only after the patience, behind 6 and 7.
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_carried_message_can_be_pulled_while_later_carried_ones_wait() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 1;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 2), (6, 2), (7, 2)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        for id in [7, 6] {
+            broker.inject("s", message(id), 1, &live).unwrap();
+        }
+        assert_eq!(delivered(&mut s).await, None, "6 and 7 wait for 5");
+        assert!(
+            broker.room("s").unwrap() >= 1,
+            "5 is missing and must be pullable, room {:?}",
+            broker.room("s")
+        );
+        broker.inject("s", message(5), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((5, 2)));
+    }
+
+    // README cluster mode: a held-back message is "counted in the budget" for as long as it
+    // waits, whatever else the subscription does meanwhile (here an ack).
+    #[tokio::test(start_paused = true)]
+    async fn a_held_back_message_stays_counted_in_the_memory_budget() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let accounted = |b: &Broker| b.list().1.memory_accounted_bytes;
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 1), (7, 1)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(5), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((5, 1)));
+        let with_one = accounted(&broker);
+        broker.inject("s", message(8), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, None, "8 waits for 7");
+        let share = accounted(&broker) - with_one;
+        assert!(share > 0);
+        broker
+            .ack("s", crate::broker::Fence::Member(s.member_id()), 5)
+            .unwrap();
+        assert_eq!(
+            accounted(&broker),
+            with_one,
+            "5 left (the same size as 8), 8 still waits here"
+        );
+        // A redelivery of the waiting 8 keeps one copy, counted once.
+        broker.inject("s", message(8), 1, &live).unwrap();
+        assert_eq!(accounted(&broker), with_one, "8 counted once");
+        assert_eq!(
+            broker.hand_back("s"),
+            [(8, 1), (7, 1)],
+            "8 given back, 7's carry goes on"
+        );
+        assert_eq!(accounted(&broker), with_one - share);
+    }
+
+    // README cluster mode: `queued_messages` counts what the gateway pulled; a message held
+    // back for order was pulled and waits here, as a queued one does.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_back_message_shows_as_queued() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 1)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(6), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
+        let size = message(6).size() as u64;
+        let view = broker.describe("s").unwrap();
+        assert_eq!((view.queued_messages, view.queued_bytes), (1, size));
+        let listed = &broker.list().0[0];
+        assert_eq!((listed.queued_messages, listed.queued_bytes), (1, size));
+    }
+
+    // README cluster mode: "the promotion carries their ids (`carry`) to the next active
+    // member's gateway", which puts them in order and delivers each with at least its carried
+    // attempt. When the promoted member leaves too before a carried message came back here,
+    // that message is still JetStream's to redeliver, to the gateway after: its carry must go
+    // on with what this gateway gives back, or it comes there with a lower attempt and
+    // unordered.
+    #[tokio::test(start_paused = true)]
+    async fn a_carried_message_still_missing_is_carried_on_when_the_promoted_member_leaves() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 3), (6, 3)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(6), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
+        broker.end_member("s", s.member_id(), &Error::Unavailable("left".into()));
+        let mut given_back = broker.hand_back("s");
+        given_back.sort_unstable();
+        assert_eq!(given_back, [(5, 3), (6, 3)]);
+    }
+
+    // An activation of the member already active here changes nothing (the core's answer):
+    // neither does it forget the carried messages still missing, which would let what waits
+    // for them go first.
+    #[tokio::test(start_paused = true)]
+    async fn activating_the_active_member_again_keeps_waiting_for_the_carried_ones() {
+        let broker = gateway();
+        let live = AtomicBool::new(true);
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = 10;
+        let mut s = broker.open(&req, None).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, vec![(5, 3)], true)
+            .unwrap();
+        confirmed_epoch(&mut s).await;
+        broker.inject("s", message(6), 1, &live).unwrap();
+        broker
+            .activate("s", s.member_id(), 2, Vec::new(), true)
+            .unwrap();
+        broker.room("s");
+        assert_eq!(delivered(&mut s).await, None, "6 still waits for 5");
+        broker.inject("s", message(5), 1, &live).unwrap();
+        assert_eq!(delivered(&mut s).await, Some((5, 3)));
+        assert_eq!(delivered(&mut s).await, Some((6, 1)));
     }
 }
