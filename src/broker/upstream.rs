@@ -406,6 +406,21 @@ mod tests {
         );
     }
 
+    /// A gateway's singleton "s" whose member (window `window`) the cluster made active with
+    /// `carry`: the given-back messages it waits for. Returns the feeder's `live` claim too.
+    async fn promoted(
+        window: u32,
+        carry: Vec<(SystemId, u32)>,
+    ) -> (Broker, MemberStream, AtomicBool) {
+        let broker = gateway();
+        let mut req = request("s", Mode::Singleton);
+        req.member.max_in_flight = window;
+        let mut s = broker.open(&req, None).unwrap();
+        broker.activate("s", s.member_id(), 2, carry, true).unwrap();
+        confirmed_epoch(&mut s).await;
+        (broker, s, AtomicBool::new(true))
+    }
+
     fn message(id: SystemId) -> Message {
         let envelope = crate::core::Envelope::new(
             crate::core::Topic::parse("a.b").unwrap(),
@@ -430,15 +445,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn given_back_messages_reach_the_promoted_member_in_order_whatever_order_they_return_in()
     {
-        let broker = gateway();
-        let live = AtomicBool::new(true);
-        let mut req = request("s", Mode::Singleton);
-        req.member.max_in_flight = 10;
-        let mut s = broker.open(&req, None).unwrap();
-        broker
-            .activate("s", s.member_id(), 2, vec![(5, 2), (6, 3), (7, 2)], true)
-            .unwrap();
-        confirmed_epoch(&mut s).await;
+        let (broker, mut s, live) = promoted(10, vec![(5, 2), (6, 3), (7, 2)]).await;
         for id in [7, 8] {
             broker.inject("s", message(id), 1, &live).unwrap();
         }
@@ -463,15 +470,7 @@ mod tests {
     // then what came after it is delivered.
     #[tokio::test(start_paused = true)]
     async fn a_given_back_message_that_never_returns_is_waited_for_a_bounded_time() {
-        let broker = gateway();
-        let live = AtomicBool::new(true);
-        let mut req = request("s", Mode::Singleton);
-        req.member.max_in_flight = 10;
-        let mut s = broker.open(&req, None).unwrap();
-        broker
-            .activate("s", s.member_id(), 2, vec![(5, 2)], true)
-            .unwrap();
-        confirmed_epoch(&mut s).await;
+        let (broker, mut s, live) = promoted(10, vec![(5, 2)]).await;
         broker.inject("s", message(6), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, None);
         let patience = super::super::member::HOLD_BACK_PATIENCE;
@@ -497,15 +496,7 @@ mod tests {
     // only after the patience, behind 6 and 7.
     #[tokio::test(start_paused = true)]
     async fn a_missing_carried_message_can_be_pulled_while_later_carried_ones_wait() {
-        let broker = gateway();
-        let live = AtomicBool::new(true);
-        let mut req = request("s", Mode::Singleton);
-        req.member.max_in_flight = 1;
-        let mut s = broker.open(&req, None).unwrap();
-        broker
-            .activate("s", s.member_id(), 2, vec![(5, 2), (6, 2), (7, 2)], true)
-            .unwrap();
-        confirmed_epoch(&mut s).await;
+        let (broker, mut s, live) = promoted(1, vec![(5, 2), (6, 2), (7, 2)]).await;
         for id in [7, 6] {
             broker.inject("s", message(id), 1, &live).unwrap();
         }
@@ -523,16 +514,8 @@ mod tests {
     // waits, whatever else the subscription does meanwhile (here an ack).
     #[tokio::test(start_paused = true)]
     async fn a_held_back_message_stays_counted_in_the_memory_budget() {
-        let broker = gateway();
-        let live = AtomicBool::new(true);
+        let (broker, mut s, live) = promoted(10, vec![(5, 1), (7, 1)]).await;
         let accounted = |b: &Broker| b.list().1.memory_accounted_bytes;
-        let mut req = request("s", Mode::Singleton);
-        req.member.max_in_flight = 10;
-        let mut s = broker.open(&req, None).unwrap();
-        broker
-            .activate("s", s.member_id(), 2, vec![(5, 1), (7, 1)], true)
-            .unwrap();
-        confirmed_epoch(&mut s).await;
         broker.inject("s", message(5), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, Some((5, 1)));
         let with_one = accounted(&broker);
@@ -563,15 +546,7 @@ mod tests {
     // back for order was pulled and waits here, as a queued one does.
     #[tokio::test(start_paused = true)]
     async fn a_held_back_message_shows_as_queued() {
-        let broker = gateway();
-        let live = AtomicBool::new(true);
-        let mut req = request("s", Mode::Singleton);
-        req.member.max_in_flight = 10;
-        let mut s = broker.open(&req, None).unwrap();
-        broker
-            .activate("s", s.member_id(), 2, vec![(5, 1)], true)
-            .unwrap();
-        confirmed_epoch(&mut s).await;
+        let (broker, mut s, live) = promoted(10, vec![(5, 1)]).await;
         broker.inject("s", message(6), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
         let size = message(6).size() as u64;
@@ -589,15 +564,7 @@ mod tests {
     // unordered.
     #[tokio::test(start_paused = true)]
     async fn a_carried_message_still_missing_is_carried_on_when_the_promoted_member_leaves() {
-        let broker = gateway();
-        let live = AtomicBool::new(true);
-        let mut req = request("s", Mode::Singleton);
-        req.member.max_in_flight = 10;
-        let mut s = broker.open(&req, None).unwrap();
-        broker
-            .activate("s", s.member_id(), 2, vec![(5, 3), (6, 3)], true)
-            .unwrap();
-        confirmed_epoch(&mut s).await;
+        let (broker, mut s, live) = promoted(10, vec![(5, 3), (6, 3)]).await;
         broker.inject("s", message(6), 1, &live).unwrap();
         assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
         broker.end_member("s", s.member_id(), &Error::Unavailable("left".into()));
@@ -611,15 +578,7 @@ mod tests {
     // for them go first.
     #[tokio::test(start_paused = true)]
     async fn activating_the_active_member_again_keeps_waiting_for_the_carried_ones() {
-        let broker = gateway();
-        let live = AtomicBool::new(true);
-        let mut req = request("s", Mode::Singleton);
-        req.member.max_in_flight = 10;
-        let mut s = broker.open(&req, None).unwrap();
-        broker
-            .activate("s", s.member_id(), 2, vec![(5, 3)], true)
-            .unwrap();
-        confirmed_epoch(&mut s).await;
+        let (broker, mut s, live) = promoted(10, vec![(5, 3)]).await;
         broker.inject("s", message(6), 1, &live).unwrap();
         broker
             .activate("s", s.member_id(), 2, Vec::new(), true)

@@ -875,18 +875,8 @@ impl Subscription {
                 system_id,
             });
         };
-        if let Some(member) = member
-            && member != record.member
-            && !planted(PlantedBug::AckIgnoresFence)
-        {
-            self.counters.stale_acks += 1;
-            return Err(Error::NotHolder {
-                subscription: self.id.to_string(),
-                system_id,
-                member,
-                holder: record.member,
-            });
-        }
+        let holder = record.member;
+        self.check_holder(member, holder, system_id)?;
         let Some(record) = self.in_flight.remove(&system_id) else {
             unreachable!("looked up above");
         };
@@ -895,6 +885,29 @@ impl Subscription {
         }
         self.in_flight_bytes -= record.message.size() as u64;
         Ok(record)
+    }
+
+    /// An ack or nack naming `member` for a message `holder` holds: refused (and counted as
+    /// stale) when they differ. One naming no member is fenced elsewhere.
+    fn check_holder(
+        &mut self,
+        member: Option<MemberId>,
+        holder: MemberId,
+        system_id: SystemId,
+    ) -> Result<(), Error> {
+        if let Some(member) = member
+            && member != holder
+            && !planted(PlantedBug::AckIgnoresFence)
+        {
+            self.counters.stale_acks += 1;
+            return Err(Error::NotHolder {
+                subscription: self.id.to_string(),
+                system_id,
+                member,
+                holder,
+            });
+        }
+        Ok(())
     }
 
     /// [`take_in_flight`](Self::take_in_flight) in an ack-free subscription. The message a
@@ -924,18 +937,7 @@ impl Subscription {
                 system_id,
             });
         };
-        if let Some(member) = member
-            && member != holder
-            && !planted(PlantedBug::AckIgnoresFence)
-        {
-            self.counters.stale_acks += 1;
-            return Err(Error::NotHolder {
-                subscription: self.id.to_string(),
-                system_id,
-                member,
-                holder,
-            });
-        }
+        self.check_holder(member, holder, system_id)?;
         let Some(record) = self.members.get_mut(&holder).and_then(|m| {
             m.in_flight -= 1;
             m.unwritten.remove(at)
