@@ -6,6 +6,11 @@
 //! partitioned client's operations fail with `Unavailable` (the driver delays that answer by its
 //! request timeout, as a real client cut off from NATS would see) and its watches stop, then
 //! resume after healing from where they stopped.
+//!
+//! Deletions expire as JetStream's delete markers do when they carry a TTL: the driver sets the
+//! time ([`Model::advance`]) and the TTL ([`Model::expire_deletions_after`]); an expired deletion
+//! is gone from the bucket (the key is as if never written) and from every watch that had not
+//! delivered it yet (a watch cut off past the TTL never sees it).
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -25,6 +30,13 @@ struct State {
     keys: BTreeMap<String, Entry>,
     watchers: Vec<Watcher>,
     partitioned: BTreeSet<u64>,
+    /// The driver's time (ns) and how long a deletion stays (`None`: forever).
+    now: u64,
+    deletion_ttl: Option<u64>,
+    /// Deletions that may still expire: when, and the key with its deletion's revision.
+    deletions: VecDeque<(u64, String, Revision)>,
+    /// How many deletions expired before some watch delivered them.
+    skipped: u64,
 }
 
 struct Watcher {
@@ -61,6 +73,43 @@ impl Model {
         self.lock().partitioned.insert(client);
     }
 
+    /// Deletions expire `ttl` (ns) after they were written, from now on.
+    pub fn expire_deletions_after(&self, ttl: u64) {
+        self.lock().deletion_ttl = Some(ttl);
+    }
+
+    /// How many watch deliveries expired deletions have skipped so far.
+    pub fn skipped_deletions(&self) -> u64 {
+        self.lock().skipped
+    }
+
+    /// The time is `now` (ns): deletions older than the TTL expire.
+    pub fn advance(&self, now: u64) {
+        let mut s = self.lock();
+        s.now = s.now.max(now);
+        let Some(ttl) = s.deletion_ttl else {
+            return;
+        };
+        while let Some((at, _, _)) = s.deletions.front()
+            && at.saturating_add(ttl) <= s.now
+        {
+            let Some((_, key, revision)) = s.deletions.pop_front() else {
+                break;
+            };
+            if s.keys.get(&key).is_some_and(|e| e.revision == revision) {
+                s.keys.remove(&key);
+            }
+            let mut skipped = 0;
+            for w in &mut s.watchers {
+                let before = w.queue.len();
+                w.queue
+                    .retain(|e| !(e.key == key && e.revision == revision));
+                skipped += (before - w.queue.len()) as u64;
+            }
+            s.skipped += skipped;
+        }
+    }
+
     /// Reconnects `client`: its watches deliver what they missed, in order.
     pub fn heal(&self, client: u64) {
         let mut s = self.lock();
@@ -89,6 +138,10 @@ impl State {
             revision: self.revision,
         };
         self.keys.insert(key.to_string(), entry.clone());
+        if entry.value.is_none() {
+            self.deletions
+                .push_back((self.now, key.to_string(), self.revision));
+        }
         for w in &mut self.watchers {
             if !w.dropped && key.starts_with(&w.prefix) {
                 w.queue.retain(|queued| queued.key != key);

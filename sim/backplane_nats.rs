@@ -218,3 +218,67 @@ fn cluster_backplane_nats_watch_fails_over_when_its_server_is_killed() {
         assert!(seen.contains(&r3), "k.2's creation was skipped: {seen:?}");
     });
 }
+
+// Backplane module doc: "a deletion may expire". Delete markers carry a TTL; once it runs out
+// the key is as if never written, compare-and-sets on it report revision 0, and the revisions
+// that follow are still above every earlier one. A bucket created without per-message TTL (an
+// earlier gateway's) gets it turned on when opened with a marker TTL.
+#[test]
+fn cluster_backplane_nats_delete_markers_expire_and_revisions_still_rise() {
+    runtime().block_on(async {
+        let cluster = NatsCluster::start(3).await;
+        let config = |ttl| NatsConfig {
+            bucket: "markers".to_string(),
+            marker_ttl: ttl,
+            ..NatsConfig::new(cluster.client_urls())
+        };
+        let old = NatsBackplane::connect(&config(None)).await.unwrap();
+        assert!(!old.markers_expire());
+        let kept = old.create("sub.kept", b("1")).await.unwrap();
+        let kept = old.delete("sub.kept", kept).await.unwrap();
+
+        let kv = NatsBackplane::connect(&config(Some(Duration::from_secs(1))))
+            .await
+            .unwrap();
+        assert!(kv.markers_expire(), "per-message TTL turned on");
+        let r1 = kv.create("sub.x", b("1")).await.unwrap();
+        let r2 = kv.delete("sub.x", r1).await.unwrap();
+        assert_eq!(
+            kv.get("sub.x")
+                .await
+                .unwrap()
+                .map(|e| (e.value, e.revision)),
+            Some((None, r2)),
+            "the deletion is there until it expires"
+        );
+        let expired = async {
+            while kv.get("sub.x").await.unwrap().is_some() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(15), expired)
+            .await
+            .expect("the delete marker did not expire within 15 s of a 1 s TTL");
+        assert_eq!(
+            kv.update("sub.x", b("2"), r1).await,
+            Err(KvError::WrongRevision {
+                expected: r1,
+                current: 0
+            })
+        );
+        assert_eq!(
+            kv.delete("sub.x", r2).await,
+            Err(KvError::WrongRevision {
+                expected: r2,
+                current: 0
+            })
+        );
+        let r3 = kv.create("sub.x", b("3")).await.unwrap();
+        assert!(r3 > r2, "revisions rise after an expiry: {r3} after {r2}");
+        // A marker written before TTLs were on carries none: it stays.
+        assert_eq!(
+            kv.get("sub.kept").await.unwrap().map(|e| e.revision),
+            Some(kept)
+        );
+    });
+}

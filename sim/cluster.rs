@@ -29,6 +29,9 @@ pub const LEASE: Duration = Duration::from_millis(900);
 /// The drift bound the coordinators assume; the simulated clocks stay within it.
 pub const MAX_DRIFT_PERCENT: u32 = 10;
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(250);
+/// Deletions expire after this long at most (each seed draws its own, from 100 ms up): far
+/// shorter than production's 10 minutes, so that partitions and lagging watches outlast them.
+const MAX_DELETION_TTL: Duration = Duration::from_millis(2_000);
 
 fn config() -> Config {
     Config {
@@ -96,6 +99,8 @@ pub struct ClusterWorld {
     next_member: u64,
     observer: Watch,
     rng: Rng,
+    /// Deletions learned from refusals by gateway incarnations that are gone.
+    learned_by_gone: u64,
     pub checker: ClusterChecker,
 }
 
@@ -115,6 +120,9 @@ fn ns(d: Duration) -> u64 {
 impl ClusterWorld {
     pub fn new(seed: u64, gateways: usize) -> Self {
         let model = Model::new();
+        // Drawn from its own stream, so the seed's workload and faults stay what they were.
+        let ttl = Rng::new(seed ^ 0x7e1e_7e1e).range(100, MAX_DELETION_TTL.as_millis() as u64);
+        model.expire_deletions_after(ttl * 1_000_000);
         let observer = poll_now(&mut model.client(0).watch("sub.")).expect("observer watch");
         let mut world = Self {
             now: 0,
@@ -127,6 +135,7 @@ impl ClusterWorld {
             next_member: 1,
             observer,
             rng: Rng::new(seed),
+            learned_by_gone: 0,
             checker: ClusterChecker::default(),
         };
         let rho = u64::from(MAX_DRIFT_PERCENT) * 10_000;
@@ -250,6 +259,7 @@ impl ClusterWorld {
                 continue;
             }
             if coord.is_fenced() {
+                self.learned_by_gone += coord.deletions_learned();
                 self.trace(format!("slot {slot}: gateway g{} fenced itself", id.0));
                 self.start(slot);
                 return;
@@ -374,6 +384,7 @@ impl ClusterWorld {
             }
             self.queue.pop();
             self.now = t;
+            self.model.advance(t);
             if let Some(ev) = self.events[i].take() {
                 self.handle(ev);
             }
@@ -383,6 +394,27 @@ impl ClusterWorld {
         if self.queue.is_empty() {
             self.events.clear();
         }
+    }
+
+    /// Deletions expire `ttl` after they are written, from now on (instead of the seed's).
+    pub fn expire_deletions_after(&self, ttl: Duration) {
+        self.model.expire_deletions_after(ns(ttl));
+    }
+
+    /// How many watch deliveries of a deletion were skipped because it expired first.
+    pub fn skipped_deletions(&self) -> u64 {
+        self.model.skipped_deletions()
+    }
+
+    /// How many deletions gateways learned from a refusal naming no value, not from the watch.
+    pub fn deletions_learned(&self) -> u64 {
+        let live: u64 = self
+            .gateways
+            .iter()
+            .filter_map(|g| g.coord.as_ref())
+            .map(Coordinator::deletions_learned)
+            .sum();
+        self.learned_by_gone + live
     }
 
     pub fn live_slots(&self) -> Vec<usize> {
@@ -422,9 +454,10 @@ impl ClusterWorld {
 
     pub fn crash(&mut self, slot: usize, back_after: Duration) {
         let g = &mut self.gateways[slot];
-        let Some(_) = g.coord.take() else {
+        let Some(gone) = g.coord.take() else {
             return;
         };
+        self.learned_by_gone += gone.deletions_learned();
         g.watch = None;
         let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
         g.members.clear();

@@ -17,6 +17,10 @@ pub struct ClusterOutcome {
     pub violations: Vec<String>,
     /// Why the cluster did not settle after the faults healed, if it did not.
     pub unsettled: Option<String>,
+    /// How many watch deliveries of a deletion were skipped because it expired first.
+    pub skipped_deletions: u64,
+    /// How many deletions gateways learned from a refused compare-and-set instead.
+    pub deletions_learned: u64,
     pub trace: Trace,
 }
 
@@ -92,6 +96,8 @@ pub fn run(seed: u64) -> ClusterOutcome {
         seed,
         violations: world.checker.violations().to_vec(),
         unsettled,
+        skipped_deletions: world.skipped_deletions(),
+        deletions_learned: world.deletions_learned(),
         trace: world.checker.trace.clone(),
     }
 }

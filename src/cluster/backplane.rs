@@ -22,6 +22,12 @@
 //!   overwritten while the watch was cut off may be skipped (the bucket keeps each key's latest
 //!   only; the model replays them all, which the contract allows). Watchers treat entries as
 //!   state, newest revision wins, never as a log of every step.
+//! - A **deletion may expire**: once it is older than the bucket's marker TTL the store may forget
+//!   it, and the key is then as if never written (`get` answers `None`, `create` needs nothing to
+//!   replace, a compare-and-set on it reports current revision 0). A watch that was cut off, or
+//!   lagged, for longer than that may never deliver the deletion: it goes straight to the key's
+//!   next write, if any. The revision counter is not affected. A caller that still holds a value
+//!   for such a key learns of the deletion only from a compare-and-set that reports revision 0.
 //! - A watch may yield an `Err` item ([`KvError::Unavailable`]: it lost contact) and go on after
 //!   it; it ends only when its client is gone.
 //!
@@ -113,7 +119,8 @@ pub trait Backplane: Send + Sync {
     /// [`KvError::WrongRevision`] on a mismatch; [`KvError::Unavailable`].
     fn delete(&self, key: &str, expected: Revision) -> BoxFuture<'_, Result<Revision, KvError>>;
 
-    /// The key's latest entry, `None` if it never existed (a deleted key gives its deletion).
+    /// The key's latest entry, `None` if it never existed (a deleted key gives its deletion until
+    /// the deletion expires, then `None`).
     ///
     /// # Errors
     /// [`KvError::Unavailable`].

@@ -230,6 +230,8 @@ pub struct Coordinator {
     effects: VecDeque<Effect>,
     /// Entries that were not a valid value (counted, ignored).
     bad_values: u64,
+    /// Deletions learned from a refusal naming no value instead of from the watch.
+    deletions_learned: u64,
     /// The highest revision the watch delivered: it delivers in revision order, so every key's
     /// state up to this revision has been seen (a deletion included, which leaves no trace).
     watched: Revision,
@@ -257,6 +259,7 @@ impl Coordinator {
             commands: VecDeque::new(),
             effects: VecDeque::new(),
             bad_values: 0,
+            deletions_learned: 0,
             watched: 0,
             carry: BTreeMap::new(),
         };
@@ -277,6 +280,12 @@ impl Coordinator {
     /// Backplane entries that did not parse (ignored).
     pub fn bad_values(&self) -> u64 {
         self.bad_values
+    }
+
+    /// Deletions this gateway learned from a compare-and-set refused with no value, its watch
+    /// not having shown them (an expired deletion, or a watch still behind).
+    pub fn deletions_learned(&self) -> u64 {
+        self.deletions_learned
     }
 
     /// A member opened a singleton stream on this gateway; it waits for [`Effect::Activate`].
@@ -414,6 +423,24 @@ impl Coordinator {
                         .strip_prefix("sub.")
                         .is_some_and(|sub| !self.subs.contains_key(sub)) =>
             {
+                None
+            }
+            // The key has no value now, while the watch still shows the one compared against:
+            // it was deleted since. The watch brings that deletion, unless it expired first (a
+            // watch that lagged past the marker TTL skips it, and no later revision need ever
+            // come): take the refusal as the news, as the deletion itself would be taken.
+            Err(KvError::WrongRevision { current: 0, .. })
+                if p.expected != 0
+                    && self.revision_of(&p.key) == p.expected
+                    && !planted(PlantedBug::WaitForExpiredDeletion) =>
+            {
+                self.deletions_learned += 1;
+                if let Some(sub) = p.key.strip_prefix("sub.") {
+                    // At least one above the value seen: a later value on the watch still wins.
+                    self.forget_sub(sub, p.expected + 1);
+                } else if let Some(g) = p.deletes_lease {
+                    self.leases.insert(g, LeaseView::Deleted);
+                }
                 None
             }
             Err(e) if e.is_conflict() => Some(Block::Conflict(p.expected)),

@@ -428,3 +428,121 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         "cleared by the next promotion"
     );
 }
+
+// The seam: a deletion may expire before a lagging watch delivers it. A compare-and-set that
+// reports the key has no value is then the only news of it: the line is forgotten and the
+// local member's line created again, rather than waiting for a revision that never comes.
+#[test]
+fn a_line_whose_deletion_expired_unseen_is_created_again_on_a_refusal_naming_no_value() {
+    let mut c = leased();
+    let theirs = SubValue {
+        line: vec![uid(8, 4)],
+        active: Some(uid(8, 4)),
+        epoch: 3,
+        carry: Vec::new(),
+        promoted: false,
+    };
+    c.backplane_changed(
+        ms(4),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&theirs).unwrap()),
+        5,
+    );
+    // The line emptied and its deletion expired while this watch lagged: it never arrives.
+    c.member_joined(ms(6), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1);
+    assert!(matches!(cmds[0].op, Op::Update(_, 5)), "{:?}", cmds[0].op);
+    c.write_result(
+        ms(7),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 5,
+            current: 0,
+        }),
+    );
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        matches!(&cmds[..], [Command { key, op: Op::Create(_), .. }] if key == "sub.jobs"),
+        "the local member's line is created at once: {cmds:?}"
+    );
+    assert_eq!(value(&cmds[0]).line, vec![uid(7, 1)]);
+    // A refusal naming a value is still waited out on the watch.
+    let mut c = leased();
+    c.backplane_changed(
+        ms(4),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&theirs).unwrap()),
+        5,
+    );
+    c.member_joined(ms(6), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    c.write_result(
+        ms(7),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 5,
+            current: 9,
+        }),
+    );
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        cmds.is_empty(),
+        "waits for revision 9 on the watch: {cmds:?}"
+    );
+}
+
+// The same for a dead gateway's lease whose deletion (by another gateway) expired unseen: the
+// refusal of our own deletion counts it deleted, and its members make way.
+#[test]
+fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_no_value() {
+    let mut c = leased();
+    let mut rev = 100;
+    c.backplane_changed(ms(10), "lease.8", Some(b"{}"), 2);
+    let v = SubValue {
+        line: vec![uid(8, 4), uid(7, 1)],
+        active: Some(uid(8, 4)),
+        epoch: 3,
+        carry: Vec::new(),
+        promoted: false,
+    };
+    c.member_joined(ms(10), "jobs", 1);
+    let (creates, _) = drain(&mut c);
+    c.backplane_changed(
+        ms(11),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&v).unwrap()),
+        9,
+    );
+    c.write_result(ms(11), creates[0].id, Err(KvError::Exists { current: 9 }));
+    let at = ms(10) + config().dead_after();
+    let mut t = ms(11);
+    while t < at {
+        t = (t + ms(50)).min(at);
+        if t < at {
+            assert!(tick_renewing(&mut c, t, &mut rev).is_empty());
+        }
+    }
+    let cmds = tick_renewing(&mut c, at, &mut rev);
+    assert_eq!(
+        (cmds[0].key.as_str(), &cmds[0].op),
+        ("lease.8", &Op::Delete(2))
+    );
+    c.write_result(
+        at,
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 2,
+            current: 0,
+        }),
+    );
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(
+        cmds.len(),
+        1,
+        "the dead gateway's member makes way: {cmds:?}"
+    );
+    let next = value(&cmds[0]);
+    assert_eq!(next.line, vec![uid(7, 1)]);
+    assert_eq!(next.active, Some(uid(7, 1)));
+}

@@ -9,6 +9,14 @@
 //!   replaces the key's value (history 1) without erasing the key's revision. A purge marker
 //!   (`KV-Operation: PURGE` with a subject roll-up) would do the same at history 1; DEL is the
 //!   one that never removes other messages, so it is what a plain delete means in KV.
+//! - **Delete markers expire.** A delete marker carries a per-message TTL (`Nats-TTL`,
+//!   [`NatsConfig::marker_ttl`], 10 minutes for gateways): once it runs out, JetStream removes
+//!   it and the key has no message at all, as if never written, so the bucket does not keep a
+//!   marker for every subscription id and gateway incarnation ever used. The stream's sequence
+//!   is not reset by that, so revisions still only rise. Opening the bucket turns on the
+//!   stream's `allow_msg_ttl` (nats-server 2.11) when it is off; where that fails, markers are
+//!   kept forever, as before, and the gateway says so. No server marker replaces an expired one
+//!   (`subject_delete_marker_ttl` stays unset).
 //! - JetStream's compare-and-set looks at the key's last message whatever it is, a delete marker
 //!   included; the seam's does not let a deleted key be updated or deleted (its current revision
 //!   is 0). So `update` and `delete` first read the message at the `expected` revision (one
@@ -72,10 +80,14 @@ pub struct NatsConfig {
     /// Bound on every request (publish acknowledgement, reads, creating the bucket): past it an
     /// operation is [`KvError::Unavailable`].
     pub request_timeout: Duration,
+    /// How long a delete marker stays before JetStream removes it (whole seconds, at least 1;
+    /// `None`: forever).
+    pub marker_ttl: Option<Duration>,
 }
 
 impl NatsConfig {
-    /// `urls`, bucket `tinybroker`, replicas by cluster size, 5 s connect and request timeouts.
+    /// `urls`, bucket `tinybroker`, replicas by cluster size, 5 s connect and request timeouts,
+    /// delete markers kept [`MARKER_TTL`].
     pub fn new(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
         Self {
             urls: urls.into_iter().map(Into::into).collect(),
@@ -83,6 +95,7 @@ impl NatsConfig {
             replicas: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            marker_ttl: Some(MARKER_TTL),
         }
     }
 }
@@ -115,9 +128,16 @@ pub struct NatsBackplane {
     store: kv::Store,
     /// `$KV.<bucket>.`: a key's subject is this plus the encoded key.
     prefix: String,
+    /// The `Nats-TTL` a delete marker carries (whole seconds); `None`: markers stay.
+    marker_ttl: Option<String>,
 }
 
 const KV_OPERATION: &str = "KV-Operation";
+
+/// How long a gateway's delete markers stay: far longer than any watch that is still being
+/// served lags behind (a gateway cut off for a lease starts again with a new watch), and short
+/// enough that churn of subscription ids keeps few (a thousand ids an hour keep about 170).
+pub const MARKER_TTL: Duration = Duration::from_secs(600);
 
 /// How long opening the coordination bucket keeps trying while the cluster settles.
 const BUCKET_PATIENCE: Duration = Duration::from_secs(10);
@@ -195,7 +215,21 @@ impl NatsBackplane {
             }
         };
         let prefix = format!("$KV.{}.", config.bucket);
-        Ok(Self { js, store, prefix })
+        let marker_ttl = match config.marker_ttl {
+            Some(ttl) => allow_marker_ttl(&js, &store, ttl).await,
+            None => None,
+        };
+        Ok(Self {
+            js,
+            store,
+            prefix,
+            marker_ttl,
+        })
+    }
+
+    /// Whether delete markers expire (see [`NatsConfig::marker_ttl`]).
+    pub fn markers_expire(&self) -> bool {
+        self.marker_ttl.is_some()
     }
 
     /// The bucket's name.
@@ -227,6 +261,9 @@ impl NatsBackplane {
         );
         if delete {
             headers.insert(KV_OPERATION, "DEL");
+            if let Some(ttl) = &self.marker_ttl {
+                headers.insert(async_nats::header::NATS_MESSAGE_TTL, ttl.as_str());
+            }
         }
         let ack = self
             .js
@@ -367,6 +404,32 @@ impl NatsBackplane {
             Ok(revision) => Ok(revision),
             Err(Publish::Failed(e)) => Err(e),
             Err(Publish::Conflict(reported)) => Err(refused(reported).await),
+        }
+    }
+}
+
+/// Turns on the bucket stream's `allow_msg_ttl` if it is off, so delete markers can carry
+/// `ttl`; returns the header value, or `None` (markers stay) when the servers refuse.
+async fn allow_marker_ttl(
+    js: &jetstream::Context,
+    store: &kv::Store,
+    ttl: Duration,
+) -> Option<String> {
+    let value = ttl.as_secs().max(1).to_string();
+    let mut config = store.stream.cached_info().config.clone();
+    if config.allow_message_ttl {
+        return Some(value);
+    }
+    config.allow_message_ttl = true;
+    match js.update_stream(&config).await {
+        Ok(_) => Some(value),
+        Err(error) => {
+            tracing::warn!(
+                stream = %config.name,
+                %error,
+                "cannot turn on per-message TTL for the coordination bucket (nats-server 2.11 or later has it): its delete markers stay, about a hundred bytes per subscription id and gateway incarnation ever used"
+            );
+            None
         }
     }
 }

@@ -28,6 +28,11 @@ pub enum PlantedBug {
     /// cut off from the backplane (breaks "never two active members in overlapping lease
     /// periods", SPEC §9). Planted in `cluster::coordinator`.
     GatewayActsAfterLeaseExpiry,
+    /// Cluster mode: a refused compare-and-set that says the key has no value is waited out on
+    /// the watch, like any conflict, though the key's deletion may have expired unseen (breaks
+    /// liveness: a member that joins there never gets into the line). Planted in
+    /// `cluster::coordinator`.
+    WaitForExpiredDeletion,
 }
 
 #[cfg(feature = "planted-bugs")]

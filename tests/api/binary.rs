@@ -15,6 +15,8 @@ pub struct Running {
     pub child: std::process::Child,
     /// Every stderr line, in order.
     pub lines: mpsc::UnboundedReceiver<String>,
+    /// The lines [`serve`] read up to the bound address (start-up's own log).
+    pub start: Vec<String>,
 }
 
 impl Drop for Running {
@@ -35,6 +37,15 @@ impl Running {
                 return line;
             }
         }
+    }
+
+    /// The first line containing `needle` logged before the bound address, if any.
+    #[allow(dead_code)] // The cluster tests' (tests/cluster/limits.rs), which include this file.
+    pub fn at_start(&self, needle: &str) -> Option<&str> {
+        self.start
+            .iter()
+            .find(|l| l.contains(needle))
+            .map(String::as_str)
     }
 }
 
@@ -61,8 +72,20 @@ pub async fn serve(args: &[&str]) -> (Running, String) {
             let _ = tx.send(line);
         }
     });
-    let mut running = Running { child, lines };
-    let line = running.line_with("listening on ").await;
+    let mut running = Running {
+        child,
+        lines,
+        start: Vec::new(),
+    };
+    let line = loop {
+        let line = within(running.lines.recv())
+            .await
+            .unwrap_or_else(|| panic!("log ended before the bound address"));
+        if line.contains("listening on ") {
+            break line;
+        }
+        running.start.push(line);
+    };
     let addr = line
         .split("listening on ")
         .nth(1)

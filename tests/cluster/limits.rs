@@ -320,3 +320,31 @@ async fn a_message_without_room_for_its_dead_letter_is_refused_up_front() {
     let fits = vec![b'x'; 1046528 - "orders.big".len()];
     on_b.try_publish("orders.big", fits).await.unwrap();
 }
+
+// An existing stream keeps its own limits. One with discard old would drop confirmed messages
+// to make room, so a gateway binding it says so at warn level, naming the fix.
+#[tokio::test]
+async fn a_gateway_warns_when_the_existing_stream_discards_old_messages() {
+    use async_nats::jetstream::stream::{Config, DiscardPolicy};
+    let cluster = NatsCluster::start(3).await;
+    let url = cluster.client_urls()[0].clone();
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    js.create_stream(Config {
+        name: "tinybroker".to_string(),
+        subjects: vec!["tinybroker.>".to_string()],
+        max_messages: 1_000,
+        discard: DiscardPolicy::Old,
+        num_replicas: 3,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (gateway, _) = crate::binary::serve(&["--nats", &url]).await;
+    let line = gateway
+        .at_start("discard old")
+        .unwrap_or_else(|| panic!("no warning at start: {:#?}", gateway.start));
+    assert!(
+        line.contains("WARN") && line.contains("--discard new"),
+        "{line}"
+    );
+}

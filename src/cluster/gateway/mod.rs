@@ -686,6 +686,16 @@ async fn ensure_stream(
                 "JetStream stream {} exists without max_msgs or max_bytes: its backlog is bounded only by the servers' disks (set them with `nats stream edit`)",
                 config.stream
             );
+        } else if existing.discard == DiscardPolicy::Old {
+            // Discard old makes room by dropping the oldest messages, confirmed ones included:
+            // a backlog that reaches a limit loses messages silently, nothing is refused.
+            tracing::warn!(
+                stream = %config.stream,
+                max_msgs = existing.max_messages,
+                max_bytes = existing.max_bytes,
+                "JetStream stream {} exists with discard old: when it reaches a limit, JetStream drops its oldest messages, confirmed ones a subscription has not yet taken included, instead of refusing publishes (set discard new with `nats stream edit --discard new`)",
+                config.stream
+            );
         } else {
             tracing::info!(
                 stream = %config.stream,
