@@ -394,7 +394,7 @@ pub fn frame(outbound: Outbound) -> Result<pb::SubscriptionFrame, Status> {
     Ok(pb::SubscriptionFrame { frame: Some(frame) })
 }
 
-fn info(view: SubscriptionView) -> pb::SubscriptionInfo {
+pub(crate) fn info(view: SubscriptionView) -> pb::SubscriptionInfo {
     let c = view.counters;
     let active_member_id = match view.spec.mode {
         Mode::Singleton => view
@@ -447,6 +447,7 @@ fn info(view: SubscriptionView) -> pb::SubscriptionInfo {
             .map(|t| t.to_string())
             .unwrap_or_default(),
         expires_in_ms: view.expires_in.map(|d| d.as_millis() as u64),
+        upstream: None,
         ack_mode: match view.spec.ack_mode {
             AckMode::Explicit => pb::AckMode::Explicit,
             AckMode::None => pb::AckMode::None,
@@ -743,6 +744,9 @@ impl pb::broker_server::Broker for BrokerService {
     ) -> Result<Response<pb::SubscriptionInfo>, Status> {
         let id = request.into_inner().subscription_id;
         check_subscription_id(&id, self.broker.limits()).map_err(|e| status(&e))?;
+        if let Some(gateway) = &self.gateway {
+            return Ok(Response::new(gateway.describe(&id).await?));
+        }
         let view = self.broker.describe(&id).map_err(|e| status(&e))?;
         Ok(Response::new(info(view)))
     }

@@ -56,9 +56,20 @@ struct SubscriptionView {
     max_delivery_attempts: u32,
     dead_letter_topic: Option<String>,
     expires_in_ms: Option<u64>,
+    /// Cluster mode: the subscription's JetStream consumer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream: Option<UpstreamView>,
     /// In promotion order: the earliest joined first.
     members: Vec<MemberView>,
     counters: CountersView,
+}
+
+#[derive(Serialize)]
+struct UpstreamView {
+    consumer: String,
+    pending: u64,
+    unacked: u64,
+    redelivered: u64,
 }
 
 #[derive(Serialize)]
@@ -105,6 +116,12 @@ impl From<SubscriptionInfo> for SubscriptionView {
             max_delivery_attempts: info.max_delivery_attempts,
             dead_letter_topic: info.dead_letter_topic,
             expires_in_ms: info.expires_in.map(|d| d.as_millis() as u64),
+            upstream: info.upstream.map(|u| UpstreamView {
+                consumer: u.consumer,
+                pending: u.pending,
+                unacked: u.unacked,
+                redelivered: u.redelivered,
+            }),
             // Already in promotion order.
             members: info
                 .members
@@ -325,6 +342,12 @@ fn detail(s: &SubscriptionView) -> String {
         s.queued_bytes,
         s.in_flight
     ));
+    if let Some(u) = &s.upstream {
+        out.push_str(&format!(
+            "  JetStream consumer {}: {} pending, {} unacked ({} redelivered)\n",
+            u.consumer, u.pending, u.unacked, u.redelivered
+        ));
+    }
     out.push_str(&format!(
         "  ack mode {}, overflow {}",
         s.ack_mode, s.overflow

@@ -44,6 +44,22 @@ pub struct SubscriptionInfo {
     pub overflow: Overflow,
     /// Set when the subscription has no members: the time left before it expires.
     pub expires_in: Option<Duration>,
+    /// Cluster mode: what JetStream holds for the subscription (every other field is the
+    /// answering gateway's own); `None` from an embedded broker.
+    pub upstream: Option<UpstreamBacklog>,
+}
+
+/// A subscription's JetStream consumer, in cluster mode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamBacklog {
+    /// The consumer's name.
+    pub consumer: String,
+    /// Stored messages no gateway has taken yet.
+    pub pending: u64,
+    /// Taken by gateways and not acked yet.
+    pub unacked: u64,
+    /// Of those, the ones delivered more than once.
+    pub redelivered: u64,
 }
 
 /// Broker-wide counters, from [`Client::list`].
@@ -164,6 +180,12 @@ impl TryFrom<pb::SubscriptionInfo> for SubscriptionInfo {
             ack_mode,
             overflow,
             expires_in: info.expires_in_ms.map(Duration::from_millis),
+            upstream: info.upstream.map(|u| UpstreamBacklog {
+                consumer: u.consumer,
+                pending: u.pending,
+                unacked: u.unacked,
+                redelivered: u.redelivered,
+            }),
         })
     }
 }

@@ -25,6 +25,7 @@ mod nats_server;
 
 mod api;
 mod bench;
+mod describe;
 mod faults;
 mod limits;
 mod singleton;
@@ -438,6 +439,28 @@ async fn serve_with_nats_runs_the_cli_through_jetstream() {
         "{delivered}"
     );
     assert_eq!(next_line().await, format!("acked system_id={system_id}"));
+    // `status` shows the subscription's JetStream consumer beside the gateway's own view.
+    let status = |json: bool| {
+        let mut args: Vec<String> = ["status", "--server", &server, "cli"]
+            .map(String::from)
+            .to_vec();
+        if json {
+            args.push("--json".into());
+        }
+        binary::run_client(args)
+    };
+    let output = status(true).await;
+    assert!(output.status.success(), "{output:?}");
+    let view: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let upstream = &view["subscriptions"][0]["upstream"];
+    assert_eq!(upstream["consumer"], "tb-q-cli", "{view}");
+    assert_eq!(upstream["pending"], 0, "{view}");
+    let output = status(false).await;
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("JetStream consumer tb-q-cli: 0 pending"),
+        "{text}"
+    );
     let _ = subscriber.kill();
     let _ = subscriber.wait();
     drop(gateway);

@@ -49,6 +49,7 @@
 //!   terminated; a standby's notice (`notify_standby`) names its place in the cluster's line.
 
 mod bridge;
+mod describe;
 mod forward;
 pub mod names;
 pub mod publish;
@@ -159,6 +160,8 @@ struct Inner {
     bridges: tokio::sync::Mutex<tokio::task::JoinSet<()>>,
     responder: tokio::task::JoinHandle<()>,
     coordination: tokio::task::JoinHandle<()>,
+    /// The coordination bucket, read by `describe` for a singleton's line.
+    backplane: crate::cluster::nats::NatsBackplane,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -269,8 +272,11 @@ impl Gateway {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let (singletons, coordination) =
-            singleton::spawn(backplane, broker.clone(), singleton::config(config.lease));
+        let (singletons, coordination) = singleton::spawn(
+            backplane.clone(),
+            broker.clone(),
+            singleton::config(config.lease),
+        );
         let shared = Arc::new(Shared {
             client: client.clone(),
             js: js.clone(),
@@ -292,6 +298,7 @@ impl Gateway {
                 bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
                 responder,
                 coordination,
+                backplane,
             }),
         })
     }

@@ -1,0 +1,103 @@
+//! `DescribeSubscription` through gateways: any gateway describes a QUEUE or SINGLETON
+//! subscription, also one where it has no member, and every answer carries what JetStream holds
+//! for it (`upstream`).
+
+use tinybroker::pb::DeliveryMode;
+use tonic::Code;
+
+use crate::{
+    assert_code,
+    harness::{open, singleton},
+    two_gateways,
+};
+
+// A singleton's member on gateway A holds one message (window 1) and two more wait in
+// JetStream. Gateway B, where the subscription has no member, describes it from JetStream: its
+// settings, the cluster's active member and epoch, and the backlog; gateway A describes its
+// member and the same backlog. An id nobody uses is NOT_FOUND at both.
+#[tokio::test]
+async fn any_gateway_describes_a_singleton_with_its_jetstream_backlog() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(singleton("report")).await.unwrap();
+    let confirmed = member.confirmed().await;
+    let first = on_b.publish("jobs.run", "1").await.system_id;
+    on_b.publish("jobs.run", "2").await;
+    on_b.publish("jobs.run", "3").await;
+    assert_eq!(member.message().await.system_id, first);
+
+    // The consumer's counts are its leader's, which may see a publish a moment after the
+    // stream's leader confirmed it: await them.
+    let elsewhere = crate::harness::within(async {
+        loop {
+            let info = on_b.describe("report").await.unwrap();
+            if info
+                .upstream
+                .as_ref()
+                .is_some_and(|u| u.pending + u.unacked == 3)
+            {
+                return info;
+            }
+        }
+    })
+    .await;
+    assert_eq!(elsewhere.mode, i32::from(DeliveryMode::Singleton));
+    assert_eq!(elsewhere.topic_patterns, ["jobs.*"]);
+    assert!(elsewhere.members.is_empty(), "{elsewhere:?}");
+    assert_eq!(
+        (elsewhere.active_member_id, elsewhere.epoch),
+        (confirmed.member_id, confirmed.epoch),
+        "the cluster's line"
+    );
+    let upstream = elsewhere.upstream.expect("JetStream's backlog");
+    assert!(upstream.consumer.starts_with("tb-q-"), "{upstream:?}");
+    assert_eq!((upstream.pending, upstream.unacked), (2, 1), "{upstream:?}");
+
+    let here = on_a.describe("report").await.unwrap();
+    assert_eq!(here.members.len(), 1);
+    assert_eq!(here.active_member_id, confirmed.member_id);
+    assert_eq!(here.in_flight, 1);
+    assert_eq!(here.upstream, Some(upstream));
+
+    for client in [&on_a, &on_b] {
+        assert_code(
+            client.describe("nobody").await,
+            Code::NotFound,
+            "no member here and no JetStream consumer",
+        );
+    }
+}
+
+// A QUEUE subscription with its members on gateway A: B describes it too, with its group and
+// its backlog, which falls to zero once the member acked everything.
+#[tokio::test]
+async fn any_gateway_describes_a_queue_and_its_backlog_drains() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a
+        .subscribe(open("work", DeliveryMode::Queue, "pool", &["work.>"]))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    on_b.publish("work.a", "1").await;
+    let m = member.message().await;
+    let info = on_b.describe("work").await.unwrap();
+    assert_eq!(
+        (info.mode, info.consumer_group.as_str()),
+        (i32::from(DeliveryMode::Queue), "pool")
+    );
+    assert_eq!(info.active_member_id, 0);
+    let upstream = info.upstream.expect("JetStream's backlog");
+    assert_eq!((upstream.pending, upstream.unacked), (0, 1), "{upstream:?}");
+    member.ack(m.system_id).await;
+    let drained = crate::harness::within(async {
+        loop {
+            let u = on_b.describe("work").await.unwrap().upstream.unwrap();
+            if u.unacked == 0 {
+                return u;
+            }
+        }
+    })
+    .await;
+    assert_eq!(drained.pending, 0);
+}
