@@ -121,8 +121,12 @@ async fn a_gateway_killed_with_sigkill_hands_the_lead_on_within_the_lease() {
 async fn publishes_and_deliveries_go_on_when_a_nats_node_is_killed() {
     let mut cluster = NatsCluster::start(3).await;
     let urls = cluster.client_urls().join(",");
-    let (mut subscribers, on_subscribers) = gateway_process(&urls, &[]).await;
-    let (_publishers, on_publishers) = gateway_process(&urls, &[]).await;
+    // A message the killed node had sent towards a pull that never got it comes back after the
+    // consumer's ack wait: 3 s here, not the default 30 s, to stay within the test's bound on
+    // one event (seen once in a full run on a loaded machine).
+    let ack_wait = ["--nats-ack-wait", "3s"];
+    let (mut subscribers, on_subscribers) = gateway_process(&urls, &ack_wait).await;
+    let (_publishers, on_publishers) = gateway_process(&urls, &ack_wait).await;
     let connected = subscribers.line_with("cluster mode").await;
     let node = (0..cluster.len())
         .find(|&i| {

@@ -301,9 +301,9 @@ impl Bridge {
                             event = self.events.recv() => match self.handle(event).await {
                                 Flow::Stop => break 'pulling,
                                 Flow::Vacated(member) => {
-                            self.leaving.push(member);
-                            self.vacate().await;
-                        }
+                                    self.leaving.push(member);
+                                    self.vacate().await;
+                                }
                                 Flow::Go => {}
                             },
                             _ = progress.tick() => self.progress().await,
