@@ -309,6 +309,36 @@ impl ClusterWorld {
         }
     }
 
+    /// A subscription's value as the store holds it now.
+    fn read_sub(&self, key: &str) -> Option<SubValue> {
+        let entry = poll_now(&mut self.model.client(u64::MAX).get(key)).ok()??;
+        serde_json::from_slice(entry.value.as_ref()?).ok()
+    }
+
+    /// Check (f) for a write of `next` over `before` by gateway `writer`: a new active member
+    /// took over from a dead gateway's (`took_over`) exactly when another gateway wrote it
+    /// after the earlier active member's lease was deleted; otherwise the earlier active
+    /// member's own gateway wrote it, after giving back what it held.
+    fn check_hand_over(&mut self, key: &str, writer: GatewayId, before: &SubValue, next: &[u8]) {
+        let Ok(next) = serde_json::from_slice::<SubValue>(next) else {
+            return;
+        };
+        let (Some(earlier), Some(_)) = (before.active, next.active) else {
+            return;
+        };
+        if next.active == before.active {
+            return;
+        }
+        let lease = format!("lease.{}", earlier.gateway.0);
+        let lease_live = poll_now(&mut self.model.client(u64::MAX).get(&lease))
+            .ok()
+            .flatten()
+            .is_some_and(|e| e.value.is_some());
+        let sub = key.trim_start_matches("sub.");
+        self.checker
+            .hand_over(self.now(), sub, earlier, writer, next.took_over, lease_live);
+    }
+
     fn current(&self, slot: usize, id: GatewayId) -> bool {
         let g = &self.gateways[slot];
         g.coord.is_some() && g.id == id
@@ -319,9 +349,20 @@ impl ClusterWorld {
             Ev::Apply(id, cmd) => {
                 // Sent is sent: a crashed gateway's request still reaches the store.
                 let client = self.model.client(id.0);
+                // What the write replaces, for check (f) (read by a client never cut off).
+                let before = match &cmd.op {
+                    Op::Update(..) if cmd.key.starts_with("sub.") => self.read_sub(&cmd.key),
+                    _ => None,
+                };
                 let result = match cmd.op {
                     Op::Create(v) => poll_now(&mut client.create(&cmd.key, v)),
-                    Op::Update(v, r) => poll_now(&mut client.update(&cmd.key, v, r)),
+                    Op::Update(v, r) => {
+                        let written = poll_now(&mut client.update(&cmd.key, v.clone(), r));
+                        if let (Ok(_), Some(before)) = (&written, before) {
+                            self.check_hand_over(&cmd.key, id, &before, &v);
+                        }
+                        written
+                    }
                     Op::Delete(r) => poll_now(&mut client.delete(&cmd.key, r)),
                 };
                 if let Some(slot) = self.gateways.iter().position(|g| g.id == id) {

@@ -21,6 +21,8 @@ pub struct ClusterOutcome {
     pub skipped_deletions: u64,
     /// How many deletions gateways learned from a refused compare-and-set instead.
     pub deletions_learned: u64,
+    /// Hand-overs check (f) saw: (from a dead gateway's member, clean).
+    pub hand_overs: (u64, u64),
     pub trace: Trace,
 }
 
@@ -98,6 +100,7 @@ pub fn run(seed: u64) -> ClusterOutcome {
         unsettled,
         skipped_deletions: world.skipped_deletions(),
         deletions_learned: world.deletions_learned(),
+        hand_overs: world.checker.hand_overs,
         trace: world.checker.trace.clone(),
     }
 }

@@ -13,7 +13,11 @@
 //!     member, the first of a line that holds exactly the live members;
 //! (e) a standby notice goes to a live member that is not active, in the line, with a place
 //!     (1 = next) no nearer the front than it stands in the newest value (places only move
-//!     forward: appends go to the back).
+//!     forward: appends go to the back);
+//! (f) a hand-over says how the earlier active member went: a value that replaces it is marked
+//!     `took_over` (what it held comes back unnamed, counted by the new gateway) only when
+//!     another gateway wrote it once the earlier member's gateway's lease was deleted, and
+//!     unmarked only when that member's own gateway wrote it (after giving back what it held).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -41,6 +45,8 @@ pub struct ClusterChecker {
     subs: BTreeMap<String, SubTruth>,
     sub_of: BTreeMap<MemberUid, String>,
     violations: Vec<String>,
+    /// Hand-overs seen by check (f): (taken over from a dead gateway's member, clean).
+    pub hand_overs: (u64, u64),
     pub trace: Trace,
 }
 
@@ -156,6 +162,35 @@ impl ClusterChecker {
     }
 
     /// A new value of `sub.<sub>` on the backplane.
+    /// Check (f): a write by `writer` replaced the active member `earlier` of `sub`.
+    pub fn hand_over(
+        &mut self,
+        at: Duration,
+        sub: &str,
+        earlier: MemberUid,
+        writer: tinybroker::cluster::coordinator::GatewayId,
+        took_over: bool,
+        lease_live: bool,
+    ) {
+        let fine = if took_over {
+            self.hand_overs.0 += 1;
+            writer != earlier.gateway && !lease_live
+        } else {
+            self.hand_overs.1 += 1;
+            writer == earlier.gateway
+        };
+        if !fine {
+            self.violation(
+                at,
+                format!(
+                    "(f) {sub}: g{} replaced active {} with took_over={took_over} (its gateway's lease live: {lease_live})",
+                    writer.0,
+                    m(earlier)
+                ),
+            );
+        }
+    }
+
     pub fn kv_changed(&mut self, at: Duration, sub: &str, new: SubValue, revision: u64) {
         self.trace.at(
             at,

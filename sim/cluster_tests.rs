@@ -55,8 +55,10 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
     let outcomes = run_many(&seeds, None);
     let skipped: u64 = outcomes.iter().map(|o| o.skipped_deletions).sum();
     let learned: u64 = outcomes.iter().map(|o| o.deletions_learned).sum();
+    let taken_over: u64 = outcomes.iter().map(|o| o.hand_overs.0).sum();
+    let clean: u64 = outcomes.iter().map(|o| o.hand_overs.1).sum();
     println!(
-        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal",
+        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean",
         outcomes.len(),
         started.elapsed()
     );
@@ -66,6 +68,11 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
         assert!(
             skipped > 0 && learned > 0,
             "in {count} seeds, {skipped} expired deletions skipped, {learned} learned"
+        );
+        // Check (f) sees both kinds of hand-over.
+        assert!(
+            taken_over > 0 && clean > 0,
+            "in {count} seeds, hand-overs: {taken_over} from dead gateways, {clean} clean"
         );
     }
     fail_on(&outcomes);

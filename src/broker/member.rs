@@ -167,9 +167,23 @@ pub(crate) struct SubState {
     pub(crate) held_back_bytes: u64,
     /// How many of `held_back` were carried: those do not take window room.
     pub(crate) held_back_carried: usize,
-    /// When `attempt_floors` was last set (broker time): past [`HOLD_BACK_PATIENCE`] the
-    /// carried messages still missing are not waited for.
+    /// When `attempt_floors` (or `owed`) was last set (broker time): past
+    /// [`HOLD_BACK_PATIENCE`] the carried messages still missing are not waited for.
     pub(crate) floors_since: std::time::Duration,
+    /// Cluster mode, after taking over from a member whose gateway died: the redeliveries
+    /// JetStream owes this subscription, which no carry names. Everything injected waits
+    /// (in `held_back`) until they came.
+    pub(crate) owed: Option<Owed>,
+}
+
+/// The redeliveries a gateway that took over from a dead one waits for ([`SubState::owed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owed {
+    /// Not counted yet: nothing is pulled until the consumer's backlog is read.
+    Uncounted,
+    /// `remaining` more messages with ids up to `through` (the consumer's last delivered
+    /// sequence when counted): every id above is a new message.
+    Counted { remaining: u64, through: SystemId },
 }
 
 /// How long a promoted gateway holds back messages that arrive ahead of a carried one that has
@@ -242,6 +256,7 @@ impl SubState {
             held_back_bytes: 0,
             held_back_carried: 0,
             floors_since: std::time::Duration::ZERO,
+            owed: None,
         }
     }
 

@@ -21,7 +21,7 @@ pub use member::{ConnectionId, MemberStream, Outbound, Settler, SharedEncoding};
 use member::{Locked, SubState};
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
-pub use upstream::GATEWAY_ROUTE_SHIFT;
+pub use upstream::{Activation, GATEWAY_ROUTE_SHIFT};
 
 use crate::{
     clock::Clock,

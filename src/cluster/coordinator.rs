@@ -147,6 +147,8 @@ pub enum Effect {
         carry: Vec<(u64, u32)>,
         /// It took over from an earlier active member ([`SubValue::promoted`]).
         promoted: bool,
+        /// The earlier active member's gateway died ([`SubValue::took_over`]).
+        took_over: bool,
     },
     /// The member, on standby, entered the line at `position` (1 = next): tell it, if it
     /// asked for standby notices.
@@ -750,6 +752,7 @@ impl Coordinator {
                         epoch: v.epoch,
                         carry: v.carry.clone(),
                         promoted: v.promoted,
+                        took_over: v.took_over,
                     });
                 }
                 true
@@ -785,6 +788,7 @@ impl Coordinator {
                 epoch: 0,
                 carry: Vec::new(),
                 promoted: false,
+                took_over: false,
             };
             let bytes = encode(&v);
             self.issue(now, key, Op::Create(bytes), Some(v));
@@ -834,12 +838,22 @@ impl Coordinator {
         } else {
             active.is_some() && (current.active.is_some() || current.epoch != 0)
         };
+        // Taking over from a dead gateway's member: nobody gave its messages back.
+        let took_over = if active == current.active {
+            current.took_over
+        } else {
+            active.is_some()
+                && current
+                    .active
+                    .is_some_and(|a| a.gateway != me && self.is_dead(a.gateway))
+        };
         let next = SubValue {
             line,
             active,
             epoch,
             carry,
             promoted,
+            took_over,
         };
         if next.line.is_empty() {
             self.issue(now, key, Op::Delete(revision), None);

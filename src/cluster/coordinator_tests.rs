@@ -88,6 +88,7 @@ fn first_join_creates_the_line_then_promotes_with_the_replaced_revision_as_epoch
             epoch: 5,
             carry: Vec::new(),
             promoted: false,
+            took_over: false,
         }]
     );
 }
@@ -138,6 +139,7 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
         epoch: 3,
         carry: Vec::new(),
         promoted: false,
+        took_over: false,
     };
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
@@ -156,7 +158,8 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
                 member: 1,
                 epoch: 3,
                 carry: Vec::new(),
-                promoted: false
+                promoted: false,
+                took_over: false,
             },
             // Member 2 is told its place once: two members are ahead of it.
             Effect::Standby {
@@ -175,6 +178,7 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
     let next = value(&cmds[0]);
     assert_eq!(next.line, vec![uid(8, 4), uid(7, 2)]);
     assert_eq!((next.active, next.epoch), (Some(uid(8, 4)), 9));
+    assert!(!next.took_over, "a clean close gives back what it held");
 }
 
 /// Runs `c` to `now`, answering its own lease renewals at once; returns the other commands.
@@ -213,6 +217,7 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
         epoch: 3,
         carry: Vec::new(),
         promoted: false,
+        took_over: false,
     };
     c.backplane_changed(
         ms(11),
@@ -245,6 +250,10 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
     let next = value(&cmds[0]);
     assert_eq!(next.line, vec![uid(7, 1)]);
     assert_eq!((next.active, next.epoch), (Some(uid(7, 1)), 9));
+    assert!(
+        next.took_over,
+        "taken over from a dead gateway's member: what it held comes back unnamed"
+    );
 }
 
 // Bad input from the backplane never panics and changes nothing; it is counted.
@@ -350,6 +359,7 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
         epoch: 0,
         carry: Vec::new(),
         promoted: false,
+        took_over: false,
     };
     c.backplane_changed(
         ms(4),
@@ -385,6 +395,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         epoch: 3,
         carry: Vec::new(),
         promoted: false,
+        took_over: false,
     };
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
@@ -409,6 +420,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
             epoch: 9,
             carry: vec![(41, 3), (42, 2)],
             promoted: true,
+            took_over: false,
         }]
     );
     c.member_joined(ms(7), "jobs", 3);
@@ -441,6 +453,7 @@ fn a_line_whose_deletion_expired_unseen_is_created_again_on_a_refusal_naming_no_
         epoch: 3,
         carry: Vec::new(),
         promoted: false,
+        took_over: false,
     };
     c.backplane_changed(
         ms(4),
@@ -505,6 +518,7 @@ fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_n
         epoch: 3,
         carry: Vec::new(),
         promoted: false,
+        took_over: false,
     };
     c.member_joined(ms(10), "jobs", 1);
     let (creates, _) = drain(&mut c);

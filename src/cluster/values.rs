@@ -36,6 +36,11 @@ pub struct SubValue {
     /// such by its gateway) rather than being the line's first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub promoted: bool,
+    /// Whether the active member took over from one whose gateway died (its lease was deleted):
+    /// what that gateway held comes back from JetStream after its ack wait, named by no
+    /// `carry`, so the new active member's gateway waits for it by count.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub took_over: bool,
 }
 
 /// The key of a subscription's value.

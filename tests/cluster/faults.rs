@@ -114,6 +114,64 @@ async fn a_gateway_killed_with_sigkill_hands_the_lead_on_within_the_lease() {
     );
 }
 
+// The same with a window of 4: the killed gateway's member held four messages, which
+// JetStream redelivers unnamed (no carry) once their ack wait ran out. The survivor counts
+// them from the consumer before it pulls, waits for all four, and delivers them in publish
+// order, then the rest.
+#[tokio::test]
+async fn after_a_sigkill_every_message_the_dead_gateway_held_comes_first_in_order() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let lease = ["--gateway-lease", "1s"];
+    let (mut doomed, on_doomed) = gateway_process(&urls, &lease).await;
+    let (mut survivor, on_survivor) = gateway_process(&urls, &lease).await;
+    let mut request = singleton("held");
+    request.max_in_flight = 4;
+    let mut active = on_doomed.subscribe(request.clone()).await.unwrap();
+    active.confirmed().await;
+    let mut standby = on_survivor.subscribe(request).await.unwrap();
+    let probe = &cluster.client_urls()[2];
+    within(async {
+        while line(probe, "held").await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let mut confirmed = Vec::new();
+    for n in 0..12 {
+        confirmed.push(publish_confirmed(&on_survivor, "jobs.run", &format!("m{n}")).await);
+    }
+    for &id in &confirmed[..4] {
+        assert_eq!(active.message().await.system_id, id);
+    }
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    standby.confirmed().await;
+    let counted = survivor.line_with("took over from a dead gateway").await;
+    assert!(counted.contains("remaining=4"), "{counted}");
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let again = standby.message().await;
+        assert!(again.delivery_attempt >= 2, "{again:?}");
+        order.push(again.system_id);
+    }
+    assert_eq!(
+        order,
+        confirmed[..4],
+        "what the dead gateway held, in order"
+    );
+    for id in order {
+        standby.ack(id).await;
+    }
+    let rest: BTreeSet<u64> = confirmed[4..].iter().copied().collect();
+    let order = receive_all(&mut standby, &rest).await;
+    assert_eq!(
+        order,
+        confirmed[4..],
+        "then the rest in publish order, once each"
+    );
+}
+
 // A NATS node is killed with SIGKILL while messages flow: the one the subscribers' gateway
 // is connected to. Publishes and deliveries go on (the gateway reconnects to another node),
 // and every confirmed message reaches the QUEUE member.

@@ -247,6 +247,14 @@ pub(super) struct Bridge {
     pub(super) singleton: bool,
 }
 
+/// Sleeps for `pause`, or forever.
+async fn pause(pause: Option<Duration>) {
+    match pause {
+        Some(pause) => tokio::time::sleep(pause).await,
+        None => std::future::pending().await,
+    }
+}
+
 enum Flow {
     Go,
     Stop,
@@ -255,6 +263,31 @@ enum Flow {
 }
 
 impl Bridge {
+    /// After a take-over from a dead gateway's member, tells the broker how many redeliveries
+    /// JetStream owes (its consumer's unacked messages, all the dead gateway's: this gateway
+    /// held none while it had no active member) and up to which sequence; it pulls nothing
+    /// before. Returns when to try again if the servers did not answer.
+    async fn count_owed(&self) -> Option<Duration> {
+        if !self.singleton || !self.shared.broker.owes_count(&self.subscription) {
+            return None;
+        }
+        match self.consumer.get_info().await {
+            Ok(info) => {
+                let unacked = (info.num_ack_pending as u64).saturating_sub(self.held.len() as u64);
+                self.shared.broker.count_owed(
+                    &self.subscription,
+                    unacked,
+                    info.delivered.stream_sequence,
+                );
+                None
+            }
+            Err(error) => {
+                tracing::warn!(subscription = %self.subscription, %error, "cannot read the consumer's backlog after taking over from a dead gateway; retrying");
+                Some(RETRY)
+            }
+        }
+    }
+
     /// Runs until told to stop (the local subscription expired, or the gateway stops), then
     /// gives back (naks) what it still holds.
     pub(super) async fn run(mut self) {
@@ -267,9 +300,11 @@ impl Bridge {
             // No local subscription (yet, or any more): wait for a join to wake this bridge.
             // A bridge stops only when told (its link is removed in the same step), so a
             // join always finds a live bridge or starts one.
+            let recount = self.count_owed().await;
             let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
             if room == 0 {
                 tokio::select! {
+                    () = pause(recount) => {}
                     event = self.events.recv() => match self.handle(event).await {
                         Flow::Stop => break,
                         Flow::Vacated(member) => {

@@ -181,8 +181,15 @@ fn carry_out(
                 epoch,
                 carry,
                 promoted,
+                took_over,
             } => {
-                if let Err(error) = broker.activate(&subscription, member, epoch, carry, promoted) {
+                let activation = crate::broker::Activation {
+                    epoch,
+                    carry,
+                    promoted,
+                    took_over,
+                };
+                if let Err(error) = broker.activate(&subscription, member, activation) {
                     // It left meanwhile: its leaving is on its way to the coordinator.
                     tracing::debug!(%subscription, member, %error, "could not activate a member");
                 }

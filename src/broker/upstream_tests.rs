@@ -1,0 +1,409 @@
+//! The gateway broker's upstream entry points, driven by hand on tokio's paused clock.
+
+use std::time::Duration;
+
+use super::*;
+use crate::{
+    broker::{MemberStream, Observation, Outbound},
+    clock::VirtualClock,
+    core::{MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec},
+};
+
+struct Unobserved;
+impl Observer for Unobserved {
+    fn observe(&self, _: &Observation<'_>) {}
+}
+
+/// A gateway's broker, as `serve --nats` builds it: a subscription expires with its last
+/// member.
+fn gateway() -> Broker {
+    let limits = Limits {
+        idle_timeout: Duration::ZERO,
+        ..Limits::default()
+    };
+    Broker::gateway(
+        limits,
+        Arc::new(VirtualClock::new(1_700_000_000_000)),
+        Arc::new(Unobserved),
+    )
+}
+
+fn request(id: &str, mode: Mode) -> OpenRequest {
+    OpenRequest {
+        subscription_id: id.into(),
+        spec: SubscriptionSpec {
+            mode,
+            consumer_group: "g".into(),
+            patterns: vec![Pattern::parse("a.*").unwrap()],
+            max_delivery_attempts: 0,
+            dead_letter_topic: None,
+            ack_mode: Default::default(),
+            overflow: Default::default(),
+        },
+        member: MemberOptions::default(),
+    }
+}
+
+async fn confirmed_epoch(member: &mut MemberStream) -> Epoch {
+    match tokio::time::timeout(Duration::from_secs(5), member.next()).await {
+        Ok(Some(Outbound::Confirm { epoch, .. })) => epoch,
+        other => panic!("expected a confirmation, got {other:?}"),
+    }
+}
+
+// SPEC §5 / README "Restart identity": a restarted broker never hands out an epoch an
+// earlier run handed out. A queue member's epoch is the gateway's own (the cluster chooses
+// only a singleton's), so a restarted gateway, or a second one, must not start it again
+// where the first started.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_gateway_does_not_hand_out_the_same_queue_epoch_again() {
+    let first = gateway();
+    let mut a = first.open(&request("q", Mode::Queue), None).unwrap();
+    let before = confirmed_epoch(&mut a).await;
+    drop((a, first));
+    let restarted = gateway();
+    let mut b = restarted.open(&request("q", Mode::Queue), None).unwrap();
+    let after = confirmed_epoch(&mut b).await;
+    assert_ne!(
+        before, after,
+        "the restarted gateway handed out queue epoch {after} again"
+    );
+}
+
+// README "Restart identity": ids below 2^53 read exactly as doubles (jq, JavaScript), also
+// a gateway's; its member ids start at a route boundary, so forwarded acks find it.
+#[tokio::test(start_paused = true)]
+async fn a_gateways_ids_start_below_2_53_at_a_route_boundary() {
+    for _ in 0..64 {
+        let floor = gateway().id_floor().unix_micros();
+        assert!((1 << 52..1 << 53).contains(&floor), "floor {floor}");
+        assert_eq!(floor % (1 << GATEWAY_ROUTE_SHIFT), 0, "floor {floor}");
+    }
+}
+
+// README cluster mode: "A subscription's epoch is the cluster's." A singleton's local
+// subscription must not show an epoch of another subscription that expired on this gateway
+// (the broker-wide retired floor), above the cluster's.
+#[tokio::test(start_paused = true)]
+async fn a_gateways_singleton_shows_the_clusters_epoch_after_another_subscription_expired() {
+    let broker = gateway();
+    for _ in 0..3 {
+        let mut m = broker.open(&request("q", Mode::Queue), None).unwrap();
+        confirmed_epoch(&mut m).await;
+        drop(m);
+        broker.expire_idle();
+    }
+    let mut s = broker.open(&request("s", Mode::Singleton), None).unwrap();
+    let activation = Activation {
+        epoch: 2,
+        ..Activation::default()
+    };
+    broker.activate("s", s.member_id(), activation).unwrap();
+    assert_eq!(confirmed_epoch(&mut s).await, 2);
+    assert_eq!(
+        broker.describe("s").unwrap().epoch,
+        2,
+        "the singleton's epoch is the cluster's"
+    );
+}
+
+/// A gateway's singleton "s" whose member (window `window`) the cluster made active with
+/// `carry`: the given-back messages it waits for. Returns the feeder's `live` claim too.
+async fn promoted(window: u32, carry: Vec<(SystemId, u32)>) -> (Broker, MemberStream, AtomicBool) {
+    activated(
+        window,
+        Activation {
+            epoch: 2,
+            carry,
+            promoted: true,
+            took_over: false,
+        },
+    )
+    .await
+}
+
+/// A gateway's singleton "s" whose member (window `window`) the cluster made active so.
+async fn activated(window: u32, activation: Activation) -> (Broker, MemberStream, AtomicBool) {
+    let broker = gateway();
+    let mut req = request("s", Mode::Singleton);
+    req.member.max_in_flight = window;
+    let mut s = broker.open(&req, None).unwrap();
+    broker.activate("s", s.member_id(), activation).unwrap();
+    confirmed_epoch(&mut s).await;
+    (broker, s, AtomicBool::new(true))
+}
+
+fn message(id: SystemId) -> Message {
+    let envelope = crate::core::Envelope::new(
+        crate::core::Topic::parse("a.b").unwrap(),
+        crate::core::Headers::new(),
+    );
+    Message::new(id, 0, envelope, b"x")
+}
+
+async fn delivered(member: &mut MemberStream) -> Option<(SystemId, u32)> {
+    match tokio::time::timeout(Duration::from_millis(10), member.next()).await {
+        Ok(Some(Outbound::Message {
+            message, attempt, ..
+        })) => Some((message.system_id(), attempt)),
+        Ok(other) => panic!("expected a message, got {other:?}"),
+        Err(_) => None,
+    }
+}
+
+// README cluster mode: JetStream may redeliver given-back messages out of the order they
+// were given back in; the promoted gateway delivers them in stream order (the promotion
+// names them: carry), then what came after them.
+#[tokio::test(start_paused = true)]
+async fn given_back_messages_reach_the_promoted_member_in_order_whatever_order_they_return_in() {
+    let (broker, mut s, live) = promoted(10, vec![(5, 2), (6, 3), (7, 2)]).await;
+    for id in [7, 8] {
+        broker.inject("s", message(id), 1, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, None, "7 and 8 wait for 5 and 6");
+    assert_eq!(
+        broker.room("s"),
+        Some(10 + 2 - 1),
+        "the missing two can be pulled (8 takes window room, 7 was carried)"
+    );
+    broker.inject("s", message(5), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((5, 2)));
+    assert_eq!(delivered(&mut s).await, None, "7 and 8 wait for 6");
+    broker.inject("s", message(6), 1, &live).unwrap();
+    let mut rest = Vec::new();
+    while let Some(d) = delivered(&mut s).await {
+        rest.push(d);
+    }
+    assert_eq!(rest, [(6, 3), (7, 2), (8, 1)]);
+}
+
+// A given-back message that never comes back is waited for at most HOLD_BACK_PATIENCE:
+// then what came after it is delivered.
+#[tokio::test(start_paused = true)]
+async fn a_given_back_message_that_never_returns_is_waited_for_a_bounded_time() {
+    let (broker, mut s, live) = promoted(10, vec![(5, 2)]).await;
+    broker.inject("s", message(6), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, None);
+    let patience = super::super::member::HOLD_BACK_PATIENCE;
+    tokio::time::advance(patience - Duration::from_millis(100)).await;
+    assert_eq!(
+        broker.room("s"),
+        Some(10 + 1 - 1),
+        "not yet past the patience"
+    );
+    assert_eq!(delivered(&mut s).await, None);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    broker.room("s");
+    assert_eq!(delivered(&mut s).await, Some((6, 1)));
+    // Nothing is waited for any more.
+    broker.inject("s", message(9), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((9, 1)));
+}
+
+// README cluster mode: what waits is bounded by "the member's window plus the carried
+// ones", and the carried ones still missing can always be pulled. Carried messages that
+// came back early and wait for an earlier one must not use up the room that earlier one
+// needs: with a window of 1, 6 and 7 back before 5 left no room to pull 5, which then came
+// only after the patience, behind 6 and 7.
+#[tokio::test(start_paused = true)]
+async fn a_missing_carried_message_can_be_pulled_while_later_carried_ones_wait() {
+    let (broker, mut s, live) = promoted(1, vec![(5, 2), (6, 2), (7, 2)]).await;
+    for id in [7, 6] {
+        broker.inject("s", message(id), 1, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, None, "6 and 7 wait for 5");
+    assert!(
+        broker.room("s").unwrap() >= 1,
+        "5 is missing and must be pullable, room {:?}",
+        broker.room("s")
+    );
+    broker.inject("s", message(5), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((5, 2)));
+}
+
+// README cluster mode: a held-back message is "counted in the budget" for as long as it
+// waits, whatever else the subscription does meanwhile (here an ack).
+#[tokio::test(start_paused = true)]
+async fn a_held_back_message_stays_counted_in_the_memory_budget() {
+    let (broker, mut s, live) = promoted(10, vec![(5, 1), (7, 1)]).await;
+    let accounted = |b: &Broker| b.list().1.memory_accounted_bytes;
+    broker.inject("s", message(5), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((5, 1)));
+    let with_one = accounted(&broker);
+    broker.inject("s", message(8), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, None, "8 waits for 7");
+    let share = accounted(&broker) - with_one;
+    assert!(share > 0);
+    broker
+        .ack("s", crate::broker::Fence::Member(s.member_id()), 5)
+        .unwrap();
+    assert_eq!(
+        accounted(&broker),
+        with_one,
+        "5 left (the same size as 8), 8 still waits here"
+    );
+    // A redelivery of the waiting 8 keeps one copy, counted once.
+    broker.inject("s", message(8), 1, &live).unwrap();
+    assert_eq!(accounted(&broker), with_one, "8 counted once");
+    assert_eq!(
+        broker.hand_back("s"),
+        [(8, 1), (7, 1)],
+        "8 given back, 7's carry goes on"
+    );
+    assert_eq!(accounted(&broker), with_one - share);
+}
+
+// README cluster mode: `queued_messages` counts what the gateway pulled; a message held
+// back for order was pulled and waits here, as a queued one does.
+#[tokio::test(start_paused = true)]
+async fn a_held_back_message_shows_as_queued() {
+    let (broker, mut s, live) = promoted(10, vec![(5, 1)]).await;
+    broker.inject("s", message(6), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
+    let size = message(6).size() as u64;
+    let view = broker.describe("s").unwrap();
+    assert_eq!((view.queued_messages, view.queued_bytes), (1, size));
+    let listed = &broker.list().0[0];
+    assert_eq!((listed.queued_messages, listed.queued_bytes), (1, size));
+}
+
+// README cluster mode: "the promotion carries their ids (`carry`) to the next active
+// member's gateway", which puts them in order and delivers each with at least its carried
+// attempt. When the promoted member leaves too before a carried message came back here,
+// that message is still JetStream's to redeliver, to the gateway after: its carry must go
+// on with what this gateway gives back, or it comes there with a lower attempt and
+// unordered.
+#[tokio::test(start_paused = true)]
+async fn a_carried_message_still_missing_is_carried_on_when_the_promoted_member_leaves() {
+    let (broker, mut s, live) = promoted(10, vec![(5, 3), (6, 3)]).await;
+    broker.inject("s", message(6), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, None, "6 waits for 5");
+    broker.end_member("s", s.member_id(), &Error::Unavailable("left".into()));
+    let mut given_back = broker.hand_back("s");
+    given_back.sort_unstable();
+    assert_eq!(given_back, [(5, 3), (6, 3)]);
+}
+
+// An activation of the member already active here changes nothing (the core's answer):
+// neither does it forget the carried messages still missing, which would let what waits
+// for them go first.
+#[tokio::test(start_paused = true)]
+async fn activating_the_active_member_again_keeps_waiting_for_the_carried_ones() {
+    let (broker, mut s, live) = promoted(10, vec![(5, 3)]).await;
+    broker.inject("s", message(6), 1, &live).unwrap();
+    let again = Activation {
+        epoch: 2,
+        promoted: true,
+        ..Activation::default()
+    };
+    broker.activate("s", s.member_id(), again).unwrap();
+    broker.room("s");
+    assert_eq!(delivered(&mut s).await, None, "6 still waits for 5");
+    broker.inject("s", message(5), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((5, 3)));
+    assert_eq!(delivered(&mut s).await, Some((6, 1)));
+}
+
+/// A member that took over from a dead gateway's member (window `window`).
+async fn took_over(window: u32) -> (Broker, MemberStream, AtomicBool) {
+    activated(
+        window,
+        Activation {
+            epoch: 2,
+            carry: Vec::new(),
+            promoted: true,
+            took_over: true,
+        },
+    )
+    .await
+}
+
+// README cluster mode: after a take-over from a dead gateway, no carry names what it held, and
+// JetStream redelivers it in the order its ack waits ran out, not always stream order. Nothing
+// is pulled until the consumer's backlog is counted; then what arrives waits until every owed
+// redelivery (ids up to the consumer's last delivered one) came, and all of it is delivered in
+// id order, new messages after.
+#[tokio::test(start_paused = true)]
+async fn after_a_take_over_the_dead_gateways_messages_come_first_and_in_order() {
+    let (broker, mut s, live) = took_over(2).await;
+    assert_eq!(broker.room("s"), Some(0), "nothing pulled before the count");
+    assert!(broker.owes_count("s"));
+    broker.count_owed("s", 3, 10);
+    assert!(!broker.owes_count("s"));
+    assert_eq!(
+        broker.room("s"),
+        Some(2 + 3),
+        "the window and the owed three"
+    );
+    for id in [12, 9, 7] {
+        broker.inject("s", message(id), 2, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, None, "8 is still owed");
+    assert_eq!(
+        broker.room("s"),
+        Some(2 + 1 - 1),
+        "8 can be pulled; 12 took room"
+    );
+    broker.inject("s", message(8), 2, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((7, 2)));
+    assert_eq!(delivered(&mut s).await, Some((8, 2)));
+    assert_eq!(delivered(&mut s).await, None, "window 2");
+    s.settler().settle(&[7], &[]).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((9, 2)));
+    s.settler().settle(&[8], &[]).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((12, 2)));
+}
+
+// A take-over with nothing owed (the dead gateway held nothing) waits for nothing.
+#[tokio::test(start_paused = true)]
+async fn a_take_over_with_nothing_owed_delivers_at_once() {
+    let (broker, mut s, live) = took_over(2).await;
+    broker.count_owed("s", 0, 10);
+    assert_eq!(broker.room("s"), Some(2));
+    broker.inject("s", message(11), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((11, 1)));
+}
+
+// Owed redeliveries that never come (or a count that never arrives) are waited for at most
+// HOLD_BACK_PATIENCE from the activation: then what came is delivered in id order.
+#[tokio::test(start_paused = true)]
+async fn owed_redeliveries_are_waited_for_a_bounded_time() {
+    let patience = super::super::member::HOLD_BACK_PATIENCE;
+    let (broker, mut s, live) = took_over(4).await;
+    broker.count_owed("s", 2, 10);
+    broker.inject("s", message(11), 1, &live).unwrap();
+    broker.inject("s", message(9), 2, &live).unwrap();
+    tokio::time::advance(patience - Duration::from_millis(100)).await;
+    broker.room("s");
+    assert_eq!(delivered(&mut s).await, None, "not yet past the patience");
+    tokio::time::advance(Duration::from_millis(200)).await;
+    broker.room("s");
+    assert_eq!(delivered(&mut s).await, Some((9, 2)));
+    assert_eq!(delivered(&mut s).await, Some((11, 1)));
+
+    let (broker, _s, _live) = took_over(4).await;
+    assert_eq!(broker.room("s"), Some(0));
+    tokio::time::advance(patience + Duration::from_millis(100)).await;
+    assert_eq!(
+        broker.room("s"),
+        Some(4),
+        "a count that never came is not waited for forever"
+    );
+}
+
+// What waits for owed redeliveries goes back upstream when the member leaves.
+#[tokio::test(start_paused = true)]
+async fn a_member_that_leaves_while_owed_gives_back_what_waits() {
+    let (broker, mut s, live) = took_over(2).await;
+    broker.count_owed("s", 2, 10);
+    broker.inject("s", message(9), 2, &live).unwrap();
+    broker.inject("s", message(11), 1, &live).unwrap();
+    broker.end_member("s", s.member_id(), &Error::Unavailable("left".into()));
+    let mut given_back = broker.hand_back("s");
+    given_back.sort_unstable();
+    assert_eq!(given_back, [(9, 2), (11, 1)]);
+    assert!(
+        matches!(s.next().await, Some(Outbound::End(_))),
+        "nothing was delivered before the end"
+    );
+}
