@@ -150,3 +150,52 @@ fn cluster_a_member_joining_after_an_unseen_expired_deletion_leads_and_waiting_i
         PlantedBug::WaitForExpiredDeletion
     );
 }
+
+// The seam lets a deletion expire unseen, this gateway's own lease's included. Slot 1's first
+// lease create lands but its answer is lost (cut off right after), so it never held a confirmed
+// lease and never will: slot 0 finds that lease stale and deletes it, and the deletion expires
+// while slot 1 is cut off. Before markers expired, the healed watch delivered the deletion and
+// slot 1 fenced itself and started again. Now its renewals are refused with "no value", the
+// only news of the deletion there is: a gateway that just retries them never fences and never
+// holds a lease again, so a member that joins there never gets into the line.
+#[test]
+fn cluster_a_gateway_whose_own_lease_deletion_expired_unseen_starts_again() {
+    use std::time::Duration;
+    use tinybroker::cluster::coordinator::lease_key;
+    let ms = Duration::from_millis;
+    let mut world = crate::cluster::ClusterWorld::new(7, 2);
+    world.expire_deletions_after(ms(100));
+    let stale = world.gateway_id(1);
+    let lease = lease_key(stale);
+    assert!(
+        world.run_until_state(Duration::from_micros(100), ms(100), |w| w
+            .entry(&lease)
+            .is_some()),
+        "slot 1's lease create did not land"
+    );
+    // Its answer takes at least half a millisecond: it is lost.
+    world.partition(1);
+    assert!(
+        world.run_until_state(ms(5), ms(3_000), |w| w
+            .entry(&lease)
+            .is_some_and(|e| e.value.is_none())),
+        "slot 0 did not delete slot 1's stale lease"
+    );
+    assert!(
+        world.run_until_state(ms(5), ms(1_000), |w| w.entry(&lease).is_none()),
+        "the lease's deletion did not expire"
+    );
+    world.heal(1);
+    assert!(
+        world.run_until_state(ms(5), ms(1_000), |w| w.gateway_id(1) != stale),
+        "slot 1's gateway g{} has no lease in the bucket, yet it neither fenced itself nor \
+         started again",
+        stale.0
+    );
+    world.join(1, "s");
+    assert!(
+        world.run_until_state(ms(5), ms(3_000), |w| w.checker.unsettled().is_none()),
+        "the member on slot 1 does not lead: {:?}",
+        world.checker.unsettled()
+    );
+}
