@@ -199,3 +199,52 @@ fn cluster_a_gateway_whose_own_lease_deletion_expired_unseen_starts_again() {
         world.checker.unsettled()
     );
 }
+
+// A dead gateway's members leave the lines once its lease is deleted. Here the gateway that
+// deleted it (slot 1) is cut off before its line without the dead member lands, and the lease's
+// deletion expires before any gateway with a lease has seen it: every incarnation after knows
+// nothing of the dead gateway (no lease, no deletion), so its member stays active at the head
+// of the line for good and a member that joins later never leads. Before markers expired, the
+// new incarnations' watches delivered the lease's deletion and they removed the dead member.
+#[test]
+fn cluster_a_dead_gateways_member_leaves_the_line_after_its_lease_deletion_expired() {
+    use std::time::Duration;
+    use tinybroker::cluster::coordinator::lease_key;
+    let ms = Duration::from_millis;
+    let mut world = crate::cluster::ClusterWorld::new(7, 2);
+    world.expire_deletions_after(ms(100));
+    world.run_until(ms(200));
+    world.join(0, "s");
+    assert!(
+        world.run_until_state(ms(5), ms(500), |w| w.checker.unsettled().is_none()),
+        "the first member does not lead: {:?}",
+        world.checker.unsettled()
+    );
+    let dead = lease_key(world.gateway_id(0));
+    world.partition(0);
+    assert!(
+        world.run_until_state(Duration::from_micros(100), ms(3_000), |w| w
+            .entry(&dead)
+            .is_some_and(|e| e.value.is_none())),
+        "slot 1 did not delete slot 0's lease"
+    );
+    // The line without the dead member is written at least a millisecond later: it fails.
+    let deleter = world.gateway_id(1);
+    world.partition(1);
+    assert!(
+        world.run_until_state(ms(5), ms(1_000), |w| w.entry(&dead).is_none()),
+        "the lease's deletion did not expire"
+    );
+    assert!(
+        world.run_until_state(ms(5), ms(2_000), |w| w.gateway_id(1) != deleter),
+        "slot 1, cut off, did not start again"
+    );
+    world.heal(0);
+    world.heal(1);
+    world.join(1, "s");
+    assert!(
+        world.run_until_state(ms(5), ms(5_000), |w| w.checker.unsettled().is_none()),
+        "the dead gateway's member holds the line: {:?}",
+        world.checker.unsettled()
+    );
+}
