@@ -442,6 +442,35 @@ impl ClusterWorld {
         self.model.expire_deletions_after(ns(ttl));
     }
 
+    /// What the bucket holds under `key` now (a deletion not yet expired is an entry without a
+    /// value), read by the observer, which is never cut off.
+    pub fn entry(&self, key: &str) -> Option<Entry> {
+        poll_now(&mut self.model.client(0).get(key)).expect("the observer is never cut off")
+    }
+
+    /// The id of the gateway incarnation in `slot`.
+    pub fn gateway_id(&self, slot: usize) -> GatewayId {
+        self.gateways[slot].id
+    }
+
+    /// Runs in steps of `step` until `done` holds, for at most `within`; whether it held.
+    pub fn run_until_state(
+        &mut self,
+        step: Duration,
+        within: Duration,
+        mut done: impl FnMut(&Self) -> bool,
+    ) -> bool {
+        let deadline = self.now() + within;
+        while !done(self) {
+            if self.now() >= deadline {
+                return false;
+            }
+            let next = self.now() + step;
+            self.run_until(next);
+        }
+        true
+    }
+
     /// How many watch deliveries of a deletion were skipped because it expired first.
     pub fn skipped_deletions(&self) -> u64 {
         self.model.skipped_deletions()

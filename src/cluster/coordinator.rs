@@ -386,6 +386,13 @@ impl Coordinator {
                     self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
                     self.next_renewal = p.sent + self.config.lease / 3;
                 }
+                // Only this gateway writes its lease a value: no value now means another
+                // gateway found it stale and deleted it. The watch brings that deletion, unless
+                // it expired first; either way it is the news the deletion is: stop.
+                Err(KvError::WrongRevision { current: 0, .. }) if p.expected != 0 => {
+                    self.deletions_learned += 1;
+                    self.fence();
+                }
                 Err(_) => self.next_renewal = now + self.config.retry,
             }
             self.step(now);

@@ -560,3 +560,47 @@ fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_n
     assert_eq!(next.line, vec![uid(7, 1)]);
     assert_eq!(next.active, Some(uid(7, 1)));
 }
+
+// A gateway whose lease create's answer was lost never held a confirmed lease; its watch showed
+// the lease, so it renews by compare-and-set. Another gateway found that lease stale and deleted
+// it, and the deletion expired before this watch delivered it: the renewal refused with no value
+// is then the only news of it. The gateway fences itself, as the deletion on the watch would
+// make it, instead of retrying for ever without a lease (no lease: no fence, no line).
+#[test]
+fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_unseen() {
+    let mut c = Coordinator::new(GatewayId(7), config(), ms(0));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(
+        ms(1),
+        cmds[0].id,
+        Err(KvError::Unavailable("timed out".to_string())),
+    );
+    c.backplane_changed(ms(2), "lease.7", Some(b"{}"), 1);
+    c.member_joined(ms(3), "jobs", 1);
+    let at = c.poll_timeout().expect("a renewal is due");
+    c.tick(at);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(
+        (cmds.len(), cmds[0].key.as_str(), &cmds[0].op),
+        (1, "lease.7", &Op::Update(Bytes::from_static(b"{}"), 1)),
+        "{cmds:?}"
+    );
+    c.write_result(
+        at,
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 1,
+            current: 0,
+        }),
+    );
+    let (_, effects) = drain(&mut c);
+    assert!(c.is_fenced(), "its lease is gone, yet it goes on renewing");
+    assert_eq!(
+        effects,
+        vec![Effect::End {
+            subscription: "jobs".to_string(),
+            member: 1,
+            status: EndStatus::Unavailable,
+        }]
+    );
+}

@@ -448,6 +448,25 @@ impl NatsCluster {
         }
     }
 
+    /// Starts every killed node again (all at once: a node alone cannot be healthy while the
+    /// others it needs for a quorum are down), and returns once each is healthy.
+    ///
+    /// # Panics
+    /// If a node is not healthy within [`READY_TIMEOUT`].
+    pub async fn restart_all(&mut self) {
+        let killed: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].process.is_none())
+            .collect();
+        for &i in &killed {
+            self.spawn(i);
+        }
+        for &i in &killed {
+            if let Err(why) = self.await_healthy(i).await {
+                panic!("node {i} did not restart: {why}\n{}", self.logs());
+            }
+        }
+    }
+
     /// Every node's log so far, each under a header.
     pub fn logs(&self) -> String {
         let mut all = String::new();
