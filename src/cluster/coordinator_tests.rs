@@ -642,3 +642,36 @@ fn a_take_over_whose_member_left_before_its_activation_still_has_the_next_member
         "nothing of dead gateway 5's was counted or given back: 7:2 must count it ({activation:?})"
     );
 }
+
+// README "A gateway that dies": the member a take-over made active is activated with the
+// `took_over` mark, also when its gateway sees the value only after a later write (a lagging
+// watch keeps only a key's newest value): a write that keeps the active member keeps the mark.
+#[test]
+fn a_join_appended_after_a_take_over_keeps_it_marked() {
+    let mut c = leased();
+    c.backplane_changed(ms(2), "lease.8", Some(b"{}"), 2);
+    let taken_over = SubValue {
+        line: vec![uid(8, 1)],
+        active: Some(uid(8, 1)),
+        epoch: 9,
+        carry: Vec::new(),
+        promoted: true,
+        took_over: true,
+    };
+    c.backplane_changed(
+        ms(3),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&taken_over).unwrap()),
+        10,
+    );
+    c.member_joined(ms(4), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1, "{cmds:?}");
+    let next = value(&cmds[0]);
+    assert_eq!(next.line, vec![uid(8, 1), uid(7, 1)]);
+    assert_eq!(next.active, Some(uid(8, 1)));
+    assert!(
+        next.took_over,
+        "8:1's gateway may activate it from this value"
+    );
+}
