@@ -35,7 +35,9 @@ pub struct Activation {
     /// It took over from an earlier active member (counted as a promotion).
     pub promoted: bool,
     /// The earlier active member's gateway died: what it held comes back from JetStream
-    /// unnamed. Nothing is pulled until [`Broker::count_owed`] says how many.
+    /// unnamed. Nothing is pulled until [`Broker::count_owed`] says how many; the same for a
+    /// line's first activation (not `promoted`), which may follow a line deleted with its only
+    /// member's dead gateway.
     pub took_over: bool,
 }
 
@@ -110,7 +112,10 @@ impl Broker {
             // the same carried ones.
             if !again {
                 state.attempt_floors = carry.into_iter().collect();
-                state.owed = took_over.then_some(Owed::Uncounted);
+                // A line's first activation counts too: when the only member of a line died
+                // with its gateway, the line was deleted, and no hand-over names (or marks)
+                // what that gateway held; JetStream redelivers it unnamed all the same.
+                state.owed = (took_over || !promoted).then_some(Owed::Uncounted);
                 state.floors_since = self.inner.clock.now();
             }
             tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");

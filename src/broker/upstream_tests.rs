@@ -407,3 +407,24 @@ async fn a_member_that_leaves_while_owed_gives_back_what_waits() {
         "nothing was delivered before the end"
     );
 }
+
+// README "A gateway that dies": when the dead gateway's member was its line's only one, the
+// line is deleted with it, and a member joining later is the first of a new line: no
+// hand-over names or marks what that gateway held, which JetStream redelivers all the same,
+// in the order its ack waits ran out. A line's first activation counts it as a take-over does.
+#[tokio::test(start_paused = true)]
+async fn a_lines_first_activation_counts_what_jetstream_owes_before_pulling() {
+    let first = Activation {
+        epoch: 5,
+        ..Activation::default()
+    };
+    let (broker, mut s, live) = activated(2, first).await;
+    assert_eq!(broker.room("s"), Some(0), "nothing pulled before the count");
+    assert!(broker.owes_count("s"));
+    broker.count_owed("s", 2, 10);
+    for id in [9, 7] {
+        broker.inject("s", message(id), 2, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, Some((7, 2)));
+    assert_eq!(delivered(&mut s).await, Some((9, 2)));
+}

@@ -604,3 +604,118 @@ fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_un
         }]
     );
 }
+
+// README "A gateway that dies": the member a take-over makes active has its gateway count what
+// the dead gateway held before pulling (`took_over`). Here that member (7:1) left this gateway
+// before the take-over's value even reached it: it was never activated, nothing was counted,
+// pulled or given back, so JetStream still owes everything the dead gateway 5 held, unnamed
+// and in the order its ack waits ran out. The member promoted in its place (7:2) must count it
+// in turn; a promotion marked as a clean close lets it take them in JetStream's order.
+#[test]
+fn a_take_over_whose_member_left_before_its_activation_still_has_the_next_member_count() {
+    let mut c = leased();
+    let before = SubValue {
+        line: vec![uid(5, 4), uid(7, 1), uid(7, 2)],
+        active: Some(uid(5, 4)),
+        epoch: 3,
+        carry: Vec::new(),
+        promoted: false,
+        took_over: false,
+    };
+    c.member_joined(ms(3), "jobs", 1);
+    c.member_joined(ms(3), "jobs", 2);
+    let (creates, _) = drain(&mut c);
+    c.backplane_changed(
+        ms(4),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&before).unwrap()),
+        9,
+    );
+    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
+    drain(&mut c);
+    // 7:1's stream closes; this gateway's write (removing it) races gateway 8's, which took
+    // over from dead gateway 5 and won.
+    c.member_left(ms(5), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    assert!(matches!(cmds[0].op, Op::Update(_, 9)), "{cmds:?}");
+    let taken_over = SubValue {
+        line: vec![uid(7, 1), uid(7, 2)],
+        active: Some(uid(7, 1)),
+        epoch: 9,
+        carry: Vec::new(),
+        promoted: true,
+        took_over: true,
+    };
+    c.backplane_changed(
+        ms(6),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&taken_over).unwrap()),
+        10,
+    );
+    c.write_result(
+        ms(6),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 9,
+            current: 10,
+        }),
+    );
+    let (cmds, effects) = drain(&mut c);
+    assert!(
+        !effects
+            .iter()
+            .any(|e| matches!(e, Effect::Activate { member: 1, .. })),
+        "7:1 left before: never activated here: {effects:?}"
+    );
+    assert_eq!(cmds.len(), 1, "{cmds:?}");
+    let next = value(&cmds[0]);
+    assert_eq!((next.active, next.epoch), (Some(uid(7, 2)), 10));
+    c.write_result(ms(7), cmds[0].id, Ok(11));
+    let (_, effects) = drain(&mut c);
+    let activation = effects
+        .iter()
+        .find(|e| matches!(e, Effect::Activate { member: 2, .. }));
+    assert!(
+        matches!(
+            activation,
+            Some(Effect::Activate {
+                took_over: true,
+                ..
+            })
+        ),
+        "nothing of dead gateway 5's was counted or given back: 7:2 must count it ({activation:?})"
+    );
+}
+
+// README "A gateway that dies": the member a take-over made active is activated with the
+// `took_over` mark, also when its gateway sees the value only after a later write (a lagging
+// watch keeps only a key's newest value): a write that keeps the active member keeps the mark.
+#[test]
+fn a_join_appended_after_a_take_over_keeps_it_marked() {
+    let mut c = leased();
+    c.backplane_changed(ms(2), "lease.8", Some(b"{}"), 2);
+    let taken_over = SubValue {
+        line: vec![uid(8, 1)],
+        active: Some(uid(8, 1)),
+        epoch: 9,
+        carry: Vec::new(),
+        promoted: true,
+        took_over: true,
+    };
+    c.backplane_changed(
+        ms(3),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&taken_over).unwrap()),
+        10,
+    );
+    c.member_joined(ms(4), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1, "{cmds:?}");
+    let next = value(&cmds[0]);
+    assert_eq!(next.line, vec![uid(8, 1), uid(7, 1)]);
+    assert_eq!(next.active, Some(uid(8, 1)));
+    assert!(
+        next.took_over,
+        "8:1's gateway may activate it from this value"
+    );
+}
