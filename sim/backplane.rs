@@ -7,8 +7,9 @@
 //! request timeout, as a real client cut off from NATS would see) and its watches stop, then
 //! resume after healing from where they stopped.
 //!
-//! Deletions expire as JetStream's delete markers do when they carry a TTL: the driver sets the
-//! time ([`Model::advance`]) and the TTL ([`Model::expire_deletions_after`]); an expired deletion
+//! Deletions of keys under a prefix expire as JetStream's delete markers do when they carry a
+//! TTL: the driver sets the time ([`Model::advance`]), the TTL and the prefix
+//! ([`Model::expire_deletions_after`]); an expired deletion
 //! is gone from the bucket (the key is as if never written) and from every watch that had not
 //! delivered it yet (a watch cut off past the TTL never sees it).
 
@@ -33,6 +34,8 @@ struct State {
     /// The driver's time (ns) and how long a deletion stays (`None`: forever).
     now: u64,
     deletion_ttl: Option<u64>,
+    /// Only deletions of keys under this prefix expire.
+    expiring: String,
     /// Deletions that may still expire: when, and the key with its deletion's revision.
     deletions: VecDeque<(u64, String, Revision)>,
     /// How many deletions expired before some watch delivered them.
@@ -73,9 +76,11 @@ impl Model {
         self.lock().partitioned.insert(client);
     }
 
-    /// Deletions expire `ttl` (ns) after they were written, from now on.
-    pub fn expire_deletions_after(&self, ttl: u64) {
-        self.lock().deletion_ttl = Some(ttl);
+    /// Deletions of keys under `prefix` expire `ttl` (ns) after they were written, from now on.
+    pub fn expire_deletions_after(&self, ttl: u64, prefix: &str) {
+        let mut s = self.lock();
+        s.deletion_ttl = Some(ttl);
+        s.expiring = prefix.to_string();
     }
 
     /// How many watch deliveries expired deletions have skipped so far.
@@ -138,7 +143,7 @@ impl State {
             revision: self.revision,
         };
         self.keys.insert(key.to_string(), entry.clone());
-        if entry.value.is_none() {
+        if entry.value.is_none() && key.starts_with(&self.expiring) {
             self.deletions
                 .push_back((self.now, key.to_string(), self.revision));
         }

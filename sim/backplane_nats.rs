@@ -241,6 +241,9 @@ fn cluster_backplane_nats_delete_markers_expire_and_revisions_still_rise() {
             .await
             .unwrap();
         assert!(kv.markers_expire(), "per-message TTL turned on");
+        // A lease's deletion is how gateways learn another is dead: it never expires.
+        let lease = kv.create("lease.7", b("{}")).await.unwrap();
+        let lease = kv.delete("lease.7", lease).await.unwrap();
         let r1 = kv.create("sub.x", b("1")).await.unwrap();
         let r2 = kv.delete("sub.x", r1).await.unwrap();
         assert_eq!(
@@ -275,10 +278,17 @@ fn cluster_backplane_nats_delete_markers_expire_and_revisions_still_rise() {
         );
         let r3 = kv.create("sub.x", b("3")).await.unwrap();
         assert!(r3 > r2, "revisions rise after an expiry: {r3} after {r2}");
-        // A marker written before TTLs were on carries none: it stays.
+        // A marker written before TTLs were on carries none: it stays; so does the lease's.
         assert_eq!(
             kv.get("sub.kept").await.unwrap().map(|e| e.revision),
             Some(kept)
+        );
+        assert_eq!(
+            kv.get("lease.7")
+                .await
+                .unwrap()
+                .map(|e| (e.value, e.revision)),
+            Some((None, lease))
         );
     });
 }

@@ -32,6 +32,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(250);
 /// Deletions expire after this long at most (each seed draws its own, from 100 ms up): far
 /// shorter than production's 10 minutes, so that partitions and lagging watches outlast them.
 const MAX_DELETION_TTL: Duration = Duration::from_millis(2_000);
+/// The keys whose deletions expire, as in production: subscriptions' lines, not leases.
+const EXPIRING: &str = "sub.";
 
 fn config() -> Config {
     Config {
@@ -122,7 +124,7 @@ impl ClusterWorld {
         let model = Model::new();
         // Drawn from its own stream, so the seed's workload and faults stay what they were.
         let ttl = Rng::new(seed ^ 0x7e1e_7e1e).range(100, MAX_DELETION_TTL.as_millis() as u64);
-        model.expire_deletions_after(ttl * 1_000_000);
+        model.expire_deletions_after(ttl * 1_000_000, EXPIRING);
         let observer = poll_now(&mut model.client(0).watch("sub.")).expect("observer watch");
         let mut world = Self {
             now: 0,
@@ -439,7 +441,7 @@ impl ClusterWorld {
 
     /// Deletions expire `ttl` after they are written, from now on (instead of the seed's).
     pub fn expire_deletions_after(&self, ttl: Duration) {
-        self.model.expire_deletions_after(ns(ttl));
+        self.model.expire_deletions_after(ns(ttl), EXPIRING);
     }
 
     /// What the bucket holds under `key` now (a deletion not yet expired is an entry without a

@@ -34,10 +34,8 @@ pub struct Activation {
     pub carry: Vec<(SystemId, u32)>,
     /// It took over from an earlier active member (counted as a promotion).
     pub promoted: bool,
-    /// The earlier active member's gateway died: what it held comes back from JetStream
-    /// unnamed. Nothing is pulled until [`Broker::count_owed`] says how many; the same for a
-    /// line's first activation (not `promoted`), which may follow a line deleted with its only
-    /// member's dead gateway.
+    /// The earlier active member's gateway died (logged). Every activation, this one or not,
+    /// pulls nothing until [`Broker::count_owed`] says how many redeliveries JetStream owes.
     pub took_over: bool,
 }
 
@@ -112,13 +110,13 @@ impl Broker {
             // the same carried ones.
             if !again {
                 state.attempt_floors = carry.into_iter().collect();
-                // A line's first activation counts too: when the only member of a line died
-                // with its gateway, the line was deleted, and no hand-over names (or marks)
-                // what that gateway held; JetStream redelivers it unnamed all the same.
-                state.owed = (took_over || !promoted).then_some(Owed::Uncounted);
+                // Whatever came before (a clean close, a dead gateway, a line deleted with its
+                // only member's dead gateway, a member that left before it was activated),
+                // JetStream may owe redeliveries that no carry names: count them before pulling.
+                state.owed = Some(Owed::Uncounted);
                 state.floors_since = self.inner.clock.now();
             }
-            tracing::info!(subscription = %state.core.id(), member, epoch, "member active (chosen by the cluster)");
+            tracing::info!(subscription = %state.core.id(), member, epoch, took_over, "member active (chosen by the cluster)");
             self.apply(state, Input::Activate { member, epoch }, effects, dead);
             Ok(())
         })
@@ -342,8 +340,8 @@ impl Broker {
         .ok()
     }
 
-    /// Whether `subscription_id`'s active member here took over from a dead gateway's and
-    /// waits for [`Broker::count_owed`].
+    /// Whether `subscription_id`'s active member here was just activated and waits for
+    /// [`Broker::count_owed`].
     pub fn owes_count(&self, subscription_id: &str) -> bool {
         self.with_subscription(subscription_id, |state, _| {
             Ok(state.owed == Some(Owed::Uncounted))
@@ -351,16 +349,20 @@ impl Broker {
         .unwrap_or(false)
     }
 
-    /// After taking over from a dead gateway's member: JetStream owes `subscription_id`
-    /// `remaining` redeliveries (its consumer's unacked messages, all the dead gateway's), with
-    /// ids up to `through` (its last delivered sequence). What arrives waits until they came
-    /// (or [`HOLD_BACK_PATIENCE`](super::member::HOLD_BACK_PATIENCE) passed since the
-    /// activation), then is queued in id order. Nothing happens unless it waits for the count.
+    /// After an activation: JetStream owes `subscription_id` `remaining` redeliveries (its
+    /// consumer's unacked messages: given back by an earlier active member's gateway, or held
+    /// by one that died), with ids up to `through` (its last delivered sequence). What arrives
+    /// waits until they came or [`HOLD_BACK_PATIENCE`](super::member::HOLD_BACK_PATIENCE)
+    /// passed since the activation, then is queued in id order (an owed message may be late:
+    /// given back with a delay, or not yet past its ack wait; a count may also include an ack
+    /// JetStream had not applied yet, which never comes, and then the wait runs its course). Nothing happens unless it waits for the count.
     pub fn count_owed(&self, subscription_id: &str, remaining: u64, through: SystemId) {
         let result = self.with_subscription(subscription_id, |state, dead| {
             if state.owed == Some(Owed::Uncounted) {
                 state.owed = (remaining > 0).then_some(Owed::Counted { remaining, through });
-                tracing::info!(subscription = %state.core.id(), remaining, through, "took over from a dead gateway: waiting for what it held");
+                if remaining > 0 {
+                    tracing::info!(subscription = %state.core.id(), remaining, through, "activated: JetStream's redeliveries first, in stream order");
+                }
                 self.release_held_back(state, dead);
             }
             Ok(())

@@ -108,9 +108,10 @@ async fn a_gateways_singleton_shows_the_clusters_epoch_after_another_subscriptio
 }
 
 /// A gateway's singleton "s" whose member (window `window`) the cluster made active with
-/// `carry`: the given-back messages it waits for. Returns the feeder's `live` claim too.
+/// `carry`: the given-back messages it waits for, JetStream owing nothing else (counted).
+/// Returns the feeder's `live` claim too.
 async fn promoted(window: u32, carry: Vec<(SystemId, u32)>) -> (Broker, MemberStream, AtomicBool) {
-    activated(
+    let (broker, s, live) = activated(
         window,
         Activation {
             epoch: 2,
@@ -119,7 +120,9 @@ async fn promoted(window: u32, carry: Vec<(SystemId, u32)>) -> (Broker, MemberSt
             took_over: false,
         },
     )
-    .await
+    .await;
+    broker.count_owed("s", 0, 0);
+    (broker, s, live)
 }
 
 /// A gateway's singleton "s" whose member (window `window`) the cluster made active so.
@@ -423,6 +426,26 @@ async fn a_lines_first_activation_counts_what_jetstream_owes_before_pulling() {
     assert!(broker.owes_count("s"));
     broker.count_owed("s", 2, 10);
     for id in [9, 7] {
+        broker.inject("s", message(id), 2, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, Some((7, 2)));
+    assert_eq!(delivered(&mut s).await, Some((9, 2)));
+}
+
+// Every activation counts what JetStream owes before it pulls, a clean close's promotion too:
+// whatever came before (a member that left before its gateway activated it, a line deleted with
+// its only member's dead gateway), JetStream's redeliveries come first, in stream order.
+#[tokio::test(start_paused = true)]
+async fn every_activation_counts_what_jetstream_owes_before_pulling() {
+    let clean = Activation {
+        epoch: 2,
+        promoted: true,
+        ..Activation::default()
+    };
+    let (broker, mut s, live) = activated(2, clean).await;
+    assert_eq!(broker.room("s"), Some(0), "nothing pulled before the count");
+    broker.count_owed("s", 2, 10);
+    for id in [11, 9, 7] {
         broker.inject("s", message(id), 2, &live).unwrap();
     }
     assert_eq!(delivered(&mut s).await, Some((7, 2)));

@@ -22,8 +22,9 @@
 //!   overwritten while the watch was cut off may be skipped (the bucket keeps each key's latest
 //!   only; the model replays them all, which the contract allows). Watchers treat entries as
 //!   state, newest revision wins, never as a log of every step.
-//! - A **deletion may expire**: once it is older than the bucket's marker TTL the store may forget
-//!   it, and the key is then as if never written (`get` answers `None`, `create` needs nothing to
+//! - A **deletion of a key under the bucket's expiring prefix may expire** (cluster mode: `sub.`,
+//!   a subscription's line; a lease's deletion never does): once it is older than the bucket's
+//!   marker TTL the store may forget it, and the key is then as if never written (`get` answers `None`, `create` needs nothing to
 //!   replace, a compare-and-set on it reports current revision 0). A watch that was cut off, or
 //!   lagged, for longer than that may never deliver the deletion: it goes straight to the key's
 //!   next write, if any. The revision counter is not affected. A caller that still holds a value

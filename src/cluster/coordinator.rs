@@ -386,6 +386,14 @@ impl Coordinator {
                     self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
                     self.next_renewal = p.sent + self.config.lease / 3;
                 }
+                // An incarnation creates its lease once. A create that was not confirmed may
+                // have landed, been found stale by others and been deleted meanwhile: a second
+                // create would then succeed over the deletion and bring back a gateway others
+                // count dead, whose members they no longer respect. Start again instead, with a
+                // new id (a lease that did land is deleted as stale; it never had a member).
+                Err(_) if p.expected == 0 => {
+                    self.fence();
+                }
                 // Only this gateway writes its lease a value: no value now means another
                 // gateway found it stale and deleted it. The watch brings that deletion, unless
                 // it expired first; either way it is the news the deletion is: stop.

@@ -561,22 +561,15 @@ fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_n
     assert_eq!(next.active, Some(uid(7, 1)));
 }
 
-// A gateway whose lease create's answer was lost never held a confirmed lease; its watch showed
-// the lease, so it renews by compare-and-set. Another gateway found that lease stale and deleted
-// it, and the deletion expired before this watch delivered it: the renewal refused with no value
-// is then the only news of it. The gateway fences itself, as the deletion on the watch would
-// make it, instead of retrying for ever without a lease (no lease: no fence, no line).
+// Another gateway found this gateway's lease stale and deleted it, and this gateway's watch has
+// not delivered that deletion yet: the renewal refused with no value is news of it. Only this
+// gateway writes its lease a value, so it fences itself, as the deletion on the watch would make
+// it, instead of retrying without a lease.
 #[test]
 fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_unseen() {
-    let mut c = Coordinator::new(GatewayId(7), config(), ms(0));
-    let (cmds, _) = drain(&mut c);
-    c.write_result(
-        ms(1),
-        cmds[0].id,
-        Err(KvError::Unavailable("timed out".to_string())),
-    );
-    c.backplane_changed(ms(2), "lease.7", Some(b"{}"), 1);
+    let mut c = leased();
     c.member_joined(ms(3), "jobs", 1);
+    drain(&mut c);
     let at = c.poll_timeout().expect("a renewal is due");
     c.tick(at);
     let (cmds, _) = drain(&mut c);
@@ -605,14 +598,14 @@ fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_un
     );
 }
 
-// README "A gateway that dies": the member a take-over makes active has its gateway count what
-// the dead gateway held before pulling (`took_over`). Here that member (7:1) left this gateway
-// before the take-over's value even reached it: it was never activated, nothing was counted,
-// pulled or given back, so JetStream still owes everything the dead gateway 5 held, unnamed
-// and in the order its ack waits ran out. The member promoted in its place (7:2) must count it
-// in turn; a promotion marked as a clean close lets it take them in JetStream's order.
+// README "A gateway that dies": here the member a take-over makes active (7:1) left this
+// gateway before the take-over's value even reached it: it was never activated, nothing was
+// counted, pulled or given back, so JetStream still owes everything the dead gateway 5 held,
+// unnamed. The member promoted in its place (7:2) is activated, and its gateway counts what
+// JetStream owes before pulling, as every activation does (`Broker::activate`); the promotion
+// itself is this gateway's own (7:1 left), not a take-over.
 #[test]
-fn a_take_over_whose_member_left_before_its_activation_still_has_the_next_member_count() {
+fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member() {
     let mut c = leased();
     let before = SubValue {
         line: vec![uid(5, 4), uid(7, 1), uid(7, 2)],
@@ -679,11 +672,13 @@ fn a_take_over_whose_member_left_before_its_activation_still_has_the_next_member
         matches!(
             activation,
             Some(Effect::Activate {
-                took_over: true,
+                epoch: 10,
+                promoted: true,
+                took_over: false,
                 ..
             })
         ),
-        "nothing of dead gateway 5's was counted or given back: 7:2 must count it ({activation:?})"
+        "7:2 is promoted by this gateway after its own member left ({activation:?})"
     );
 }
 
@@ -718,4 +713,32 @@ fn a_join_appended_after_a_take_over_keeps_it_marked() {
         next.took_over,
         "8:1's gateway may activate it from this value"
     );
+}
+
+// SPEC §9 "never two active members": an incarnation creates its lease once. A create whose
+// answer was lost may have landed, been found stale and been deleted by another gateway; a
+// second create would succeed over that deletion and lease a gateway the others count dead
+// (they no longer respect its members). So an unconfirmed create fences the incarnation, and
+// the shell starts a new one with a new id.
+#[test]
+fn an_unconfirmed_lease_create_fences_rather_than_creating_the_lease_again() {
+    for refusal in [
+        KvError::Unavailable("timed out".into()),
+        KvError::Exists { current: 4 },
+    ] {
+        let mut c = Coordinator::new(GatewayId(7), config(), ms(0));
+        c.member_joined(ms(0), "jobs", 1);
+        let (cmds, _) = drain(&mut c);
+        assert!(matches!(cmds[0].op, Op::Create(_)) && cmds[0].key == "lease.7");
+        c.write_result(ms(250), cmds[0].id, Err(refusal.clone()));
+        assert!(c.is_fenced(), "after {refusal:?}");
+        let (cmds, effects) = drain(&mut c);
+        assert!(cmds.is_empty(), "no second create: {cmds:?}");
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, Effect::End { member: 1, .. })),
+            "its member is ended: {effects:?}"
+        );
+    }
 }

@@ -9,14 +9,17 @@
 //!   replaces the key's value (history 1) without erasing the key's revision. A purge marker
 //!   (`KV-Operation: PURGE` with a subject roll-up) would do the same at history 1; DEL is the
 //!   one that never removes other messages, so it is what a plain delete means in KV.
-//! - **Delete markers expire.** A delete marker carries a per-message TTL (`Nats-TTL`,
-//!   [`NatsConfig::marker_ttl`], 10 minutes for gateways): once it runs out, JetStream removes
+//! - **Delete markers of keys under a prefix expire.** A delete marker of a key that starts with
+//!   [`NatsConfig::expiring_prefix`] (`sub.`: a subscription's line) carries a per-message TTL
+//!   (`Nats-TTL`, [`NatsConfig::marker_ttl`], 10 minutes): once it runs out, JetStream removes
 //!   it and the key has no message at all, as if never written, so the bucket does not keep a
-//!   marker for every subscription id and gateway incarnation ever used. The stream's sequence
-//!   is not reset by that, so revisions still only rise. Opening the bucket turns on the
-//!   stream's `allow_msg_ttl` (nats-server 2.11) when it is off; where that fails, markers are
-//!   kept forever, as before, and the gateway says so. No server marker replaces an expired one
-//!   (`subject_delete_marker_ttl` stays unset).
+//!   marker for every subscription id ever used. Other deletions (a dead gateway's lease) stay:
+//!   a gateway learns that another is dead only from its lease's deletion, one marker per
+//!   gateway incarnation. The stream's sequence is not reset by an expiry, so revisions still
+//!   only rise. Opening the bucket turns on the stream's `allow_msg_ttl` when it is off
+//!   (nats-server 2.11.2 or later; 2.11.0 and 2.11.1 refuse to change it on an existing
+//!   stream); where that fails, markers are kept, as before, and the gateway says so. No server
+//!   marker replaces an expired one (`subject_delete_marker_ttl` stays unset).
 //! - JetStream's compare-and-set looks at the key's last message whatever it is, a delete marker
 //!   included; the seam's does not let a deleted key be updated or deleted (its current revision
 //!   is 0). So `update` and `delete` first read the message at the `expected` revision (one
@@ -80,14 +83,16 @@ pub struct NatsConfig {
     /// Bound on every request (publish acknowledgement, reads, creating the bucket): past it an
     /// operation is [`KvError::Unavailable`].
     pub request_timeout: Duration,
-    /// How long a delete marker stays before JetStream removes it (whole seconds, at least 1;
-    /// `None`: forever).
+    /// How long a delete marker of a key under `expiring_prefix` stays before JetStream removes
+    /// it (whole seconds, at least 1; `None`: forever).
     pub marker_ttl: Option<Duration>,
+    /// The keys whose delete markers expire (`""`: all).
+    pub expiring_prefix: String,
 }
 
 impl NatsConfig {
     /// `urls`, bucket `tinybroker`, replicas by cluster size, 5 s connect and request timeouts,
-    /// delete markers kept [`MARKER_TTL`].
+    /// delete markers of `sub.` keys kept [`MARKER_TTL`], others for good.
     pub fn new(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
         Self {
             urls: urls.into_iter().map(Into::into).collect(),
@@ -96,6 +101,7 @@ impl NatsConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             marker_ttl: Some(MARKER_TTL),
+            expiring_prefix: "sub.".to_string(),
         }
     }
 }
@@ -128,8 +134,10 @@ pub struct NatsBackplane {
     store: kv::Store,
     /// `$KV.<bucket>.`: a key's subject is this plus the encoded key.
     prefix: String,
-    /// The `Nats-TTL` a delete marker carries (whole seconds); `None`: markers stay.
+    /// The `Nats-TTL` a delete marker of a key under `expiring` carries (whole seconds);
+    /// `None`: markers stay.
     marker_ttl: Option<String>,
+    expiring: String,
 }
 
 const KV_OPERATION: &str = "KV-Operation";
@@ -224,6 +232,7 @@ impl NatsBackplane {
             store,
             prefix,
             marker_ttl,
+            expiring: config.expiring_prefix.clone(),
         })
     }
 
@@ -261,7 +270,9 @@ impl NatsBackplane {
         );
         if delete {
             headers.insert(KV_OPERATION, "DEL");
-            if let Some(ttl) = &self.marker_ttl {
+            if let Some(ttl) = &self.marker_ttl
+                && key.starts_with(&self.expiring)
+            {
                 headers.insert(async_nats::header::NATS_MESSAGE_TTL, ttl.as_str());
             }
         }
@@ -427,7 +438,7 @@ async fn allow_marker_ttl(
             tracing::warn!(
                 stream = %config.name,
                 %error,
-                "cannot turn on per-message TTL for the coordination bucket (nats-server 2.11 or later has it): its delete markers stay, about a hundred bytes per subscription id and gateway incarnation ever used"
+                "cannot turn on per-message TTL for the coordination bucket (nats-server 2.11.2 or later can; 2.11.0 and 2.11.1 cannot change it on an existing stream, and earlier ones have none): its delete markers stay, about a hundred bytes per subscription id ever used"
             );
             None
         }

@@ -147,7 +147,7 @@ async fn after_a_sigkill_every_message_the_dead_gateway_held_comes_first_in_orde
     doomed.child.kill().unwrap();
     doomed.child.wait().unwrap();
     standby.confirmed().await;
-    let counted = survivor.line_with("took over from a dead gateway").await;
+    let counted = survivor.line_with("JetStream's redeliveries first").await;
     assert!(counted.contains("remaining=4"), "{counted}");
     let mut order = Vec::new();
     for _ in 0..4 {
