@@ -34,8 +34,10 @@ pub struct Activation {
     pub carry: Vec<(SystemId, u32)>,
     /// It took over from an earlier active member (counted as a promotion).
     pub promoted: bool,
-    /// The earlier active member's gateway died (logged). Every activation, this one or not,
-    /// pulls nothing until [`Broker::count_owed`] says how many redeliveries JetStream owes.
+    /// The earlier active member's gateway died: what it held comes back from JetStream
+    /// unnamed. Nothing is pulled until [`Broker::count_owed`] says how many; the same for a
+    /// line's first activation (not `promoted`), which may follow a line deleted with its only
+    /// member's dead gateway. (A clean close's promotion names what was given back: `carry`.)
     pub took_over: bool,
 }
 
@@ -110,10 +112,11 @@ impl Broker {
             // the same carried ones.
             if !again {
                 state.attempt_floors = carry.into_iter().collect();
-                // Whatever came before (a clean close, a dead gateway, a line deleted with its
-                // only member's dead gateway, a member that left before it was activated),
-                // JetStream may owe redeliveries that no carry names: count them before pulling.
-                state.owed = Some(Owed::Uncounted);
+                // A take-over from a dead gateway, or a line's first activation (the line may
+                // have been deleted with its only member's dead gateway): JetStream may owe
+                // redeliveries that no carry names, so count them before pulling. A clean
+                // close's promotion is named by its carry and pulls at once.
+                state.owed = (took_over || !promoted).then_some(Owed::Uncounted);
                 state.floors_since = self.inner.clock.now();
             }
             tracing::info!(subscription = %state.core.id(), member, epoch, took_over, "member active (chosen by the cluster)");

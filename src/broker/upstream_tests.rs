@@ -107,11 +107,11 @@ async fn a_gateways_singleton_shows_the_clusters_epoch_after_another_subscriptio
     );
 }
 
-/// A gateway's singleton "s" whose member (window `window`) the cluster made active with
-/// `carry`: the given-back messages it waits for, JetStream owing nothing else (counted).
-/// Returns the feeder's `live` claim too.
+/// A gateway's singleton "s" whose member (window `window`) the cluster promoted after a clean
+/// close with `carry`: the given-back messages it waits for. Returns the feeder's `live` claim
+/// too.
 async fn promoted(window: u32, carry: Vec<(SystemId, u32)>) -> (Broker, MemberStream, AtomicBool) {
-    let (broker, s, live) = activated(
+    activated(
         window,
         Activation {
             epoch: 2,
@@ -120,9 +120,7 @@ async fn promoted(window: u32, carry: Vec<(SystemId, u32)>) -> (Broker, MemberSt
             took_over: false,
         },
     )
-    .await;
-    broker.count_owed("s", 0, 0);
-    (broker, s, live)
+    .await
 }
 
 /// A gateway's singleton "s" whose member (window `window`) the cluster made active so.
@@ -432,22 +430,23 @@ async fn a_lines_first_activation_counts_what_jetstream_owes_before_pulling() {
     assert_eq!(delivered(&mut s).await, Some((9, 2)));
 }
 
-// Every activation counts what JetStream owes before it pulls, a clean close's promotion too:
-// whatever came before (a member that left before its gateway activated it, a line deleted with
-// its only member's dead gateway), JetStream's redeliveries come first, in stream order.
+// A clean close's promotion names what was given back (its carry) and pulls at once: no
+// consumer read before the first pull on the path promotion latency is measured on.
 #[tokio::test(start_paused = true)]
-async fn every_activation_counts_what_jetstream_owes_before_pulling() {
+async fn a_clean_close_promotion_pulls_at_once() {
     let clean = Activation {
         epoch: 2,
+        carry: vec![(5, 2)],
         promoted: true,
-        ..Activation::default()
+        took_over: false,
     };
     let (broker, mut s, live) = activated(2, clean).await;
-    assert_eq!(broker.room("s"), Some(0), "nothing pulled before the count");
-    broker.count_owed("s", 2, 10);
-    for id in [11, 9, 7] {
-        broker.inject("s", message(id), 2, &live).unwrap();
-    }
-    assert_eq!(delivered(&mut s).await, Some((7, 2)));
-    assert_eq!(delivered(&mut s).await, Some((9, 2)));
+    assert!(!broker.owes_count("s"));
+    assert_eq!(
+        broker.room("s"),
+        Some(2 + 1),
+        "the window and the carried one"
+    );
+    broker.inject("s", message(5), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((5, 2)));
 }

@@ -601,9 +601,9 @@ fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_un
 // README "A gateway that dies": here the member a take-over makes active (7:1) left this
 // gateway before the take-over's value even reached it: it was never activated, nothing was
 // counted, pulled or given back, so JetStream still owes everything the dead gateway 5 held,
-// unnamed. The member promoted in its place (7:2) is activated, and its gateway counts what
-// JetStream owes before pulling, as every activation does (`Broker::activate`); the promotion
-// itself is this gateway's own (7:1 left), not a take-over.
+// unnamed. The member promoted in its place (7:2) is activated; the promotion is this gateway's
+// own (7:1 left), not a take-over, so it is not marked and its gateway does not count what
+// JetStream owes (README "Not yet": those messages come in JetStream's order).
 #[test]
 fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member() {
     let mut c = leased();

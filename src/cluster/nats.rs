@@ -61,7 +61,7 @@ use async_nats::{
         self,
         context::PublishErrorKind,
         kv,
-        stream::{LastRawMessageErrorKind, RawMessageErrorKind, StorageType},
+        stream::{DiscardPolicy, LastRawMessageErrorKind, RawMessageErrorKind, StorageType},
     },
 };
 use bytes::Bytes;
@@ -147,8 +147,9 @@ const KV_OPERATION: &str = "KV-Operation";
 /// enough that churn of subscription ids keeps few (a thousand ids an hour keep about 170).
 pub const MARKER_TTL: Duration = Duration::from_secs(600);
 
-/// How long opening the coordination bucket keeps trying while the cluster settles.
-const BUCKET_PATIENCE: Duration = Duration::from_secs(10);
+/// How long opening the coordination bucket keeps trying while the cluster settles (a loaded
+/// three-node cluster that has just started can leave requests unanswered for seconds).
+const BUCKET_PATIENCE: Duration = Duration::from_secs(30);
 
 impl NatsBackplane {
     /// Connects to `config.urls`, then binds the bucket, creating it if it does not exist.
@@ -200,24 +201,43 @@ impl NatsBackplane {
         // exists before it answers), and a cluster just started may still count a peer offline
         // ("no suitable peers for placement"): both settle, so creating and binding are retried
         // for a bounded time.
-        let bucket = kv::Config {
-            bucket: config.bucket.clone(),
-            description: "tinybroker cluster coordination".to_string(),
-            history: 1,
+        // The bucket's stream as async-nats's KV would make it (history 1), with per-message TTL
+        // on from its creation when delete markers expire: a server may refuse to turn it on
+        // later (nats-server 2.11.0 and 2.11.1), and every gateway of this version asks for the
+        // same config, so their creates stay idempotent. One that exists is bound as it is.
+        let stream = jetstream::stream::Config {
+            name: format!("KV_{}", config.bucket),
+            description: Some("tinybroker cluster coordination".to_string()),
+            subjects: vec![format!("$KV.{}.>", config.bucket)],
+            max_messages_per_subject: 1,
             storage: StorageType::File,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
             num_replicas: replicas,
+            discard: DiscardPolicy::New,
+            allow_message_ttl: config.marker_ttl.is_some(),
             ..Default::default()
         };
         let deadline = tokio::time::Instant::now() + BUCKET_PATIENCE;
         let store = loop {
-            let create = match js.create_key_value(bucket.clone()).await {
-                Ok(store) => break store,
-                Err(create) => create,
+            // Create first: the stream's leader answers a create of a stream that exists with
+            // this config at once, where a first read of one still being created can go
+            // unanswered until its group has a leader.
+            let bound = match js.create_stream(stream.clone()).await {
+                Ok(_) => js
+                    .get_key_value(&config.bucket)
+                    .await
+                    .map_err(|e| format!("bind: {e}")),
+                Err(create) => js
+                    .get_key_value(&config.bucket)
+                    .await
+                    .map_err(|get| format!("create: {create}; bind: {get}")),
             };
-            match js.get_key_value(&config.bucket).await {
+            match bound {
                 Ok(store) => break store,
-                Err(get) if tokio::time::Instant::now() >= deadline => {
-                    return Err(bucket_error(format!("create: {create}; bind: {get}")));
+                Err(why) if tokio::time::Instant::now() >= deadline => {
+                    return Err(bucket_error(why));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }

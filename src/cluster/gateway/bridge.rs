@@ -263,10 +263,10 @@ enum Flow {
 }
 
 impl Bridge {
-    /// After an activation, tells the broker how many redeliveries JetStream owes (its
-    /// consumer's unacked messages, none of them this gateway's: it held none while it had no
-    /// active member) and up to which sequence; it pulls nothing before. Returns when to try
-    /// again if the servers did not answer.
+    /// After a take-over from a dead gateway (or a line's first activation), tells the broker
+    /// how many redeliveries JetStream owes (its consumer's unacked messages, none of them this
+    /// gateway's: it held none while it had no active member) and up to which sequence; it
+    /// pulls nothing before. Returns when to try again if the servers did not answer.
     async fn count_owed(&self) -> Option<Duration> {
         if !self.singleton || !self.shared.broker.owes_count(&self.subscription) {
             return None;
