@@ -101,3 +101,31 @@ async fn any_gateway_describes_a_queue_and_its_backlog_drains() {
     .await;
     assert_eq!(drained.pending, 0);
 }
+
+// A singleton's active member on gateway A and a standby on gateway B. Gateway C, where it has
+// no member, names A's member as the cluster's active one (the first test); B, which holds a
+// member of the same line, must not know less: its answer names the same active member and
+// epoch, and lists its standby as not active.
+#[tokio::test]
+async fn a_standbys_gateway_names_the_clusters_active_member() {
+    let (cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut active = on_a.subscribe(singleton("lead")).await.unwrap();
+    let confirmed = active.confirmed().await;
+    let _standby = on_b.subscribe(singleton("lead")).await.unwrap();
+    let url = &cluster.client_urls()[2];
+    crate::harness::within(async {
+        while crate::singleton::line(url, "lead").await.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let at_b = on_b.describe("lead").await.unwrap();
+    assert_eq!(at_b.members.len(), 1, "{at_b:?}");
+    assert!(!at_b.members[0].active, "{at_b:?}");
+    assert_eq!(
+        (at_b.active_member_id, at_b.epoch),
+        (confirmed.member_id, confirmed.epoch),
+        "the cluster's line, as a gateway with no member reports it: {at_b:?}"
+    );
+}
