@@ -35,6 +35,11 @@ impl Gateway {
                     .ok()
                     .flatten()
                     .map(|c| backlog(&c));
+                // A gateway holding only standbys knows the cluster's active member and epoch
+                // from the bucket, as one with no member does.
+                if mode == Mode::Singleton && described.active_member_id == 0 {
+                    self.cluster_line(&mut described).await;
+                }
                 Ok(described)
             }
             Err(Error::SubscriptionNotFound(_)) => self.describe_elsewhere(subscription_id).await,
@@ -76,17 +81,26 @@ impl Gateway {
         });
         described.upstream = Some(backlog(&consumer));
         if mode == Mode::Singleton {
-            // The line as the bucket holds it; none when nobody is in it.
-            let line = self.inner.backplane.get(&values::sub_key(id)).await;
-            if let Ok(Some(entry)) = line
-                && let Some(value) = entry.value
-                && let Ok(line) = serde_json::from_slice::<values::SubValue>(&value)
-            {
-                described.epoch = line.epoch;
-                described.active_member_id = line.active.map_or(0, |a| a.member);
-            }
+            self.cluster_line(&mut described).await;
         }
         Ok(described)
+    }
+
+    /// A singleton's active member and epoch as the coordination bucket holds its line; left
+    /// as they are when nobody is in it or the servers do not answer.
+    async fn cluster_line(&self, described: &mut pb::SubscriptionInfo) {
+        let line = self
+            .inner
+            .backplane
+            .get(&values::sub_key(&described.subscription_id))
+            .await;
+        if let Ok(Some(entry)) = line
+            && let Some(value) = entry.value
+            && let Ok(line) = serde_json::from_slice::<values::SubValue>(&value)
+        {
+            described.epoch = line.epoch;
+            described.active_member_id = line.active.map_or(0, |a| a.member);
+        }
     }
 
     /// The subscription's consumer as the servers report it now; `None` when there is none
