@@ -129,3 +129,34 @@ async fn a_standbys_gateway_names_the_clusters_active_member() {
         "the cluster's line, as a gateway with no member reports it: {at_b:?}"
     );
 }
+
+// Every NATS server down: the gateway with the member answers with its own view and no
+// `upstream`, the one without says UNAVAILABLE, each within 5 s (the bound of the gateways'
+// other requests to the servers). Before the fix each took the NATS client's default request
+// timeout, 10 s: JetStream's API requests do not use the context's 5 s.
+#[tokio::test]
+async fn describe_with_every_nats_server_down_answers_within_a_bound() {
+    let (mut cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a
+        .subscribe(open("down", DeliveryMode::Queue, "pool", &["down.>"]))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    for node in 0..cluster.len() {
+        cluster.kill(node);
+    }
+    let bound = std::time::Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    let here = tokio::time::timeout(bound, on_a.describe("down"))
+        .await
+        .expect("a gateway with a member answers within the bound")
+        .unwrap();
+    assert_eq!(here.members.len(), 1, "{here:?}");
+    assert_eq!(here.upstream, None, "{here:?}");
+    let elsewhere = tokio::time::timeout(bound, on_b.describe("down"))
+        .await
+        .expect("a gateway without a member answers within the bound");
+    assert_code(elsewhere, Code::Unavailable, "JetStream did not answer");
+    eprintln!("both answered in {:?}", started.elapsed());
+}
