@@ -18,6 +18,9 @@ use crate::{
     service::{self, info},
 };
 
+/// How long a Describe waits for the servers' view of the consumer.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Gateway {
     /// The subscription as this gateway sees it, with its JetStream consumer's backlog.
     ///
@@ -29,15 +32,13 @@ impl Gateway {
                 let mode = view.spec.mode;
                 let mut described = info(view);
                 // Unset when the servers do not answer: the local view still stands.
-                described.upstream = self
-                    .consumer_backlog(mode, subscription_id)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|c| backlog(&c));
+                let consumer = self.consumer_backlog(mode, subscription_id).await;
+                let answered = consumer.is_ok();
+                described.upstream = consumer.ok().flatten().map(|c| backlog(&c));
                 // A gateway holding only standbys knows the cluster's active member and epoch
-                // from the bucket, as one with no member does.
-                if mode == Mode::Singleton && described.active_member_id == 0 {
+                // from the bucket, as one with no member does (not asked when the servers just
+                // did not answer: the answer would only wait longer).
+                if answered && mode == Mode::Singleton && described.active_member_id == 0 {
                     self.cluster_line(&mut described).await;
                 }
                 Ok(described)
@@ -114,7 +115,12 @@ impl Gateway {
         id: &str,
     ) -> Result<Option<consumer::Info>, String> {
         let name = names::consumer_name(mode, id, &self.inner.id);
-        match self.inner.stream.consumer_info(&name).await {
+        // JetStream's API requests wait the NATS client's request timeout (10 s), not the
+        // context's: bound this one as an ack forwarded to another gateway is.
+        let info = tokio::time::timeout(PATIENCE, self.inner.stream.consumer_info(&name))
+            .await
+            .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
+        match info {
             Ok(info) => Ok(names::recorded(&info.config.metadata)
                 .is_ok_and(|(of, _)| of == id)
                 .then_some(info)),
