@@ -160,3 +160,30 @@ async fn describe_with_every_nats_server_down_answers_within_a_bound() {
     assert_code(elsewhere, Code::Unavailable, "JetStream did not answer");
     eprintln!("both answered in {:?}", started.elapsed());
 }
+
+// A consumer of the subscription's name that tinybroker did not make (no metadata): a join is
+// refused naming it, so Describe must not claim that there is no JetStream consumer.
+#[tokio::test]
+async fn describe_of_a_consumer_without_metadata_names_it() {
+    let (cluster, a, _b) = two_gateways().await;
+    let js = async_nats::jetstream::new(
+        async_nats::connect(&cluster.client_urls()[0])
+            .await
+            .unwrap(),
+    );
+    let stream = js.get_stream("tinybroker").await.unwrap();
+    stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("tb-q-foreign".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let on_a = a.client().await;
+    let joined = on_a
+        .subscribe(open("foreign", DeliveryMode::Queue, "pool", &["f.>"]))
+        .await;
+    assert!(joined.is_err(), "a join is refused");
+    let described = on_a.describe("foreign").await;
+    assert_code(described, Code::FailedPrecondition, "tb-q-foreign");
+}
