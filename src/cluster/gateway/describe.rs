@@ -57,7 +57,7 @@ impl Gateway {
         };
         // Queue and singleton subscriptions share the consumer name.
         let consumer = self
-            .consumer_backlog(Mode::Queue, id)
+            .any_consumer(Mode::Queue, id)
             .await
             .map_err(|why| {
                 Status::unavailable(service::cap_message(format!(
@@ -65,8 +65,17 @@ impl Gateway {
                 )))
             })?
             .ok_or_else(not_found)?;
-        let Ok((_, spec)) = names::recorded(&consumer.config.metadata) else {
-            return Err(not_found());
+        // As a join finds it: a consumer tinybroker did not make is named, not denied; one of
+        // another subscription whose name collides is not this one.
+        let spec = match names::recorded(&consumer.config.metadata) {
+            Ok((of, spec)) if of == id => spec,
+            Ok(_) => return Err(not_found()),
+            Err(why) => {
+                return Err(Status::failed_precondition(service::cap_message(format!(
+                    "subscription {id:?} cannot use JetStream consumer {}: {why}",
+                    consumer.name
+                ))));
+            }
         };
         let mode = spec.mode;
         let mut described = info(SubscriptionView {
@@ -114,6 +123,17 @@ impl Gateway {
         mode: Mode,
         id: &str,
     ) -> Result<Option<consumer::Info>, String> {
+        Ok(self
+            .any_consumer(mode, id)
+            .await?
+            .filter(|info| names::recorded(&info.config.metadata).is_ok_and(|(of, _)| of == id)))
+    }
+
+    /// The consumer of the subscription's name, whatever its metadata records.
+    ///
+    /// # Errors
+    /// Why the servers did not answer.
+    async fn any_consumer(&self, mode: Mode, id: &str) -> Result<Option<consumer::Info>, String> {
         let name = names::consumer_name(mode, id, &self.inner.id);
         // JetStream's API requests wait the NATS client's request timeout (10 s), not the
         // context's: bound this one as an ack forwarded to another gateway is.
@@ -121,9 +141,7 @@ impl Gateway {
             .await
             .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
         match info {
-            Ok(info) => Ok(names::recorded(&info.config.metadata)
-                .is_ok_and(|(of, _)| of == id)
-                .then_some(info)),
+            Ok(info) => Ok(Some(info)),
             Err(error) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => Ok(None),
             Err(error) => {
                 tracing::debug!(subscription = id, consumer = %name, %error, "no consumer info");
