@@ -279,6 +279,11 @@ impl Coordinator {
         self.fenced
     }
 
+    /// Whether this incarnation ever held a confirmed lease (a create or renewal answered).
+    pub fn was_leased(&self) -> bool {
+        self.valid_until.is_some()
+    }
+
     /// Backplane entries that did not parse (ignored).
     pub fn bad_values(&self) -> u64 {
         self.bad_values

@@ -588,6 +588,7 @@ fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_un
     );
     let (_, effects) = drain(&mut c);
     assert!(c.is_fenced(), "its lease is gone, yet it goes on renewing");
+    assert!(c.was_leased());
     assert_eq!(
         effects,
         vec![Effect::End {
@@ -732,6 +733,7 @@ fn an_unconfirmed_lease_create_fences_rather_than_creating_the_lease_again() {
         assert!(matches!(cmds[0].op, Op::Create(_)) && cmds[0].key == "lease.7");
         c.write_result(ms(250), cmds[0].id, Err(refusal.clone()));
         assert!(c.is_fenced(), "after {refusal:?}");
+        assert!(!c.was_leased(), "the shell pauses before the next incarnation");
         let (cmds, effects) = drain(&mut c);
         assert!(cmds.is_empty(), "no second create: {cmds:?}");
         assert!(

@@ -68,6 +68,9 @@ pub(super) fn spawn(
     (Handle { inputs }, task)
 }
 
+/// How long a gateway whose lease create was not confirmed waits before its next incarnation.
+const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
+
 /// A gateway id for a new incarnation: random, so unique for the life of the bucket with
 /// overwhelming probability (the OS seeds std's hasher keys).
 fn fresh_id() -> GatewayId {
@@ -104,10 +107,22 @@ async fn run(
         loop {
             carry_out(&mut coordinator, &backplane, &broker, &mut writes);
             if coordinator.is_fenced() {
-                tracing::error!(
-                    gateway = id.0,
-                    "this gateway's cluster lease lapsed: its singleton members were ended with UNAVAILABLE; starting a new incarnation"
-                );
+                if coordinator.was_leased() {
+                    tracing::error!(
+                        gateway = id.0,
+                        "this gateway's cluster lease lapsed: its singleton members were ended with UNAVAILABLE; starting a new incarnation"
+                    );
+                } else {
+                    // Never leased: its lease create was not confirmed (NATS unreachable or
+                    // slow), and a create is never repeated. Pause before the next one, so an
+                    // answer that comes at once (no responders) does not make a tight loop.
+                    tracing::warn!(
+                        gateway = id.0,
+                        pause = ?NEW_INCARNATION_PAUSE,
+                        "NATS did not confirm this gateway's cluster lease: its singleton members were ended with UNAVAILABLE; starting a new incarnation after a pause"
+                    );
+                    tokio::time::sleep(NEW_INCARNATION_PAUSE).await;
+                }
                 break;
             }
             if watch.is_none() && opening.is_none() {
