@@ -733,7 +733,10 @@ fn an_unconfirmed_lease_create_fences_rather_than_creating_the_lease_again() {
         assert!(matches!(cmds[0].op, Op::Create(_)) && cmds[0].key == "lease.7");
         c.write_result(ms(250), cmds[0].id, Err(refusal.clone()));
         assert!(c.is_fenced(), "after {refusal:?}");
-        assert!(!c.was_leased(), "the shell pauses before the next incarnation");
+        assert!(
+            !c.was_leased(),
+            "the shell pauses before the next incarnation"
+        );
         let (cmds, effects) = drain(&mut c);
         assert!(cmds.is_empty(), "no second create: {cmds:?}");
         assert!(
