@@ -254,14 +254,7 @@ fn cluster_backplane_nats_delete_markers_expire_and_revisions_still_rise() {
             Some((None, r2)),
             "the deletion is there until it expires"
         );
-        let expired = async {
-            while kv.get("sub.x").await.unwrap().is_some() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(15), expired)
-            .await
-            .expect("the delete marker did not expire within 15 s of a 1 s TTL");
+        await_expired(&kv, "sub.x").await;
         assert_eq!(
             kv.update("sub.x", b("2"), r1).await,
             Err(KvError::WrongRevision {
@@ -319,14 +312,7 @@ fn revisions_rise_after_the_emptied_bucket_restarts(nodes: usize) {
         // A bucket just created may not take writes at once ("no stream found"): retried.
         let r1 = settled(&kv, "sub.x", || kv.create("sub.x", b("1"))).await;
         let r2 = settled(&kv, "sub.x", || kv.delete("sub.x", r1)).await;
-        let expired = async {
-            while kv.get("sub.x").await.unwrap().is_some() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(15), expired)
-            .await
-            .expect("the delete marker did not expire within 15 s of a 1 s TTL");
+        await_expired(&kv, "sub.x").await;
         drop(kv);
         let state = stream_state(&cluster, "KV_emptied").await;
         assert_eq!(
@@ -379,4 +365,17 @@ async fn stream_state(cluster: &NatsCluster, stream: &str) -> async_nats::jetstr
     tokio::time::timeout(FAILOVER, info)
         .await
         .unwrap_or_else(|_| panic!("no info on stream {stream} within {FAILOVER:?}"))
+}
+
+/// Awaits the expiry of `key`'s delete marker (a 1 s TTL): JetStream removes it with no event a
+/// watch or a client could await, so the key is read until it is gone, within 15 s.
+async fn await_expired(kv: &NatsBackplane, key: &str) {
+    let expired = async {
+        while kv.get(key).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), expired)
+        .await
+        .expect("the delete marker did not expire within 15 s of a 1 s TTL");
 }

@@ -621,20 +621,20 @@ impl pb::broker_server::Broker for BrokerService {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let total = drafts.len();
-        if let Some(gateway) = &self.gateway {
-            // Checked up front like the rest: a batch with a message too large for cluster mode
-            // is refused whole.
-            for (i, draft) in drafts.iter().enumerate() {
-                gateway.check_size(draft).map_err(|s| {
-                    Status::new(
-                        s.code(),
-                        format!("message {} of the batch: {}", i + 1, s.message()),
-                    )
-                })?;
-            }
-        }
         let result = match &self.gateway {
-            Some(gateway) => gateway.publish_batch(drafts).await,
+            Some(gateway) => {
+                // Checked up front like the rest: a batch with a message too large for cluster
+                // mode is refused whole.
+                for (i, draft) in drafts.iter().enumerate() {
+                    gateway.check_size(draft).map_err(|s| {
+                        Status::new(
+                            s.code(),
+                            format!("message {} of the batch: {}", i + 1, s.message()),
+                        )
+                    })?;
+                }
+                gateway.publish_batch(drafts).await
+            }
             None => self
                 .broker
                 .publish_batch(drafts)

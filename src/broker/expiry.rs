@@ -95,8 +95,6 @@ impl Broker {
             catalog.by_name.remove(state.core.id());
             catalog.retired = catalog.retired.max(state.core.floors());
             let held = state.core.drain() + std::mem::take(&mut state.held_back).len();
-            state.held_back_bytes = 0;
-            state.held_back_carried = 0;
             self.apply(
                 &mut state,
                 super::Input::Expire { held },

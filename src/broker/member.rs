@@ -162,11 +162,6 @@ pub(crate) struct SubState {
     /// back), with their attempts; queued in id order once the carried ones before them came.
     /// Each with whether it was carried itself (it then waits beyond the window).
     pub(crate) held_back: BTreeMap<SystemId, (crate::core::Message, u32, bool)>,
-    /// Bytes of `held_back` (with the per-message overhead), part of `accounted`: they are in
-    /// no core queue, so the core's footprint does not count them.
-    pub(crate) held_back_bytes: u64,
-    /// How many of `held_back` were carried: those do not take window room.
-    pub(crate) held_back_carried: usize,
     /// When `attempt_floors` (or `owed`) was last set (broker time): past
     /// [`HOLD_BACK_PATIENCE`] the carried messages still missing are not waited for.
     pub(crate) floors_since: std::time::Duration,
@@ -253,11 +248,27 @@ impl SubState {
             effects: Vec::new(),
             attempt_floors: BTreeMap::new(),
             held_back: BTreeMap::new(),
-            held_back_bytes: 0,
-            held_back_carried: 0,
             floors_since: std::time::Duration::ZERO,
             owed: None,
         }
+    }
+
+    /// Bytes of `held_back` (with the per-message overhead), part of `accounted`: they are in
+    /// no core queue, so the core's footprint does not count them. (Empty outside cluster
+    /// mode's hand-overs.)
+    pub(crate) fn held_back_bytes(&self) -> u64 {
+        self.held_back
+            .values()
+            .map(|(m, _, _)| m.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD)
+            .sum()
+    }
+
+    /// How many of `held_back` are not carried (or owed) themselves: those take window room.
+    pub(crate) fn held_back_uncarried(&self) -> usize {
+        self.held_back
+            .values()
+            .filter(|(_, _, carried)| !carried)
+            .count()
     }
 
     /// The effects buffer kept from an earlier publish, empty.

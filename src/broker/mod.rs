@@ -261,7 +261,7 @@ impl Broker {
     /// use: the account never goes over the budget.
     fn account(&self, state: &mut SubState) {
         // Cluster mode: messages held back for order are the subscription's too.
-        let now = state.core.footprint() + state.held_back_bytes;
+        let now = state.core.footprint() + state.held_back_bytes();
         let before = std::mem::replace(&mut state.accounted, now);
         let memory = &self.inner.counters.memory;
         // The common case (a reservation that was exactly used) touches no shared cache line.
@@ -835,7 +835,7 @@ fn view(state: &SubState, now: Duration) -> SubscriptionView {
     // Cluster mode: a message held back for order was pulled and waits here, as queued ones do.
     let held_back = state.held_back.len() as u64;
     let held_back_bytes =
-        state.held_back_bytes - held_back * crate::core::subscription::MESSAGE_OVERHEAD;
+        state.held_back_bytes() - held_back * crate::core::subscription::MESSAGE_OVERHEAD;
     SubscriptionView {
         subscription_id: core.id().clone(),
         spec: core.spec().clone(),

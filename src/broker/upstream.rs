@@ -188,8 +188,6 @@ impl Broker {
             for (id, (_, attempt, _)) in std::mem::take(&mut state.held_back) {
                 taken.push((id, attempt));
             }
-            state.held_back_bytes = 0;
-            state.held_back_carried = 0;
             // What a dead gateway held and has not come back here is JetStream's to redeliver to
             // the next active member's gateway, which counts it again.
             state.owed = None;
@@ -269,8 +267,6 @@ impl Broker {
             let blocked =
                 state.owed.is_some() || state.attempt_floors.range(..system_id).next().is_some();
             if blocked || owed {
-                state.held_back_bytes += share;
-                state.held_back_carried += usize::from(carried);
                 state
                     .held_back
                     .insert(system_id, (message, attempt, carried));
@@ -311,11 +307,8 @@ impl Broker {
             if state.owed.is_some() || state.attempt_floors.range(..*entry.key()).next().is_some() {
                 break;
             }
-            let (system_id, (message, attempt, carried)) = entry.remove_entry();
+            let (system_id, (message, attempt, _)) = entry.remove_entry();
             // From here the core's footprint counts it.
-            state.held_back_bytes -=
-                message.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
-            state.held_back_carried -= usize::from(carried);
             let effects = state.core.enqueue_attempt(message, attempt);
             self.apply(state, Input::Enqueue { system_id }, effects, dead);
         }
@@ -337,7 +330,7 @@ impl Broker {
                 None => 0,
             };
             let allowed = state.core.room() + state.attempt_floors.len() as u64 + owed;
-            let uncarried = state.held_back.len() - state.held_back_carried;
+            let uncarried = state.held_back_uncarried();
             Ok(allowed.saturating_sub(uncarried as u64))
         })
         .ok()

@@ -15,7 +15,7 @@ use crate::{
     gateway,
     harness::{Client, Member, open, singleton, within},
     nats_server::NatsCluster,
-    singleton::line,
+    singleton::{await_line, line},
 };
 
 /// A `tinybroker serve --nats URLS` process with `args`, and a client of it.
@@ -77,12 +77,7 @@ async fn a_gateway_killed_with_sigkill_hands_the_lead_on_within_the_lease() {
     let first = active.confirmed().await;
     let mut standby = on_survivor.subscribe(singleton("killed")).await.unwrap();
     let probe = &cluster.client_urls()[2];
-    within(async {
-        while line(probe, "killed").await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
+    await_line(probe, "killed", 2).await;
     let mut confirmed = Vec::new();
     for n in 0..20 {
         confirmed.push(publish_confirmed(&on_survivor, "jobs.run", &format!("m{n}")).await);
@@ -131,12 +126,7 @@ async fn after_a_sigkill_every_message_the_dead_gateway_held_comes_first_in_orde
     active.confirmed().await;
     let mut standby = on_survivor.subscribe(request).await.unwrap();
     let probe = &cluster.client_urls()[2];
-    within(async {
-        while line(probe, "held").await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
+    await_line(probe, "held", 2).await;
     let mut confirmed = Vec::new();
     for n in 0..12 {
         confirmed.push(publish_confirmed(&on_survivor, "jobs.run", &format!("m{n}")).await);
@@ -242,12 +232,7 @@ async fn held_with_ack_waits_out_of_order(
     let mut standby = None;
     if standby_before_the_kill {
         standby = Some(on_survivor.subscribe(request.clone()).await.unwrap());
-        within(async {
-            while line(probe, subscription).await.len() < 2 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-        .await;
+        await_line(probe, subscription, 2).await;
     }
     // The active member's window is full: its gateway pulls nothing while m0 is taken.
     let mut fill = Vec::new();

@@ -34,12 +34,7 @@ async fn a_clean_close_promotes_the_earliest_standby_on_any_gateway_in_flight_me
     // Join order across gateways is the order the bucket records the joins, a write after
     // each stream opens: A2 joins once B1 is recorded.
     let url = &cluster.client_urls()[2];
-    within(async {
-        while line(url, "leader").await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
+    await_line(url, "leader", 2).await;
     let mut a2 = on_a.subscribe(singleton("leader")).await.unwrap();
 
     let held = on_b.publish("jobs.run", "one").await.system_id;
@@ -97,6 +92,18 @@ async fn a_clean_close_promotes_the_earliest_standby_on_any_gateway_in_flight_me
     let third = on_b.publish("jobs.run", "three").await.system_id;
     let got = a2.message().await;
     assert_eq!((got.system_id, got.epoch), (third, last.epoch));
+}
+
+/// Awaits (within the event bound) the subscription's line holding `members` members: the
+/// bucket records joins a write after each stream opens, so join order across gateways is set
+/// only then.
+pub(crate) async fn await_line(url: &str, subscription: &str, members: usize) {
+    within(async {
+        while line(url, subscription).await.len() < members {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
 }
 
 /// The subscription's line as the coordination bucket holds it.
@@ -205,12 +212,7 @@ async fn a_deposed_members_late_ack_does_not_release_the_promoted_members_copy()
     let mut a1 = on_a.subscribe(singleton("fenced")).await.unwrap();
     a1.confirmed().await;
     let mut b1 = on_b.subscribe(singleton("fenced")).await.unwrap();
-    within(async {
-        while line(&urls[2], "fenced").await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
+    await_line(&urls[2], "fenced", 2).await;
     let held = on_b.publish("jobs.run", "one").await.system_id;
     assert_eq!(a1.message().await.system_id, held);
     let deposed = a1.member_id;
@@ -247,12 +249,7 @@ async fn a_close_during_a_stream_of_messages_keeps_publish_order_for_the_promote
     a1.confirmed().await;
     let mut b1 = on_b.subscribe(singleton("ordered")).await.unwrap();
     let url = &cluster.client_urls()[2];
-    within(async {
-        while line(url, "ordered").await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
+    await_line(url, "ordered", 2).await;
     let publisher = on_b.clone();
     let published = tokio::spawn(async move {
         let mut ids = Vec::with_capacity(COUNT);
@@ -308,12 +305,7 @@ async fn a_message_nacked_before_a_clean_close_reaches_the_promoted_member_with_
     a1.confirmed().await;
     let mut b1 = on_b.subscribe(singleton("counted")).await.unwrap();
     let url = &cluster.client_urls()[2];
-    within(async {
-        while line(url, "counted").await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
+    await_line(url, "counted", 2).await;
     let held = on_b.publish("jobs.run", "one").await.system_id;
     let got = a1.message().await;
     assert_eq!((got.system_id, got.delivery_attempt), (held, 1));
@@ -363,12 +355,7 @@ async fn an_ack_free_singleton_hands_on_what_its_leaving_member_never_got() {
     active.confirmed().await;
     let mut standby = on_b.subscribe(ack_free()).await.unwrap();
     let url = &cluster.client_urls()[2];
-    within(async {
-        while line(url, "firehose").await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
+    await_line(url, "firehose", 2).await;
     // 7.5 MiB: more than HTTP/2 lets the server write to a client that reads nothing (the
     // client's stream window, 2 MiB by default).
     let payload = "x".repeat(64 * 1024);
