@@ -48,6 +48,16 @@ fn value(cmd: &Command) -> SubValue {
     }
 }
 
+/// The watch shows `line` as "jobs"'s value at `revision`.
+fn see_line(c: &mut Coordinator, at: Duration, line: &SubValue, revision: Revision) {
+    c.backplane_changed(
+        at,
+        "sub.jobs",
+        Some(&serde_json::to_vec(line).unwrap()),
+        revision,
+    );
+}
+
 fn uid(g: u64, m: u64) -> MemberUid {
     MemberUid {
         gateway: GatewayId(g),
@@ -146,7 +156,7 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
     let (creates, _) = drain(&mut c);
     assert_eq!(creates.len(), 1);
     // Another gateway's view won: the create fails, the watch shows the line.
-    c.backplane_changed(ms(4), "sub.jobs", Some(&serde_json::to_vec(&v).unwrap()), 9);
+    see_line(&mut c, ms(4), &v, 9);
     c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
     let (cmds, effects) = drain(&mut c);
     assert!(cmds.is_empty(), "nothing to change: {cmds:?}");
@@ -219,12 +229,7 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
         promoted: false,
         took_over: false,
     };
-    c.backplane_changed(
-        ms(11),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&v).unwrap()),
-        9,
-    );
+    see_line(&mut c, ms(11), &v, 9);
     c.write_result(ms(11), creates[0].id, Err(KvError::Exists { current: 9 }));
     let wait = config().dead_after();
     let mut t = ms(11);
@@ -361,12 +366,7 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
         promoted: false,
         took_over: false,
     };
-    c.backplane_changed(
-        ms(4),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&theirs).unwrap()),
-        5,
-    );
+    see_line(&mut c, ms(4), &theirs, 5);
     c.backplane_changed(ms(4), "sub.jobs", None, 6);
     c.write_result(ms(5), creates[0].id, Err(KvError::Exists { current: 5 }));
     let mut rev = 100;
@@ -400,7 +400,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
     let (creates, _) = drain(&mut c);
-    c.backplane_changed(ms(4), "sub.jobs", Some(&serde_json::to_vec(&v).unwrap()), 9);
+    see_line(&mut c, ms(4), &v, 9);
     c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
     drain(&mut c);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3), (42, 2)]);
@@ -455,12 +455,7 @@ fn a_line_whose_deletion_expired_unseen_is_created_again_on_a_refusal_naming_no_
         promoted: false,
         took_over: false,
     };
-    c.backplane_changed(
-        ms(4),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&theirs).unwrap()),
-        5,
-    );
+    see_line(&mut c, ms(4), &theirs, 5);
     // The line emptied and its deletion expired while this watch lagged: it never arrives.
     c.member_joined(ms(6), "jobs", 1);
     let (cmds, _) = drain(&mut c);
@@ -482,12 +477,7 @@ fn a_line_whose_deletion_expired_unseen_is_created_again_on_a_refusal_naming_no_
     assert_eq!(value(&cmds[0]).line, vec![uid(7, 1)]);
     // A refusal naming a value is still waited out on the watch.
     let mut c = leased();
-    c.backplane_changed(
-        ms(4),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&theirs).unwrap()),
-        5,
-    );
+    see_line(&mut c, ms(4), &theirs, 5);
     c.member_joined(ms(6), "jobs", 1);
     let (cmds, _) = drain(&mut c);
     c.write_result(
@@ -522,12 +512,7 @@ fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_n
     };
     c.member_joined(ms(10), "jobs", 1);
     let (creates, _) = drain(&mut c);
-    c.backplane_changed(
-        ms(11),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&v).unwrap()),
-        9,
-    );
+    see_line(&mut c, ms(11), &v, 9);
     c.write_result(ms(11), creates[0].id, Err(KvError::Exists { current: 9 }));
     let at = ms(10) + config().dead_after();
     let mut t = ms(11);
@@ -619,12 +604,7 @@ fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member(
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
     let (creates, _) = drain(&mut c);
-    c.backplane_changed(
-        ms(4),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&before).unwrap()),
-        9,
-    );
+    see_line(&mut c, ms(4), &before, 9);
     c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
     drain(&mut c);
     // 7:1's stream closes; this gateway's write (removing it) races gateway 8's, which took
@@ -640,12 +620,7 @@ fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member(
         promoted: true,
         took_over: true,
     };
-    c.backplane_changed(
-        ms(6),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&taken_over).unwrap()),
-        10,
-    );
+    see_line(&mut c, ms(6), &taken_over, 10);
     c.write_result(
         ms(6),
         cmds[0].id,
@@ -698,12 +673,7 @@ fn a_join_appended_after_a_take_over_keeps_it_marked() {
         promoted: true,
         took_over: true,
     };
-    c.backplane_changed(
-        ms(3),
-        "sub.jobs",
-        Some(&serde_json::to_vec(&taken_over).unwrap()),
-        10,
-    );
+    see_line(&mut c, ms(3), &taken_over, 10);
     c.member_joined(ms(4), "jobs", 1);
     let (cmds, _) = drain(&mut c);
     assert_eq!(cmds.len(), 1, "{cmds:?}");
