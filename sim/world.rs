@@ -279,11 +279,31 @@ impl World {
 
     /// Adds a publisher host that publishes `count` messages, one every `every`.
     pub fn publisher(&mut self, count: usize, start_after: Duration, every: Duration) {
+        self.publisher_in_bursts(count, start_after, every, 1);
+    }
+
+    /// As [`publisher`](Self::publisher), but with `burst` above 1, `burst` messages at a
+    /// time on one `PublishStream`, all sent before any answer is read (the broker reads them
+    /// together and publishes them as one run), one burst every `every`.
+    pub fn publisher_in_bursts(
+        &mut self,
+        count: usize,
+        start_after: Duration,
+        every: Duration,
+        burst: usize,
+    ) {
         let trace = self.trace.clone();
         let seen = self.seen.clone();
         self.to_publish += count;
         self.sim.host("publisher", move || {
-            publisher(count, start_after, every, trace.clone(), seen.clone())
+            let (trace, seen) = (trace.clone(), seen.clone());
+            async move {
+                if burst > 1 {
+                    burst_publisher(count, start_after, every, burst, trace, seen).await
+                } else {
+                    publisher(count, start_after, every, trace, seen).await
+                }
+            }
         });
     }
 
@@ -697,6 +717,78 @@ async fn publisher(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+    trace.line("publisher: done");
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Publishes `count` messages in bursts of `burst` on `PublishStream`s, every answer checked
+/// as a unary publish's is; a refused or unanswered message is sent again in a later burst.
+async fn burst_publisher(
+    count: usize,
+    start_after: Duration,
+    every: Duration,
+    burst: usize,
+    trace: Trace,
+    seen: Rc<RefCell<Seen>>,
+) -> turmoil::Result {
+    tokio::time::sleep(start_after).await;
+    let mut client = connect_retrying("publisher", &trace).await;
+    let mut n = 0;
+    while n < count {
+        let requests: Vec<_> = (n..count.min(n + burst))
+            .map(|i| pb::PublishRequest {
+                topic: TOPIC.into(),
+                payload: format!("job {i}").into_bytes().into(),
+                headers: Default::default(),
+            })
+            .collect();
+        let sent = requests.len();
+        let mut answered = 0;
+        match client.publish_stream(tokio_stream::iter(requests)).await {
+            Ok(answers) => {
+                let mut answers = answers.into_inner();
+                loop {
+                    match answers.message().await {
+                        Ok(Some(answer)) if answer.code == 0 => {
+                            trace.line(format!(
+                                "publisher: published #{} to {} (burst of {sent})",
+                                answer.system_id, answer.queued_for
+                            ));
+                            seen.borrow_mut().record_publish(&pb::PublishResponse {
+                                system_id: answer.system_id,
+                                queued_for: answer.queued_for,
+                            });
+                            answered += 1;
+                        }
+                        Ok(Some(answer)) => trace.line(format!(
+                            "publisher: publish refused: {:?}",
+                            tonic::Code::from(answer.code)
+                        )),
+                        Ok(None) => break,
+                        Err(status) => {
+                            trace.line(format!(
+                                "publisher: publish stream failed: {:?}",
+                                status.code()
+                            ));
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => trace.line(format!(
+                "publisher: publish stream failed: {:?}",
+                status.code()
+            )),
+        }
+        n += answered;
+        let pause = if answered == sent {
+            every
+        } else {
+            Duration::from_millis(100)
+        };
+        tokio::time::sleep(pause).await;
     }
     trace.line("publisher: done");
     std::future::pending::<()>().await;

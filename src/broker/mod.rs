@@ -11,6 +11,8 @@ mod expiry;
 mod logs;
 mod member;
 mod observe;
+mod publish;
+pub use publish::RUN_LIMIT;
 mod timing;
 mod upstream;
 
@@ -466,143 +468,6 @@ impl Broker {
         }
     }
 
-    /// Publishes one message to every subscription whose patterns match its topic.
-    ///
-    /// # Errors
-    /// [`Error::QueueFull`] if any matching subscription is full (then no subscription queues
-    /// it), or [`Error::ShuttingDown`].
-    pub fn publish(&self, draft: Draft) -> Result<Published, Error> {
-        self.check_running()?;
-        let mut dead = DeadLetters::new();
-        let published = {
-            let catalog = read(&self.inner.catalog);
-            let keys = catalog.index.matches(draft.topic());
-            // Key order: every multi-lock acquisition follows it, so publishes cannot deadlock.
-            let mut states: Vec<_> = keys
-                .iter()
-                .filter_map(|key| catalog.by_key.get(key))
-                .map(|cell| Locked::new(cell))
-                .collect();
-            let size = draft.size();
-            let share = size as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
-            let cost = share * states.len() as u64;
-            let mut refusal = self.reserve_memory(cost).err();
-            let reserved = refusal.is_none();
-            for state in &mut states {
-                if let Err(error) = state.core.check_publish(size) {
-                    // Every full subscription counts the refusal; the first one names it.
-                    state.core.note_rejected();
-                    logs::queue_full(state, &error);
-                    refusal.get_or_insert(error);
-                }
-            }
-            if let Some(error) = refusal {
-                if reserved {
-                    self.release_memory(cost);
-                }
-                self.inner
-                    .counters
-                    .rejected_publishes
-                    .fetch_add(1, Ordering::Relaxed);
-                return Err(error);
-            }
-            // Taken while holding every matched lock, so ids increase along every queue.
-            let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
-            let message = draft.into_message(system_id, self.inner.clock.unix_millis());
-            // Fan-out: the frames delivering this message share its encoding (one allocation
-            // per publish, so only when there is more than one subscription to share it).
-            let encoding = (states.len() > 1).then(SharedEncoding::default);
-            let shared = encoding.as_ref().map(|encoding| (system_id, encoding));
-            // One buffer for every subscription's effects, kept by the first between publishes.
-            let mut effects = states
-                .first_mut()
-                .map(|state| state.take_effects_buffer())
-                .unwrap_or_default();
-            for state in &mut states {
-                state.accounted += share;
-                state.core.enqueue_into(message.clone(), &mut effects);
-                let input = Input::Enqueue { system_id };
-                self.apply_sharing(state, input, &mut effects, &mut dead, shared);
-            }
-            if let Some(state) = states.first_mut() {
-                state.keep_effects_buffer(effects);
-            }
-            Published {
-                system_id,
-                queued_for: states.len() as u32,
-            }
-        };
-        self.inner
-            .counters
-            .published
-            .fetch_add(1, Ordering::Relaxed);
-        if published.queued_for == 0 {
-            self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
-        }
-        self.publish_dead_letters(dead);
-        Ok(published)
-    }
-
-    /// Publishes validated messages in order, stopping at the first refusal.
-    ///
-    /// # Errors
-    /// A [`BatchError`] with what was published before the refused message.
-    pub fn publish_batch(&self, drafts: Vec<Draft>) -> Result<Vec<Published>, BatchError> {
-        let mut published = Vec::with_capacity(drafts.len());
-        for draft in drafts {
-            match self.publish(draft) {
-                Ok(p) => published.push(p),
-                Err(error) => return Err(BatchError { published, error }),
-            }
-        }
-        Ok(published)
-    }
-
-    /// Publishes dead letters; each skips the subscription it came from (so a subscription whose
-    /// dead-letter topic matches its own patterns cannot loop) and is dropped and counted where a
-    /// queue is full. Queuing never produces new dead letters, so this does not recurse.
-    fn publish_dead_letters(&self, dead: DeadLetters) {
-        if self.inner.upstream_dead_letters {
-            return;
-        }
-        for (origin, draft) in dead {
-            let catalog = read(&self.inner.catalog);
-            let keys = catalog.index.matches(draft.topic());
-            // As in `publish`: every matched lock first (key order), then the id, so a
-            // concurrent publish cannot queue id N+1 ahead of this dead letter's N and ids keep
-            // increasing along every queue (a consumer deduplicating by high-water mark relies
-            // on it).
-            let mut states: Vec<_> = keys
-                .iter()
-                .filter(|key| **key != origin)
-                .filter_map(|key| catalog.by_key.get(key))
-                .map(|cell| Locked::new(cell))
-                .collect();
-            let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
-            let message = draft.into_message(system_id, self.inner.clock.unix_millis());
-            let mut ignored = DeadLetters::new();
-            if states.is_empty() {
-                self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
-            }
-            let share = message.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
-            for state in &mut states {
-                // A dead letter is not refused back to anyone: where the budget has no room
-                // for it, it is dropped and counted like one that meets a full queue.
-                let effects = if self.reserve_memory(share).is_ok() {
-                    state.accounted += share;
-                    state.core.enqueue_or_drop(message.clone())
-                } else {
-                    state.core.drop_full(system_id)
-                };
-                self.apply(state, Input::Enqueue { system_id }, effects, &mut ignored);
-            }
-            self.inner
-                .counters
-                .published
-                .fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     fn with_subscription<T>(
         &self,
         subscription_id: &str,
@@ -849,5 +714,7 @@ fn view(state: &SubState, now: Duration) -> SubscriptionView {
     }
 }
 
+#[cfg(test)]
+mod publish_tests;
 #[cfg(test)]
 mod tests;

@@ -15,7 +15,13 @@
 
 use std::{collections::BTreeSet, mem::size_of};
 
+use smallvec::SmallVec;
+
 use super::topic::{Pattern, Topic};
+
+/// The keys a topic matches, in key order, each once; up to 16 without a heap allocation (a
+/// publish routes through this once, so its common case allocates nothing).
+pub type Matches<K> = SmallVec<[K; 16]>;
 
 /// What the allocator keeps per allocation beyond the bytes asked for (glibc: an 8-byte header,
 /// chunks rounded up to 16 bytes and at least 32: 8 to 31 bytes).
@@ -414,13 +420,23 @@ impl<K: Ord + Clone> PatternIndex<K> {
 
     /// Every key with at least one pattern matching `topic`, each once, in key order.
     pub fn matches(&self, topic: &Topic) -> BTreeSet<K> {
-        let mut out = BTreeSet::new();
-        Self::walk(&self.root, Some(topic.as_str()), &mut out);
-        out
+        let mut out = Matches::new();
+        self.matches_into(topic, &mut out);
+        out.into_iter().collect()
+    }
+
+    /// What [`matches`](Self::matches) returns, into `out` (cleared first): every key with at
+    /// least one pattern matching `topic`, each once, in key order.
+    pub fn matches_into(&self, topic: &Topic, out: &mut Matches<K>) {
+        out.clear();
+        Self::walk(&self.root, Some(topic.as_str()), out);
+        // A key whose several patterns match is found once per pattern.
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// `topic`: the topic's tokens after this node's path (`None`: it ends here).
-    fn walk(node: &Node<K>, topic: Option<&str>, out: &mut BTreeSet<K>) {
+    fn walk(node: &Node<K>, topic: Option<&str>, out: &mut Matches<K>) {
         let Some(topic) = topic else {
             out.extend(node.exact.iter().cloned());
             return;

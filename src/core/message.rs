@@ -279,4 +279,25 @@ mod tests {
         assert_eq!(m, m.clone());
         assert_ne!(m, message(headers, b"other"));
     }
+
+    // SPEC §6: the size limit counts the envelope and the payload together, and a message of
+    // exactly the limit is accepted (one byte more is refused, naming its size and the limit).
+    #[test]
+    fn a_draft_may_reach_the_size_limit_but_not_pass_it() {
+        use crate::core::{Draft, Error, Limits};
+        let headers: Headers = [("k".into(), "v".into())].into();
+        let envelope = Envelope::new(Topic::parse("a.b").unwrap(), headers);
+        let max = envelope.size() + 10;
+        let limits = Limits {
+            max_message_bytes: max,
+            ..Limits::default()
+        };
+        let draft = Draft::in_envelope(envelope.clone(), &[5; 10], &limits).unwrap();
+        assert_eq!(draft.payload(), &[5; 10]);
+        assert_eq!(draft.size(), max);
+        assert_eq!(
+            Draft::in_envelope(envelope, &[5; 11], &limits).unwrap_err(),
+            Error::MessageTooLarge { size: max + 1, max }
+        );
+    }
 }

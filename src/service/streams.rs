@@ -13,8 +13,7 @@ use tokio_stream::Stream;
 use tonic::{Code, Request, Status, Streaming};
 
 use super::{
-    BrokerService, FrameStream, code, draft_reusing, open_request, publish_one, status,
-    wire::WireFrame,
+    BrokerService, FrameStream, code, draft_reusing, open_request, status, wire::WireFrame,
 };
 use crate::{
     broker::{Broker, Published, Settler},
@@ -22,12 +21,20 @@ use crate::{
         Gateway,
         publish::{Sent, Unconfirmed},
     },
-    core::{AckMode, Envelope, Error, SystemId},
+    core::{AckMode, Draft, Envelope, Error, SystemId},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
     server::{Signal, conn::connection_of},
 };
 
 type FrameResult = Result<WireFrame, Status>;
+
+/// Most `PublishStream` requests read ahead of their answers and published together (one
+/// routing and one round of locks for a run to one topic: [`Broker::publish_each`]).
+const READ_AHEAD: usize = crate::broker::RUN_LIMIT;
+
+/// Read-ahead stops once the requests read hold this many payload and envelope bytes (a single
+/// larger message is still read, alone).
+const READ_AHEAD_BYTES: usize = 64 * 1024;
 
 /// A `Consume` stream: the member's frames, interleaved with refusals of its own settles, ended
 /// by the first terminal status (the broker's, or one about the client's side of the stream).
@@ -151,9 +158,9 @@ fn refused_frame(mut frame: pb::SettleRefused, error: &Error) -> FrameResult {
             refused.message()
         ),
     };
-    Ok(WireFrame::Frame(pb::SubscriptionFrame {
+    Ok(WireFrame::Frame(Box::new(pb::SubscriptionFrame {
         frame: Some(Frame::Refused(frame)),
-    }))
+    })))
 }
 
 impl Stream for ConsumeStream {
@@ -246,9 +253,10 @@ enum Slot {
 /// The responses of a `PublishStream`, one per request, in order, ended with `UNAVAILABLE`
 /// once shutdown starts.
 ///
-/// Each request is published as it is read; a refusal is an answer, not the end of the stream.
-/// Reading and answering in one pass keeps the order and lets HTTP/2 flow control pace a
-/// publisher that does not read its answers.
+/// Requests are published in the order read, a refusal is an answer, not the end of the stream.
+/// The embedded broker reads what has arrived (at most [`READ_AHEAD`] requests, about
+/// [`READ_AHEAD_BYTES`]), publishes it, and answers it before it reads more: the order holds
+/// and HTTP/2 flow control still paces a publisher that does not read its answers.
 pub struct PublishResults {
     broker: Broker,
     /// In cluster mode, where publishes go: each is sent as it is read and answered once
@@ -263,6 +271,14 @@ pub struct PublishResults {
     requests: Streaming<pb::PublishRequest>,
     /// The last envelope built, reused (or its topic) while a publisher keeps to one topic.
     recent: Option<Envelope>,
+    /// Embedded: requests read and validated, not yet published (see [`READ_AHEAD`]).
+    run: Vec<Draft>,
+    /// Embedded: the broker's results for `run`, in order.
+    results: Vec<Result<Published, Error>>,
+    /// Embedded: answers to send, in request order.
+    answers: VecDeque<pb::PublishStreamResponse>,
+    /// Embedded: the final status to end with once `answers` are sent.
+    end_with: Option<Status>,
     /// Completes when shutdown starts. Polled only while no request is ready, so a busy stream
     /// pays nothing for it; a busy stream meets the broker's own refusal instead.
     stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -403,36 +419,91 @@ impl Stream for PublishResults {
         if let Some(gateway) = this.gateway.clone() {
             return this.poll_gateway(&gateway, cx);
         }
-        let request = match Pin::new(&mut this.requests).poll_next(cx) {
-            Poll::Ready(Some(Ok(request))) => request,
-            // Undecodable input or a transport error ends the stream, as before any answer.
-            Poll::Ready(Some(Err(status))) => return this.end(status),
-            Poll::Ready(None) => {
-                this.ended = true;
-                return Poll::Ready(None);
-            }
-            Poll::Pending => {
-                // The client may keep the stream open and idle for ever: without this, shutdown
-                // would wait out the whole drain for it.
-                if this.stopping.as_mut().poll(cx).is_ready() {
-                    return this.end(status(&Error::ShuttingDown));
+        this.poll_embedded(cx)
+    }
+}
+
+impl PublishResults {
+    /// The embedded broker's `poll_next`: reads what the client has sent (up to
+    /// [`READ_AHEAD`] requests or [`READ_AHEAD_BYTES`]), publishes it in order with
+    /// [`Broker::publish_each`] (a run to one topic is routed and locked once), then answers
+    /// each request in order.
+    fn poll_embedded(&mut self, cx: &mut Context<'_>) -> Poll<Option<<Self as Stream>::Item>> {
+        if let Some(answer) = self.answers.pop_front() {
+            return Poll::Ready(Some(Ok(answer)));
+        }
+        if let Some(status) = self.end_with.take() {
+            return self.end(status);
+        }
+        if self.requests_done {
+            self.ended = true;
+            return Poll::Ready(None);
+        }
+        let (mut read, mut bytes) = (0, 0);
+        while read < READ_AHEAD && bytes < READ_AHEAD_BYTES && self.end_with.is_none() {
+            match Pin::new(&mut self.requests).poll_next(cx) {
+                Poll::Ready(Some(Ok(request))) => {
+                    read += 1;
+                    match draft_reusing(request, self.broker.limits(), &mut self.recent) {
+                        Ok(draft) => {
+                            bytes += draft.size();
+                            self.run.push(draft);
+                        }
+                        Err(error) => {
+                            self.publish_run();
+                            if self.end_with.is_none() {
+                                self.answers.push_back(refusal(&status(&error)));
+                            }
+                        }
+                    }
                 }
-                return Poll::Pending;
+                // Undecodable input or a transport error ends the stream once what came
+                // before it is answered.
+                Poll::Ready(Some(Err(status))) => self.end_with = Some(status),
+                Poll::Ready(None) => {
+                    self.requests_done = true;
+                    break;
+                }
+                Poll::Pending => break,
             }
-        };
-        Poll::Ready(Some(Ok(
-            match publish_one(&this.broker, request, &mut this.recent) {
-                Ok(published) => pb::PublishStreamResponse {
-                    system_id: published.system_id,
-                    queued_for: published.queued_for,
-                    code: Code::Ok as i32,
-                    message: String::new(),
-                },
-                // Shutdown ends the stream, however fast the client keeps sending.
-                Err(Error::ShuttingDown) => return this.end(status(&Error::ShuttingDown)),
-                Err(error) => refusal(&status(&error)),
-            },
-        )))
+        }
+        self.publish_run();
+        if let Some(answer) = self.answers.pop_front() {
+            return Poll::Ready(Some(Ok(answer)));
+        }
+        if let Some(status) = self.end_with.take() {
+            return self.end(status);
+        }
+        if self.requests_done {
+            self.ended = true;
+            return Poll::Ready(None);
+        }
+        // The client may keep the stream open and idle for ever: without this, shutdown would
+        // wait out the whole drain for it.
+        if self.stopping.as_mut().poll(cx).is_ready() {
+            return self.end(status(&Error::ShuttingDown));
+        }
+        Poll::Pending
+    }
+
+    /// Publishes `run` and turns the results into answers; shutdown ends the stream after the
+    /// answers before it, however fast the client keeps sending.
+    fn publish_run(&mut self) {
+        if self.run.is_empty() {
+            return;
+        }
+        self.broker
+            .publish_each(self.run.drain(..), &mut self.results);
+        for result in self.results.drain(..) {
+            if self.end_with.is_some() {
+                continue;
+            }
+            match result {
+                Ok(published) => self.answers.push_back(answer(published)),
+                Err(Error::ShuttingDown) => self.end_with = Some(status(&Error::ShuttingDown)),
+                Err(error) => self.answers.push_back(refusal(&status(&error))),
+            }
+        }
     }
 }
 
@@ -470,6 +541,10 @@ pub(super) fn publish_stream(
         requests_done: false,
         requests,
         recent: None,
+        run: Vec::new(),
+        results: Vec::new(),
+        answers: VecDeque::new(),
+        end_with: None,
         stopping: Box::pin(stopping.clone().wait()),
         ended: false,
     }

@@ -48,13 +48,16 @@ pub const MAX_SHARED_ENVELOPE: usize = 512;
 pub enum WireFrame {
     /// A delivered message, written from the broker's message.
     Delivery(Delivery),
-    /// Any other frame, in its protobuf form.
-    Frame(pb::SubscriptionFrame),
+    /// Any other frame, in its protobuf form. Boxed: frames move by value through several
+    /// stream layers on their way to the encoder, and a delivery is a few words where a
+    /// `SubscriptionFrame` is about 150 bytes, so an unboxed one made every delivery's move a
+    /// `memcpy` of that size.
+    Frame(Box<pb::SubscriptionFrame>),
 }
 
 impl Default for WireFrame {
     fn default() -> Self {
-        Self::Frame(pb::SubscriptionFrame::default())
+        Self::Frame(Box::default())
     }
 }
 
@@ -70,7 +73,7 @@ impl WireFrame {
             } => Ok(Self::Delivery(Delivery::new(
                 message, attempt, epoch, shared,
             ))),
-            other => super::frame(other).map(Self::Frame),
+            other => super::frame(other).map(|frame| Self::Frame(Box::new(frame))),
         }
     }
 }
@@ -249,7 +252,7 @@ impl prost::Message for WireFrame {
         ctx: DecodeContext,
     ) -> Result<(), DecodeError> {
         if let Self::Delivery(delivery) = self {
-            *self = Self::Frame(delivery.to_frame());
+            *self = Self::Frame(Box::new(delivery.to_frame()));
         }
         match self {
             Self::Frame(frame) => frame.merge_field(tag, wire_type, buf, ctx),

@@ -22,6 +22,7 @@ mod delivery;
 mod lifecycle;
 mod logs;
 mod metrics;
+mod publish_runs;
 mod singleton;
 mod streams;
 mod tls;

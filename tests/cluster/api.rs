@@ -19,6 +19,8 @@ mod delivery;
 )]
 #[path = "../api/lifecycle.rs"]
 mod lifecycle;
+#[path = "../api/publish_runs.rs"]
+mod publish_runs;
 #[allow(
     dead_code,
     unused_imports,

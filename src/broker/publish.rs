@@ -1,0 +1,216 @@
+//! Publishing: routing a message to the subscriptions whose patterns match its topic, all or
+//! nothing, and dead letters.
+//!
+//! A publish takes the catalog's read lock, routes its topic, locks every matched subscription
+//! (in key order, so concurrent publishes cannot deadlock), takes its id while holding them (so
+//! ids increase along every queue) and queues it in each. [`Broker::publish_each`] does the
+//! same for a run of messages to one topic with one routing and one round of locking: each
+//! message is still checked, refused or queued on its own, with its own id, in order.
+
+use smallvec::SmallVec;
+
+use super::{BatchError, Broker, DeadLetters, Input, Published, SharedEncoding, member::Locked};
+use crate::{
+    core::{Draft, Error, index::Matches, subscription::MESSAGE_OVERHEAD},
+    sync::{Ordering, read},
+};
+
+/// Most messages [`Broker::publish_each`] queues under one round of locks: while it holds them,
+/// the matched subscriptions' streams wait to take their frames.
+pub const RUN_LIMIT: usize = 64;
+
+impl Broker {
+    /// Publishes one message to every subscription whose patterns match its topic.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`] if any matching subscription is full (then no subscription queues
+    /// it), or [`Error::ShuttingDown`].
+    pub fn publish(&self, draft: Draft) -> Result<Published, Error> {
+        self.check_running()?;
+        let mut dead = DeadLetters::new();
+        let published = {
+            let catalog = read(&self.inner.catalog);
+            let mut keys = Matches::new();
+            catalog.index.matches_into(draft.topic(), &mut keys);
+            // Key order: every multi-lock acquisition follows it, so publishes cannot deadlock.
+            let mut states: SmallVec<[Locked; 16]> = keys
+                .iter()
+                .filter_map(|key| catalog.by_key.get(key))
+                .map(|cell| Locked::new(cell))
+                .collect();
+            self.publish_locked(&mut states, draft, &mut dead)
+        };
+        self.publish_dead_letters(dead);
+        published
+    }
+
+    /// Publishes `drafts` in order, each exactly as [`publish`](Self::publish) would (its own
+    /// check, id, refusal and result, pushed to `results` in order), but a run of consecutive
+    /// drafts to one topic is routed once and queued under one round of locks (at most
+    /// [`RUN_LIMIT`] drafts a round). A refusal does not stop the rest; once the broker is
+    /// shutting down, every draft left is refused with [`Error::ShuttingDown`].
+    pub fn publish_each(
+        &self,
+        drafts: impl IntoIterator<Item = Draft>,
+        results: &mut Vec<Result<Published, Error>>,
+    ) {
+        let mut drafts = drafts.into_iter().peekable();
+        while let Some(first) = drafts.next() {
+            if let Err(error) = self.check_running() {
+                results.push(Err(error));
+                continue;
+            }
+            let mut dead = DeadLetters::new();
+            {
+                let catalog = read(&self.inner.catalog);
+                let mut keys = Matches::new();
+                catalog.index.matches_into(first.topic(), &mut keys);
+                let mut states: SmallVec<[Locked; 16]> = keys
+                    .iter()
+                    .filter_map(|key| catalog.by_key.get(key))
+                    .map(|cell| Locked::new(cell))
+                    .collect();
+                let topic = first.topic().clone();
+                let mut next = Some(first);
+                let mut taken = 0;
+                while let Some(draft) = next.take() {
+                    // Checked per message: shutdown may start while this round holds the locks
+                    // (it then waits for them to end the subscriptions' outlets).
+                    let published = self
+                        .check_running()
+                        .and_then(|()| self.publish_locked(&mut states, draft, &mut dead));
+                    results.push(published);
+                    taken += 1;
+                    if taken < RUN_LIMIT {
+                        next = drafts.next_if(|draft| *draft.topic() == topic);
+                    }
+                }
+            }
+            self.publish_dead_letters(dead);
+        }
+    }
+
+    /// One publish to the subscriptions in `states`, locked by the caller in key order.
+    fn publish_locked(
+        &self,
+        states: &mut [Locked],
+        draft: Draft,
+        dead: &mut DeadLetters,
+    ) -> Result<Published, Error> {
+        let size = draft.size();
+        let share = size as u64 + MESSAGE_OVERHEAD;
+        let cost = share * states.len() as u64;
+        let mut refusal = self.reserve_memory(cost).err();
+        let reserved = refusal.is_none();
+        for state in states.iter_mut() {
+            if let Err(error) = state.core.check_publish(size) {
+                // Every full subscription counts the refusal; the first one names it.
+                state.core.note_rejected();
+                super::logs::queue_full(state, &error);
+                refusal.get_or_insert(error);
+            }
+        }
+        if let Some(error) = refusal {
+            if reserved {
+                self.release_memory(cost);
+            }
+            self.inner
+                .counters
+                .rejected_publishes
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(error);
+        }
+        // Taken while holding every matched lock, so ids increase along every queue.
+        let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let message = draft.into_message(system_id, self.inner.clock.unix_millis());
+        // Fan-out: the frames delivering this message share its encoding (one allocation per
+        // publish, so only when there is more than one subscription to share it).
+        let encoding = (states.len() > 1).then(SharedEncoding::default);
+        let shared = encoding.as_ref().map(|encoding| (system_id, encoding));
+        // One buffer for every subscription's effects, kept by the first between publishes.
+        let mut effects = states
+            .first_mut()
+            .map(|state| state.take_effects_buffer())
+            .unwrap_or_default();
+        for state in states.iter_mut() {
+            state.accounted += share;
+            state.core.enqueue_into(message.clone(), &mut effects);
+            let input = Input::Enqueue { system_id };
+            self.apply_sharing(state, input, &mut effects, dead, shared);
+        }
+        if let Some(state) = states.first_mut() {
+            state.keep_effects_buffer(effects);
+        }
+        self.inner
+            .counters
+            .published
+            .fetch_add(1, Ordering::Relaxed);
+        if states.is_empty() {
+            self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Published {
+            system_id,
+            queued_for: states.len() as u32,
+        })
+    }
+    /// Publishes validated messages in order, stopping at the first refusal.
+    ///
+    /// # Errors
+    /// A [`BatchError`] with what was published before the refused message.
+    pub fn publish_batch(&self, drafts: Vec<Draft>) -> Result<Vec<Published>, BatchError> {
+        let mut published = Vec::with_capacity(drafts.len());
+        for draft in drafts {
+            match self.publish(draft) {
+                Ok(p) => published.push(p),
+                Err(error) => return Err(BatchError { published, error }),
+            }
+        }
+        Ok(published)
+    }
+
+    /// Publishes dead letters; each skips the subscription it came from (so a subscription whose
+    /// dead-letter topic matches its own patterns cannot loop) and is dropped and counted where a
+    /// queue is full. Queuing never produces new dead letters, so this does not recurse.
+    pub(super) fn publish_dead_letters(&self, dead: DeadLetters) {
+        if self.inner.upstream_dead_letters {
+            return;
+        }
+        for (origin, draft) in dead {
+            let catalog = read(&self.inner.catalog);
+            let mut keys = Matches::new();
+            catalog.index.matches_into(draft.topic(), &mut keys);
+            // As in `publish`: every matched lock first (key order), then the id, so a
+            // concurrent publish cannot queue id N+1 ahead of this dead letter's N and ids keep
+            // increasing along every queue (a consumer deduplicating by high-water mark relies
+            // on it).
+            let mut states: Vec<_> = keys
+                .iter()
+                .filter(|key| **key != origin)
+                .filter_map(|key| catalog.by_key.get(key))
+                .map(|cell| Locked::new(cell))
+                .collect();
+            let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
+            let message = draft.into_message(system_id, self.inner.clock.unix_millis());
+            let mut ignored = DeadLetters::new();
+            if states.is_empty() {
+                self.inner.counters.unrouted.fetch_add(1, Ordering::Relaxed);
+            }
+            let share = message.size() as u64 + MESSAGE_OVERHEAD;
+            for state in &mut states {
+                // A dead letter is not refused back to anyone: where the budget has no room
+                // for it, it is dropped and counted like one that meets a full queue.
+                let effects = if self.reserve_memory(share).is_ok() {
+                    state.accounted += share;
+                    state.core.enqueue_or_drop(message.clone())
+                } else {
+                    state.core.drop_full(system_id)
+                };
+                self.apply(state, Input::Enqueue { system_id }, effects, &mut ignored);
+            }
+            self.inner
+                .counters
+                .published
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
