@@ -38,7 +38,8 @@ impl Broker {
                 .filter_map(|key| catalog.by_key.get(key))
                 .map(|cell| Locked::new(cell))
                 .collect();
-            self.publish_locked(&mut states, draft, &mut dead)
+            let now_ms = self.inner.clock.unix_millis();
+            self.publish_locked(&mut states, draft, now_ms, &mut dead)
         };
         self.publish_dead_letters(dead);
         published
@@ -47,8 +48,9 @@ impl Broker {
     /// Publishes `drafts` in order, each exactly as [`publish`](Self::publish) would (its own
     /// check, id, refusal and result, pushed to `results` in order), but a run of consecutive
     /// drafts to one topic is routed once and queued under one round of locks (at most
-    /// [`RUN_LIMIT`] drafts a round). A refusal does not stop the rest; once the broker is
-    /// shutting down, every draft left is refused with [`Error::ShuttingDown`].
+    /// [`RUN_LIMIT`] drafts a round), and its messages share one publish time (the clock is
+    /// read once a round). A refusal does not stop the rest; once the broker is shutting down,
+    /// every draft left is refused with [`Error::ShuttingDown`].
     pub fn publish_each(
         &self,
         drafts: impl IntoIterator<Item = Draft>,
@@ -71,6 +73,8 @@ impl Broker {
                     .map(|cell| Locked::new(cell))
                     .collect();
                 let topic = first.topic().clone();
+                // One publish time for the run (it holds its locks for microseconds).
+                let now_ms = self.inner.clock.unix_millis();
                 let mut next = Some(first);
                 let mut taken = 0;
                 while let Some(draft) = next.take() {
@@ -78,7 +82,7 @@ impl Broker {
                     // (it then waits for them to end the subscriptions' outlets).
                     let published = self
                         .check_running()
-                        .and_then(|()| self.publish_locked(&mut states, draft, &mut dead));
+                        .and_then(|()| self.publish_locked(&mut states, draft, now_ms, &mut dead));
                     results.push(published);
                     taken += 1;
                     if taken < RUN_LIMIT {
@@ -90,11 +94,13 @@ impl Broker {
         }
     }
 
-    /// One publish to the subscriptions in `states`, locked by the caller in key order.
+    /// One publish to the subscriptions in `states`, locked by the caller in key order, at
+    /// `now_ms` (Unix milliseconds).
     fn publish_locked(
         &self,
         states: &mut [Locked],
         draft: Draft,
+        now_ms: u64,
         dead: &mut DeadLetters,
     ) -> Result<Published, Error> {
         let size = draft.size();
@@ -122,7 +128,7 @@ impl Broker {
         }
         // Taken while holding every matched lock, so ids increase along every queue.
         let system_id = self.inner.last_system_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let message = draft.into_message(system_id, self.inner.clock.unix_millis());
+        let message = draft.into_message(system_id, now_ms);
         // Fan-out: the frames delivering this message share its encoding (one allocation per
         // publish, so only when there is more than one subscription to share it).
         let encoding = (states.len() > 1).then(SharedEncoding::default);
