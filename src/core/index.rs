@@ -61,12 +61,18 @@ impl<K> std::fmt::Debug for PatternIndex<K> {
     }
 }
 
-/// FxHash over the token's bytes, eight at a time: fast for short tokens, and the same in every
-/// run, so the order of a node's children never depends on the process. Colliding tokens still
-/// cost a binary search, not a scan: children are ordered by the token after the hash.
+/// A hash of the token's bytes, eight at a time, each word mixed in by a folded multiply (the
+/// 128-bit product's halves xored): fast for short tokens, and the same in every run, so the
+/// order of a node's children never depends on the process. Colliding tokens still cost a
+/// binary search, not a scan: children are ordered by the token after the hash. (A plain
+/// FxHash mix, rotate-xor-multiply, kept a word's high-byte differences out of the low bits
+/// and gave 400 collisions among 10,000 tokens `tenant-0`..`tenant-9999`.)
 fn token_hash(token: &str) -> u64 {
     const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-    let mix = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(SEED);
+    let mix = |h: u64, word: u64| {
+        let product = u128::from(h ^ word) * u128::from(SEED);
+        (product as u64) ^ ((product >> 64) as u64)
+    };
     let mut hash = token.len() as u64;
     let mut chunks = token.as_bytes().chunks_exact(8);
     for chunk in &mut chunks {

@@ -294,6 +294,7 @@ mod tests {
         };
         let draft = Draft::in_envelope(envelope.clone(), &[5; 10], &limits).unwrap();
         assert_eq!(draft.payload(), &[5; 10]);
+        assert_eq!(draft.payload_bytes(), Bytes::from_static(&[5; 10]));
         assert_eq!(draft.size(), max);
         assert_eq!(
             Draft::in_envelope(envelope, &[5; 11], &limits).unwrap_err(),
