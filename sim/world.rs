@@ -26,6 +26,8 @@ use crate::{checker::Checker, clock::SimClock, net, rng::Rng, trace::Trace};
 const BROKER: &str = "broker";
 /// The topic replicas subscribe to and the publisher publishes on.
 pub const TOPIC: &str = "jobs.tick";
+/// A second topic of the subscriptions' pattern (`jobs.*`), for bursts that switch topics.
+pub const OTHER_TOPIC: &str = "jobs.tock";
 
 /// What a replica does with a message it receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,7 +286,9 @@ impl World {
 
     /// As [`publisher`](Self::publisher), but with `burst` above 1, `burst` messages at a
     /// time on one `PublishStream`, all sent before any answer is read (the broker reads them
-    /// together and publishes them as one run), one burst every `every`.
+    /// together and publishes them in runs), to two topics of the subscription's pattern in
+    /// turns of three (so a burst holds several runs), at the same average rate (a burst every
+    /// `burst` times `every`, so the faults still land while it publishes).
     pub fn publisher_in_bursts(
         &mut self,
         count: usize,
@@ -724,7 +728,9 @@ async fn publisher(
 }
 
 /// Publishes `count` messages in bursts of `burst` on `PublishStream`s, every answer checked
-/// as a unary publish's is; a refused or unanswered message is sent again in a later burst.
+/// as a unary publish's is; a refused or unanswered message is sent again in a later burst. A
+/// stream the broker ends cleanly must have answered every request (a published message whose
+/// answer went missing is a violation).
 async fn burst_publisher(
     count: usize,
     start_after: Duration,
@@ -739,19 +745,21 @@ async fn burst_publisher(
     while n < count {
         let requests: Vec<_> = (n..count.min(n + burst))
             .map(|i| pb::PublishRequest {
-                topic: TOPIC.into(),
+                topic: if (i / 3) % 2 == 0 { TOPIC } else { OTHER_TOPIC }.into(),
                 payload: format!("job {i}").into_bytes().into(),
                 headers: Default::default(),
             })
             .collect();
         let sent = requests.len();
         let mut answered = 0;
+        let mut answers_seen = 0;
         match client.publish_stream(tokio_stream::iter(requests)).await {
             Ok(answers) => {
                 let mut answers = answers.into_inner();
                 loop {
                     match answers.message().await {
                         Ok(Some(answer)) if answer.code == 0 => {
+                            answers_seen += 1;
                             trace.line(format!(
                                 "publisher: published #{} to {} (burst of {sent})",
                                 answer.system_id, answer.queued_for
@@ -762,11 +770,21 @@ async fn burst_publisher(
                             });
                             answered += 1;
                         }
-                        Ok(Some(answer)) => trace.line(format!(
-                            "publisher: publish refused: {:?}",
-                            tonic::Code::from(answer.code)
-                        )),
-                        Ok(None) => break,
+                        Ok(Some(answer)) => {
+                            answers_seen += 1;
+                            trace.line(format!(
+                                "publisher: publish refused: {:?}",
+                                tonic::Code::from(answer.code)
+                            ));
+                        }
+                        Ok(None) => {
+                            if answers_seen != sent {
+                                seen.borrow_mut().violations.push(format!(
+                                    "a PublishStream ended cleanly after answering {answers_seen} of {sent} requests"
+                                ));
+                            }
+                            break;
+                        }
                         Err(status) => {
                             trace.line(format!(
                                 "publisher: publish stream failed: {:?}",
@@ -784,7 +802,7 @@ async fn burst_publisher(
         }
         n += answered;
         let pause = if answered == sent {
-            every
+            every * sent as u32
         } else {
             Duration::from_millis(100)
         };

@@ -19,6 +19,16 @@ use crate::{
 /// the matched subscriptions' streams wait to take their frames.
 pub const RUN_LIMIT: usize = 64;
 
+/// Most queue insertions (messages times matched subscriptions) under one round of locks, so a
+/// round's hold stays short however widely a topic fans out: 64 messages to one subscription,
+/// 32 to eight, one at a time to 256 or more.
+pub const ROUND_INSERTIONS: usize = 256;
+
+/// How many messages of a run one round queues when they match `matched` subscriptions.
+pub fn round_len(matched: usize) -> usize {
+    (ROUND_INSERTIONS / matched.max(1)).clamp(1, RUN_LIMIT)
+}
+
 impl Broker {
     /// Publishes one message to every subscription whose patterns match its topic.
     ///
@@ -48,7 +58,7 @@ impl Broker {
     /// Publishes `drafts` in order, each exactly as [`publish`](Self::publish) would (its own
     /// check, id, refusal and result, pushed to `results` in order), but a run of consecutive
     /// drafts to one topic is routed once and queued under one round of locks (at most
-    /// [`RUN_LIMIT`] drafts a round), and its messages share one publish time (the clock is
+    /// [`round_len`] drafts a round), and its messages share one publish time (the clock is
     /// read once a round). A refusal does not stop the rest; once the broker is shutting down,
     /// every draft left is refused with [`Error::ShuttingDown`].
     pub fn publish_each(
@@ -73,8 +83,9 @@ impl Broker {
                     .map(|cell| Locked::new(cell))
                     .collect();
                 let topic = first.topic().clone();
-                // One publish time for the run (it holds its locks for microseconds).
+                // One publish time for the round (its hold is bounded by `round_len`).
                 let now_ms = self.inner.clock.unix_millis();
+                let round = round_len(states.len());
                 let mut next = Some(first);
                 let mut taken = 0;
                 while let Some(draft) = next.take() {
@@ -85,7 +96,7 @@ impl Broker {
                         .and_then(|()| self.publish_locked(&mut states, draft, now_ms, &mut dead));
                     results.push(published);
                     taken += 1;
-                    if taken < RUN_LIMIT {
+                    if taken < round {
                         next = drafts.next_if(|draft| *draft.topic() == topic);
                     }
                 }

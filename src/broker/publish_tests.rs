@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     clock::VirtualClock,
-    core::{MemberOptions, Pattern, Topic},
+    core::{AckMode, MemberOptions, Overflow, Pattern, Topic},
 };
 
 fn broker(limits: Limits) -> Broker {
@@ -113,6 +113,21 @@ async fn a_run_longer_than_one_round_of_locks_is_published_whole_and_in_order() 
     assert_eq!(received(&mut member, count).await, ids);
 }
 
+// A round's hold is bounded by its insertions: fewer messages a round the wider the fan-out,
+// never none.
+#[test]
+fn a_round_queues_fewer_messages_the_more_subscriptions_match() {
+    use super::publish::{ROUND_INSERTIONS, round_len};
+    assert_eq!(round_len(0), RUN_LIMIT);
+    assert_eq!(round_len(1), RUN_LIMIT);
+    assert_eq!(round_len(8), 32);
+    assert_eq!(round_len(ROUND_INSERTIONS), 1);
+    assert_eq!(round_len(10 * ROUND_INSERTIONS), 1);
+    for matched in 1..2 * ROUND_INSERTIONS {
+        assert!(round_len(matched) * matched <= ROUND_INSERTIONS.max(matched));
+    }
+}
+
 // Shutdown refuses every publish of a run, as it refuses a single one.
 #[tokio::test]
 async fn a_run_after_shutdown_is_refused_whole() {
@@ -162,29 +177,50 @@ async fn concurrent_runs_keep_ids_rising_along_every_queue() {
     );
 }
 
+/// A queue subscription with a poison policy (two attempts, then `dead.x`).
+fn spec_request(id: &str, pattern: &str, overflow: Overflow, ack_mode: AckMode) -> OpenRequest {
+    let mut request = request(id, pattern, 3);
+    request.spec.max_delivery_attempts = 2;
+    request.spec.dead_letter_topic = Some(Topic::parse("dead.x").unwrap());
+    request.spec.ack_mode = ack_mode;
+    request.spec.overflow = overflow;
+    request
+}
+
 proptest! {
-    // The run is an optimisation only: any sequence of topics and sizes, against queue limits
-    // by count and by bytes, gets the same answers and counters from `publish_each` as from
-    // `publish` called once per draft on an identical broker.
+    // The run is an optimisation only: any sequence of topics and sizes gets the same answers,
+    // counters, depths and totals from `publish_each` as from `publish` called once per draft
+    // on an identical broker, against queue limits by count and bytes, the memory budget, the
+    // drop-oldest policy, ack-free delivery and a dead-letter topic that is itself published to.
     #[test]
     fn publish_each_answers_and_counts_as_publishing_one_by_one(
-        drafts in proptest::collection::vec((0usize..3, 0usize..400), 0..150),
+        drafts in proptest::collection::vec((0usize..4, 0usize..2_000), 0..150),
+        budget in 20_000u64..80_000,
     ) {
         let limits = Limits {
             max_queue_messages: 20,
-            max_queue_bytes: 4_000,
+            max_queue_bytes: 8_000,
+            max_memory_bytes: budget,
             ..Limits::default()
         };
-        let topics = ["t.a", "t.b", "u.a"];
-        let requests = [("a", "t.a"), ("any", "t.*"), ("all", ">"), ("u", "u.a")];
+        let topics = ["t.a", "t.b", "u.a", "dead.x"];
+        let requests = [
+            ("a", "t.a", Overflow::RejectPublish, AckMode::Explicit),
+            ("drop", "t.*", Overflow::DropOldest, AckMode::Explicit),
+            ("free", ">", Overflow::DropOldest, AckMode::None),
+            ("u", "u.a", Overflow::RejectPublish, AckMode::None),
+        ];
         let one_by_one = broker(limits.clone());
         let in_runs = broker(limits);
         let _members: Vec<_> = [&one_by_one, &in_runs]
             .iter()
-            .flat_map(|b| requests.iter().map(|(id, p)| b.open(&request(id, p, 3), None).unwrap()))
+            .flat_map(|b| {
+                requests
+                    .iter()
+                    .map(|(id, p, o, a)| b.open(&spec_request(id, p, *o, *a), None).unwrap())
+            })
             .collect();
         let make = || drafts.iter().map(|&(t, len)| draft(topics[t], len)).collect::<Vec<_>>();
-        // Ids compared from each broker's floor (where a broker's ids start can differ).
         let relative = |broker: &Broker, results: Vec<Result<Published, Error>>| {
             let floor = broker.id_floor().last_system_id();
             results
@@ -193,16 +229,117 @@ proptest! {
                 .collect::<Vec<_>>()
         };
         let expected: Vec<_> = make().into_iter().map(|d| one_by_one.publish(d)).collect();
-        prop_assert_eq!(
-            relative(&in_runs, publish_each(&in_runs, make())),
-            relative(&one_by_one, expected)
-        );
-        for (id, _) in requests {
+        let mut got = Vec::new();
+        in_runs.publish_each(make(), &mut got);
+        prop_assert_eq!(relative(&in_runs, got), relative(&one_by_one, expected));
+        for (id, ..) in requests {
             let want = one_by_one.describe(id).unwrap();
             let got = in_runs.describe(id).unwrap();
             prop_assert_eq!(got.counters, want.counters);
-            prop_assert_eq!((got.queued_messages, got.queued_bytes, got.in_flight), (want.queued_messages, want.queued_bytes, want.in_flight));
+            prop_assert_eq!(
+                (got.queued_messages, got.queued_bytes, got.in_flight),
+                (want.queued_messages, want.queued_bytes, want.in_flight)
+            );
         }
         prop_assert_eq!(in_runs.list().1, one_by_one.list().1);
+    }
+}
+
+// Runs on one thread, single publishes on another, and subscriptions opened and dropped on a
+// third: ids rise along every queue, each thread's messages keep their order in every queue,
+// and the long-lived subscriber gets everything that was answered.
+#[test]
+fn runs_singles_and_churning_subscriptions_keep_ids_rising_along_every_queue() {
+    const ROUNDS: usize = 300;
+    let b = broker(Limits {
+        max_queue_messages: 1_000_000,
+        max_queue_bytes: u64::MAX / 4,
+        max_memory_bytes: u64::MAX / 4,
+        ..Limits::default()
+    });
+    let mut all = b
+        .open(
+            &spec_request("all", "t.*", Overflow::RejectPublish, AckMode::None),
+            None,
+        )
+        .unwrap();
+    let answered = std::sync::Mutex::new(Vec::new());
+    let churned = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let (b, answered, churned) = (&b, &answered, &churned);
+        scope.spawn(move || {
+            for round in 0..ROUNDS {
+                let mut results = Vec::new();
+                let topics = ["t.x", "t.x", "t.x", "t.y", "t.y", "t.x"];
+                b.publish_each(topics.iter().map(|t| draft(t, round % 50)), &mut results);
+                answered
+                    .lock()
+                    .unwrap()
+                    .extend(results.into_iter().map(|r| (0, r.unwrap().system_id)));
+            }
+        });
+        scope.spawn(move || {
+            for round in 0..ROUNDS * 3 {
+                let topic = if round % 2 == 0 { "t.x" } else { "t.y" };
+                let id = b.publish(draft(topic, 10)).unwrap().system_id;
+                answered.lock().unwrap().push((1, id));
+            }
+        });
+        scope.spawn(move || {
+            for round in 0..ROUNDS / 3 {
+                let id = format!("churn{round}");
+                let mut m = b
+                    .open(
+                        &spec_request(&id, "t.x", Overflow::DropOldest, AckMode::None),
+                        None,
+                    )
+                    .unwrap();
+                std::thread::yield_now();
+                let mut ids = Vec::new();
+                while let Some(frame) = m.try_next() {
+                    if let Outbound::Message { message, .. } = frame {
+                        ids.push(message.system_id());
+                    }
+                }
+                churned.lock().unwrap().push(ids);
+                drop(m);
+            }
+        });
+    });
+    let mut ids = Vec::new();
+    let total = answered.lock().unwrap().len();
+    while ids.len() < total {
+        match all.try_next() {
+            Some(Outbound::Message { message, .. }) => ids.push(message.system_id()),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert_eq!(
+        ids.len(),
+        total,
+        "the subscriber of t.* got {} of {total}",
+        ids.len()
+    );
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids out of order along the queue"
+    );
+    // Each publisher's answers rise, and the queue holds them in its answer order.
+    for publisher in [0, 1] {
+        let mine: Vec<_> = answered
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| *p == publisher)
+            .map(|(_, id)| *id)
+            .collect();
+        assert!(mine.windows(2).all(|w| w[0] < w[1]));
+    }
+    for seen in churned.lock().unwrap().iter() {
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "churned queue out of order {seen:?}"
+        );
     }
 }

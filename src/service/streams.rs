@@ -88,7 +88,7 @@ impl ConsumeStream {
                 }
                 // Undecodable input or a transport error: the member leaves; nothing is lost.
                 Some(Err(error)) => {
-                    self.terminal = Some(error);
+                    self.terminal = Some(oversize_as_resource_exhausted(error));
                     return;
                 }
                 None if self.ack_free => {
@@ -374,7 +374,9 @@ impl PublishResults {
             }
             let request = match Pin::new(&mut self.requests).poll_next(cx) {
                 Poll::Ready(Some(Ok(request))) => request,
-                Poll::Ready(Some(Err(status))) => return self.end(status),
+                Poll::Ready(Some(Err(status))) => {
+                    return self.end(oversize_as_resource_exhausted(status));
+                }
                 Poll::Ready(None) => {
                     self.requests_done = true;
                     continue;
@@ -458,8 +460,12 @@ impl PublishResults {
                     }
                 }
                 // Undecodable input or a transport error ends the stream once what came
-                // before it is answered.
-                Poll::Ready(Some(Err(status))) => self.end_with = Some(status),
+                // before it is answered (published first, so its answers come before the end).
+                Poll::Ready(Some(Err(status))) => {
+                    self.publish_run();
+                    self.end_with
+                        .get_or_insert(oversize_as_resource_exhausted(status));
+                }
                 Poll::Ready(None) => {
                     self.requests_done = true;
                     break;
@@ -487,20 +493,25 @@ impl PublishResults {
     }
 
     /// Publishes `run` and turns the results into answers; shutdown ends the stream after the
-    /// answers before it, however fast the client keeps sending.
+    /// answers before it, however fast the client keeps sending (what comes after the first
+    /// `ShuttingDown` was refused with it too, unanswered).
     fn publish_run(&mut self) {
         if self.run.is_empty() {
             return;
         }
         self.broker
             .publish_each(self.run.drain(..), &mut self.results);
+        let mut shutting_down = false;
         for result in self.results.drain(..) {
-            if self.end_with.is_some() {
+            if shutting_down {
                 continue;
             }
             match result {
                 Ok(published) => self.answers.push_back(answer(published)),
-                Err(Error::ShuttingDown) => self.end_with = Some(status(&Error::ShuttingDown)),
+                Err(Error::ShuttingDown) => {
+                    shutting_down = true;
+                    self.end_with = Some(status(&Error::ShuttingDown));
+                }
                 Err(error) => self.answers.push_back(refusal(&status(&error))),
             }
         }
@@ -547,5 +558,20 @@ pub(super) fn publish_stream(
         end_with: None,
         stopping: Box::pin(stopping.clone().wait()),
         ended: false,
+    }
+}
+
+/// A request stream's error as the stream's final status. Tonic's decoder refuses a request
+/// over `max_request_bytes` with `OUT_OF_RANGE`; SPEC §6 (and gRPC convention for size limits)
+/// says `RESOURCE_EXHAUSTED`. A unary call's status is rewritten in its response headers
+/// (`server::oversize`); a stream's travels in its trailers, so it is mapped here.
+fn oversize_as_resource_exhausted(status: Status) -> Status {
+    if status.code() == Code::OutOfRange {
+        Status::resource_exhausted(format!(
+            "request is larger than the max_request_bytes limit (messages are limited to max_message_bytes): {}",
+            status.message()
+        ))
+    } else {
+        status
     }
 }

@@ -5,7 +5,7 @@
 
 use tinybroker::pb::{self, DeliveryMode};
 use tokio_stream::StreamExt;
-use tonic::Code;
+use tonic::{Code, transport::Channel};
 
 use crate::harness::*;
 
@@ -142,4 +142,145 @@ async fn a_large_message_inside_a_burst_of_small_ones_keeps_its_place() {
         let size = if i == large as usize { 512 * 1024 } else { 4 };
         assert_eq!(message.payload.len(), size, "message {i}");
     }
+}
+
+/// A `PublishRequest` on the wire, with the topic as raw bytes (so it can be made undecodable:
+/// a `string` field that is not UTF-8).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    topic: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    payload: Vec<u8>,
+}
+
+/// Sends `requests` on one `PublishStream` at once; the answers before the stream ended and
+/// how it ended.
+async fn raw_burst(
+    server: &TestServer,
+    requests: Vec<RawRequest>,
+) -> (Vec<pb::PublishStreamResponse>, Option<tonic::Status>) {
+    let channel = Channel::from_shared(format!("http://{}", server.publish_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<RawRequest, pb::PublishStreamResponse>::default();
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/tinybroker.v1.Broker/PublishStream");
+    within(async move {
+        let mut stream = grpc
+            .streaming(
+                tonic::Request::new(tokio_stream::iter(requests)),
+                path,
+                codec,
+            )
+            .await
+            .unwrap()
+            .into_inner();
+        let mut answers = Vec::new();
+        loop {
+            match stream.next().await {
+                Some(Ok(answer)) => answers.push(answer),
+                Some(Err(status)) => return (answers, Some(status)),
+                None => return (answers, None),
+            }
+        }
+    })
+    .await
+}
+
+// Ten valid publishes then one undecodable request (a topic that is not UTF-8), sent in one
+// burst: the stream ends with the decoder's error, but only after answering the ten it
+// published (the subscriber receives all ten, so the publisher must hear of all ten).
+#[tokio::test]
+async fn undecodable_input_after_a_burst_still_answers_what_was_published() {
+    const VALID: usize = 10;
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut sub = reader(&client, "undecodable", "raw.>", 100).await;
+    let mut requests: Vec<_> = (0..VALID)
+        .map(|i| RawRequest {
+            topic: b"raw.x".to_vec(),
+            payload: vec![i as u8],
+        })
+        .collect();
+    requests.push(RawRequest {
+        topic: vec![0xff, 0xfe, b'x'],
+        payload: vec![0],
+    });
+    let (answers, end) = raw_burst(&server, requests).await;
+    let end = end.expect("the undecodable request ends the stream with an error");
+    assert_ne!(end.code(), Code::Ok);
+    // The ten were published: the subscriber gets them.
+    let mut delivered = Vec::new();
+    for _ in 0..VALID {
+        delivered.push(sub.message().await.system_id);
+    }
+    assert_eq!(
+        client.publishers_list().await.broker.unwrap().published,
+        VALID as u64
+    );
+    let answered: Vec<_> = answers.iter().map(|a| a.system_id).collect();
+    assert_eq!(
+        answered,
+        delivered,
+        "published and delivered {VALID}, answered {} before the stream ended with {end:?}",
+        answers.len()
+    );
+}
+
+embedded_only! {
+// Ten valid publishes then one request over max_request_bytes (the decoder's limit, answered
+// RESOURCE_EXHAUSTED): the ten are published and must be answered before the stream ends.
+#[tokio::test]
+async fn an_oversized_request_after_a_burst_still_answers_what_was_published() {
+    const VALID: usize = 10;
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut sub = reader(&client, "oversized", "big.>", 100).await;
+    let mut requests: Vec<_> = (0..VALID)
+        .map(|i| RawRequest {
+            topic: b"big.x".to_vec(),
+            payload: vec![i as u8],
+        })
+        .collect();
+    requests.push(RawRequest {
+        topic: b"big.x".to_vec(),
+        payload: vec![0; 3 * 1024 * 1024],
+    });
+    let (answers, end) = raw_burst(&server, requests).await;
+    let end = end.expect("the oversized request ends the stream");
+    assert_eq!(end.code(), Code::ResourceExhausted, "{end:?}");
+    let mut delivered = Vec::new();
+    for _ in 0..VALID {
+        delivered.push(sub.message().await.system_id);
+    }
+    let answered: Vec<_> = answers.iter().map(|a| a.system_id).collect();
+    assert_eq!(
+        answered, delivered,
+        "published and delivered {VALID}, answered {} before the stream ended with {end:?}",
+        answers.len()
+    );
+}
+}
+
+embedded_only! {
+// SPEC §6: a request over the size limit is RESOURCE_EXHAUSTED on a stream too (tonic's decoder
+// says OUT_OF_RANGE, and a stream's status travels in its trailers, which the unary calls'
+// rewrite does not see).
+#[tokio::test]
+async fn an_oversized_publish_stream_request_alone_is_resource_exhausted() {
+    let server = TestServer::start().await;
+    let requests = vec![RawRequest {
+        topic: b"big.x".to_vec(),
+        payload: vec![0; 3 * 1024 * 1024],
+    }];
+    let (answers, end) = raw_burst(&server, requests).await;
+    assert!(answers.is_empty());
+    let end = end.expect("the oversized request ends the stream");
+    assert_eq!(end.code(), Code::ResourceExhausted, "{end:?}");
+}
 }
