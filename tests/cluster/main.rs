@@ -177,7 +177,8 @@ async fn queue_across_gateways_publish_consume_nack_ack() {
     .await;
     // A repeated forwarded ack is refused by the holder, as at home; so is one naming a member
     // id the holder never handed out. One whose gateway is gone (no gateway listens on its
-    // id's route) is stale, answered at once rather than after the forward timeout.
+    // id's route) is stale, answered once no gateway answered on the route within the forward
+    // timeout.
     assert_code(
         on_b.ack("orders", member.member_id, got.system_id).await,
         Code::NotFound,
@@ -195,6 +196,80 @@ async fn queue_across_gateways_publish_consume_nack_ack() {
         Code::FailedPrecondition,
         "the gateway that admitted it is gone",
     );
+}
+
+// A forwarded ack that finds no responders is sent again until the forward timeout, not
+// answered "gone" at once: "no responders" is only what the forwarding gateway's NATS server
+// knows, and a subscription made on another server reaches it over the cluster's routes, later
+// (a route lost in the race of two servers dialling each other came back a second later, and
+// meanwhile an ack for a live member was answered stale). A test cannot hold back a route, so
+// the holder here answers its first request as such a server does (status 503, no responders)
+// and the second as the member's gateway; the ack must get the second answer.
+#[tokio::test]
+async fn a_forwarded_ack_that_found_no_responders_is_sent_again() {
+    let cluster = NatsCluster::start(1).await;
+    let url = &cluster.client_urls()[0];
+    let b = gateway(url).await;
+    let on_b = b.client().await;
+    // A member id on a route no gateway has (gateways' routes are below 2^25).
+    let member = (1u64 << 62) | 7;
+    let holder = async_nats::connect(url).await.unwrap();
+    let route = member >> tinybroker::broker::GATEWAY_ROUTE_SHIFT;
+    let subject = format!("_tinybroker.tinybroker.settle.{route}");
+    let mut requests = holder.subscribe(subject.clone()).await.unwrap();
+    // The server has the subscription once a message sent after it comes back through it
+    // (`flush` only writes to the socket).
+    holder.publish(subject, "subscribed".into()).await.unwrap();
+    let echo = within(tokio_stream::StreamExt::next(&mut requests)).await;
+    assert_eq!(echo.unwrap().payload, "subscribed");
+    let mut ack = tokio::spawn(async move { on_b.ack("orders", member, 42).await });
+    let first = tokio::select! {
+        answered = &mut ack => panic!("answered before the holder was asked: {answered:?}"),
+        first = within(tokio_stream::StreamExt::next(&mut requests)) => first.unwrap(),
+    };
+    answer_no_responders(url, first.reply.unwrap().as_str()).await;
+    let second = tokio::select! {
+        answered = &mut ack => panic!("answered without asking again: {answered:?}"),
+        second = within(tokio_stream::StreamExt::next(&mut requests)) => second.unwrap(),
+    };
+    assert_eq!(second.payload, first.payload, "the same settle");
+    holder
+        .publish(
+            second.reply.unwrap(),
+            r#"{"code":5,"message":"message 42 is not in flight (the holder's answer)"}"#.into(),
+        )
+        .await
+        .unwrap();
+    holder.flush().await.unwrap();
+    assert_code(
+        within(ack).await.unwrap(),
+        Code::NotFound,
+        "the holder's answer",
+    );
+}
+
+/// Answers `reply` as a NATS server answers a request nobody is subscribed to: a message with
+/// status 503 and no payload (a client cannot set a status through async-nats, so this speaks
+/// the protocol itself).
+async fn answer_no_responders(url: &str, reply: &str) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let address = url.trim_start_matches("nats://");
+    let mut connection =
+        tokio::io::BufStream::new(tokio::net::TcpStream::connect(address).await.unwrap());
+    let mut line = String::new();
+    connection.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("INFO "), "{line}");
+    let status = "NATS/1.0 503\r\n\r\n";
+    let frame = format!(
+        "CONNECT {{\"verbose\":false,\"headers\":true,\"no_responders\":true,\"protocol\":1}}\r\nHPUB {reply} {len} {len}\r\n{status}\r\nPING\r\n",
+        len = status.len()
+    );
+    connection.write_all(frame.as_bytes()).await.unwrap();
+    connection.flush().await.unwrap();
+    // PONG once the server has taken the publish (anything else would be an -ERR).
+    line.clear();
+    within(connection.read_line(&mut line)).await.unwrap();
+    assert_eq!(line.trim_end(), "PONG");
 }
 
 /// The next message on either member, with the index of the member that got it.

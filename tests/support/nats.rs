@@ -242,6 +242,9 @@ impl NatsCluster {
                 }
             }
             if failure.is_none() && nodes > 1 {
+                failure = cluster.await_interest().await.err();
+            }
+            if failure.is_none() && nodes > 1 {
                 failure = cluster.await_placement().await.err();
             }
             let Some(why) = failure else {
@@ -334,29 +337,29 @@ impl NatsCluster {
         }
     }
 
-    /// Waits until `node` has a route to `peers` others (`/routez`): healthy nodes may not know
-    /// each other yet, and a client then learns too few servers (a bucket created with the
-    /// default replicas would get fewer than three).
+    /// Waits until `node` has a route to `peers` others (`/routez`, counted by the peers' server
+    /// names: a node keeps a pool of route connections to each peer, so `num_routes` reaches
+    /// `peers` with one peer alone): healthy nodes may not know each other yet, and a client then
+    /// learns too few servers (a bucket created with the default replicas would get fewer than
+    /// three).
     async fn await_routes(&mut self, node: usize, peers: usize) -> Result<(), String> {
         let monitor = self.nodes[node].ports.monitor;
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let last = match http_get(monitor, "/routez").await {
                 Ok((200, body)) => {
-                    let routes = body
-                        .split("\"num_routes\":")
-                        .nth(1)
-                        .and_then(|rest| {
-                            rest.trim_start()
-                                .split(|c: char| !c.is_ascii_digit())
-                                .next()
-                                .and_then(|n| n.parse::<usize>().ok())
-                        })
-                        .unwrap_or(0);
-                    if routes >= peers {
+                    let names: std::collections::BTreeSet<String> =
+                        serde_json::from_str::<serde_json::Value>(&body)
+                            .ok()
+                            .and_then(|routez| routez["routes"].as_array().cloned())
+                            .unwrap_or_default()
+                            .iter()
+                            .filter_map(|route| route["remote_name"].as_str().map(String::from))
+                            .collect();
+                    if names.len() >= peers {
                         return Ok(());
                     }
-                    format!("{routes} routes")
+                    format!("routes to {names:?}")
                 }
                 Ok((status, body)) => format!("{status} {}", body.trim()),
                 Err(e) => e,
@@ -369,6 +372,72 @@ impl NatsCluster {
             // Polling interval of the check, not a wait for the event itself.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Waits until a subscription made on each node is seen from every other node: a request
+    /// from there finds it (not "no responders"). Routes to every peer are not enough: two
+    /// nodes that dial each other at once may close the connection that carries the clients'
+    /// account as a duplicate and make it again a second later, and until then a subscription
+    /// on one is unknown on the other (a gateway's forwarded acks were answered "gone").
+    async fn await_interest(&self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut clients = Vec::new();
+        for node in 0..self.nodes.len() {
+            let client = async_nats::connect(self.client_url(node))
+                .await
+                .map_err(|e| format!("connect to node {node}: {e}"))?;
+            clients.push(client);
+        }
+        let mut responders = Vec::new();
+        for (node, client) in clients.iter().enumerate() {
+            let mut requests = client
+                .subscribe(format!("_harness.ready.interest.{node}"))
+                .await
+                .map_err(|e| format!("subscribe on node {node}: {e}"))?;
+            client
+                .flush()
+                .await
+                .map_err(|e| format!("flush on node {node}: {e}"))?;
+            let client = client.clone();
+            responders.push(tokio::spawn(async move {
+                while let Some(request) = tokio_stream::StreamExt::next(&mut requests).await {
+                    if let Some(reply) = request.reply {
+                        let _ = client.publish(reply, "ok".into()).await;
+                    }
+                }
+            }));
+        }
+        let result = async {
+            for on in 0..clients.len() {
+                for from in (0..clients.len()).filter(|&from| from != on) {
+                    loop {
+                        let asked = tokio::time::timeout(
+                            Duration::from_secs(2),
+                            clients[from].request(format!("_harness.ready.interest.{on}"), "".into()),
+                        )
+                        .await;
+                        let last = match asked {
+                            Ok(Ok(_)) => break,
+                            Ok(Err(e)) => e.to_string(),
+                            Err(_) => "no answer within 2 s".to_string(),
+                        };
+                        if Instant::now() >= deadline {
+                            return Err(format!(
+                                "a subscription on node {on} is not seen from node {from} within {READY_TIMEOUT:?} (last: {last})"
+                            ));
+                        }
+                        // Polling interval of the check, not a wait for the event itself.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        for responder in responders {
+            responder.abort();
+        }
+        result
     }
 
     /// Waits until JetStream can place a stream on every node: routed nodes may not count each

@@ -24,6 +24,9 @@ use tokio_stream::StreamExt;
 
 use super::{Common, Report, load, per_second, quantile_us};
 
+/// How long a new consumer may take to be reachable by pulls from the bench's connection.
+const CONSUMER_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Deletes the stream `name` and its gateways' coordination bucket (what a `--nats` run
 /// through gateways left in JetStream).
 pub(super) async fn delete_stream(urls: &str, name: &str) {
@@ -76,11 +79,44 @@ impl Bench {
         Err(format!("JetStream refused the stream {name}: {last}"))
     }
 
+    /// A new consumer, returned once a pull from this connection reaches it: its leader's
+    /// subscription for pulls reaches the other servers over the cluster's routes after the
+    /// create is answered, and a pull sent before finds no responders (the pull stream then
+    /// waits its 5 s timer before asking again, or the run failed on it). Nothing is published
+    /// yet, so the probe takes no message.
     async fn consumer(&self, config: pull::Config) -> Result<PullConsumer, String> {
-        self.stream
+        let consumer = self
+            .stream
             .create_consumer(config)
             .await
-            .map_err(|e| format!("JetStream refused a consumer: {e}"))
+            .map_err(|e| format!("JetStream refused a consumer: {e}"))?;
+        // A pull that waits for nothing: answered "no messages" by the consumer's leader once
+        // this connection's server knows it, "no responders" before.
+        let subject = format!(
+            "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+            self.name,
+            consumer.cached_info().name
+        );
+        let deadline = Instant::now() + CONSUMER_PATIENCE;
+        let mut delay = Duration::from_millis(5);
+        loop {
+            let probe = self
+                .js
+                .client()
+                .request(subject.clone(), r#"{"batch":1,"no_wait":true}"#.into())
+                .await;
+            match probe {
+                Err(error)
+                    if error.kind() == async_nats::RequestErrorKind::NoResponders
+                        && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                }
+                Err(error) => return Err(format!("pull: {error}")),
+                Ok(_) => return Ok(consumer),
+            }
+        }
     }
 
     /// Publishes `common.messages`, at most `common.pipeline` unconfirmed at once; returns the

@@ -4,10 +4,18 @@
 //! route, so a forwarded settle reaches that gateway alone, which answers as it would have
 //! answered the member's own connection: applied, `NOT_FOUND` (not in flight), or
 //! `FAILED_PRECONDITION` for a member that left or was deposed (counted as a stale ack where
-//! the subscription is still held there). No gateway on the route (it stopped or died) answers
-//! at once, as NATS reports no responders: `FAILED_PRECONDITION`, stale. A gateway that does
-//! not answer within the timeout is `UNAVAILABLE`: NATS request/reply is at most once, so the
-//! settle may or may not have been applied; a repeat then says `NOT_FOUND` ("not in flight").
+//! the subscription is still held there). A gateway that does not answer within the timeout is
+//! `UNAVAILABLE`: NATS request/reply is at most once, so the settle may or may not have been
+//! applied; a repeat then says `NOT_FOUND` ("not in flight").
+//!
+//! "No responders" is only what this gateway's NATS server knows: a subscription made on another
+//! server reaches it over the cluster's routes, later, and not at all while the route between
+//! the two servers is down (a route re-forming after a server restart, or lost in the race of
+//! two servers dialling each other, comes back after about a second). So a forwarded settle
+//! that finds no responders is sent again (5 ms doubling to 200 ms) until the forward timeout:
+//! nobody received it, so it cannot be applied twice. Only when no gateway answered on the
+//! route for that long is it `FAILED_PRECONDITION`, stale (the gateway that admitted the
+//! member stopped or died).
 
 use std::time::Duration;
 
@@ -20,6 +28,9 @@ use crate::{
     core::Error,
     service,
 };
+
+/// The longest pause between two tries of a forwarded settle that found no responders.
+const NO_RESPONDERS_MAX_DELAY: Duration = Duration::from_millis(200);
 
 /// What one gateway asks the others.
 #[derive(Debug, Serialize, Deserialize)]
@@ -77,48 +88,86 @@ fn stale(subscription: &str, member: u64) -> Status {
     )))
 }
 
-/// Starts answering forwarded acks for the members of `broker`.
+/// What a starting gateway sends itself on its route's subject: no settle (it has no reply
+/// subject), only the proof that its NATS server has the subscription.
+const SERVE_PROBE: &[u8] = b"tinybroker: serving this route";
+
+/// How long a starting gateway waits for its own probe to come back through its subscription.
+const SERVE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Starts answering forwarded acks for the members of `broker`, and returns once this gateway's
+/// NATS server has the subscription: a message the gateway sends itself after subscribing has
+/// come back through it (`flush` only writes to the socket). Other servers learn of it over
+/// the cluster's routes, later; [`request`] is patient with them.
 pub(super) async fn serve(
     client: &async_nats::Client,
     stream: &str,
     broker: Broker,
-) -> Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
+) -> Result<tokio::task::JoinHandle<()>, String> {
     let route = route_of(broker.id_floor().unix_micros());
-    let mut requests = client.subscribe(subject(stream, route)).await?;
+    let subject = subject(stream, route);
+    let mut requests = client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
+    client
+        .publish(subject, bytes::Bytes::from_static(SERVE_PROBE))
+        .await
+        .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
+    let served = tokio::time::timeout(SERVE_PATIENCE, async {
+        while let Some(message) = requests.next().await {
+            if message.reply.is_none() && &message.payload[..] == SERVE_PROBE {
+                return true;
+            }
+            answer(client, &broker, message).await;
+        }
+        false
+    })
+    .await;
+    if served != Ok(true) {
+        return Err(format!(
+            "cannot subscribe to forwarded acks: the NATS server did not deliver on the subscription within {SERVE_PATIENCE:?}"
+        ));
+    }
     let client = client.clone();
     Ok(tokio::spawn(async move {
         while let Some(message) = requests.next().await {
-            let Some(reply) = message.reply else {
-                continue;
-            };
-            let Ok(request) = serde_json::from_slice::<SettleRequest>(&message.payload) else {
-                continue;
-            };
-            let result = settle_here(
-                &broker,
-                &request.subscription,
-                request.member,
-                request.system_id,
-                request.nack,
-            );
-            let answer = match result {
-                Ok(()) => SettleReply {
-                    code: Code::Ok as i32,
-                    message: String::new(),
-                },
-                Err(status) => SettleReply {
-                    code: status.code() as i32,
-                    message: status.message().to_string(),
-                },
-            };
-            let Ok(body) = serde_json::to_vec(&answer) else {
-                continue;
-            };
-            if let Err(error) = client.publish(reply, body.into()).await {
-                tracing::warn!(%error, "could not answer a forwarded ack");
-            }
+            answer(&client, &broker, message).await;
         }
     }))
+}
+
+/// Answers one forwarded settle (a message without a reply subject or a settle is ignored).
+async fn answer(client: &async_nats::Client, broker: &Broker, message: async_nats::Message) {
+    let Some(reply) = message.reply else {
+        return;
+    };
+    let Ok(request) = serde_json::from_slice::<SettleRequest>(&message.payload) else {
+        return;
+    };
+    let result = settle_here(
+        broker,
+        &request.subscription,
+        request.member,
+        request.system_id,
+        request.nack,
+    );
+    let answer = match result {
+        Ok(()) => SettleReply {
+            code: Code::Ok as i32,
+            message: String::new(),
+        },
+        Err(status) => SettleReply {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+        },
+    };
+    let Ok(body) = serde_json::to_vec(&answer) else {
+        return;
+    };
+    if let Err(error) = client.publish(reply, body.into()).await {
+        tracing::warn!(%error, "could not answer a forwarded ack");
+    }
 }
 
 /// Forwards one settle and returns the holder's answer.
@@ -128,7 +177,9 @@ pub(super) async fn request(
     settle: SettleRequest,
     timeout: Duration,
 ) -> Result<(), Status> {
-    let body = serde_json::to_vec(&settle).map_err(|e| Status::internal(e.to_string()))?;
+    let body = bytes::Bytes::from(
+        serde_json::to_vec(&settle).map_err(|e| Status::internal(e.to_string()))?,
+    );
     let subject = subject(stream, route_of(settle.member));
     let late = || {
         Status::unavailable(service::cap_message(format!(
@@ -136,24 +187,34 @@ pub(super) async fn request(
             settle.member
         )))
     };
-    let answer = match tokio::time::timeout(timeout, client.request(subject, body.into())).await {
-        Ok(Ok(answer)) => answer,
-        // No gateway listens on the member's route: the one that admitted it is gone.
-        Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
-            return Err(Status::failed_precondition(service::cap_message(format!(
-                "member {} of subscription {:?} is not connected to any gateway (the gateway that admitted it is gone): this ack or nack is stale and changed nothing",
-                settle.member, settle.subscription
-            ))));
-        }
-        Err(_) => return Err(late()),
-        Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::TimedOut => {
-            return Err(late());
-        }
-        Ok(Err(error)) => {
-            return Err(Status::unavailable(service::cap_message(format!(
-                "could not forward the ack to the gateway holding member {}: {error}",
-                settle.member
-            ))));
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut delay = Duration::from_millis(5);
+    let answer = loop {
+        let request = client.request(subject.clone(), body.clone());
+        match tokio::time::timeout_at(deadline, request).await {
+            Ok(Ok(answer)) => break answer,
+            // No responders at this gateway's server (yet): see the module doc.
+            Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
+                let now = tokio::time::Instant::now();
+                if now + delay >= deadline {
+                    return Err(Status::failed_precondition(service::cap_message(format!(
+                        "member {} of subscription {:?} is not connected to any gateway (the gateway that admitted it is gone: none answered on its route within {timeout:?}): this ack or nack is stale and changed nothing",
+                        settle.member, settle.subscription
+                    ))));
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(NO_RESPONDERS_MAX_DELAY);
+            }
+            Err(_) => return Err(late()),
+            Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::TimedOut => {
+                return Err(late());
+            }
+            Ok(Err(error)) => {
+                return Err(Status::unavailable(service::cap_message(format!(
+                    "could not forward the ack to the gateway holding member {}: {error}",
+                    settle.member
+                ))));
+            }
         }
     };
     let reply: SettleReply = serde_json::from_slice(&answer.payload)

@@ -285,9 +285,7 @@ impl Gateway {
             largest_message,
             singletons: Some(singletons),
         });
-        let responder = forward::serve(&client, &config.stream, broker)
-            .await
-            .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
+        let responder = forward::serve(&client, &config.stream, broker).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
