@@ -348,3 +348,133 @@ async fn a_gateway_warns_when_the_existing_stream_discards_old_messages() {
         "{line}"
     );
 }
+
+/// Moves the leadership of the raft group `leader` reads to `node`, asking `stepdown` (a
+/// JetStream API subject) to hand it there.
+async fn lead_on<F, Fut>(client: &async_nats::Client, stepdown: &str, node: usize, leader: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<String>>,
+{
+    within(async {
+        loop {
+            if leader().await.as_deref().and_then(NatsCluster::node_named) == Some(node) {
+                return;
+            }
+            let preferred = format!(r#"{{"placement":{{"preferred":"n{node}"}}}}"#);
+            let _ = client.request(stepdown.to_string(), preferred.into()).await;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+}
+
+// A join is answered only once every server of the stream keeps the subscription's messages.
+// JetStream answers a consumer's creation from the consumer's leader, elected by a quorum of
+// its peers; a server that has not yet applied the creation stores nothing for the consumer
+// (interest retention), and when it leads the stream it confirms such a publish all the same.
+// Here the stream's leader lags (paused) while the subscription joins: the join waits for it.
+// Then every confirmed message is delivered, also once the consumer's leader has moved to that
+// server, and the stream counts them for its limit (a fourth is refused). Before, the join was
+// answered at once: the lagging leader confirmed four publishes into a stream of three, stored
+// none, and with the consumer led from there none was delivered.
+#[tokio::test]
+async fn a_join_is_answered_once_every_server_keeps_its_messages() {
+    let mut cluster = NatsCluster::start(3).await;
+    let meta = within(async {
+        loop {
+            if let Some(leader) = cluster.meta_leader(0).await {
+                return leader;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The lagging server leads the stream, not the cluster's meta group (the consumer's
+    // creation goes on without it), and no gateway is connected to it.
+    let lagging = (0..3).find(|&n| n != meta).unwrap();
+    let others: Vec<usize> = (0..3).filter(|&n| n != lagging).collect();
+    let a = gateway_with(
+        GatewayConfig {
+            max_messages: 3,
+            ..GatewayConfig::new(cluster.client_url(others[0]))
+        },
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let b = gateway(&cluster.client_url(others[1])).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let nats = async_nats::connect(cluster.client_url(others[0]))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(nats.clone());
+    let stream_leader = || async {
+        let mut stream = js.get_stream("tinybroker").await.ok()?;
+        stream.info().await.ok()?.cluster.as_ref()?.leader.clone()
+    };
+    lead_on(
+        &nats,
+        "$JS.API.STREAM.LEADER.STEPDOWN.tinybroker",
+        lagging,
+        stream_leader,
+    )
+    .await;
+
+    cluster.pause(lagging);
+    let mut join = tokio::spawn(async move {
+        let mut member = on_a.subscribe(queue("orders", 1)).await.unwrap();
+        member.confirmed().await;
+        member
+    });
+    let early = tokio::time::timeout(std::time::Duration::from_secs(1), &mut join).await;
+    cluster.resume(lagging);
+    let answered_early = early.is_ok();
+    let mut member = match early {
+        Ok(member) => member.unwrap(),
+        Err(_) => within(join).await.unwrap(),
+    };
+
+    let mut stored = Vec::new();
+    for n in 0..3 {
+        stored.push(on_b.publish("orders.new", &n.to_string()).await.system_id);
+    }
+    let fourth = on_b.try_publish("orders.new", b"4".to_vec()).await;
+    let consumer = tinybroker::cluster::gateway::names::consumer_name(
+        tinybroker::core::Mode::Queue,
+        "orders",
+        "",
+    );
+    let consumer_leader = || async {
+        let stream = js.get_stream("tinybroker").await.ok()?;
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+            stream.get_consumer(&consumer).await.ok()?;
+        consumer.info().await.ok()?.cluster.as_ref()?.leader.clone()
+    };
+    lead_on(
+        &nats,
+        &format!("$JS.API.CONSUMER.LEADER.STEPDOWN.tinybroker.{consumer}"),
+        lagging,
+        consumer_leader,
+    )
+    .await;
+    let mut delivered = Vec::new();
+    for &system_id in &stored {
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), member.message())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("confirmed message {system_id} was never delivered (got {delivered:?})")
+            });
+        delivered.push(got.system_id);
+        member.ack(got.system_id).await;
+    }
+    assert_eq!(delivered, stored);
+    assert_code(
+        fourth,
+        Code::ResourceExhausted,
+        "max_msgs (--nats-max-messages",
+    );
+    assert!(
+        !answered_early,
+        "the join was answered while the stream's leader did not know its consumer"
+    );
+}

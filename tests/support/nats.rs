@@ -536,6 +536,47 @@ impl NatsCluster {
         }
     }
 
+    /// SIGSTOPs `node`: it keeps its sockets and its leaderships but processes nothing (a
+    /// server that lags behind the cluster) until [`Self::resume`].
+    ///
+    /// # Panics
+    /// If the node is not running.
+    pub fn pause(&mut self, node: usize) {
+        self.signal(node, "-STOP");
+    }
+
+    /// SIGCONTs a paused `node`.
+    pub fn resume(&mut self, node: usize) {
+        self.signal(node, "-CONT");
+    }
+
+    fn signal(&mut self, node: usize, signal: &str) {
+        let pid = self.nodes[node]
+            .process
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {node} is not running"))
+            .id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}: {status}");
+    }
+
+    /// The node leading the JetStream meta group, as `node`'s monitoring endpoint reports it.
+    pub async fn meta_leader(&self, node: usize) -> Option<usize> {
+        let (_, body) = http_get(self.nodes[node].ports.monitor, "/jsz")
+            .await
+            .ok()?;
+        let jsz: serde_json::Value = serde_json::from_str(&body).ok()?;
+        Self::node_named(jsz["meta_cluster"]["leader"].as_str()?)
+    }
+
+    /// The node index of server name `n<i>` (as [`config_text`] names them).
+    pub fn node_named(name: &str) -> Option<usize> {
+        name.strip_prefix('n')?.parse().ok()
+    }
+
     /// Every node's log so far, each under a header.
     pub fn logs(&self) -> String {
         let mut all = String::new();

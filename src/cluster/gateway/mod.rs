@@ -31,6 +31,9 @@
 //! - **BROADCAST**: a broadcast id names one stream (SPEC §3), so its consumer is this
 //!   gateway's own (named with the gateway's id) and gets every matching message. The
 //!   `ALREADY_EXISTS` check for a second live stream on one id is per gateway.
+//! - **A join waits for every replica of its consumer** (`await_replicas`): a server that
+//!   has not applied the consumer's creation keeps nothing for it, yet confirms publishes when
+//!   it leads the stream.
 //! - **Redelivery**: a nack or a member leaving requeues at the head of the gateway's local
 //!   queue while it has other members there (attempt + 1, as in the embedded broker); a
 //!   message given back to JetStream comes again with JetStream's delivery count.
@@ -379,7 +382,8 @@ impl Gateway {
         connection: Option<ConnectionId>,
     ) -> Result<MemberStream, Status> {
         let singleton = request.spec.mode == Mode::Singleton;
-        let (consumer, recorded) = self.consumer(request).await?;
+        let (mut consumer, recorded) = self.consumer(request).await?;
+        await_replicas(&mut consumer).await;
         // Joined with the subscription's own settings: a join that leaves
         // max_delivery_attempts or dead_letter_topic unset takes them from the subscription,
         // wherever it was created.
@@ -629,6 +633,59 @@ fn nats_headers(headers: &crate::core::Headers) -> Result<HeaderMap, Status> {
         map.insert(header, value);
     }
     Ok(map)
+}
+
+/// How long a join waits for every replica of its consumer to hold it ([`await_replicas`]).
+const REPLICA_PATIENCE: Duration = Duration::from_secs(3);
+
+/// Waits until every replica of the subscription's consumer has it, so every server of the
+/// stream keeps the messages published from now on for it.
+///
+/// JetStream answers a consumer's creation from the consumer's leader, once a quorum of its
+/// peers elected it; a server that applies the cluster's log later (loaded, or slow) does not
+/// know the consumer yet. Under interest retention such a server does not store a message no
+/// consumer it knows wants, yet when it leads the stream the publish is confirmed: the message
+/// is then held only by the other servers (and the stream counts it nowhere for its limits),
+/// and lost for the subscription once its consumer's leader moves to that server. So a join is
+/// answered only once the consumer's leader reports every other replica current in the
+/// consumer's group: a server takes part in that group once it has applied the consumer's
+/// creation, which registers the consumer with its stream a moment after (the consumer's store
+/// is made in between). Replicas the cluster knows to be offline are not waited for; past
+/// [`REPLICA_PATIENCE`] the join is answered all the same, and the gateway says so.
+async fn await_replicas(consumer: &mut PullConsumer) {
+    let held_everywhere = |info: &consumer::Info| {
+        let Some(cluster) = &info.cluster else {
+            return true;
+        };
+        let replicas = match info.config.num_replicas {
+            0 => cluster.replicas.len() + 1,
+            n => n,
+        };
+        cluster.replicas.len() + 1 >= replicas
+            && cluster.replicas.iter().all(|r| r.current || r.offline)
+    };
+    if held_everywhere(consumer.cached_info()) {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + REPLICA_PATIENCE;
+    let mut delay = Duration::from_millis(5);
+    loop {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(100));
+        let seen = consumer.info().await.map(held_everywhere);
+        if matches!(seen, Ok(true)) {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let info = consumer.cached_info();
+            tracing::warn!(
+                consumer = %info.name,
+                replicas = ?info.cluster.as_ref().map(|c| &c.replicas),
+                "a replica of the consumer was not current within {REPLICA_PATIENCE:?}: the join is answered, but messages published before that server applies the consumer's creation may be kept only by the other servers"
+            );
+            return;
+        }
+    }
 }
 
 /// How long a starting gateway waits for its NATS server to route publishes to the stream.
