@@ -204,3 +204,21 @@ fn debug_shows_the_entry_count() {
     index.insert(&p("a.*"), 2u64);
     assert_eq!(format!("{index:?}"), "PatternIndex { len: 2, .. }");
 }
+
+// A node's vectors grow exactly while small (most nodes hold one key or one child) and double
+// past four, so a node with many children is not reallocated on every insert.
+#[test]
+fn vectors_grow_exactly_while_small_then_double() {
+    let mut small = vec![1, 2, 3];
+    small.shrink_to_fit();
+    reserve_one(&mut small);
+    assert_eq!(small.capacity(), 4);
+    let mut four = vec![1, 2, 3, 4];
+    four.shrink_to_fit();
+    reserve_one(&mut four);
+    assert!(four.capacity() >= 8, "capacity {}", four.capacity());
+    let mut roomy = Vec::with_capacity(10);
+    roomy.push(1);
+    reserve_one(&mut roomy);
+    assert_eq!(roomy.capacity(), 10);
+}
