@@ -277,7 +277,7 @@ pub struct PublishResults {
     results: Vec<Result<Published, Error>>,
     /// Embedded: answers to send, in request order.
     answers: VecDeque<pb::PublishStreamResponse>,
-    /// Embedded: the final status to end with once `answers` are sent.
+    /// The final status to end with once every earlier request is answered.
     end_with: Option<Status>,
     /// Completes when shutdown starts. Polled only while no request is ready, so a busy stream
     /// pays nothing for it; a busy stream meets the broker's own refusal instead.
@@ -357,6 +357,9 @@ impl PublishResults {
             }
             if self.requests_done {
                 if self.slots.is_empty() {
+                    if let Some(status) = self.end_with.take() {
+                        return self.end(status);
+                    }
                     self.ended = true;
                     return Poll::Ready(None);
                 }
@@ -374,8 +377,12 @@ impl PublishResults {
             }
             let request = match Pin::new(&mut self.requests).poll_next(cx) {
                 Poll::Ready(Some(Ok(request))) => request,
+                // Undecodable input or a transport error: what was sent before it is still
+                // answered (JetStream may have stored it), then the stream ends with it.
                 Poll::Ready(Some(Err(status))) => {
-                    return self.end(oversize_as_resource_exhausted(status));
+                    self.requests_done = true;
+                    self.end_with = Some(oversize_as_resource_exhausted(status));
+                    continue;
                 }
                 Poll::Ready(None) => {
                     self.requests_done = true;
