@@ -651,7 +651,10 @@ const REPLICA_PATIENCE: Duration = Duration::from_secs(3);
 /// consumer's group: a server takes part in that group once it has applied the consumer's
 /// creation, which registers the consumer with its stream a moment after (the consumer's store
 /// is made in between). Replicas the cluster knows to be offline are not waited for; past
-/// [`REPLICA_PATIENCE`] the join is answered all the same, and the gateway says so.
+/// [`REPLICA_PATIENCE`] the join is answered all the same, and the gateway says so. A consumer
+/// created longer ago than that is not waited for either: a replica that is not current then
+/// is down or far behind (a killed node stays "not current, not offline" for minutes), and
+/// every later join would otherwise wait the whole patience for it.
 async fn await_replicas(consumer: &mut PullConsumer) {
     let held_everywhere = |info: &consumer::Info| {
         let Some(cluster) = &info.cluster else {
@@ -664,7 +667,12 @@ async fn await_replicas(consumer: &mut PullConsumer) {
         cluster.replicas.len() + 1 >= replicas
             && cluster.replicas.iter().all(|r| r.current || r.offline)
     };
-    if held_everywhere(consumer.cached_info()) {
+    let created = consumer.cached_info().created.unix_timestamp_nanos();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    let old = now - created > REPLICA_PATIENCE.as_nanos() as i128;
+    if old || held_everywhere(consumer.cached_info()) {
         return;
     }
     let deadline = tokio::time::Instant::now() + REPLICA_PATIENCE;
@@ -672,8 +680,10 @@ async fn await_replicas(consumer: &mut PullConsumer) {
     loop {
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(100));
-        let seen = consumer.info().await.map(held_everywhere);
-        if matches!(seen, Ok(true)) {
+        // Bounded by the deadline: a JetStream request waits up to its context's 5 s when the
+        // consumer has no leader.
+        let seen = tokio::time::timeout_at(deadline, consumer.info()).await;
+        if matches!(seen, Ok(Ok(info)) if held_everywhere(info)) {
             return;
         }
         if tokio::time::Instant::now() >= deadline {
