@@ -268,6 +268,49 @@ async fn streaming_publisher_pipelines_and_answers_in_order() {
     assert_eq!(info.queued_messages + info.in_flight, 300);
 }
 
+// A publish stream the broker ends over one message too large to read: the messages before
+// it are published and answered, it gets the size refusal, and those sent after it, which the
+// broker never read, are told they were not published (UNAVAILABLE), not given its refusal.
+#[tokio::test]
+async fn a_stream_ended_by_an_oversized_message_tells_each_later_send_it_was_not_published() {
+    let server = TestServer::start().await;
+    let client = connect(&server).await;
+    let _sink = client
+        .subscribe(SubscriptionOptions::queue("oversink", "g", ["big.>"]))
+        .await
+        .unwrap();
+    let publisher = within(client.publisher()).await.unwrap();
+    // All six sent before any answer is read (a send after the stream ended fails at once, as
+    // not published).
+    let mut sent = Vec::new();
+    for n in 0..6u8 {
+        let payload = if n == 3 { vec![0; 3 << 20] } else { vec![n] };
+        sent.push(publisher.send(Message::new("big.x", payload)).await);
+    }
+    let mut answers = Vec::new();
+    for send in sent {
+        answers.push(match send {
+            Ok(pending) => within(pending).await,
+            Err(error) => Err(error),
+        });
+    }
+    for (n, answer) in answers.iter().enumerate() {
+        match n {
+            0..3 => assert!(answer.is_ok(), "{n}: {answer:?}"),
+            3 => assert!(
+                matches!(answer, Err(Error::ResourceExhausted(_))),
+                "{answer:?}"
+            ),
+            _ => assert!(
+                matches!(answer, Err(Error::Unavailable(_))),
+                "{n}: {answer:?}"
+            ),
+        }
+    }
+    let info = client.describe("oversink").await.unwrap();
+    assert_eq!(info.queued_messages + info.in_flight, 3);
+}
+
 // SPEC §4: an ack-free subscription's deliveries need no ack; ack() is a no-op there.
 #[tokio::test]
 async fn ack_free_deliveries_need_no_ack() {

@@ -133,8 +133,26 @@ async fn drive(
             return;
         }
     };
+    // The broker answers every request it read before ending a stream over one request too
+    // large to read (RESOURCE_EXHAUSTED), so that is the oldest unanswered one; those after it
+    // were never read, so never published: they are told so, not given its size refusal. Any
+    // other end (a transport failure, shutdown, an undecodable request, whose INTERNAL a
+    // broken connection can also give) goes to every pending send as it is: what the broker
+    // read before it is not known here.
+    let mut pending = pending.into_iter();
+    let rest = match &failure {
+        Error::ResourceExhausted(_) => {
+            if let Some(oldest) = pending.next() {
+                let _ = oldest.send(Err(failure.clone()));
+            }
+            Error::Unavailable(format!(
+                "not published: the publish stream ended ({failure}) before the broker read this message"
+            ))
+        }
+        _ => failure,
+    };
     for reply in pending {
-        let _ = reply.send(Err(failure.clone()));
+        let _ = reply.send(Err(rest.clone()));
     }
     // Later sends fail fast: dropping the receiver closes the channel.
     drop(commands);
