@@ -9,9 +9,11 @@
 
 use smallvec::SmallVec;
 
-use super::{BatchError, Broker, DeadLetters, Input, Published, SharedEncoding, member::Locked};
+use super::{
+    BatchError, Broker, Catalog, DeadLetters, Input, Published, SharedEncoding, member::Locked,
+};
 use crate::{
-    core::{Draft, Error, index::Matches, subscription::MESSAGE_OVERHEAD},
+    core::{Draft, Error, Topic, index::Matches, subscription::MESSAGE_OVERHEAD},
     sync::{Ordering, read},
 };
 
@@ -40,14 +42,7 @@ impl Broker {
         let mut dead = DeadLetters::new();
         let published = {
             let catalog = read(&self.inner.catalog);
-            let mut keys = Matches::new();
-            catalog.index.matches_into(draft.topic(), &mut keys);
-            // Key order: every multi-lock acquisition follows it, so publishes cannot deadlock.
-            let mut states: SmallVec<[Locked; 16]> = keys
-                .iter()
-                .filter_map(|key| catalog.by_key.get(key))
-                .map(|cell| Locked::new(cell))
-                .collect();
+            let mut states = lock_matching(&catalog, draft.topic());
             let now_ms = self.inner.clock.unix_millis();
             self.publish_locked(&mut states, draft, now_ms, &mut dead)
         };
@@ -75,13 +70,7 @@ impl Broker {
             let mut dead = DeadLetters::new();
             {
                 let catalog = read(&self.inner.catalog);
-                let mut keys = Matches::new();
-                catalog.index.matches_into(first.topic(), &mut keys);
-                let mut states: SmallVec<[Locked; 16]> = keys
-                    .iter()
-                    .filter_map(|key| catalog.by_key.get(key))
-                    .map(|cell| Locked::new(cell))
-                    .collect();
+                let mut states = lock_matching(&catalog, first.topic());
                 let topic = first.topic().clone();
                 // One publish time for the round (its hold is bounded by `round_len`).
                 let now_ms = self.inner.clock.unix_millis();
@@ -230,4 +219,15 @@ impl Broker {
                 .fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Locks every subscription whose patterns match `topic`, in key order: every multi-lock
+/// acquisition follows it, so publishes cannot deadlock.
+fn lock_matching<'a>(catalog: &'a Catalog, topic: &Topic) -> SmallVec<[Locked<'a>; 16]> {
+    let mut keys = Matches::new();
+    catalog.index.matches_into(topic, &mut keys);
+    keys.iter()
+        .filter_map(|key| catalog.by_key.get(key))
+        .map(|cell| Locked::new(cell))
+        .collect()
 }

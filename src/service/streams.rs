@@ -438,15 +438,8 @@ impl PublishResults {
     /// [`Broker::publish_each`] (a run to one topic is routed and locked once), then answers
     /// each request in order.
     fn poll_embedded(&mut self, cx: &mut Context<'_>) -> Poll<Option<<Self as Stream>::Item>> {
-        if let Some(answer) = self.answers.pop_front() {
-            return Poll::Ready(Some(Ok(answer)));
-        }
-        if let Some(status) = self.end_with.take() {
-            return self.end(status);
-        }
-        if self.requests_done {
-            self.ended = true;
-            return Poll::Ready(None);
+        if let Some(done) = self.next_answer_or_end() {
+            return done;
         }
         let (mut read, mut bytes) = (0, 0);
         while read < READ_AHEAD && bytes < READ_AHEAD_BYTES && self.end_with.is_none() {
@@ -481,15 +474,8 @@ impl PublishResults {
             }
         }
         self.publish_run();
-        if let Some(answer) = self.answers.pop_front() {
-            return Poll::Ready(Some(Ok(answer)));
-        }
-        if let Some(status) = self.end_with.take() {
-            return self.end(status);
-        }
-        if self.requests_done {
-            self.ended = true;
-            return Poll::Ready(None);
+        if let Some(done) = self.next_answer_or_end() {
+            return done;
         }
         // The client may keep the stream open and idle for ever: without this, shutdown would
         // wait out the whole drain for it.
@@ -497,6 +483,22 @@ impl PublishResults {
             return self.end(status(&Error::ShuttingDown));
         }
         Poll::Pending
+    }
+
+    /// The next answer, else the end once the requests are done or failed; `None` while more
+    /// requests may come.
+    fn next_answer_or_end(&mut self) -> Option<Poll<Option<<Self as Stream>::Item>>> {
+        if let Some(answer) = self.answers.pop_front() {
+            return Some(Poll::Ready(Some(Ok(answer))));
+        }
+        if let Some(status) = self.end_with.take() {
+            return Some(self.end(status));
+        }
+        if self.requests_done {
+            self.ended = true;
+            return Some(Poll::Ready(None));
+        }
+        None
     }
 
     /// Publishes `run` and turns the results into answers; shutdown ends the stream after the
