@@ -49,6 +49,13 @@ impl Running {
     }
 }
 
+/// How long [`serve`] waits for each start-up log line. Longer than an event's timeout: a
+/// gateway's start is a handful of JetStream requests, each allowed 5 s, and on a loaded
+/// machine one of them can meet a server still settling (seen twice in CI: a gateway that
+/// listened after more than 10 s). How long start-up takes is not what the tests check;
+/// every step it waited on is in the panic message when it does not end.
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Starts `tinybroker serve` with `args` (plus `--listen 127.0.0.1:0` unless given) and
 /// returns it with the gRPC address it logged.
 pub async fn serve(args: &[&str]) -> (Running, String) {
@@ -59,7 +66,7 @@ pub async fn serve(args: &[&str]) -> (Running, String) {
     }
     let mut child = command
         .args(args)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info,tinybroker::cluster=debug")
         .env_remove("TINYBROKER_AUTH_TOKEN")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -77,10 +84,22 @@ pub async fn serve(args: &[&str]) -> (Running, String) {
         lines,
         start: Vec::new(),
     };
+    let started = std::time::Instant::now();
     let line = loop {
-        let line = within(running.lines.recv())
-            .await
-            .unwrap_or_else(|| panic!("log ended before the bound address"));
+        let next = tokio::time::timeout(START_TIMEOUT, running.lines.recv()).await;
+        let line = match next {
+            Ok(Some(line)) => line,
+            // What start-up logged says which step it waits on.
+            Ok(None) => panic!(
+                "log ended before the bound address:\n{}",
+                running.start.join("\n")
+            ),
+            Err(_) => panic!(
+                "no bound address logged {:?} after start; start-up logged:\n{}",
+                started.elapsed(),
+                running.start.join("\n")
+            ),
+        };
         if line.contains("listening on ") {
             break line;
         }

@@ -238,6 +238,9 @@ impl Gateway {
             ));
         }
         let urls = parse_urls(&config.urls)?;
+        // Each start-up step logs at debug with the time since start: a gateway slow to
+        // listen says which NATS request it waited on.
+        let started = std::time::Instant::now();
         let client = async_nats::ConnectOptions::new()
             .name("tinybroker-gateway")
             .connect(urls)
@@ -254,9 +257,12 @@ impl Gateway {
                 "messages above {largest_message} bytes are refused with INVALID_ARGUMENT: the NATS servers' max_payload {max_payload} less {DEAD_LETTER_HEADROOM} bytes kept for a dead letter's headers (--max-message-bytes is {max_message})"
             );
         }
+        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: connected to NATS");
         let js = jetstream::new(client.clone());
         let stream = ensure_stream(&js, &config).await?;
+        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
         await_stream(&js, &config.stream).await?;
+        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} answers publishes", config.stream);
         let id = format!(
             "{:x}{:x}",
             broker.id_floor().unix_micros(),
@@ -275,6 +281,7 @@ impl Gateway {
         )
         .await
         .map_err(|e| e.to_string())?;
+        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
         let (singletons, coordination) = singleton::spawn(
             backplane.clone(),
             broker.clone(),
@@ -289,6 +296,7 @@ impl Gateway {
             singletons: Some(singletons),
         });
         let responder = forward::serve(&client, &config.stream, broker).await?;
+        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
