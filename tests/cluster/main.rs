@@ -248,6 +248,88 @@ async fn a_forwarded_ack_that_found_no_responders_is_sent_again() {
     );
 }
 
+// A route found gone (no gateway answered on it for the whole forward timeout) gets one try
+// per settle after that, and stale at once if that try finds no responders too: the acks for
+// a dead gateway's members (a client retrying them, or acking a batch) no longer each hold a
+// stream of their connection for the timeout. A route that answers again is forgotten.
+#[tokio::test]
+async fn a_route_found_gone_gets_one_try_until_it_answers_again() {
+    let cluster = NatsCluster::start(1).await;
+    let url = &cluster.client_urls()[0];
+    let timeout = Duration::from_secs(4);
+    let b = gateway_with(
+        GatewayConfig {
+            forward_timeout: timeout,
+            ..GatewayConfig::new(url)
+        },
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let on_b = b.client().await;
+    let member = (1u64 << 62) | 7;
+    let gone = "the gateway that admitted it is gone";
+    let started = std::time::Instant::now();
+    assert_code(
+        on_b.ack("orders", member, 42).await,
+        Code::FailedPrecondition,
+        gone,
+    );
+    let first = started.elapsed();
+    assert!(first >= timeout / 2, "retried for the timeout: {first:?}");
+    // Another member of the same route (the same gateway incarnation), a nack this time.
+    let started = std::time::Instant::now();
+    assert_code(
+        on_b.nack("orders", member + 1, 43).await,
+        Code::FailedPrecondition,
+        gone,
+    );
+    let again = started.elapsed();
+    assert!(
+        again < timeout / 2,
+        "a known-gone route is tried once, not for {timeout:?}: took {again:?}"
+    );
+    // The route answers again (a NATS route down for longer than the timeout came back): the
+    // settle reaches it, and its answer is the ack's.
+    let holder = async_nats::connect(url).await.unwrap();
+    let route = member >> tinybroker::broker::GATEWAY_ROUTE_SHIFT;
+    let subject = format!("_tinybroker.tinybroker.settle.{route}");
+    let mut requests = holder.subscribe(subject.clone()).await.unwrap();
+    holder.publish(subject, "subscribed".into()).await.unwrap();
+    let echo = within(tokio_stream::StreamExt::next(&mut requests)).await;
+    assert_eq!(echo.unwrap().payload, "subscribed");
+    let ack = tokio::spawn(async move {
+        let answered = on_b.ack("orders", member, 44).await;
+        (on_b, answered)
+    });
+    let request = within(tokio_stream::StreamExt::next(&mut requests))
+        .await
+        .unwrap();
+    holder
+        .publish(
+            request.reply.unwrap(),
+            r#"{"code":5,"message":"message 44 is not in flight (the holder's answer)"}"#.into(),
+        )
+        .await
+        .unwrap();
+    holder.flush().await.unwrap();
+    let (on_b, answered) = within(ack).await.unwrap();
+    assert_code(answered, Code::NotFound, "the holder's answer");
+    // Forgotten: once the holder is gone again, a settle is retried for the timeout again.
+    drop(requests);
+    holder.flush().await.unwrap();
+    let started = std::time::Instant::now();
+    assert_code(
+        on_b.ack("orders", member, 45).await,
+        Code::FailedPrecondition,
+        gone,
+    );
+    assert!(
+        started.elapsed() >= timeout / 2,
+        "retried for the timeout once answered: {:?}",
+        started.elapsed()
+    );
+}
+
 /// Answers `reply` as a NATS server answers a request nobody is subscribed to: a message with
 /// status 503 and no payload (a client cannot set a status through async-nats, so this speaks
 /// the protocol itself).

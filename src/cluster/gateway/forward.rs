@@ -16,8 +16,18 @@
 //! nobody received it, so it cannot be applied twice. Only when no gateway answered on the
 //! route for that long is it `FAILED_PRECONDITION`, stale (the gateway that admitted the
 //! member stopped or died).
+//!
+//! A route found gone is remembered ([`GoneRoutes`]): a route is one gateway incarnation's (a
+//! restarted gateway draws a new one), so the next settle for it is sent once, and stale at
+//! once if that try finds no responders too, instead of each ack for a dead gateway's members
+//! waiting out the timeout and holding a stream of its connection meanwhile. Any answer on the
+//! route forgets it again (a NATS route that was down longer than the timeout came back).
 
-use std::time::Duration;
+use std::{
+    collections::VecDeque,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt;
@@ -31,6 +41,41 @@ use crate::{
 
 /// The longest pause between two tries of a forwarded settle that found no responders.
 const NO_RESPONDERS_MAX_DELAY: Duration = Duration::from_millis(200);
+
+/// How many gone routes a gateway remembers; past it, the longest-known is forgotten (and
+/// its next settle waits out the timeout once more).
+const GONE_ROUTES: usize = 1024;
+
+/// The routes on which no gateway answered for a whole forward timeout: each one's next
+/// settle gets one try, not the timeout's worth of retries. Bounded by [`GONE_ROUTES`].
+#[derive(Debug, Default)]
+pub(super) struct GoneRoutes(Mutex<VecDeque<u64>>);
+
+impl GoneRoutes {
+    fn contains(&self, route: u64) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&route)
+    }
+
+    fn insert(&self, route: u64) {
+        let mut routes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !routes.contains(&route) {
+            if routes.len() == GONE_ROUTES {
+                routes.pop_front();
+            }
+            routes.push_back(route);
+        }
+    }
+
+    fn remove(&self, route: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|r| *r != route);
+    }
+}
 
 /// What one gateway asks the others.
 #[derive(Debug, Serialize, Deserialize)]
@@ -174,13 +219,16 @@ async fn answer(client: &async_nats::Client, broker: &Broker, message: async_nat
 pub(super) async fn request(
     client: &async_nats::Client,
     stream: &str,
+    gone: &GoneRoutes,
     settle: SettleRequest,
     timeout: Duration,
 ) -> Result<(), Status> {
     let body = bytes::Bytes::from(
         serde_json::to_vec(&settle).map_err(|e| Status::internal(e.to_string()))?,
     );
-    let subject = subject(stream, route_of(settle.member));
+    let route = route_of(settle.member);
+    let known_gone = gone.contains(route);
+    let subject = subject(stream, route);
     let late = || {
         Status::unavailable(service::cap_message(format!(
             "the gateway holding member {} did not answer within {timeout:?}: the ack or nack may or may not have been applied",
@@ -192,11 +240,17 @@ pub(super) async fn request(
     let answer = loop {
         let request = client.request(subject.clone(), body.clone());
         match tokio::time::timeout_at(deadline, request).await {
-            Ok(Ok(answer)) => break answer,
+            Ok(Ok(answer)) => {
+                if known_gone {
+                    gone.remove(route);
+                }
+                break answer;
+            }
             // No responders at this gateway's server (yet): see the module doc.
             Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
                 let now = tokio::time::Instant::now();
-                if now + delay >= deadline {
+                if known_gone || now + delay >= deadline {
+                    gone.insert(route);
                     return Err(Status::failed_precondition(service::cap_message(format!(
                         "member {} of subscription {:?} is not connected to any gateway (the gateway that admitted it is gone: none answered on its route within {timeout:?}): this ack or nack is stale and changed nothing",
                         settle.member, settle.subscription

@@ -162,6 +162,8 @@ struct Inner {
     config: GatewayConfig,
     bridges: tokio::sync::Mutex<tokio::task::JoinSet<()>>,
     responder: tokio::task::JoinHandle<()>,
+    /// Routes found gone: their settles get one try (`forward`).
+    gone_routes: forward::GoneRoutes,
     coordination: tokio::task::JoinHandle<()>,
     /// The coordination bucket, read by `describe` for a singleton's line.
     backplane: crate::cluster::nats::NatsBackplane,
@@ -306,6 +308,7 @@ impl Gateway {
                 config,
                 bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
                 responder,
+                gone_routes: forward::GoneRoutes::default(),
                 coordination,
                 backplane,
             }),
@@ -558,6 +561,7 @@ impl Gateway {
                 forward::request(
                     &self.inner.shared.client,
                     &self.inner.config.stream,
+                    &self.inner.gone_routes,
                     forward::SettleRequest {
                         subscription: subscription_id.to_string(),
                         member,
