@@ -165,7 +165,7 @@ impl Checker {
             Input::PlaceInLine { member, position } => {
                 format!("m{member} placed {position} in the cluster's line")
             }
-            Input::HandBack { ids } => format!("hand back {ids:?}"),
+            Input::HandBack { ids, .. } => format!("hand back {ids:?}"),
         }
     }
 }
@@ -291,7 +291,7 @@ impl Observer for Checker {
             | Input::Nack { .. }
             | Input::Activate { .. }
             | Input::PlaceInLine { .. } => {}
-            Input::HandBack { ids } => {
+            Input::HandBack { ids, .. } => {
                 for id in ids {
                     m.outstanding.remove(id);
                 }

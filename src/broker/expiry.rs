@@ -94,6 +94,13 @@ impl Broker {
             }
             catalog.by_name.remove(state.core.id());
             catalog.retired = catalog.retired.max(state.core.floors());
+            if state.core.is_arbitrated() {
+                // Cluster mode: a singleton expires with its last member here, often before
+                // the gateway gave back what it held (its open pull ends first). What waited
+                // here goes back upstream, so it is handed back, not expired: the observer
+                // (the gateway's bridge) carries it to the next active member's gateway.
+                self.hand_back_locked(&mut state, &mut Vec::new());
+            }
             let held = state.core.drain() + std::mem::take(&mut state.held_back).len();
             self.apply(
                 &mut state,

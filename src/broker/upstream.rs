@@ -175,32 +175,50 @@ impl Broker {
     /// Takes every queued (not in-flight) message out of `subscription_id`, to give back
     /// upstream; returns their ids with the attempt each one's next delivery would carry, head
     /// first, then the carried messages that have not come back here (empty when there is no
-    /// such subscription).
+    /// such subscription). The observer sees the same list ([`Input::HandBack`]).
     pub fn hand_back(&self, subscription_id: &str) -> Vec<(SystemId, u32)> {
         self.with_subscription(subscription_id, |state, dead| {
-            let mut taken: Vec<(SystemId, u32)> = state
-                .core
-                .take_queued()
-                .into_iter()
-                .map(|(message, attempt)| (message.system_id(), attempt))
-                .collect();
-            // What was held back goes upstream too (its memory with it, when `apply` accounts).
-            for (id, (_, attempt, _)) in std::mem::take(&mut state.held_back) {
-                taken.push((id, attempt));
-            }
-            // What a dead gateway held and has not come back here is JetStream's to redeliver to
-            // the next active member's gateway, which counts it again.
-            state.owed = None;
-            if !taken.is_empty() {
-                let ids = taken.iter().map(|(id, _)| *id).collect();
-                self.apply(state, Input::HandBack { ids }, Vec::new(), dead);
-            }
-            // Carried messages that have not come back here are still JetStream's to
-            // redeliver, now to the next active member's gateway: their carry goes on.
-            taken.extend(std::mem::take(&mut state.attempt_floors));
-            Ok(taken)
+            Ok(self.hand_back_locked(state, dead))
         })
         .unwrap_or_default()
+    }
+
+    /// [`Broker::hand_back`] under the subscription's lock; also what an arbitrated singleton
+    /// that expires hands back first, so what it queued is carried, not lost with it.
+    pub(super) fn hand_back_locked(
+        &self,
+        state: &mut super::member::SubState,
+        dead: &mut super::DeadLetters,
+    ) -> Vec<(SystemId, u32)> {
+        let mut taken: Vec<(SystemId, u32)> = state
+            .core
+            .take_queued()
+            .into_iter()
+            .map(|(message, attempt)| (message.system_id(), attempt))
+            .collect();
+        // What was held back goes upstream too (its memory with it, when `apply` accounts).
+        for (id, (_, attempt, _)) in std::mem::take(&mut state.held_back) {
+            taken.push((id, attempt));
+        }
+        // What a dead gateway held and has not come back here is JetStream's to redeliver to
+        // the next active member's gateway, which counts it again.
+        state.owed = None;
+        let ids: Vec<SystemId> = taken.iter().map(|(id, _)| *id).collect();
+        // Carried messages that have not come back here are still JetStream's to redeliver,
+        // now to the next active member's gateway: their carry goes on.
+        taken.extend(std::mem::take(&mut state.attempt_floors));
+        if !taken.is_empty() {
+            self.apply(
+                state,
+                Input::HandBack {
+                    ids,
+                    carry: taken.clone(),
+                },
+                Vec::new(),
+                dead,
+            );
+        }
+        taken
     }
 
     /// Queues `message` (its `system_id` chosen upstream) on the subscription `subscription_id`

@@ -450,3 +450,63 @@ async fn a_clean_close_promotion_pulls_at_once() {
     broker.inject("s", message(5), 1, &live).unwrap();
     assert_eq!(delivered(&mut s).await, Some((5, 2)));
 }
+
+/// Records the carry of every hand-back it observes.
+#[derive(Default)]
+struct HandBacks(std::sync::Mutex<Vec<Vec<(SystemId, u32)>>>);
+
+impl Observer for HandBacks {
+    fn observe(&self, observation: &Observation<'_>) {
+        if let Input::HandBack { carry, .. } = observation.input {
+            self.0.lock().unwrap().push(carry.clone());
+        }
+    }
+}
+
+// README "Clean close": a gateway's singleton expires as soon as its last member there leaves,
+// often before the gateway gives back what it holds (its open pull ends first). What the
+// subscription queued (the left member's in-flight messages with attempt + 1, the rest) and
+// the carried messages that had not come back are handed back to the observer as it expires,
+// for the promotion that follows to carry; none of it counts as expired (it goes back to
+// JetStream). They used to be drained uncarried, so the next active member's gateway neither
+// raised their attempts nor kept their order.
+#[tokio::test(start_paused = true)]
+async fn a_singleton_that_expires_with_its_last_member_hands_back_what_it_queued() {
+    let observer = Arc::new(HandBacks::default());
+    let limits = Limits {
+        idle_timeout: Duration::ZERO,
+        ..Limits::default()
+    };
+    let broker = Broker::gateway(
+        limits,
+        Arc::new(VirtualClock::new(1_700_000_000_000)),
+        observer.clone(),
+    );
+    let mut req = request("s", Mode::Singleton);
+    req.member.max_in_flight = 2;
+    let mut s = broker.open(&req, None).unwrap();
+    let activation = Activation {
+        epoch: 2,
+        carry: vec![(20, 3)],
+        promoted: true,
+        took_over: false,
+    };
+    broker.activate("s", s.member_id(), activation).unwrap();
+    confirmed_epoch(&mut s).await;
+    let live = AtomicBool::new(true);
+    for id in [7, 8, 9] {
+        broker.inject("s", message(id), 1, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, Some((7, 1)));
+    assert_eq!(delivered(&mut s).await, Some((8, 1)));
+    // Its stream closes: a clean close.
+    drop(s);
+    assert_eq!(broker.expire_idle(), 1);
+    assert_eq!(
+        *observer.0.lock().unwrap(),
+        [vec![(7, 2), (8, 2), (9, 1), (20, 3)]],
+        "the in-flight ones with attempt + 1, the queued one, the carried one still missing"
+    );
+    assert_eq!(broker.list().1.messages_expired, 0);
+    assert!(broker.hand_back("s").is_empty(), "gone, nothing left");
+}

@@ -394,3 +394,74 @@ async fn an_ack_free_singleton_hands_on_what_its_leaving_member_never_got() {
     );
     assert_eq!(got, published[skipped..], "in publish order, no gap");
 }
+
+// SPEC §4 and §9: publish order across a clean close, also when JetStream redelivers what was
+// given back out of order (seen: 118 after 119 and 120 above). The active member (window 8),
+// its gateway's only member of the subscription, holds m0..m3 when it closes, while its
+// gateway has a pull open: the gateway gives them back, m0 first. A second puller, standing
+// for JetStream redelivering m0 late, takes m0 as it comes back and gives it back with a 1 s
+// delay, so m1..m3 reach the promoted gateway first. The promotion names what was given back
+// (its carry), so that gateway holds m1..m3 until m0 came. The carry used to be empty here:
+// the local subscription expired with its last member, and its queue with it, before the
+// gateway read what to carry once its open pull ended.
+#[tokio::test]
+async fn a_given_back_message_that_jetstream_redelivers_late_still_comes_first() {
+    use tokio_stream::StreamExt;
+    let (cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut request = singleton("late");
+    request.max_in_flight = 8;
+    let mut a1 = on_a.subscribe(request.clone()).await.unwrap();
+    a1.confirmed().await;
+    let mut b1 = on_b.subscribe(request).await.unwrap();
+    let url = &cluster.client_urls()[2];
+    await_line(url, "late", 2).await;
+    let mut held = Vec::new();
+    for n in 0..4 {
+        held.push(on_b.publish("jobs.run", &format!("m{n}")).await.system_id);
+    }
+    for &id in &held {
+        assert_eq!(a1.message().await.system_id, id);
+    }
+    // A pull that waits: when gateway A gives back, its own pull has ended, so this one is the
+    // only one waiting and takes m0, the first given back.
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let name = tinybroker::cluster::gateway::names::consumer_name(
+        tinybroker::core::Mode::Singleton,
+        "late",
+        "",
+    );
+    let consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_stream("tinybroker")
+        .await
+        .unwrap()
+        .get_consumer(&name)
+        .await
+        .unwrap();
+    let mut late = consumer
+        .batch()
+        .max_messages(1)
+        .expires(Duration::from_secs(10))
+        .messages()
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    drop(a1);
+    let taken = within(late.next()).await.unwrap().unwrap();
+    assert_eq!(taken.info().unwrap().stream_sequence, held[0]);
+    taken
+        .ack_with(async_nats::jetstream::AckKind::Nak(Some(
+            Duration::from_secs(1),
+        )))
+        .await
+        .unwrap();
+    b1.confirmed().await;
+    let mut order = Vec::new();
+    for _ in 0..held.len() {
+        let got = b1.message().await;
+        b1.ack(got.system_id).await;
+        order.push(got.system_id);
+    }
+    assert_eq!(order, held, "what the closed member held, in publish order");
+}

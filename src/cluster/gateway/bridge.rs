@@ -12,7 +12,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{
-        Arc, PoisonError, RwLock,
+        Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -76,7 +76,15 @@ struct Link {
     /// expires: the broker checks it under that same lock before queuing what the bridge
     /// injects, so a stopping bridge can never feed a newer subscription of the same name.
     live: Arc<AtomicBool>,
+    /// What the local subscription handed back (see [`Bridge::handed_back`]).
+    handed_back: HandedBack,
 }
+
+/// An arbitrated singleton's hand-backs, collected by the router as the broker makes them
+/// (under the subscription's lock, also when the subscription expires with its last member) and
+/// taken by the bridge when it gives back what it holds: by stream sequence, the least attempt
+/// each one's next delivery carries.
+pub(super) type HandedBack = Arc<Mutex<BTreeMap<u64, u32>>>;
 
 /// Routes the local broker's decisions to the bridge of each subscription. It is the broker's
 /// observer in cluster mode: called under the subscription's lock, it only looks up the
@@ -104,6 +112,7 @@ pub(super) enum Attach {
         events: mpsc::UnboundedReceiver<Event>,
         wake: Arc<Notify>,
         live: Arc<AtomicBool>,
+        handed_back: HandedBack,
     },
 }
 
@@ -124,18 +133,21 @@ impl Router {
         let (tx, rx) = mpsc::unbounded_channel();
         let wake = Arc::new(Notify::new());
         let live = Arc::new(AtomicBool::new(true));
+        let handed_back = HandedBack::default();
         links.insert(
             subscription.clone(),
             Link {
                 events: tx,
                 wake: wake.clone(),
                 live: live.clone(),
+                handed_back: handed_back.clone(),
             },
         );
         Attach::New {
             events: rx,
             wake,
             live,
+            handed_back,
         }
     }
 
@@ -159,7 +171,7 @@ impl Observer for Router {
         ) || (arbitrated
             && matches!(
                 observation.input,
-                Input::Leave { .. } | Input::Activate { .. }
+                Input::Leave { .. } | Input::Activate { .. } | Input::HandBack { .. }
             ))
             || observation
                 .effects
@@ -185,6 +197,16 @@ impl Observer for Router {
         if let Input::Activate { .. } = observation.input {
             // The active member has window now: pull for it.
             link.wake.notify_one();
+        }
+        if let Input::HandBack { carry, .. } = observation.input {
+            let mut handed_back = link
+                .handed_back
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for &(sequence, attempt) in carry {
+                let least = handed_back.entry(sequence).or_insert(attempt);
+                *least = (*least).max(attempt);
+            }
         }
         if let Input::Ack {
             accepted: true,
@@ -245,6 +267,12 @@ pub(super) struct Bridge {
     pub(super) leaving: Vec<MemberId>,
     /// Whether the subscription is a singleton (arbitrated here): its pulls run to their end.
     pub(super) singleton: bool,
+    /// What the local subscription handed back, collected by the router: taken when no active
+    /// member remains here, to name it in the promotion that follows ([`Bridge::vacate`]).
+    /// Collected as the broker hands back rather than read from it then, because a singleton
+    /// whose last member here left expires at once, and with it what it queued, often before
+    /// its open pull ended.
+    pub(super) handed_back: HandedBack,
 }
 
 /// Sleeps for `pause`, or forever.
@@ -389,12 +417,26 @@ impl Bridge {
     /// remains here, every message this gateway holds goes back to JetStream, each nak
     /// confirmed, in stream order (JetStream redelivers naked messages ahead of new ones), and
     /// only then is the coordinator told, whose write promotes the next member: so that
-    /// member, on any gateway, gets the in-flight messages first, with attempt + 1.
+    /// member, on any gateway, gets the in-flight messages first, with attempt + 1. The write
+    /// carries every message given back (and every carried one that had not come back here),
+    /// in stream order: JetStream does not always redeliver naked messages in the order they
+    /// were naked, and the promoted gateway holds what comes ahead of a carried one still
+    /// missing.
     async fn vacate(&mut self) {
         let leaving = std::mem::take(&mut self.leaving);
         let mut carry = Vec::new();
         if !self.shared.broker.has_active(&self.subscription) {
-            let local = self.shared.broker.hand_back(&self.subscription);
+            // What is queued here goes back: handed back now, or already when the subscription
+            // expired with its last member. Either way the router collected it, under the
+            // subscription's lock, before this call returns.
+            let _ = self.shared.broker.hand_back(&self.subscription);
+            let mut carried = std::mem::take(
+                &mut *self
+                    .handed_back
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            let queued_here = carried.len();
             let held = std::mem::take(&mut self.held);
             let count = held.len();
             for (sequence, reply) in held {
@@ -410,9 +452,12 @@ impl Bridge {
                     // consumers), so it is late, never lost.
                     tracing::warn!(subscription = %self.subscription, sequence, "JetStream did not confirm a nak in time");
                 }
+                // One that never reached the local queue (it came in the open pull after the
+                // member left) is named for its order only: JetStream's count is its attempt.
+                carried.entry(sequence).or_insert(1);
             }
-            tracing::debug!(subscription = %self.subscription, ?leaving, queued_here = local.len(), given_back = count, "no active member here: gave back what this gateway held");
-            carry = local;
+            tracing::debug!(subscription = %self.subscription, ?leaving, queued_here, given_back = count, carried = carried.len(), "no active member here: gave back what this gateway held");
+            carry = carried.into_iter().collect();
         }
         if let Some(singletons) = &self.shared.singletons {
             // The carry rides with the first leave: the one whose promotion follows.

@@ -409,7 +409,12 @@ impl Gateway {
             service::status(&e)
         })?;
         let subscription: Arc<str> = Arc::from(request.subscription_id.as_str());
-        if let bridge::Attach::New { events, wake, live } = self.inner.router.attach(&subscription)
+        if let bridge::Attach::New {
+            events,
+            wake,
+            live,
+            handed_back,
+        } = self.inner.router.attach(&subscription)
         {
             let bridge = bridge::Bridge {
                 shared: self.inner.shared.clone(),
@@ -428,6 +433,7 @@ impl Gateway {
                 },
                 leaving: Vec::new(),
                 singleton,
+                handed_back,
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
