@@ -717,3 +717,48 @@ fn an_unconfirmed_lease_create_fences_rather_than_creating_the_lease_again() {
         );
     }
 }
+
+// review31: the bridge gives the carry to the FIRST member of a vacate batch (`bridge.rs`
+// `vacate`: "the carry rides with the first leave"). When a standby of this gateway leaves just
+// before (same open pull) the active one, the carry lands on the standby's leave: its write
+// keeps the active member and consumes the carry, and the promotion that follows the active
+// member's leave carries nothing.
+#[test]
+fn review31_a_carry_riding_with_a_standby_leave_reaches_the_promotion() {
+    let mut c = leased();
+    let v = SubValue {
+        line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
+        active: Some(uid(7, 1)),
+        epoch: 3,
+        carry: Vec::new(),
+        promoted: false,
+        took_over: false,
+    };
+    c.member_joined(ms(3), "jobs", 1);
+    c.member_joined(ms(3), "jobs", 2);
+    let (creates, _) = drain(&mut c);
+    see_line(&mut c, ms(4), &v, 9);
+    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
+    drain(&mut c);
+    // vacate with leaving = [2 (standby), 1 (active)]: carry rides with 2.
+    c.member_left_carrying(ms(5), "jobs", 2, vec![(41, 3), (42, 2)]);
+    c.member_left_carrying(ms(5), "jobs", 1, Vec::new());
+    let mut rev = 10;
+    let mut promoted = None;
+    for _ in 0..4 {
+        let (cmds, _) = drain(&mut c);
+        for cmd in cmds {
+            let next = value(&cmd);
+            c.write_result(ms(6), cmd.id, Ok(rev));
+            rev += 1;
+            if next.active == Some(uid(9, 5)) {
+                promoted = Some(next.carry.clone());
+            }
+        }
+    }
+    assert_eq!(
+        promoted,
+        Some(vec![(41, 3), (42, 2)]),
+        "the write promoting 9/5 carries what 7 gave back"
+    );
+}
