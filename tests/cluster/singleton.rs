@@ -465,3 +465,55 @@ async fn a_given_back_message_that_jetstream_redelivers_late_still_comes_first()
     }
     assert_eq!(order, held, "what the closed member held, in publish order");
 }
+
+// review31: SPEC §1/§4, `delivery_attempt` starts at 1 and counts deliveries to members. What
+// an ack-free singleton's gateway queued but never wrote to its member goes to the promoted
+// member with the carry naming attempt 1, yet the promoted gateway delivers it with
+// max(carry, JetStream's count) = 2: JetStream counted gateway A's pull as a delivery.
+#[tokio::test]
+async fn review31_what_no_member_got_is_delivered_as_a_first_attempt() {
+    let (cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let ack_free = || {
+        let mut request = singleton("firehose");
+        request.ack_mode = tinybroker::pb::AckMode::None.into();
+        request.max_in_flight = 1000;
+        request
+    };
+    let mut active = on_a.subscribe(ack_free()).await.unwrap();
+    active.confirmed().await;
+    let mut standby = on_b.subscribe(ack_free()).await.unwrap();
+    let url = &cluster.client_urls()[2];
+    await_line(url, "firehose", 2).await;
+    let payload = "x".repeat(64 * 1024);
+    let mut published = Vec::new();
+    for _ in 0..120 {
+        published.push(on_b.publish("jobs.feed", &payload).await.system_id);
+    }
+    within(async {
+        while not_pulled(url, "firehose").await > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    drop(active);
+    standby.confirmed().await;
+    let end = on_b.publish("jobs.feed", "end").await.system_id;
+    let mut attempts = Vec::new();
+    loop {
+        let m = standby.message().await;
+        if m.system_id == end {
+            break;
+        }
+        attempts.push((m.system_id, m.delivery_attempt));
+    }
+    assert!(!attempts.is_empty());
+    let inflated: Vec<_> = attempts.iter().filter(|(_, a)| *a != 1).collect();
+    assert!(
+        inflated.is_empty(),
+        "{} of {} never written to any member arrive with attempt > 1: {:?}",
+        inflated.len(),
+        attempts.len(),
+        &inflated[..inflated.len().min(5)]
+    );
+}
