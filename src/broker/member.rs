@@ -154,7 +154,7 @@ pub(crate) struct SubState {
     unsent_scratch: Vec<SystemId>,
     /// A publish's effects buffer, kept between publishes while it is small.
     effects: Vec<Effect>,
-    /// Cluster mode: the least attempt the next injection of these messages carries (set when
+    /// Cluster mode: the attempt the next injection of these messages carries (set when
     /// the cluster activates a member here; at most `MAX_CARRY` entries, replaced each time).
     pub(crate) attempt_floors: BTreeMap<SystemId, u32>,
     /// Cluster mode: messages injected ahead of a carried one that has not come back yet

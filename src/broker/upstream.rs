@@ -264,8 +264,12 @@ impl Broker {
                 return Err(error);
             }
             state.accounted += share;
+            // A carried message's attempt is the one its last gateway named: JetStream's count
+            // misses a gateway's own redeliveries after a nack, and counts a delivery to a
+            // gateway that no member got (a pull that came after the member left, or a queue
+            // that was never written).
             let floor = state.attempt_floors.remove(&system_id);
-            let attempt = floor.map_or(attempt, |floor| floor.max(attempt));
+            let attempt = floor.unwrap_or(attempt);
             // One of the redeliveries owed after taking over from a dead gateway: ids up to the
             // consumer's last delivered one are redeliveries, every id above a new message.
             let owed = match &mut state.owed {

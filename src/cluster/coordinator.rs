@@ -142,8 +142,8 @@ pub enum Effect {
         member: u64,
         /// Its fencing token.
         epoch: u64,
-        /// Attempts the messages given back by the previous active member's gateway must
-        /// carry at least ([`SubValue::carry`]).
+        /// The attempts the messages given back by the previous active member's gateway
+        /// carry ([`SubValue::carry`]).
         carry: Vec<(u64, u32)>,
         /// It took over from an earlier active member ([`SubValue::promoted`]).
         promoted: bool,
@@ -208,6 +208,10 @@ struct Pending {
     deletes_lease: Option<GatewayId>,
     /// Whether this deletes a subscription's emptied key.
     deletes_sub: bool,
+    /// Whether this changes the subscription's active member: a carry it holds is spent once it
+    /// is confirmed. One written beside a standby's leave (the active member unchanged) is
+    /// kept for the write that promotes.
+    spends_carry: bool,
     sent: Duration,
 }
 
@@ -416,7 +420,10 @@ impl Coordinator {
                 if let Some(sub) = p.key.strip_prefix("sub.") {
                     match p.value {
                         Some(v) => {
-                            if self.carry.get(sub) == Some(&v.carry) {
+                            // Spent by the write that promotes with it; one written with
+                            // the active member unchanged (a standby of this gateway left
+                            // first) still rides with the promotion that follows.
+                            if p.spends_carry && self.carry.get(sub) == Some(&v.carry) {
                                 self.carry.remove(sub);
                             }
                             self.see_sub(sub, v, rev);
@@ -623,7 +630,14 @@ impl Coordinator {
         self.commands.clear();
     }
 
-    fn issue(&mut self, now: Duration, key: String, op: Op, value: Option<SubValue>) -> RequestId {
+    fn issue(
+        &mut self,
+        now: Duration,
+        key: String,
+        op: Op,
+        value: Option<SubValue>,
+        spends_carry: bool,
+    ) -> RequestId {
         let id = self.next_id;
         self.next_id += 1;
         let (expected, deletes_lease) = match &op {
@@ -645,6 +659,7 @@ impl Coordinator {
                 expected,
                 deletes_lease,
                 deletes_sub,
+                spends_carry,
                 sent: now,
             },
         );
@@ -697,7 +712,7 @@ impl Coordinator {
             Some(rev) => Op::Update(value, rev),
             None => Op::Create(value),
         };
-        let id = self.issue(now, key.clone(), op, None);
+        let id = self.issue(now, key.clone(), op, None, false);
         // The lease key has a single writer while alive: never blocked by the generic rule.
         self.blocks.remove(&key);
         self.renewal = Some(id);
@@ -724,7 +739,7 @@ impl Coordinator {
         for (g, rev) in stale {
             let key = lease_key(g);
             if self.writable(now, &key) {
-                self.issue(now, key, Op::Delete(rev), None);
+                self.issue(now, key, Op::Delete(rev), None, false);
             }
         }
     }
@@ -811,7 +826,7 @@ impl Coordinator {
                 took_over: false,
             };
             let bytes = encode(&v);
-            self.issue(now, key, Op::Create(bytes), Some(v));
+            self.issue(now, key, Op::Create(bytes), Some(v), true);
             return;
         };
         let mut line: Vec<MemberUid> = current
@@ -876,10 +891,17 @@ impl Coordinator {
             took_over,
         };
         if next.line.is_empty() {
-            self.issue(now, key, Op::Delete(revision), None);
+            self.issue(now, key, Op::Delete(revision), None, true);
         } else if next != current {
             let bytes = encode(&next);
-            self.issue(now, key, Op::Update(bytes, revision), Some(next));
+            let spends_carry = next.active != current.active;
+            self.issue(
+                now,
+                key,
+                Op::Update(bytes, revision),
+                Some(next),
+                spends_carry,
+            );
         }
     }
 }

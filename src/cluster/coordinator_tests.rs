@@ -718,13 +718,13 @@ fn an_unconfirmed_lease_create_fences_rather_than_creating_the_lease_again() {
     }
 }
 
-// review31: the bridge gives the carry to the FIRST member of a vacate batch (`bridge.rs`
-// `vacate`: "the carry rides with the first leave"). When a standby of this gateway leaves just
-// before (same open pull) the active one, the carry lands on the standby's leave: its write
-// keeps the active member and consumes the carry, and the promotion that follows the active
-// member's leave carries nothing.
+// The bridge gives its carry to the first member of the ones leaving together. When a standby
+// of this gateway leaves just before the active one, the carry lands on the standby's leave,
+// whose write keeps the active member: the carry must still ride with the promotion that
+// follows the active member's leave (it used to be spent by the first write, and the promoting
+// one carried nothing).
 #[test]
-fn review31_a_carry_riding_with_a_standby_leave_reaches_the_promotion() {
+fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
     let mut c = leased();
     let v = SubValue {
         line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
@@ -740,7 +740,7 @@ fn review31_a_carry_riding_with_a_standby_leave_reaches_the_promotion() {
     see_line(&mut c, ms(4), &v, 9);
     c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
     drain(&mut c);
-    // vacate with leaving = [2 (standby), 1 (active)]: carry rides with 2.
+    // Leaving together: 2 (a standby) first, with the carry, then 1 (the active member).
     c.member_left_carrying(ms(5), "jobs", 2, vec![(41, 3), (42, 2)]);
     c.member_left_carrying(ms(5), "jobs", 1, Vec::new());
     let mut rev = 10;

@@ -27,8 +27,9 @@ pub struct SubValue {
     /// The active member's epoch (the last one handed out when none is active).
     pub epoch: u64,
     /// Messages the last active member's gateway gave back, with the attempt their next
-    /// delivery must carry at least (stream sequence, attempt): JetStream counts deliveries
-    /// to gateways, not the redeliveries inside one after a nack. Written with the promotion
+    /// delivery carries (stream sequence, attempt): JetStream counts deliveries to gateways,
+    /// not the redeliveries inside one after a nack, and counts a delivery to a gateway that
+    /// no member got. Written with the promotion
     /// that follows a clean close; replaced by the next promotion.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub carry: Vec<(u64, u32)>,

@@ -49,7 +49,7 @@ impl Running {
     }
 }
 
-/// How long [`serve`] waits for each start-up log line. Longer than an event's timeout: a
+/// How long [`serve`] waits for the process to log its bound address. Longer than an event's timeout: a
 /// gateway's start is a handful of JetStream requests, each allowed 5 s, and on a loaded
 /// machine one of them can meet a server still settling (seen twice in CI: a gateway that
 /// listened after more than 10 s). How long start-up takes is not what the tests check;
@@ -85,8 +85,9 @@ pub async fn serve(args: &[&str]) -> (Running, String) {
         start: Vec::new(),
     };
     let started = std::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
     let line = loop {
-        let next = tokio::time::timeout(START_TIMEOUT, running.lines.recv()).await;
+        let next = tokio::time::timeout_at(deadline, running.lines.recv()).await;
         let line = match next {
             Ok(Some(line)) => line,
             // What start-up logged says which step it waits on.

@@ -315,7 +315,7 @@ async fn a_route_found_gone_gets_one_try_until_it_answers_again() {
     let (on_b, answered) = within(ack).await.unwrap();
     assert_code(answered, Code::NotFound, "the holder's answer");
     // Forgotten: once the holder is gone again, a settle is retried for the timeout again.
-    drop(requests);
+    requests.unsubscribe().await.unwrap();
     holder.flush().await.unwrap();
     let started = std::time::Instant::now();
     assert_code(

@@ -260,6 +260,10 @@ pub(super) struct Bridge {
     pub(super) live: Arc<AtomicBool>,
     /// Messages injected and not yet settled, by stream sequence: their ack subjects.
     pub(super) held: BTreeMap<u64, Subject>,
+    /// Held messages the local subscription refused (they came in an open pull after the
+    /// active member here left), with the attempt they came with: no member got them, so
+    /// that is the attempt their next delivery carries ([`Bridge::vacate`]).
+    pub(super) refused: BTreeMap<u64, u32>,
     /// How long one pull request waits for messages (short for singletons: a leaving active
     /// member's gateway waits for its open pull to end before giving back, see `vacate`).
     pub(super) pull_expires: Duration,
@@ -438,6 +442,7 @@ impl Bridge {
             );
             let queued_here = carried.len();
             let held = std::mem::take(&mut self.held);
+            let refused = std::mem::take(&mut self.refused);
             let count = held.len();
             for (sequence, reply) in held {
                 let confirmed = tokio::time::timeout(
@@ -453,8 +458,9 @@ impl Bridge {
                     tracing::warn!(subscription = %self.subscription, sequence, "JetStream did not confirm a nak in time");
                 }
                 // One that never reached the local queue (it came in the open pull after the
-                // member left) is named for its order only: JetStream's count is its attempt.
-                carried.entry(sequence).or_insert(1);
+                // member left) goes with the attempt it came with: no member got it.
+                let came_with = refused.get(&sequence).copied().unwrap_or(1);
+                carried.entry(sequence).or_insert(came_with);
             }
             tracing::debug!(subscription = %self.subscription, ?leaving, queued_here, given_back = count, carried = carried.len(), "no active member here: gave back what this gateway held");
             carry = carried.into_iter().collect();
@@ -537,6 +543,7 @@ impl Bridge {
     /// Gives back every message still held, so JetStream redelivers it (to any gateway) at once.
     async fn give_back(&mut self) {
         let held = std::mem::take(&mut self.held);
+        self.refused.clear();
         let count = held.len();
         for (_, reply) in held {
             self.reply(reply, AckKind::Nak(None)).await;
@@ -624,7 +631,10 @@ impl Bridge {
             // the way. Naked now, it could come straight back to the pull still open; held, it
             // is given back in order with the rest once that pull ends.
             Err(Error::Unavailable(_) | Error::SubscriptionNotFound(_) | Error::ShuttingDown)
-                if self.held.contains_key(&sequence) => {}
+                if self.held.contains_key(&sequence) =>
+            {
+                self.refused.insert(sequence, attempt);
+            }
             Err(error) => {
                 if let Some(reply) = self.held.remove(&sequence) {
                     self.reply(reply, AckKind::Nak(None)).await;

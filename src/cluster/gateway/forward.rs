@@ -241,9 +241,9 @@ pub(super) async fn request(
         let request = client.request(subject.clone(), body.clone());
         match tokio::time::timeout_at(deadline, request).await {
             Ok(Ok(answer)) => {
-                if known_gone {
-                    gone.remove(route);
-                }
+                // Also when this settle began before the route was found gone: a settle that
+                // began earlier and found no responders may have marked it meanwhile.
+                gone.remove(route);
                 break answer;
             }
             // No responders at this gateway's server (yet): see the module doc.

@@ -426,6 +426,7 @@ impl Gateway {
                 wake,
                 live,
                 held: BTreeMap::new(),
+                refused: BTreeMap::new(),
                 pull_expires: if singleton {
                     bridge::SINGLETON_PULL_EXPIRES
                 } else {
