@@ -222,3 +222,71 @@ fn vectors_grow_exactly_while_small_then_double() {
     reserve_one(&mut roomy);
     assert_eq!(roomy.capacity(), 10);
 }
+
+/// The top-level node whose label is `label`.
+fn top<'a>(index: &'a mut PatternIndex<usize>, label: &str) -> &'a mut Node<usize> {
+    index
+        .root
+        .literal
+        .iter_mut()
+        .map(|edge| &mut edge.node)
+        .find(|node| &*node.label == label)
+        .unwrap_or_else(|| panic!("no top-level node {label:?}"))
+}
+
+/// An index with a keyless node of three literal children and a star child ("a.b"), a
+/// keyless node of one literal and one star child ("c"), and five keys on one node ("q").
+fn varied() -> PatternIndex<usize> {
+    let mut index = PatternIndex::new();
+    for (key, pat) in ["a.b.x", "a.b.y", "a.b.z", "a.b.*", "c.d.x", "c.*.x"]
+        .iter()
+        .enumerate()
+    {
+        index.insert(&p(pat), key);
+    }
+    for key in 10..15 {
+        index.insert(&p("q"), key);
+    }
+    index
+}
+
+// `check` is the oracle of the property tests and the fuzz target: it accepts every shape the
+// index builds (many children, a star beside one literal, several keys on a node, spare
+// capacity up to twice the length) and names each broken one.
+#[test]
+fn check_accepts_the_shapes_the_index_builds() {
+    let mut index = varied();
+    index.check().unwrap();
+    assert_eq!(top(&mut index, "a.b").children(), 4);
+    assert_eq!(top(&mut index, "c").children(), 2);
+    let keys = &mut top(&mut index, "q").exact;
+    assert_eq!(keys.len(), 5);
+    keys.shrink_to_fit();
+    keys.reserve_exact(3);
+    assert!((8..=10).contains(&keys.capacity()));
+    index.check().unwrap();
+}
+
+#[test]
+fn check_names_each_broken_shape() {
+    type Breaking = fn(&mut PatternIndex<usize>);
+    let broken: [(&str, Breaking); 6] = [
+        ("capacity", |index| top(index, "q").exact.reserve_exact(20)),
+        ("not sorted", |index| top(index, "q").exact.swap(0, 1)),
+        ("out of order", |index| top(index, "a.b").literal.swap(0, 1)),
+        ("edge to", |index| top(index, "a.b").literal[0].hash ^= 1),
+        ("no key", |index| {
+            let node = top(index, "c");
+            node.literal = Vec::new();
+            node.star.as_mut().unwrap().exact = Vec::new();
+            index.len -= 2;
+        }),
+        ("entries held", |index| index.len += 1),
+    ];
+    for (what, breaking) in broken {
+        let mut index = varied();
+        breaking(&mut index);
+        let error = index.check().expect_err(what);
+        assert!(error.contains(what), "{what}: {error}");
+    }
+}

@@ -243,6 +243,41 @@ mod tests {
         );
     }
 
+    // The public count adds the payload to the envelope's parts (a message stores only the
+    // envelope's and adds its payload's length).
+    #[test]
+    fn encoded_size_adds_topic_payload_and_headers() {
+        let headers: Headers = [("k".into(), "v".into())].into();
+        let topic = Topic::parse("a.b").unwrap();
+        assert_eq!(
+            encoded_size(&topic, &[0; 100], &headers),
+            3 + 100 + (1 + 1 + 64)
+        );
+    }
+
+    // What a log line or a failed assertion shows of a message: its id, topic, payload,
+    // headers and time; of an envelope, its topic and headers.
+    #[test]
+    fn debug_shows_every_part() {
+        let headers: Headers = [("trace".into(), "t-1".into())].into();
+        let m = message(headers, b"payload");
+        let shown = format!("{m:?}");
+        for part in [
+            "system_id: 1",
+            "a.b",
+            "payload",
+            "trace",
+            "t-1",
+            "published_at_ms: 7",
+        ] {
+            assert!(shown.contains(part), "{part:?} missing from {shown}");
+        }
+        let envelope = format!("{:?}", m.envelope());
+        for part in ["Envelope", "a.b", "trace", "t-1"] {
+            assert!(envelope.contains(part), "{part:?} missing from {envelope}");
+        }
+    }
+
     // The queue slot is one pointer (a million queued messages cost 8 MB of slots, not 16).
     #[test]
     fn a_message_is_one_word() {
