@@ -42,38 +42,59 @@ use crate::{
 /// The longest pause between two tries of a forwarded settle that found no responders.
 const NO_RESPONDERS_MAX_DELAY: Duration = Duration::from_millis(200);
 
-/// How many gone routes a gateway remembers; past it, the longest-known is forgotten (and
-/// its next settle waits out the timeout once more).
+/// How many gone routes a gateway remembers, and how many routes' last answers; past it, the
+/// longest-known is forgotten (a gone route's next settle then waits out the timeout once more).
 const GONE_ROUTES: usize = 1024;
 
 /// The routes on which no gateway answered for a whole forward timeout: each one's next
-/// settle gets one try, not the timeout's worth of retries. Bounded by [`GONE_ROUTES`].
+/// settle gets one try, not the timeout's worth of retries. Beside them, when each route last
+/// answered: a settle that began before that answer does not mark its route gone (it found
+/// no responders through an outage that another settle saw end). Both bounded by
+/// [`GONE_ROUTES`].
 #[derive(Debug, Default)]
-pub(super) struct GoneRoutes(Mutex<VecDeque<u64>>);
+pub(super) struct GoneRoutes(Mutex<Routes>);
+
+#[derive(Debug, Default)]
+struct Routes {
+    gone: VecDeque<u64>,
+    answered: VecDeque<(u64, tokio::time::Instant)>,
+}
 
 impl GoneRoutes {
     fn contains(&self, route: u64) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&route)
+        self.lock().gone.contains(&route)
     }
 
-    fn insert(&self, route: u64) {
-        let mut routes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if !routes.contains(&route) {
-            if routes.len() == GONE_ROUTES {
-                routes.pop_front();
+    /// `route` found gone by a settle that began at `since`.
+    fn found_gone(&self, route: u64, since: tokio::time::Instant) {
+        let mut routes = self.lock();
+        let answered_after = routes
+            .answered
+            .iter()
+            .any(|(r, at)| *r == route && *at >= since);
+        if !answered_after && !routes.gone.contains(&route) {
+            if routes.gone.len() == GONE_ROUTES {
+                routes.gone.pop_front();
             }
-            routes.push_back(route);
+            routes.gone.push_back(route);
         }
     }
 
-    fn remove(&self, route: u64) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|r| *r != route);
+    /// `route` answered a settle.
+    fn answered(&self, route: u64) {
+        let mut routes = self.lock();
+        routes.gone.retain(|r| *r != route);
+        routes.answered.retain(|(r, _)| *r != route);
+        if routes.answered.len() == GONE_ROUTES {
+            routes.answered.pop_front();
+        }
+        routes
+            .answered
+            .push_back((route, tokio::time::Instant::now()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -227,6 +248,7 @@ pub(super) async fn request(
         serde_json::to_vec(&settle).map_err(|e| Status::internal(e.to_string()))?,
     );
     let route = route_of(settle.member);
+    let since = tokio::time::Instant::now();
     let known_gone = gone.contains(route);
     let subject = subject(stream, route);
     let late = || {
@@ -241,18 +263,21 @@ pub(super) async fn request(
         let request = client.request(subject.clone(), body.clone());
         match tokio::time::timeout_at(deadline, request).await {
             Ok(Ok(answer)) => {
-                // Also when this settle began before the route was found gone: a settle that
-                // began earlier and found no responders may have marked it meanwhile.
-                gone.remove(route);
+                gone.answered(route);
                 break answer;
             }
             // No responders at this gateway's server (yet): see the module doc.
             Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
                 let now = tokio::time::Instant::now();
                 if known_gone || now + delay >= deadline {
-                    gone.insert(route);
+                    gone.found_gone(route, since);
+                    let why = if known_gone {
+                        format!("none answered on its route for {timeout:?} before, nor now")
+                    } else {
+                        format!("none answered on its route within {timeout:?}")
+                    };
                     return Err(Status::failed_precondition(service::cap_message(format!(
-                        "member {} of subscription {:?} is not connected to any gateway (the gateway that admitted it is gone: none answered on its route within {timeout:?}): this ack or nack is stale and changed nothing",
+                        "member {} of subscription {:?} is not connected to any gateway (the gateway that admitted it is gone: {why}): this ack or nack is stale and changed nothing",
                         settle.member, settle.subscription
                     ))));
                 }
@@ -276,5 +301,48 @@ pub(super) async fn request(
     match Code::from_i32(reply.code) {
         Code::Ok => Ok(()),
         code => Err(Status::new(code, reply.message)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{GONE_ROUTES, GoneRoutes};
+
+    // A route is marked gone by a settle that found no responders for the timeout, unmarked by
+    // an answer; a settle that began before the route's last answer does not mark it (it
+    // found no responders through an outage another settle saw end).
+    #[tokio::test(start_paused = true)]
+    async fn a_route_is_gone_until_it_answers_and_only_by_a_settle_begun_after_its_answer() {
+        let gone = GoneRoutes::default();
+        let before = tokio::time::Instant::now();
+        gone.found_gone(7, before);
+        assert!(gone.contains(7));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        gone.answered(7);
+        assert!(!gone.contains(7));
+        gone.found_gone(7, before);
+        assert!(!gone.contains(7), "began before the answer");
+        tokio::time::advance(Duration::from_millis(10)).await;
+        gone.found_gone(7, tokio::time::Instant::now());
+        assert!(gone.contains(7), "began after the answer");
+        assert!(!gone.contains(8));
+    }
+
+    // Bounded: past GONE_ROUTES the longest-known is forgotten, gone routes and answers alike.
+    #[tokio::test(start_paused = true)]
+    async fn the_memory_of_routes_is_bounded() {
+        let gone = GoneRoutes::default();
+        let now = tokio::time::Instant::now();
+        for route in 0..=GONE_ROUTES as u64 {
+            gone.found_gone(route, now);
+            gone.answered(route + 10_000);
+        }
+        let routes = gone.lock();
+        assert_eq!(routes.gone.len(), GONE_ROUTES);
+        assert_eq!(routes.answered.len(), GONE_ROUTES);
+        assert!(!routes.gone.contains(&0) && routes.gone.contains(&(GONE_ROUTES as u64)));
+        assert!(!routes.answered.iter().any(|(r, _)| *r == 10_000));
     }
 }
