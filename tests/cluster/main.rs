@@ -316,7 +316,17 @@ async fn a_route_found_gone_gets_one_try_until_it_answers_again() {
     assert_code(answered, Code::NotFound, "the holder's answer");
     // Forgotten: once the holder is gone again, a settle is retried for the timeout again.
     requests.unsubscribe().await.unwrap();
-    holder.flush().await.unwrap();
+    // The server dropped the subscription once a message sent after the unsubscription comes
+    // back through another (the connection's operations are applied in order; `flush` only
+    // writes to the socket).
+    let mut echo = holder.subscribe("echo.unsubscribed").await.unwrap();
+    holder
+        .publish("echo.unsubscribed", "after".into())
+        .await
+        .unwrap();
+    within(tokio_stream::StreamExt::next(&mut echo))
+        .await
+        .unwrap();
     let started = std::time::Instant::now();
     assert_code(
         on_b.ack("orders", member, 45).await,

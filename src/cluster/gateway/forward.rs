@@ -39,6 +39,9 @@ use crate::{
     service,
 };
 
+/// How long a forwarded settle's try sent near the forward timeout may take past it.
+const LAST_TRY_GRACE: Duration = Duration::from_millis(500);
+
 /// The longest pause between two tries of a forwarded settle that found no responders.
 const NO_RESPONDERS_MAX_DELAY: Duration = Duration::from_millis(200);
 
@@ -261,7 +264,11 @@ pub(super) async fn request(
     let mut delay = Duration::from_millis(5);
     let answer = loop {
         let request = client.request(subject.clone(), body.clone());
-        match tokio::time::timeout_at(deadline, request).await {
+        // A try sent just before the deadline still gets its answer: on a loaded machine the
+        // server's "no responders" can take longer than what was left, and a settle whose
+        // every try found no responders is stale, not "may or may not have been applied".
+        let until = deadline.max(tokio::time::Instant::now() + LAST_TRY_GRACE);
+        match tokio::time::timeout_at(until, request).await {
             Ok(Ok(answer)) => {
                 gone.answered(route);
                 break answer;
