@@ -184,3 +184,22 @@ mod planted_bugs {
         s.check_invariants().unwrap();
     }
 }
+
+// README ("Limits"): the memory budget charges a subscription 2 KiB plus, per pattern, twice
+// its length and 560 bytes (its text in the settings and its routing-index entry); one of 64
+// patterns of 254 bytes is charged 69 KiB. The tests of what the index really holds
+// (`tests/index.rs`) check that the charge covers it.
+#[test]
+fn the_budget_charges_what_the_readme_says() {
+    let pattern = |n: usize| Pattern::parse(&format!("p{n:03}.{}", "x".repeat(249))).unwrap();
+    assert_eq!(pattern(0).as_str().len(), 254);
+    assert_eq!(pattern_cost(&pattern(0)), 2 * 254 + 560);
+    assert_eq!(pattern_cost(&Pattern::parse("a.*").unwrap()), 2 * 3 + 560);
+    let spec = SubscriptionSpec {
+        patterns: (0..64).map(pattern).collect(),
+        ..busy_queue().0.spec().clone()
+    };
+    let cost = subscription_cost(&spec);
+    assert_eq!(cost, 2048 + 64 * (2 * 254 + 560));
+    assert_eq!(cost.div_ceil(1024), 69, "{cost} bytes");
+}
