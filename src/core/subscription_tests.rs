@@ -677,3 +677,37 @@ fn a_subscription_that_is_not_arbitrated_refuses_activation() {
     q.arbitrate();
     assert!(!q.is_arbitrated(), "only singletons are arbitrated");
 }
+
+// Cluster mode: a message that comes with more deliveries than `max_delivery_attempts` allows
+// (JetStream's count) is retired at once, its dead letter naming the deliveries it had; one at
+// exactly the limit still gets its last attempt.
+#[test]
+fn a_message_past_its_attempts_on_arrival_is_retired_naming_what_it_had() {
+    let mut sp = spec(Mode::Queue);
+    sp.max_delivery_attempts = 3;
+    sp.dead_letter_topic = Some(Topic::parse("dead.jobs").unwrap());
+    let mut s = Subscription::new("s".into(), sp.clone(), limits(), Floors::default(), NOW);
+    let (a, _) = s.join(&sp, MemberOptions::default()).unwrap();
+    let fx = s.enqueue_attempt(msg(1), 5);
+    assert_eq!(
+        fx,
+        vec![Effect::DeadLetter {
+            message: msg(1),
+            attempts: 4
+        }]
+    );
+    let fx = s.enqueue_attempt(msg(2), 3);
+    let got: Vec<_> = delivered(&fx).iter().map(|d| (d.0, d.1, d.2)).collect();
+    assert_eq!(got, [(a, 2, 3)], "its last attempt");
+    s.check_invariants().unwrap();
+}
+
+// The shell counts an ack its connection fence refused as stale, beside the core's own.
+#[test]
+fn a_stale_ack_noted_by_the_shell_is_counted() {
+    let mut s = sub(Mode::Queue);
+    let before = s.counters().stale_acks;
+    s.note_stale();
+    s.note_stale();
+    assert_eq!(s.counters().stale_acks, before + 2);
+}
