@@ -290,3 +290,21 @@ fn check_names_each_broken_shape() {
         assert!(error.contains(what), "{what}: {error}");
     }
 }
+
+// After a removal a vector keeps its capacity up to twice its length; past that it shrinks to
+// half as much again as its length (so a remove and an insert do not reallocate in turn), and
+// an empty one gives back everything.
+#[test]
+fn shrink_keeps_up_to_twice_the_length_then_leaves_half_again() {
+    let with = |len: usize, capacity: usize| {
+        let mut v: Vec<u64> = Vec::with_capacity(capacity);
+        v.extend(0..len as u64);
+        assert_eq!(v.capacity(), capacity);
+        shrink(&mut v);
+        v.capacity()
+    };
+    assert_eq!(with(4, 8), 8, "exactly twice: kept");
+    assert_eq!(with(4, 10), 6);
+    assert_eq!(with(3, 8), 4);
+    assert_eq!(with(0, 4), 0);
+}
