@@ -208,11 +208,16 @@ struct Pending {
     deletes_lease: Option<GatewayId>,
     /// Whether this deletes a subscription's emptied key.
     deletes_sub: bool,
-    /// Whether this changes the subscription's active member: a carry it holds is spent once it
-    /// is confirmed. One written beside a standby's leave (the active member unchanged) is
-    /// kept for the write that promotes.
-    spends_carry: bool,
     sent: Duration,
+}
+
+/// What this gateway gave back for a subscription, to ride with the promotion that follows.
+#[derive(Debug)]
+struct Carry {
+    carry: Vec<(u64, u32)>,
+    /// The line's active member when it was given: a value with another one carrying it is
+    /// the promotion it rode with.
+    active: Option<MemberUid>,
 }
 
 /// One gateway's singleton coordination (see the module doc).
@@ -242,7 +247,7 @@ pub struct Coordinator {
     /// state up to this revision has been seen (a deletion included, which leaves no trace).
     watched: Revision,
     /// Attempts to hand to the next active member, per subscription, until written.
-    carry: BTreeMap<String, Vec<(u64, u32)>>,
+    carry: BTreeMap<String, Carry>,
 }
 
 impl Coordinator {
@@ -339,7 +344,9 @@ impl Coordinator {
             let mut carry = carry;
             // A value stays small: past this, attempts are JetStream's count (README).
             carry.truncate(MAX_CARRY);
-            self.carry.insert(subscription.to_string(), carry);
+            let active = self.subs.get(subscription).and_then(|(v, _)| v.active);
+            self.carry
+                .insert(subscription.to_string(), Carry { carry, active });
         }
         if let Some(members) = self.local.get_mut(subscription) {
             members.retain(|m| m.id != member);
@@ -419,15 +426,7 @@ impl Coordinator {
             Ok(rev) => {
                 if let Some(sub) = p.key.strip_prefix("sub.") {
                     match p.value {
-                        Some(v) => {
-                            // Spent by the write that promotes with it; one written with
-                            // the active member unchanged (a standby of this gateway left
-                            // first) still rides with the promotion that follows.
-                            if p.spends_carry && self.carry.get(sub) == Some(&v.carry) {
-                                self.carry.remove(sub);
-                            }
-                            self.see_sub(sub, v, rev);
-                        }
+                        Some(v) => self.see_sub(sub, v, rev),
                         None if p.deletes_sub => self.forget_sub(sub, rev),
                         None => {}
                     }
@@ -546,6 +545,17 @@ impl Coordinator {
 
     fn see_sub(&mut self, sub: &str, v: SubValue, revision: Revision) {
         let newer = self.subs.get(sub).is_none_or(|(_, r)| revision > *r);
+        // A carry is spent once the line shows it with another active member than the one
+        // active when it was given: the promotion it rode with, whether this gateway learned
+        // of it by the write's answer or by the watch (a write answered "unavailable" may have
+        // landed), and also when a newer value came first. One written beside a standby's
+        // leave, the active member unchanged, still rides with the promotion that follows.
+        if let Some(given) = self.carry.get(sub)
+            && given.carry == v.carry
+            && given.active != v.active
+        {
+            self.carry.remove(sub);
+        }
         if newer {
             self.subs.insert(sub.to_string(), (v, revision));
             let key = sub_key(sub);
@@ -630,14 +640,7 @@ impl Coordinator {
         self.commands.clear();
     }
 
-    fn issue(
-        &mut self,
-        now: Duration,
-        key: String,
-        op: Op,
-        value: Option<SubValue>,
-        spends_carry: bool,
-    ) -> RequestId {
+    fn issue(&mut self, now: Duration, key: String, op: Op, value: Option<SubValue>) -> RequestId {
         let id = self.next_id;
         self.next_id += 1;
         let (expected, deletes_lease) = match &op {
@@ -659,7 +662,6 @@ impl Coordinator {
                 expected,
                 deletes_lease,
                 deletes_sub,
-                spends_carry,
                 sent: now,
             },
         );
@@ -712,7 +714,7 @@ impl Coordinator {
             Some(rev) => Op::Update(value, rev),
             None => Op::Create(value),
         };
-        let id = self.issue(now, key.clone(), op, None, false);
+        let id = self.issue(now, key.clone(), op, None);
         // The lease key has a single writer while alive: never blocked by the generic rule.
         self.blocks.remove(&key);
         self.renewal = Some(id);
@@ -739,7 +741,7 @@ impl Coordinator {
         for (g, rev) in stale {
             let key = lease_key(g);
             if self.writable(now, &key) {
-                self.issue(now, key, Op::Delete(rev), None, false);
+                self.issue(now, key, Op::Delete(rev), None);
             }
         }
     }
@@ -826,7 +828,7 @@ impl Coordinator {
                 took_over: false,
             };
             let bytes = encode(&v);
-            self.issue(now, key, Op::Create(bytes), Some(v), true);
+            self.issue(now, key, Op::Create(bytes), Some(v));
             return;
         };
         let mut line: Vec<MemberUid> = current
@@ -862,7 +864,7 @@ impl Coordinator {
         // What this gateway gave back rides with the promotion; a promotion without any clears
         // what an earlier one carried.
         let carry = match self.carry.get(sub) {
-            Some(carry) => carry.clone(),
+            Some(given) => given.carry.clone(),
             None if active != current.active => Vec::new(),
             None => current.carry.clone(),
         };
@@ -891,17 +893,10 @@ impl Coordinator {
             took_over,
         };
         if next.line.is_empty() {
-            self.issue(now, key, Op::Delete(revision), None, true);
+            self.issue(now, key, Op::Delete(revision), None);
         } else if next != current {
             let bytes = encode(&next);
-            let spends_carry = next.active != current.active;
-            self.issue(
-                now,
-                key,
-                Op::Update(bytes, revision),
-                Some(next),
-                spends_carry,
-            );
+            self.issue(now, key, Op::Update(bytes, revision), Some(next));
         }
     }
 }

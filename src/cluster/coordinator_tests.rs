@@ -762,3 +762,61 @@ fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
         "the write promoting 9/5 carries what 7 gave back"
     );
 }
+
+// A promoting write answered "unavailable" may have landed: when the watch shows it, with the
+// carry and the new active member, the carry is spent. It used to stay until a confirmed
+// promotion, and ride with the next one, much later: that member's gateway would hold every
+// new message for a given-back message long settled, and name it a stale attempt if it came.
+#[test]
+fn a_carry_whose_promotion_landed_unconfirmed_rides_with_no_later_one() {
+    let mut c = leased();
+    let v = SubValue {
+        line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
+        active: Some(uid(7, 1)),
+        epoch: 3,
+        carry: Vec::new(),
+        promoted: false,
+        took_over: false,
+    };
+    c.member_joined(ms(3), "jobs", 1);
+    c.member_joined(ms(3), "jobs", 2);
+    let (creates, _) = drain(&mut c);
+    see_line(&mut c, ms(4), &v, 9);
+    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
+    drain(&mut c);
+    c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3)]);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1);
+    let promoting = value(&cmds[0]);
+    assert_eq!(
+        (promoting.active, promoting.carry.clone()),
+        (Some(uid(7, 2)), vec![(41, 3)])
+    );
+    c.write_result(
+        ms(6),
+        cmds[0].id,
+        Err(KvError::Unavailable("timed out".into())),
+    );
+    see_line(&mut c, ms(7), &promoting, 10);
+    // Past the retry: the line already shows what this gateway wanted.
+    c.tick(ms(100));
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        cmds.iter().all(|cmd| cmd.key != "sub.jobs"),
+        "nothing to write: {cmds:?}"
+    );
+    assert!(!c.is_fenced());
+    c.member_left(ms(101), "jobs", 2);
+    let (cmds, _) = drain(&mut c);
+    let next = cmds
+        .iter()
+        .find(|cmd| cmd.key == "sub.jobs")
+        .map(value)
+        .expect("the write promoting 9/5");
+    assert_eq!(next.active, Some(uid(9, 5)));
+    assert_eq!(
+        next.carry,
+        Vec::new(),
+        "the carry was spent by 7/2's promotion"
+    );
+}
