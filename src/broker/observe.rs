@@ -71,8 +71,8 @@ pub enum Input {
         /// The messages, head first.
         ids: Vec<SystemId>,
         /// What the next active member's gateway must know of what goes back: each of `ids`,
-        /// and each carried message that had not come back here, with the least attempt its
-        /// next delivery carries.
+        /// and each carried message that had not come back here, with the attempt its next
+        /// delivery carries.
         carry: Vec<(SystemId, u32)>,
     },
     /// The subscription expired after its idle time; it held `held` messages.

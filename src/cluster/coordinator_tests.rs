@@ -58,6 +58,19 @@ fn see_line(c: &mut Coordinator, at: Duration, line: &SubValue, revision: Revisi
     );
 }
 
+/// A leased gateway whose members 1 and 2 (joined in that order) are in `line`, the value the
+/// watch shows at revision 9 after this gateway's create lost the race.
+fn members_1_and_2_in(line: &SubValue) -> Coordinator {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    c.member_joined(ms(3), "jobs", 2);
+    let (creates, _) = drain(&mut c);
+    see_line(&mut c, ms(4), line, 9);
+    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
+    drain(&mut c);
+    c
+}
+
 fn uid(g: u64, m: u64) -> MemberUid {
     MemberUid {
         gateway: GatewayId(g),
@@ -388,7 +401,6 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
 // reaches the promoted member's activation, and the promotion after clears it.
 #[test]
 fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
-    let mut c = leased();
     let v = SubValue {
         line: vec![uid(7, 1), uid(7, 2)],
         active: Some(uid(7, 1)),
@@ -397,12 +409,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         promoted: false,
         took_over: false,
     };
-    c.member_joined(ms(3), "jobs", 1);
-    c.member_joined(ms(3), "jobs", 2);
-    let (creates, _) = drain(&mut c);
-    see_line(&mut c, ms(4), &v, 9);
-    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
-    drain(&mut c);
+    let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3), (42, 2)]);
     let (cmds, _) = drain(&mut c);
     let next = value(&cmds[0]);
@@ -592,7 +599,6 @@ fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_un
 // JetStream owes (README "Not yet": those messages come in JetStream's order).
 #[test]
 fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member() {
-    let mut c = leased();
     let before = SubValue {
         line: vec![uid(5, 4), uid(7, 1), uid(7, 2)],
         active: Some(uid(5, 4)),
@@ -601,12 +607,7 @@ fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member(
         promoted: false,
         took_over: false,
     };
-    c.member_joined(ms(3), "jobs", 1);
-    c.member_joined(ms(3), "jobs", 2);
-    let (creates, _) = drain(&mut c);
-    see_line(&mut c, ms(4), &before, 9);
-    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
-    drain(&mut c);
+    let mut c = members_1_and_2_in(&before);
     // 7:1's stream closes; this gateway's write (removing it) races gateway 8's, which took
     // over from dead gateway 5 and won.
     c.member_left(ms(5), "jobs", 1);
@@ -725,7 +726,6 @@ fn an_unconfirmed_lease_create_fences_rather_than_creating_the_lease_again() {
 // one carried nothing).
 #[test]
 fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
-    let mut c = leased();
     let v = SubValue {
         line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
         active: Some(uid(7, 1)),
@@ -734,12 +734,7 @@ fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
         promoted: false,
         took_over: false,
     };
-    c.member_joined(ms(3), "jobs", 1);
-    c.member_joined(ms(3), "jobs", 2);
-    let (creates, _) = drain(&mut c);
-    see_line(&mut c, ms(4), &v, 9);
-    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
-    drain(&mut c);
+    let mut c = members_1_and_2_in(&v);
     // Leaving together: 2 (a standby) first, with the carry, then 1 (the active member).
     c.member_left_carrying(ms(5), "jobs", 2, vec![(41, 3), (42, 2)]);
     c.member_left_carrying(ms(5), "jobs", 1, Vec::new());
@@ -769,7 +764,6 @@ fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
 // new message for a given-back message long settled, and name it a stale attempt if it came.
 #[test]
 fn a_carry_whose_promotion_landed_unconfirmed_rides_with_no_later_one() {
-    let mut c = leased();
     let v = SubValue {
         line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
         active: Some(uid(7, 1)),
@@ -778,12 +772,7 @@ fn a_carry_whose_promotion_landed_unconfirmed_rides_with_no_later_one() {
         promoted: false,
         took_over: false,
     };
-    c.member_joined(ms(3), "jobs", 1);
-    c.member_joined(ms(3), "jobs", 2);
-    let (creates, _) = drain(&mut c);
-    see_line(&mut c, ms(4), &v, 9);
-    c.write_result(ms(4), creates[0].id, Err(KvError::Exists { current: 9 }));
-    drain(&mut c);
+    let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3)]);
     let (cmds, _) = drain(&mut c);
     assert_eq!(cmds.len(), 1);

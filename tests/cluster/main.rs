@@ -213,15 +213,7 @@ async fn a_forwarded_ack_that_found_no_responders_is_sent_again() {
     let on_b = b.client().await;
     // A member id on a route no gateway has (gateways' routes are below 2^25).
     let member = (1u64 << 62) | 7;
-    let holder = async_nats::connect(url).await.unwrap();
-    let route = member >> tinybroker::broker::GATEWAY_ROUTE_SHIFT;
-    let subject = format!("_tinybroker.tinybroker.settle.{route}");
-    let mut requests = holder.subscribe(subject.clone()).await.unwrap();
-    // The server has the subscription once a message sent after it comes back through it
-    // (`flush` only writes to the socket).
-    holder.publish(subject, "subscribed".into()).await.unwrap();
-    let echo = within(tokio_stream::StreamExt::next(&mut requests)).await;
-    assert_eq!(echo.unwrap().payload, "subscribed");
+    let (holder, mut requests) = stand_in_holder(url, member).await;
     let mut ack = tokio::spawn(async move { on_b.ack("orders", member, 42).await });
     let first = tokio::select! {
         answered = &mut ack => panic!("answered before the holder was asked: {answered:?}"),
@@ -233,14 +225,7 @@ async fn a_forwarded_ack_that_found_no_responders_is_sent_again() {
         second = within(tokio_stream::StreamExt::next(&mut requests)) => second.unwrap(),
     };
     assert_eq!(second.payload, first.payload, "the same settle");
-    holder
-        .publish(
-            second.reply.unwrap(),
-            r#"{"code":5,"message":"message 42 is not in flight (the holder's answer)"}"#.into(),
-        )
-        .await
-        .unwrap();
-    holder.flush().await.unwrap();
+    answer_not_in_flight(&holder, second.reply.unwrap(), 42).await;
     assert_code(
         within(ack).await.unwrap(),
         Code::NotFound,
@@ -290,13 +275,7 @@ async fn a_route_found_gone_gets_one_try_until_it_answers_again() {
     );
     // The route answers again (a NATS route down for longer than the timeout came back): the
     // settle reaches it, and its answer is the ack's.
-    let holder = async_nats::connect(url).await.unwrap();
-    let route = member >> tinybroker::broker::GATEWAY_ROUTE_SHIFT;
-    let subject = format!("_tinybroker.tinybroker.settle.{route}");
-    let mut requests = holder.subscribe(subject.clone()).await.unwrap();
-    holder.publish(subject, "subscribed".into()).await.unwrap();
-    let echo = within(tokio_stream::StreamExt::next(&mut requests)).await;
-    assert_eq!(echo.unwrap().payload, "subscribed");
+    let (holder, mut requests) = stand_in_holder(url, member).await;
     let ack = tokio::spawn(async move {
         let answered = on_b.ack("orders", member, 44).await;
         (on_b, answered)
@@ -304,14 +283,7 @@ async fn a_route_found_gone_gets_one_try_until_it_answers_again() {
     let request = within(tokio_stream::StreamExt::next(&mut requests))
         .await
         .unwrap();
-    holder
-        .publish(
-            request.reply.unwrap(),
-            r#"{"code":5,"message":"message 44 is not in flight (the holder's answer)"}"#.into(),
-        )
-        .await
-        .unwrap();
-    holder.flush().await.unwrap();
+    answer_not_in_flight(&holder, request.reply.unwrap(), 44).await;
     let (on_b, answered) = within(ack).await.unwrap();
     assert_code(answered, Code::NotFound, "the holder's answer");
     // Forgotten: once the holder is gone again, a settle is retried for the timeout again.
@@ -338,6 +310,28 @@ async fn a_route_found_gone_gets_one_try_until_it_answers_again() {
         "retried for the timeout once answered: {:?}",
         started.elapsed()
     );
+}
+
+/// A NATS client standing in for the gateway that admitted `member`: subscribed to its
+/// route's settles, and returned once the server has the subscription (a message sent after
+/// it came back through it; `flush` only writes to the socket).
+async fn stand_in_holder(url: &str, member: u64) -> (async_nats::Client, async_nats::Subscriber) {
+    let holder = async_nats::connect(url).await.unwrap();
+    let route = member >> tinybroker::broker::GATEWAY_ROUTE_SHIFT;
+    let subject = format!("_tinybroker.tinybroker.settle.{route}");
+    let mut requests = holder.subscribe(subject.clone()).await.unwrap();
+    holder.publish(subject, "subscribed".into()).await.unwrap();
+    let echo = within(tokio_stream::StreamExt::next(&mut requests)).await;
+    assert_eq!(echo.unwrap().payload, "subscribed");
+    (holder, requests)
+}
+
+/// Answers a forwarded settle as its holder would for a message not in flight.
+async fn answer_not_in_flight(holder: &async_nats::Client, reply: async_nats::Subject, id: u64) {
+    let answer =
+        format!(r#"{{"code":5,"message":"message {id} is not in flight (the holder's answer)"}}"#);
+    holder.publish(reply, answer.into()).await.unwrap();
+    holder.flush().await.unwrap();
 }
 
 /// Answers `reply` as a NATS server answers a request nobody is subscribed to: a message with

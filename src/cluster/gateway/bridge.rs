@@ -82,8 +82,8 @@ struct Link {
 
 /// An arbitrated singleton's hand-backs, collected by the router as the broker makes them
 /// (under the subscription's lock, also when the subscription expires with its last member) and
-/// taken by the bridge when it gives back what it holds: by stream sequence, the least attempt
-/// each one's next delivery carries.
+/// taken by the bridge when it gives back what it holds: by stream sequence, the attempt each
+/// one's next delivery carries (the higher one if it was handed back twice).
 pub(super) type HandedBack = Arc<Mutex<BTreeMap<u64, u32>>>;
 
 /// Routes the local broker's decisions to the bridge of each subscription. It is the broker's
@@ -204,8 +204,8 @@ impl Observer for Router {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             for &(sequence, attempt) in carry {
-                let least = handed_back.entry(sequence).or_insert(attempt);
-                *least = (*least).max(attempt);
+                let kept = handed_back.entry(sequence).or_insert(attempt);
+                *kept = (*kept).max(attempt);
             }
         }
         if let Input::Ack {
