@@ -372,6 +372,14 @@ impl Observer for Checker {
                     m.outstanding.remove(&message.system_id());
                     m.holder.remove(&message.system_id());
                 }
+                Effect::Withdraw { member, system_id } => {
+                    lines.push(format!("broker {id}: withdraw #{system_id} from m{member}"));
+                    if m.holder.get(system_id) != Some(member) {
+                        violations.push(format!(
+                            "withdrew #{system_id} from m{member}, which does not hold it"
+                        ));
+                    }
+                }
                 Effect::Dropped { system_id, reason } => {
                     lines.push(format!("broker {id}: drop #{system_id} ({reason:?})"));
                     m.dropped.insert(*system_id);

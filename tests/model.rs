@@ -158,6 +158,7 @@ enum Seen {
     Deliver(u64, u64, u32, u64),
     Retired(u64),
     Standby(u64, u32),
+    Withdrawn(u64, u64),
 }
 
 fn project(effects: &[Effect]) -> Vec<Seen> {
@@ -172,6 +173,7 @@ fn project(effects: &[Effect]) -> Vec<Seen> {
                 epoch,
             } => Seen::Deliver(*member, message.system_id(), *attempt, *epoch),
             Effect::Dropped { system_id, .. } => Seen::Retired(*system_id),
+            Effect::Withdraw { member, system_id } => Seen::Withdrawn(*member, *system_id),
             Effect::DeadLetter { message, .. } => Seen::Retired(message.system_id()),
             Effect::Standby { member, position } => Seen::Standby(*member, *position),
         })
@@ -280,11 +282,29 @@ impl Model {
         }
     }
 
-    /// Drop-oldest: evicts queued messages from the head until `sid` fits; false if it cannot.
+    /// Drop-oldest: evicts the oldest message it may until `sid` fits; false if it cannot. The
+    /// candidates are the queue's head and, ack-free, the first message each member holds
+    /// (its stream has not written it); the lowest id goes (docs/semantics.md#overflow).
     fn make_room(&mut self, sid: u64, out: &mut Vec<Seen>) -> bool {
         while self.full_for(sid).is_some() {
-            let Some((old, _)) = self.queue.pop_front() else {
-                return false;
+            let queued = self.queue.front().map(|(s, _)| *s);
+            let unwritten = if self.setup.ack_free {
+                (0..self.members.len())
+                    .filter_map(|i| self.members[i].held.first().map(|s| (*s, i)))
+                    .min()
+            } else {
+                None
+            };
+            let old = match (queued, unwritten) {
+                (Some(q), Some((u, _))) if q < u => self.queue.pop_front().unwrap().0,
+                (_, Some((u, i))) => {
+                    self.members[i].held.remove(0);
+                    self.attempt.remove(&u);
+                    out.push(Seen::Withdrawn(self.members[i].id, u));
+                    u
+                }
+                (Some(_), None) => self.queue.pop_front().unwrap().0,
+                (None, None) => return false,
             };
             self.counters.dropped_overflow += 1;
             out.push(Seen::Retired(old));

@@ -112,6 +112,10 @@ impl Broker {
             // The subscription is gone: so is what its footprint still held.
             c.memory
                 .fetch_sub(std::mem::take(&mut state.accounted), Ordering::Relaxed);
+            c.drop_oldest.fetch_sub(
+                std::mem::take(&mut state.accounted_drop_oldest),
+                Ordering::Relaxed,
+            );
             c.subscriptions_expired.fetch_add(1, Ordering::Relaxed);
             c.messages_expired.fetch_add(held as u64, Ordering::Relaxed);
             tracing::info!(subscription = %state.core.id(), messages = held, "idle subscription expired");

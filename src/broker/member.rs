@@ -147,8 +147,10 @@ pub(crate) struct SubState {
     /// Streams to wake once the lock is released (waking under it would lengthen every
     /// critical section by a scheduler call).
     wake: Vec<Waker>,
-    /// The footprint last added to the broker's memory account.
+    /// The footprint last added to the broker's general memory pool.
     pub(crate) accounted: u64,
+    /// The footprint last added to its drop-oldest pool (a drop-oldest subscription's messages).
+    pub(crate) accounted_drop_oldest: u64,
     /// A multi-id settle's buffer of unwritten frame ids, kept between settles while it holds
     /// at most [`UnsentIds::KEPT`] ids.
     unsent_scratch: Vec<SystemId>,
@@ -244,6 +246,7 @@ impl SubState {
             outlets: BTreeMap::new(),
             wake: Vec::new(),
             accounted: 0,
+            accounted_drop_oldest: 0,
             unsent_scratch: Vec::new(),
             effects: Vec::new(),
             attempt_floors: BTreeMap::new(),
@@ -261,6 +264,14 @@ impl SubState {
             .values()
             .map(|(m, _, _)| m.size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD)
             .sum()
+    }
+
+    /// Records a reservation from `pool` as part of this subscription's footprint.
+    pub(crate) fn credit(&mut self, pool: super::Pool, bytes: u64) {
+        match pool {
+            super::Pool::General => self.accounted += bytes,
+            super::Pool::DropOldest => self.accounted_drop_oldest += bytes,
+        }
     }
 
     /// How many of `held_back` are not carried (or owed) themselves: those take window room.
@@ -465,6 +476,7 @@ impl SubState {
                         ));
                     }
                 }
+                Effect::Withdraw { member, system_id } => self.withdraw(member, system_id),
                 Effect::Dropped { system_id, reason } => match reason {
                     DropReason::MaxDeliveryAttempts => tracing::warn!(
                         subscription = %self.core.id(),
@@ -491,6 +503,20 @@ impl SubState {
                     }
                 },
             }
+        }
+    }
+
+    /// Takes the frame of `system_id` out of `member`'s outlet (the core dropped it before the
+    /// stream wrote it). It is the outlet's oldest message frame, so the scan is short.
+    fn withdraw(&mut self, member: MemberId, system_id: SystemId) {
+        let Some(outlet) = self.outlets.get_mut(&member) else {
+            return;
+        };
+        let at = outlet.frames.iter().position(
+            |f| matches!(f, Outbound::Message { message, .. } if message.system_id() == system_id),
+        );
+        if let Some(at) = at {
+            outlet.frames.remove(at);
         }
     }
 

@@ -95,8 +95,32 @@ struct AtomicCounters {
     messages_expired: AtomicU64,
     /// Live members across all subscriptions (so listing need not lock every subscription).
     members: AtomicU64,
-    /// Sum of every subscription's footprint: what counts against `max_memory_bytes`.
+    /// The general pool: every subscription's footprint but the messages of drop-oldest ones
+    /// (at most [`Limits::general_memory_bytes`]).
     memory: AtomicU64,
+    /// The drop-oldest pool: the messages drop-oldest subscriptions hold (at most
+    /// [`Limits::drop_oldest_memory_bytes`]). Apart, so what they hold never refuses a publish
+    /// anywhere (docs/semantics.md#memory-budget).
+    drop_oldest: AtomicU64,
+}
+
+/// Which part of the memory budget a charge comes out of (docs/semantics.md#memory-budget).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pool {
+    /// Subscriptions, members, and the messages of reject-publish subscriptions.
+    General,
+    /// The messages of drop-oldest subscriptions (all ack-free ones among them).
+    DropOldest,
+}
+
+impl Pool {
+    /// The pool `state`'s messages come from.
+    pub(crate) fn of_messages(state: &SubState) -> Self {
+        match state.core.spec().overflow {
+            crate::core::Overflow::DropOldest => Pool::DropOldest,
+            crate::core::Overflow::RejectPublish => Pool::General,
+        }
+    }
 }
 
 struct Catalog {
@@ -173,8 +197,12 @@ pub struct BrokerStats {
     pub subscriptions: u64,
     /// Members across them.
     pub members: u64,
-    /// Bytes accounted against the memory budget.
+    /// Bytes accounted against the memory budget (both pools).
     pub memory_accounted_bytes: u64,
+    /// The part of them drop-oldest subscriptions' messages hold.
+    pub memory_drop_oldest_bytes: u64,
+    /// The most those may hold (`max_memory_bytes` times the drop-oldest share).
+    pub max_drop_oldest_memory_bytes: u64,
     /// The memory budget.
     pub max_memory_bytes: u64,
 }
@@ -259,29 +287,54 @@ impl Broker {
     /// Every input passes through [`apply`](Self::apply), so the account follows every change.
     ///
     /// Growth was reserved beforehand ([`reserve_memory`](Self::reserve_memory), credited to
-    /// `state.accounted` by the caller), so this only ever gives back what a change did not
-    /// use: the account never goes over the budget.
+    /// `state.accounted` or `state.accounted_drop_oldest` by the caller), so this only ever
+    /// gives back what a change did not use: neither pool goes over its limit.
     fn account(&self, state: &mut SubState) {
         // Cluster mode: messages held back for order are the subscription's too.
-        let now = state.core.footprint() + state.held_back_bytes();
-        let before = std::mem::replace(&mut state.accounted, now);
-        let memory = &self.inner.counters.memory;
-        // The common case (a reservation that was exactly used) touches no shared cache line.
-        if now > before {
-            memory.fetch_add(now - before, Ordering::Relaxed);
-        } else if now < before {
-            memory.fetch_sub(before - now, Ordering::Relaxed);
+        let messages = state.core.message_footprint() + state.held_back_bytes();
+        let (general, drop_oldest) = match Pool::of_messages(state) {
+            Pool::General => (state.core.fixed_footprint() + messages, 0),
+            Pool::DropOldest => (state.core.fixed_footprint(), messages),
+        };
+        let c = &self.inner.counters;
+        for (now, accounted, memory) in [
+            (general, &mut state.accounted, &c.memory),
+            (
+                drop_oldest,
+                &mut state.accounted_drop_oldest,
+                &c.drop_oldest,
+            ),
+        ] {
+            let before = std::mem::replace(accounted, now);
+            // The common case (a reservation that was exactly used) touches no shared cache line.
+            if now > before {
+                memory.fetch_add(now - before, Ordering::Relaxed);
+            } else if now < before {
+                memory.fetch_sub(before - now, Ordering::Relaxed);
+            }
         }
     }
 
-    /// Takes `needed` bytes out of the memory budget, or refuses and takes nothing. One atomic
+    /// The counter and the limit of `pool`.
+    fn pool(&self, pool: Pool) -> (&AtomicU64, u64) {
+        let (c, limits) = (&self.inner.counters, &self.inner.limits);
+        match pool {
+            Pool::General => (&c.memory, limits.general_memory_bytes()),
+            Pool::DropOldest => (&c.drop_oldest, limits.drop_oldest_memory_bytes()),
+        }
+    }
+
+    /// Takes `needed` bytes out of the general pool, or refuses and takes nothing. One atomic
     /// step, so concurrent publishes to different subscriptions cannot each see room for
-    /// themselves and together go over: the account stays at or under `max_memory_bytes`.
+    /// themselves and together go over: the account stays at or under its limit.
     fn reserve_memory(&self, needed: u64) -> Result<(), Error> {
-        let max = self.inner.limits.max_memory_bytes;
-        self.inner
-            .counters
-            .memory
+        self.reserve_from(Pool::General, needed)
+    }
+
+    /// As [`reserve_memory`](Self::reserve_memory), from `pool`.
+    fn reserve_from(&self, pool: Pool, needed: u64) -> Result<(), Error> {
+        let (memory, max) = self.pool(pool);
+        memory
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
                 used.checked_add(needed).filter(|total| *total <= max)
             })
@@ -289,12 +342,27 @@ impl Broker {
             .map_err(|used| Error::MemoryBudget { used, needed, max })
     }
 
-    /// Gives back a reservation that was not used.
+    /// Takes up to `wanted` bytes out of `pool`, as many as it has left, in one atomic step;
+    /// returns how many it took. Drop-oldest subscriptions never wait for room: what is not
+    /// granted their oldest messages make (or the new one is dropped).
+    fn reserve_up_to(&self, pool: Pool, wanted: u64) -> u64 {
+        let (memory, max) = self.pool(pool);
+        let mut granted = 0;
+        let _ = memory.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+            granted = wanted.min(max.saturating_sub(used));
+            (granted > 0).then(|| used + granted)
+        });
+        granted
+    }
+
+    /// Gives back a reservation from the general pool that was not used.
     fn release_memory(&self, amount: u64) {
-        self.inner
-            .counters
-            .memory
-            .fetch_sub(amount, Ordering::Relaxed);
+        self.release_to(Pool::General, amount);
+    }
+
+    /// Gives back a reservation from `pool` that was not used.
+    fn release_to(&self, pool: Pool, amount: u64) {
+        self.pool(pool).0.fetch_sub(amount, Ordering::Relaxed);
     }
 
     /// The limits in force.
@@ -678,7 +746,10 @@ impl Broker {
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
             subscriptions,
             members: c.members.load(Ordering::Relaxed),
-            memory_accounted_bytes: c.memory.load(Ordering::Relaxed),
+            memory_accounted_bytes: c.memory.load(Ordering::Relaxed)
+                + c.drop_oldest.load(Ordering::Relaxed),
+            memory_drop_oldest_bytes: c.drop_oldest.load(Ordering::Relaxed),
+            max_drop_oldest_memory_bytes: self.inner.limits.drop_oldest_memory_bytes(),
             max_memory_bytes: self.inner.limits.max_memory_bytes,
         };
         (views, stats)

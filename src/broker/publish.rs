@@ -10,7 +10,8 @@
 use smallvec::SmallVec;
 
 use super::{
-    BatchError, Broker, Catalog, DeadLetters, Input, Published, SharedEncoding, member::Locked,
+    BatchError, Broker, Catalog, DeadLetters, Input, Pool, Published, SharedEncoding,
+    member::Locked,
 };
 use crate::{
     core::{Draft, Error, Topic, index::Matches, subscription::MESSAGE_OVERHEAD},
@@ -105,8 +106,18 @@ impl Broker {
     ) -> Result<Published, Error> {
         let size = draft.size();
         let share = size as u64 + MESSAGE_OVERHEAD;
-        let cost = share * states.len() as u64;
-        let mut refusal = self.reserve_memory(cost).err();
+        // Only reject-publish subscriptions can refuse: their queue limits and their room in the
+        // general pool, checked for all of them before anything changes. Drop-oldest ones take
+        // what their own pool can grant and make the rest by dropping their oldest, below
+        // (docs/semantics.md#memory-budget).
+        let strict = states
+            .iter()
+            .filter(|state| Pool::of_messages(state) == Pool::General)
+            .count();
+        let cost = share * strict as u64;
+        let mut refusal = (cost > 0)
+            .then(|| self.reserve_memory(cost).err())
+            .flatten();
         let reserved = refusal.is_none();
         for state in states.iter_mut() {
             if let Err(error) = state.core.check_publish(size) {
@@ -117,7 +128,7 @@ impl Broker {
             }
         }
         if let Some(error) = refusal {
-            if reserved {
+            if reserved && cost > 0 {
                 self.release_memory(cost);
             }
             self.inner
@@ -139,8 +150,19 @@ impl Broker {
             .map(|state| state.take_effects_buffer())
             .unwrap_or_default();
         for state in states.iter_mut() {
-            state.accounted += share;
-            state.core.enqueue_into(message.clone(), &mut effects);
+            match Pool::of_messages(state) {
+                Pool::General => {
+                    state.accounted += share;
+                    state.core.enqueue_into(message.clone(), &mut effects);
+                }
+                Pool::DropOldest => {
+                    let granted = self.reserve_up_to(Pool::DropOldest, share);
+                    state.accounted_drop_oldest += granted;
+                    state
+                        .core
+                        .enqueue_within(message.clone(), granted, &mut effects);
+                }
+            }
             let input = Input::Enqueue { system_id };
             self.apply_sharing(state, input, &mut effects, dead, shared);
         }
@@ -205,11 +227,21 @@ impl Broker {
             for state in &mut states {
                 // A dead letter is not refused back to anyone: where the budget has no room
                 // for it, it is dropped and counted like one that meets a full queue.
-                let effects = if self.reserve_memory(share).is_ok() {
-                    state.accounted += share;
-                    state.core.enqueue_or_drop(message.clone())
-                } else {
-                    state.core.drop_full(system_id)
+                let effects = match Pool::of_messages(state) {
+                    Pool::General if self.reserve_memory(share).is_ok() => {
+                        state.accounted += share;
+                        state.core.enqueue_or_drop(message.clone())
+                    }
+                    Pool::General => state.core.drop_full(system_id),
+                    Pool::DropOldest => {
+                        let granted = self.reserve_up_to(Pool::DropOldest, share);
+                        state.accounted_drop_oldest += granted;
+                        let mut effects = Vec::new();
+                        state
+                            .core
+                            .enqueue_within(message.clone(), granted, &mut effects);
+                        effects
+                    }
                 };
                 self.apply(state, Input::Enqueue { system_id }, effects, &mut ignored);
             }

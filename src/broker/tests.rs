@@ -12,6 +12,18 @@ fn broker(limits: Limits) -> Broker {
     Broker::new(limits, Arc::new(VirtualClock::new(1_700_000_000_000)))
 }
 
+/// Default limits whose general pool (what reject-publish subscriptions draw on:
+/// docs/semantics.md#memory-budget) is exactly `general` bytes.
+fn general_budget(general: u64) -> Limits {
+    let mut limits = Limits::default();
+    limits.max_memory_bytes = general;
+    while limits.general_memory_bytes() < general {
+        limits.max_memory_bytes += 1;
+    }
+    assert_eq!(limits.general_memory_bytes(), general);
+    limits
+}
+
 fn request(id: &str, mode: Mode, pattern: &str) -> OpenRequest {
     OpenRequest {
         subscription_id: id.into(),
@@ -314,9 +326,8 @@ fn concurrent_publishers_fill_the_budget_exactly_and_never_pass_it() {
     let room = 1_000;
     let max = empty + room * one + one / 2;
     let broker = broker(Limits {
-        max_memory_bytes: max,
         max_queue_messages: 10_000,
-        ..Limits::default()
+        ..general_budget(max)
     });
     // Standby-free queue members that never read: every message stays held.
     let members: Vec<_> = requests
@@ -365,10 +376,7 @@ async fn a_dead_letter_with_no_room_in_the_budget_is_dropped_and_counted() {
         subscription_cost(&poison.spec) + subscription_cost(&sink.spec) + 2 * MEMBER_OVERHEAD;
     let one = draft("jobs.x").size() as u64 + MESSAGE_OVERHEAD;
     let max = empty + one;
-    let broker = broker(Limits {
-        max_memory_bytes: max,
-        ..Limits::default()
-    });
+    let broker = broker(general_budget(max));
     let mut member = broker.open(&poison, None).unwrap();
     let _ = recv(&mut member).await;
     let _sink = broker.open(&sink, None).unwrap();
@@ -474,9 +482,8 @@ async fn memory_budget_refuses_past_it_and_accounts_every_release() {
     let empty = subscription_cost(&req.spec) + MEMBER_OVERHEAD;
     let per_message = draft("a.b").size() as u64 + MESSAGE_OVERHEAD;
     let broker = broker(Limits {
-        max_memory_bytes: empty + 3 * per_message,
         idle_timeout: Duration::from_secs(1),
-        ..Limits::default()
+        ..general_budget(empty + 3 * per_message)
     });
     let mut member = broker.open(&req, None).unwrap();
     let accounted = |b: &Broker| b.list().1.memory_accounted_bytes;
@@ -729,4 +736,69 @@ fn a_fanned_out_publish_shares_one_encoding() {
     assert!(matches!(alone.try_next(), Some(Outbound::Confirm { .. })));
     broker.publish(draft("solo.x")).unwrap();
     assert!(shared_of(alone.try_next()).is_none(), "nothing to share");
+}
+
+// docs/semantics.md#memory-budget: drop-oldest subscriptions' messages come out of their own
+// share of the budget, so however much they hold, a reject-publish subscription's publish is
+// taken while the general pool has room; and past their share they drop their oldest (counted)
+// instead of refusing. Both pools stay within their limits exactly.
+#[test]
+fn drop_oldest_queues_fill_only_their_share_and_never_refuse() {
+    use crate::core::{AckMode, Overflow};
+    let limits = Limits {
+        max_memory_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let share = limits.drop_oldest_memory_bytes();
+    let broker = broker(limits);
+    let mut lagging = Vec::new();
+    for i in 0..4 {
+        let mut r = request(&format!("feed{i}"), Mode::Queue, "feed.>");
+        r.spec.ack_mode = AckMode::None;
+        r.spec.overflow = Overflow::DropOldest;
+        // Its member leaves: the queue stays (idle expiry) and nobody drains it.
+        lagging.push(broker.open(&r, None).unwrap().member_id());
+    }
+    let strict = broker.open(&request("orders", Mode::Queue, "orders.*"), None);
+    let _strict = strict.unwrap();
+    let big = |topic: &str| {
+        Draft::new(
+            Topic::parse(topic).unwrap(),
+            bytes::Bytes::from(vec![0u8; 8 * 1024]),
+            Default::default(),
+            &Limits::default(),
+        )
+        .unwrap()
+    };
+    for _ in 0..200 {
+        let published = broker.publish(big("feed.x")).unwrap();
+        assert_eq!(published.queued_for, 4);
+        let (_, stats) = broker.list();
+        assert!(
+            stats.memory_drop_oldest_bytes <= share,
+            "{} over the share {share}",
+            stats.memory_drop_oldest_bytes
+        );
+    }
+    let dropped: u64 = (0..4)
+        .map(|i| broker.describe(&format!("feed{i}")).unwrap())
+        .map(|v| v.counters.dropped_overflow)
+        .sum();
+    assert!(dropped > 0);
+    // 200 × 4 × 8 KiB went to a share of 256 KiB: what is held is within a message of it.
+    let (_, stats) = broker.list();
+    let one = big("feed.x").size() as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
+    assert!(stats.memory_drop_oldest_bytes + one > share, "{stats:?}");
+    // The reject-publish subscription still has all of the general pool's room.
+    for _ in 0..40 {
+        broker.publish(big("orders.new")).unwrap();
+    }
+    assert_eq!(broker.list().1.rejected_publishes, 0);
+    // Each pool's account is exactly what its subscriptions' footprints say.
+    let held: u64 = (0..4)
+        .map(|i| broker.describe(&format!("feed{i}")).unwrap())
+        .map(|v| v.queued_bytes + v.queued_messages * crate::core::subscription::MESSAGE_OVERHEAD)
+        .sum();
+    assert_eq!(broker.list().1.memory_drop_oldest_bytes, held);
+    drop(lagging);
 }

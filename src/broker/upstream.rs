@@ -258,12 +258,13 @@ impl Broker {
             }
             let size = message.size();
             let share = size as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
-            self.reserve_memory(share)?;
+            let pool = super::Pool::of_messages(&state);
+            self.reserve_from(pool, share)?;
             if let Err(error) = state.core.check_publish(size) {
-                self.release_memory(share);
+                self.release_to(pool, share);
                 return Err(error);
             }
-            state.accounted += share;
+            state.credit(pool, share);
             // A carried message's attempt is the one its last gateway named: JetStream's count
             // misses a gateway's own redeliveries after a nack, and counts a delivery to a
             // gateway that no member got (a pull that came after the member left, or a queue

@@ -43,6 +43,11 @@ pub struct Serve {
     /// RESOURCE_EXHAUSTED naming max_memory_bytes.
     #[arg(long, env = "TINYBROKER_MAX_MEMORY_BYTES", default_value_t = Limits::default().max_memory_bytes)]
     max_memory_bytes: u64,
+    /// Percent of --max-memory-bytes (1 to 99) set aside for the messages of drop-oldest
+    /// subscriptions (every ack-free one): past it they drop their oldest, and they never take
+    /// the rest of the budget from reject-publish subscriptions.
+    #[arg(long, env = "TINYBROKER_DROP_OLDEST_MEMORY_PERCENT", default_value_t = Limits::default().drop_oldest_memory_percent, value_parser = clap::value_parser!(u8).range(1..=99))]
+    drop_oldest_memory_percent: u8,
     /// How long a subscription without members keeps its queue (e.g. 300s, 10m).
     #[arg(long, env = "TINYBROKER_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
@@ -157,6 +162,7 @@ impl Serve {
             max_in_flight: self.max_in_flight.max(1),
             idle_timeout: self.idle_timeout,
             max_memory_bytes: self.max_memory_bytes,
+            drop_oldest_memory_percent: self.drop_oldest_memory_percent,
             ..Limits::default()
         };
         let tls = match (&self.tls_cert, &self.tls_key) {

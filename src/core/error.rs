@@ -105,14 +105,14 @@ pub enum Error {
     },
     /// The broker-wide memory budget would be exceeded.
     #[error(
-        "the broker's memory budget is used up ({used} of max_memory_bytes {max} accounted, this needs {needed} more); ack or drain queues, or raise --max-memory-bytes"
+        "the broker's memory budget is used up ({used} of the {max} bytes of max_memory_bytes not set aside for drop-oldest queues accounted, this needs {needed} more); ack or drain queues, or raise --max-memory-bytes"
     )]
     MemoryBudget {
         /// Bytes accounted now.
         used: u64,
         /// What the refused request would add.
         needed: u64,
-        /// The limit.
+        /// The limit: `max_memory_bytes` less the drop-oldest share.
         max: u64,
     },
     /// A message is larger than the broker accepts.

@@ -67,6 +67,15 @@ impl Queue {
         })
     }
 
+    /// The head's id, if any.
+    pub(super) fn front_id(&self) -> Option<SystemId> {
+        self.returned
+            .front()
+            .map(|(m, _)| m)
+            .or_else(|| self.fresh.front())
+            .map(Message::system_id)
+    }
+
     /// Messages with their next attempt, head first.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&Message, u32)> + '_ {
         self.returned

@@ -203,6 +203,27 @@ pub struct Limits {
     ///
     /// [`footprint`]: crate::core::Subscription::footprint
     pub max_memory_bytes: u64,
+    /// The share of `max_memory_bytes`, in percent (1 to 99), that the messages of drop-oldest
+    /// subscriptions (every ack-free one among them) may hold. Theirs never refuse a publish:
+    /// when the share is used up they drop their oldest. The rest of the budget is for
+    /// everything else, so what drop-oldest subscriptions hold never refuses a publish to a
+    /// reject-publish one (docs/semantics.md#memory-budget).
+    pub drop_oldest_memory_percent: u8,
+}
+
+impl Limits {
+    /// The bytes drop-oldest subscriptions' messages may hold: their share of the budget.
+    pub fn drop_oldest_memory_bytes(&self) -> u64 {
+        let percent = u64::from(self.drop_oldest_memory_percent.clamp(1, 99));
+        // u128: a budget near u64::MAX times 99 would overflow.
+        (u128::from(self.max_memory_bytes) * u128::from(percent) / 100) as u64
+    }
+
+    /// The bytes everything else may hold: subscriptions, members, and the messages of
+    /// reject-publish subscriptions.
+    pub fn general_memory_bytes(&self) -> u64 {
+        self.max_memory_bytes - self.drop_oldest_memory_bytes()
+    }
 }
 
 impl Default for Limits {
@@ -219,6 +240,7 @@ impl Default for Limits {
             max_name_bytes: 256,
             idle_timeout: Duration::from_secs(300),
             max_memory_bytes: 1 << 30,
+            drop_oldest_memory_percent: 25,
         }
     }
 }

@@ -62,6 +62,16 @@ pub enum Effect {
         /// How many times it was delivered.
         attempts: u32,
     },
+    /// Take the frame of `system_id` out of `member`'s outlet: its stream has not written it
+    /// and it is being dropped (a [`Dropped`](Effect::Dropped) for it follows). Only an
+    /// ack-free subscription's drop-oldest policy withdraws a frame, to keep the newest
+    /// (docs/semantics.md#overflow).
+    Withdraw {
+        /// The member whose stream has not written it.
+        member: MemberId,
+        /// The message.
+        system_id: SystemId,
+    },
     /// A message left the subscription without being acked (counted in [`Counters`]).
     Dropped {
         /// The dropped message.
@@ -78,8 +88,9 @@ pub enum DropReason {
     MaxDeliveryAttempts,
     /// A dead letter or other broker-internal publish found the queue full.
     QueueFull,
-    /// The queue was full and its overflow policy is drop-oldest: this message made room (or,
-    /// when nothing queued could make room, was itself not queued).
+    /// The queue (or the broker's drop-oldest memory pool) was full and its overflow policy is
+    /// drop-oldest: this message made room (or, when nothing older could make room, was itself
+    /// not queued).
     Overflow,
 }
 
@@ -426,11 +437,21 @@ impl Subscription {
     /// message's size plus [`MESSAGE_OVERHEAD`], [`MEMBER_OVERHEAD`] per member, and the
     /// subscription itself with its patterns ([`subscription_cost`]).
     pub fn footprint(&self) -> u64 {
+        self.fixed_footprint() + self.message_footprint()
+    }
+
+    /// The part of [`footprint`](Self::footprint) its messages take: every held message's size
+    /// plus [`MESSAGE_OVERHEAD`]. A drop-oldest subscription's comes from the broker's
+    /// drop-oldest pool, the rest from the general one (docs/semantics.md#memory-budget).
+    pub fn message_footprint(&self) -> u64 {
         let held = (self.queue.len() + self.in_flight()) as u64;
-        subscription_cost(&self.spec)
-            + self.held_bytes
-            + held * MESSAGE_OVERHEAD
-            + self.members.len() as u64 * MEMBER_OVERHEAD
+        self.held_bytes + held * MESSAGE_OVERHEAD
+    }
+
+    /// The part of [`footprint`](Self::footprint) that is not messages: the subscription with
+    /// its patterns, and its members.
+    pub fn fixed_footprint(&self) -> u64 {
+        subscription_cost(&self.spec) + self.members.len() as u64 * MEMBER_OVERHEAD
     }
 
     /// Queued bytes only (a running total: O(1)).
@@ -733,7 +754,16 @@ impl Subscription {
     /// As [`enqueue`](Self::enqueue), appending the effects to `out`: a caller queuing on
     /// many subscriptions per publish reuses one buffer instead of allocating one each time.
     pub fn enqueue_into(&mut self, message: Message, out: &mut Vec<Effect>) {
-        self.enqueue_attempt_into(message, 1, out);
+        self.enqueue_attempt_into(message, 1, u64::MAX, out);
+    }
+
+    /// As [`enqueue_into`](Self::enqueue_into) for a drop-oldest subscription whose share of the
+    /// broker's memory may grow by only `room` bytes for this message (what the drop-oldest
+    /// pool could grant): the oldest messages it may drop make room until the message, with
+    /// [`MESSAGE_OVERHEAD`], fits in `room` and what they freed; failing that, the message itself
+    /// is dropped. Either way it is never refused (docs/semantics.md#overflow).
+    pub fn enqueue_within(&mut self, message: Message, room: u64, out: &mut Vec<Effect>) {
+        self.enqueue_attempt_into(message, 1, room, out);
     }
 
     /// As [`enqueue`](Self::enqueue), for a message an upstream store has delivered before:
@@ -743,11 +773,17 @@ impl Subscription {
     /// would have retired it.
     pub fn enqueue_attempt(&mut self, message: Message, attempt: u32) -> Vec<Effect> {
         let mut out = Vec::new();
-        self.enqueue_attempt_into(message, attempt, &mut out);
+        self.enqueue_attempt_into(message, attempt, u64::MAX, &mut out);
         out
     }
 
-    fn enqueue_attempt_into(&mut self, message: Message, attempt: u32, out: &mut Vec<Effect>) {
+    fn enqueue_attempt_into(
+        &mut self,
+        message: Message,
+        attempt: u32,
+        room: u64,
+        out: &mut Vec<Effect>,
+    ) {
         let attempt = attempt.max(1);
         let max = self.spec.max_delivery_attempts;
         if max != 0 && attempt > max {
@@ -755,7 +791,8 @@ impl Subscription {
             self.give_back(message, attempt - 1, out);
             return;
         }
-        if self.spec.overflow == Overflow::DropOldest && !self.make_room(message.size(), out) {
+        if self.spec.overflow == Overflow::DropOldest && !self.make_room(message.size(), room, out)
+        {
             self.counters.dropped_overflow += 1;
             out.push(Effect::Dropped {
                 system_id: message.system_id(),
@@ -769,21 +806,62 @@ impl Subscription {
         self.dispatch(out);
     }
 
-    /// Drops queued messages from the head until one of `size` bytes fits; false if the queue
-    /// emptied and it still does not.
-    fn make_room(&mut self, size: usize, out: &mut Vec<Effect>) -> bool {
-        while self.check_capacity(size).is_err() {
-            let Some((oldest, _)) = self.queue.pop_front() else {
+    /// Drops the oldest messages it may drop until one of `size` bytes fits the queue's limits
+    /// and, with its [`MESSAGE_OVERHEAD`], `room` plus what the drops freed; false if nothing
+    /// is left to drop and it still does not fit.
+    fn make_room(&mut self, size: usize, room: u64, out: &mut Vec<Effect>) -> bool {
+        let needed = size as u64 + MESSAGE_OVERHEAD;
+        let mut freed = 0u64;
+        while self.check_capacity(size).is_err() || room.saturating_add(freed) < needed {
+            let Some(bytes) = self.drop_oldest(out) else {
                 return false;
             };
-            self.held_bytes -= oldest.size() as u64;
-            self.counters.dropped_overflow += 1;
-            out.push(Effect::Dropped {
-                system_id: oldest.system_id(),
-                reason: DropReason::Overflow,
-            });
+            freed += bytes;
         }
         true
+    }
+
+    /// Drops the oldest message the drop-oldest policy may drop and returns the memory it
+    /// freed (its size and [`MESSAGE_OVERHEAD`]), or `None` when there is none. That is the
+    /// queue's head or, in an ack-free subscription, the oldest frame a member's stream has
+    /// not written yet, whichever has the lower id: a stalled ack-free reader that resumes
+    /// gets the newest messages, not the first ones. An acked subscription's in-flight messages
+    /// are its members' to settle and are never dropped.
+    fn drop_oldest(&mut self, out: &mut Vec<Effect>) -> Option<u64> {
+        let queued = self.queue.front_id();
+        let unwritten = (self.spec.ack_mode == AckMode::None)
+            .then(|| {
+                self.members
+                    .iter()
+                    .filter_map(|(id, m)| m.unwritten.front().map(|r| (r.message.system_id(), *id)))
+                    .min()
+            })
+            .flatten();
+        let message = match (queued, unwritten) {
+            (Some(q), Some((u, _))) if q < u => self.queue.pop_front()?.0,
+            (_, Some((system_id, member_id))) => {
+                let member = self.members.get_mut(&member_id)?;
+                let record = member.unwritten.pop_front()?;
+                member.in_flight -= 1;
+                self.unwritten -= 1;
+                self.in_flight_bytes -= record.message.size() as u64;
+                out.push(Effect::Withdraw {
+                    member: member_id,
+                    system_id,
+                });
+                record.message
+            }
+            (Some(_), None) => self.queue.pop_front()?.0,
+            (None, None) => return None,
+        };
+        let size = message.size() as u64;
+        self.held_bytes -= size;
+        self.counters.dropped_overflow += 1;
+        out.push(Effect::Dropped {
+            system_id: message.system_id(),
+            reason: DropReason::Overflow,
+        });
+        Some(size + MESSAGE_OVERHEAD)
     }
 
     /// Queues a broker-internal message (a dead letter), dropping and counting it if full (or

@@ -117,3 +117,115 @@ fn checker_rejects_broken_ack_free_bookkeeping() {
         assert_eq!(s.check_invariants(), Err(expected.to_string()));
     }
 }
+
+/// An ack-free subscription with room for `max_messages`, dropping the oldest past them.
+fn ack_free_dropping(max_messages: u64) -> Subscription {
+    let spec = SubscriptionSpec {
+        ack_mode: AckMode::None,
+        overflow: crate::core::Overflow::DropOldest,
+        ..spec(Mode::Broadcast)
+    };
+    let lim = QueueLimits {
+        max_messages,
+        ..limits()
+    };
+    Subscription::new("s".into(), spec, lim, Floors::default(), NOW)
+}
+
+fn withdrawn_and_dropped(effects: &[Effect]) -> Vec<(Option<MemberId>, SystemId)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Withdraw { member, system_id } => Some((Some(*member), *system_id)),
+            Effect::Dropped {
+                system_id,
+                reason: DropReason::Overflow,
+            } => Some((None, *system_id)),
+            _ => None,
+        })
+        .collect()
+}
+
+// docs/semantics.md#overflow: once a member's frames wait for its stream (nothing queued, its
+// window of unwritten frames full), a new message replaces the oldest unwritten one: the frame
+// is withdrawn, the message dropped and counted, and the new one delivered in its place. Before,
+// the newcomer was dropped, so a reader that resumed got the first messages, never the latest.
+#[test]
+fn a_stalled_ack_free_member_keeps_the_newest_unwritten_frames() {
+    let mut s = ack_free_dropping(3);
+    let spec = s.spec().clone();
+    let (a, _) = s.join(&spec, window(3)).unwrap();
+    for id in 1..=3 {
+        let _ = s.enqueue(msg(id));
+    }
+    assert_eq!(s.queued(), 0);
+    let fx = s.enqueue(msg(4));
+    assert_eq!(withdrawn_and_dropped(&fx), [(Some(a), 1), (None, 1)]);
+    assert_eq!(delivered(&fx), [(a, 4, 1, 1)]);
+    assert_eq!(
+        s.in_flight_ids().collect::<Vec<_>>(),
+        [(2, a), (3, a), (4, a)]
+    );
+    assert_eq!(s.counters().dropped_overflow, 1);
+    s.check_invariants().unwrap();
+    // The stream writes 2 (settling it): 5 then fits without a drop.
+    let _ = s.ack(Some(a), 2).unwrap();
+    let fx = s.enqueue(msg(5));
+    assert!(withdrawn_and_dropped(&fx).is_empty(), "{fx:?}");
+    s.check_invariants().unwrap();
+}
+
+// The oldest goes first, queued or unwritten: a message a leaving member gave back waits at the
+// queue's head with a lower id than the next member's unwritten frames, so it goes first.
+#[test]
+fn drop_oldest_compares_the_queue_head_with_the_unwritten_frames() {
+    let mut s = ack_free_dropping(3);
+    let spec = s.spec().clone();
+    let (a, _) = s.join(&spec, window(1)).unwrap();
+    let _ = s.enqueue(msg(1));
+    let _ = s.enqueue(msg(2));
+    let _ = s.enqueue(msg(3));
+    assert_eq!(s.in_flight_ids().collect::<Vec<_>>(), [(1, a)]);
+    assert_eq!(s.queued_ids().collect::<Vec<_>>(), [2, 3]);
+    let fx = s.enqueue(msg(4));
+    assert_eq!(withdrawn_and_dropped(&fx), [(Some(a), 1), (None, 1)]);
+    assert_eq!(
+        delivered(&fx),
+        [(a, 2, 1, 1)],
+        "the window refills from the queue"
+    );
+    let fx = s.enqueue(msg(5));
+    assert_eq!(withdrawn_and_dropped(&fx), [(Some(a), 2), (None, 2)]);
+    s.check_invariants().unwrap();
+}
+
+// docs/semantics.md#memory-budget: the drop-oldest pool granted `room` bytes; the oldest
+// messages make the rest, and with no room and nothing to drop the newcomer is dropped.
+#[test]
+fn enqueue_within_drops_until_the_granted_room_suffices() {
+    let mut s = ack_free_dropping(100);
+    let one = msg(1).size() as u64 + MESSAGE_OVERHEAD;
+    let mut out = Vec::new();
+    s.enqueue_within(msg(1), one, &mut out);
+    s.enqueue_within(msg(2), one, &mut out);
+    assert!(withdrawn_and_dropped(&out).is_empty());
+    out.clear();
+    // No room granted: the oldest (1) makes it.
+    s.enqueue_within(msg(3), 0, &mut out);
+    assert_eq!(withdrawn_and_dropped(&out), [(None, 1)]);
+    assert_eq!(s.queued_ids().collect::<Vec<_>>(), [2, 3]);
+    // Half the room: one drop is enough.
+    out.clear();
+    s.enqueue_within(msg(4), one / 2, &mut out);
+    assert_eq!(withdrawn_and_dropped(&out), [(None, 2)]);
+    assert_eq!(s.message_footprint(), 2 * one);
+    // Nothing held and no room: the newcomer itself is dropped, never refused.
+    let mut empty = ack_free_dropping(100);
+    out.clear();
+    empty.enqueue_within(msg(9), 0, &mut out);
+    assert_eq!(withdrawn_and_dropped(&out), [(None, 9)]);
+    assert_eq!(empty.counters().dropped_overflow, 1);
+    assert_eq!(empty.message_footprint(), 0);
+    s.check_invariants().unwrap();
+    empty.check_invariants().unwrap();
+}

@@ -145,6 +145,11 @@ impl Collector for BrokerCollector {
                 "Bytes accounted against max_memory_bytes.",
                 stats.memory_accounted_bytes,
             ),
+            (
+                "tinybroker_memory_drop_oldest_bytes",
+                "The part of them drop-oldest subscriptions' messages hold (at most the drop-oldest share of max_memory_bytes).",
+                stats.memory_drop_oldest_bytes,
+            ),
         ] {
             let gauge = ConstGauge::new(saturating_i64(value));
             gauge.encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;

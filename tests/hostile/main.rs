@@ -13,6 +13,7 @@ mod deployment;
 #[allow(dead_code)]
 mod harness;
 mod load;
+mod overflow;
 mod transport;
 
 use std::{
