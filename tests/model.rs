@@ -284,7 +284,7 @@ impl Model {
 
     /// Drop-oldest: evicts the oldest message it may until `sid` fits; false if it cannot. The
     /// candidates are the queue's head and, ack-free, the first message each member holds
-    /// (its stream has not written it); the lowest id goes (docs/semantics.md#overflow).
+    /// (its stream has not written it); the lowest id goes (docs/semantics.md#overflow-policies).
     fn make_room(&mut self, sid: u64, out: &mut Vec<Seen>) -> bool {
         while self.full_for(sid).is_some() {
             let queued = self.queue.front().map(|(s, _)| *s);

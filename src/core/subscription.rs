@@ -65,7 +65,7 @@ pub enum Effect {
     /// Take the frame of `system_id` out of `member`'s outlet: its stream has not written it
     /// and it is being dropped (a [`Dropped`](Effect::Dropped) for it follows). Only an
     /// ack-free subscription's drop-oldest policy withdraws a frame, to keep the newest
-    /// (docs/semantics.md#overflow).
+    /// (docs/semantics.md#overflow-policies).
     Withdraw {
         /// The member whose stream has not written it.
         member: MemberId,
@@ -761,7 +761,7 @@ impl Subscription {
     /// broker's memory may grow by only `room` bytes for this message (what the drop-oldest
     /// pool could grant): the oldest messages it may drop make room until the message, with
     /// [`MESSAGE_OVERHEAD`], fits in `room` and what they freed; failing that, the message itself
-    /// is dropped. Either way it is never refused (docs/semantics.md#overflow).
+    /// is dropped. Either way it is never refused (docs/semantics.md#overflow-policies).
     pub fn enqueue_within(&mut self, message: Message, room: u64, out: &mut Vec<Effect>) {
         self.enqueue_attempt_into(message, 1, room, out);
     }

@@ -146,7 +146,7 @@ fn withdrawn_and_dropped(effects: &[Effect]) -> Vec<(Option<MemberId>, SystemId)
         .collect()
 }
 
-// docs/semantics.md#overflow: once a member's frames wait for its stream (nothing queued, its
+// docs/semantics.md#overflow-policies: once a member's frames wait for its stream (nothing queued, its
 // window of unwritten frames full), a new message replaces the oldest unwritten one: the frame
 // is withdrawn, the message dropped and counted, and the new one delivered in its place. Before,
 // the newcomer was dropped, so a reader that resumed got the first messages, never the latest.

@@ -1,4 +1,4 @@
-//! Drop-oldest under pressure (docs/semantics.md#overflow, docs/semantics.md#memory-budget),
+//! Drop-oldest under pressure (docs/semantics.md#overflow-policies, docs/semantics.md#memory-budget),
 //! with the shapes and sizes of the review that found the broken promises: ack-free
 //! subscriptions that lag never make a publish fail, anywhere; and a stalled ack-free reader that
 //! resumes gets the newest messages, not the first ones.
