@@ -585,3 +585,46 @@ fn every_local_link_in_the_docs_leads_somewhere() {
         failures.join("\n")
     );
 }
+
+/// `--flag`s named in a text.
+fn flags(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i + 2 < bytes.len() {
+        let starts = bytes[i] == b'-'
+            && bytes[i + 1] == b'-'
+            && bytes[i + 2].is_ascii_lowercase()
+            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'-'));
+        if starts {
+            let end = text[i + 2..]
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+                .map_or(text.len(), |at| i + 2 + at);
+            out.insert(text[i..end].trim_end_matches('-').to_string());
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_configuration_page_names_every_serve_flag() {
+    let output = Command::new(BINARY)
+        .args(["serve", "--help"])
+        .output()
+        .expect("tinybroker serve --help runs");
+    assert!(output.status.success(), "serve --help failed");
+    let help = String::from_utf8_lossy(&output.stdout);
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/configuration.md")).unwrap();
+    let named = flags(&page);
+    let missing: Vec<String> = flags(&help)
+        .into_iter()
+        .filter(|f| f != "--help" && !named.contains(f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md does not name these `serve` flags: {missing:?}"
+    );
+}
