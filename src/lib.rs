@@ -28,3 +28,4 @@ pub mod pb;
 pub mod server;
 pub mod service;
 pub mod sync;
+pub mod transport;

@@ -23,7 +23,7 @@ use crate::{
         Overflow, Pattern, SubscriptionSpec, Topic,
     },
     pb,
-    server::{Signal, TransportSnapshot, TransportStats, conn::connection_of},
+    transport::{Signal, TransportSnapshot, TransportStats, conn::connection_of},
 };
 
 /// The window an ack-free member gets when it asks for none: deep enough that writing, not

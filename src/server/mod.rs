@@ -1,23 +1,19 @@
 //! The whole server on any listener: `run(config, incoming, shutdown)`. The binary passes a TCP
 //! listener and a signal future; tests pass a port-0 listener; simulations pass turmoil's.
 
-pub mod conn;
 mod incoming;
 mod oversize;
 mod requests;
-mod signal;
-mod stats;
 mod tls;
 
 use std::{error::Error as StdError, sync::Arc, time::Duration};
 
+pub use crate::transport::{Signal, TransportSnapshot, TransportStats};
 use incoming::Admission;
 pub use incoming::{Guarded, TcpAccept};
 use oversize::OversizeAsResourceExhausted;
 use requests::RequestGuardLayer;
 pub use requests::{LONG_LIVED_REQUEST_BODIES, SMALL_REQUEST_BYTES};
-pub use signal::Signal;
-pub use stats::{TransportSnapshot, TransportStats};
 pub use tls::{TlsError, TlsIdentity};
 
 use tokio::io::{AsyncRead, AsyncWrite};

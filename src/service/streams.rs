@@ -23,7 +23,7 @@ use crate::{
     },
     core::{AckMode, Draft, Envelope, Error, SystemId},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
-    server::{Signal, conn::connection_of},
+    transport::{Signal, conn::connection_of},
 };
 
 type FrameResult = Result<WireFrame, Status>;
