@@ -18,6 +18,7 @@
 //! - [`pb`]: generated protobuf types.
 //! - [`sync`]: the lock types the shell uses, swappable for loom's.
 
+pub mod backend;
 pub mod broker;
 pub mod client;
 pub mod clock;

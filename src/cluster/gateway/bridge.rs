@@ -29,7 +29,7 @@ use tokio_stream::StreamExt;
 use super::{DEAD_LETTER_OF, Shared};
 use crate::{
     broker::{Input, Observation, Observer},
-    core::{Draft, Effect, Envelope, Error, Headers, MemberId, Message, Topic},
+    core::{Draft, Effect, Envelope, Error, ErrorKind, Headers, MemberId, Message, Topic},
 };
 
 /// How long one pull request waits for messages. A request asks for the room the members had
@@ -93,7 +93,7 @@ pub(super) type HandedBack = Arc<Mutex<BTreeMap<u64, u32>>>;
 /// The event queues are unbounded in type but bounded in fact: each message a bridge holds
 /// produces at most one `Acked` or `Dropped`, and a bridge holds at most its members' windows.
 #[derive(Default)]
-pub struct Router {
+pub(super) struct Router {
     links: RwLock<HashMap<Arc<str>, Link>>,
 }
 
@@ -118,7 +118,7 @@ pub(super) enum Attach {
 
 impl Router {
     /// A router with no bridges.
-    pub fn new() -> Arc<Self> {
+    pub(super) fn new() -> Arc<Self> {
         Arc::default()
     }
 
@@ -513,12 +513,12 @@ impl Bridge {
                 tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, dead_letter = published.system_id, "message reached max_delivery_attempts; dead-lettered it to JetStream");
                 AckKind::Term
             }
-            Err(status) if status.code() != tonic::Code::Unavailable => {
-                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, error = %status.message(), "JetStream refused a dead letter; dropping it");
+            Err(error) if error.kind() != ErrorKind::Unavailable => {
+                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, %error, "JetStream refused a dead letter; dropping it");
                 AckKind::Term
             }
-            Err(status) => {
-                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, error = %status.message(), "JetStream did not store a dead letter; giving its message back to come again");
+            Err(error) => {
+                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, %error, "JetStream did not store a dead letter; giving its message back to come again");
                 AckKind::Nak(Some(DEAD_LETTER_RETRY))
             }
         };
