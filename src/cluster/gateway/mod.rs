@@ -17,7 +17,7 @@
 //!   [`Broker`] for member streams, windows, fences, ack carriages and frames. A subscription
 //!   with local members has a durable JetStream pull consumer and a bridge task
 //!   ([`bridge`]) that pulls only as many messages as the local members have window for and
-//!   injects each into the local subscription ([`Broker::inject`]), with JetStream's delivery
+//!   injects each into the local subscription (`Upstream::inject`), with JetStream's delivery
 //!   count as its attempt. What the local core decides comes back through the broker's
 //!   observer seam: an ack becomes a JetStream ack, a drop a `TERM`, and what the gateway
 //!   holds when its last local member leaves is given back with a `NAK` (the local
