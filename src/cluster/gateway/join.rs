@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PullConsumer};
 
-use super::{Gateway, bridge, names};
+use super::{Gateway, bridge, names, router};
 use crate::{
     broker::{ConnectionId, MemberStream},
     core::{AckMode, Error, ErrorKind, Mode, OpenRequest},
@@ -40,7 +40,7 @@ impl Gateway {
             crate::broker::refused_join(&request.subscription_id, e);
         })?;
         let subscription: Arc<str> = Arc::from(request.subscription_id.as_str());
-        if let bridge::Attach::New {
+        if let router::Attach::New {
             events,
             wake,
             live,

@@ -61,18 +61,19 @@ mod list;
 pub mod names;
 mod pipeline;
 pub mod publish;
+mod router;
 pub mod singleton;
 mod stream;
 
 use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream;
-use bridge::Router;
 pub use config::{
     DEAD_LETTER_HEADROOM, DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, GatewayConfig, parse_urls,
 };
 use headers::{DEAD_LETTER_OF, nats_headers};
 pub use pipeline::Pipeline;
+use router::Router;
 use stream::{await_stream, ensure_stream};
 
 use crate::{
