@@ -15,6 +15,7 @@ mod publish;
 pub use publish::RUN_LIMIT;
 mod timing;
 mod upstream;
+mod view;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -23,7 +24,9 @@ pub use member::{ConnectionId, MemberStream, Outbound, Settler, SharedEncoding};
 use member::{Locked, SubState};
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
+pub(crate) use upstream::Upstream;
 pub use upstream::{Activation, GATEWAY_ROUTE_SHIFT};
+pub use view::{Description, UpstreamBacklog};
 
 use crate::{
     clock::Clock,

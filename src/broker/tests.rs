@@ -650,7 +650,7 @@ fn a_settle_cannot_ack_a_frame_its_own_earlier_acks_delivered() {
 // upstream counted, and never takes an id from the broker's own counter.
 #[tokio::test(start_paused = true)]
 async fn injected_messages_keep_their_id_and_attempt_and_reach_one_subscription() {
-    let broker = broker(Limits::default());
+    let broker = broker(Limits::default()).upstream();
     let mut a = broker
         .open(&request("a", Mode::Queue, "x.*"), None)
         .unwrap();

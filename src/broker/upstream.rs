@@ -1,9 +1,16 @@
 //! Entry points for a broker fed from upstream instead of by its own publishes: cluster mode's
-//! gateway (`crate::cluster::stream`) keeps this broker for its local members' streams, windows
+//! gateway (`crate::cluster::gateway`) keeps this broker for its local members' streams, windows
 //! and fences, and injects the messages JetStream delivers into one subscription at a time,
 //! named by JetStream's stream sequence so that every gateway names a message the same way.
+//!
+//! These operations live on [`Upstream`], a handle that only [`Broker::gateway`] makes, and
+//! only the gateway that builds its broker holds: nothing else can inject messages, activate
+//! members or take a subscription's queue.
 
-use std::sync::{Arc, atomic::AtomicBool};
+use std::{
+    ops::Deref,
+    sync::{Arc, atomic::AtomicBool},
+};
 
 use super::{Broker, Input, Observer, member::Owed};
 use crate::{
@@ -23,7 +30,7 @@ fn random_u64() -> u64 {
 /// (`Broker::gateway`).
 pub const GATEWAY_ROUTE_SHIFT: u32 = 28;
 
-/// How the cluster makes a member active ([`Broker::activate`]).
+/// How the cluster makes a member active ([`Upstream::activate`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Activation {
     /// The cluster's epoch: the member's fencing token.
@@ -35,16 +42,37 @@ pub struct Activation {
     /// It took over from an earlier active member (counted as a promotion).
     pub promoted: bool,
     /// The earlier active member's gateway died: what it held comes back from JetStream
-    /// unnamed. Nothing is pulled until [`Broker::count_owed`] says how many; the same for a
+    /// unnamed. Nothing is pulled until [`Upstream::count_owed`] says how many; the same for a
     /// line's first activation (not `promoted`), which may follow a line deleted with its only
     /// member's dead gateway. (A clean close's promotion names what was given back: `carry`.)
     pub took_over: bool,
 }
 
+/// A gateway's hold on its local broker: the broker, plus what only the gateway does to it
+/// (inject what JetStream delivers, activate the member the cluster chose, take back a queue).
+/// Made only by [`Broker::gateway`]; derefs to the [`Broker`] for everything else.
+#[derive(Clone)]
+pub(crate) struct Upstream(Broker);
+
+impl Deref for Upstream {
+    type Target = Broker;
+
+    fn deref(&self) -> &Broker {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Upstream").finish_non_exhaustive()
+    }
+}
+
 impl Broker {
-    /// A gateway's local broker (cluster mode): like [`Broker::with_observer`], but every
-    /// singleton subscription is arbitrated: its members join on standby, and only
-    /// [`Broker::activate`] (the cluster's coordinator) makes one active.
+    /// A gateway's local broker (cluster mode), and the one [`Upstream`] handle to it: like
+    /// [`Broker::with_observer`], but every singleton subscription is arbitrated: its members
+    /// join on standby, and only [`Upstream::activate`] (the cluster's coordinator) makes one
+    /// active.
     ///
     /// Its member ids start at a random floor in `[2^52, 2^53)` whose low
     /// [`GATEWAY_ROUTE_SHIFT`] bits are zero, rather than at the start time: an ack naming a
@@ -55,7 +83,11 @@ impl Broker {
     /// joins (the floor is the broker's, raised past every expired subscription's ids). Ids
     /// stay below 2^53, exact in JSON readers that use doubles. (A singleton's epochs and
     /// system ids come from the cluster, not from this floor.)
-    pub fn gateway(limits: Limits, clock: Arc<dyn Clock>, observer: Arc<dyn Observer>) -> Self {
+    pub(crate) fn gateway(
+        limits: Limits,
+        clock: Arc<dyn Clock>,
+        observer: Arc<dyn Observer>,
+    ) -> (Self, Upstream) {
         let mut broker = Self::with_observer(limits, clock, Some(observer));
         if let Some(inner) = Arc::get_mut(&mut broker.inner) {
             inner.arbitrated = true;
@@ -66,9 +98,17 @@ impl Broker {
             inner.last_system_id = crate::sync::AtomicU64::new(floor.last_system_id());
             crate::sync::write(&inner.catalog).retired = floor.floors();
         }
-        broker
+        (broker.clone(), Upstream(broker))
     }
 
+    /// The gateway-only operations on any broker, for the shell's own tests.
+    #[cfg(test)]
+    pub(crate) fn upstream(&self) -> Upstream {
+        Upstream(self.clone())
+    }
+}
+
+impl Upstream {
     /// Counts a publish JetStream confirmed through this gateway (the broker's `published`,
     /// as for its own publishes; none of them is routed here, so `unrouted` stays).
     pub fn count_upstream_publish(&self) {
@@ -182,8 +222,10 @@ impl Broker {
         })
         .unwrap_or_default()
     }
+}
 
-    /// [`Broker::hand_back`] under the subscription's lock; also what an arbitrated singleton
+impl Broker {
+    /// [`Upstream::hand_back`] under the subscription's lock; also what an arbitrated singleton
     /// that expires hands back first, so what it queued is carried, not lost with it.
     pub(super) fn hand_back_locked(
         &self,
@@ -220,7 +262,9 @@ impl Broker {
         }
         taken
     }
+}
 
+impl Upstream {
     /// Queues `message` (its `system_id` chosen upstream) on the subscription `subscription_id`
     /// alone, its next delivery carrying `attempt`. Nothing is routed by topic and no id is
     /// taken from this broker's counter. `live` is the feeder's claim on the subscription: when
@@ -360,7 +404,7 @@ impl Broker {
     }
 
     /// Whether `subscription_id`'s active member here was just activated and waits for
-    /// [`Broker::count_owed`].
+    /// [`Upstream::count_owed`].
     pub fn owes_count(&self, subscription_id: &str) -> bool {
         self.with_subscription(subscription_id, |state, _| {
             Ok(state.owed == Some(Owed::Uncounted))

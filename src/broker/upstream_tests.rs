@@ -16,7 +16,7 @@ impl Observer for Unobserved {
 
 /// A gateway's broker, as `serve --nats` builds it: a subscription expires with its last
 /// member.
-fn gateway() -> Broker {
+fn gateway() -> Upstream {
     let limits = Limits {
         idle_timeout: Duration::ZERO,
         ..Limits::default()
@@ -26,6 +26,7 @@ fn gateway() -> Broker {
         Arc::new(VirtualClock::new(1_700_000_000_000)),
         Arc::new(Unobserved),
     )
+    .1
 }
 
 fn request(id: &str, mode: Mode) -> OpenRequest {
@@ -110,7 +111,10 @@ async fn a_gateways_singleton_shows_the_clusters_epoch_after_another_subscriptio
 /// A gateway's singleton "s" whose member (window `window`) the cluster promoted after a clean
 /// close with `carry`: the given-back messages it waits for. Returns the feeder's `live` claim
 /// too.
-async fn promoted(window: u32, carry: Vec<(SystemId, u32)>) -> (Broker, MemberStream, AtomicBool) {
+async fn promoted(
+    window: u32,
+    carry: Vec<(SystemId, u32)>,
+) -> (Upstream, MemberStream, AtomicBool) {
     activated(
         window,
         Activation {
@@ -124,7 +128,7 @@ async fn promoted(window: u32, carry: Vec<(SystemId, u32)>) -> (Broker, MemberSt
 }
 
 /// A gateway's singleton "s" whose member (window `window`) the cluster made active so.
-async fn activated(window: u32, activation: Activation) -> (Broker, MemberStream, AtomicBool) {
+async fn activated(window: u32, activation: Activation) -> (Upstream, MemberStream, AtomicBool) {
     let broker = gateway();
     let mut req = request("s", Mode::Singleton);
     req.member.max_in_flight = window;
@@ -322,7 +326,7 @@ async fn activating_the_active_member_again_keeps_waiting_for_the_carried_ones()
 }
 
 /// A member that took over from a dead gateway's member (window `window`).
-async fn took_over(window: u32) -> (Broker, MemberStream, AtomicBool) {
+async fn took_over(window: u32) -> (Upstream, MemberStream, AtomicBool) {
     activated(
         window,
         Activation {
@@ -497,7 +501,8 @@ async fn a_singleton_that_expires_with_its_last_member_hands_back_what_it_queued
         limits,
         Arc::new(VirtualClock::new(1_700_000_000_000)),
         observer.clone(),
-    );
+    )
+    .1;
     let mut req = request("s", Mode::Singleton);
     req.member.max_in_flight = 2;
     let mut s = broker.open(&req, None).unwrap();

@@ -4,7 +4,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
 use tinybroker::{
-    cluster::gateway::{self, Gateway, GatewayConfig, Router},
+    backend::Backend,
+    cluster::gateway::{self, Gateway, GatewayConfig},
     core::Limits,
     metrics::Metrics,
     server::{Server, ServerConfig},
@@ -229,23 +230,20 @@ fn parse_lease(text: &str) -> Result<Duration, String> {
 }
 
 pub async fn run(args: Serve) -> Result<(), String> {
-    let mut config = args.config()?;
-    let router = args.nats.as_ref().map(|_| {
-        let router = Router::new();
-        config.limits = gateway::local_limits(config.limits.clone());
-        config.observer = Some(router.clone());
-        config.cluster_gateway = true;
-        router
-    });
+    let config = args.config()?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let tls = (config.tls.is_some(), config.tls_client_ca.is_some());
     let auth = config.auth_token.is_some();
-    let mut server = Server::new(config);
-    let gateway = match (&args.nats, router) {
-        (Some(urls), Some(router)) => {
+    // The one choice of deployment. Beside the backend: the run's id floor, as a number and
+    // as the time it stands for (an operator comparing ids across restarts, or suspecting the
+    // clock went back, compares these lines), and what a gateway says of its cluster. A
+    // gateway's floor is random instead (member ids unique across gateways; epochs and system
+    // ids come from the cluster).
+    let (backend, ids, cluster) = match &args.nats {
+        Some(urls) => {
             let gateway = Gateway::connect(
                 GatewayConfig {
                     stream: args.nats_stream.clone(),
@@ -257,29 +255,38 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     max_bytes: args.nats_max_bytes,
                     ..GatewayConfig::new(urls.clone())
                 },
-                server.broker().clone(),
-                router,
+                config.limits.clone(),
+                config.clock.clone(),
             )
             .await?;
-            server = server.with_gateway(gateway.clone());
-            Some(gateway)
+            let floor = gateway.broker().id_floor().unix_micros();
+            let ids = format!("member ids start above {floor}, random for this gateway");
+            let (stream, replicas) = gateway.stream();
+            let connected_to = gateway.connected_to();
+            let cluster = move || {
+                tracing::info!(
+                    nats = %urls,
+                    %connected_to,
+                    %stream,
+                    replicas,
+                    "cluster mode: a gateway over NATS JetStream, connected to {connected_to} (stream {stream}, {replicas} replicas)",
+                );
+            };
+            (Backend::Gateway(gateway), ids, Some(cluster))
         }
-        _ => None,
+        None => {
+            let server = Server::new(config.clone());
+            let floor = server.broker().id_floor().unix_micros();
+            let started = std::time::UNIX_EPOCH + std::time::Duration::from_micros(floor);
+            let ids = format!(
+                "ids start above {floor}: the start time, {}, in µs since the Unix epoch",
+                humantime::format_rfc3339_micros(started)
+            );
+            (server.backend().clone(), ids, None)
+        }
     };
-    // The run's id floor, as a number and as the time it stands for: an operator comparing ids
-    // across restarts, or suspecting the clock went back, compares these lines. A gateway's
-    // floor is random instead (member ids unique across gateways; epochs and system ids come
-    // from the cluster).
-    let floor = server.broker().id_floor().unix_micros();
-    let ids = if gateway.is_some() {
-        format!("member ids start above {floor}, random for this gateway")
-    } else {
-        let started = std::time::UNIX_EPOCH + std::time::Duration::from_micros(floor);
-        format!(
-            "ids start above {floor}: the start time, {}, in µs since the Unix epoch",
-            humantime::format_rfc3339_micros(started)
-        )
-    };
+    let floor = backend.broker().id_floor().unix_micros();
+    let server = Server::with_backend(config, backend.clone());
     tracing::info!(
         %addr,
         tls = tls.0,
@@ -288,16 +295,8 @@ pub async fn run(args: Serve) -> Result<(), String> {
         id_floor = floor,
         "tinybroker listening on {addr} ({ids})",
     );
-    if let (Some(gateway), Some(urls)) = (&gateway, &args.nats) {
-        let (stream, replicas) = gateway.stream();
-        tracing::info!(
-            nats = %urls,
-            connected_to = %gateway.connected_to(),
-            %stream,
-            replicas,
-            "cluster mode: a gateway over NATS JetStream, connected to {} (stream {stream}, {replicas} replicas)",
-            gateway.connected_to(),
-        );
+    if let Some(cluster) = cluster {
+        cluster();
     }
     if !addr.ip().is_loopback() && !tls.0 && !auth {
         tracing::warn!(
@@ -327,10 +326,8 @@ pub async fn run(args: Serve) -> Result<(), String> {
         }
         None => server.run(incoming, shutdown_signal()).await,
     };
-    if let Some(gateway) = gateway {
-        // Gives back what this gateway still holds, so other gateways get it at once.
-        gateway.close(Duration::from_secs(2)).await;
-    }
+    // A gateway gives back what it still holds, so other gateways get it at once.
+    backend.close(Duration::from_secs(2)).await;
     result.map_err(|e| e.to_string())?;
     tracing::info!("tinybroker stopped");
     Ok(())

@@ -60,10 +60,15 @@
 //! did not see in time fails its compare-and-set against the deleted key: the deletion wins or
 //! loses atomically. A clean close promotes only after the leaving member's stream is closed.
 //!
-//! # Not in this step
-//! Messages (the JetStream stream of messages, acks, redelivery of the in-flight message to the
-//! promoted member) plug in where [`Effect::Activate`] is emitted: the shell will bind the member
-//! to the subscription's consumer with the epoch as its fence.
+//! # Messages
+//! Messages are not the coordinator's: [`Effect::Activate`] is where the gateway's shell
+//! (`gateway::singleton`) makes the member active on the local broker with the epoch as its
+//! fence, and the subscription's bridge pulls for it from the JetStream consumer; what a
+//! leaving gateway gave back rides with the promotion as its carry ([`SubValue::carry`]).
+//!
+//! This file is one state machine, longer than the rest (about 900 lines): its lease and line
+//! handling share the pending writes, the blocks and the local members, and the safety argument
+//! above reads against the whole of it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;

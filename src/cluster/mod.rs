@@ -1,6 +1,7 @@
-//! Cluster mode (SPEC §9, in progress): `tinybroker serve --nats URLS` runs the same gRPC API
-//! as a gateway that keeps no state of its own over a NATS JetStream cluster; any number of
-//! gateways serve the same subscriptions.
+//! Cluster mode (SPEC §9): `tinybroker serve --nats URLS` runs the same gRPC API as a gateway
+//! that keeps no state of its own over a NATS JetStream cluster; any number of gateways serve
+//! the same subscriptions. The service reaches a gateway only through the backend seam
+//! (`crate::backend`); everything here returns [`crate::core::Error`]s, never gRPC statuses.
 //!
 //! - [`gateway`]: the NATS adapter behind `serve --nats`: publishes to JetStream, subscriptions
 //!   of every mode bridged from JetStream consumers into each gateway's local broker, acks
@@ -16,9 +17,9 @@
 //!   across gateways, promotion, epochs and leases, with the safety argument and the clock
 //!   assumption in its doc.
 //!
-//! Status: the coordinator runs in the simulation (`sim/cluster.rs`) over the model backplane and
-//! in every gateway over [`nats`]; [`nats`] is also tested on its own against real servers.
-//! Step 4 (fault tests against processes, the bench, the API suite against gateways) remains.
+//! Tested: the coordinator in the simulation (`sim/cluster.rs`) over the model backplane, and in
+//! every gateway over [`nats`]; [`nats`] on its own against real servers; the gateways against
+//! real nats-server processes in `tests/cluster` (the API suite, faults, limits, the bench).
 
 pub mod backplane;
 pub mod coordinator;

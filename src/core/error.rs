@@ -1,5 +1,6 @@
-//! Every outcome the broker refuses, as data. The transport maps each variant to a gRPC status in
-//! exactly one place (`service::status`).
+//! Every outcome the broker refuses, as data, with its [`ErrorKind`]. The service maps each kind
+//! to a gRPC status in exactly one place (`service::status`); cluster mode's gateways carry the
+//! kind of a forwarded settle's answer between them.
 
 /// Why the broker refused a request. A refused request changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -161,8 +162,140 @@ pub enum Error {
     /// The broker is shutting down and takes no new work.
     #[error("the broker is shutting down")]
     ShuttingDown,
-    /// Cluster mode: this gateway cannot serve the request now (it lost its lease, or the
-    /// cluster removed the member); the client retries or rejoins, at any gateway.
+    /// Cluster mode: this gateway cannot serve the request now (it lost its lease, the cluster
+    /// removed the member, JetStream did not answer); the client retries or rejoins, at any
+    /// gateway.
     #[error("{0}")]
     Unavailable(String),
+    /// Cluster mode: the JetStream stream holding every topic reached one of its limits (with
+    /// discard new), so it refuses new messages.
+    #[error(
+        "JetStream stream {stream} is full: its {limit} limit is reached ({detail}); ack or drain subscriptions' backlogs, or raise the limit"
+    )]
+    StreamFull {
+        /// The stream's name.
+        stream: String,
+        /// Which limit, as the operator sets it.
+        limit: &'static str,
+        /// JetStream's own words.
+        detail: String,
+    },
+    /// Cluster mode: an ack or nack that names no member reached a gateway that does not hold
+    /// the member's stream (such a settle is fenced by the connection).
+    #[error(
+        "message {system_id} is not in flight on subscription {subscription:?} at this gateway; in cluster mode an ack or nack without member_id is fenced by the connection and works only at the gateway holding the member's stream: pass the member_id from the confirmation frame"
+    )]
+    NotHeldHere {
+        /// The subscription named.
+        subscription: String,
+        /// The message named.
+        system_id: u64,
+    },
+    /// Cluster mode: an ack or nack names a member no gateway holds any more (it left, was
+    /// deposed, or its gateway is gone).
+    #[error(
+        "member {member} of subscription {subscription:?} is not connected to any gateway ({reason}): this ack or nack is stale and changed nothing"
+    )]
+    MemberGone {
+        /// The subscription named.
+        subscription: String,
+        /// The member named.
+        member: u64,
+        /// Why it is gone, as far as this gateway can tell.
+        reason: String,
+    },
+    /// Cluster mode: a refusal whose words come from the cluster (a JetStream consumer that
+    /// does not fit the request, the answer of the gateway holding a member, a batch's
+    /// refusal with what JetStream stored after it), with its kind.
+    #[error("{message}")]
+    Cluster {
+        /// What kind of refusal it is.
+        kind: ErrorKind,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// What kind of refusal an [`Error`] is: the gRPC status a client gets for it, numbered as gRPC
+/// numbers its codes (cluster mode's gateways carry the number in a forwarded settle's
+/// answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum ErrorKind {
+    /// The failure has no better kind (an answer from another gateway with a code this one
+    /// does not know).
+    Unknown = 2,
+    /// The request is malformed; sent again unchanged, it fails again.
+    InvalidArgument = 3,
+    /// What it names does not exist (or is not in flight).
+    NotFound = 5,
+    /// What it would create exists already.
+    AlreadyExists = 6,
+    /// A limit is reached; it may succeed later.
+    ResourceExhausted = 8,
+    /// The state does not allow it (another member holds the message, other settings).
+    FailedPrecondition = 9,
+    /// A broken invariant inside the deployment (an unreadable answer between gateways).
+    Internal = 13,
+    /// Not now; retrying (elsewhere, or later) may succeed.
+    Unavailable = 14,
+}
+
+impl ErrorKind {
+    /// The kind numbered `code` (gRPC's numbering); [`ErrorKind::Unknown`] for any other number.
+    pub fn from_code(code: i32) -> Self {
+        match code {
+            3 => Self::InvalidArgument,
+            5 => Self::NotFound,
+            6 => Self::AlreadyExists,
+            8 => Self::ResourceExhausted,
+            9 => Self::FailedPrecondition,
+            13 => Self::Internal,
+            14 => Self::Unavailable,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// Its number in gRPC's numbering.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+impl Error {
+    /// What kind of refusal this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidTopic { .. }
+            | Error::InvalidPattern { .. }
+            | Error::InvalidArgument(_)
+            | Error::SettleTooLarge { .. } => ErrorKind::InvalidArgument,
+            Error::SettingsMismatch { .. }
+            | Error::NotHolder { .. }
+            | Error::StaleConnection { .. }
+            | Error::NotYetSent { .. }
+            | Error::AckFree(_)
+            | Error::NotHeldHere { .. }
+            | Error::MemberGone { .. } => ErrorKind::FailedPrecondition,
+            Error::BroadcastTaken(_) => ErrorKind::AlreadyExists,
+            Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => ErrorKind::NotFound,
+            Error::QueueFull { .. }
+            | Error::MessageTooLarge { .. }
+            | Error::MemoryBudget { .. }
+            | Error::BatchTooLarge { .. }
+            | Error::TooManySubscriptions { .. }
+            | Error::TooManyMembers { .. }
+            | Error::StreamFull { .. } => ErrorKind::ResourceExhausted,
+            Error::ShuttingDown | Error::Unavailable(_) => ErrorKind::Unavailable,
+            Error::Cluster { kind, .. } => *kind,
+        }
+    }
+
+    /// Cluster mode: a refusal of kind `kind` in the cluster's words.
+    pub fn cluster(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error::Cluster {
+            kind,
+            message: message.into(),
+        }
+    }
 }

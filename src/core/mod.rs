@@ -23,7 +23,7 @@ pub mod topic;
 
 use bytes::Bytes;
 
-pub use error::Error;
+pub use error::{Error, ErrorKind};
 pub use ids::IdFloor;
 pub use index::PatternIndex;
 pub use message::{Envelope, Headers, Message, SystemId};

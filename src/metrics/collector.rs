@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::{
     broker::{Broker, SubscriptionView},
-    server::TransportStats,
+    transport::TransportStats,
 };
 
 /// The scrape-time half of the metrics: everything [`Broker::list`] knows, and the transport's

@@ -18,7 +18,7 @@ use prometheus_client::{
 
 use crate::{
     broker::{Broker, Timings},
-    server::TransportStats,
+    transport::TransportStats,
 };
 
 /// Failover is a lock and a few channel sends: expect well under a millisecond, and make

@@ -28,8 +28,11 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
-use super::{conn::ConnectionInfo, signal::Signal, stats::TransportStats, tls::Transport};
-use crate::broker::ConnectionId;
+use super::tls::Transport;
+use crate::{
+    broker::ConnectionId,
+    transport::{Signal, TransportStats, conn::ConnectionInfo},
+};
 
 /// Bytes a client must send before its handshake counts as done: the 24-byte HTTP/2 preface
 /// plus the 9-byte header of the SETTINGS frame that must follow it. Over TLS they are counted

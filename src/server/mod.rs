@@ -1,23 +1,19 @@
 //! The whole server on any listener: `run(config, incoming, shutdown)`. The binary passes a TCP
 //! listener and a signal future; tests pass a port-0 listener; simulations pass turmoil's.
 
-pub mod conn;
 mod incoming;
 mod oversize;
 mod requests;
-mod signal;
-mod stats;
 mod tls;
 
 use std::{error::Error as StdError, sync::Arc, time::Duration};
 
+pub use crate::transport::{Signal, TransportSnapshot, TransportStats};
 use incoming::Admission;
 pub use incoming::{Guarded, TcpAccept};
 use oversize::OversizeAsResourceExhausted;
 use requests::RequestGuardLayer;
 pub use requests::{LONG_LIVED_REQUEST_BODIES, SMALL_REQUEST_BYTES};
-pub use signal::Signal;
-pub use stats::{TransportSnapshot, TransportStats};
 pub use tls::{TlsError, TlsIdentity};
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -29,9 +25,9 @@ use tonic::{
 };
 
 use crate::{
+    backend::Backend,
     broker::{Broker, Observer},
     clock::{Clock, TokioClock},
-    cluster::gateway::Gateway,
     core::Limits,
     pb::{self, broker_server::BrokerServer},
     service::BrokerService,
@@ -76,12 +72,9 @@ pub struct ServerConfig {
     pub max_pending_request_bytes: usize,
     /// Where time comes from.
     pub clock: Arc<dyn Clock>,
-    /// Sees every input applied to every subscription (simulations and tests; in cluster mode
-    /// the gateway's [`Router`](crate::cluster::gateway::Router)).
+    /// Sees every input applied to every subscription of the embedded broker [`Server::new`]
+    /// builds (simulations and tests). A gateway builds its own broker, observed by itself.
     pub observer: Option<Arc<dyn Observer>>,
-    /// Cluster mode: the broker is a gateway's local broker, whose singleton members are made
-    /// active by the cluster's coordinator ([`Broker::gateway`]); needs `observer`.
-    pub cluster_gateway: bool,
 }
 
 impl ServerConfig {
@@ -114,7 +107,6 @@ impl Default for ServerConfig {
             max_pending_request_bytes: 64 * 1024 * 1024,
             clock: Arc::new(TokioClock::new()),
             observer: None,
-            cluster_gateway: false,
         }
     }
 }
@@ -180,49 +172,44 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// A configured server and its broker, before it starts.
+/// A configured server and its backend, before it starts.
 #[derive(Debug)]
 pub struct Server {
     config: ServerConfig,
-    broker: Broker,
-    gateway: Option<Gateway>,
+    backend: Backend,
     transport: Arc<TransportStats>,
 }
 
 impl Server {
-    /// A server with a fresh, empty broker.
+    /// A server with a fresh, empty embedded broker.
     pub fn new(config: ServerConfig) -> Self {
-        let broker = match (&config.observer, config.cluster_gateway) {
-            (Some(observer), true) => Broker::gateway(
-                config.limits.clone(),
-                config.clock.clone(),
-                observer.clone(),
-            ),
-            _ => Broker::with_observer(
-                config.limits.clone(),
-                config.clock.clone(),
-                config.observer.clone(),
-            ),
-        };
+        let broker = Broker::with_observer(
+            config.limits.clone(),
+            config.clock.clone(),
+            config.observer.clone(),
+        );
+        Self::with_backend(config, Backend::Embedded(broker))
+    }
+
+    /// A server for `backend` (a cluster-mode gateway, or a broker built by the caller). Its
+    /// limits are the backend's; `config` sets the transport.
+    pub fn with_backend(config: ServerConfig, backend: Backend) -> Self {
         Self {
             config,
-            broker,
-            gateway: None,
+            backend,
             transport: Arc::default(),
         }
     }
 
-    /// Serves as a cluster-mode gateway (SPEC §9): publishes, joins and unary settles go
-    /// through `gateway`, which must have been connected with this server's broker (built with
-    /// the gateway's router as `config.observer` and its local limits).
-    pub fn with_gateway(mut self, gateway: Gateway) -> Self {
-        self.gateway = Some(gateway);
-        self
+    /// The broker holding the member streams this server will serve (for in-process
+    /// inspection; a gateway's local broker).
+    pub fn broker(&self) -> &Broker {
+        self.backend.broker()
     }
 
-    /// The broker this server will serve (for in-process inspection).
-    pub fn broker(&self) -> &Broker {
-        &self.broker
+    /// What the server serves.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// The counters of the connection and request guards (for in-process inspection).
@@ -247,10 +234,10 @@ impl Server {
     {
         let Self {
             config,
-            broker,
-            gateway,
+            backend,
             transport,
         } = self;
+        let broker = backend.broker().clone();
         let tls = match &config.tls {
             Some(identity) => Some(tls::acceptor(identity, config.tls_client_ca.as_ref())?),
             None => None,
@@ -267,14 +254,11 @@ impl Server {
             .build_v1alpha()?;
         // Fired when shutdown starts: ends the service's streams the broker does not own.
         let stopping_streams = Arc::new(Signal::default());
-        let service = BrokerServer::new(
-            BrokerService::with_transport(
-                broker.clone(),
-                transport.clone(),
-                stopping_streams.clone(),
-            )
-            .with_gateway(gateway),
-        )
+        let service = BrokerServer::new(BrokerService::with_transport(
+            backend,
+            transport.clone(),
+            stopping_streams.clone(),
+        ))
         .max_decoding_message_size(config.max_request_bytes);
         let auth = BearerAuth(config.auth_token.as_deref().map(Arc::from));
         let service = OversizeAsResourceExhausted::new(

@@ -29,7 +29,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::Sleep;
 use tonic::{Status, body::Body, codegen::http};
 
-use super::stats::TransportStats;
+use crate::transport::TransportStats;
 
 /// Requests no larger than this so far may use the reserve above the budget.
 pub const SMALL_REQUEST_BYTES: usize = 64 * 1024;

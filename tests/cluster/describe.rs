@@ -187,3 +187,71 @@ async fn describe_of_a_consumer_without_metadata_names_it() {
     let described = on_a.describe("foreign").await;
     assert_code(described, Code::FailedPrecondition, "tb-q-foreign");
 }
+
+// ListSubscriptions at a gateway lists what DescribeSubscription there describes: at gateway
+// B, where none has a member, the QUEUE and SINGLETON subscriptions whose members are on A
+// (from their JetStream consumers, with the singleton's active member from the cluster's
+// line), but not A's BROADCAST one, which only A describes; at A all three, each as A
+// describes it. Pages follow the id order across both sources.
+#[tokio::test]
+async fn a_gateway_lists_what_it_can_describe_cluster_wide() {
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut queue = on_a
+        .subscribe(open("b-work", DeliveryMode::Queue, "pool", &["work.>"]))
+        .await
+        .unwrap();
+    queue.confirmed().await;
+    let mut leader = on_a.subscribe(singleton("c-report")).await.unwrap();
+    let confirmed = leader.confirmed().await;
+    let mut fan = on_a
+        .subscribe(open("a-fan", DeliveryMode::Broadcast, "", &["news.>"]))
+        .await
+        .unwrap();
+    fan.confirmed().await;
+
+    let ids = |list: &tinybroker::pb::ListSubscriptionsResponse| -> Vec<String> {
+        list.subscriptions
+            .iter()
+            .map(|s| s.subscription_id.clone())
+            .collect()
+    };
+    let at_b = on_b.list().await;
+    assert_eq!(ids(&at_b), ["b-work", "c-report"], "{at_b:?}");
+    for listed in &at_b.subscriptions {
+        assert!(listed.members.is_empty(), "no member at B: {listed:?}");
+        assert!(listed.upstream.is_some(), "with its consumer: {listed:?}");
+        let described = on_b.describe(&listed.subscription_id).await.unwrap();
+        assert_eq!(
+            (described.mode, &described.topic_patterns),
+            (listed.mode, &listed.topic_patterns)
+        );
+    }
+    assert_eq!(
+        (
+            at_b.subscriptions[1].active_member_id,
+            at_b.subscriptions[1].epoch
+        ),
+        (confirmed.member_id, confirmed.epoch),
+        "the cluster's line"
+    );
+
+    let at_a = on_a.list().await;
+    assert_eq!(ids(&at_a), ["a-fan", "b-work", "c-report"], "{at_a:?}");
+    assert!(at_a.subscriptions.iter().all(|s| s.members.len() == 1));
+    assert!(
+        at_a.subscriptions.iter().all(|s| s.upstream.is_some()),
+        "each with its consumer: {at_a:?}"
+    );
+
+    let first = on_b.list_page(1, "").await.unwrap();
+    assert_eq!(
+        (ids(&first), first.next_page_token.as_str()),
+        (vec!["b-work".to_string()], "b-work")
+    );
+    let second = on_b.list_page(1, &first.next_page_token).await.unwrap();
+    assert_eq!(
+        (ids(&second), second.next_page_token.as_str()),
+        (vec!["c-report".to_string()], "")
+    );
+}

@@ -62,8 +62,9 @@ use std::{
 use harness::{Carriage, Member, TestServer, assert_code, open, within};
 use nats_server::NatsCluster;
 use tinybroker::{
+    backend::Backend,
     clock::{Clock, TokioClock},
-    cluster::gateway::{self, Gateway, GatewayConfig, Router},
+    cluster::gateway::{self, Gateway, GatewayConfig},
     pb::DeliveryMode,
     server::{Server, ServerConfig},
 };
@@ -85,18 +86,10 @@ pub(crate) async fn serve_gateway(
     config: GatewayConfig,
     clock: Arc<dyn Clock>,
 ) -> TestServer {
-    let router = Router::new();
-    let server = Server::new(ServerConfig {
-        limits: gateway::local_limits(server.limits.clone()),
-        observer: Some(router.clone()),
-        cluster_gateway: true,
-        clock,
-        ..server
-    });
-    let gateway = Gateway::connect(config, server.broker().clone(), router)
+    let gateway = Gateway::connect(config, server.limits.clone(), clock)
         .await
         .expect("gateway connects");
-    TestServer::run(server.with_gateway(gateway)).await
+    TestServer::run(Server::with_backend(server, Backend::Gateway(gateway))).await
 }
 
 /// A three-node cluster and two gateways on different nodes.

@@ -7,14 +7,12 @@
 //! is given back with a nak, so another gateway's members get it.
 //!
 //! The local core learns nothing new: it sees members, windows, a queue and acks as always.
-//! What it decides reaches the bridge through the broker's [`Observer`] seam ([`Router`]).
+//! What it decides reaches the bridge through the broker's observer seam
+//! ([`Router`](super::router::Router)), as [`Event`]s.
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{
-        Arc, Mutex, PoisonError, RwLock,
-        atomic::{AtomicBool, Ordering},
-    },
+    collections::BTreeMap,
+    sync::{Arc, Mutex, PoisonError, atomic::AtomicBool},
     time::Duration,
 };
 
@@ -27,10 +25,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
 
 use super::{DEAD_LETTER_OF, Shared};
-use crate::{
-    broker::{Input, Observation, Observer},
-    core::{Draft, Effect, Envelope, Error, Headers, MemberId, Message, Topic},
-};
+use crate::core::{Draft, Envelope, Error, ErrorKind, Headers, MemberId, Message, Topic};
 
 /// How long one pull request waits for messages. A request asks for the room the members had
 /// when it was sent; room that frees up meanwhile is asked for by the next request, at the
@@ -69,179 +64,11 @@ pub(super) enum Event {
     Stop,
 }
 
-struct Link {
-    events: mpsc::UnboundedSender<Event>,
-    wake: Arc<Notify>,
-    /// Cleared, under the subscription's lock, when the local subscription this bridge feeds
-    /// expires: the broker checks it under that same lock before queuing what the bridge
-    /// injects, so a stopping bridge can never feed a newer subscription of the same name.
-    live: Arc<AtomicBool>,
-    /// What the local subscription handed back (see [`Bridge::handed_back`]).
-    handed_back: HandedBack,
-}
-
 /// An arbitrated singleton's hand-backs, collected by the router as the broker makes them
 /// (under the subscription's lock, also when the subscription expires with its last member) and
 /// taken by the bridge when it gives back what it holds: by stream sequence, the attempt each
 /// one's next delivery carries (the higher one if it was handed back twice).
 pub(super) type HandedBack = Arc<Mutex<BTreeMap<u64, u32>>>;
-
-/// Routes the local broker's decisions to the bridge of each subscription. It is the broker's
-/// observer in cluster mode: called under the subscription's lock, it only looks up the
-/// subscription's link and queues an event.
-///
-/// The event queues are unbounded in type but bounded in fact: each message a bridge holds
-/// produces at most one `Acked` or `Dropped`, and a bridge holds at most its members' windows.
-#[derive(Default)]
-pub struct Router {
-    links: RwLock<HashMap<Arc<str>, Link>>,
-}
-
-impl std::fmt::Debug for Router {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Router").finish_non_exhaustive()
-    }
-}
-
-/// What [`Router::attach`] found.
-pub(super) enum Attach {
-    /// A bridge runs for the subscription: it was woken to pull for the new member.
-    Running,
-    /// None ran: start one with these.
-    New {
-        events: mpsc::UnboundedReceiver<Event>,
-        wake: Arc<Notify>,
-        live: Arc<AtomicBool>,
-        handed_back: HandedBack,
-    },
-}
-
-impl Router {
-    /// A router with no bridges.
-    pub fn new() -> Arc<Self> {
-        Arc::default()
-    }
-
-    /// Called once a member joined `subscription` locally: wakes its bridge, or registers a
-    /// new one (in the same write lock, so two joins cannot both start one).
-    pub(super) fn attach(&self, subscription: &Arc<str>) -> Attach {
-        let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(link) = links.get(subscription) {
-            link.wake.notify_one();
-            return Attach::Running;
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let wake = Arc::new(Notify::new());
-        let live = Arc::new(AtomicBool::new(true));
-        let handed_back = HandedBack::default();
-        links.insert(
-            subscription.clone(),
-            Link {
-                events: tx,
-                wake: wake.clone(),
-                live: live.clone(),
-                handed_back: handed_back.clone(),
-            },
-        );
-        Attach::New {
-            events: rx,
-            wake,
-            live,
-            handed_back,
-        }
-    }
-
-    /// Stops every bridge (the gateway is shutting down): each gives back what it holds.
-    pub(super) fn stop_all(&self) {
-        let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
-        for (_, link) in links.drain() {
-            link.live.store(false, Ordering::Release);
-            let _ = link.events.send(Event::Stop);
-        }
-    }
-}
-
-impl Observer for Router {
-    fn observe(&self, observation: &Observation<'_>) {
-        let id = observation.subscription.id();
-        let arbitrated = observation.subscription.is_arbitrated();
-        let relevant = matches!(
-            observation.input,
-            Input::Ack { accepted: true, .. } | Input::Expire { .. }
-        ) || (arbitrated
-            && matches!(
-                observation.input,
-                Input::Leave { .. } | Input::Activate { .. } | Input::HandBack { .. }
-            ))
-            || observation
-                .effects
-                .iter()
-                .any(|e| matches!(e, Effect::Dropped { .. } | Effect::DeadLetter { .. }));
-        if !relevant {
-            return;
-        }
-        if let Input::Expire { .. } = observation.input {
-            // Unlinked here, under the subscription's lock, so a join that recreates the
-            // subscription right after starts a new bridge instead of waking this one.
-            let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
-            if let Some(link) = links.remove(id) {
-                link.live.store(false, Ordering::Release);
-                let _ = link.events.send(Event::Stop);
-            }
-            return;
-        }
-        let links = self.links.read().unwrap_or_else(PoisonError::into_inner);
-        let Some(link) = links.get(id) else {
-            return;
-        };
-        if let Input::Activate { .. } = observation.input {
-            // The active member has window now: pull for it.
-            link.wake.notify_one();
-        }
-        if let Input::HandBack { carry, .. } = observation.input {
-            let mut handed_back = link
-                .handed_back
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            for &(sequence, attempt) in carry {
-                let kept = handed_back.entry(sequence).or_insert(attempt);
-                *kept = (*kept).max(attempt);
-            }
-        }
-        if let Input::Ack {
-            accepted: true,
-            system_id,
-            ..
-        } = observation.input
-        {
-            let _ = link.events.send(Event::Acked(*system_id));
-        }
-        for effect in observation.effects {
-            match effect {
-                Effect::Dropped { system_id, .. } => {
-                    let _ = link.events.send(Event::Dropped(*system_id));
-                }
-                Effect::DeadLetter { message, attempts } => {
-                    if let Some(topic) = &observation.subscription.spec().dead_letter_topic {
-                        let draft = Draft::dead_letter(message, id, topic.clone(), *attempts);
-                        let _ = link
-                            .events
-                            .send(Event::DeadLettered(message.system_id(), draft));
-                    }
-                }
-                _ => {}
-            }
-        }
-        // After the message its last attempt ended with (dead-lettered or dropped): the bridge
-        // terminates that one before it gives back what it holds, or JetStream would deliver
-        // it again elsewhere, to be dead-lettered a second time.
-        if let Input::Leave { member } = observation.input
-            && arbitrated
-        {
-            let _ = link.events.send(Event::Left(*member));
-        }
-    }
-}
 
 /// One subscription's bridge task.
 pub(super) struct Bridge {
@@ -513,12 +340,12 @@ impl Bridge {
                 tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, dead_letter = published.system_id, "message reached max_delivery_attempts; dead-lettered it to JetStream");
                 AckKind::Term
             }
-            Err(status) if status.code() != tonic::Code::Unavailable => {
-                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, error = %status.message(), "JetStream refused a dead letter; dropping it");
+            Err(error) if error.kind() != ErrorKind::Unavailable => {
+                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, %error, "JetStream refused a dead letter; dropping it");
                 AckKind::Term
             }
-            Err(status) => {
-                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, error = %status.message(), "JetStream did not store a dead letter; giving its message back to come again");
+            Err(error) => {
+                tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, %error, "JetStream did not store a dead letter; giving its message back to come again");
                 AckKind::Nak(Some(DEAD_LETTER_RETRY))
             }
         };

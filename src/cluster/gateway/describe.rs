@@ -7,15 +7,12 @@
 //! own, so it is described there only.
 
 use async_nats::jetstream::{consumer, context::ConsumerInfoErrorKind};
-use tonic::Status;
 
 use super::{Gateway, names};
 use crate::{
-    broker::SubscriptionView,
+    broker::{Description, SubscriptionView, UpstreamBacklog},
     cluster::{backplane::Backplane, values},
-    core::{Error, Mode},
-    pb,
-    service::{self, info},
+    core::{Error, ErrorKind, Mode, SubscriptionSpec},
 };
 
 /// How long a Describe waits for the servers' view of the consumer.
@@ -25,44 +22,63 @@ impl Gateway {
     /// The subscription as this gateway sees it, with its JetStream consumer's backlog.
     ///
     /// # Errors
-    /// `NOT_FOUND` when neither this gateway nor JetStream has it.
-    pub async fn describe(&self, subscription_id: &str) -> Result<pb::SubscriptionInfo, Status> {
+    /// A refusal of kind [`ErrorKind::NotFound`] when neither this gateway nor JetStream has
+    /// it; [`Error::Unavailable`] when it has no member here and JetStream did not answer.
+    pub async fn describe(&self, subscription_id: &str) -> Result<Description, Error> {
         match self.inner.shared.broker.describe(subscription_id) {
             Ok(view) => {
-                let mode = view.spec.mode;
-                let mut described = info(view);
                 // Unset when the servers do not answer: the local view still stands.
-                let consumer = self.consumer_backlog(mode, subscription_id).await;
+                let consumer = self.consumer_backlog(view.spec.mode, subscription_id).await;
                 let answered = consumer.is_ok();
-                described.upstream = consumer.ok().flatten().map(|c| backlog(&c));
-                // A gateway holding only standbys knows the cluster's active member and epoch
-                // from the bucket, as one with no member does (not asked when the servers just
-                // did not answer: the answer would only wait longer).
-                if answered && mode == Mode::Singleton && described.active_member_id == 0 {
-                    self.cluster_line(&mut described).await;
-                }
-                Ok(described)
+                let upstream = consumer.ok().flatten().map(|c| backlog(&c));
+                Ok(self.local(view, upstream, answered).await)
             }
             Err(Error::SubscriptionNotFound(_)) => self.describe_elsewhere(subscription_id).await,
-            Err(e) => Err(service::status(&e)),
+            Err(e) => Err(e),
         }
     }
 
+    /// A subscription with members here, with its consumer's backlog (`upstream`, when
+    /// `answered` the servers answered for it).
+    pub(super) async fn local(
+        &self,
+        view: SubscriptionView,
+        upstream: Option<UpstreamBacklog>,
+        answered: bool,
+    ) -> Description {
+        let singleton = view.spec.mode == Mode::Singleton;
+        let active_here = view.members.iter().any(|m| m.active);
+        let mut described = Description {
+            upstream,
+            ..Description::from(view)
+        };
+        // A gateway holding only standbys knows the cluster's active member and epoch from the
+        // bucket, as one with no member does (not asked when the servers just did not answer:
+        // the answer would only wait longer).
+        if answered && singleton && !active_here {
+            self.cluster_line(&mut described).await;
+        }
+        described
+    }
+
     /// A subscription with no member here: as JetStream records it.
-    async fn describe_elsewhere(&self, id: &str) -> Result<pb::SubscriptionInfo, Status> {
+    async fn describe_elsewhere(&self, id: &str) -> Result<Description, Error> {
         let not_found = || {
-            Status::not_found(service::cap_message(format!(
-                "subscription {id:?} not found: no member here and no JetStream consumer (a BROADCAST subscription is described at the gateway of its member)"
-            )))
+            Error::cluster(
+                ErrorKind::NotFound,
+                format!(
+                    "subscription {id:?} not found: no member here and no JetStream consumer (a BROADCAST subscription is described at the gateway of its member)"
+                ),
+            )
         };
         // Queue and singleton subscriptions share the consumer name.
         let consumer = self
             .any_consumer(Mode::Queue, id)
             .await
             .map_err(|why| {
-                Status::unavailable(service::cap_message(format!(
+                Error::Unavailable(format!(
                     "subscription {id:?} has no member here, and JetStream did not answer for its consumer: {why}"
-                )))
+                ))
             })?
             .ok_or_else(not_found)?;
         // As a join finds it: a consumer tinybroker did not make is named, not denied; one of
@@ -71,45 +87,60 @@ impl Gateway {
             Ok((of, spec)) if of == id => spec,
             Ok(_) => return Err(not_found()),
             Err(why) => {
-                return Err(Status::failed_precondition(service::cap_message(format!(
-                    "subscription {id:?} cannot use JetStream consumer {}: {why}",
-                    consumer.name
-                ))));
+                return Err(Error::cluster(
+                    ErrorKind::FailedPrecondition,
+                    format!(
+                        "subscription {id:?} cannot use JetStream consumer {}: {why}",
+                        consumer.name
+                    ),
+                ));
             }
         };
-        let mode = spec.mode;
-        let mut described = info(SubscriptionView {
-            subscription_id: id.into(),
-            spec,
-            members: Vec::new(),
-            epoch: 0,
-            queued_messages: 0,
-            queued_bytes: 0,
-            in_flight: 0,
-            counters: Default::default(),
-            expires_in: None,
-        });
-        described.upstream = Some(backlog(&consumer));
-        if mode == Mode::Singleton {
+        Ok(self.elsewhere(id, spec, &consumer).await)
+    }
+
+    /// A subscription with no member here, from its consumer and, for a singleton, the line.
+    pub(super) async fn elsewhere(
+        &self,
+        id: &str,
+        spec: SubscriptionSpec,
+        consumer: &consumer::Info,
+    ) -> Description {
+        let singleton = spec.mode == Mode::Singleton;
+        let mut described = Description {
+            upstream: Some(backlog(consumer)),
+            ..Description::from(SubscriptionView {
+                subscription_id: id.into(),
+                spec,
+                members: Vec::new(),
+                epoch: 0,
+                queued_messages: 0,
+                queued_bytes: 0,
+                in_flight: 0,
+                counters: Default::default(),
+                expires_in: None,
+            })
+        };
+        if singleton {
             self.cluster_line(&mut described).await;
         }
-        Ok(described)
+        described
     }
 
     /// A singleton's active member and epoch as the coordination bucket holds its line; left
     /// as they are when nobody is in it or the servers do not answer.
-    async fn cluster_line(&self, described: &mut pb::SubscriptionInfo) {
+    async fn cluster_line(&self, described: &mut Description) {
         let line = self
             .inner
             .backplane
-            .get(&values::sub_key(&described.subscription_id))
+            .get(&values::sub_key(&described.view.subscription_id))
             .await;
         if let Ok(Some(entry)) = line
             && let Some(value) = entry.value
             && let Ok(line) = serde_json::from_slice::<values::SubValue>(&value)
         {
-            described.epoch = line.epoch;
-            described.active_member_id = line.active.map_or(0, |a| a.member);
+            described.view.epoch = line.epoch;
+            described.active_member = Some(line.active.map_or(0, |a| a.member));
         }
     }
 
@@ -151,8 +182,8 @@ impl Gateway {
     }
 }
 
-fn backlog(info: &consumer::Info) -> pb::UpstreamBacklog {
-    pb::UpstreamBacklog {
+pub(super) fn backlog(info: &consumer::Info) -> UpstreamBacklog {
+    UpstreamBacklog {
         consumer: info.name.clone(),
         pending: info.num_pending,
         unacked: info.num_ack_pending as u64,

@@ -31,12 +31,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt;
-use tonic::{Code, Status};
 
 use crate::{
     broker::{Broker, Fence},
-    core::Error,
-    service,
+    core::{Error, ErrorKind},
 };
 
 /// How long a forwarded settle's try sent near the forward timeout may take past it.
@@ -110,6 +108,7 @@ pub(super) struct SettleRequest {
     pub(super) nack: bool,
 }
 
+/// The answer: `code` is the refusal's [`ErrorKind`] in gRPC's numbering (0 when applied).
 #[derive(Debug, Serialize, Deserialize)]
 struct SettleReply {
     code: i32,
@@ -136,7 +135,7 @@ pub(super) fn settle_here(
     member: u64,
     system_id: u64,
     nack: bool,
-) -> Result<(), Status> {
+) -> Result<(), Error> {
     let fence = Fence::Member(member);
     let result = if nack {
         broker.nack(subscription, fence, system_id)
@@ -145,16 +144,18 @@ pub(super) fn settle_here(
     };
     result.map_err(|error| match error {
         Error::SubscriptionNotFound(_) => stale(subscription, member),
-        error => service::status(&error),
+        error => error,
     })
 }
 
 /// As at home, an ack from a member that no longer holds anything is stale: it left, or the
 /// cluster deposed it, and its message (if any) went to another member.
-fn stale(subscription: &str, member: u64) -> Status {
-    Status::failed_precondition(service::cap_message(format!(
-        "member {member} of subscription {subscription:?} is not connected to any gateway (it left or was deposed): this ack or nack is stale and changed nothing"
-    )))
+fn stale(subscription: &str, member: u64) -> Error {
+    Error::MemberGone {
+        subscription: subscription.to_string(),
+        member,
+        reason: "it left or was deposed".into(),
+    }
 }
 
 /// What a starting gateway sends itself on its route's subject: no settle (it has no reply
@@ -223,12 +224,12 @@ async fn answer(client: &async_nats::Client, broker: &Broker, message: async_nat
     );
     let answer = match result {
         Ok(()) => SettleReply {
-            code: Code::Ok as i32,
+            code: 0,
             message: String::new(),
         },
-        Err(status) => SettleReply {
-            code: status.code() as i32,
-            message: status.message().to_string(),
+        Err(error) => SettleReply {
+            code: error.kind().code(),
+            message: error.to_string(),
         },
     };
     let Ok(body) = serde_json::to_vec(&answer) else {
@@ -246,19 +247,20 @@ pub(super) async fn request(
     gone: &GoneRoutes,
     settle: SettleRequest,
     timeout: Duration,
-) -> Result<(), Status> {
+) -> Result<(), Error> {
     let body = bytes::Bytes::from(
-        serde_json::to_vec(&settle).map_err(|e| Status::internal(e.to_string()))?,
+        serde_json::to_vec(&settle)
+            .map_err(|e| Error::cluster(ErrorKind::Internal, e.to_string()))?,
     );
     let route = route_of(settle.member);
     let since = tokio::time::Instant::now();
     let known_gone = gone.contains(route);
     let subject = subject(stream, route);
     let late = || {
-        Status::unavailable(service::cap_message(format!(
+        Error::Unavailable(format!(
             "the gateway holding member {} did not answer within {timeout:?}: the ack or nack may or may not have been applied",
             settle.member
-        )))
+        ))
     };
     let deadline = tokio::time::Instant::now() + timeout;
     let mut delay = Duration::from_millis(5);
@@ -283,10 +285,11 @@ pub(super) async fn request(
                     } else {
                         format!("none answered on its route within {timeout:?}")
                     };
-                    return Err(Status::failed_precondition(service::cap_message(format!(
-                        "member {} of subscription {:?} is not connected to any gateway (the gateway that admitted it is gone: {why}): this ack or nack is stale and changed nothing",
-                        settle.member, settle.subscription
-                    ))));
+                    return Err(Error::MemberGone {
+                        subscription: settle.subscription,
+                        member: settle.member,
+                        reason: format!("the gateway that admitted it is gone: {why}"),
+                    });
                 }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(NO_RESPONDERS_MAX_DELAY);
@@ -296,18 +299,22 @@ pub(super) async fn request(
                 return Err(late());
             }
             Ok(Err(error)) => {
-                return Err(Status::unavailable(service::cap_message(format!(
+                return Err(Error::Unavailable(format!(
                     "could not forward the ack to the gateway holding member {}: {error}",
                     settle.member
-                ))));
+                )));
             }
         }
     };
-    let reply: SettleReply = serde_json::from_slice(&answer.payload)
-        .map_err(|e| Status::internal(format!("unreadable answer from a gateway: {e}")))?;
-    match Code::from_i32(reply.code) {
-        Code::Ok => Ok(()),
-        code => Err(Status::new(code, reply.message)),
+    let reply: SettleReply = serde_json::from_slice(&answer.payload).map_err(|e| {
+        Error::cluster(
+            ErrorKind::Internal,
+            format!("unreadable answer from a gateway: {e}"),
+        )
+    })?;
+    match reply.code {
+        0 => Ok(()),
+        code => Err(Error::cluster(ErrorKind::from_code(code), reply.message)),
     }
 }
 

@@ -3,20 +3,18 @@
 //! answers each confirmation in order ([`Sent`]), so one stream is not held to one round trip
 //! per message.
 
-use std::time::Duration;
-
-use std::future::IntoFuture;
+use std::{future::IntoFuture, sync::Arc, time::Duration};
 
 use async_nats::jetstream::{
     context::{PublishError, PublishErrorKind},
     publish::PublishAck,
 };
-use tonic::Status;
-
-use std::sync::Arc;
 
 use super::{DEAD_LETTER_OF, Shared, names, nats_headers, unavailable};
-use crate::{broker::Published, core::Draft, service};
+use crate::{
+    broker::{BatchError, Published},
+    core::{Draft, Error, ErrorKind},
+};
 
 /// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
 pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
@@ -40,7 +38,7 @@ pub enum Unconfirmed {
     /// again, carried here for that.
     NoResponders(Draft),
     /// Any other failure: it may or may not have been stored.
-    Failed(Status),
+    Failed(Error),
 }
 
 impl Sent {
@@ -84,18 +82,18 @@ impl Sent {
     }
 }
 
-/// The status for a publish JetStream refused for a reason the client can act on: the stream
+/// The refusal of a publish JetStream refused for a reason the client can act on: the stream
 /// is full (its `max_msgs` or `max_bytes`, with discard new), or the message is larger than
 /// the NATS servers take. Counted as a rejected publish when `count`. `None` for other
 /// failures.
-fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Status> {
+fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Error> {
     let broker = &shared.broker;
     if error.kind() == PublishErrorKind::MaxPayloadExceeded {
         if count {
             broker.count_rejected_publish();
         }
-        return Some(Status::invalid_argument(
-            "the message, with its headers as NATS carries them, is larger than the NATS servers' max_payload; send a smaller one, or raise max_payload on the servers",
+        return Some(Error::InvalidArgument(
+            "the message, with its headers as NATS carries them, is larger than the NATS servers' max_payload; send a smaller one, or raise max_payload on the servers".into(),
         ));
     }
     let text = std::error::Error::source(error)
@@ -111,25 +109,26 @@ fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Status>
     if count {
         broker.count_rejected_publish();
     }
-    let stream = &shared.prefix;
-    Some(Status::resource_exhausted(service::cap_message(format!(
-        "JetStream stream {stream} is full: its {limit} limit is reached ({text}); ack or drain subscriptions' backlogs, or raise the limit"
-    ))))
+    Some(Error::StreamFull {
+        stream: shared.prefix.clone(),
+        limit,
+        detail: text,
+    })
 }
 
 impl Unconfirmed {
-    /// The status a client gets when the publish is not sent again.
-    pub fn status(&self) -> Status {
+    /// The refusal a client gets when the publish is not sent again.
+    pub fn error(self) -> Error {
         match self {
-            Unconfirmed::NoResponders(_) => Status::unavailable(
-                "JetStream did not confirm the publish: no JetStream server answered (the stream's leader may be moving); nothing was stored",
+            Unconfirmed::NoResponders(_) => Error::Unavailable(
+                "JetStream did not confirm the publish: no JetStream server answered (the stream's leader may be moving); nothing was stored".into(),
             ),
-            Unconfirmed::Failed(status) => status.clone(),
+            Unconfirmed::Failed(error) => error,
         }
     }
 }
 
-pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Status> {
+pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Error> {
     send_marked(shared, draft, None).await
 }
 
@@ -138,7 +137,7 @@ async fn send_marked(
     shared: &Arc<Shared>,
     draft: Draft,
     dead_letter_of: Option<&str>,
-) -> Result<Sent, Status> {
+) -> Result<Sent, Error> {
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
     let mut headers = nats_headers(draft.envelope().headers())?;
     if let Some(subscription) = dead_letter_of {
@@ -159,7 +158,7 @@ async fn send_marked(
     })
 }
 
-pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Status> {
+pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Error> {
     publish_marked(shared, draft, None).await
 }
 
@@ -169,7 +168,7 @@ pub(super) async fn publish_dead_letter(
     shared: &Arc<Shared>,
     draft: Draft,
     dead_letter_of: &str,
-) -> Result<Published, Status> {
+) -> Result<Published, Error> {
     publish_marked(shared, draft, Some(dead_letter_of)).await
 }
 
@@ -177,7 +176,7 @@ async fn publish_marked(
     shared: &Arc<Shared>,
     draft: Draft,
     dead_letter_of: Option<&str>,
-) -> Result<Published, Status> {
+) -> Result<Published, Error> {
     // "No responders" means no server took the message, so sending it again cannot store it
     // twice. It happens while the stream's interest is still spreading over the routes (a
     // stream just created) or while its leader moves: retried for a bounded time.
@@ -197,7 +196,7 @@ async fn publish_marked(
                 delay = (delay * 2).min(Duration::from_millis(200));
                 draft = again;
             }
-            Err(unconfirmed) => return Err(unconfirmed.status()),
+            Err(unconfirmed) => return Err(unconfirmed.error()),
         }
     }
 }
@@ -215,15 +214,15 @@ async fn publish_marked(
 pub(super) async fn publish_batch(
     shared: &Arc<Shared>,
     drafts: Vec<Draft>,
-) -> Result<Vec<Published>, (Vec<Published>, Status)> {
+) -> Result<Vec<Published>, BatchError> {
     let mut sent = Vec::with_capacity(drafts.len());
     let mut refused_to_send = None;
     for draft in drafts {
         match send(shared, draft).await {
             Ok(one) => sent.push(one),
             // Nothing after it is sent, so it is the batch's last word.
-            Err(status) => {
-                refused_to_send = Some(status);
+            Err(error) => {
+                refused_to_send = Some(error);
                 break;
             }
         }
@@ -231,7 +230,7 @@ pub(super) async fn publish_batch(
     let mut published = Vec::with_capacity(sent.len());
     // From the first message not confirmed on: its drafts when no server answered them.
     let mut again: Vec<Draft> = Vec::new();
-    let mut refused: Option<Status> = None;
+    let mut refused: Option<Error> = None;
     // Stored, or possibly stored, after the first message not confirmed.
     let mut stored_after = Vec::new();
     let mut uncertain_after = false;
@@ -242,7 +241,7 @@ pub(super) async fn publish_batch(
             match outcome {
                 Ok(p) => published.push(p),
                 Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
-                Err(Unconfirmed::Failed(status)) => refused = Some(status),
+                Err(Unconfirmed::Failed(error)) => refused = Some(error),
             }
             continue;
         }
@@ -250,21 +249,20 @@ pub(super) async fn publish_batch(
             Ok(p) => stored_after.push(p.system_id),
             Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
             // A refusal (stream full, too large) stored nothing; any other failure may have.
-            Err(Unconfirmed::Failed(status)) => {
-                uncertain_after |= status.code() == tonic::Code::Unavailable;
+            Err(Unconfirmed::Failed(error)) => {
+                uncertain_after |= error.kind() == ErrorKind::Unavailable;
             }
         }
     }
-    let later = |status: Status| -> Status {
+    let later = |error: Error| -> Error {
         if stored_after.is_empty() && !uncertain_after {
-            return status;
+            return error;
         }
         let ids: Vec<String> = stored_after.iter().map(u64::to_string).collect();
-        Status::new(
-            status.code(),
-            service::cap_message(format!(
-                "{}; JetStream stored {} later message(s) of the batch all the same (system ids [{}]){}",
-                status.message(),
+        Error::cluster(
+            error.kind(),
+            format!(
+                "{error}; JetStream stored {} later message(s) of the batch all the same (system ids [{}]){}",
                 ids.len(),
                 ids.join(", "),
                 if uncertain_after {
@@ -272,26 +270,27 @@ pub(super) async fn publish_batch(
                 } else {
                     ""
                 }
-            )),
+            ),
         )
     };
-    if let Some(status) = refused {
-        return Err((published, later(status)));
+    let refusal = |published, error| Err(BatchError { published, error });
+    if let Some(error) = refused {
+        return refusal(published, later(error));
     }
     if !again.is_empty() {
         if !stored_after.is_empty() || uncertain_after {
-            let status = Unconfirmed::NoResponders(again.swap_remove(0)).status();
-            return Err((published, later(status)));
+            let error = Unconfirmed::NoResponders(again.swap_remove(0)).error();
+            return refusal(published, later(error));
         }
         for draft in again {
             match publish(shared, draft).await {
                 Ok(p) => published.push(p),
-                Err(status) => return Err((published, status)),
+                Err(error) => return refusal(published, error),
             }
         }
     }
     match refused_to_send {
-        Some(status) => Err((published, status)),
+        Some(error) => refusal(published, error),
         None => Ok(published),
     }
 }

@@ -4,13 +4,13 @@
 //!
 //! - A singleton member that joins here joins the local (arbitrated) subscription on standby
 //!   and is announced to the coordinator, which appends it to the subscription's line in the
-//!   bucket. When the line makes it active, [`Broker::activate`] sends its confirmation with
+//!   bucket. When the line makes it active, [`Upstream::activate`] sends its confirmation with
 //!   the cluster's epoch and the bridge starts pulling for it.
 //! - When a member leaves, the bridge first gives back what this gateway held (when no active
 //!   member remains here), then tells the coordinator ([`Handle::left`]), whose write promotes
 //!   the next member in the line, on whichever gateway it is.
 //! - When this gateway's lease lapses, the coordinator ends every local member with
-//!   `UNAVAILABLE` ([`Broker::end_member`]) and fences itself; this shell then starts a new
+//!   `UNAVAILABLE` ([`Upstream::end_member`]) and fences itself; this shell then starts a new
 //!   incarnation, with a new gateway id, for members that join afterwards.
 //!
 //! Time is the gateway's monotonic clock (tokio's), from when the shell started.
@@ -21,7 +21,7 @@ use tokio::{sync::mpsc, task::JoinSet};
 use tokio_stream::StreamExt;
 
 use crate::{
-    broker::Broker,
+    broker::Upstream,
     cluster::{
         backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
         coordinator::{Command, Config, Coordinator, Effect, Op, RequestId},
@@ -60,7 +60,7 @@ impl Handle {
 /// Starts the shell; it runs until every [`Handle`] is dropped.
 pub(super) fn spawn(
     backplane: NatsBackplane,
-    broker: Broker,
+    broker: Upstream,
     config: Config,
 ) -> (Handle, tokio::task::JoinHandle<()>) {
     let (inputs, rx) = mpsc::unbounded_channel();
@@ -88,7 +88,7 @@ fn fresh_id() -> GatewayId {
 
 async fn run(
     backplane: NatsBackplane,
-    broker: Broker,
+    broker: Upstream,
     config: Config,
     mut inputs: mpsc::UnboundedReceiver<Input>,
 ) {
@@ -174,7 +174,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 fn carry_out(
     coordinator: &mut Coordinator,
     backplane: &NatsBackplane,
-    broker: &Broker,
+    broker: &Upstream,
     writes: &mut JoinSet<(RequestId, Result<Revision, KvError>)>,
 ) {
     while let Some(Command { id, key, op }) = coordinator.poll_command() {

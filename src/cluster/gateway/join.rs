@@ -1,0 +1,240 @@
+//! Joining a subscription at a gateway: its JetStream consumer checked against the request (or
+//! created), every replica of the consumer waited for, the member joined to the local
+//! broker, and the subscription's bridge started when none runs.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PullConsumer};
+
+use super::{Gateway, bridge, names, router};
+use crate::{
+    broker::{ConnectionId, MemberStream},
+    core::{AckMode, Error, ErrorKind, Mode, OpenRequest},
+};
+
+impl Gateway {
+    /// Joins a subscription at this gateway: checks (or creates) its JetStream consumer, joins
+    /// the local subscription, and makes sure its bridge runs.
+    ///
+    /// # Errors
+    /// A refusal of kind [`ErrorKind::FailedPrecondition`] for a join that differs from the
+    /// subscription's settings or a consumer it cannot use; the local broker's refusals.
+    pub async fn open(
+        &self,
+        request: &OpenRequest,
+        connection: Option<ConnectionId>,
+    ) -> Result<MemberStream, Error> {
+        let singleton = request.spec.mode == Mode::Singleton;
+        let (mut consumer, recorded) = self.consumer(request).await?;
+        await_replicas(&mut consumer).await;
+        // Joined with the subscription's own settings: a join that leaves
+        // max_delivery_attempts or dead_letter_topic unset takes them from the subscription,
+        // wherever it was created.
+        let request = &OpenRequest {
+            spec: recorded,
+            ..request.clone()
+        };
+        let spec = &request.spec;
+        let broker = &self.inner.shared.broker;
+        let member = broker.open(request, connection).inspect_err(|e| {
+            crate::broker::refused_join(&request.subscription_id, e);
+        })?;
+        let subscription: Arc<str> = Arc::from(request.subscription_id.as_str());
+        if let router::Attach::New {
+            events,
+            wake,
+            live,
+            handed_back,
+        } = self.inner.router.attach(&subscription)
+        {
+            let bridge = bridge::Bridge {
+                shared: self.inner.shared.clone(),
+                subscription: subscription.clone(),
+                consumer,
+                explicit: acked_upstream(spec),
+                progress_every: self.ack_wait(spec.mode) / 3,
+                events,
+                wake,
+                live,
+                held: BTreeMap::new(),
+                refused: BTreeMap::new(),
+                pull_expires: if singleton {
+                    bridge::SINGLETON_PULL_EXPIRES
+                } else {
+                    bridge::PULL_EXPIRES
+                },
+                leaving: Vec::new(),
+                singleton,
+                handed_back,
+            };
+            let mut bridges = self.inner.bridges.lock().await;
+            // Reap the finished ones, so the set stays as large as the live bridges.
+            while bridges.try_join_next().is_some() {}
+            bridges.spawn(bridge.run());
+        }
+        if singleton && let Some(singletons) = &self.inner.shared.singletons {
+            // After the bridge is there: it tells the coordinator when this member leaves.
+            singletons.joined(subscription, member.member_id());
+        }
+        Ok(member)
+    }
+
+    /// How long JetStream waits for an ack on a consumer of this mode. A singleton's is half
+    /// the gateway lease: a dead gateway's last progress ack was sent at most a sixth of the
+    /// lease before it died, so what it held is redelivered at most two thirds of a lease
+    /// after, while its successor is promoted no sooner than `dead_after` (above the lease)
+    /// after the last renewal others saw, sent at most a third of a lease before the death:
+    /// later than two thirds of a lease after it. So the held messages come first.
+    pub(super) fn ack_wait(&self, mode: Mode) -> Duration {
+        match mode {
+            Mode::Singleton => self.inner.config.ack_wait.min(self.inner.config.lease / 2),
+            Mode::Queue | Mode::Broadcast => self.inner.config.ack_wait,
+        }
+    }
+
+    /// The subscription's consumer and its settings: checked against those its metadata
+    /// records when it exists, created otherwise.
+    async fn consumer(
+        &self,
+        request: &OpenRequest,
+    ) -> Result<(PullConsumer, crate::core::SubscriptionSpec), Error> {
+        let spec = &request.spec;
+        let name = names::consumer_name(spec.mode, &request.subscription_id, &self.inner.id);
+        let stream = &self.inner.stream;
+        let refused = |message: String| Error::cluster(ErrorKind::FailedPrecondition, message);
+        let check = |info: &consumer::Info| -> Result<crate::core::SubscriptionSpec, Error> {
+            let (id, recorded) = names::recorded(&info.config.metadata).map_err(|why| {
+                refused(format!(
+                    "subscription {:?} cannot use JetStream consumer {name}: {why}",
+                    request.subscription_id
+                ))
+            })?;
+            if id != request.subscription_id {
+                return Err(refused(format!(
+                    "subscription {:?}: its JetStream consumer name {name} is taken by subscription {id:?}",
+                    request.subscription_id
+                )));
+            }
+            match recorded.differences(spec) {
+                None => Ok(recorded),
+                Some(diff) => Err(refused(format!(
+                    "subscription {:?} exists with other settings (on some gateway): {diff}",
+                    request.subscription_id
+                ))),
+            }
+        };
+        if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
+            let recorded = check(consumer.cached_info())?;
+            return Ok((consumer, recorded));
+        }
+        let config = consumer::pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subjects: spec
+                .patterns
+                .iter()
+                .map(|p| names::subject(&self.inner.shared.prefix, p.as_str()))
+                .collect(),
+            deliver_policy: DeliverPolicy::New,
+            ack_policy: if acked_upstream(spec) {
+                AckPolicy::Explicit
+            } else {
+                AckPolicy::None
+            },
+            ack_wait: self.ack_wait(spec.mode),
+            max_deliver: -1,
+            // Every gateway pulls at most its members' windows; this bounds them all together.
+            max_ack_pending: i64::try_from(self.inner.shared.broker.limits().max_queue_messages)
+                .unwrap_or(i64::MAX),
+            inactive_threshold: self.inner.config.idle_timeout,
+            metadata: names::metadata(&request.subscription_id, spec),
+            ..Default::default()
+        };
+        match stream.create_consumer_strict(config).await {
+            Ok(consumer) => Ok((consumer, spec.clone())),
+            Err(error) => {
+                // Another gateway may have created it first, with other settings.
+                if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
+                    let recorded = check(consumer.cached_info())?;
+                    return Ok((consumer, recorded));
+                }
+                Err(refused(format!(
+                    "JetStream refused the consumer of subscription {:?}: {error}",
+                    request.subscription_id
+                )))
+            }
+        }
+    }
+}
+
+/// Whether the subscription's JetStream consumer expects acks: for acked subscriptions, and
+/// for ack-free singletons too, whose gateway acks a message once it is written to the active
+/// member's stream (the local core's ack-free "done"). So what a gateway pulled but had not
+/// yet written when its active member left goes back to JetStream with the rest, in order,
+/// for the next active member, rather than being lost with JetStream counting it delivered.
+/// An ack-free QUEUE or BROADCAST consumer acks nothing: the message is done once pulled.
+pub(super) fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
+    spec.ack_mode == AckMode::Explicit || spec.mode == Mode::Singleton
+}
+
+/// How long a join waits for every replica of its consumer to hold it ([`await_replicas`]).
+const REPLICA_PATIENCE: Duration = Duration::from_secs(3);
+
+/// Waits until every replica of the subscription's consumer has it, so every server of the
+/// stream keeps the messages published from now on for it.
+///
+/// JetStream answers a consumer's creation from the consumer's leader, once a quorum of its
+/// peers elected it; a server that applies the cluster's log later (loaded, or slow) does not
+/// know the consumer yet. Under interest retention such a server does not store a message no
+/// consumer it knows wants, yet when it leads the stream the publish is confirmed: the message
+/// is then held only by the other servers (and the stream counts it nowhere for its limits),
+/// and lost for the subscription once its consumer's leader moves to that server. So a join is
+/// answered only once the consumer's leader reports every other replica current in the
+/// consumer's group: a server takes part in that group once it has applied the consumer's
+/// creation, which registers the consumer with its stream a moment after (the consumer's store
+/// is made in between). Replicas the cluster knows to be offline are not waited for; past
+/// [`REPLICA_PATIENCE`] the join is answered all the same, and the gateway says so. A consumer
+/// created longer ago than that is not waited for either: a replica that is not current then
+/// is down or far behind (a killed node stays "not current, not offline" for minutes), and
+/// every later join would otherwise wait the whole patience for it.
+async fn await_replicas(consumer: &mut PullConsumer) {
+    let held_everywhere = |info: &consumer::Info| {
+        let Some(cluster) = &info.cluster else {
+            return true;
+        };
+        let replicas = match info.config.num_replicas {
+            0 => cluster.replicas.len() + 1,
+            n => n,
+        };
+        cluster.replicas.len() + 1 >= replicas
+            && cluster.replicas.iter().all(|r| r.current || r.offline)
+    };
+    let created = consumer.cached_info().created.unix_timestamp_nanos();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    let old = now - created > REPLICA_PATIENCE.as_nanos() as i128;
+    if old || held_everywhere(consumer.cached_info()) {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + REPLICA_PATIENCE;
+    let mut delay = Duration::from_millis(5);
+    loop {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(100));
+        // Bounded by the deadline: a JetStream request waits up to its context's 5 s when the
+        // consumer has no leader.
+        let seen = tokio::time::timeout_at(deadline, consumer.info()).await;
+        if matches!(seen, Ok(Ok(info)) if held_everywhere(info)) {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let info = consumer.cached_info();
+            tracing::warn!(
+                consumer = %info.name,
+                replicas = ?info.cluster.as_ref().map(|c| &c.replicas),
+                "a replica of the consumer was not current within {REPLICA_PATIENCE:?}: the join is answered, but messages published before that server applies the consumer's creation may be kept only by the other servers"
+            );
+            return;
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! `ListSubscriptions` through a gateway: what `DescribeSubscription` at this gateway can
+//! describe, in id order. Those with members here come from the local broker, with their
+//! consumer's backlog; QUEUE and SINGLETON subscriptions with no member here come from their
+//! JetStream consumers (shared by every gateway, their settings in the consumer's metadata),
+//! and a singleton's active member and epoch from the coordination bucket, as
+//! [`Gateway::describe`] gives them. A BROADCAST subscription's consumer is its gateway's own,
+//! so it is listed at that gateway only. The broker-wide counters are this gateway's.
+
+use std::collections::BTreeMap;
+
+use async_nats::jetstream::consumer;
+use tokio_stream::StreamExt;
+
+use super::{Gateway, describe::backlog, names};
+use crate::{
+    broker::{BrokerStats, Description},
+    core::{Error, Mode, SubscriptionSpec},
+};
+
+/// How long a listing waits for the servers' list of consumers.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Gateway {
+    /// Up to `limit` subscriptions whose ids come after `after`, in id order, as
+    /// [`Gateway::describe`] describes each, plus this gateway's broker-wide counters.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when JetStream did not list the stream's consumers.
+    pub async fn list_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Description>, BrokerStats), Error> {
+        let consumers = self.consumers().await?;
+        let (local, stats) = self.inner.local.list_page(after, limit);
+        let mut page: BTreeMap<String, Option<crate::broker::SubscriptionView>> = local
+            .into_iter()
+            .map(|view| (view.subscription_id.to_string(), Some(view)))
+            .collect();
+        // Shared consumers only: a BROADCAST consumer is one gateway's, described there.
+        for (id, (spec, _)) in &consumers {
+            if spec.mode != Mode::Broadcast && after.is_none_or(|after| id.as_str() > after) {
+                page.entry(id.clone()).or_insert(None);
+            }
+        }
+        let mut described = Vec::with_capacity(limit.min(page.len()));
+        for (id, view) in page.into_iter().take(limit) {
+            described.push(match view {
+                Some(view) => {
+                    let name = names::consumer_name(view.spec.mode, &id, &self.inner.id);
+                    let upstream = consumers
+                        .get(&id)
+                        .filter(|(_, info)| info.name == name)
+                        .map(|(_, info)| backlog(info));
+                    self.local(view, upstream, true).await
+                }
+                None => {
+                    let (spec, info) = &consumers[&id];
+                    self.elsewhere(&id, spec.clone(), info).await
+                }
+            });
+        }
+        Ok((described, stats))
+    }
+
+    /// Every consumer of the stream that records a subscription, by subscription id, with its
+    /// recorded settings: the one named as a join at this gateway would name it (so a
+    /// BROADCAST id maps to this gateway's consumer, and a consumer whose name collides with
+    /// another subscription's is left out).
+    async fn consumers(
+        &self,
+    ) -> Result<BTreeMap<String, (SubscriptionSpec, consumer::Info)>, Error> {
+        let listed = tokio::time::timeout(PATIENCE, async {
+            let mut found = BTreeMap::new();
+            let mut consumers = self.inner.stream.consumers();
+            while let Some(info) = consumers.next().await {
+                let info = info.map_err(|e| e.to_string())?;
+                let Ok((id, spec)) = names::recorded(&info.config.metadata) else {
+                    continue;
+                };
+                if names::consumer_name(spec.mode, &id, &self.inner.id) == info.name {
+                    found.insert(id, (spec, info));
+                }
+            }
+            Ok::<_, String>(found)
+        })
+        .await
+        .map_err(|_| format!("no answer within {PATIENCE:?}"))
+        .and_then(|listed| listed);
+        listed.map_err(|why| {
+            Error::Unavailable(format!(
+                "JetStream did not list the subscriptions' consumers: {why}"
+            ))
+        })
+    }
+}

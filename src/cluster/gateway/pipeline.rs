@@ -1,0 +1,159 @@
+//! A gateway's `PublishStream`: each publish is sent to JetStream as it is read, in order, and
+//! answered once JetStream confirmed it, in order, with up to [`PIPELINE`] of them (and
+//! [`PIPELINE_BYTES`]) waiting for their confirmations at once; so one stream is not held to
+//! one round trip per message. The service reads the requests and writes the answers
+//! (`service::publish_stream`); this is what stands between them.
+
+use std::{
+    collections::VecDeque,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use super::{
+    Gateway,
+    publish::{Sent, Unconfirmed},
+};
+use crate::{
+    broker::Published,
+    core::{Draft, Error},
+};
+
+/// At most this many publishes of one `PublishStream` wait at a gateway for JetStream's
+/// confirmation; the stream reads no more requests meanwhile (HTTP/2 flow control then paces
+/// the publisher).
+const PIPELINE: usize = 256;
+
+/// And at most this many bytes of them (message sizes as the limits count them), beyond the
+/// first: a publish waiting for its confirmation is held for a resend, outside the memory
+/// budget, so each stream's share stays small.
+const PIPELINE_BYTES: usize = 4 << 20;
+
+type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One answer to come, in request order.
+enum Slot {
+    /// Answered already (refused before it was sent, or confirmed).
+    Ready(Result<Published, Error>),
+    /// Being sent to JetStream: only the newest slot, so sends keep the request order.
+    Sending(Pending<Result<Sent, Error>>),
+    /// Sent; JetStream's confirmation to come.
+    Confirming(Pending<Result<Published, Unconfirmed>>),
+    /// No JetStream server answered it while nothing after it had been sent: sent again, alone,
+    /// for a bounded time (nothing is read meanwhile, so the order holds).
+    Again(Pending<Result<Published, Error>>),
+}
+
+/// The publishes of one `PublishStream` through this gateway, from sent to answered.
+pub struct Pipeline {
+    gateway: Gateway,
+    /// The answers to come, oldest first, with each one's message size.
+    slots: VecDeque<(Slot, usize)>,
+    /// The sizes in `slots` summed.
+    slot_bytes: usize,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("waiting", &self.slots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pipeline {
+    /// An empty pipeline.
+    pub fn new(gateway: Gateway) -> Self {
+        Self {
+            gateway,
+            slots: VecDeque::new(),
+            slot_bytes: 0,
+        }
+    }
+
+    /// Moves the newest slot on once it was sent.
+    fn advance_newest(&mut self, cx: &mut Context<'_>) {
+        if let Some((newest, _)) = self.slots.back_mut()
+            && let Slot::Sending(send) = newest
+        {
+            match send.as_mut().poll(cx) {
+                Poll::Ready(Ok(sent)) => *newest = Slot::Confirming(Box::pin(sent.confirmed())),
+                Poll::Ready(Err(refused)) => *newest = Slot::Ready(Err(refused)),
+                Poll::Pending => {}
+            }
+        }
+    }
+
+    /// `Ready` while it takes another publish: the newest is sent (sends keep the request
+    /// order) and fewer than [`PIPELINE`] (and [`PIPELINE_BYTES`]) wait.
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.advance_newest(cx);
+        let busy = matches!(
+            self.slots.back(),
+            Some((Slot::Sending(_) | Slot::Again(_), _))
+        );
+        if busy || self.slots.len() >= PIPELINE || self.slot_bytes >= PIPELINE_BYTES {
+            return Poll::Pending;
+        }
+        Poll::Ready(())
+    }
+
+    /// Takes the next request: a draft to send, or the refusal that answers it.
+    pub fn push(&mut self, request: Result<Draft, Error>) {
+        match request {
+            Ok(draft) => {
+                let size = draft.size();
+                let gateway = self.gateway.clone();
+                self.slot_bytes += size;
+                self.slots.push_back((
+                    Slot::Sending(Box::pin(async move { gateway.send(draft).await })),
+                    size,
+                ));
+            }
+            Err(error) => self.slots.push_back((Slot::Ready(Err(error)), 0)),
+        }
+    }
+
+    /// The oldest request's answer once it has one; `Ready(None)` when none waits.
+    pub fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Published, Error>>> {
+        loop {
+            self.advance_newest(cx);
+            let alone = self.slots.len() == 1;
+            let Some((head, _)) = self.slots.front_mut() else {
+                return Poll::Ready(None);
+            };
+            let answered = match head {
+                Slot::Ready(_) => true,
+                Slot::Sending(_) => false,
+                Slot::Confirming(confirming) => match confirming.as_mut().poll(cx) {
+                    Poll::Ready(Ok(published)) => {
+                        *head = Slot::Ready(Ok(published));
+                        true
+                    }
+                    Poll::Ready(Err(Unconfirmed::NoResponders(draft))) if alone => {
+                        let gateway = self.gateway.clone();
+                        *head = Slot::Again(Box::pin(async move { gateway.publish(draft).await }));
+                        continue;
+                    }
+                    Poll::Ready(Err(unconfirmed)) => {
+                        *head = Slot::Ready(Err(unconfirmed.error()));
+                        true
+                    }
+                    Poll::Pending => false,
+                },
+                Slot::Again(again) => match again.as_mut().poll(cx) {
+                    Poll::Ready(result) => {
+                        *head = Slot::Ready(result);
+                        true
+                    }
+                    Poll::Pending => false,
+                },
+            };
+            if answered && let Some((Slot::Ready(result), size)) = self.slots.pop_front() {
+                self.slot_bytes -= size;
+                return Poll::Ready(Some(result));
+            }
+            return Poll::Pending;
+        }
+    }
+}

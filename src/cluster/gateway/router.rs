@@ -1,0 +1,187 @@
+//! The gateway's observer of its local broker: it routes what the local core decides (acks,
+//! drops, dead letters, members leaving, hand-backs, expiry) to the bridge of each
+//! subscription, as [`Event`]s. Called under the subscription's lock, on the data path.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, PoisonError, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use tokio::sync::{Notify, mpsc};
+
+use super::bridge::{Event, HandedBack};
+use crate::{
+    broker::{Input, Observation, Observer},
+    core::{Draft, Effect},
+};
+
+struct Link {
+    events: mpsc::UnboundedSender<Event>,
+    wake: Arc<Notify>,
+    /// Cleared, under the subscription's lock, when the local subscription this bridge feeds
+    /// expires: the broker checks it under that same lock before queuing what the bridge
+    /// injects, so a stopping bridge can never feed a newer subscription of the same name.
+    live: Arc<AtomicBool>,
+    /// What the local subscription handed back (see [`Bridge::handed_back`]).
+    handed_back: HandedBack,
+}
+
+/// Routes the local broker's decisions to the bridge of each subscription. It is the broker's
+/// observer in cluster mode: called under the subscription's lock, it only looks up the
+/// subscription's link and queues an event.
+///
+/// The event queues are unbounded in type but bounded in fact: each message a bridge holds
+/// produces at most one `Acked` or `Dropped`, and a bridge holds at most its members' windows.
+#[derive(Default)]
+pub(super) struct Router {
+    links: RwLock<HashMap<Arc<str>, Link>>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router").finish_non_exhaustive()
+    }
+}
+
+/// What [`Router::attach`] found.
+pub(super) enum Attach {
+    /// A bridge runs for the subscription: it was woken to pull for the new member.
+    Running,
+    /// None ran: start one with these.
+    New {
+        events: mpsc::UnboundedReceiver<Event>,
+        wake: Arc<Notify>,
+        live: Arc<AtomicBool>,
+        handed_back: HandedBack,
+    },
+}
+
+impl Router {
+    /// A router with no bridges.
+    pub(super) fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Called once a member joined `subscription` locally: wakes its bridge, or registers a
+    /// new one (in the same write lock, so two joins cannot both start one).
+    pub(super) fn attach(&self, subscription: &Arc<str>) -> Attach {
+        let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(link) = links.get(subscription) {
+            link.wake.notify_one();
+            return Attach::Running;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let wake = Arc::new(Notify::new());
+        let live = Arc::new(AtomicBool::new(true));
+        let handed_back = HandedBack::default();
+        links.insert(
+            subscription.clone(),
+            Link {
+                events: tx,
+                wake: wake.clone(),
+                live: live.clone(),
+                handed_back: handed_back.clone(),
+            },
+        );
+        Attach::New {
+            events: rx,
+            wake,
+            live,
+            handed_back,
+        }
+    }
+
+    /// Stops every bridge (the gateway is shutting down): each gives back what it holds.
+    pub(super) fn stop_all(&self) {
+        let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
+        for (_, link) in links.drain() {
+            link.live.store(false, Ordering::Release);
+            let _ = link.events.send(Event::Stop);
+        }
+    }
+}
+
+impl Observer for Router {
+    fn observe(&self, observation: &Observation<'_>) {
+        let id = observation.subscription.id();
+        let arbitrated = observation.subscription.is_arbitrated();
+        let relevant = matches!(
+            observation.input,
+            Input::Ack { accepted: true, .. } | Input::Expire { .. }
+        ) || (arbitrated
+            && matches!(
+                observation.input,
+                Input::Leave { .. } | Input::Activate { .. } | Input::HandBack { .. }
+            ))
+            || observation
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::Dropped { .. } | Effect::DeadLetter { .. }));
+        if !relevant {
+            return;
+        }
+        if let Input::Expire { .. } = observation.input {
+            // Unlinked here, under the subscription's lock, so a join that recreates the
+            // subscription right after starts a new bridge instead of waking this one.
+            let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
+            if let Some(link) = links.remove(id) {
+                link.live.store(false, Ordering::Release);
+                let _ = link.events.send(Event::Stop);
+            }
+            return;
+        }
+        let links = self.links.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(link) = links.get(id) else {
+            return;
+        };
+        if let Input::Activate { .. } = observation.input {
+            // The active member has window now: pull for it.
+            link.wake.notify_one();
+        }
+        if let Input::HandBack { carry, .. } = observation.input {
+            let mut handed_back = link
+                .handed_back
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for &(sequence, attempt) in carry {
+                let kept = handed_back.entry(sequence).or_insert(attempt);
+                *kept = (*kept).max(attempt);
+            }
+        }
+        if let Input::Ack {
+            accepted: true,
+            system_id,
+            ..
+        } = observation.input
+        {
+            let _ = link.events.send(Event::Acked(*system_id));
+        }
+        for effect in observation.effects {
+            match effect {
+                Effect::Dropped { system_id, .. } => {
+                    let _ = link.events.send(Event::Dropped(*system_id));
+                }
+                Effect::DeadLetter { message, attempts } => {
+                    if let Some(topic) = &observation.subscription.spec().dead_letter_topic {
+                        let draft = Draft::dead_letter(message, id, topic.clone(), *attempts);
+                        let _ = link
+                            .events
+                            .send(Event::DeadLettered(message.system_id(), draft));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // After the message its last attempt ended with (dead-lettered or dropped): the bridge
+        // terminates that one before it gives back what it holds, or JetStream would deliver
+        // it again elsewhere, to be dead-lettered a second time.
+        if let Input::Leave { member } = observation.input
+            && arbitrated
+        {
+            let _ = link.events.send(Event::Left(*member));
+        }
+    }
+}

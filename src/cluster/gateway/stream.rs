@@ -1,0 +1,121 @@
+//! The gateway's JetStream stream at start-up: found or created with its limits, then waited
+//! for until publishes to it find a server.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self,
+    stream::{DiscardPolicy, RetentionPolicy, StorageType},
+};
+
+use super::GatewayConfig;
+
+/// How long a starting gateway waits for its NATS server to route publishes to the stream.
+const STREAM_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Waits until a publish to the stream finds a JetStream server from this connection. Right
+/// after the stream is created, a server that has not yet learned its subjects over the
+/// cluster's routes answers publishes with "no responders"; a pipelined `PublishStream` or
+/// batch could not send those again in order. The probe stores nothing: it expects a subject
+/// sequence the stream can never have, so the stream refuses it, which is the answer waited for.
+pub(super) async fn await_stream(js: &jetstream::Context, stream: &str) -> Result<(), String> {
+    let subject = format!("{stream}._tinybroker.probe");
+    let deadline = tokio::time::Instant::now() + STREAM_PATIENCE;
+    let mut delay = Duration::from_millis(5);
+    loop {
+        let probe =
+            jetstream::message::PublishMessage::build().expected_last_subject_sequence(u64::MAX);
+        let answer = match js.send_publish(subject.clone(), probe).await {
+            Ok(ack) => ack.await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        match answer {
+            Err(error) if error.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "no JetStream server answered publishes to stream {stream} within {STREAM_PATIENCE:?}"
+                    ));
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(200));
+            }
+            // Refused by the stream (the expected sequence), or answered otherwise: a server
+            // that routes to the stream answered.
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// The stream, created when missing. Auto replicas try 3 first and take fewer when the
+/// cluster is smaller. A stream the gateway creates is bounded (`max_messages`, `max_bytes`)
+/// and refuses new messages when full (discard new), as the embedded broker's default
+/// overflow policy refuses publishes: a confirmed message is never discarded to make room.
+/// One that exists is taken as it is, its limits logged.
+pub(super) async fn ensure_stream(
+    js: &jetstream::Context,
+    config: &GatewayConfig,
+) -> Result<jetstream::stream::Stream, String> {
+    let subjects = format!("{}.>", config.stream);
+    if let Ok(stream) = js.get_stream(&config.stream).await {
+        let existing = &stream.cached_info().config;
+        if !existing.subjects.contains(&subjects) {
+            return Err(format!(
+                "JetStream stream {} exists but does not take {subjects}",
+                config.stream
+            ));
+        }
+        if existing.max_messages < 0 && existing.max_bytes < 0 {
+            tracing::warn!(
+                stream = %config.stream,
+                "JetStream stream {} exists without max_msgs or max_bytes: its backlog is bounded only by the servers' disks (set them with `nats stream edit`)",
+                config.stream
+            );
+        } else if existing.discard == DiscardPolicy::Old {
+            // Discard old makes room by dropping the oldest messages, confirmed ones included:
+            // a backlog that reaches a limit loses messages silently, nothing is refused.
+            tracing::warn!(
+                stream = %config.stream,
+                max_msgs = existing.max_messages,
+                max_bytes = existing.max_bytes,
+                "JetStream stream {} exists with discard old: when it reaches a limit, JetStream drops its oldest messages, confirmed ones a subscription has not yet taken included, instead of refusing publishes (set discard new with `nats stream edit --discard new`)",
+                config.stream
+            );
+        } else {
+            tracing::info!(
+                stream = %config.stream,
+                max_msgs = existing.max_messages,
+                max_bytes = existing.max_bytes,
+                discard = ?existing.discard,
+                "JetStream stream {} exists: its own limits apply, not --nats-max-messages/--nats-max-bytes",
+                config.stream
+            );
+        }
+        return Ok(stream);
+    }
+    let tries: &[usize] = match config.replicas {
+        0 => &[3, 1],
+        n => &[n][..],
+    };
+    let mut last = String::new();
+    for &replicas in tries {
+        let stream_config = jetstream::stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![subjects.clone()],
+            retention: RetentionPolicy::Interest,
+            storage: StorageType::File,
+            num_replicas: replicas,
+            max_messages: config.max_messages,
+            max_bytes: config.max_bytes,
+            discard: DiscardPolicy::New,
+            ..Default::default()
+        };
+        match js.get_or_create_stream(stream_config).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = error.to_string(),
+        }
+    }
+    Err(format!(
+        "JetStream refused the stream {}: {last}",
+        config.stream
+    ))
+}
