@@ -90,6 +90,9 @@ def channel_options(options: ClientOptions) -> list[tuple[str, Any]]:
         args += [
             ("grpc.keepalive_time_ms", int(options.keepalive_interval * 1000)),
             ("grpc.keepalive_timeout_ms", int(options.keepalive_timeout * 1000)),
+            # grpcio (checked on 1.85) times the keepalive ping's answer with the ping timeout,
+            # 60 s by default, not with keepalive_timeout_ms alone: set both.
+            ("grpc.http2.ping_timeout_ms", int(options.keepalive_timeout * 1000)),
             # Ping while no call is open too (tonic's keep_alive_while_idle), and without a
             # limit on pings between data frames (grpcio stops after 2 by default).
             ("grpc.keepalive_permit_without_calls", 1),

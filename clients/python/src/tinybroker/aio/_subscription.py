@@ -207,11 +207,14 @@ class Subscription:
             except grpc.RpcError as error:
                 failure = error_from_rpc(error)
                 self._ended = (failure,)
+                self._finish_writer()
                 raise failure from None
             if frame is _INTERRUPTED:
                 return None
             if frame is _EOF:
                 self._ended = (None,)
+                if not self._closing:
+                    self._finish_writer()
                 if self._cancelled:
                     return None
                 # A clean end, but the call may still carry a status the read did not raise.
@@ -299,6 +302,7 @@ class Subscription:
         """Leaves at once: the stream is cancelled, queued settlements are dropped."""
         self._cancelled = True
         self._call.cancel()
+        self._finish_writer()
 
     async def close(self) -> None:
         """Leaves once the broker has applied every settlement queued so far: sends them,
@@ -331,7 +335,7 @@ class Subscription:
             if isinstance(event, Refused) and refused is None:
                 refused = event.error
         if self._writer is not None:
-            await self._writer
+            await asyncio.wait({self._writer})
         if refused is not None:
             raise refused
 
