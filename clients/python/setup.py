@@ -30,7 +30,9 @@ def proto_root() -> Path:
         if (root / PROTO).is_file():
             return root
     tried = ", ".join(str(c / PROTO) for c in candidates)
-    raise SystemExit(f"tinybroker: cannot find the proto to generate the stubs from (tried {tried})")
+    raise SystemExit(
+        f"tinybroker: cannot find the proto to generate the stubs from (tried {tried})"
+    )
 
 
 def generate(out: Path) -> None:

@@ -21,7 +21,7 @@ from conftest import (
 from test_client import run, within
 
 import tinybroker
-from tinybroker import AckMode, LostCause, Mode, SubscriptionOptions
+from tinybroker import AckMode, LostCause, Mode
 from tinybroker.aio import Client
 
 
@@ -44,7 +44,9 @@ def test_elect_joins_with_the_rust_clients_settings(broker: Broker) -> None:
         lost_task = asyncio.ensure_future(leader.lost())
         leader.resign()
         lost = await within(lost_task)
-        assert lost.cause is LostCause.RESIGNED and lost.error is None and lost.epoch == leader.epoch
+        assert (
+            lost.cause is LostCause.RESIGNED and lost.error is None and lost.epoch == leader.epoch
+        )
         second = await within(standby)
         assert second.epoch > leader.epoch
         # close() steps down once its acks are applied; lost says RESIGNED as well.

@@ -11,7 +11,6 @@ import grpc_tools
 from conftest import REPO
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
-
 from tinybroker.v1 import broker_pb2, broker_pb2_grpc
 
 PROTO = Path("tinybroker") / "v1" / "broker.proto"
@@ -66,7 +65,9 @@ def test_the_check_fails_when_the_proto_moves_on(tmp_path: Path) -> None:
     shutil.copytree(REPO / "proto", changed)
     path = changed / PROTO
     path.write_text(
-        path.read_text().replace("message AckResponse {}", "message AckResponse { bool applied = 1; }")
+        path.read_text().replace(
+            "message AckResponse {}", "message AckResponse { bool applied = 1; }"
+        )
     )
     assert normalized(compiled(changed, tmp_path)) != normalized(installed())
 

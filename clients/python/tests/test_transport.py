@@ -9,11 +9,11 @@ from typing import Any
 import grpc
 import pytest
 from conftest import WAIT, Broker
+from tinybroker.v1 import broker_pb2 as pb
+from tinybroker.v1 import broker_pb2_grpc as pb_grpc
 
 import tinybroker
 from tinybroker.aio import ClientOptions, Subscription, channel_options
-from tinybroker.v1 import broker_pb2 as pb
-from tinybroker.v1 import broker_pb2_grpc as pb_grpc
 
 
 def connections(client: tinybroker.Client) -> int:

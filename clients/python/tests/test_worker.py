@@ -37,9 +37,7 @@ def test_sigterm_of_a_worker_midway_loses_no_ack(
 ) -> None:
     n_jobs = 300
     a = python_example("worker.py", "--server", deployment.members.url, "--window", "4", tag="a")
-    b = python_example(
-        "worker.py", "--server", deployment.publishers.url, "--window", "4", tag="b"
-    )
+    b = python_example("worker.py", "--server", deployment.publishers.url, "--window", "4", tag="b")
     processes += [a, b]
     a.wait_for(r"waiting for jobs")
     b.wait_for(r"waiting for jobs")
