@@ -24,6 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
+# These tests start processes while grpcio's threads run. Python 3.9's subprocess forks (3.10+
+# uses vfork), and grpcio's fork handlers then break the child before it can exec. Set before
+# grpcio is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
