@@ -71,10 +71,24 @@ class _Loop:
     def stop(self) -> None:
         if self.loop.is_closed():
             return
+        if self._thread.is_alive():
+            try:
+                self.run(_cancel_all(), timeout=5)
+            except (TimeoutError, RuntimeError):
+                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _cancel_all() -> None:
+    """Ends every task still running on the loop (readers, writers of streams left open)."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Client:
