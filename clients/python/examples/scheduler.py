@@ -51,22 +51,27 @@ class StoreFailed(Exception):
     nothing is written and the job is tried again at the next tick."""
 
 
-def highest_epoch(data: bytes) -> int:
-    """The highest epoch in a store's bytes. Anything but whole `epoch=E run=K` lines fails
-    closed (raises): a line in another format might hold a higher epoch."""
+def read_store(data: bytes) -> tuple[int, Optional[str]]:
+    """The highest epoch among the store's whole `epoch=E run=K` lines, and what is wrong with
+    the first thing that is not one (None when every line is)."""
     if not data:
-        return 0
+        return 0, None
+    problem = None
     if not data.endswith(b"\n"):
-        raise StoreFailed("cannot parse the store: its last line is not complete")
+        problem = "cannot parse the store: its last line is not complete"
+    else:
+        data = data[:-1]
     highest = 0
-    for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+    for number, line in enumerate(data.split(b"\n"), start=1):
         match = LINE.fullmatch(line)
         if match is None or int(match.group(1)) > U64 or int(match.group(2)) > U64:
-            raise StoreFailed(
-                f"cannot parse the store at line {number}: {line[:60]!r} is not `epoch=E run=K`"
-            )
+            if problem is None:
+                problem = (
+                    f"cannot parse the store at line {number}: {line[:60]!r} is not `epoch=E run=K`"
+                )
+            continue
         highest = max(highest, int(match.group(1)))
-    return highest
+    return highest, problem
 
 
 def fenced_append(store: str, epoch: int, run: int) -> None:
@@ -80,9 +85,12 @@ def fenced_append(store: str, epoch: int, run: int) -> None:
         data = b""
     except OSError as error:
         raise StoreFailed(f"cannot read the store: {error}") from None
-    highest = highest_epoch(data)
+    highest, problem = read_store(data)
     if highest > epoch:
         raise Fenced(f"fenced: the store has epoch {highest}, this leader has {epoch}")
+    if problem is not None:
+        # Fails closed: a line it cannot parse might hold a higher epoch.
+        raise StoreFailed(problem)
     line = f"epoch={epoch} run={run}\n".encode()
     try:
         fd = os.open(store, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

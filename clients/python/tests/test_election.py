@@ -246,3 +246,17 @@ def test_the_python_scheduler_store_fails_closed(
     line = replica.wait_for(rf"^(failed )?epoch={epoch} run=1\b.*").group(0)
     assert line.startswith("failed") and "cannot parse" in line, line
     assert store.read_bytes() == content, "nothing is written past what cannot be parsed"
+
+
+def test_the_python_scheduler_is_refused_by_a_higher_epoch_beside_a_stray_byte(
+    broker: Broker, processes: list[Process], tmp_path: Path
+) -> None:
+    store = tmp_path / "higher.log"
+    content = b"epoch=9000000000000000 run=1\n\xff\n"
+    store.write_bytes(content)
+    replica = scheduler(broker, store, unique("higher"), "higher")
+    processes.append(replica)
+    epoch = int(replica.wait_for(r"leading epoch=(\d+)").group(1))
+    assert epoch < 9_000_000_000_000_000
+    replica.wait_for(rf"^refused epoch={epoch} run=1: fenced")
+    assert store.read_bytes() == content
