@@ -172,6 +172,32 @@ async def aio_unary(url: str, messages: int, sid: str) -> float:
     return rate
 
 
+async def aio_publish_alone(url: str, messages: int, sid: str) -> dict[str, float]:
+    """The publisher with no consumer in this process (one subscription queues the messages),
+    over the stream and in batches of 100."""
+    client = await Client.connect(url)
+    sub = await client.subscribe(SubscriptionOptions.queue(sid, "bench", [f"{sid}.*"]))
+    await sub.active()
+    publisher = await client.publisher()
+    start = time.perf_counter()
+    window: list[asyncio.Future[tinybroker.Published]] = []
+    for _ in range(messages):
+        window.append(await publisher.send(Message(f"{sid}.a", PAYLOAD)))
+        if len(window) >= 256:
+            await window.pop(0)
+    for answer in window:
+        await answer
+    stream = messages / (time.perf_counter() - start)
+    await publisher.close()
+    start = time.perf_counter()
+    for _ in range(0, messages, 100):
+        await client.publish_batch([Message(f"{sid}.b", PAYLOAD)] * 100)
+    batch = messages / (time.perf_counter() - start)
+    sub._cancel()
+    await client.close()
+    return {"stream": stream, "batch": batch}
+
+
 def rust_unary(binary: Path, url: str, messages: int) -> float:
     out = subprocess.run(
         [
@@ -215,6 +241,9 @@ def main() -> None:
             s = sync_w1(url, args.messages, f"py-sync-{round_}")
             rows += [("python blocking", "w1 publish (stream)", s["publish"])]
             rows += [("python blocking", "w1 acked", s["acked"])]
+            alone = asyncio.run(aio_publish_alone(url, args.messages, f"py-alone-{round_}"))
+            rows.append(("python asyncio", "publish alone (stream)", alone["stream"]))
+            rows.append(("python asyncio", "publish alone (batch 100)", alone["batch"]))
             unary = min(args.messages, 5000)
             rows.append(("rust", "unary publish, 1 at a time", rust_unary(args.binary, url, unary)))
             rows.append(
