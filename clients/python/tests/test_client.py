@@ -224,6 +224,21 @@ def test_refusals_are_exceptions_that_say_whether_a_retry_helps(broker: Broker) 
             )
         with pytest.raises(tinybroker.NotFoundError):
             await client.nack("q", 12345)
+        # Bad input from the caller is a clear error, never a crash from deep inside.
+        bad_calls = [
+            client.ack("q", "12"),  # type: ignore[arg-type]
+            client.ack("q", 2**64),
+            client.nack("q", -1),
+            client.describe(7),  # type: ignore[arg-type]
+            client.publish("q.a", "x", {"k": 1}),  # type: ignore[dict-item]
+            client.subscribe(SubscriptionOptions.queue("q", "g", "q.*").with_(ack_mode="x")),  # type: ignore[arg-type]
+            client.subscribe(SubscriptionOptions.queue(3, "g", "q.*")),  # type: ignore[arg-type]
+        ]
+        for call in bad_calls:
+            with pytest.raises(tinybroker.InvalidArgumentError):
+                await call
+        with pytest.raises(tinybroker.InvalidArgumentError):
+            Message("q.a", "x", [("k", "v", "extra")])  # type: ignore[arg-type]
         # A stale ack: the message was redelivered to another member.
         leader_opts = SubscriptionOptions.singleton("stale", "g", ["s.*"])
         a = await client.subscribe(leader_opts)

@@ -84,7 +84,10 @@ class Message:
             raise InvalidArgumentError(f"a topic is a str, not {type(topic).__name__}")
         object.__setattr__(self, "topic", topic)
         object.__setattr__(self, "payload", _payload(payload))
-        object.__setattr__(self, "headers", dict(headers or {}))
+        try:
+            object.__setattr__(self, "headers", dict(headers or {}))
+        except (TypeError, ValueError):
+            raise InvalidArgumentError("headers are a mapping of str to str") from None
 
     def header(self, key: str, value: str) -> Message:
         """A copy with one more header."""
@@ -96,7 +99,10 @@ class Message:
         for key, value in self.headers.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise InvalidArgumentError("header keys and values are str")
-        return pb.PublishRequest(topic=self.topic, payload=self.payload, headers=self.headers)
+        try:
+            return pb.PublishRequest(topic=self.topic, payload=self.payload, headers=self.headers)
+        except (TypeError, ValueError) as error:
+            raise InvalidArgumentError(f"bad message: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -224,12 +230,16 @@ class SubscriptionOptions:
                 raise InvalidArgumentError(f"{name} is an int in [0, 2^32), not {value!r}")
         if not isinstance(self.subscription_id, str) or not isinstance(self.consumer_group, str):
             raise InvalidArgumentError("subscription_id and consumer_group are str")
+        if not isinstance(self.mode, Mode) or not isinstance(self.ack_mode, AckMode):
+            raise InvalidArgumentError("mode is a Mode and ack_mode an AckMode")
+        if self.overflow is not None and not isinstance(self.overflow, Overflow):
+            raise InvalidArgumentError("overflow is an Overflow or None")
         overflow = {
             None: pb.OVERFLOW_POLICY_UNSPECIFIED,
             Overflow.REJECT_PUBLISH: pb.OVERFLOW_POLICY_REJECT_PUBLISH,
             Overflow.DROP_OLDEST: pb.OVERFLOW_POLICY_DROP_OLDEST,
         }[self.overflow]
-        return pb.OpenSubscription(
+        return _open_subscription(
             subscription_id=self.subscription_id,
             topic_patterns=list(self.patterns),
             mode=_any(self.mode.value),
@@ -241,6 +251,15 @@ class SubscriptionOptions:
             ack_mode=_any(self.ack_mode.value),
             overflow=overflow,
         )
+
+
+def _open_subscription(**fields: Any) -> pb.OpenSubscription:
+    from .v1 import broker_pb2 as pb
+
+    try:
+        return pb.OpenSubscription(**fields)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgumentError(f"bad subscription options: {error}") from None
 
 
 def _any(value: object) -> Any:

@@ -131,6 +131,14 @@ def _target(url: str) -> tuple[str, bool]:
     return f"{host}:{port_number}", secure
 
 
+def _build(message: Callable[..., T], **fields: Any) -> T:
+    """A request message; a field of the wrong type or out of range is InvalidArgumentError."""
+    try:
+        return message(**fields)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgumentError(f"bad request: {error}") from None
+
+
 def _metadata(token: Optional[str]) -> tuple[tuple[str, str], ...]:
     if token is None:
         return ()
@@ -259,7 +267,12 @@ class Client:
         ack is stale."""
         await self._unary(
             self._stub.Ack,
-            pb.Ack(subscription_id=subscription_id, system_id=system_id, member_id=member_id or 0),
+            _build(
+                pb.Ack,
+                subscription_id=subscription_id,
+                system_id=system_id,
+                member_id=member_id or 0,
+            ),
         )
 
     async def nack(
@@ -268,7 +281,12 @@ class Client:
         """Gives a message back for redelivery with the unary `Nack`; fenced like `ack`."""
         await self._unary(
             self._stub.Nack,
-            pb.Nack(subscription_id=subscription_id, system_id=system_id, member_id=member_id or 0),
+            _build(
+                pb.Nack,
+                subscription_id=subscription_id,
+                system_id=system_id,
+                member_id=member_id or 0,
+            ),
         )
 
     # --- leader election -------------------------------------------------------------------
@@ -355,7 +373,7 @@ class Client:
         `NotFoundError` when there is none."""
         reply = await self._unary(
             self._stub.DescribeSubscription,
-            pb.DescribeSubscriptionRequest(subscription_id=subscription_id),
+            _build(pb.DescribeSubscriptionRequest, subscription_id=subscription_id),
         )
         return _info_from_pb(reply)
 
