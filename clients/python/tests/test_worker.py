@@ -59,7 +59,17 @@ def test_sigterm_of_a_worker_midway_loses_no_ack(
         # B does the rest: each job exactly once across both workers.
         done_by_b: list[tuple[int, int, int]] = []
         while len({j[2] for j in done_by_a + done_by_b}) < n_jobs:
-            assert time.monotonic() < deadline, "B did not finish the queue"
+            missing = sorted(set(range(n_jobs)) - {j[2] for j in done_by_a + done_by_b})
+            if time.monotonic() >= deadline:
+                views = [
+                    tinybroker.Client(u).describe("jobs")
+                    for u in {deployment.members.url, deployment.publishers.url}
+                ]
+                raise AssertionError(
+                    f"B did not finish the queue: {len(missing)} jobs missing "
+                    f"({missing[:10]}); A did {len(done_by_a)}, B {len(done_by_b)}; {views}; "
+                    f"A: {[j for j in done_by_a if j[2] in missing]} B's last: {b.lines.seen[-3:]}"
+                )
             done_by_b += jobs_of(b, min(deadline, time.monotonic() + 1))
         ids_a = [j[0] for j in done_by_a]
         ids_b = [j[0] for j in done_by_b]
