@@ -5,6 +5,8 @@
 //!
 //! ```sh
 //! cargo run --example scheduler -- --group reporters --every-ms 1000 --store /tmp/report.log
+//! cargo run --example scheduler -- --server http://127.0.0.1:50051 --group reporters --store /tmp/report.log
+//! cargo run --example scheduler -- --help
 //! ```
 //!
 //! One replica prints `leading epoch=E member=M` and then `epoch=E run=K` every interval; the
@@ -13,15 +15,34 @@
 //! themselves; the one that leads next has a higher epoch still (epochs never repeat, also
 //! across broker restarts), so the store takes its writes at once. The job's side effect,
 //! appending to `--store`, is fenced by the epoch: a deposed leader that wakes up late cannot
-//! write over its successor.
+//! write over its successor. A store it cannot parse fails closed: anything but whole
+//! `epoch=E run=K` lines (a stray byte, another format, a line cut short) stops every write
+//! until it is fixed, since such a line might hold a higher epoch; only a store that does not
+//! exist yet counts as empty. Each run's line is written in one `write`, so a replica killed
+//! mid-run leaves a whole line or none.
+//!
+//! The election's subscription id is `scheduler` (topic `election.scheduler`): the Python
+//! example `clients/python/examples/scheduler.py` joins the same line and writes the same store.
 //!
 //! Flags: `--server URL` (default `http://127.0.0.1:50051`, env `TINYBROKER_SERVER`),
 //! `--group NAME` (default `scheduler`), `--every-ms N` (default 1000), `--store PATH`
-//! (optional), `--token TOKEN` (env `TINYBROKER_AUTH_TOKEN`).
+//! (optional), `--token TOKEN` (env `TINYBROKER_AUTH_TOKEN`), `--help`.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use tinybroker::client::{Client, ClientOptions, SubscriptionOptions};
+
+const USAGE: &str = "\
+usage: scheduler [--server URL] [--group NAME] [--every-ms N] [--store PATH] [--token TOKEN]
+
+  --server URL    broker URL (default http://127.0.0.1:50051, env TINYBROKER_SERVER)
+  --group NAME    consumer group of the replicas (default scheduler); the election's
+                  subscription id is `scheduler`, on the topic election.scheduler
+  --every-ms N    run the job every N ms while leading (default 1000)
+  --store PATH    append `epoch=E run=K` to PATH, fenced by the epoch (optional)
+  --token TOKEN   bearer token (env TINYBROKER_AUTH_TOKEN)
+  --help          print this and exit
+";
 
 struct Args {
     server: String,
@@ -31,7 +52,13 @@ struct Args {
     token: Option<String>,
 }
 
-fn parse_args(flags: Vec<String>) -> Result<Args, String> {
+/// What the command line asks for.
+enum Parsed {
+    Run(Args),
+    Help,
+}
+
+fn parse_args(flags: Vec<String>) -> Result<Parsed, String> {
     let mut args = Args {
         server: std::env::var("TINYBROKER_SERVER")
             .unwrap_or_else(|_| "http://127.0.0.1:50051".into()),
@@ -44,6 +71,7 @@ fn parse_args(flags: Vec<String>) -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
             "--server" => args.server = value()?,
             "--group" => args.group = value()?,
             "--every-ms" => {
@@ -55,10 +83,10 @@ fn parse_args(flags: Vec<String>) -> Result<Args, String> {
             }
             "--store" => args.store = Some(value()?.into()),
             "--token" => args.token = Some(value()?),
-            other => return Err(format!("unknown flag {other:?}")),
+            other => return Err(format!("unknown flag {other:?} (see --help)")),
         }
     }
-    Ok(args)
+    Ok(Parsed::Run(args))
 }
 
 /// Why the store did not take a write.
@@ -70,31 +98,74 @@ enum StoreError {
     Io(String),
 }
 
+/// What the store's bytes say: the highest epoch among its whole `epoch=E run=K` lines, and
+/// the first thing that is not one (a stray byte, another format, a line cut short).
+struct StoreState {
+    highest: u64,
+    unparsable: Option<String>,
+}
+
+fn read_store(bytes: &[u8]) -> StoreState {
+    let mut state = StoreState {
+        highest: 0,
+        unparsable: None,
+    };
+    let body = match bytes.strip_suffix(b"\n") {
+        Some(body) => body,
+        None if bytes.is_empty() => return state,
+        None => {
+            state.unparsable = Some("cannot parse the store: its last line is not complete".into());
+            bytes
+        }
+    };
+    for (number, line) in body.split(|&b| b == b'\n').enumerate() {
+        let parsed = std::str::from_utf8(line).ok().and_then(|line| {
+            let (epoch, run) = line.strip_prefix("epoch=")?.split_once(" run=")?;
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            if !digits(epoch) || !digits(run) {
+                return None;
+            }
+            run.parse::<u64>().ok()?;
+            epoch.parse::<u64>().ok()
+        });
+        match parsed {
+            Some(epoch) => state.highest = state.highest.max(epoch),
+            None if state.unparsable.is_none() => {
+                let shown = String::from_utf8_lossy(&line[..line.len().min(60)]).into_owned();
+                state.unparsable = Some(format!(
+                    "cannot parse the store at line {}: {shown:?} is not `epoch=E run=K`",
+                    number + 1
+                ));
+            }
+            None => {}
+        }
+    }
+    state
+}
+
 /// The job's side effect, fenced by epoch: the store remembers the highest epoch that wrote to
 /// it and refuses an older one. (A real store does this check atomically, e.g. a conditional
 /// write `WHERE epoch <= :epoch`; one process per epoch writes here, so read-then-append does.)
-/// A store it cannot read fails closed: only a store that does not exist yet counts as empty.
+/// A store it cannot read or parse fails closed: only a store that does not exist yet counts as
+/// empty.
 fn fenced_append(store: &PathBuf, epoch: u64, run: u64) -> Result<(), StoreError> {
     let bytes = match std::fs::read(store) {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(error) => return Err(StoreError::Io(format!("cannot read the store: {error}"))),
     };
-    let highest = String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter_map(|line| {
-            line.split_whitespace()
-                .next()?
-                .strip_prefix("epoch=")?
-                .parse()
-                .ok()
-        })
-        .max()
-        .unwrap_or(0u64);
+    let StoreState {
+        highest,
+        unparsable,
+    } = read_store(&bytes);
     if highest > epoch {
         return Err(StoreError::Fenced(format!(
             "fenced: the store has epoch {highest}, this leader has {epoch}"
         )));
+    }
+    // Fails closed: a line it cannot parse might hold a higher epoch.
+    if let Some(why) = unparsable {
+        return Err(StoreError::Io(why));
     }
     use std::io::Write;
     let io = |e: std::io::Error| StoreError::Io(format!("cannot write the store: {e}"));
@@ -103,7 +174,10 @@ fn fenced_append(store: &PathBuf, epoch: u64, run: u64) -> Result<(), StoreError
         .append(true)
         .open(store)
         .map_err(io)?;
-    writeln!(file, "epoch={epoch} run={run}").map_err(io)
+    // One write of the whole line (`writeln!` on a file writes it piecewise): a replica killed
+    // mid-run leaves a whole line or none, never one the next leader cannot parse.
+    file.write_all(format!("epoch={epoch} run={run}\n").as_bytes())
+        .map_err(io)
 }
 
 fn main() -> ExitCode {
@@ -111,10 +185,15 @@ fn main() -> ExitCode {
 }
 
 /// Runs the scheduler with `flags` as given on the command line; returns only on an error
-/// (exit code 2 for bad flags, 1 when the broker cannot be reached or refuses to elect).
+/// (exit code 2 for bad flags, 1 when the broker cannot be reached or refuses to elect), or
+/// with success after printing the usage for `--help`.
 pub fn run(flags: Vec<String>) -> ExitCode {
     let args = match parse_args(flags) {
-        Ok(args) => args,
+        Ok(Parsed::Run(args)) => args,
+        Ok(Parsed::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(error) => {
             eprintln!("scheduler: {error}");
             return ExitCode::from(2);

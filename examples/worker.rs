@@ -6,6 +6,7 @@
 //!
 //! ```sh
 //! cargo run --example worker            # in two terminals
+//! cargo run --example worker -- --server http://127.0.0.1:50051 --window 8
 //! tinybroker publish jobs.email 'send the welcome mail'
 //! ```
 //!
@@ -14,19 +15,34 @@
 //!
 //! Flags: `--server URL` (default `http://127.0.0.1:50051`, env `TINYBROKER_SERVER`),
 //! `--window N` (unacked messages per worker, default 1), `--token TOKEN`
-//! (env `TINYBROKER_AUTH_TOKEN`).
+//! (env `TINYBROKER_AUTH_TOKEN`), `--help`. The Python example
+//! `clients/python/examples/worker.py` shares the same queue.
 
 use std::process::ExitCode;
 
 use tinybroker::client::{Client, ClientOptions, SubscriptionOptions};
+
+const USAGE: &str = "\
+usage: worker [--server URL] [--window N] [--token TOKEN]
+
+  --server URL    broker URL (default http://127.0.0.1:50051, env TINYBROKER_SERVER)
+  --window N      unacked messages this worker may hold (default 1)
+  --token TOKEN   bearer token (env TINYBROKER_AUTH_TOKEN)
+  --help          print this and exit
+";
 
 fn main() -> ExitCode {
     run(std::env::args().skip(1).collect())
 }
 
 /// Runs the worker with `flags` as given on the command line: exit code 0 after a Ctrl-C with
-/// every ack applied, 2 for bad flags, 1 when the broker cannot be reached or ends the stream.
+/// every ack applied (or after printing the usage for `--help`), 2 for bad flags, 1 when the
+/// broker cannot be reached or ends the stream.
 pub fn run(flags: Vec<String>) -> ExitCode {
+    if flags.iter().any(|f| f == "--help" || f == "-h") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime.block_on(work(flags)),
         Err(error) => {
@@ -49,7 +65,7 @@ async fn work(flags: Vec<String>) -> ExitCode {
             ("--token", Some(v)) => token = Some(v),
             ("--window", Some(v)) if v.parse::<u32>().is_ok() => window = v.parse().unwrap_or(1),
             _ => {
-                eprintln!("worker: usage: worker [--server URL] [--window N] [--token TOKEN]");
+                eprint!("worker: {USAGE}");
                 return ExitCode::from(2);
             }
         }

@@ -31,7 +31,7 @@ const CHILD_TEST: &str = "scheduler::scheduler_example_entry_point";
 const FAILOVER_BOUND: Duration = Duration::from_secs(5);
 
 // The entry point of the replica processes. Run by itself (no flags in the environment) it
-// checks that the example refuses a bad flag with exit code 2.
+// checks that the example refuses a bad flag with exit code 2 and answers `--help` with 0.
 #[test]
 fn scheduler_example_entry_point() {
     match std::env::var(CHILD_FLAGS) {
@@ -44,6 +44,8 @@ fn scheduler_example_entry_point() {
         Err(_) => {
             let code = scheduler_example::run(vec!["--bogus".into()]);
             assert_eq!(code, std::process::ExitCode::from(2));
+            let code = scheduler_example::run(vec!["--help".into()]);
+            assert_eq!(code, std::process::ExitCode::SUCCESS);
         }
     }
 }
@@ -361,4 +363,57 @@ async fn scheduler_fence_refuses_a_lower_epoch_even_if_the_store_has_a_non_utf8_
         "a leader with epoch {epoch} wrote past a store holding epoch 9000000000000000: {outcome:?}; store now {:?}",
         String::from_utf8_lossy(&text)
     );
+}
+
+// The fence fails closed on anything it cannot parse, not only on a stray byte after a valid
+// line: a store that is garbage, not UTF-8, has a non-numeric epoch, holds an epoch in another
+// format (`1796151620428999 1`: an epoch without `epoch=`), or ends in a line cut short, takes no
+// write; only a missing store counts as empty. Each leader says `failed` (and tries again at the
+// next tick), and the store keeps its bytes. (The example's election id is always `scheduler`,
+// so every case uses one group: a subscription's settings outlive its members.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_store_that_cannot_be_parsed_fails_closed() {
+    let server = TestServer::start().await;
+    let cases: [&[u8]; 5] = [
+        b"garbage\n",
+        b"\xff\xfe\n",
+        b"epoch=abc run=1\n",
+        b"1796151620428999 1\n",
+        b"epoch=5 run=1\nepoch=1",
+    ];
+    for (n, content) in cases.into_iter().enumerate() {
+        let store: PathBuf = std::env::temp_dir().join(format!(
+            "tinybroker-scheduler-fail-closed-{}-{n}.log",
+            std::process::id()
+        ));
+        std::fs::write(&store, content).unwrap();
+        let flags = format!(
+            "--server http://{} --group fail-closed --every-ms 50 --store {}",
+            server.addr,
+            store.display()
+        );
+        let mut leader = Replica::start(&flags);
+        let epoch = epoch_of(&within(leader.line("leading epoch=")).await);
+        let first_run = within(async {
+            loop {
+                let line = leader.line("").await;
+                if line.contains(&format!("epoch={epoch} run=1")) {
+                    return line;
+                }
+            }
+        })
+        .await;
+        let after = std::fs::read(&store).unwrap();
+        let _ = std::fs::remove_file(&store);
+        assert!(
+            first_run.starts_with("failed") && first_run.contains("cannot parse the store"),
+            "store {:?}: the leader ran the job: {first_run:?}",
+            String::from_utf8_lossy(content)
+        );
+        assert_eq!(
+            after, content,
+            "the store took a write past what it cannot parse"
+        );
+        leader.kill();
+    }
 }

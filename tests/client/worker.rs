@@ -24,7 +24,7 @@ const CHILD_FLAGS: &str = "TINYBROKER_TEST_WORKER_FLAGS";
 const CHILD_TEST: &str = "worker::worker_example_entry_point";
 
 // The entry point of the worker process. Run by itself (no flags in the environment) it checks
-// that the example refuses a bad flag with exit code 2.
+// that the example refuses a bad flag with exit code 2 and answers `--help` with 0.
 #[test]
 fn worker_example_entry_point() {
     match std::env::var(CHILD_FLAGS) {
@@ -41,6 +41,8 @@ fn worker_example_entry_point() {
         Err(_) => {
             let code = worker_example::run(vec!["--bogus".into()]);
             assert_eq!(code, std::process::ExitCode::from(2));
+            let code = worker_example::run(vec!["--help".into()]);
+            assert_eq!(code, std::process::ExitCode::SUCCESS);
         }
     }
 }
