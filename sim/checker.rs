@@ -161,6 +161,7 @@ impl Checker {
                 )
             }
             Input::Expire { held } => format!("expire ({held} held)"),
+            Input::Evict => "evict (drop-oldest pool)".to_string(),
             Input::Activate { member, epoch } => format!("activate m{member} epoch {epoch}"),
             Input::PlaceInLine { member, position } => {
                 format!("m{member} placed {position} in the cluster's line")
@@ -289,6 +290,7 @@ impl Observer for Checker {
             }
             Input::Ack { .. }
             | Input::Nack { .. }
+            | Input::Evict
             | Input::Activate { .. }
             | Input::PlaceInLine { .. } => {}
             Input::HandBack { ids, .. } => {

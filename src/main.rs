@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "tinybroker",
     version,
-    about = "A single-node, in-memory gRPC message broker"
+    about = "A gRPC message broker with consumer groups, acks and singleton (leader-election) delivery: embedded in memory, or as gateways over NATS JetStream (serve --nats)"
 )]
 struct Cli {
     #[command(subcommand)]

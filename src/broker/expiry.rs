@@ -89,6 +89,7 @@ impl Broker {
                 continue;
             }
             catalog.by_key.remove(&key);
+            catalog.drop_oldest.remove(&key);
             for pattern in &state.core.spec().patterns {
                 catalog.index.remove(pattern, &key);
             }

@@ -21,7 +21,7 @@ use crate::{
     core::{
         AckMode, Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Subscription, SystemId,
     },
-    sync::{MutexGuard, lock},
+    sync::{MutexGuard, lock, try_lock},
 };
 
 /// Identifies one client connection (one HTTP/2 connection) for the life of the server.
@@ -125,6 +125,14 @@ impl UnsentIds {
     }
 }
 
+/// Most frames an ack-free member's stream takes from its outlet at once: what it has taken
+/// counts as written, so it is what a stalled reader may still get beyond what the transport
+/// holds, ahead of the newest messages (docs/semantics.md#ack-free).
+pub const ACK_FREE_TAKE: usize = 16;
+
+/// Most payload bytes an ack-free member's stream takes at once (a larger frame goes alone).
+pub const ACK_FREE_TAKE_BYTES: usize = 64 * 1024;
+
 /// Frames waiting for one member's stream to take them.
 #[derive(Debug, Default)]
 struct Outlet {
@@ -198,6 +206,14 @@ impl<'a> Locked<'a> {
         Self {
             guard: Some(lock(cell)),
         }
+    }
+
+    /// The lock, if no one (this thread included) holds it: never waits, so it can be taken
+    /// out of key order without risking a deadlock.
+    pub(crate) fn try_new(cell: &'a SubCell) -> Option<Self> {
+        Some(Self {
+            guard: Some(try_lock(cell)?),
+        })
     }
 }
 
@@ -405,7 +421,24 @@ impl SubState {
             }
             return true;
         }
-        std::mem::swap(buf, &mut outlet.frames);
+        if self.core.spec().ack_mode != AckMode::None {
+            std::mem::swap(buf, &mut outlet.frames);
+            return true;
+        }
+        // Ack-free: a frame taken counts as written and is out of drop-oldest's reach, so a
+        // stream takes a few at a time (and at most about 64 KiB of them, or one larger one),
+        // not its whole window: a reader that stalls keeps no more than these beyond what the
+        // transport holds (docs/semantics.md#ack-free).
+        let mut bytes = 0;
+        while buf.len() < ACK_FREE_TAKE && bytes < ACK_FREE_TAKE_BYTES {
+            let Some(frame) = outlet.frames.pop_front() else {
+                break;
+            };
+            if let Outbound::Message { message, .. } = &frame {
+                bytes += message.size();
+            }
+            buf.push_back(frame);
+        }
         true
     }
 

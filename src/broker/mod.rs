@@ -20,7 +20,10 @@ mod view;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 pub(crate) use logs::refused_join;
-pub use member::{ConnectionId, MemberStream, Outbound, Settler, SharedEncoding};
+pub use member::{
+    ACK_FREE_TAKE, ACK_FREE_TAKE_BYTES, ConnectionId, MemberStream, Outbound, Settler,
+    SharedEncoding,
+};
 use member::{Locked, SubState};
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
@@ -81,6 +84,8 @@ struct Inner {
     idle: Mutex<expiry::IdleSchedule>,
     observer: Option<Arc<dyn Observer>>,
     timings: std::sync::OnceLock<Arc<dyn Timings>>,
+    /// Where the last eviction from the drop-oldest pool stopped (a subscription key).
+    evict_cursor: AtomicU64,
     /// Cluster mode: singleton subscriptions' active members are chosen by the cluster
     /// (`Broker::gateway`).
     arbitrated: bool,
@@ -129,6 +134,8 @@ impl Pool {
 struct Catalog {
     index: PatternIndex<u64>,
     by_key: BTreeMap<u64, Arc<SubCell>>,
+    /// The keys of drop-oldest subscriptions: where room in the drop-oldest pool can be made.
+    drop_oldest: std::collections::BTreeSet<u64>,
     by_name: BTreeMap<Arc<str>, u64>,
     last_key: u64,
     /// Where new subscriptions start numbering: the run's [`IdFloor`], raised to the highest
@@ -235,12 +242,14 @@ impl Broker {
                 catalog: RwLock::new(Catalog {
                     index: PatternIndex::new(),
                     by_key: BTreeMap::new(),
+                    drop_oldest: std::collections::BTreeSet::new(),
                     by_name: BTreeMap::new(),
                     last_key: 0,
                     retired: floor.floors(),
                 }),
                 last_system_id: AtomicU64::new(floor.last_system_id()),
                 shutting_down: AtomicBool::new(false),
+                evict_cursor: AtomicU64::new(0),
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
                 idle: Mutex::new(expiry::IdleSchedule::default()),
@@ -453,6 +462,9 @@ impl Broker {
             catalog.index.insert(pattern, key);
         }
         catalog.by_key.insert(key, cell);
+        if request.spec.overflow == crate::core::Overflow::DropOldest {
+            catalog.drop_oldest.insert(key);
+        }
         catalog.by_name.insert(name.clone(), key);
         tracing::info!(subscription = %name, mode = %request.spec.mode, "subscription created");
         Ok(stream)

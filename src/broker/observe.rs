@@ -78,6 +78,10 @@ pub enum Input {
         /// delivery carries.
         carry: Vec<(SystemId, u32)>,
     },
+    /// Drop-oldest: the broker's drop-oldest pool had no room for another subscription's
+    /// publish, so this subscription dropped its oldest messages (the effects) to make it
+    /// (docs/semantics.md#memory-budget).
+    Evict,
     /// The subscription expired after its idle time; it held `held` messages.
     Expire {
         /// Messages it still held.

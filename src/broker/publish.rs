@@ -45,7 +45,7 @@ impl Broker {
             let catalog = read(&self.inner.catalog);
             let mut states = lock_matching(&catalog, draft.topic());
             let now_ms = self.inner.clock.unix_millis();
-            self.publish_locked(&mut states, draft, now_ms, &mut dead)
+            self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
         };
         self.publish_dead_letters(dead);
         published
@@ -81,9 +81,9 @@ impl Broker {
                 while let Some(draft) = next.take() {
                     // Checked per message: shutdown may start while this round holds the locks
                     // (it then waits for them to end the subscriptions' outlets).
-                    let published = self
-                        .check_running()
-                        .and_then(|()| self.publish_locked(&mut states, draft, now_ms, &mut dead));
+                    let published = self.check_running().and_then(|()| {
+                        self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
+                    });
                     results.push(published);
                     taken += 1;
                     if taken < round {
@@ -99,6 +99,7 @@ impl Broker {
     /// `now_ms` (Unix milliseconds).
     fn publish_locked(
         &self,
+        catalog: &Catalog,
         states: &mut [Locked],
         draft: Draft,
         now_ms: u64,
@@ -156,8 +157,7 @@ impl Broker {
                     state.core.enqueue_into(message.clone(), &mut effects);
                 }
                 Pool::DropOldest => {
-                    let granted = self.reserve_up_to(Pool::DropOldest, share);
-                    state.accounted_drop_oldest += granted;
+                    let granted = self.grant_drop_oldest(catalog, state, share);
                     state
                         .core
                         .enqueue_within(message.clone(), granted, &mut effects);
@@ -234,8 +234,7 @@ impl Broker {
                     }
                     Pool::General => state.core.drop_full(system_id),
                     Pool::DropOldest => {
-                        let granted = self.reserve_up_to(Pool::DropOldest, share);
-                        state.accounted_drop_oldest += granted;
+                        let granted = self.grant_drop_oldest(&catalog, state, share);
                         let mut effects = Vec::new();
                         state
                             .core
@@ -250,6 +249,72 @@ impl Broker {
                 .published
                 .fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// Most drop-oldest subscriptions one publish looks at to make room in the drop-oldest pool
+/// (per pass): the look is a `try_lock`, and the scan resumes where the last one took room.
+pub const EVICT_SCAN: usize = 64;
+
+impl Broker {
+    /// Reserves room for a message of `share` bytes (with its overhead) to a drop-oldest
+    /// subscription, credited to it: what the pool has, and, where that and the subscription's
+    /// own oldest messages together fall short, what other drop-oldest subscriptions' oldest
+    /// make (docs/semantics.md#memory-budget). Returns what it reserved: the subscription's
+    /// own drops make the rest, or the message is dropped.
+    fn grant_drop_oldest(&self, catalog: &Catalog, state: &mut Locked, share: u64) -> u64 {
+        let mut granted = self.reserve_up_to(Pool::DropOldest, share);
+        let own = state.core.droppable_footprint();
+        if granted + own < share && self.evict(catalog, share - granted - own) > 0 {
+            granted += self.reserve_up_to(Pool::DropOldest, share - granted);
+        }
+        state.accounted_drop_oldest += granted;
+        granted
+    }
+
+    /// Makes at least `needed` bytes of room in the drop-oldest pool by dropping the oldest
+    /// messages of other drop-oldest subscriptions: first those with no member (abandoned,
+    /// kept until they expire), then any, round robin from where the last eviction stopped.
+    /// Each is only `try_lock`ed (the caller holds other subscriptions' locks, out of key order
+    /// here), so a subscription in use is skipped. Returns the bytes freed (given back to the
+    /// pool, where the caller reserves them).
+    fn evict(&self, catalog: &Catalog, needed: u64) -> u64 {
+        let start = self.inner.evict_cursor.load(Ordering::Relaxed);
+        let mut freed = 0;
+        for abandoned_only in [true, false] {
+            let keys = (catalog.drop_oldest.range(start + 1..))
+                .chain(catalog.drop_oldest.range(..=start))
+                .take(EVICT_SCAN);
+            for key in keys {
+                let Some(cell) = catalog.by_key.get(key) else {
+                    continue;
+                };
+                let Some(mut victim) = Locked::try_new(cell) else {
+                    continue;
+                };
+                if abandoned_only && victim.core.member_count() > 0 {
+                    continue;
+                }
+                let mut effects = Vec::new();
+                let mut dropped = 0;
+                while freed + dropped < needed {
+                    match victim.core.evict_oldest(&mut effects) {
+                        Some(bytes) => dropped += bytes,
+                        None => break,
+                    }
+                }
+                if effects.is_empty() {
+                    continue;
+                }
+                self.apply(&mut victim, Input::Evict, effects, &mut DeadLetters::new());
+                self.inner.evict_cursor.store(*key, Ordering::Relaxed);
+                freed += dropped;
+                if freed >= needed {
+                    return freed;
+                }
+            }
+        }
+        freed
     }
 }
 

@@ -166,6 +166,18 @@ impl Serve {
             drop_oldest_memory_percent: self.drop_oldest_memory_percent,
             ..Limits::default()
         };
+        let one =
+            limits.max_message_bytes as u64 + tinybroker::core::subscription::MESSAGE_OVERHEAD;
+        if limits.drop_oldest_memory_bytes() < one {
+            return Err(format!(
+                "--max-memory-bytes {} leaves drop-oldest subscriptions {} bytes (at most half the \
+                 budget), less than one message of --max-message-bytes {}: raise the budget or \
+                 lower the message size",
+                limits.max_memory_bytes,
+                limits.drop_oldest_memory_bytes(),
+                limits.max_message_bytes
+            ));
+        }
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(tinybroker::server::TlsIdentity::from_pem(
                 read_file(cert)?,

@@ -212,11 +212,15 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The bytes drop-oldest subscriptions' messages may hold: their share of the budget.
+    /// The bytes drop-oldest subscriptions' messages may hold: their share of the budget, but
+    /// at least one message of `max_message_bytes` (so the largest message a publisher may
+    /// send can reach a drop-oldest subscriber) unless that is more than half the budget.
     pub fn drop_oldest_memory_bytes(&self) -> u64 {
         let percent = u64::from(self.drop_oldest_memory_percent.clamp(1, 99));
         // u128: a budget near u64::MAX times 99 would overflow.
-        (u128::from(self.max_memory_bytes) * u128::from(percent) / 100) as u64
+        let share = (u128::from(self.max_memory_bytes) * u128::from(percent) / 100) as u64;
+        let one = self.max_message_bytes as u64 + super::subscription::MESSAGE_OVERHEAD;
+        share.max(one.min(self.max_memory_bytes / 2))
     }
 
     /// The bytes everything else may hold: subscriptions, members, and the messages of

@@ -811,6 +811,10 @@ impl Subscription {
     /// is left to drop and it still does not fit.
     fn make_room(&mut self, size: usize, room: u64, out: &mut Vec<Effect>) -> bool {
         let needed = size as u64 + MESSAGE_OVERHEAD;
+        if !self.could_make_room(size, room) {
+            // Dropping everything would not make room: nothing is dropped for nothing.
+            return false;
+        }
         let mut freed = 0u64;
         while self.check_capacity(size).is_err() || room.saturating_add(freed) < needed {
             let Some(bytes) = self.drop_oldest(out) else {
@@ -821,11 +825,48 @@ impl Subscription {
         true
     }
 
+    /// Drop-oldest: drops the oldest message this subscription may drop, to make room in the
+    /// broker's drop-oldest pool for another subscription's publish; returns the memory freed,
+    /// or `None` when it holds nothing it may drop (docs/semantics.md#memory-budget).
+    pub fn evict_oldest(&mut self, out: &mut Vec<Effect>) -> Option<u64> {
+        if self.spec.overflow != Overflow::DropOldest {
+            return None;
+        }
+        self.drop_oldest(out)
+    }
+
+    /// The memory dropping every message the drop-oldest policy may drop would free.
+    pub fn droppable_footprint(&self) -> u64 {
+        let (mut count, mut bytes) = (self.queue.len() as u64, self.queued_bytes());
+        if self.spec.ack_mode == AckMode::None {
+            count += self.unwritten as u64;
+            bytes += self.in_flight_bytes;
+        }
+        bytes + count * MESSAGE_OVERHEAD
+    }
+
+    /// Whether dropping every message the drop-oldest policy may drop would let one of `size`
+    /// bytes in, within the queue's limits and `room` plus what the drops free.
+    fn could_make_room(&self, size: usize, room: u64) -> bool {
+        let (mut count, mut bytes) = (self.queue.len() as u64, self.queued_bytes());
+        if self.spec.ack_mode == AckMode::None {
+            count += self.unwritten as u64;
+            bytes += self.in_flight_bytes;
+        }
+        let held = (self.queue.len() + self.in_flight()) as u64;
+        held - count < self.limits.max_messages
+            && self.held_bytes - bytes + size as u64 <= self.limits.max_bytes
+            && room.saturating_add(bytes + count * MESSAGE_OVERHEAD)
+                >= size as u64 + MESSAGE_OVERHEAD
+    }
+
     /// Drops the oldest message the drop-oldest policy may drop and returns the memory it
     /// freed (its size and [`MESSAGE_OVERHEAD`]), or `None` when there is none. That is the
-    /// queue's head or, in an ack-free subscription, the oldest frame a member's stream has
-    /// not written yet, whichever has the lower id: a stalled ack-free reader that resumes
-    /// gets the newest messages, not the first ones. An acked subscription's in-flight messages
+    /// queue's head or, in an ack-free subscription, the frame that has waited longest in a
+    /// member's outlet (its stream has not written it), whichever has the lower id: a stalled
+    /// ack-free reader that resumes gets the newest messages, not the first ones. (A member's
+    /// frames wait in delivery order, which is id order except for a message a leaving member
+    /// gave back, delivered behind newer ones.) An acked subscription's in-flight messages
     /// are its members' to settle and are never dropped.
     fn drop_oldest(&mut self, out: &mut Vec<Effect>) -> Option<u64> {
         let queued = self.queue.front_id();

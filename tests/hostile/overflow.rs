@@ -251,3 +251,165 @@ async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
     drop(send);
     driver.abort();
 }
+
+/// Review 1, finding 1 through gRPC (docs/semantics.md#ack-free: a reader that stalls and
+/// resumes gets the newest, "and at most the few frames the transport already held when it
+/// stalled", "never a gap in the middle"). A member with a 16-byte HTTP/2 window and an
+/// ack-free window of 128; 128 messages of 4 KiB fill its outlet; the reader then reads a few
+/// bytes (its HTTP/2 window opens once, as any slow reader's does), and stalls again; 400 more
+/// arrive (queue limit 200, so drop-oldest drops). On resuming it must get a few frames, then
+/// one unbroken run of the newest. It gets about 128 of the oldest (the stream took its whole
+/// outlet when the transport asked for one frame, and each counted as written), then a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_ack_free_reader_that_read_once_gets_no_gap_in_the_middle() {
+    use prost::Message as _;
+    let _serial = SERIAL.lock().await;
+    let mut config = ServerConfig::default();
+    config.limits.max_queue_messages = 200;
+    let server = TestServer::with_config(config).await;
+    let client = server.client().await;
+
+    let tcp = within(TcpStream::connect(server.addr)).await.unwrap();
+    let (h2, mut connection) = within(
+        h2::client::Builder::new()
+            .initial_window_size(16)
+            .initial_connection_window_size(1 << 20)
+            .handshake::<_, Bytes>(tcp),
+    )
+    .await
+    .unwrap();
+    let (widen, widened) = tokio::sync::oneshot::channel::<()>();
+    let driver = tokio::spawn(async move {
+        let mut widened = Some(widened);
+        loop {
+            tokio::select! {
+                biased;
+                signal = async { widened.as_mut().unwrap().await }, if widened.is_some() => {
+                    widened = None;
+                    if signal.is_ok() {
+                        connection.set_initial_window_size(8 << 20).unwrap();
+                        connection.set_target_window_size(64 << 20);
+                    }
+                }
+                done = &mut connection => return done,
+            }
+        }
+    });
+    let mut h2 = within(h2.ready()).await.unwrap();
+    let mut request = ack_free("stalled", DeliveryMode::Broadcast, "", &["ticks.*"]);
+    request.max_in_flight = 128;
+    let mut body = BytesMut::new();
+    body.put_u8(0);
+    body.put_u32(request.encoded_len() as u32);
+    request.encode(&mut body).unwrap();
+    let http_request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/tinybroker.v1.Broker/Subscribe",
+            server.addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut send) = h2.send_request(http_request, false).unwrap();
+    send.send_data(body.freeze(), true).unwrap();
+    let response = within(response).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.into_body();
+    within(async {
+        while client
+            .describe("stalled")
+            .await
+            .map_or(true, |info| info.members.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+
+    let payload = vec![b't'; 4 * KIB];
+    let mut first = 0;
+    for n in 0..128 {
+        let id = client
+            .try_publish("ticks.eur", payload.clone())
+            .await
+            .unwrap()
+            .system_id;
+        if n == 0 {
+            first = id;
+        }
+    }
+    // The reader reads a little: until some bytes past the confirmation came (the stream has
+    // then been polled with a full outlet), 16 bytes at a time.
+    let mut buf = BytesMut::new();
+    within(async {
+        while buf.len() < 200 {
+            let data = stream.data().await.unwrap().unwrap();
+            let _ = stream.flow_control().release_capacity(data.len());
+            buf.extend_from_slice(&data);
+        }
+    })
+    .await;
+    // Stalled again. 400 more.
+    let mut last = 0;
+    for _ in 0..400 {
+        last = client
+            .try_publish("ticks.eur", payload.clone())
+            .await
+            .unwrap()
+            .system_id;
+    }
+    let dropped = client
+        .describe("stalled")
+        .await
+        .unwrap()
+        .counters
+        .unwrap_or_default()
+        .dropped_overflow;
+
+    widen.send(()).unwrap();
+    let mut got = Vec::new();
+    within(async {
+        while got.last() != Some(&last) {
+            let Some(data) = stream.data().await else {
+                panic!("the stream ended after {} messages: {:?}", got.len(), got);
+            };
+            let data = data.unwrap();
+            let _ = stream.flow_control().release_capacity(data.len());
+            buf.extend_from_slice(&data);
+            while let Some(message) = take_grpc_message(&mut buf) {
+                let frame = pb::SubscriptionFrame::decode(message).unwrap();
+                if let Some(Frame::Message(m)) = frame.frame {
+                    got.push(m.system_id);
+                }
+            }
+        }
+    })
+    .await;
+    let rel: Vec<u64> = got.iter().map(|id| id - first + 1).collect();
+    // The transport's own buffers: tonic encodes up to 32 KiB (8 frames of 4 KiB) per chunk.
+    const TRANSPORT_HELD: usize = 16;
+    let gaps: Vec<(u64, u64)> = rel
+        .windows(2)
+        .filter(|w| w[1] != w[0] + 1)
+        .map(|w| (w[0], w[1]))
+        .collect();
+    eprintln!(
+        "{dropped} dropped; {} frames came; gaps {gaps:?}",
+        rel.len()
+    );
+    let before_last_gap = gaps
+        .last()
+        .map_or(0, |(at, _)| rel.iter().position(|id| id == at).unwrap() + 1);
+    assert!(
+        before_last_gap <= TRANSPORT_HELD,
+        "{before_last_gap} frames came before the run of the newest (#{}..#{} of #1..#528), \
+         gaps {gaps:?}",
+        rel[0],
+        rel[before_last_gap.saturating_sub(1)]
+    );
+    drop(stream);
+    drop(send);
+    driver.abort();
+}
