@@ -472,7 +472,7 @@ fn held_pools_stay_within_limits_and_return_to_zero_under_concurrency() {
                                 if spec.ack_mode != AckMode::None =>
                             {
                                 let m = member.member_id();
-                                let _ = if (n + i as u64) % 3 == 0 {
+                                let _ = if (n + i as u64).is_multiple_of(3) {
                                     broker.nack(&id, Fence::Member(m), message.system_id())
                                 } else {
                                     broker.ack(&id, Fence::Member(m), message.system_id())
