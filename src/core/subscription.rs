@@ -1,7 +1,7 @@
 //! One subscription's state machine: members in join order, the shared queue, per-member windows,
 //! in-flight records, epochs and counters (SPEC §3–§5).
 //!
-//! Inputs are the `join`, `leave`, `enqueue`, `ack` and `nack` methods; each returns the ordered
+//! Inputs are the `join`, `leave`, `enqueue`, `ack`, `nack` and `release` methods; each returns the ordered
 //! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
 //! `now` argument (time since the broker started).
 
@@ -81,6 +81,18 @@ pub enum Effect {
     },
 }
 
+/// What a client's settlement of a delivered message asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Done with it for good ([`Subscription::ack`]).
+    Ack,
+    /// Give it back for redelivery, counting an attempt ([`Subscription::nack`]).
+    Nack,
+    /// Give it back unworked, keeping the attempt within the bound ([`Subscription::release`],
+    /// docs/semantics.md#releases).
+    Release,
+}
+
 /// Why a message was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
@@ -107,6 +119,9 @@ pub struct Counters {
     pub acked: u64,
     /// Nacks accepted.
     pub nacked: u64,
+    /// Releases accepted (docs/semantics.md#releases): those within the bound, which keep the
+    /// attempt, and those past it, which count one as a nack would.
+    pub released: u64,
     /// Poisoned messages sent to the dead-letter topic.
     pub dead_lettered: u64,
     /// Poisoned messages dropped (no dead-letter topic).
@@ -207,6 +222,9 @@ struct InFlight {
     message: Message,
     attempt: u32,
     member: MemberId,
+    /// Whether this attempt's one release that does not count is used
+    /// (docs/semantics.md#releases).
+    released: bool,
 }
 
 /// Inspection view of one member.
@@ -368,7 +386,7 @@ impl Subscription {
     /// upstream, so that the next active member, on whichever gateway, gets them first.
     pub fn take_queued(&mut self) -> Vec<(Message, u32)> {
         let mut taken = Vec::with_capacity(self.queue.len());
-        while let Some((message, attempt)) = self.queue.pop_front() {
+        while let Some((message, attempt, _)) = self.queue.pop_front() {
             self.held_bytes -= message.size() as u64;
             taken.push((message, attempt));
         }
@@ -754,7 +772,7 @@ impl Subscription {
     /// As [`enqueue`](Self::enqueue), appending the effects to `out`: a caller queuing on
     /// many subscriptions per publish reuses one buffer instead of allocating one each time.
     pub fn enqueue_into(&mut self, message: Message, out: &mut Vec<Effect>) {
-        self.enqueue_attempt_into(message, 1, u64::MAX, out);
+        self.enqueue_attempt_into(message, 1, false, u64::MAX, out);
     }
 
     /// As [`enqueue_into`](Self::enqueue_into) for a drop-oldest subscription whose share of the
@@ -763,7 +781,7 @@ impl Subscription {
     /// [`MESSAGE_OVERHEAD`], fits in `room` and what they freed; failing that, the message itself
     /// is dropped. Either way it is never refused (docs/semantics.md#overflow-policies).
     pub fn enqueue_within(&mut self, message: Message, room: u64, out: &mut Vec<Effect>) {
-        self.enqueue_attempt_into(message, 1, room, out);
+        self.enqueue_attempt_into(message, 1, false, room, out);
     }
 
     /// As [`enqueue`](Self::enqueue), for a message an upstream store has delivered before:
@@ -773,7 +791,17 @@ impl Subscription {
     /// would have retired it.
     pub fn enqueue_attempt(&mut self, message: Message, attempt: u32) -> Vec<Effect> {
         let mut out = Vec::new();
-        self.enqueue_attempt_into(message, attempt, u64::MAX, &mut out);
+        self.enqueue_attempt_into(message, attempt, false, u64::MAX, &mut out);
+        out
+    }
+
+    /// As [`enqueue_attempt`](Self::enqueue_attempt), for a message another gateway handed on
+    /// (cluster mode's carry), whose release that does not count at `attempt` may already be
+    /// used there: it counts as used here, so a message handed from gateway to gateway still
+    /// reaches its dead letter (docs/semantics.md#releases).
+    pub fn enqueue_handed_over(&mut self, message: Message, attempt: u32) -> Vec<Effect> {
+        let mut out = Vec::new();
+        self.enqueue_attempt_into(message, attempt, true, u64::MAX, &mut out);
         out
     }
 
@@ -781,6 +809,7 @@ impl Subscription {
         &mut self,
         message: Message,
         attempt: u32,
+        released: bool,
         room: u64,
         out: &mut Vec<Effect>,
     ) {
@@ -802,7 +831,7 @@ impl Subscription {
         }
         self.held_bytes += message.size() as u64;
         self.counters.enqueued += 1;
-        self.queue.push_back_attempt(message, attempt);
+        self.queue.push_back_attempt(message, attempt, released);
         self.dispatch(out);
     }
 
@@ -922,6 +951,32 @@ impl Subscription {
         Ok(out)
     }
 
+    /// Gives back a delivered message its member never worked on: as a
+    /// [`nack`](Self::nack) (same fence, same refusals, back at the head), except that the first
+    /// release at each attempt does not count one: the next delivery carries the same attempt.
+    /// A second release at the same attempt counts, exactly as a nack (and retires a message
+    /// that used its attempts), so a message released over and over is delivered at most twice
+    /// per attempt and still reaches its dead letter (docs/semantics.md#releases).
+    ///
+    /// # Errors
+    /// [`Error::NotInFlight`] or [`Error::NotHolder`]; nothing changes then.
+    pub fn release(
+        &mut self,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<Vec<Effect>, Error> {
+        let record = self.take_in_flight(member, system_id)?;
+        self.counters.released += 1;
+        let mut out = Vec::new();
+        if record.released {
+            self.give_back(record.message, record.attempt, &mut out);
+        } else {
+            self.queue.push_front(record.message, record.attempt, true);
+        }
+        self.dispatch(&mut out);
+        Ok(out)
+    }
+
     /// Empties the subscription as it expires; returns how many messages it still held.
     pub fn drain(&mut self) -> usize {
         let held = self.queue.len() + self.in_flight();
@@ -1032,7 +1087,7 @@ impl Subscription {
     fn give_back(&mut self, message: Message, attempt: u32, out: &mut Vec<Effect>) {
         let max = self.spec.max_delivery_attempts;
         if max == 0 || attempt < max {
-            self.queue.push_front(message, attempt + 1);
+            self.queue.push_front(message, attempt + 1, false);
             return;
         }
         self.held_bytes -= message.size() as u64;
@@ -1057,7 +1112,7 @@ impl Subscription {
             let Some(member_id) = self.next_target() else {
                 return;
             };
-            let (Some((message, attempt)), Some(member)) =
+            let (Some((message, attempt, released)), Some(member)) =
                 (self.queue.pop_front(), self.members.get_mut(&member_id))
             else {
                 return;
@@ -1077,6 +1132,7 @@ impl Subscription {
                 message: message.clone(),
                 attempt,
                 member: member_id,
+                released,
             };
             if self.spec.ack_mode == AckMode::None {
                 member.unwritten.push_back(record);

@@ -22,6 +22,7 @@ fn settle(ack: Vec<u64>, nack: Vec<u64>) -> pb::ConsumeRequest {
         request: Some(pb::consume_request::Request::Settle(pb::Settle {
             ack,
             nack,
+            release: Vec::new(),
         })),
     }
 }
