@@ -208,11 +208,19 @@ struct Member {
     /// `pop_front` (no ordered map insert and removal per delivery); a leaving member's
     /// unwritten messages are read from here, sorted by id, and go back to the queue.
     unwritten: VecDeque<InFlight>,
+    /// Set by its first accepted release: the member is leaving, so it is sent nothing more
+    /// (docs/semantics.md#releases). It keeps what it holds and may settle it.
+    draining: bool,
 }
 
 impl Member {
     fn has_space(&self) -> bool {
-        self.epoch.is_some() && self.in_flight < self.options.max_in_flight
+        self.takes_more() && self.in_flight < self.options.max_in_flight
+    }
+
+    /// Active and not leaving: it may be sent messages.
+    fn takes_more(&self) -> bool {
+        self.epoch.is_some() && !self.draining
     }
 }
 
@@ -489,7 +497,7 @@ impl Subscription {
         let free: u64 = self
             .members
             .values()
-            .filter(|m| m.epoch.is_some())
+            .filter(|m| m.takes_more())
             .map(|m| u64::from(m.options.max_in_flight.saturating_sub(m.in_flight)))
             .sum();
         free.saturating_sub(self.queue.len() as u64)
@@ -622,6 +630,7 @@ impl Subscription {
             epoch: None,
             in_flight: 0,
             unwritten: VecDeque::new(),
+            draining: false,
         };
         let mut out = Vec::new();
         let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
@@ -956,7 +965,9 @@ impl Subscription {
     /// release at each attempt does not count one: the next delivery carries the same attempt.
     /// A second release at the same attempt counts, exactly as a nack (and retires a message
     /// that used its attempts), so a message released over and over is delivered at most twice
-    /// per attempt and still reaches its dead letter (docs/semantics.md#releases).
+    /// per attempt and still reaches its dead letter (docs/semantics.md#releases). Its holder is
+    /// leaving: from now on it is sent nothing more, so what it gave back goes to another member
+    /// (or, in singleton mode, waits for the next active one) instead of straight back to it.
     ///
     /// # Errors
     /// [`Error::NotInFlight`] or [`Error::NotHolder`]; nothing changes then.
@@ -967,6 +978,9 @@ impl Subscription {
     ) -> Result<Vec<Effect>, Error> {
         let record = self.take_in_flight(member, system_id)?;
         self.counters.released += 1;
+        if let Some(holder) = self.members.get_mut(&record.member) {
+            holder.draining = true;
+        }
         let mut out = Vec::new();
         if record.released {
             self.give_back(record.message, record.attempt, &mut out);
