@@ -63,6 +63,25 @@ impl Queue {
         }
     }
 
+    /// Puts a given-back message before the first given-back one with a higher id (so given-back
+    /// messages kept in id order stay so), to be delivered as `attempt`; `released` as for
+    /// [`push_front`](Self::push_front). A singleton's queue is in id order and everything
+    /// given back is below every fresh message, so this keeps the whole queue in id order.
+    pub(super) fn insert_in_order(&mut self, message: Message, attempt: u32, released: bool) {
+        let id = message.system_id();
+        let at = self
+            .returned
+            .iter()
+            .position(|(m, _, _)| m.system_id() > id)
+            .unwrap_or(self.returned.len());
+        if at == self.returned.len() && attempt <= 1 && !released {
+            // Just before the fresh ones: the same place.
+            self.fresh.push_front(message);
+        } else {
+            self.returned.insert(at, (message, attempt, released));
+        }
+    }
+
     /// Takes the head with the attempt its delivery carries and whether that attempt's release
     /// that does not count is used.
     pub(super) fn pop_front(&mut self) -> Option<(Message, u32, bool)> {

@@ -985,7 +985,10 @@ impl Subscription {
         if record.released {
             self.give_back(record.message, record.attempt, &mut out);
         } else {
-            self.queue.push_front(record.message, record.attempt, true);
+            // In id order among what was given back: a closing client releases what it
+            // prefetched in one settle, and the next member gets it in publish order.
+            self.queue
+                .insert_in_order(record.message, record.attempt, true);
         }
         self.dispatch(&mut out);
         Ok(out)
@@ -1101,7 +1104,15 @@ impl Subscription {
     fn give_back(&mut self, message: Message, attempt: u32, out: &mut Vec<Effect>) {
         let max = self.spec.max_delivery_attempts;
         if max == 0 || attempt < max {
-            self.queue.push_front(message, attempt + 1, false);
+            if self.spec.mode == Mode::Singleton {
+                // The same place as at the head while the queue is in id order (everything in
+                // flight comes before it), which a member that released what it prefetched
+                // (docs/semantics.md#releases) and then nacks or leaves holding later ids does
+                // not keep: the next active member still gets one order.
+                self.queue.insert_in_order(message, attempt + 1, false);
+            } else {
+                self.queue.push_front(message, attempt + 1, false);
+            }
             return;
         }
         self.held_bytes -= message.size() as u64;
@@ -1213,9 +1224,12 @@ impl Subscription {
         }
         // SPEC §4's singleton order, as a state property: the queue is in id (publish) order
         // and everything in flight comes before it, so each delivery is the lowest id waiting.
+        // A member that released (docs/semantics.md#releases) is sent nothing more: what it
+        // still holds may come after what it gave back, and goes back in order when it leaves.
         if self.spec.mode == Mode::Singleton {
             let ids: Vec<SystemId> = self
                 .in_flight_ids()
+                .filter(|(_, holder)| self.members.get(holder).is_some_and(|m| !m.draining))
                 .map(|(id, _)| id)
                 .chain(self.queued_ids())
                 .collect();

@@ -844,3 +844,26 @@ fn a_leave_after_a_release_counts_and_a_handed_over_message_has_its_release_used
     assert_eq!(delivered(&fx), vec![(b, 1, 3, 2)], "its release at 2 was used");
     s.check_invariants().unwrap();
 }
+
+// docs/semantics.md#releases and #redelivery-order: a singleton member that releases what it
+// prefetched (in any order) and then leaves holding a later id hands the next active member one
+// order: publish order.
+#[test]
+fn released_messages_reach_the_next_singleton_member_in_publish_order() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = s.join(&spec(Mode::Singleton), window(4)).unwrap();
+    let (b, _) = s.join(&spec(Mode::Singleton), window(4)).unwrap();
+    for id in 1..=4 {
+        let _ = s.enqueue(msg(id));
+    }
+    let _ = s.release(Some(a), 3).unwrap();
+    let _ = s.release(Some(a), 1).unwrap();
+    let _ = s.release(Some(a), 4).unwrap();
+    s.check_invariants().unwrap();
+    let fx = s.leave(a, NOW); // still holding 2: it counts
+    assert_eq!(
+        delivered(&fx),
+        vec![(b, 1, 1, 2), (b, 2, 2, 2), (b, 3, 1, 2), (b, 4, 1, 2)]
+    );
+    s.check_invariants().unwrap();
+}
