@@ -359,8 +359,7 @@ impl Model {
     }
 
     fn target(&self) -> Option<usize> {
-        let has_space =
-            |m: &RefMember| m.epoch.is_some() && !m.draining && m.held.len() < m.window;
+        let has_space = |m: &RefMember| m.epoch.is_some() && !m.draining && m.held.len() < m.window;
         match self.setup.mode {
             // Arbitrated: whoever the cluster made active, wherever it stands in the local line.
             Mode::Singleton if self.arbitrated() => self
@@ -670,9 +669,8 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Settlement::Nack => core.nack(member, sid),
                     Settlement::Release => core.release(member, sid),
                 };
-                let fx = fx.map_err(|e| {
-                    TestCaseError::fail(format!("holder's {kind:?} refused: {e}"))
-                })?;
+                let fx =
+                    fx.map_err(|e| TestCaseError::fail(format!("holder's {kind:?} refused: {e}")))?;
                 (project(&fx), model.settle(i, sid, kind))
             }
             Op::AckStale { pick } => {

@@ -19,8 +19,8 @@ use std::{
 use super::{Broker, DeadLetters, SubCell};
 use crate::{
     core::{
-        AckMode, Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Settlement, Subscription,
-        SystemId,
+        AckMode, Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Settlement,
+        Subscription, SystemId,
     },
     sync::{MutexGuard, lock},
 };

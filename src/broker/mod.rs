@@ -32,8 +32,8 @@ use crate::{
     clock::Clock,
     core::{
         AckMode, Counters, Draft, Effect, Epoch, Error, Floors, IdFloor, Limits, MemberId,
-        MemberInfo, OpenRequest, PatternIndex, QueueLimits, Settlement, Subscription, SubscriptionSpec,
-        SystemId,
+        MemberInfo, OpenRequest, PatternIndex, QueueLimits, Settlement, Subscription,
+        SubscriptionSpec, SystemId,
         planted::{PlantedBug, active as planted},
     },
     sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},

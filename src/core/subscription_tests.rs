@@ -723,7 +723,11 @@ fn a_release_redelivers_at_the_head_with_the_same_attempt() {
     let _ = s.enqueue(msg(1));
     let _ = s.enqueue(msg(2));
     let fx = s.release(Some(a), 1).unwrap();
-    assert_eq!(delivered(&fx), vec![], "not back to the member that released it");
+    assert_eq!(
+        delivered(&fx),
+        vec![],
+        "not back to the member that released it"
+    );
     let c = *s.counters();
     assert_eq!((c.released, c.nacked, c.redelivered), (1, 0, 0));
     s.check_invariants().unwrap();
@@ -841,7 +845,11 @@ fn a_leave_after_a_release_counts_and_a_handed_over_message_has_its_release_used
     assert_eq!(delivered(&fx), vec![(a, 1, 2, 1)]);
     let _ = s.release(Some(a), 1).unwrap();
     let (b, fx) = join(&mut s);
-    assert_eq!(delivered(&fx), vec![(b, 1, 3, 2)], "its release at 2 was used");
+    assert_eq!(
+        delivered(&fx),
+        vec![(b, 1, 3, 2)],
+        "its release at 2 was used"
+    );
     s.check_invariants().unwrap();
 }
 
