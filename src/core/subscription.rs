@@ -1104,7 +1104,7 @@ impl Subscription {
     fn give_back(&mut self, message: Message, attempt: u32, out: &mut Vec<Effect>) {
         let max = self.spec.max_delivery_attempts;
         if max == 0 || attempt < max {
-            if self.spec.mode == Mode::Singleton {
+            if self.spec.mode == Mode::Singleton && !planted(PlantedBug::RequeueNewestFirst) {
                 // The same place as at the head while the queue is in id order (everything in
                 // flight comes before it), which a member that released what it prefetched
                 // (docs/semantics.md#releases) and then nacks or leaves holding later ids does
