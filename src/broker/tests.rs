@@ -15,8 +15,10 @@ fn broker(limits: Limits) -> Broker {
 /// Default limits whose general pool (what reject-publish subscriptions draw on:
 /// docs/semantics.md#memory-budget) is exactly `general` bytes.
 fn general_budget(general: u64) -> Limits {
-    let mut limits = Limits::default();
-    limits.max_memory_bytes = general;
+    let mut limits = Limits {
+        max_memory_bytes: general,
+        ..Limits::default()
+    };
     while limits.general_memory_bytes() < general {
         limits.max_memory_bytes += 1;
     }

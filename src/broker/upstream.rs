@@ -302,7 +302,7 @@ impl Upstream {
             }
             let size = message.size();
             let share = size as u64 + crate::core::subscription::MESSAGE_OVERHEAD;
-            let pool = super::Pool::of_messages(&state);
+            let pool = super::Pool::of_messages(state);
             self.reserve_from(pool, share)?;
             if let Err(error) = state.core.check_publish(size) {
                 self.release_to(pool, share);
