@@ -152,9 +152,11 @@ impl Checker {
                 connection,
                 system_id,
                 accepted,
+                release,
             } => {
                 format!(
-                    "nack #{system_id} by {}{} {}",
+                    "{} #{system_id} by {}{} {}",
+                    if *release { "release" } else { "nack" },
                     fence(*member),
                     via(*connection),
                     verdict(*accepted)
@@ -284,6 +286,7 @@ impl Observer for Checker {
                 connection,
                 system_id,
                 accepted: true,
+                ..
             } => {
                 check_fence(m, "nack", *member, *connection, *system_id, &mut violations);
                 m.holder.remove(system_id);

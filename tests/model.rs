@@ -1,5 +1,5 @@
 //! Model-based property test of the group state machine (SPEC §3-§5): random sequences of joins,
-//! leaves, publishes, acks (good, stale, unknown), nacks, time passing and broker restarts (the
+//! leaves, publishes, acks (good, stale, unknown), nacks, releases, time passing and broker restarts (the
 //! wall clock passed in, moved forward or set back), over all three modes and various windows and
 //! limits, and cluster mode's arbitrated singletons (activation by the cluster with its epoch,
 //! queued messages handed back upstream), applied both to the core and to a small reference
@@ -8,14 +8,14 @@
 //! to a short sequence.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     time::Duration,
 };
 
 use proptest::prelude::*;
 use tinybroker::core::{
     AckMode, Counters, Effect, Envelope, Error, Headers, IdFloor, MemberOptions, Message, Mode,
-    Overflow, Pattern, QueueLimits, Subscription, SubscriptionSpec, Topic,
+    Overflow, Pattern, QueueLimits, Settlement, Subscription, SubscriptionSpec, Topic,
 };
 
 #[derive(Debug, Clone)]
@@ -42,6 +42,11 @@ enum Op {
         pick: usize,
     },
     NackUnknown,
+    /// docs/semantics.md#releases
+    Release {
+        pick: usize,
+    },
+    ReleaseUnknown,
     Tick {
         ms: u64,
     },
@@ -79,6 +84,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::AckUnknown),
         2 => any::<usize>().prop_map(|pick| Op::Nack { pick }),
         1 => Just(Op::NackUnknown),
+        2 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        1 => Just(Op::ReleaseUnknown),
         1 => (0u64..40_000).prop_map(|ms| Op::Tick { ms }),
         // Small moves, so some restarts come sooner than the ids the last run handed out (the
         // clock assumption broken) and some later.
@@ -186,6 +193,8 @@ struct RefMember {
     notify: bool,
     epoch: Option<u64>,
     held: Vec<u64>,
+    /// It released a message: it is sent nothing more (docs/semantics.md#releases).
+    draining: bool,
 }
 
 /// The reference: the rules of SPEC §3-§5 written as plainly as possible.
@@ -194,6 +203,9 @@ struct Model {
     members: Vec<RefMember>,
     queue: VecDeque<(u64, u32)>,
     attempt: BTreeMap<u64, u32>,
+    /// Messages whose current attempt's one release that does not count is used
+    /// (docs/semantics.md#releases).
+    released: BTreeSet<u64>,
     last_served: u64,
     last_member: u64,
     epoch: u64,
@@ -214,6 +226,7 @@ impl Model {
             members: vec![],
             queue: VecDeque::new(),
             attempt: BTreeMap::new(),
+            released: BTreeSet::new(),
             last_served: 0,
             last_member: unix_micros,
             epoch: unix_micros,
@@ -306,6 +319,7 @@ impl Model {
                 (Some(_), None) => self.queue.pop_front().unwrap().0,
                 (None, None) => return false,
             };
+            self.released.remove(&old);
             self.counters.dropped_overflow += 1;
             out.push(Seen::Retired(old));
         }
@@ -313,9 +327,17 @@ impl Model {
     }
 
     fn give_back(&mut self, sid: u64, attempt: u32, out: &mut Vec<Seen>) {
+        // A counted give-back starts a new attempt, with its release unused.
+        self.released.remove(&sid);
         let max = self.setup.max_attempts;
         if max == 0 || attempt < max {
-            self.queue.push_front((sid, attempt + 1));
+            if self.setup.mode == Mode::Singleton {
+                // One order for the next active member, also after a release
+                // (docs/semantics.md#releases): in id order.
+                self.insert_in_order(sid, attempt + 1);
+            } else {
+                self.queue.push_front((sid, attempt + 1));
+            }
         } else {
             if self.setup.dead_letter {
                 self.counters.dead_lettered += 1;
@@ -326,8 +348,18 @@ impl Model {
         }
     }
 
+    /// Before the first queued message with a higher id.
+    fn insert_in_order(&mut self, sid: u64, attempt: u32) {
+        let at = self
+            .queue
+            .iter()
+            .position(|(s, _)| *s > sid)
+            .unwrap_or(self.queue.len());
+        self.queue.insert(at, (sid, attempt));
+    }
+
     fn target(&self) -> Option<usize> {
-        let has_space = |m: &RefMember| m.epoch.is_some() && m.held.len() < m.window;
+        let has_space = |m: &RefMember| m.epoch.is_some() && !m.draining && m.held.len() < m.window;
         match self.setup.mode {
             // Arbitrated: whoever the cluster made active, wherever it stands in the local line.
             Mode::Singleton if self.arbitrated() => self
@@ -377,6 +409,7 @@ impl Model {
             notify,
             epoch: None,
             held: vec![],
+            draining: false,
         };
         if self.setup.mode != Mode::Singleton || (self.members.is_empty() && !self.arbitrated()) {
             self.epoch += 1;
@@ -419,16 +452,32 @@ impl Model {
         out
     }
 
-    /// Releases (ack) or returns (nack) `sid` held by member index `i`.
-    fn settle(&mut self, i: usize, sid: u64, nack: bool) -> Vec<Seen> {
+    /// Acks, nacks or releases `sid` held by member index `i`.
+    fn settle(&mut self, i: usize, sid: u64, kind: Settlement) -> Vec<Seen> {
         self.members[i].held.retain(|s| *s != sid);
         let attempt = self.attempt.remove(&sid).unwrap();
         let mut out = Vec::new();
-        if nack {
-            self.counters.nacked += 1;
-            self.give_back(sid, attempt, &mut out);
-        } else {
-            self.counters.acked += 1;
+        match kind {
+            Settlement::Nack => {
+                self.counters.nacked += 1;
+                self.give_back(sid, attempt, &mut out);
+            }
+            Settlement::Ack => {
+                self.released.remove(&sid);
+                self.counters.acked += 1;
+            }
+            // docs/semantics.md#releases: once per attempt it keeps the attempt; a second
+            // release at the same attempt counts, as a nack. Its member takes no more.
+            Settlement::Release => {
+                self.counters.released += 1;
+                self.members[i].draining = true;
+                if self.released.contains(&sid) {
+                    self.give_back(sid, attempt, &mut out);
+                } else {
+                    self.released.insert(sid);
+                    self.insert_in_order(sid, attempt);
+                }
+            }
         }
         self.dispatch(&mut out);
         out
@@ -605,20 +654,24 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     (project(&fx), want)
                 }
             }
-            Op::Ack { pick } | Op::Nack { pick } => {
-                let nack = matches!(op, Op::Nack { .. });
+            Op::Ack { pick } | Op::Nack { pick } | Op::Release { pick } => {
+                let kind = match op {
+                    Op::Nack { .. } => Settlement::Nack,
+                    Op::Release { .. } => Settlement::Release,
+                    _ => Settlement::Ack,
+                };
                 let Some((i, sid)) = pick_held(&model, pick) else {
                     continue;
                 };
                 let member = Some(model.members[i].id);
-                let fx = if nack {
-                    core.nack(member, sid)
-                } else {
-                    core.ack(member, sid)
+                let fx = match kind {
+                    Settlement::Ack => core.ack(member, sid),
+                    Settlement::Nack => core.nack(member, sid),
+                    Settlement::Release => core.release(member, sid),
                 };
                 let fx =
-                    fx.map_err(|e| TestCaseError::fail(format!("holder's ack/nack refused: {e}")))?;
-                (project(&fx), model.settle(i, sid, nack))
+                    fx.map_err(|e| TestCaseError::fail(format!("holder's {kind:?} refused: {e}")))?;
+                (project(&fx), model.settle(i, sid, kind))
             }
             Op::AckStale { pick } => {
                 let Some((i, sid)) = pick_held(&model, pick) else {
@@ -630,12 +683,12 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 model.counters.stale_acks += 1;
                 (vec![], vec![])
             }
-            Op::AckUnknown | Op::NackUnknown => {
+            Op::AckUnknown | Op::NackUnknown | Op::ReleaseUnknown => {
                 let unknown = next_sid + 1_000_000;
-                let result = if matches!(op, Op::AckUnknown) {
-                    core.ack(None, unknown)
-                } else {
-                    core.nack(None, unknown)
+                let result = match op {
+                    Op::AckUnknown => core.ack(None, unknown),
+                    Op::NackUnknown => core.nack(None, unknown),
+                    _ => core.release(None, unknown),
                 };
                 prop_assert!(
                     matches!(result, Err(Error::NotInFlight { .. })),
@@ -710,6 +763,9 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map(|(m, attempt)| (m.system_id(), attempt))
                     .collect();
                 let want: Vec<(u64, u32)> = model.queue.drain(..).collect();
+                for (sid, _) in &want {
+                    model.released.remove(sid);
+                }
                 prop_assert_eq!(got, want, "handed back");
                 (vec![], vec![])
             }

@@ -50,6 +50,11 @@ enum Op {
         micros: u16,
         back: bool,
     },
+    /// docs/semantics.md#releases: a give-back that keeps the attempt, once per attempt.
+    Release {
+        member: Option<u8>,
+        pick: u8,
+    },
 }
 
 /// The wall clock at the first run's start, in microseconds since the Unix epoch.
@@ -141,7 +146,7 @@ pub fn group_state_machine(data: &[u8]) {
                     Err(_) => sub.enqueue_or_drop(message),
                 }
             }
-            Op::Ack { member, pick } | Op::Nack { member, pick } => {
+            Op::Ack { member, pick } | Op::Nack { member, pick } | Op::Release { member, pick } => {
                 let held: Vec<(u64, u64)> = sub.in_flight_ids().collect();
                 if held.is_empty() {
                     continue;
@@ -154,11 +159,10 @@ pub fn group_state_machine(data: &[u8]) {
                         holder + u64::from(m)
                     }
                 });
-                let nack = matches!(op, Op::Nack { .. });
-                let result = if nack {
-                    sub.nack(fence, system_id)
-                } else {
-                    sub.ack(fence, system_id)
+                let result = match op {
+                    Op::Nack { .. } => sub.nack(fence, system_id),
+                    Op::Release { .. } => sub.release(fence, system_id),
+                    _ => sub.ack(fence, system_id),
                 };
                 match (result, fence) {
                     (Ok(fx), Some(f)) => {

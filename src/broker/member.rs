@@ -19,7 +19,8 @@ use std::{
 use super::{Broker, DeadLetters, SubCell};
 use crate::{
     core::{
-        AckMode, Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Subscription, SystemId,
+        AckMode, Draft, DropReason, Effect, Epoch, Error, MemberId, Message, Settlement,
+        Subscription, SystemId,
     },
     sync::{MutexGuard, lock, try_lock},
 };
@@ -664,20 +665,21 @@ impl Settler {
         self.member
     }
 
-    /// Acks then nacks, in order, under one lock; returns the refused ones (id, whether it was
-    /// a nack, why). Each refusal changes nothing.
+    /// Acks, then nacks, then releases (docs/semantics.md#releases), in order, under one lock;
+    /// returns the refused ones (id, what it asked, why). Each refusal changes nothing.
     ///
     /// # Errors
-    /// [`Error::SettleTooLarge`] when `acks` and `nacks` together name more ids than the
-    /// member's window: no valid settle can (every id must be in flight to it at once), so the
-    /// whole settle is refused before any id is looked at, and nothing changes.
+    /// [`Error::SettleTooLarge`] when `acks`, `nacks` and `releases` together name more ids
+    /// than the member's window: no valid settle can (every id must be in flight to it at
+    /// once), so the whole settle is refused before any id is looked at, and nothing changes.
     pub fn settle(
         &self,
         acks: &[SystemId],
         nacks: &[SystemId],
-    ) -> Result<Vec<(SystemId, bool, Error)>, Error> {
+        releases: &[SystemId],
+    ) -> Result<Vec<(SystemId, Settlement, Error)>, Error> {
         self.broker
-            .settle_member(&self.cell, self.member, acks, nacks)
+            .settle_member(&self.cell, self.member, [acks, nacks, releases])
     }
 }
 
@@ -733,15 +735,15 @@ impl Broker {
         open
     }
 
-    /// Acks then nacks for one member under one lock. The work is bounded by the member's
-    /// window: a larger settle is refused whole, and each id costs O(log window).
+    /// Acks, nacks then releases for one member under one lock. The work is bounded by the
+    /// member's window: a larger settle is refused whole, and each id costs O(log window).
     fn settle_member(
         &self,
         cell: &Arc<SubCell>,
         member: MemberId,
-        acks: &[SystemId],
-        nacks: &[SystemId],
-    ) -> Result<Vec<(SystemId, bool, Error)>, Error> {
+        lists: [&[SystemId]; 3],
+    ) -> Result<Vec<(SystemId, Settlement, Error)>, Error> {
+        const KINDS: [Settlement; 3] = [Settlement::Ack, Settlement::Nack, Settlement::Release];
         let mut dead = DeadLetters::new();
         let mut refused = Vec::new();
         {
@@ -749,20 +751,21 @@ impl Broker {
             // A stream's member is a member until the stream is dropped; the fallback only keeps
             // this total.
             let window = state.core.window(member).unwrap_or(1);
-            let ids = acks.len() + nacks.len();
+            let ids: usize = lists.iter().map(|l| l.len()).sum();
             if ids > window as usize {
                 return Err(Error::SettleTooLarge { ids, window });
             }
             let fence = super::Fence::Member(member);
-            let first = (acks.iter().map(|&id| (id, false)))
-                .chain(nacks.iter().map(|&id| (id, true)))
-                .next();
-            if let (1, Some((id, nack))) = (ids, first) {
+            let first = KINDS
+                .iter()
+                .zip(lists)
+                .find_map(|(&kind, list)| list.first().map(|&id| (id, kind)));
+            if let (1, Some((id, kind))) = (ids, first) {
                 // The common settle: one id, one scan of the outlet, nothing to keep.
                 if let Err(error) =
-                    self.settle_locked(&mut state, fence, id, nack, &SubState::unsent, &mut dead)
+                    self.settle_locked(&mut state, fence, id, kind, &SubState::unsent, &mut dead)
                 {
-                    refused.push((id, nack, error));
+                    refused.push((id, kind, error));
                 }
             } else {
                 // Frames the stream has not written, kept current as this settle's own acks
@@ -772,14 +775,14 @@ impl Broker {
                     ids: std::mem::take(&mut state.unsent_scratch),
                     ..UnsentIds::default()
                 };
-                for (ids, nack) in [(acks, false), (nacks, true)] {
+                for (ids, kind) in lists.into_iter().zip(KINDS) {
                     for &id in ids {
                         state.note_unsent(member, &mut unsent);
                         let unsent = |_: &SubState, _: MemberId, id: SystemId| unsent.contains(id);
                         if let Err(error) =
-                            self.settle_locked(&mut state, fence, id, nack, &unsent, &mut dead)
+                            self.settle_locked(&mut state, fence, id, kind, &unsent, &mut dead)
                         {
-                            refused.push((id, nack, error));
+                            refused.push((id, kind, error));
                         }
                     }
                 }

@@ -35,8 +35,8 @@ use crate::{
     clock::Clock,
     core::{
         AckMode, Counters, Draft, Effect, Epoch, Error, Floors, IdFloor, Limits, MemberId,
-        MemberInfo, OpenRequest, PatternIndex, QueueLimits, Subscription, SubscriptionSpec,
-        SystemId,
+        MemberInfo, OpenRequest, PatternIndex, QueueLimits, Settlement, Subscription,
+        SubscriptionSpec, SystemId,
         planted::{PlantedBug, active as planted},
     },
     sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
@@ -581,7 +581,14 @@ impl Broker {
         system_id: SystemId,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            self.settle_locked(state, fence, system_id, false, &SubState::unsent, dead)
+            self.settle_locked(
+                state,
+                fence,
+                system_id,
+                Settlement::Ack,
+                &SubState::unsent,
+                dead,
+            )
         })
     }
 
@@ -596,19 +603,26 @@ impl Broker {
         system_id: SystemId,
     ) -> Result<(), Error> {
         self.with_subscription(subscription_id, |state, dead| {
-            self.settle_locked(state, fence, system_id, true, &SubState::unsent, dead)
+            self.settle_locked(
+                state,
+                fence,
+                system_id,
+                Settlement::Nack,
+                &SubState::unsent,
+                dead,
+            )
         })
     }
 
-    /// Ack or nack from a client, under the subscription's lock. A refused one is reported to
-    /// the observer too, with no effects, and changes nothing. `unsent` says whether a member's
-    /// stream has not written a message's frame yet.
+    /// Ack, nack or release from a client, under the subscription's lock. A refused one is
+    /// reported to the observer too, with no effects, and changes nothing. `unsent` says whether
+    /// a member's stream has not written a message's frame yet.
     fn settle_locked(
         &self,
         state: &mut SubState,
         fence: Fence,
         system_id: SystemId,
-        nack: bool,
+        kind: Settlement,
         unsent: &Unsent<'_>,
         dead: &mut DeadLetters,
     ) -> Result<(), Error> {
@@ -616,18 +630,18 @@ impl Broker {
             Fence::Member(_) => None,
             Fence::Connection(c) => Some(c),
         };
-        let published_at = if nack {
-            None
-        } else {
-            self.ack_published_at(state, system_id)
+        let published_at = match kind {
+            Settlement::Ack => self.ack_published_at(state, system_id),
+            Settlement::Nack | Settlement::Release => None,
         };
         let result = self
             .resolve_fence(state, fence, system_id, unsent)
             .and_then(|member| {
-                if nack {
-                    state.core.nack(member, system_id)
-                } else {
-                    state.core.ack(member, system_id)
+                match kind {
+                    Settlement::Ack => state.core.ack(member, system_id),
+                    Settlement::Nack => state.core.nack(member, system_id),
+                    // docs/semantics.md#releases
+                    Settlement::Release => state.core.release(member, system_id),
                 }
                 .map(|effects| (member, effects))
             });
@@ -643,20 +657,20 @@ impl Broker {
             ),
         };
         let accepted = outcome.is_ok();
-        let input = if nack {
-            Input::Nack {
+        let input = match kind {
+            Settlement::Ack => Input::Ack {
                 member,
                 connection,
                 system_id,
                 accepted,
-            }
-        } else {
-            Input::Ack {
+            },
+            Settlement::Nack | Settlement::Release => Input::Nack {
                 member,
                 connection,
                 system_id,
                 accepted,
-            }
+                release: kind == Settlement::Release,
+            },
         };
         self.apply(state, input, effects, dead);
         if accepted {

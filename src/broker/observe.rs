@@ -53,6 +53,9 @@ pub enum Input {
         system_id: SystemId,
         /// Whether it returned the message.
         accepted: bool,
+        /// Whether it was a release: a nack that keeps the attempt within its bound
+        /// (docs/semantics.md#releases).
+        release: bool,
     },
     /// Cluster mode: the cluster made this member of an arbitrated singleton active.
     Activate {

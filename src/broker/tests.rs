@@ -585,9 +585,9 @@ fn a_settle_cannot_nack_a_frame_its_own_earlier_ids_delivered() {
     assert_eq!(member.try_next(), None, "window 2: c waits");
 
     // Acking a lets c into the outlet; the same settle's nack of c guesses a frame not written.
-    let refused = settler.settle(&[a], &[c]).unwrap();
+    let refused = settler.settle(&[a], &[c], &[]).unwrap();
     assert!(
-        matches!(refused.as_slice(), [(id, true, Error::NotYetSent { .. })] if *id == c),
+        matches!(refused.as_slice(), [(id, Settlement::Nack, Error::NotYetSent { .. })] if *id == c),
         "nack of the unsent c must be refused: {refused:?}"
     );
     assert_eq!(
@@ -599,9 +599,9 @@ fn a_settle_cannot_nack_a_frame_its_own_earlier_ids_delivered() {
 
     // Nacking b twice: the first puts b back and redelivers it to this member, unsent; the
     // second names that unsent copy.
-    let refused = settler.settle(&[], &[b, b]).unwrap();
+    let refused = settler.settle(&[], &[b, b], &[]).unwrap();
     assert!(
-        matches!(refused.as_slice(), [(id, true, Error::NotYetSent { .. })] if *id == b),
+        matches!(refused.as_slice(), [(id, Settlement::Nack, Error::NotYetSent { .. })] if *id == b),
         "the second nack of b names a frame not yet written: {refused:?}"
     );
     assert_eq!(message_id(member.try_next()), (b, 2));
@@ -632,9 +632,9 @@ fn a_settle_cannot_ack_a_frame_its_own_earlier_acks_delivered() {
     assert_eq!(member.try_next(), None, "window 2");
 
     // ids[2] enters the outlet when ids[0] is acked; the same settle guesses it.
-    let refused = settler.settle(&[ids[0], ids[2]], &[]).unwrap();
+    let refused = settler.settle(&[ids[0], ids[2]], &[], &[]).unwrap();
     assert!(
-        matches!(refused.as_slice(), [(id, false, Error::NotYetSent { .. })] if *id == ids[2]),
+        matches!(refused.as_slice(), [(id, Settlement::Ack, Error::NotYetSent { .. })] if *id == ids[2]),
         "the ack of the unwritten {} must be refused: {refused:?}",
         ids[2]
     );

@@ -342,7 +342,13 @@ impl Upstream {
                 }
                 return Ok(());
             }
-            let effects = state.core.enqueue_attempt(message, attempt);
+            // A carried message may have used its attempt's release that does not count at the
+            // gateway that handed it on: it counts as used here (docs/semantics.md#releases).
+            let effects = if floor.is_some() {
+                state.core.enqueue_handed_over(message, attempt)
+            } else {
+                state.core.enqueue_attempt(message, attempt)
+            };
             self.apply(state, Input::Enqueue { system_id }, effects, dead);
             self.release_held_back(state, dead);
             Ok(())
@@ -374,9 +380,14 @@ impl Upstream {
             if state.owed.is_some() || state.attempt_floors.range(..*entry.key()).next().is_some() {
                 break;
             }
-            let (system_id, (message, attempt, _)) = entry.remove_entry();
-            // From here the core's footprint counts it.
-            let effects = state.core.enqueue_attempt(message, attempt);
+            let (system_id, (message, attempt, carried)) = entry.remove_entry();
+            // From here the core's footprint counts it. A carried (or owed) one's release that
+            // does not count may be used already (docs/semantics.md#releases).
+            let effects = if carried {
+                state.core.enqueue_handed_over(message, attempt)
+            } else {
+                state.core.enqueue_attempt(message, attempt)
+            };
             self.apply(state, Input::Enqueue { system_id }, effects, dead);
         }
     }

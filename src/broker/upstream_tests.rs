@@ -369,9 +369,9 @@ async fn after_a_take_over_the_dead_gateways_messages_come_first_and_in_order() 
     assert_eq!(delivered(&mut s).await, Some((7, 2)));
     assert_eq!(delivered(&mut s).await, Some((8, 2)));
     assert_eq!(delivered(&mut s).await, None, "window 2");
-    s.settler().settle(&[7], &[]).unwrap();
+    s.settler().settle(&[7], &[], &[]).unwrap();
     assert_eq!(delivered(&mut s).await, Some((9, 2)));
-    s.settler().settle(&[8], &[]).unwrap();
+    s.settler().settle(&[8], &[], &[]).unwrap();
     assert_eq!(delivered(&mut s).await, Some((12, 2)));
 }
 

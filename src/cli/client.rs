@@ -249,10 +249,15 @@ pub async fn subscribe(args: Subscribe) -> Result<SubscribeEnd, String> {
             Event::Refused {
                 system_ids,
                 nack,
+                release,
                 error,
             } => println!(
                 "refused {} system_ids={system_ids:?}: {error}",
-                if nack { "nack" } else { "ack" }
+                match (release, nack) {
+                    (true, _) => "release",
+                    (false, true) => "nack",
+                    (false, false) => "ack",
+                }
             ),
         }
     }

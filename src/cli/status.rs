@@ -89,6 +89,7 @@ struct CountersView {
     redelivered: u64,
     acked: u64,
     nacked: u64,
+    released: u64,
     dead_lettered: u64,
     dropped_max_attempts: u64,
     rejected_full: u64,
@@ -141,6 +142,7 @@ impl From<SubscriptionInfo> for SubscriptionView {
                 redelivered: c.redelivered,
                 acked: c.acked,
                 nacked: c.nacked,
+                released: c.released,
                 dead_lettered: c.dead_lettered,
                 dropped_max_attempts: c.dropped_max_attempts,
                 rejected_full: c.rejected_full,
@@ -401,12 +403,13 @@ fn detail(s: &SubscriptionView) -> String {
     }
     let c = &s.counters;
     out.push_str(&format!(
-        "  counters: enqueued {} delivered {} redelivered {} acked {} nacked {} promotions {} stale_acks {}\n            dead_lettered {} dropped_max_attempts {} rejected_full {} dropped_full {} dropped_overflow {}\n",
+        "  counters: enqueued {} delivered {} redelivered {} acked {} nacked {} released {} promotions {} stale_acks {}\n            dead_lettered {} dropped_max_attempts {} rejected_full {} dropped_full {} dropped_overflow {}\n",
         c.enqueued,
         c.delivered,
         c.redelivered,
         c.acked,
         c.nacked,
+        c.released,
         c.promotions,
         c.stale_acks,
         c.dead_lettered,

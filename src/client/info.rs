@@ -166,6 +166,7 @@ impl TryFrom<pb::SubscriptionInfo> for SubscriptionInfo {
                 redelivered: c.redelivered,
                 acked: c.acked,
                 nacked: c.nacked,
+                released: c.released,
                 dead_lettered: c.dead_lettered,
                 dropped_max_attempts: c.dropped_max_attempts,
                 rejected_full: c.rejected_full,

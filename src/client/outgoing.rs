@@ -23,11 +23,12 @@ pub(super) const MAX_SETTLE_BATCH: usize = 1024;
 /// `max_in_flight` settlements can wait here.
 pub(super) type SettleSender = mpsc::UnboundedSender<Settlement>;
 
-/// One ack or nack, by system id.
+/// One ack, nack or release (docs/semantics.md#releases), by system id.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Settlement {
     Ack(u64),
     Nack(u64),
+    Release(u64),
 }
 
 /// The request side of a `Consume` stream: the `open`, then batches of settlements; ends once
@@ -57,10 +58,11 @@ impl Stream for Outgoing {
         // applies the settles it read before the half-close.
         let mut settle = pb::Settle::default();
         let mut closed = false;
-        while settle.ack.len() + settle.nack.len() < MAX_SETTLE_BATCH {
+        while settle.ack.len() + settle.nack.len() + settle.release.len() < MAX_SETTLE_BATCH {
             match this.settles.poll_recv(cx) {
                 Poll::Ready(Some(Settlement::Ack(id))) => settle.ack.push(id),
                 Poll::Ready(Some(Settlement::Nack(id))) => settle.nack.push(id),
+                Poll::Ready(Some(Settlement::Release(id))) => settle.release.push(id),
                 Poll::Ready(None) => {
                     closed = true;
                     break;
@@ -68,7 +70,7 @@ impl Stream for Outgoing {
                 Poll::Pending => break,
             }
         }
-        if !settle.ack.is_empty() || !settle.nack.is_empty() {
+        if !settle.ack.is_empty() || !settle.nack.is_empty() || !settle.release.is_empty() {
             return Poll::Ready(Some(pb::ConsumeRequest {
                 request: Some(Carried::Settle(settle)),
             }));

@@ -79,6 +79,19 @@ impl Delivery {
     pub fn nack(self) -> Result<()> {
         self.settle(Settlement::Nack(self.system_id))
     }
+
+    /// Gives back a message this member never worked on: like [`Delivery::nack`], except that
+    /// its next delivery carries the same `attempt` (the first release at each attempt; a
+    /// second one counts, so a poison message still reaches its dead letter). It also tells the
+    /// broker this member is leaving: it is sent nothing more, so close it next
+    /// (docs/semantics.md#releases). [`Subscription::close`] releases what arrived but was
+    /// never handed out.
+    ///
+    /// # Errors
+    /// As [`Delivery::ack`].
+    pub fn release(self) -> Result<()> {
+        self.settle(Settlement::Release(self.system_id))
+    }
 }
 
 /// What a subscription stream carries.
@@ -106,8 +119,10 @@ pub enum Event {
         /// The messages named, in the order sent; empty when the whole settle was refused
         /// (it named more ids than the window, which this client never sends).
         system_ids: Vec<u64>,
-        /// True for a nack.
+        /// True for a nack (and for a release, which is a nack that keeps its attempt).
         nack: bool,
+        /// True for a release ([`Delivery::release`]).
+        release: bool,
         /// Why.
         error: Error,
     },
@@ -293,6 +308,7 @@ impl Subscription {
                     Event::Refused {
                         system_ids,
                         nack: r.nack,
+                        release: r.release,
                         error: Error::from_code(r.code, r.message),
                     }
                 }
@@ -343,9 +359,11 @@ impl Subscription {
 
     /// Leaves the subscription once the broker has applied every settlement queued so far:
     /// sends them, half-closes the stream, and waits for the broker to end it. Settle the
-    /// deliveries you took before calling it; deliveries that arrive meanwhile are not handed
-    /// out and go back to the queue (`attempt` + 1), like every message still unsettled. An
-    /// ack-free member has nothing to flush: its stream is simply ended.
+    /// deliveries you took before calling it. Deliveries that had arrived but were never
+    /// handed out (prefetched within the window) are released with them: they go back to the
+    /// queue with the same `attempt` (docs/semantics.md#releases). Deliveries still in transit
+    /// when it starts, and deliveries handed out but left unsettled, go back with `attempt` + 1.
+    /// An ack-free member has nothing to flush: its stream is simply ended.
     ///
     /// Waits as long as the broker takes to answer, which is until the connection's keepalive
     /// fails if the broker vanished: wrap it in a timeout to bound a shutdown.
@@ -363,8 +381,32 @@ impl Subscription {
             // is nothing to flush: dropping the stream is how it leaves.
             return Ok(());
         }
-        self.close.take();
         let mut refused = None;
+        // What has arrived and was never handed out: released, so that it comes back with the
+        // same attempt (docs/semantics.md#releases). Read without waiting: what is still in
+        // transit goes back with the member's leave.
+        let mut prefetched = Vec::new();
+        loop {
+            // A fresh context each time: none is held across the awaits below (it is not Send).
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            match self.poll_event(&mut cx) {
+                Poll::Ready(Some(Ok(Event::Delivery(delivery)))) => {
+                    prefetched.push(delivery.system_id);
+                }
+                Poll::Ready(Some(Ok(Event::Refused { error, .. }))) => {
+                    refused.get_or_insert(error);
+                }
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(error))) => return Err(error),
+                Poll::Ready(None) => return refused.map_or(Ok(()), Err),
+                Poll::Pending => break,
+            }
+        }
+        for system_id in prefetched {
+            // A failure means the stream ended: the end is read below.
+            let _ = self.settles.send(Settlement::Release(system_id));
+        }
+        self.close.take();
         loop {
             match self.next_event().await {
                 None => return refused.map_or(Ok(()), Err),

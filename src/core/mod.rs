@@ -29,7 +29,8 @@ pub use index::PatternIndex;
 pub use message::{Envelope, Headers, Message, SystemId};
 pub use spec::{AckMode, Limits, MemberOptions, Mode, OpenRequest, Overflow, SubscriptionSpec};
 pub use subscription::{
-    Counters, DropReason, Effect, Epoch, Floors, MemberId, MemberInfo, QueueLimits, Subscription,
+    Counters, DropReason, Effect, Epoch, Floors, MemberId, MemberInfo, QueueLimits, Settlement,
+    Subscription,
 };
 pub use topic::{Pattern, Topic};
 

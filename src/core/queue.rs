@@ -13,15 +13,18 @@ use super::message::{Message, SystemId};
 /// Waiting messages in delivery order: every given-back message, then every fresh one.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Queue {
-    /// Given back, head first, with the attempt of their next delivery (at least 2).
-    returned: VecDeque<(Message, u32)>,
+    /// Given back, head first, with the attempt of their next delivery (at least 2, or 1 for a
+    /// first delivery released without counting) and whether that attempt's one release that
+    /// does not count is used (docs/semantics.md#releases).
+    returned: VecDeque<(Message, u32, bool)>,
     /// Never delivered by this broker (their next delivery is attempt 1 unless `later` says
     /// otherwise), in publish order.
     fresh: VecDeque<Message>,
     /// Attempts above 1 of messages in `fresh`: only cluster mode queues a message at the back
     /// that an upstream store delivered before (`push_back_attempt`), so this is almost always
     /// empty and costs nothing per message.
-    later: BTreeMap<SystemId, u32>,
+    /// Each with whether its attempt's release that does not count is used.
+    later: BTreeMap<SystemId, (u32, bool)>,
 }
 
 impl Queue {
@@ -41,29 +44,54 @@ impl Queue {
     }
 
     /// Queues at the back a message whose next delivery carries `attempt` (cluster mode: an
-    /// upstream store delivered it before).
-    pub(super) fn push_back_attempt(&mut self, message: Message, attempt: u32) {
-        if attempt > 1 {
-            self.later.insert(message.system_id(), attempt);
+    /// upstream store delivered it before); `released` when that attempt's release that does
+    /// not count is used (docs/semantics.md#releases).
+    pub(super) fn push_back_attempt(&mut self, message: Message, attempt: u32, released: bool) {
+        if attempt > 1 || released {
+            self.later.insert(message.system_id(), (attempt, released));
         }
         self.push_back(message);
     }
 
-    /// Puts a message back at the head, to be delivered next as `attempt`.
-    pub(super) fn push_front(&mut self, message: Message, attempt: u32) {
-        if attempt <= 1 && self.returned.is_empty() {
+    /// Puts a message back at the head, to be delivered next as `attempt`; `released` when that
+    /// attempt's release that does not count is used (docs/semantics.md#releases).
+    pub(super) fn push_front(&mut self, message: Message, attempt: u32, released: bool) {
+        if attempt <= 1 && !released && self.returned.is_empty() {
             self.fresh.push_front(message);
         } else {
-            self.returned.push_front((message, attempt));
+            self.returned.push_front((message, attempt, released));
         }
     }
 
-    /// Takes the head with the attempt its delivery carries.
-    pub(super) fn pop_front(&mut self) -> Option<(Message, u32)> {
+    /// Puts a given-back message before the first given-back one with a higher id (so given-back
+    /// messages kept in id order stay so), to be delivered as `attempt`; `released` as for
+    /// [`push_front`](Self::push_front). A singleton's queue is in id order and everything
+    /// given back is below every fresh message, so this keeps the whole queue in id order.
+    pub(super) fn insert_in_order(&mut self, message: Message, attempt: u32, released: bool) {
+        let id = message.system_id();
+        let at = self
+            .returned
+            .iter()
+            .position(|(m, _, _)| m.system_id() > id)
+            .unwrap_or(self.returned.len());
+        if at == self.returned.len() && attempt <= 1 && !released {
+            // Just before the fresh ones: the same place.
+            self.fresh.push_front(message);
+        } else {
+            self.returned.insert(at, (message, attempt, released));
+        }
+    }
+
+    /// Takes the head with the attempt its delivery carries and whether that attempt's release
+    /// that does not count is used.
+    pub(super) fn pop_front(&mut self) -> Option<(Message, u32, bool)> {
         self.returned.pop_front().or_else(|| {
             let message = self.fresh.pop_front()?;
-            let attempt = self.later.remove(&message.system_id()).unwrap_or(1);
-            Some((message, attempt))
+            let (attempt, released) = self
+                .later
+                .remove(&message.system_id())
+                .unwrap_or((1, false));
+            Some((message, attempt, released))
         })
     }
 
@@ -71,7 +99,7 @@ impl Queue {
     pub(super) fn front_id(&self) -> Option<SystemId> {
         self.returned
             .front()
-            .map(|(m, _)| m)
+            .map(|(m, _, _)| m)
             .or_else(|| self.fresh.front())
             .map(Message::system_id)
     }
@@ -80,9 +108,9 @@ impl Queue {
     pub(super) fn iter(&self) -> impl Iterator<Item = (&Message, u32)> + '_ {
         self.returned
             .iter()
-            .map(|(m, attempt)| (m, *attempt))
+            .map(|(m, attempt, _)| (m, *attempt))
             .chain(self.fresh.iter().map(|m| {
-                let attempt = self.later.get(&m.system_id()).copied().unwrap_or(1);
+                let attempt = self.later.get(&m.system_id()).map_or(1, |(a, _)| *a);
                 (m, attempt)
             }))
     }
@@ -116,13 +144,13 @@ mod tests {
         let mut q = Queue::default();
         q.push_back(message(3));
         q.push_back(message(4));
-        q.push_front(message(2), 2);
-        q.push_front(message(1), 3);
+        q.push_front(message(2), 2, false);
+        q.push_front(message(1), 3, false);
         q.push_back(message(5));
         assert_eq!(contents(&q), vec![(1, 3), (2, 2), (3, 1), (4, 1), (5, 1)]);
         assert_eq!(q.len(), 5);
         let popped: Vec<_> = std::iter::from_fn(|| q.pop_front())
-            .map(|(m, a)| (m.system_id(), a))
+            .map(|(m, a, _)| (m.system_id(), a))
             .collect();
         assert_eq!(popped, vec![(1, 3), (2, 2), (3, 1), (4, 1), (5, 1)]);
         assert!(q.is_empty());
@@ -134,15 +162,15 @@ mod tests {
     fn a_message_queued_at_the_back_keeps_the_attempt_it_came_with() {
         let mut q = Queue::default();
         q.push_back(message(1));
-        q.push_back_attempt(message(2), 4);
-        q.push_back_attempt(message(3), 1);
-        q.push_front(message(0), 2);
+        q.push_back_attempt(message(2), 4, false);
+        q.push_back_attempt(message(3), 1, false);
+        q.push_front(message(0), 2, false);
         assert_eq!(contents(&q), vec![(0, 2), (1, 1), (2, 4), (3, 1)]);
         let popped: Vec<_> = std::iter::from_fn(|| q.pop_front())
-            .map(|(m, a)| (m.system_id(), a))
+            .map(|(m, a, _)| (m.system_id(), a))
             .collect();
         assert_eq!(popped, vec![(0, 2), (1, 1), (2, 4), (3, 1)]);
-        q.push_back_attempt(message(5), 3);
+        q.push_back_attempt(message(5), 3, false);
         q.clear();
         q.push_back(message(5));
         assert_eq!(contents(&q), vec![(5, 1)], "clear forgets the attempt too");
@@ -153,12 +181,26 @@ mod tests {
     fn a_first_attempt_put_back_keeps_its_place() {
         let mut q = Queue::default();
         q.push_back(message(3));
-        q.push_front(message(2), 2);
-        q.push_front(message(1), 1);
+        q.push_front(message(2), 2, false);
+        q.push_front(message(1), 1, false);
         assert_eq!(contents(&q), vec![(1, 1), (2, 2), (3, 1)]);
         q.clear();
         assert!(q.is_empty());
-        q.push_front(message(1), 1);
+        q.push_front(message(1), 1, false);
         assert_eq!(contents(&q), vec![(1, 1)]);
+    }
+
+    // A first delivery released without counting goes back to the head with its release
+    // marked used, and keeps the mark through a pop (docs/semantics.md#releases).
+    #[test]
+    fn a_released_first_attempt_keeps_its_mark() {
+        let mut q = Queue::default();
+        q.push_back(message(2));
+        q.push_front(message(1), 1, true);
+        q.push_back_attempt(message(3), 1, true);
+        let popped: Vec<_> = std::iter::from_fn(|| q.pop_front())
+            .map(|(m, a, r)| (m.system_id(), a, r))
+            .collect();
+        assert_eq!(popped, vec![(1, 1, true), (2, 1, false), (3, 1, true)]);
     }
 }

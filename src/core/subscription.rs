@@ -1,7 +1,7 @@
 //! One subscription's state machine: members in join order, the shared queue, per-member windows,
 //! in-flight records, epochs and counters (SPEC §3–§5).
 //!
-//! Inputs are the `join`, `leave`, `enqueue`, `ack` and `nack` methods; each returns the ordered
+//! Inputs are the `join`, `leave`, `enqueue`, `ack`, `nack` and `release` methods; each returns the ordered
 //! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
 //! `now` argument (time since the broker started).
 
@@ -81,6 +81,18 @@ pub enum Effect {
     },
 }
 
+/// What a client's settlement of a delivered message asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Done with it for good ([`Subscription::ack`]).
+    Ack,
+    /// Give it back for redelivery, counting an attempt ([`Subscription::nack`]).
+    Nack,
+    /// Give it back unworked, keeping the attempt within the bound ([`Subscription::release`],
+    /// docs/semantics.md#releases).
+    Release,
+}
+
 /// Why a message was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
@@ -107,6 +119,9 @@ pub struct Counters {
     pub acked: u64,
     /// Nacks accepted.
     pub nacked: u64,
+    /// Releases accepted (docs/semantics.md#releases): those within the bound, which keep the
+    /// attempt, and those past it, which count one as a nack would.
+    pub released: u64,
     /// Poisoned messages sent to the dead-letter topic.
     pub dead_lettered: u64,
     /// Poisoned messages dropped (no dead-letter topic).
@@ -193,11 +208,19 @@ struct Member {
     /// `pop_front` (no ordered map insert and removal per delivery); a leaving member's
     /// unwritten messages are read from here, sorted by id, and go back to the queue.
     unwritten: VecDeque<InFlight>,
+    /// Set by its first accepted release: the member is leaving, so it is sent nothing more
+    /// (docs/semantics.md#releases). It keeps what it holds and may settle it.
+    draining: bool,
 }
 
 impl Member {
     fn has_space(&self) -> bool {
-        self.epoch.is_some() && self.in_flight < self.options.max_in_flight
+        self.takes_more() && self.in_flight < self.options.max_in_flight
+    }
+
+    /// Active and not leaving: it may be sent messages.
+    fn takes_more(&self) -> bool {
+        self.epoch.is_some() && !self.draining
     }
 }
 
@@ -207,6 +230,9 @@ struct InFlight {
     message: Message,
     attempt: u32,
     member: MemberId,
+    /// Whether this attempt's one release that does not count is used
+    /// (docs/semantics.md#releases).
+    released: bool,
 }
 
 /// Inspection view of one member.
@@ -368,7 +394,7 @@ impl Subscription {
     /// upstream, so that the next active member, on whichever gateway, gets them first.
     pub fn take_queued(&mut self) -> Vec<(Message, u32)> {
         let mut taken = Vec::with_capacity(self.queue.len());
-        while let Some((message, attempt)) = self.queue.pop_front() {
+        while let Some((message, attempt, _)) = self.queue.pop_front() {
             self.held_bytes -= message.size() as u64;
             taken.push((message, attempt));
         }
@@ -471,7 +497,7 @@ impl Subscription {
         let free: u64 = self
             .members
             .values()
-            .filter(|m| m.epoch.is_some())
+            .filter(|m| m.takes_more())
             .map(|m| u64::from(m.options.max_in_flight.saturating_sub(m.in_flight)))
             .sum();
         free.saturating_sub(self.queue.len() as u64)
@@ -604,6 +630,7 @@ impl Subscription {
             epoch: None,
             in_flight: 0,
             unwritten: VecDeque::new(),
+            draining: false,
         };
         let mut out = Vec::new();
         let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
@@ -754,7 +781,7 @@ impl Subscription {
     /// As [`enqueue`](Self::enqueue), appending the effects to `out`: a caller queuing on
     /// many subscriptions per publish reuses one buffer instead of allocating one each time.
     pub fn enqueue_into(&mut self, message: Message, out: &mut Vec<Effect>) {
-        self.enqueue_attempt_into(message, 1, u64::MAX, out);
+        self.enqueue_attempt_into(message, 1, false, u64::MAX, out);
     }
 
     /// As [`enqueue_into`](Self::enqueue_into) for a drop-oldest subscription whose share of the
@@ -763,7 +790,7 @@ impl Subscription {
     /// [`MESSAGE_OVERHEAD`], fits in `room` and what they freed; failing that, the message itself
     /// is dropped. Either way it is never refused (docs/semantics.md#overflow-policies).
     pub fn enqueue_within(&mut self, message: Message, room: u64, out: &mut Vec<Effect>) {
-        self.enqueue_attempt_into(message, 1, room, out);
+        self.enqueue_attempt_into(message, 1, false, room, out);
     }
 
     /// As [`enqueue`](Self::enqueue), for a message an upstream store has delivered before:
@@ -773,7 +800,17 @@ impl Subscription {
     /// would have retired it.
     pub fn enqueue_attempt(&mut self, message: Message, attempt: u32) -> Vec<Effect> {
         let mut out = Vec::new();
-        self.enqueue_attempt_into(message, attempt, u64::MAX, &mut out);
+        self.enqueue_attempt_into(message, attempt, false, u64::MAX, &mut out);
+        out
+    }
+
+    /// As [`enqueue_attempt`](Self::enqueue_attempt), for a message another gateway handed on
+    /// (cluster mode's carry), whose release that does not count at `attempt` may already be
+    /// used there: it counts as used here, so a message handed from gateway to gateway still
+    /// reaches its dead letter (docs/semantics.md#releases).
+    pub fn enqueue_handed_over(&mut self, message: Message, attempt: u32) -> Vec<Effect> {
+        let mut out = Vec::new();
+        self.enqueue_attempt_into(message, attempt, true, u64::MAX, &mut out);
         out
     }
 
@@ -781,6 +818,7 @@ impl Subscription {
         &mut self,
         message: Message,
         attempt: u32,
+        released: bool,
         room: u64,
         out: &mut Vec<Effect>,
     ) {
@@ -802,7 +840,7 @@ impl Subscription {
         }
         self.held_bytes += message.size() as u64;
         self.counters.enqueued += 1;
-        self.queue.push_back_attempt(message, attempt);
+        self.queue.push_back_attempt(message, attempt, released);
         self.dispatch(out);
     }
 
@@ -963,6 +1001,40 @@ impl Subscription {
         Ok(out)
     }
 
+    /// Gives back a delivered message its member never worked on: as a
+    /// [`nack`](Self::nack) (same fence, same refusals, back at the head), except that the first
+    /// release at each attempt does not count one: the next delivery carries the same attempt.
+    /// A second release at the same attempt counts, exactly as a nack (and retires a message
+    /// that used its attempts), so a message released over and over is delivered at most twice
+    /// per attempt and still reaches its dead letter (docs/semantics.md#releases). Its holder is
+    /// leaving: from now on it is sent nothing more, so what it gave back goes to another member
+    /// (or, in singleton mode, waits for the next active one) instead of straight back to it.
+    ///
+    /// # Errors
+    /// [`Error::NotInFlight`] or [`Error::NotHolder`]; nothing changes then.
+    pub fn release(
+        &mut self,
+        member: Option<MemberId>,
+        system_id: SystemId,
+    ) -> Result<Vec<Effect>, Error> {
+        let record = self.take_in_flight(member, system_id)?;
+        self.counters.released += 1;
+        if let Some(holder) = self.members.get_mut(&record.member) {
+            holder.draining = true;
+        }
+        let mut out = Vec::new();
+        if record.released {
+            self.give_back(record.message, record.attempt, &mut out);
+        } else {
+            // In id order among what was given back: a closing client releases what it
+            // prefetched in one settle, and the next member gets it in publish order.
+            self.queue
+                .insert_in_order(record.message, record.attempt, true);
+        }
+        self.dispatch(&mut out);
+        Ok(out)
+    }
+
     /// Empties the subscription as it expires; returns how many messages it still held.
     pub fn drain(&mut self) -> usize {
         let held = self.queue.len() + self.in_flight();
@@ -1073,7 +1145,15 @@ impl Subscription {
     fn give_back(&mut self, message: Message, attempt: u32, out: &mut Vec<Effect>) {
         let max = self.spec.max_delivery_attempts;
         if max == 0 || attempt < max {
-            self.queue.push_front(message, attempt + 1);
+            if self.spec.mode == Mode::Singleton && !planted(PlantedBug::RequeueNewestFirst) {
+                // The same place as at the head while the queue is in id order (everything in
+                // flight comes before it), which a member that released what it prefetched
+                // (docs/semantics.md#releases) and then nacks or leaves holding later ids does
+                // not keep: the next active member still gets one order.
+                self.queue.insert_in_order(message, attempt + 1, false);
+            } else {
+                self.queue.push_front(message, attempt + 1, false);
+            }
             return;
         }
         self.held_bytes -= message.size() as u64;
@@ -1098,7 +1178,7 @@ impl Subscription {
             let Some(member_id) = self.next_target() else {
                 return;
             };
-            let (Some((message, attempt)), Some(member)) =
+            let (Some((message, attempt, released)), Some(member)) =
                 (self.queue.pop_front(), self.members.get_mut(&member_id))
             else {
                 return;
@@ -1118,6 +1198,7 @@ impl Subscription {
                 message: message.clone(),
                 attempt,
                 member: member_id,
+                released,
             };
             if self.spec.ack_mode == AckMode::None {
                 member.unwritten.push_back(record);
@@ -1184,9 +1265,12 @@ impl Subscription {
         }
         // SPEC §4's singleton order, as a state property: the queue is in id (publish) order
         // and everything in flight comes before it, so each delivery is the lowest id waiting.
+        // A member that released (docs/semantics.md#releases) is sent nothing more: what it
+        // still holds may come after what it gave back, and goes back in order when it leaves.
         if self.spec.mode == Mode::Singleton {
             let ids: Vec<SystemId> = self
                 .in_flight_ids()
+                .filter(|(_, holder)| self.members.get(holder).is_some_and(|m| !m.draining))
                 .map(|(id, _)| id)
                 .chain(self.queued_ids())
                 .collect();

@@ -711,3 +711,167 @@ fn a_stale_ack_noted_by_the_shell_is_counted() {
     s.note_stale();
     assert_eq!(s.counters().stale_acks, before + 2);
 }
+
+// docs/semantics.md#releases: a release gives the message back to the head like a nack, but its
+// next delivery carries the same attempt; counted as `released`, not `nacked`. Its member is
+// leaving: it is sent nothing more, so the message goes to the next member.
+#[test]
+fn a_release_redelivers_at_the_head_with_the_same_attempt() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let (b, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    let _ = s.enqueue(msg(2));
+    let fx = s.release(Some(a), 1).unwrap();
+    assert_eq!(
+        delivered(&fx),
+        vec![],
+        "not back to the member that released it"
+    );
+    let c = *s.counters();
+    assert_eq!((c.released, c.nacked, c.redelivered), (1, 0, 0));
+    s.check_invariants().unwrap();
+    let fx = s.leave(a, NOW);
+    assert_eq!(delivered(&fx), vec![(b, 1, 1, 2)], "the same attempt");
+    // After a nack (attempt 2), the first release at attempt 2 keeps it too.
+    let fx = s.nack(Some(b), 1).unwrap();
+    assert_eq!(delivered(&fx), vec![(b, 1, 2, 2)]);
+    let (c, _) = join(&mut s);
+    let _ = s.release(Some(b), 1).unwrap();
+    let fx = s.leave(b, NOW);
+    assert_eq!(delivered(&fx), vec![(c, 1, 2, 3)]);
+    s.check_invariants().unwrap();
+}
+
+// docs/semantics.md#releases: a member that released is sent nothing more; other members are.
+#[test]
+fn a_member_that_released_is_sent_nothing_more() {
+    let mut s = sub(Mode::Queue);
+    let (a, _) = s.join(&spec(Mode::Queue), window(4)).unwrap();
+    let (b, _) = s.join(&spec(Mode::Queue), window(4)).unwrap();
+    let fx = s.enqueue(msg(1));
+    assert_eq!(delivered(&fx), vec![(a, 1, 1, 1)]);
+    let fx = s.release(Some(a), 1).unwrap();
+    assert_eq!(delivered(&fx), vec![(b, 1, 1, 2)]);
+    let fx = s.enqueue(msg(2));
+    let fx2 = s.enqueue(msg(3));
+    assert_eq!(delivered(&fx), vec![(b, 2, 1, 2)]);
+    assert_eq!(delivered(&fx2), vec![(b, 3, 1, 2)]);
+    assert_eq!(s.room(), 1, "only b's free window counts");
+    s.check_invariants().unwrap();
+}
+
+// docs/semantics.md#releases: the bound. The first release at an attempt keeps it; the second
+// at the same attempt counts one, as a nack; so a message released over and over (each time by
+// a member that then leaves, as a closing client does) is delivered at most twice per attempt
+// and still reaches its dead letter.
+#[test]
+fn a_message_released_over_and_over_reaches_its_dead_letter() {
+    let mut sp = spec(Mode::Queue);
+    sp.max_delivery_attempts = 3;
+    sp.dead_letter_topic = Some(Topic::parse("dead.jobs").unwrap());
+    let mut s = Subscription::new("s".into(), sp.clone(), limits(), Floors::default(), NOW);
+    let (mut member, _) = s.join(&sp, MemberOptions::default()).unwrap();
+    let fx = s.enqueue(msg(1));
+    let mut attempts = delivered(&fx).iter().map(|d| d.2).collect::<Vec<_>>();
+    let mut releases = 0;
+    let dead = loop {
+        let fx = s.release(Some(member), 1).unwrap();
+        releases += 1;
+        s.check_invariants().unwrap();
+        if let Some(Effect::DeadLetter { attempts, .. }) = fx.first() {
+            break *attempts;
+        }
+        let (next, fx) = s.join(&sp, MemberOptions::default()).unwrap();
+        let _ = s.leave(member, NOW);
+        member = next;
+        attempts.extend(delivered(&fx).iter().map(|d| d.2));
+        assert!(releases < 100, "never dead-lettered: attempts {attempts:?}");
+    };
+    assert_eq!(attempts, vec![1, 1, 2, 2, 3, 3]);
+    assert_eq!((releases, dead), (6, 3));
+    let c = *s.counters();
+    assert_eq!((c.released, c.nacked, c.dead_lettered), (6, 0, 1));
+    assert_eq!((s.queued(), s.in_flight(), s.held_bytes()), (0, 0, 0));
+}
+
+// docs/semantics.md#releases: a release is fenced and refused exactly as a nack, and a refused
+// one changes nothing (a stale release is counted as stale, and does not stop deliveries).
+#[test]
+fn a_release_is_fenced_and_refused_like_a_nack() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join(&mut s);
+    let (b, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    assert!(matches!(
+        s.release(Some(a), 9),
+        Err(Error::NotInFlight { system_id: 9, .. })
+    ));
+    let _ = s.leave(a, NOW);
+    let before = (s.queued(), s.in_flight(), s.counters().released);
+    let err = s.release(Some(a), 1).unwrap_err();
+    assert!(matches!(err, Error::NotHolder { member, holder, .. } if member == a && holder == b));
+    assert_eq!(before, (s.queued(), s.in_flight(), s.counters().released));
+    assert_eq!(s.counters().stale_acks, 1);
+    // b got it as attempt 2 (a left holding it); b's release keeps 2 for the next member.
+    let (c, _) = join(&mut s);
+    assert_eq!(delivered(&s.release(Some(b), 1).unwrap()), vec![]);
+    let fx = s.leave(b, NOW);
+    assert_eq!(delivered(&fx), vec![(c, 1, 2, 3)]);
+    s.check_invariants().unwrap();
+}
+
+// docs/semantics.md#releases: a released message that goes back with its member's leave counts
+// the leave (attempt + 1) and gets a fresh release at the new attempt; one handed over from
+// another gateway (cluster mode's carry) arrives with its release at that attempt used.
+#[test]
+fn a_leave_after_a_release_counts_and_a_handed_over_message_has_its_release_used() {
+    let mut s = sub(Mode::Queue);
+    let (a, _) = join(&mut s);
+    let _ = s.enqueue(msg(1));
+    let _ = s.release(Some(a), 1).unwrap();
+    let (b, fx) = join(&mut s);
+    assert_eq!(delivered(&fx), vec![(b, 1, 1, 2)]);
+    let (c, _) = join(&mut s);
+    let fx = s.leave(b, NOW);
+    assert_eq!(delivered(&fx), vec![(c, 1, 2, 3)], "the leave counts");
+    let _ = s.release(Some(c), 1).unwrap();
+    let (d, fx) = join(&mut s);
+    assert_eq!(delivered(&fx), vec![(d, 1, 2, 4)], "a fresh release at 2");
+
+    let mut s = sub(Mode::Queue);
+    let (a, _) = join(&mut s);
+    let fx = s.enqueue_handed_over(msg(1), 2);
+    assert_eq!(delivered(&fx), vec![(a, 1, 2, 1)]);
+    let _ = s.release(Some(a), 1).unwrap();
+    let (b, fx) = join(&mut s);
+    assert_eq!(
+        delivered(&fx),
+        vec![(b, 1, 3, 2)],
+        "its release at 2 was used"
+    );
+    s.check_invariants().unwrap();
+}
+
+// docs/semantics.md#releases and #redelivery-order: a singleton member that releases what it
+// prefetched (in any order) and then leaves holding a later id hands the next active member one
+// order: publish order.
+#[test]
+fn released_messages_reach_the_next_singleton_member_in_publish_order() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = s.join(&spec(Mode::Singleton), window(4)).unwrap();
+    let (b, _) = s.join(&spec(Mode::Singleton), window(4)).unwrap();
+    for id in 1..=4 {
+        let _ = s.enqueue(msg(id));
+    }
+    let _ = s.release(Some(a), 3).unwrap();
+    let _ = s.release(Some(a), 1).unwrap();
+    let _ = s.release(Some(a), 4).unwrap();
+    s.check_invariants().unwrap();
+    let fx = s.leave(a, NOW); // still holding 2: it counts
+    assert_eq!(
+        delivered(&fx),
+        vec![(b, 1, 1, 2), (b, 2, 2, 2), (b, 3, 1, 2), (b, 4, 1, 2)]
+    );
+    s.check_invariants().unwrap();
+}

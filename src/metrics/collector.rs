@@ -58,7 +58,7 @@ const SUBSCRIPTION_GAUGES: [(&str, &str, Field); 5] = [
 ];
 
 /// Per-subscription counters (`_total` is appended by the encoder).
-const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 9] = [
+const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 10] = [
     ("enqueued", "Messages queued.", |v| v.counters.enqueued),
     ("delivered", "Deliveries, first or repeated.", |v| {
         v.counters.delivered
@@ -70,6 +70,11 @@ const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 9] = [
         v.counters.acked
     }),
     ("nacked", "Nacks accepted.", |v| v.counters.nacked),
+    (
+        "released",
+        "Releases accepted: messages given back unworked (docs/semantics.md#releases).",
+        |v| v.counters.released,
+    ),
     (
         "dead_lettered",
         "Poisoned messages sent to the dead-letter topic.",

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     broker::Settler,
-    core::{AckMode, Error, SystemId},
+    core::{AckMode, Error, Settlement, SystemId},
     pb::{self, consume_request::Request as Carried, subscription_frame::Frame},
     transport::conn::connection_of,
 };
@@ -91,7 +91,10 @@ impl ConsumeStream {
                     return;
                 }
             };
-            match self.settler.settle(&settle.ack, &settle.nack) {
+            match self
+                .settler
+                .settle(&settle.ack, &settle.nack, &settle.release)
+            {
                 Ok(refused) => self.refusals.extend(coalesce(refused)),
                 Err(error) => self.refusals.push_back(refused_frame(
                     pb::SettleRefused {
@@ -107,21 +110,29 @@ impl ConsumeStream {
 
 /// One frame per (ack or nack, kind of refusal) for the refusals of one settle, in the order
 /// first seen: a settle's refusals cost a few frames, however many ids it named.
-fn coalesce(refused: Vec<(SystemId, bool, Error)>) -> Vec<FrameResult> {
+fn coalesce(refused: Vec<(SystemId, Settlement, Error)>) -> Vec<FrameResult> {
     let mut groups: Vec<(pb::SettleRefused, Error)> = Vec::new();
-    for (system_id, nack, error) in refused {
+    for (system_id, kind_asked, error) in refused {
+        // A release is a nack that keeps its attempt: `nack` too, so a client that knows no
+        // release reads it as a nack (docs/semantics.md#releases).
+        let nack = kind_asked != Settlement::Ack;
+        let release = kind_asked == Settlement::Release;
         let code = code(&error) as i32;
         // Same kind of refusal, not only the same code: a frame's message gives the reason of
         // every id it names (not yet sent and not the holder share FAILED_PRECONDITION).
         let kind = std::mem::discriminant(&error);
         match groups.iter_mut().find(|(g, first)| {
-            g.nack == nack && g.code == code && std::mem::discriminant(first) == kind
+            g.nack == nack
+                && g.release == release
+                && g.code == code
+                && std::mem::discriminant(first) == kind
         }) {
             Some((group, _)) => group.more_system_ids.push(system_id),
             None => groups.push((
                 pb::SettleRefused {
                     system_id,
                     nack,
+                    release,
                     code,
                     ..Default::default()
                 },

@@ -70,6 +70,7 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
             redelivered: c.redelivered,
             acked: c.acked,
             nacked: c.nacked,
+            released: c.released,
             dead_lettered: c.dead_lettered,
             dropped_max_attempts: c.dropped_max_attempts,
             rejected_full: c.rejected_full,

@@ -400,6 +400,33 @@ impl Member {
         self.settle(system_id, true).await;
     }
 
+    /// Releases on the member's `Consume` stream (docs/semantics.md#releases) and returns once
+    /// the broker counted it.
+    pub async fn release(&self, system_ids: &[u64]) {
+        let settles = self
+            .settles
+            .as_ref()
+            .expect("a release needs a Consume stream");
+        let released = |info: &pb::SubscriptionInfo| info.counters.unwrap_or_default().released;
+        let before = released(&self.client.describe(&self.id).await.unwrap());
+        settles
+            .send(pb::ConsumeRequest {
+                request: Some(pb::consume_request::Request::Settle(pb::Settle {
+                    release: system_ids.to_vec(),
+                    ..Default::default()
+                })),
+            })
+            .await
+            .unwrap();
+        let want = before + system_ids.len() as u64;
+        within(async {
+            while released(&self.client.describe(&self.id).await.unwrap()) < want {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+    }
+
     async fn settle(&self, system_id: u64, nack: bool) {
         let Some(settles) = &self.settles else {
             let result = if nack {

@@ -22,6 +22,7 @@ fn settle(ack: Vec<u64>, nack: Vec<u64>) -> pb::ConsumeRequest {
         request: Some(pb::consume_request::Request::Settle(pb::Settle {
             ack,
             nack,
+            release: Vec::new(),
         })),
     }
 }
@@ -499,4 +500,120 @@ async fn streams_outlive_the_request_timeout() {
     assert_eq!(answer.code, 0, "{answer:?}");
     let m = a.message().await;
     a.ack(m.system_id).await;
+}
+
+// docs/semantics.md#releases: a release gives the message back with the same attempt, to
+// another member (the one that released is sent nothing more); the second release at an
+// attempt counts one, so a message released over and over still reaches its dead letter.
+// Every member here is on the same gateway in cluster mode, where the local core decides.
+#[tokio::test]
+async fn released_messages_keep_their_attempt_once_and_still_reach_the_dead_letter() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut dlq = client
+        .subscribe(open("rel-dlq", pb::DeliveryMode::Queue, "ops", &["dead.>"]))
+        .await
+        .unwrap();
+    dlq.confirmed().await;
+    let mut req = open("rel", pb::DeliveryMode::Queue, "workers", &["jobs.>"]);
+    req.max_delivery_attempts = 2;
+    req.dead_letter_topic = "dead.rel".into();
+    let mut holder = client
+        .subscribe_via(Carriage::Stream, req.clone())
+        .await
+        .unwrap();
+    holder.confirmed().await;
+    let id = client
+        .publish("jobs.rel", "never worked on")
+        .await
+        .system_id;
+    let first = holder.message().await;
+    assert_eq!((first.system_id, first.delivery_attempt), (id, 1));
+    let mut attempts = vec![first.delivery_attempt];
+    let mut gone = Vec::new();
+    for _ in 0..3 {
+        let mut next = client
+            .subscribe_via(Carriage::Stream, req.clone())
+            .await
+            .unwrap();
+        next.confirmed().await;
+        holder.release(&[id]).await;
+        let m = next.message().await;
+        assert_eq!(m.system_id, id);
+        attempts.push(m.delivery_attempt);
+        gone.push(std::mem::replace(&mut holder, next));
+    }
+    assert_eq!(attempts, vec![1, 1, 2, 2], "once per attempt");
+    holder.release(&[id]).await;
+    let dead = dlq.message().await;
+    assert_eq!(dead.headers["tinybroker-dead-letter-attempts"], "2");
+    assert_eq!(
+        dead.headers["tinybroker-dead-letter-system-id"],
+        id.to_string()
+    );
+    let counters = client.describe("rel").await.unwrap().counters.unwrap();
+    assert_eq!(
+        (counters.released, counters.nacked, counters.dead_lettered),
+        (4, 0, 1)
+    );
+}
+
+// docs/semantics.md#releases: a closing singleton leader releases what it prefetched and
+// half-closes; the standby (at the other gateway in cluster mode: the carry names the attempts)
+// gets them in order with the same attempt. An unknown release is refused as a nack would be.
+#[tokio::test]
+async fn a_closing_singleton_member_releases_what_it_prefetched_to_the_next() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut req = singleton("rel-leader");
+    req.max_in_flight = 4;
+    let mut a = client
+        .subscribe_via(Carriage::Stream, req.clone())
+        .await
+        .unwrap();
+    a.confirmed().await;
+    let other = client.at_publishers();
+    let mut b = other.subscribe_via(Carriage::Stream, req).await.unwrap();
+    let tx = a.settles.clone().unwrap();
+    tx.send(pb::ConsumeRequest {
+        request: Some(pb::consume_request::Request::Settle(pb::Settle {
+            release: vec![999],
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    match a.frame().await {
+        Frame::Refused(r) => {
+            assert_eq!((r.system_id, r.nack, r.release), (999, true, true));
+            assert_eq!(Code::from(r.code), Code::NotFound);
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let ids: Vec<u64> = [
+        client.publish("jobs.a", "1").await.system_id,
+        client.publish("jobs.a", "2").await.system_id,
+        client.publish("jobs.a", "3").await.system_id,
+    ]
+    .to_vec();
+    for &id in &ids {
+        let m = a.message().await;
+        assert_eq!((m.system_id, m.delivery_attempt), (id, 1));
+    }
+    a.ack(ids[0]).await;
+    a.release(&[ids[2], ids[1]]).await;
+    drop(tx);
+    a.settles = None;
+    assert!(a.ended().await.is_ok());
+    b.confirmed().await;
+    for &id in &ids[1..] {
+        let m = b.message().await;
+        assert_eq!(
+            (m.system_id, m.delivery_attempt),
+            (id, 1),
+            "released: the same attempt, in publish order"
+        );
+    }
+    b.ack(ids[1]).await;
+    b.ack(ids[2]).await;
 }

@@ -153,3 +153,58 @@ async fn closing_a_leadership_applies_its_acks_then_promotes_the_standby() {
         "nothing acked comes back"
     );
 }
+
+// docs/semantics.md#releases, docs/clients.md: a close gives back what arrived within the
+// window but was never handed out with the same attempt; what was handed out and left unsettled
+// comes back with attempt + 1.
+#[tokio::test]
+async fn closing_releases_what_was_prefetched_with_the_same_attempt() {
+    let server = TestServer::start().await;
+    let client = within(Client::connect(format!("http://{}", server.addr)))
+        .await
+        .unwrap();
+    let options = SubscriptionOptions::queue("prefetch", "workers", ["jobs.>"]).max_in_flight(4);
+    let mut worker = client.subscribe(options.clone()).await.unwrap();
+    worker.active().await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let published = client
+            .publish(Message::new("jobs.email", format!("{n}")))
+            .await
+            .unwrap();
+        ids.push(published.system_id);
+    }
+    let taken = within(worker.next_delivery()).await.unwrap().unwrap();
+    assert_eq!(taken.system_id, ids[0]);
+    // The other three are in the window: wait until the broker has sent them all.
+    within(async {
+        while client.describe("prefetch").await.unwrap().in_flight < 4 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    drop(taken); // handed out, never settled
+    within(worker.close()).await.unwrap();
+    let info = client.describe("prefetch").await.unwrap();
+    assert_eq!(
+        (info.counters.released, info.counters.nacked),
+        (3, 0),
+        "{info:?}"
+    );
+
+    let mut next = client.subscribe(options).await.unwrap();
+    let mut again = Vec::new();
+    for _ in 0..4 {
+        let d = within(next.next_delivery()).await.unwrap().unwrap();
+        again.push((d.system_id, d.attempt));
+        d.ack().unwrap();
+    }
+    again.sort_unstable();
+    assert_eq!(
+        again,
+        vec![(ids[0], 2), (ids[1], 1), (ids[2], 1), (ids[3], 1)],
+        "prefetched ones keep their attempt; the one handed out counts one"
+    );
+    within(next.close()).await.unwrap();
+}

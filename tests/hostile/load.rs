@@ -143,6 +143,7 @@ async fn settle_floods_are_refused_whole_in_bounded_time_and_memory() {
         let settle = pb::Settle {
             ack: (0..1_900_000u64).map(|i| i % 100 + 1).collect(),
             nack: Vec::new(),
+            release: Vec::new(),
         };
         let sent = Instant::now();
         settles

@@ -168,6 +168,46 @@ def test_close_returns_once_every_ack_is_applied(deployment: Deployment) -> None
     run(body())
 
 
+def test_close_releases_what_was_prefetched_with_the_same_attempt(deployment: Deployment) -> None:
+    # docs/semantics.md#releases: what arrived within the window but was never handed out goes
+    # back with the same attempt; what was handed out and left unsettled with attempt + 1.
+    async def body() -> None:
+        members = await Client.connect(deployment.members.url)
+        publishers = await Client.connect(deployment.publishers.url)
+        sid, topic = unique("prefetch"), unique("jobs")
+        opts = SubscriptionOptions.queue(sid, "w", [f"{topic}.*"]).with_(max_in_flight=4)
+        sub = await members.subscribe(opts)
+        await within(sub.active())
+        ids = [
+            (await publishers.publish(Message(f"{topic}.a", str(n)))).system_id for n in range(4)
+        ]
+        deadline = time.monotonic() + WAIT
+        while (await members.describe(sid)).in_flight < 4:
+            assert time.monotonic() < deadline, "the window never filled"
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)
+        taken = await delivery_of(sub)
+        assert taken.system_id == ids[0]
+        # The successor is on the same gateway (cluster mode), so the local broker hands on
+        # what was released without going back to JetStream.
+        successor = await members.subscribe(opts)
+        await within(successor.active())
+        await within(sub.close())
+        again = {}
+        for _ in range(4):
+            d = await delivery_of(successor)
+            again[d.system_id] = d.attempt
+            d.ack()
+        assert again == {ids[0]: 2, ids[1]: 1, ids[2]: 1, ids[3]: 1}, again
+        info = await members.describe(sid)
+        assert (info.counters.released, info.counters.nacked) == (3, 0), info
+        await within(successor.close())
+        await members.close()
+        await publishers.close()
+
+    run(body())
+
+
 # --- refusals as exceptions -------------------------------------------------------------------
 
 

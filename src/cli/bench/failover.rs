@@ -108,6 +108,7 @@ pub async fn replica(args: Replica) -> Result<(), String> {
                         let settle = pb::Settle {
                             ack: vec![m.system_id],
                             nack: Vec::new(),
+                            release: Vec::new(),
                         };
                         let request = pb::ConsumeRequest {
                             request: Some(pb::consume_request::Request::Settle(settle)),

@@ -476,6 +476,7 @@ async fn consume(
                 let settle = pb::Settle {
                     ack: vec![message.system_id],
                     nack: Vec::new(),
+                    release: Vec::new(),
                 };
                 settles
                     .send(pb::ConsumeRequest {

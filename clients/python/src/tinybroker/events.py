@@ -83,8 +83,11 @@ class Refused:
     client never sends)."""
 
     system_ids: tuple[int, ...]
+    #: True for a nack (and for a release, a nack that keeps its attempt).
     nack: bool
     error: TinybrokerError
+    #: True for a release: what `close()` gives back unworked (docs/semantics.md#releases).
+    release: bool = False
 
 
 Event = Union[Active, Standby, Delivery, Refused]

@@ -296,6 +296,8 @@ class Counters:
     promotions: int = 0
     stale_acks: int = 0
     dropped_overflow: int = 0
+    #: Releases accepted: messages given back unworked (docs/semantics.md#releases).
+    released: int = 0
 
 
 @dataclass(frozen=True)
@@ -411,6 +413,7 @@ def _info_from_pb(info: pb.SubscriptionInfo) -> SubscriptionInfo:
             c.promotions,
             c.stale_acks,
             c.dropped_overflow,
+            c.released,
         ),
         max_delivery_attempts=info.max_delivery_attempts,
         dead_letter_topic=info.dead_letter_topic or None,

@@ -30,6 +30,14 @@ __all__ = ["MAX_SETTLE_BATCH", "Subscription"]
 #: member's window, which the broker refuses whole).
 MAX_SETTLE_BATCH = 1024
 
+#: What a queued settlement asks: `Settle.ack`, `.nack` or `.release`.
+_ACK, _NACK, _RELEASE = 0, 1, 2
+
+#: How long `close()` waits for each frame that has already arrived (prefetched) before it
+#: gives them back: a frame grpc holds is read in well under this; one still in transit is not
+#: waited for and goes back with the member's leave (attempt + 1).
+_PREFETCH_READ = 0.01
+
 
 class Subscription:
     """A member of a subscription. Read it with `next_event()` or `next_delivery()` (or
@@ -57,7 +65,7 @@ class Subscription:
         self._refused = 0
         # Set once the stream has ended: (None,) cleanly, (error,) when it failed.
         self._ended: Optional[tuple[Optional[TinybrokerError]]] = None
-        self._pending: collections.deque[tuple[bool, int]] = collections.deque()
+        self._pending: collections.deque[tuple[int, int]] = collections.deque()
         self._wake = asyncio.Event()
         self._closing = False
         self._cancelled = False
@@ -131,7 +139,7 @@ class Subscription:
             raise UnavailableError(
                 "the subscription stream has ended; the message will be redelivered"
             )
-        self._pending.append((nack, system_id))
+        self._pending.append((_NACK if nack else _ACK, system_id))
         self._wake.set()
 
     async def _write_loop(self) -> None:
@@ -143,12 +151,12 @@ class Subscription:
                 # Settlements first, so acks made just before the close still count: the
                 # broker applies the settles it read before the half-close.
                 while self._pending:
-                    acks: list[int] = []
-                    nacks: list[int] = []
-                    while self._pending and len(acks) + len(nacks) < self._batch:
-                        nack, system_id = self._pending.popleft()
-                        (nacks if nack else acks).append(system_id)
-                    await call.write(pb.ConsumeRequest(settle=pb.Settle(ack=acks, nack=nacks)))
+                    lists: tuple[list[int], list[int], list[int]] = ([], [], [])
+                    while self._pending and sum(map(len, lists)) < self._batch:
+                        kind, system_id = self._pending.popleft()
+                        lists[kind].append(system_id)
+                    settle = pb.Settle(ack=lists[0], nack=lists[1], release=lists[2])
+                    await call.write(pb.ConsumeRequest(settle=settle))
                 if self._closing:
                     await call.done_writing()
                     return
@@ -258,7 +266,7 @@ class Subscription:
             r = frame.refused
             ids = ((r.system_id,) if r.system_id else ()) + tuple(r.more_system_ids)
             self._refused += max(len(ids), 1)
-            return Refused(ids, r.nack, error_from_code(r.code, r.message))
+            return Refused(ids, r.nack, error_from_code(r.code, r.message), r.release)
         return None  # a frame kind newer than this client: skipped
 
     async def next_delivery(self) -> Optional[Delivery]:
@@ -306,9 +314,11 @@ class Subscription:
 
     async def close(self) -> None:
         """Leaves once the broker has applied every settlement queued so far: sends them,
-        half-closes the stream, and reads it to its end. Deliveries arriving meanwhile are not
-        handed out and go back to the queue (`attempt` + 1). An ack-free member has nothing to
-        flush: its stream is simply ended.
+        half-closes the stream, and reads it to its end. Deliveries that had arrived but were
+        never handed out (prefetched within the window) are released with them: they go back
+        to the queue with the same `attempt` (docs/semantics.md#releases). Deliveries still in
+        transit, and deliveries handed out but left unsettled, go back with `attempt` + 1. An
+        ack-free member has nothing to flush: its stream is simply ended.
 
         Raises the error that ended the stream if it was not a clean end (queued settlements
         may then not have been applied); after a clean end, the first settlement the broker
@@ -326,8 +336,21 @@ class Subscription:
             self._ended = (None,)
             self._finish_writer()
             return
-        self._begin_close()
         refused: Optional[TinybrokerError] = None
+        # What has arrived and was never handed out: released, so that it comes back with the
+        # same attempt (docs/semantics.md#releases).
+        while self._ended is None:
+            if self._read_task is None:
+                self._read_task = asyncio.ensure_future(self._call.read())
+            done, _ = await asyncio.wait({self._read_task}, timeout=_PREFETCH_READ)
+            if not done:
+                break  # kept for the reads below
+            event = await self._next_event(False)
+            if isinstance(event, Delivery):
+                self._pending.append((_RELEASE, event.system_id))
+            elif isinstance(event, Refused) and refused is None:
+                refused = event.error
+        self._begin_close()
         while True:
             event = await self._next_event(False)
             if event is None:
