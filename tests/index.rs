@@ -15,6 +15,7 @@ use tinybroker::{
     clock::VirtualClock,
     core::{
         Limits, MemberOptions, Mode, OpenRequest, Pattern, PatternIndex, SubscriptionSpec, Topic,
+        index::Matches,
         subscription::{MEMBER_OVERHEAD, SUBSCRIPTION_OVERHEAD, pattern_cost, subscription_cost},
     },
 };
@@ -333,6 +334,69 @@ fn pattern_text() -> impl Strategy<Value = String> {
         .prop_filter("within the pattern limits", |t| Pattern::parse(t).is_ok())
 }
 
+// The review's adversarial shapes (issue 26): layouts of `{a,*}^k.b`, and topics of `a`s that
+// every such pattern's prefixes match, ending in `b` (all match) or `c` (none do); and many
+// siblings under one prefix (`wide.N`), past the point where a node keeps its children in a
+// table.
+fn crafted_pattern() -> impl Strategy<Value = String> {
+    (
+        1..12usize,
+        any::<u16>(),
+        prop_oneof![Just("b"), Just(">"), Just("*")],
+    )
+        .prop_map(|(k, mask, last)| {
+            let mut tokens: Vec<&str> = (0..k)
+                .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+                .collect();
+            tokens.push(last);
+            tokens.join(".")
+        })
+}
+
+fn crafted_topic() -> impl Strategy<Value = String> {
+    (1..13usize, prop_oneof![Just("b"), Just("c")])
+        .prop_map(|(k, last)| format!("{}.{last}", vec!["a"; k].join(".")))
+}
+
+/// `wide.sN` and a tail for each N in order (one child of `wide` each).
+fn sibling_patterns() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(prop_oneof![Just(""), Just(".x"), Just(".*")], 300..400).prop_map(
+        |tails| {
+            tails
+                .iter()
+                .enumerate()
+                .map(|(n, tail)| format!("wide.s{n}{tail}"))
+                .collect()
+        },
+    )
+}
+
+fn sibling_topic() -> impl Strategy<Value = String> {
+    (0..400u32, prop_oneof![Just(""), Just(".x"), Just(".y")])
+        .prop_map(|(n, tail)| format!("wide.s{n}{tail}"))
+}
+
+/// The wildcard shapes of a pattern's prefixes, recomputed from its text: (tokens, positions
+/// of `*`) for each prefix before a final `>` that holds a `*`.
+fn naive_shapes(pattern: &Pattern) -> Vec<(usize, u32)> {
+    let tokens: Vec<&str> = pattern.as_str().split('.').collect();
+    let path = match tokens.last() {
+        Some(&">") => &tokens[..tokens.len() - 1],
+        _ => &tokens[..],
+    };
+    let mut stars = 0u32;
+    let mut shapes = Vec::new();
+    for (at, token) in path.iter().enumerate() {
+        if *token == "*" {
+            stars |= 1 << at;
+        }
+        if stars != 0 {
+            shapes.push((at + 1, stars));
+        }
+    }
+    shapes
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Insert(usize, u64),
@@ -340,9 +404,13 @@ enum Op {
 }
 
 fn op(patterns: usize) -> impl Strategy<Value = Op> {
+    weighted_op(patterns, 3, 2)
+}
+
+fn weighted_op(patterns: usize, inserts: u32, removals: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Insert(p, k)),
-        2 => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Remove(p, k)),
+        inserts => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Insert(p, k)),
+        removals => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Remove(p, k)),
     ]
 }
 
@@ -357,6 +425,52 @@ fn scenario() -> impl Strategy<Value = (Vec<String>, Vec<Op>, Vec<String>)> {
     })
 }
 
+/// Crafted layouts, inserted and removed in any order.
+fn crafted_scenario() -> impl Strategy<Value = (Vec<String>, Vec<Op>, Vec<String>)> {
+    prop::collection::vec(crafted_pattern(), 1..48).prop_flat_map(|patterns| {
+        let n = patterns.len();
+        (
+            Just(patterns),
+            prop::collection::vec(op(n), 20..100),
+            prop::collection::vec(crafted_topic(), 1..8),
+        )
+    })
+}
+
+/// Hundreds of siblings: each inserted (past `WIDE` children of one node), any inserts and
+/// removals, then most of them removed in any order (back below `NARROW`), and a few more.
+fn siblings_scenario() -> impl Strategy<Value = (Vec<String>, Vec<Op>, Vec<String>)> {
+    sibling_patterns().prop_flat_map(|patterns| {
+        let n = patterns.len();
+        (
+            Just(patterns),
+            (
+                prop::collection::vec(0..4u64, n),
+                prop::collection::vec(op(n), 0..50),
+                Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
+                n - 60..n,
+                prop::collection::vec(op(n), 0..20),
+            )
+                .prop_map(|(keys, middle, order, removed, last)| {
+                    let mut ops: Vec<Op> = keys
+                        .iter()
+                        .enumerate()
+                        .map(|(p, k)| Op::Insert(p, *k))
+                        .collect();
+                    ops.extend(middle);
+                    // The entries held now: the first key of each, and whatever `middle` did.
+                    ops.extend(
+                        (0..4)
+                            .flat_map(|k| order[..removed].iter().map(move |p| Op::Remove(*p, k))),
+                    );
+                    ops.extend(last);
+                    ops
+                }),
+            prop::collection::vec(sibling_topic(), 1..8),
+        )
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 512,
@@ -367,19 +481,66 @@ proptest! {
     })]
 
     // SPEC §2: after every insert and removal, in any interleaving, the index agrees with
-    // naive matching over what it holds, keeps its shape, holds no more memory than the
+    // naive matching over what it holds, keeps its shape, counts the wildcard shapes its
+    // entries have, walks no more nodes than that count bounds, holds no more memory than the
     // budget charges for its entries, and returns to empty, holding nothing, when every entry
     // is removed.
     #[test]
     fn index_agrees_with_naive_matching_through_inserts_and_removals(
         (texts, ops, topics) in scenario()
     ) {
+        agrees_with_naive_matching(&texts, &ops, &topics)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/index.txt"),
+        )),
+        ..ProptestConfig::default()
+    })]
+
+    // The same, over the adversarial shapes (issue 26): crafted layouts of `{a,*}^k` ...
+    #[test]
+    fn index_agrees_with_naive_matching_over_crafted_layouts(
+        (texts, ops, topics) in crafted_scenario()
+    ) {
+        agrees_with_naive_matching(&texts, &ops, &topics)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 12,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/index.txt"),
+        )),
+        ..ProptestConfig::default()
+    })]
+
+    // ... and hundreds of siblings, whose node's children go to a table and back.
+    #[test]
+    fn index_agrees_with_naive_matching_over_hundreds_of_siblings(
+        (texts, ops, topics) in siblings_scenario()
+    ) {
+        agrees_with_naive_matching(&texts, &ops, &topics)?;
+    }
+}
+
+fn agrees_with_naive_matching(
+    texts: &[String],
+    ops: &[Op],
+    topics: &[String],
+) -> Result<(), TestCaseError> {
+    {
         let patterns: Vec<Pattern> = texts.iter().map(|t| p(t)).collect();
         let topics: Vec<Topic> = topics.iter().map(|t| Topic::parse(t).unwrap()).collect();
         let mut held_entries = BTreeSet::new();
         let mut index = PatternIndex::new();
         let mut bytes = 0;
-        for op in &ops {
+        for op in ops {
             let ((), delta) = held_by(|| match *op {
                 Op::Insert(p, k) => index.insert(&patterns[p], k),
                 Op::Remove(p, k) => index.remove(&patterns[p], &k),
@@ -398,7 +559,17 @@ proptest! {
                 .iter()
                 .map(|(p, _)| PatternIndex::<u64>::entry_cost(&patterns[*p]))
                 .sum();
-            prop_assert!(bytes <= charged as i64, "{} held, {} charged", bytes, charged);
+            prop_assert!(
+                bytes <= charged as i64,
+                "{} held, {} charged",
+                bytes,
+                charged
+            );
+            let shapes: BTreeSet<(usize, u32)> = held_entries
+                .iter()
+                .flat_map(|(p, _)| naive_shapes(&patterns[*p]))
+                .collect();
+            prop_assert_eq!(index.shapes(), shapes.len());
             for topic in &topics {
                 let naive: BTreeSet<u64> = held_entries
                     .iter()
@@ -406,6 +577,11 @@ proptest! {
                     .map(|(_, k)| *k)
                     .collect();
                 prop_assert_eq!(index.matches(topic), naive, "topic {}", topic);
+                let mut out = Matches::new();
+                let visited = index.matches_visiting(topic, &mut out);
+                let bound = shapes.len() + topic.tokens().count() + 1;
+                prop_assert_eq!(index.walk_bound(topic), bound);
+                prop_assert!(visited <= bound, "{} visited, bound {}", visited, bound);
             }
         }
         let ((), delta) = held_by(|| {
@@ -415,7 +591,9 @@ proptest! {
         });
         bytes += delta;
         prop_assert!(index.is_empty());
+        prop_assert_eq!(index.shapes(), 0);
         index.check().map_err(TestCaseError::fail)?;
         prop_assert_eq!(bytes, 0, "an emptied index holds nothing");
     }
+    Ok(())
 }
