@@ -73,6 +73,7 @@ pub fn code(error: &Error) -> Code {
         | Error::MemoryBudget { .. }
         | Error::BatchTooLarge { .. }
         | Error::TooManySubscriptions { .. }
+        | Error::TooManyWildcardShapes { .. }
         | Error::TooManyMembers { .. } => Code::ResourceExhausted,
         Error::ShuttingDown | Error::Unavailable(_) => Code::Unavailable,
     }

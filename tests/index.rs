@@ -265,6 +265,116 @@ fn the_broker_accounts_at_least_what_heavy_subscriptions_hold() {
     drop(members);
 }
 
+/// The review's crafted patterns (issue 26): the `n`th of 64,000 distinct layouts of
+/// `{a,*}^20.b` (`n` times an odd number, modulo 2^20, is distinct for distinct `n`).
+fn crafted(n: u64) -> Pattern {
+    let mask = (n * 0x9_e3b5) & 0xf_ffff;
+    let tokens: Vec<&str> = (0..20)
+        .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+        .chain(["b"])
+        .collect();
+    p(&tokens.join("."))
+}
+
+/// Issue 26 part 3: with the review's 64,000 crafted patterns a publish to `a.a….a.c`, which
+/// matches none, walks 64,000 nodes (following their labels too). The broker admits a subscription only
+/// while the index's wildcard shapes stay within `max_wildcard_shapes` (the first crafted
+/// subscription of 64 patterns has 1,065, and is refused, changing nothing), and whatever it
+/// admits, every walk stays within the bound: the shapes, the topic's tokens, and the root.
+#[test]
+fn crafted_layouts_are_refused_past_the_shape_limit_and_walks_stay_within_the_bound() {
+    let limit = Limits::default().max_wildcard_shapes;
+    let zero_match = Topic::parse(&format!("{}.c", ["a"; 20].join("."))).unwrap();
+    let all_match = Topic::parse(&format!("{}.b", ["a"; 20].join("."))).unwrap();
+    let mut out = Matches::new();
+
+    // What the index does unbounded (the broker before the limit).
+    let mut unbounded = PatternIndex::new();
+    for n in 0..64_000 {
+        unbounded.insert(&crafted(n), n / 64);
+    }
+    let visited = unbounded.matches_visiting(&zero_match, &mut out);
+    println!(
+        "64,000 crafted patterns: {} shapes, {visited} nodes walked for none",
+        unbounded.shapes()
+    );
+    assert!(out.is_empty());
+    assert!(visited > 60_000, "{visited} nodes walked");
+    assert!(visited <= unbounded.walk_bound(&zero_match));
+    drop(unbounded);
+
+    // The broker refuses the first crafted subscription, and nothing changes.
+    let broker = Broker::new(
+        Limits::default(),
+        Arc::new(VirtualClock::new(1_700_000_000_000)),
+    );
+    let request = OpenRequest {
+        subscription_id: "crafted-0".into(),
+        spec: SubscriptionSpec {
+            mode: Mode::Broadcast,
+            consumer_group: String::new(),
+            patterns: (0..64).map(crafted).collect(),
+            max_delivery_attempts: 0,
+            dead_letter_topic: None,
+            ack_mode: Default::default(),
+            overflow: Default::default(),
+        },
+        member: MemberOptions::default(),
+    };
+    let before = broker.list().1;
+    assert_eq!(
+        broker.open(&request, None).unwrap_err(),
+        tinybroker::core::Error::TooManyWildcardShapes {
+            shapes: 1065,
+            max: limit
+        }
+    );
+    assert_eq!(
+        broker.list().1,
+        before,
+        "a refused subscription changes nothing"
+    );
+
+    // As the broker admits them, one pattern per subscription: every walk within the bound.
+    let mut index = PatternIndex::new();
+    let mut admitted = 0;
+    for n in 0..64_000 {
+        let pattern = crafted(n);
+        if index.shapes_with(std::slice::from_ref(&pattern)) <= limit {
+            index.insert(&pattern, n);
+            admitted += 1;
+        }
+    }
+    assert_eq!(index.shapes(), 1024);
+    let mut topics = vec![zero_match, all_match];
+    // Topics of `a`s and `x`s, ending in `b` or `c`.
+    topics.extend((0..200u32).map(|n| {
+        let tokens: Vec<&str> = (0..20)
+            .map(|i| {
+                if n.wrapping_mul(0x2f1) >> (i % 11) & 1 == 1 {
+                    "x"
+                } else {
+                    "a"
+                }
+            })
+            .chain([if n % 2 == 0 { "b" } else { "c" }])
+            .collect();
+        Topic::parse(&tokens.join(".")).unwrap()
+    }));
+    let mut most = 0;
+    for topic in &topics {
+        let visited = index.matches_visiting(topic, &mut out);
+        let bound = index.walk_bound(topic);
+        assert!(
+            visited <= bound,
+            "{topic}: {visited} visited, bound {bound}"
+        );
+        assert!(bound <= limit + 22);
+        most = most.max(visited);
+    }
+    println!("{admitted} crafted patterns admitted: at most {most} nodes walked");
+}
+
 // Deep, long and shared-prefix patterns: a common spine of tokens that patterns leave at
 // random depths, short tokens that collide, a long one, `*` and `>`.
 const SPINE: [&str; 24] = [

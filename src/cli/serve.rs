@@ -43,6 +43,11 @@ pub struct Serve {
     /// RESOURCE_EXHAUSTED naming max_memory_bytes.
     #[arg(long, env = "TINYBROKER_MAX_MEMORY_BYTES", default_value_t = Limits::default().max_memory_bytes)]
     max_memory_bytes: u64,
+    /// Most distinct wildcard shapes (a pattern prefix's token count and the positions of its
+    /// `*`s) among all subscriptions' patterns, which bounds the work of routing a publish;
+    /// a subscription past it gets RESOURCE_EXHAUSTED naming max_wildcard_shapes.
+    #[arg(long, env = "TINYBROKER_MAX_WILDCARD_SHAPES", default_value_t = Limits::default().max_wildcard_shapes)]
+    max_wildcard_shapes: usize,
     /// How long a subscription without members keeps its queue (e.g. 300s, 10m).
     #[arg(long, env = "TINYBROKER_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
@@ -157,6 +162,7 @@ impl Serve {
             max_in_flight: self.max_in_flight.max(1),
             idle_timeout: self.idle_timeout,
             max_memory_bytes: self.max_memory_bytes,
+            max_wildcard_shapes: self.max_wildcard_shapes,
             ..Limits::default()
         };
         let tls = match (&self.tls_cert, &self.tls_key) {

@@ -203,6 +203,13 @@ pub struct Limits {
     ///
     /// [`footprint`]: crate::core::Subscription::footprint
     pub max_memory_bytes: u64,
+    /// Most distinct wildcard shapes (a pattern prefix's length and the positions of its `*`s,
+    /// whatever its literal tokens) among all live subscriptions' patterns: what bounds the
+    /// nodes a publish's routing walk visits ([`PatternIndex::walk_bound`]: this, plus the
+    /// topic's tokens, plus one).
+    ///
+    /// [`PatternIndex::walk_bound`]: crate::core::PatternIndex::walk_bound
+    pub max_wildcard_shapes: usize,
 }
 
 impl Default for Limits {
@@ -219,6 +226,10 @@ impl Default for Limits {
             max_name_bytes: 256,
             idle_timeout: Duration::from_secs(300),
             max_memory_bytes: 1 << 30,
+            // Real pattern sets have a few to a few hundred (`orders.*.created`, and
+            // `users.*.deleted` with it, has two: `x.*` and `x.*.x`); a walk at the limit visits
+            // at most 1,024 + 33 nodes, about 10 µs.
+            max_wildcard_shapes: 1024,
         }
     }
 }

@@ -13,6 +13,7 @@ mod deployment;
 #[allow(dead_code)]
 mod harness;
 mod load;
+mod routing;
 mod transport;
 
 use std::{
