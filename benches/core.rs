@@ -203,59 +203,65 @@ fn core(c: &mut Criterion) {
             black_box(&keys);
         });
     };
+    let mut index = PatternIndex::new();
+    for n in 0..64_000 {
+        index.insert(&crafted(n), n / 64);
+    }
     c.bench_function("route_zero_match_among_64000_crafted_patterns", |b| {
-        let mut index = PatternIndex::new();
-        for n in 0..64_000 {
-            index.insert(&crafted(n), n / 64);
-        }
         route_zero_match(b, &index);
     });
+    drop(index);
     // As many of the crafted patterns as the broker admits under its shape limit, one
-    // subscription each (the most a client gets in), and the worst case the limit allows: every
-    // layout of `{a,*}^k.b` for the largest k that fits, so the walk visits every node.
+    // subscription each (the most a client gets in), and the worst case the limit allows:
+    // every layout of `{a,*}^d` for every d up to the largest that fits, so that every node
+    // holds a key and the walk visits them all.
     let limit = shape_limit();
+    let mut index = PatternIndex::new();
+    let mut shapes = std::collections::BTreeSet::new();
+    let mut admitted = 0;
+    for n in 0..64_000 {
+        let pattern = crafted(n);
+        let mut new = naive_shapes(&pattern);
+        new.retain(|shape| !shapes.contains(shape));
+        if shapes.len() + new.len() > limit {
+            continue;
+        }
+        shapes.extend(new);
+        index.insert(&pattern, n);
+        admitted += 1;
+    }
+    eprintln!(
+        "{admitted} crafted patterns admitted, {} shapes",
+        shapes.len()
+    );
     c.bench_function(
         "route_zero_match_among_the_crafted_patterns_the_shape_limit_admits",
-        |b| {
-            let mut index = PatternIndex::new();
-            let mut shapes = std::collections::BTreeSet::new();
-            let mut admitted = 0;
-            for n in 0..64_000 {
-                let pattern = crafted(n);
-                let mut new = naive_shapes(&pattern);
-                new.retain(|shape| !shapes.contains(shape));
-                if shapes.len() + new.len() > limit {
-                    continue;
-                }
-                shapes.extend(new);
-                index.insert(&pattern, n);
-                admitted += 1;
-            }
-            eprintln!(
-                "{admitted} crafted patterns admitted, {} shapes",
-                shapes.len()
-            );
-            route_zero_match(b, &index);
-        },
+        |b| route_zero_match(b, &index),
+    );
+    let every_layout = |k: usize| -> Vec<Pattern> {
+        (1..=k)
+            .flat_map(|d| (0..1u64 << d).map(move |m| layout(d, m)))
+            .collect()
+    };
+    let fits = |patterns: &[Pattern]| {
+        let shapes: std::collections::BTreeSet<_> =
+            patterns.iter().flat_map(naive_shapes).collect();
+        shapes.len() <= limit
+    };
+    let k = (1..20)
+        .take_while(|&k| fits(&every_layout(k)))
+        .last()
+        .unwrap_or(1);
+    let patterns = every_layout(k);
+    let mut index = PatternIndex::new();
+    for (n, pattern) in patterns.iter().enumerate() {
+        index.insert(pattern, n as u64);
+    }
+    eprintln!(
+        "every layout of {{a,*}}^d, d <= {k}: {} patterns",
+        patterns.len()
     );
     c.bench_function("route_zero_match_worst_case_at_the_shape_limit", |b| {
-        let every_layout =
-            |k: usize| -> Vec<Pattern> { (0..1u64 << k).map(|m| layout(k, m)).collect() };
-        let fits = |patterns: &[Pattern]| {
-            let shapes: std::collections::BTreeSet<_> =
-                patterns.iter().flat_map(naive_shapes).collect();
-            shapes.len() <= limit
-        };
-        let k = (1..20)
-            .take_while(|&k| fits(&every_layout(k)))
-            .last()
-            .unwrap_or(1);
-        let patterns = every_layout(k);
-        let mut index = PatternIndex::new();
-        for (n, pattern) in patterns.iter().enumerate() {
-            index.insert(pattern, n as u64);
-        }
-        eprintln!("every layout of {{a,*}}^{k}.b: {} patterns", patterns.len());
         route_zero_match(b, &index);
     });
     // 10,000 patterns sharing their first token: one more inserted and removed (a node's many
@@ -287,14 +293,13 @@ fn shape_limit() -> usize {
     std::env::var("TINYBROKER_BENCH_SHAPE_LIMIT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1024)
+        .unwrap_or(512)
 }
 
-/// `{a,*}^k.b` with `*` where `mask` has a bit.
+/// `{a,*}^k` with `*` where `mask` has a bit.
 fn layout(k: usize, mask: u64) -> Pattern {
     let tokens: Vec<&str> = (0..k)
         .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
-        .chain(["b"])
         .collect();
     Pattern::parse(&tokens.join(".")).unwrap()
 }
@@ -302,7 +307,8 @@ fn layout(k: usize, mask: u64) -> Pattern {
 /// The review's crafted patterns: the `n`th of 64,000 distinct layouts of `{a,*}^20.b`
 /// (`n` times an odd number, modulo 2^20, is distinct for distinct `n`).
 fn crafted(n: u64) -> Pattern {
-    layout(20, (n * 0x9_e3b5) & 0xf_ffff)
+    let layout = layout(20, (n * 0x9_e3b5) & 0xf_ffff);
+    Pattern::parse(&format!("{layout}.b")).unwrap()
 }
 
 /// Every prefix of the pattern's path that holds a `*`, as (tokens, positions of `*`).

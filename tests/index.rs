@@ -345,7 +345,8 @@ fn crafted_layouts_are_refused_past_the_shape_limit_and_walks_stay_within_the_bo
             admitted += 1;
         }
     }
-    assert_eq!(index.shapes(), 1024);
+    assert_eq!(index.shapes(), limit);
+    assert_eq!(admitted, 30);
     let mut topics = vec![zero_match, all_match];
     // Topics of `a`s and `x`s, ending in `b` or `c`.
     topics.extend((0..200u32).map(|n| {
@@ -373,6 +374,27 @@ fn crafted_layouts_are_refused_past_the_shape_limit_and_walks_stay_within_the_bo
         most = most.max(visited);
     }
     println!("{admitted} crafted patterns admitted: at most {most} nodes walked");
+
+    // The worst case within the limit: every layout of `{a,*}^d` for each d up to 8 (502
+    // shapes), so every node holds a key and a topic of 20 `a`s walks them all, matching none.
+    let mut index = PatternIndex::new();
+    let mut n = 0;
+    for d in 1..=8 {
+        for mask in 0..1u32 << d {
+            let tokens: Vec<&str> = (0..d)
+                .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+                .collect();
+            index.insert(&p(&tokens.join(".")), n);
+            n += 1;
+        }
+    }
+    assert_eq!(index.shapes(), 502);
+    let topic = &topics[0];
+    let visited = index.matches_visiting(topic, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(visited, (1 << 9) - 1, "every node");
+    assert!(visited <= index.walk_bound(topic));
+    assert!(index.walk_bound(topic) <= limit + 22);
 }
 
 // Deep, long and shared-prefix patterns: a common spine of tokens that patterns leave at
@@ -665,21 +687,23 @@ fn agrees_with_naive_matching(
             };
             prop_assert_eq!(index.len(), held_entries.len());
             index.check().map_err(TestCaseError::fail)?;
+            let shapes: BTreeSet<(usize, u32)> = held_entries
+                .iter()
+                .flat_map(|(p, _)| naive_shapes(&patterns[*p]))
+                .collect();
+            prop_assert_eq!(index.shapes(), shapes.len());
+            // The entries' charges, and the table of shapes (which the broker's limit bounds).
             let charged: u64 = held_entries
                 .iter()
                 .map(|(p, _)| PatternIndex::<u64>::entry_cost(&patterns[*p]))
-                .sum();
+                .sum::<u64>()
+                + PatternIndex::<u64>::shape_table_cost(shapes.len());
             prop_assert!(
                 bytes <= charged as i64,
                 "{} held, {} charged",
                 bytes,
                 charged
             );
-            let shapes: BTreeSet<(usize, u32)> = held_entries
-                .iter()
-                .flat_map(|(p, _)| naive_shapes(&patterns[*p]))
-                .collect();
-            prop_assert_eq!(index.shapes(), shapes.len());
             for topic in &topics {
                 let naive: BTreeSet<u64> = held_entries
                     .iter()

@@ -45,7 +45,8 @@ pub struct Serve {
     max_memory_bytes: u64,
     /// Most distinct wildcard shapes (a pattern prefix's token count and the positions of its
     /// `*`s) among all subscriptions' patterns, which bounds the work of routing a publish;
-    /// a subscription past it gets RESOURCE_EXHAUSTED naming max_wildcard_shapes.
+    /// a subscription past it gets RESOURCE_EXHAUSTED naming max_wildcard_shapes. Their table
+    /// takes at most 24 bytes a shape, outside the memory budget.
     #[arg(long, env = "TINYBROKER_MAX_WILDCARD_SHAPES", default_value_t = Limits::default().max_wildcard_shapes)]
     max_wildcard_shapes: usize,
     /// How long a subscription without members keeps its queue (e.g. 300s, 10m).

@@ -13,7 +13,8 @@
 //! on one pattern's path are disjoint pieces of its text, so all labels together are at most
 //! all patterns' text; every vector keeps its capacity within twice its length, and a node's
 //! table of many children (below) within 60 bytes a child, under what a vector's two slots and
-//! its allocation cost.
+//! its allocation cost. The table of wildcard shapes (below) is not charged to entries: it
+//! costs [`PatternIndex::shape_table_cost`], which the broker's limit on shapes bounds.
 //!
 //! Why a walk's cost is bounded by what clients may send, not only by the topic: the walk
 //! follows both the literal and the `*` child, so in general it can visit every node (matching
@@ -202,6 +203,13 @@ fn first_token(tokens: &str) -> &str {
     tokens.split_once('.').map_or(tokens, |(first, _)| first)
 }
 
+/// Whether a non-empty, `.`-joined run of tokens starts with the token `token`.
+fn starts_with_token(tokens: &str, token: &str) -> bool {
+    tokens
+        .strip_prefix(token)
+        .is_some_and(|after| after.is_empty() || after.starts_with('.'))
+}
+
 /// The first token of a topic's remaining tokens, and what follows it (`None`: nothing).
 fn split_token(topic: &str) -> (&str, Option<&str>) {
     match topic.split_once('.') {
@@ -352,10 +360,12 @@ impl<K> Literal<K> {
     /// The child whose label starts with `token`.
     fn get(&self, token: &str) -> Option<&Node<K>> {
         match self {
+            // A few children are compared token by token (most nodes have one or two).
+            Literal::Narrow(edges) if edges.len() <= 4 => edges
+                .iter()
+                .map(|edge| &*edge.node)
+                .find(|node| starts_with_token(&node.label, token)),
             Literal::Narrow(edges) => {
-                if edges.is_empty() {
-                    return None;
-                }
                 let at = find(edges, token_hash(token), token).ok()?;
                 Some(&edges[at].node)
             }
@@ -521,19 +531,17 @@ impl<K> Literal<K> {
         };
         for edge in edges {
             let hash = keyed_hash(first_token(&edge.node.label));
-            if wide.map.contains_key(&hash) {
-                let at = find(&wide.collided, hash, first_token(&edge.node.label))
-                    .expect_err("tokens are distinct");
-                reserve_one(&mut wide.collided);
-                wide.collided.insert(
-                    at,
-                    Edge {
-                        hash,
-                        node: edge.node,
-                    },
-                );
-            } else {
-                wide.map.insert(hash, edge.node);
+            match wide.map.entry(hash) {
+                std::collections::hash_map::Entry::Vacant(free) => {
+                    free.insert(edge.node);
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    let token = first_token(&edge.node.label);
+                    let at = find(&wide.collided, hash, token).expect_err("tokens are distinct");
+                    reserve_one(&mut wide.collided);
+                    let node = edge.node;
+                    wide.collided.insert(at, Edge { hash, node });
+                }
             }
         }
         fit(&mut wide.map);
@@ -641,26 +649,32 @@ impl<K> PatternIndex<K> {
     /// An upper bound of what one entry adds to the index's heap memory beyond its pattern's
     /// text, allocator overhead included (see the module's note; [`ALLOCATION_OVERHEAD`] per
     /// allocation): two nodes and their labels, two children's slots with room for two more and
-    /// their vectors, and a key with room for another in its set.
+    /// their vectors, and a key with room for another in its set. A child in a node's table
+    /// ([`Wide`]) costs less than its two slots and vector: 17 bytes a bucket, at most 8/7 × 3
+    /// buckets a child ([`fit`]), so 58.3 bytes, and the table's allocation and header (112
+    /// bytes) shared by at least [`NARROW`] children, under 2 × 16 + 32 = 64.
     pub const ENTRY_OVERHEAD: u64 = 2 * (size_of::<Node<K>>() as u64 + ALLOCATION_OVERHEAD)
         + 2 * ALLOCATION_OVERHEAD
         + 2 * (2 * size_of::<Edge<K>>() as u64 + ALLOCATION_OVERHEAD)
         + 2 * size_of::<K>() as u64
         + ALLOCATION_OVERHEAD;
 
-    /// What an entry under `pattern` can cost the index at most: the sum over the entries held
-    /// bounds the index's heap memory, however the patterns share nodes. Beyond its text and
-    /// [`ENTRY_OVERHEAD`](Self::ENTRY_OVERHEAD), a pattern with `*` may add one wildcard shape
-    /// per token from its first `*` on (two slots each in the table of shapes, and the table's
-    /// allocation).
+    /// What an entry under `pattern` can cost the index at most: the sum over the entries held,
+    /// plus [`shape_table_cost`](Self::shape_table_cost) of its [`shapes`](Self::shapes),
+    /// bounds the index's heap memory, however the patterns share nodes.
     pub fn entry_cost(pattern: &Pattern) -> u64 {
-        let shapes = prefix_shapes(pattern).count() as u64;
-        let table = if shapes == 0 {
+        pattern.as_str().len() as u64 + Self::ENTRY_OVERHEAD
+    }
+
+    /// What the table of wildcard shapes costs at most when it holds `shapes` (two slots each,
+    /// and its allocation). It is not charged to entries: the broker bounds it with
+    /// `max_wildcard_shapes` (12 KiB at the default 512), whatever its subscriptions.
+    pub fn shape_table_cost(shapes: usize) -> u64 {
+        if shapes == 0 {
             0
         } else {
-            shapes * 2 * size_of::<Shape>() as u64 + ALLOCATION_OVERHEAD
-        };
-        pattern.as_str().len() as u64 + Self::ENTRY_OVERHEAD + table
+            shapes as u64 * 2 * size_of::<Shape>() as u64 + ALLOCATION_OVERHEAD
+        }
     }
 }
 
@@ -853,7 +867,11 @@ impl<K: Ord + Clone> PatternIndex<K> {
     /// What [`matches`](Self::matches) returns, into `out` (cleared first): every key with at
     /// least one pattern matching `topic`, each once, in key order.
     pub fn matches_into(&self, topic: &Topic, out: &mut Matches<K>) {
-        self.matches_visiting(topic, out);
+        out.clear();
+        Self::walk::<false>(&self.root, Some(topic.as_str()), out, &mut 0);
+        // A key whose several patterns match is found once per pattern.
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// What [`matches_into`](Self::matches_into) does, returning how many nodes the walk
@@ -861,16 +879,24 @@ impl<K: Ord + Clone> PatternIndex<K> {
     pub fn matches_visiting(&self, topic: &Topic, out: &mut Matches<K>) -> usize {
         out.clear();
         let mut visited = 0;
-        Self::walk(&self.root, Some(topic.as_str()), out, &mut visited);
+        Self::walk::<true>(&self.root, Some(topic.as_str()), out, &mut visited);
         // A key whose several patterns match is found once per pattern.
         out.sort_unstable();
         out.dedup();
         visited
     }
 
-    /// `topic`: the topic's tokens after this node's path (`None`: it ends here).
-    fn walk(node: &Node<K>, topic: Option<&str>, out: &mut Matches<K>, visited: &mut usize) {
-        *visited += 1;
+    /// `topic`: the topic's tokens after this node's path (`None`: it ends here). `COUNT`:
+    /// whether to count the nodes visited into `visited`.
+    fn walk<const COUNT: bool>(
+        node: &Node<K>,
+        topic: Option<&str>,
+        out: &mut Matches<K>,
+        visited: &mut usize,
+    ) {
+        if COUNT {
+            *visited += 1;
+        }
         let Some(topic) = topic else {
             out.extend(node.exact.iter().cloned());
             return;
@@ -881,12 +907,12 @@ impl<K: Ord + Clone> PatternIndex<K> {
         if let Some(child) = node.literal.get(token)
             && let Some(next) = follow(&child.label[token.len()..], after)
         {
-            Self::walk(child, next, out, visited);
+            Self::walk::<COUNT>(child, next, out, visited);
         }
         if let Some(child) = node.star.as_deref()
             && let Some(next) = follow(&child.label[1..], after)
         {
-            Self::walk(child, next, out, visited);
+            Self::walk::<COUNT>(child, next, out, visited);
         }
     }
 

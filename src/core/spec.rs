@@ -227,9 +227,9 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             max_memory_bytes: 1 << 30,
             // Real pattern sets have a few to a few hundred (`orders.*.created`, and
-            // `users.*.deleted` with it, has two: `x.*` and `x.*.x`); a walk at the limit visits
-            // at most 1,024 + 33 nodes, about 10 µs.
-            max_wildcard_shapes: 1024,
+            // `users.*.deleted` with it, have two: `x.*` and `x.*.x`); a walk at the limit
+            // visits at most 512 + 33 nodes, about 10 µs.
+            max_wildcard_shapes: 512,
         }
     }
 }
