@@ -191,6 +191,141 @@ fn core(c: &mut Criterion) {
             });
         },
     );
+    // Adversarial shapes (issue 26): 1,000 subscriptions of 64 patterns drawn from
+    // `{a,*}^20.b`, and a topic of 20 `a`s and a `c` that matches none of them but that every
+    // pattern's prefix matches.
+    let zero_match = Topic::parse(&format!("{}.c", ["a"; 20].join("."))).unwrap();
+    let route_zero_match = |b: &mut criterion::Bencher, index: &PatternIndex<u64>| {
+        assert!(index.matches(&zero_match).is_empty());
+        let mut keys = Matches::new();
+        b.iter(|| {
+            index.matches_into(black_box(&zero_match), &mut keys);
+            black_box(&keys);
+        });
+    };
+    let mut index = PatternIndex::new();
+    for n in 0..64_000 {
+        index.insert(&crafted(n), n / 64);
+    }
+    c.bench_function("route_zero_match_among_64000_crafted_patterns", |b| {
+        route_zero_match(b, &index);
+    });
+    drop(index);
+    // As many of the crafted patterns as the broker admits under its shape limit, one
+    // subscription each (the most a client gets in), and the worst case the limit allows:
+    // every layout of `{a,*}^d` for every d up to the largest that fits, so that every node
+    // holds a key and the walk visits them all.
+    let limit = shape_limit();
+    let mut index = PatternIndex::new();
+    let mut shapes = std::collections::BTreeSet::new();
+    let mut admitted = 0;
+    for n in 0..64_000 {
+        let pattern = crafted(n);
+        let mut new = naive_shapes(&pattern);
+        new.retain(|shape| !shapes.contains(shape));
+        if shapes.len() + new.len() > limit {
+            continue;
+        }
+        shapes.extend(new);
+        index.insert(&pattern, n);
+        admitted += 1;
+    }
+    eprintln!(
+        "{admitted} crafted patterns admitted, {} shapes",
+        shapes.len()
+    );
+    c.bench_function(
+        "route_zero_match_among_the_crafted_patterns_the_shape_limit_admits",
+        |b| route_zero_match(b, &index),
+    );
+    let every_layout = |k: usize| -> Vec<Pattern> {
+        (1..=k)
+            .flat_map(|d| (0..1u64 << d).map(move |m| layout(d, m)))
+            .collect()
+    };
+    let fits = |patterns: &[Pattern]| {
+        let shapes: std::collections::BTreeSet<_> =
+            patterns.iter().flat_map(naive_shapes).collect();
+        shapes.len() <= limit
+    };
+    let k = (1..20)
+        .take_while(|&k| fits(&every_layout(k)))
+        .last()
+        .unwrap_or(1);
+    let patterns = every_layout(k);
+    let mut index = PatternIndex::new();
+    for (n, pattern) in patterns.iter().enumerate() {
+        index.insert(pattern, n as u64);
+    }
+    eprintln!(
+        "every layout of {{a,*}}^d, d <= {k}: {} patterns",
+        patterns.len()
+    );
+    c.bench_function("route_zero_match_worst_case_at_the_shape_limit", |b| {
+        route_zero_match(b, &index);
+    });
+    // 10,000 patterns sharing their first token: one more inserted and removed (a node's many
+    // children must not make each insertion O(n)).
+    c.bench_function(
+        "insert_and_remove_a_pattern_among_10000_sharing_a_prefix",
+        |b| {
+            let mut index = PatternIndex::new();
+            for n in 0..10_000u64 {
+                index.insert(&Pattern::parse(&format!("shared.t{n}.x")).unwrap(), n);
+            }
+            let patterns: Vec<Pattern> = (0..64)
+                .map(|n| Pattern::parse(&format!("shared.new{n}.x")).unwrap())
+                .collect();
+            let mut at = 0;
+            b.iter(|| {
+                let pattern = &patterns[at % 64];
+                at += 1;
+                index.insert(pattern, 10_000);
+                index.remove(pattern, &10_000);
+            });
+        },
+    );
+}
+
+/// The shape limit the adversarial benches assume: `TINYBROKER_BENCH_SHAPE_LIMIT`, or the
+/// broker's default.
+fn shape_limit() -> usize {
+    std::env::var("TINYBROKER_BENCH_SHAPE_LIMIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512)
+}
+
+/// `{a,*}^k` with `*` where `mask` has a bit.
+fn layout(k: usize, mask: u64) -> Pattern {
+    let tokens: Vec<&str> = (0..k)
+        .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+        .collect();
+    Pattern::parse(&tokens.join(".")).unwrap()
+}
+
+/// The review's crafted patterns: the `n`th of 64,000 distinct layouts of `{a,*}^20.b`
+/// (`n` times an odd number, modulo 2^20, is distinct for distinct `n`).
+fn crafted(n: u64) -> Pattern {
+    let layout = layout(20, (n * 0x9_e3b5) & 0xf_ffff);
+    Pattern::parse(&format!("{layout}.b")).unwrap()
+}
+
+/// Every prefix of the pattern's path that holds a `*`, as (tokens, positions of `*`).
+fn naive_shapes(pattern: &Pattern) -> Vec<(usize, u32)> {
+    let text = pattern.as_str();
+    let path = text.strip_suffix(">").unwrap_or(text);
+    let mut mask = 0u32;
+    let mut out = Vec::new();
+    for (i, token) in path.split('.').filter(|t| !t.is_empty()).enumerate() {
+        if token == "*" {
+            mask |= 1 << i;
+        }
+        if mask != 0 {
+            out.push((i + 1, mask));
+        }
+    }
+    out
 }
 
 fn bench_pattern(n: u64) -> String {

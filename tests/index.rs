@@ -15,6 +15,7 @@ use tinybroker::{
     clock::VirtualClock,
     core::{
         Limits, MemberOptions, Mode, OpenRequest, Pattern, PatternIndex, SubscriptionSpec, Topic,
+        index::Matches,
         subscription::{MEMBER_OVERHEAD, SUBSCRIPTION_OVERHEAD, pattern_cost, subscription_cost},
     },
 };
@@ -264,6 +265,138 @@ fn the_broker_accounts_at_least_what_heavy_subscriptions_hold() {
     drop(members);
 }
 
+/// The review's crafted patterns (issue 26): the `n`th of 64,000 distinct layouts of
+/// `{a,*}^20.b` (`n` times an odd number, modulo 2^20, is distinct for distinct `n`).
+fn crafted(n: u64) -> Pattern {
+    let mask = (n * 0x9_e3b5) & 0xf_ffff;
+    let tokens: Vec<&str> = (0..20)
+        .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+        .chain(["b"])
+        .collect();
+    p(&tokens.join("."))
+}
+
+/// Issue 26 part 3: with the review's 64,000 crafted patterns a publish to `a.a….a.c`, which
+/// matches none, walks 64,000 nodes (following their labels too). The broker admits a subscription only
+/// while the index's wildcard shapes stay within `max_wildcard_shapes` (the first crafted
+/// subscription of 64 patterns has 1,065, and is refused, changing nothing), and whatever it
+/// admits, every walk stays within the bound: the shapes, the topic's tokens, and the root.
+#[test]
+fn crafted_layouts_are_refused_past_the_shape_limit_and_walks_stay_within_the_bound() {
+    let limit = Limits::default().max_wildcard_shapes;
+    let zero_match = Topic::parse(&format!("{}.c", ["a"; 20].join("."))).unwrap();
+    let all_match = Topic::parse(&format!("{}.b", ["a"; 20].join("."))).unwrap();
+    let mut out = Matches::new();
+
+    // What the index does unbounded (the broker before the limit).
+    let mut unbounded = PatternIndex::new();
+    for n in 0..64_000 {
+        unbounded.insert(&crafted(n), n / 64);
+    }
+    let visited = unbounded.matches_visiting(&zero_match, &mut out);
+    println!(
+        "64,000 crafted patterns: {} shapes, {visited} nodes walked for none",
+        unbounded.shapes()
+    );
+    assert!(out.is_empty());
+    assert!(visited > 60_000, "{visited} nodes walked");
+    assert!(visited <= unbounded.walk_bound(&zero_match));
+    drop(unbounded);
+
+    // The broker refuses the first crafted subscription, and nothing changes.
+    let broker = Broker::new(
+        Limits::default(),
+        Arc::new(VirtualClock::new(1_700_000_000_000)),
+    );
+    let request = OpenRequest {
+        subscription_id: "crafted-0".into(),
+        spec: SubscriptionSpec {
+            mode: Mode::Broadcast,
+            consumer_group: String::new(),
+            patterns: (0..64).map(crafted).collect(),
+            max_delivery_attempts: 0,
+            dead_letter_topic: None,
+            ack_mode: Default::default(),
+            overflow: Default::default(),
+        },
+        member: MemberOptions::default(),
+    };
+    let before = broker.list().1;
+    assert_eq!(
+        broker.open(&request, None).unwrap_err(),
+        tinybroker::core::Error::TooManyWildcardShapes {
+            shapes: 1065,
+            max: limit
+        }
+    );
+    assert_eq!(
+        broker.list().1,
+        before,
+        "a refused subscription changes nothing"
+    );
+
+    // As the broker admits them, one pattern per subscription: every walk within the bound.
+    let mut index = PatternIndex::new();
+    let mut admitted = 0;
+    for n in 0..64_000 {
+        let pattern = crafted(n);
+        if index.shapes_with(std::slice::from_ref(&pattern)) <= limit {
+            index.insert(&pattern, n);
+            admitted += 1;
+        }
+    }
+    assert_eq!(index.shapes(), limit);
+    assert_eq!(admitted, 30);
+    let mut topics = vec![zero_match, all_match];
+    // Topics of `a`s and `x`s, ending in `b` or `c`.
+    topics.extend((0..200u32).map(|n| {
+        let tokens: Vec<&str> = (0..20)
+            .map(|i| {
+                if n.wrapping_mul(0x2f1) >> (i % 11) & 1 == 1 {
+                    "x"
+                } else {
+                    "a"
+                }
+            })
+            .chain([if n % 2 == 0 { "b" } else { "c" }])
+            .collect();
+        Topic::parse(&tokens.join(".")).unwrap()
+    }));
+    let mut most = 0;
+    for topic in &topics {
+        let visited = index.matches_visiting(topic, &mut out);
+        let bound = index.walk_bound(topic);
+        assert!(
+            visited <= bound,
+            "{topic}: {visited} visited, bound {bound}"
+        );
+        assert!(bound <= limit + 22);
+        most = most.max(visited);
+    }
+    println!("{admitted} crafted patterns admitted: at most {most} nodes walked");
+
+    // The worst case within the limit: every layout of `{a,*}^d` for each d up to 8 (502
+    // shapes), so every node holds a key and a topic of 20 `a`s walks them all, matching none.
+    let mut index = PatternIndex::new();
+    let mut n = 0;
+    for d in 1..=8 {
+        for mask in 0..1u32 << d {
+            let tokens: Vec<&str> = (0..d)
+                .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+                .collect();
+            index.insert(&p(&tokens.join(".")), n);
+            n += 1;
+        }
+    }
+    assert_eq!(index.shapes(), 502);
+    let topic = &topics[0];
+    let visited = index.matches_visiting(topic, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(visited, (1 << 9) - 1, "every node");
+    assert!(visited <= index.walk_bound(topic));
+    assert!(index.walk_bound(topic) <= limit + 22);
+}
+
 // Deep, long and shared-prefix patterns: a common spine of tokens that patterns leave at
 // random depths, short tokens that collide, a long one, `*` and `>`.
 const SPINE: [&str; 24] = [
@@ -333,6 +466,69 @@ fn pattern_text() -> impl Strategy<Value = String> {
         .prop_filter("within the pattern limits", |t| Pattern::parse(t).is_ok())
 }
 
+// The review's adversarial shapes (issue 26): layouts of `{a,*}^k.b`, and topics of `a`s that
+// every such pattern's prefixes match, ending in `b` (all match) or `c` (none do); and many
+// siblings under one prefix (`wide.N`), past the point where a node keeps its children in a
+// table.
+fn crafted_pattern() -> impl Strategy<Value = String> {
+    (
+        1..12usize,
+        any::<u16>(),
+        prop_oneof![Just("b"), Just(">"), Just("*")],
+    )
+        .prop_map(|(k, mask, last)| {
+            let mut tokens: Vec<&str> = (0..k)
+                .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+                .collect();
+            tokens.push(last);
+            tokens.join(".")
+        })
+}
+
+fn crafted_topic() -> impl Strategy<Value = String> {
+    (1..13usize, prop_oneof![Just("b"), Just("c")])
+        .prop_map(|(k, last)| format!("{}.{last}", vec!["a"; k].join(".")))
+}
+
+/// `wide.sN` and a tail for each N in order (one child of `wide` each).
+fn sibling_patterns() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(prop_oneof![Just(""), Just(".x"), Just(".*")], 300..400).prop_map(
+        |tails| {
+            tails
+                .iter()
+                .enumerate()
+                .map(|(n, tail)| format!("wide.s{n}{tail}"))
+                .collect()
+        },
+    )
+}
+
+fn sibling_topic() -> impl Strategy<Value = String> {
+    (0..400u32, prop_oneof![Just(""), Just(".x"), Just(".y")])
+        .prop_map(|(n, tail)| format!("wide.s{n}{tail}"))
+}
+
+/// The wildcard shapes of a pattern's prefixes, recomputed from its text: (tokens, positions
+/// of `*`) for each prefix before a final `>` that holds a `*`.
+fn naive_shapes(pattern: &Pattern) -> Vec<(usize, u32)> {
+    let tokens: Vec<&str> = pattern.as_str().split('.').collect();
+    let path = match tokens.last() {
+        Some(&">") => &tokens[..tokens.len() - 1],
+        _ => &tokens[..],
+    };
+    let mut stars = 0u32;
+    let mut shapes = Vec::new();
+    for (at, token) in path.iter().enumerate() {
+        if *token == "*" {
+            stars |= 1 << at;
+        }
+        if stars != 0 {
+            shapes.push((at + 1, stars));
+        }
+    }
+    shapes
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Insert(usize, u64),
@@ -340,9 +536,13 @@ enum Op {
 }
 
 fn op(patterns: usize) -> impl Strategy<Value = Op> {
+    weighted_op(patterns, 3, 2)
+}
+
+fn weighted_op(patterns: usize, inserts: u32, removals: u32) -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Insert(p, k)),
-        2 => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Remove(p, k)),
+        inserts => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Insert(p, k)),
+        removals => (0..patterns, 0..4u64).prop_map(|(p, k)| Op::Remove(p, k)),
     ]
 }
 
@@ -357,6 +557,52 @@ fn scenario() -> impl Strategy<Value = (Vec<String>, Vec<Op>, Vec<String>)> {
     })
 }
 
+/// Crafted layouts, inserted and removed in any order.
+fn crafted_scenario() -> impl Strategy<Value = (Vec<String>, Vec<Op>, Vec<String>)> {
+    prop::collection::vec(crafted_pattern(), 1..48).prop_flat_map(|patterns| {
+        let n = patterns.len();
+        (
+            Just(patterns),
+            prop::collection::vec(op(n), 20..100),
+            prop::collection::vec(crafted_topic(), 1..8),
+        )
+    })
+}
+
+/// Hundreds of siblings: each inserted (past `WIDE` children of one node), any inserts and
+/// removals, then most of them removed in any order (back below `NARROW`), and a few more.
+fn siblings_scenario() -> impl Strategy<Value = (Vec<String>, Vec<Op>, Vec<String>)> {
+    sibling_patterns().prop_flat_map(|patterns| {
+        let n = patterns.len();
+        (
+            Just(patterns),
+            (
+                prop::collection::vec(0..4u64, n),
+                prop::collection::vec(op(n), 0..50),
+                Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
+                n - 60..n,
+                prop::collection::vec(op(n), 0..20),
+            )
+                .prop_map(|(keys, middle, order, removed, last)| {
+                    let mut ops: Vec<Op> = keys
+                        .iter()
+                        .enumerate()
+                        .map(|(p, k)| Op::Insert(p, *k))
+                        .collect();
+                    ops.extend(middle);
+                    // The entries held now: the first key of each, and whatever `middle` did.
+                    ops.extend(
+                        (0..4)
+                            .flat_map(|k| order[..removed].iter().map(move |p| Op::Remove(*p, k))),
+                    );
+                    ops.extend(last);
+                    ops
+                }),
+            prop::collection::vec(sibling_topic(), 1..8),
+        )
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 512,
@@ -367,19 +613,66 @@ proptest! {
     })]
 
     // SPEC §2: after every insert and removal, in any interleaving, the index agrees with
-    // naive matching over what it holds, keeps its shape, holds no more memory than the
+    // naive matching over what it holds, keeps its shape, counts the wildcard shapes its
+    // entries have, walks no more nodes than that count bounds, holds no more memory than the
     // budget charges for its entries, and returns to empty, holding nothing, when every entry
     // is removed.
     #[test]
     fn index_agrees_with_naive_matching_through_inserts_and_removals(
         (texts, ops, topics) in scenario()
     ) {
+        agrees_with_naive_matching(&texts, &ops, &topics)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/index.txt"),
+        )),
+        ..ProptestConfig::default()
+    })]
+
+    // The same, over the adversarial shapes (issue 26): crafted layouts of `{a,*}^k` ...
+    #[test]
+    fn index_agrees_with_naive_matching_over_crafted_layouts(
+        (texts, ops, topics) in crafted_scenario()
+    ) {
+        agrees_with_naive_matching(&texts, &ops, &topics)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 12,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/index.txt"),
+        )),
+        ..ProptestConfig::default()
+    })]
+
+    // ... and hundreds of siblings, whose node's children go to a table and back.
+    #[test]
+    fn index_agrees_with_naive_matching_over_hundreds_of_siblings(
+        (texts, ops, topics) in siblings_scenario()
+    ) {
+        agrees_with_naive_matching(&texts, &ops, &topics)?;
+    }
+}
+
+fn agrees_with_naive_matching(
+    texts: &[String],
+    ops: &[Op],
+    topics: &[String],
+) -> Result<(), TestCaseError> {
+    {
         let patterns: Vec<Pattern> = texts.iter().map(|t| p(t)).collect();
         let topics: Vec<Topic> = topics.iter().map(|t| Topic::parse(t).unwrap()).collect();
         let mut held_entries = BTreeSet::new();
         let mut index = PatternIndex::new();
         let mut bytes = 0;
-        for op in &ops {
+        for op in ops {
             let ((), delta) = held_by(|| match *op {
                 Op::Insert(p, k) => index.insert(&patterns[p], k),
                 Op::Remove(p, k) => index.remove(&patterns[p], &k),
@@ -394,11 +687,23 @@ proptest! {
             };
             prop_assert_eq!(index.len(), held_entries.len());
             index.check().map_err(TestCaseError::fail)?;
+            let shapes: BTreeSet<(usize, u32)> = held_entries
+                .iter()
+                .flat_map(|(p, _)| naive_shapes(&patterns[*p]))
+                .collect();
+            prop_assert_eq!(index.shapes(), shapes.len());
+            // The entries' charges, and the table of shapes (which the broker's limit bounds).
             let charged: u64 = held_entries
                 .iter()
                 .map(|(p, _)| PatternIndex::<u64>::entry_cost(&patterns[*p]))
-                .sum();
-            prop_assert!(bytes <= charged as i64, "{} held, {} charged", bytes, charged);
+                .sum::<u64>()
+                + PatternIndex::<u64>::shape_table_cost(shapes.len());
+            prop_assert!(
+                bytes <= charged as i64,
+                "{} held, {} charged",
+                bytes,
+                charged
+            );
             for topic in &topics {
                 let naive: BTreeSet<u64> = held_entries
                     .iter()
@@ -406,6 +711,11 @@ proptest! {
                     .map(|(_, k)| *k)
                     .collect();
                 prop_assert_eq!(index.matches(topic), naive, "topic {}", topic);
+                let mut out = Matches::new();
+                let visited = index.matches_visiting(topic, &mut out);
+                let bound = shapes.len() + topic.tokens().count() + 1;
+                prop_assert_eq!(index.walk_bound(topic), bound);
+                prop_assert!(visited <= bound, "{} visited, bound {}", visited, bound);
             }
         }
         let ((), delta) = held_by(|| {
@@ -415,7 +725,9 @@ proptest! {
         });
         bytes += delta;
         prop_assert!(index.is_empty());
+        prop_assert_eq!(index.shapes(), 0);
         index.check().map_err(TestCaseError::fail)?;
         prop_assert_eq!(bytes, 0, "an emptied index holds nothing");
     }
+    Ok(())
 }

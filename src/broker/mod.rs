@@ -401,7 +401,8 @@ impl Broker {
     ///
     /// # Errors
     /// [`Error::SettingsMismatch`], [`Error::BroadcastTaken`], [`Error::TooManyMembers`],
-    /// [`Error::TooManySubscriptions`] or [`Error::ShuttingDown`]; nothing changes then.
+    /// [`Error::TooManySubscriptions`], [`Error::TooManyWildcardShapes`] or
+    /// [`Error::ShuttingDown`]; nothing changes then.
     pub fn open(
         &self,
         request: &OpenRequest,
@@ -424,6 +425,14 @@ impl Broker {
         if catalog.by_key.len() >= limits.max_subscriptions {
             return Err(Error::TooManySubscriptions {
                 max: limits.max_subscriptions,
+            });
+        }
+        // What bounds every publish's walk (`PatternIndex::walk_bound`).
+        let shapes = catalog.index.shapes_with(&request.spec.patterns);
+        if shapes > limits.max_wildcard_shapes {
+            return Err(Error::TooManyWildcardShapes {
+                shapes,
+                max: limits.max_wildcard_shapes,
             });
         }
         let cost = crate::core::subscription::subscription_cost(&request.spec);

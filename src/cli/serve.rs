@@ -49,6 +49,12 @@ pub struct Serve {
     /// the rest of the budget from reject-publish subscriptions.
     #[arg(long, env = "TINYBROKER_DROP_OLDEST_MEMORY_PERCENT", default_value_t = Limits::default().drop_oldest_memory_percent, value_parser = clap::value_parser!(u8).range(1..=99))]
     drop_oldest_memory_percent: u8,
+    /// Most distinct wildcard shapes (a pattern prefix's token count and the positions of its
+    /// `*`s) among all subscriptions' patterns, which bounds the work of routing a publish;
+    /// a subscription past it gets RESOURCE_EXHAUSTED naming max_wildcard_shapes. Their table
+    /// takes at most 24 bytes a shape, outside the memory budget.
+    #[arg(long, env = "TINYBROKER_MAX_WILDCARD_SHAPES", default_value_t = Limits::default().max_wildcard_shapes)]
+    max_wildcard_shapes: usize,
     /// How long a subscription without members keeps its queue (e.g. 300s, 10m).
     #[arg(long, env = "TINYBROKER_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
@@ -164,6 +170,7 @@ impl Serve {
             idle_timeout: self.idle_timeout,
             max_memory_bytes: self.max_memory_bytes,
             drop_oldest_memory_percent: self.drop_oldest_memory_percent,
+            max_wildcard_shapes: self.max_wildcard_shapes,
             ..Limits::default()
         };
         let one =

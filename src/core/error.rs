@@ -138,6 +138,17 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A new subscription's patterns would take the routing index past its limit of distinct
+    /// wildcard shapes, which bounds every publish's routing walk.
+    #[error(
+        "these topic_patterns would bring the broker's distinct wildcard shapes (a pattern prefix's token count and the positions of its `*`s) to {shapes}, over the max_wildcard_shapes limit of {max}; place `*` in fewer distinct ways, or raise --max-wildcard-shapes"
+    )]
+    TooManyWildcardShapes {
+        /// What the count would be with the subscription's patterns.
+        shapes: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The subscription has as many members as it may.
     #[error(
         "subscription {subscription:?} already has {max} members (max_members_per_subscription)"
@@ -284,6 +295,7 @@ impl Error {
             | Error::MemoryBudget { .. }
             | Error::BatchTooLarge { .. }
             | Error::TooManySubscriptions { .. }
+            | Error::TooManyWildcardShapes { .. }
             | Error::TooManyMembers { .. }
             | Error::StreamFull { .. } => ErrorKind::ResourceExhausted,
             Error::ShuttingDown | Error::Unavailable(_) => ErrorKind::Unavailable,

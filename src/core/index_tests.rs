@@ -19,10 +19,25 @@ fn naive(patterns: &[&str], topic: &str) -> BTreeSet<usize> {
 /// How many nodes below the root.
 fn nodes<K>(node: &Node<K>) -> usize {
     node.literal
-        .iter()
-        .map(|e| 1 + nodes(&e.node))
+        .nodes()
+        .map(|child| 1 + nodes(child))
         .chain(node.star.iter().map(|s| 1 + nodes(s)))
         .sum()
+}
+
+/// A node's literal children, kept in a vector.
+fn edges<K>(node: &Node<K>) -> &Vec<Edge<K>> {
+    match &node.literal {
+        Literal::Narrow(edges) => edges,
+        Literal::Wide(_) => panic!("children of {:?} in a table", node.label),
+    }
+}
+
+fn edges_mut<K>(node: &mut Node<K>) -> &mut Vec<Edge<K>> {
+    match &mut node.literal {
+        Literal::Narrow(edges) => edges,
+        Literal::Wide(_) => panic!("children of {:?} in a table", node.label),
+    }
 }
 
 #[test]
@@ -77,7 +92,7 @@ fn remove_prunes_and_stops_matching() {
     assert!(index.is_empty());
     assert_eq!(nodes(&index.root), 0, "empty branches must be pruned");
     assert_eq!(
-        index.root.literal.capacity(),
+        edges(&index.root).capacity(),
         0,
         "the root's children freed"
     );
@@ -94,12 +109,12 @@ fn a_run_of_tokens_is_one_node_split_and_merged_as_patterns_come_and_go() {
     let long = "a.b.*.d.e.*.g.h";
     index.insert(&p(long), 1);
     assert_eq!(nodes(&index.root), 1);
-    assert_eq!(&*index.root.literal[0].node.label, long);
+    assert_eq!(&*edges(&index.root)[0].node.label, long);
 
     index.insert(&p("a.b.*.x.>"), 2);
     index.check().unwrap();
     assert_eq!(nodes(&index.root), 3, "a.b.* above d.e.*.g.h and x");
-    assert_eq!(&*index.root.literal[0].node.label, "a.b.*");
+    assert_eq!(&*edges(&index.root)[0].node.label, "a.b.*");
     assert_eq!(index.matches(&t("a.b.c.d.e.f.g.h")), BTreeSet::from([1]));
     assert_eq!(index.matches(&t("a.b.c.x.y.z")), BTreeSet::from([2]));
     assert!(index.matches(&t("a.b.c.x")).is_empty());
@@ -108,7 +123,7 @@ fn a_run_of_tokens_is_one_node_split_and_merged_as_patterns_come_and_go() {
     index.remove(&p("a.b.*.x.>"), &2);
     index.check().unwrap();
     assert_eq!(nodes(&index.root), 1, "merged back into one node");
-    assert_eq!(&*index.root.literal[0].node.label, long);
+    assert_eq!(&*edges(&index.root)[0].node.label, long);
     assert_eq!(index.matches(&t("a.b.c.d.e.f.g.h")), BTreeSet::from([1]));
 }
 
@@ -138,19 +153,17 @@ fn children_with_equal_hashes_are_told_apart_by_their_token() {
     for (key, token) in tokens.iter().enumerate() {
         index.insert(&p(&format!("{token}.end")), key);
     }
-    for edge in &mut index.root.literal {
+    let children = edges_mut(&mut index.root);
+    for edge in children.iter_mut() {
         edge.hash = 7;
     }
-    index
-        .root
-        .literal
-        .sort_by(|a, b| first_token(&a.node.label).cmp(first_token(&b.node.label)));
+    children.sort_by(|a, b| first_token(&a.node.label).cmp(first_token(&b.node.label)));
     for token in tokens {
-        let found = index.root.find(7, token).expect("found");
-        assert_eq!(first_token(&index.root.literal[found].node.label), token);
+        let found = find(children, 7, token).expect("found");
+        assert_eq!(first_token(&children[found].node.label), token);
     }
-    assert_eq!(index.root.find(7, "x0"), Err(0));
-    assert_eq!(index.root.find(7, "x4"), Err(3));
+    assert_eq!(find(children, 7, "x0"), Err(0));
+    assert_eq!(find(children, 7, "x4"), Err(3));
 }
 
 #[test]
@@ -225,11 +238,9 @@ fn vectors_grow_exactly_while_small_then_double() {
 
 /// The top-level node whose label is `label`.
 fn top<'a>(index: &'a mut PatternIndex<usize>, label: &str) -> &'a mut Node<usize> {
-    index
-        .root
-        .literal
+    edges_mut(&mut index.root)
         .iter_mut()
-        .map(|edge| &mut edge.node)
+        .map(|edge| &mut *edge.node)
         .find(|node| &*node.label == label)
         .unwrap_or_else(|| panic!("no top-level node {label:?}"))
 }
@@ -270,18 +281,24 @@ fn check_accepts_the_shapes_the_index_builds() {
 #[test]
 fn check_names_each_broken_shape() {
     type Breaking = fn(&mut PatternIndex<usize>);
-    let broken: [(&str, Breaking); 6] = [
+    let broken: [(&str, Breaking); 8] = [
         ("capacity", |index| top(index, "q").exact.reserve_exact(20)),
         ("not sorted", |index| top(index, "q").exact.swap(0, 1)),
-        ("out of order", |index| top(index, "a.b").literal.swap(0, 1)),
-        ("edge to", |index| top(index, "a.b").literal[0].hash ^= 1),
+        ("out of order", |index| {
+            edges_mut(top(index, "a.b")).swap(0, 1)
+        }),
+        ("edge to", |index| edges_mut(top(index, "a.b"))[0].hash ^= 1),
         ("no key", |index| {
             let node = top(index, "c");
-            node.literal = Vec::new();
+            node.literal = Literal::Narrow(Vec::new());
             node.star.as_mut().unwrap().exact = Vec::new();
             index.len -= 2;
         }),
         ("entries held", |index| index.len += 1),
+        ("shapes counted", |index| index.shapes[0].count += 1),
+        ("shapes counted", |index| {
+            index.shapes.remove(0);
+        }),
     ];
     for (what, breaking) in broken {
         let mut index = varied();
@@ -307,4 +324,170 @@ fn shrink_keeps_up_to_twice_the_length_then_leaves_half_again() {
     assert_eq!(with(4, 10), 6);
     assert_eq!(with(3, 8), 4);
     assert_eq!(with(0, 4), 0);
+}
+
+/// What `f` moved of the children's vectors and tables (see `MOVED`).
+fn moving<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    let before = MOVED.with(std::cell::Cell::get);
+    let out = f();
+    (out, MOVED.with(std::cell::Cell::get) - before)
+}
+
+/// The node whose label is `label`, below the root.
+fn child<'a>(index: &'a PatternIndex<usize>, label: &str) -> &'a Node<usize> {
+    index
+        .root
+        .literal
+        .nodes()
+        .find(|node| &*node.label == label)
+        .unwrap_or_else(|| panic!("no top-level node {label:?}"))
+}
+
+// Issue 26: 10,000 patterns sharing a prefix made each insertion a shift of a sorted vector of
+// up to 10,000 children (about n²/4 = 25 million moved in all). Past `WIDE` children a node
+// keeps them in a table, so inserting them all moves a few per child (the vector's shifts up
+// to `WIDE`, the table's doublings), and removing them goes back to a vector.
+#[test]
+fn ten_thousand_children_of_one_node_are_inserted_in_constant_time_each() {
+    const N: usize = 10_000;
+    let pattern = |n: usize| p(&format!("shared.t{n}.x"));
+    let patterns: Vec<Pattern> = (0..N).map(pattern).collect();
+    let mut index = PatternIndex::new();
+    index.insert(&p("shared"), N);
+    let ((), moved) = moving(|| {
+        for (n, pattern) in patterns.iter().enumerate() {
+            index.insert(pattern, n);
+        }
+    });
+    index.check().unwrap();
+    assert!(
+        matches!(child(&index, "shared").literal, Literal::Wide(_)),
+        "10,000 children in a table"
+    );
+    assert!(
+        moved <= 10 * N as u64,
+        "{N} insertions moved {moved} children"
+    );
+    for n in [0, 4_999, 9_999] {
+        assert_eq!(
+            index.matches(&t(&format!("shared.t{n}.x"))),
+            BTreeSet::from([n])
+        );
+    }
+    assert!(index.matches(&t("shared.t10000.x")).is_empty());
+    // Removal: the table shrinks as it empties, and below `NARROW` a vector again.
+    for (n, pattern) in patterns.iter().enumerate().skip(NARROW - 1) {
+        index.remove(pattern, &n);
+        if n % 1_000 == 0 {
+            index.check().unwrap();
+        }
+    }
+    index.check().unwrap();
+    assert_eq!(edges(child(&index, "shared")).len(), NARROW - 1);
+    assert_eq!(index.matches(&t("shared.t7.x")), BTreeSet::from([7]));
+}
+
+// A table's children whose keyed hashes collide (here every token of one length) are kept
+// apart by their token, found, removed, and go back to a vector with the rest.
+#[test]
+fn a_table_tells_colliding_children_apart() {
+    WEAK_KEYED_HASH.with(|weak| weak.set(true));
+    let tokens: Vec<String> = (0..WIDE + 100).map(|n| format!("k{n}")).collect();
+    let mut index = PatternIndex::new();
+    for (n, token) in tokens.iter().enumerate() {
+        index.insert(&p(&format!("{token}.end")), n);
+        index.insert(&p(&format!("{token}.*")), n);
+    }
+    index.check().unwrap();
+    let Literal::Wide(wide) = &index.root.literal else {
+        panic!("{} children in a vector", tokens.len());
+    };
+    // Three lengths of token: three in the table, the rest collided.
+    assert_eq!(wide.map.len(), 3);
+    assert_eq!(wide.collided.len(), tokens.len() - 3);
+    for (n, token) in tokens.iter().enumerate() {
+        assert_eq!(
+            index.matches(&t(&format!("{token}.end"))),
+            BTreeSet::from([n])
+        );
+    }
+    assert!(index.matches(&t("k9999.end")).is_empty());
+    for (n, token) in tokens.iter().enumerate().rev() {
+        index.remove(&p(&format!("{token}.end")), &n);
+        index.remove(&p(&format!("{token}.*")), &n);
+        index.check().unwrap();
+    }
+    assert!(index.is_empty());
+    assert_eq!(nodes(&index.root), 0);
+    WEAK_KEYED_HASH.with(|weak| weak.set(false));
+}
+
+// A wildcard shape is a prefix's depth and the positions of its `*`s; each is counted while
+// an entry's pattern has it, whatever its literal tokens, and `>` adds none.
+#[test]
+fn wildcard_shapes_are_counted_while_an_entry_has_them() {
+    let mut index = PatternIndex::new();
+    index.insert(&p("a.b.c"), 1);
+    assert_eq!(index.shapes(), 0, "no `*`, no shape");
+    index.insert(&p("a.*.c"), 1);
+    assert_eq!(index.shapes(), 2, "a.* and a.*.c");
+    index.insert(&p("x.*.y.>"), 2);
+    assert_eq!(index.shapes(), 2, "x.*.y has the shapes of a.*.c");
+    index.insert(&p("x.*.y.*"), 2);
+    assert_eq!(index.shapes(), 3, "x.*.y.* adds one");
+    index.insert(&p("*"), 3);
+    assert_eq!(index.shapes(), 4);
+    assert_eq!(
+        index.shapes_with(&[p("q.*.r"), p("*.b"), p("*.c"), p(">")]),
+        5,
+        "only the shape of *.b and *.c is new"
+    );
+    assert_eq!(index.shapes(), 4, "shapes_with changes nothing");
+    index.remove(&p("a.*.c"), &1);
+    assert_eq!(index.shapes(), 4, "x.*.y.> and x.*.y.* still hold theirs");
+    index.remove(&p("a.*.c"), &1);
+    assert_eq!(
+        index.shapes(),
+        4,
+        "removing what is not there changes nothing"
+    );
+    for (pat, key) in [("x.*.y.>", 2), ("x.*.y.*", 2), ("*", 3)] {
+        index.remove(&p(pat), &key);
+    }
+    assert_eq!(index.shapes(), 0);
+    assert_eq!(index.shapes.capacity(), 0);
+    index.check().unwrap();
+}
+
+// The bound on a walk: with every layout of `{a,*}^k.b` (the worst case for a topic of `a`s,
+// whose prefixes every pattern's prefixes match), a topic that matches none visits every node
+// but the leaves, one that matches all visits every node, and neither more than one node per
+// shape, per wildcard-free prefix and the root.
+#[test]
+fn a_walk_visits_at_most_one_node_per_shape_per_token_and_the_root() {
+    for k in 1..=8 {
+        let mut index = PatternIndex::new();
+        for mask in 0..1u32 << k {
+            let tokens: Vec<&str> = (0..k)
+                .map(|i| if mask >> i & 1 == 1 { "*" } else { "a" })
+                .chain(["b"])
+                .collect();
+            index.insert(&p(&tokens.join(".")), mask as usize);
+        }
+        index.check().unwrap();
+        let shapes = (1..=k).map(|d| (1 << d) - 1).sum::<usize>() + (1 << k) - 1;
+        assert_eq!(index.shapes(), shapes, "k {k}");
+        let mut out = Matches::new();
+        let none = t(&format!("{}.c", vec!["a"; k].join(".")));
+        let visited = index.matches_visiting(&none, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(visited, (1 << k) - 1, "k {k}: every node but the leaves");
+        assert!(visited <= index.walk_bound(&none), "k {k}");
+        let all = t(&format!("{}.b", vec!["a"; k].join(".")));
+        let visited = index.matches_visiting(&all, &mut out);
+        assert_eq!(out.len(), 1 << k);
+        assert_eq!(visited, (1 << (k + 1)) - 1, "k {k}: every node");
+        assert_eq!(nodes(&index.root) + 1, visited);
+        assert!(visited <= index.walk_bound(&all), "k {k}");
+    }
 }

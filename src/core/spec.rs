@@ -209,6 +209,13 @@ pub struct Limits {
     /// everything else, so what drop-oldest subscriptions hold never refuses a publish to a
     /// reject-publish one (docs/semantics.md#memory-budget).
     pub drop_oldest_memory_percent: u8,
+    /// Most distinct wildcard shapes (a pattern prefix's length and the positions of its `*`s,
+    /// whatever its literal tokens) among all live subscriptions' patterns: what bounds the
+    /// nodes a publish's routing walk visits ([`PatternIndex::walk_bound`]: this, plus the
+    /// topic's tokens, plus one).
+    ///
+    /// [`PatternIndex::walk_bound`]: crate::core::PatternIndex::walk_bound
+    pub max_wildcard_shapes: usize,
 }
 
 impl Limits {
@@ -245,6 +252,10 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             max_memory_bytes: 1 << 30,
             drop_oldest_memory_percent: 25,
+            // Real pattern sets have a few to a few hundred (`orders.*.created`, and
+            // `users.*.deleted` with it, have two: `x.*` and `x.*.x`); a walk at the limit
+            // visits at most 512 + 33 nodes, about 10 µs.
+            max_wildcard_shapes: 512,
         }
     }
 }

@@ -14,6 +14,7 @@ mod deployment;
 mod harness;
 mod load;
 mod overflow;
+mod routing;
 mod transport;
 
 use std::{
