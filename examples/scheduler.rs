@@ -1,4 +1,4 @@
-//! A scheduled job that runs on exactly one of N replicas (SPEC §5: leader election without
+//! A scheduled job that runs on exactly one of N replicas (docs/semantics.md#singleton: leader election without
 //! leases).
 //!
 //! Start a broker (`tinybroker serve`), then this in two or more terminals:

@@ -1,4 +1,4 @@
-//! A queue worker (SPEC §3 `DELIVERY_MODE_QUEUE`): competing consumers share the messages of
+//! A queue worker (docs/semantics.md#modes `DELIVERY_MODE_QUEUE`): competing consumers share the messages of
 //! `jobs.>`, each acked after it is processed; a worker that dies mid-job has its message
 //! redelivered to another with `attempt` + 1. Ctrl-C stops it cleanly: it finishes the job in
 //! hand, and closes its subscription, which returns once the broker has applied every ack, so

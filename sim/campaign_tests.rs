@@ -35,7 +35,7 @@ fn fail_on(outcomes: &[Outcome]) {
     }
 }
 
-// SPEC §5 invariants 1-5 and liveness, on every seed. `TINYBROKER_SIM_SEED=<s>` replays one seed;
+// docs/semantics.md#singleton-invariants (1-5) and liveness, on every seed. `TINYBROKER_SIM_SEED=<s>` replays one seed;
 // `TINYBROKER_SIM_SEEDS=<n>` runs n seeds starting at `TINYBROKER_SIM_SEED_BASE` (default 0).
 #[test]
 fn campaign_random_seeds_hold_every_invariant() {

@@ -1,5 +1,5 @@
 //! The invariant checker: an [`Observer`] on the broker that keeps its own model of every
-//! subscription and checks SPEC §5's invariants after every input:
+//! subscription and checks docs/semantics.md#singleton-invariants after every input:
 //!
 //! 1. a singleton subscription has at most one active member, and exactly one whenever it has
 //!    any member;
@@ -15,7 +15,7 @@
 //! and members of the incarnation that crashed (it kept them in memory only, by design), but
 //! never the ids.
 //!
-//! And SPEC §4's order: ids increase along every queue (each enqueue's id is above every earlier
+//! And docs/semantics.md#redelivery-order order: ids increase along every queue (each enqueue's id is above every earlier
 //! one on that subscription), and in SINGLETON mode every delivery is the lowest-id message
 //! waiting, so the active member gets messages in publish order with redeliveries first, also
 //! right after a promotion, with nacks and windows above 1.
@@ -185,7 +185,7 @@ fn verdict(accepted: bool) -> &'static str {
     if accepted { "accepted" } else { "refused" }
 }
 
-/// SPEC §4: an accepted ack or nack comes from the holder: the member it named, or, naming none,
+/// docs/semantics.md#fencing: an accepted ack or nack comes from the holder: the member it named, or, naming none,
 /// over the connection the holder's stream runs on.
 fn check_fence(
     m: &SubModel,
@@ -224,7 +224,7 @@ impl Observer for Checker {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut violations = Vec::new();
         if let Input::Enqueue { system_id } = o.input {
-            // SPEC §5: a restarted broker never hands out a system id an earlier one did.
+            // docs/semantics.md#restart-identity: a restarted broker never hands out a system id an earlier one did.
             if *system_id <= state.highest_id_before_crash {
                 violations.push(format!(
                     "system id #{system_id} handed out again: a broker before the restart handed out ids up to #{}",

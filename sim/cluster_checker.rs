@@ -1,5 +1,5 @@
 //! The cluster checker: the truth of every singleton subscription across gateways, fed by the
-//! cluster world in true simulated time, checking SPEC §9 continuously:
+//! cluster world in true simulated time, checking docs/semantics.md#cluster-mode continuously:
 //!
 //! (a) epochs per subscription strictly increase, in the order members are activated and in the
 //!     backplane's values;

@@ -39,7 +39,7 @@ fn fail_on(outcomes: &[ClusterOutcome]) {
     }
 }
 
-// SPEC §9, checks (a)-(d) of `cluster_checker`, on every seed. `TINYBROKER_SIM_SEED=<s>` replays
+// docs/semantics.md#cluster-mode, checks (a)-(d) of `cluster_checker`, on every seed. `TINYBROKER_SIM_SEED=<s>` replays
 // one seed with its whole trace; `TINYBROKER_SIM_SEEDS=<n>` runs n seeds.
 #[test]
 fn cluster_campaign_random_seeds_hold_every_invariant() {

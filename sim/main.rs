@@ -1,5 +1,5 @@
 //! Deterministic simulations: the real server on a turmoil host, replicas on hosts that crash,
-//! restart and get partitioned, and a checker that holds the broker to SPEC §5 on every input.
+//! restart and get partitioned, and a checker that holds the broker to docs/semantics.md#singleton-invariants on every input.
 //!
 //! Replay a failing campaign seed with `TINYBROKER_SIM_SEED=<seed> cargo test --test sim campaign`;
 //! run more seeds with `TINYBROKER_SIM_SEEDS=<n>`.

@@ -35,7 +35,7 @@ fn finish(mut world: World, name: &str) {
     insta::assert_snapshot!(name, world.trace.render());
 }
 
-// SPEC §5: the active replica crashes holding an unacked message; the earliest standby is
+// docs/semantics.md#singleton: the active replica crashes holding an unacked message; the earliest standby is
 // confirmed with a higher epoch, gets that message with attempt 2, then the rest in order.
 #[test]
 fn active_crash_mid_message_promotes_earliest_standby() {
@@ -49,7 +49,7 @@ fn active_crash_mid_message_promotes_earliest_standby() {
     finish(w, "active_crash_mid_message_promotes_earliest_standby");
 }
 
-// SPEC §5 invariants 2, 3, 5: A then B crash holding the same message; C leads with a higher
+// docs/semantics.md#singleton-invariants (2, 3, 5): A then B crash holding the same message; C leads with a higher
 // epoch each time; the message comes to C with attempt 3 and nothing is lost.
 #[test]
 fn cascade_of_crashes_hands_leadership_down_the_line() {
@@ -65,7 +65,7 @@ fn cascade_of_crashes_hands_leadership_down_the_line() {
     finish(w, "cascade_of_crashes_hands_leadership_down_the_line");
 }
 
-// SPEC §5: a crashed replica that restarts rejoins at the back of the line and never preempts;
+// docs/semantics.md#singleton: a crashed replica that restarts rejoins at the back of the line and never preempts;
 // it leads only when everyone ahead of it is gone.
 #[test]
 fn restarted_replica_rejoins_at_the_back_and_never_preempts() {
@@ -85,7 +85,7 @@ fn restarted_replica_rejoins_at_the_back_and_never_preempts() {
     );
 }
 
-// SPEC §5: the active replica is partitioned (no FIN). Keepalive notices within its bound, the
+// docs/semantics.md#liveness: the active replica is partitioned (no FIN). Keepalive notices within its bound, the
 // standby is promoted; after the partition heals, the old active's late ack is refused by the
 // fence while the new holder still has the message.
 #[test]
@@ -104,7 +104,7 @@ fn partitioned_active_is_replaced_and_its_late_ack_is_fenced() {
     );
 }
 
-// SPEC §5 invariant 3: replicas join and leave around a failover while the publisher keeps
+// docs/semantics.md#singleton-invariant-3: replicas join and leave around a failover while the publisher keeps
 // publishing; every message is acked.
 #[test]
 fn joins_and_leaves_during_failover_lose_nothing() {
@@ -124,7 +124,7 @@ fn joins_and_leaves_during_failover_lose_nothing() {
     finish(w, "joins_and_leaves_during_failover_lose_nothing");
 }
 
-// SPEC §3-4: queue mode; a member crashes with several messages in flight; the others get them
+// docs/semantics.md#subscriptions and docs/semantics.md#delivery: queue mode; a member crashes with several messages in flight; the others get them
 // (attempt 2) and every message is acked.
 #[test]
 fn queue_member_crash_hands_its_messages_to_the_others() {
@@ -138,7 +138,7 @@ fn queue_member_crash_hands_its_messages_to_the_others() {
     finish(w, "queue_member_crash_hands_its_messages_to_the_others");
 }
 
-// SPEC §3: broadcast; one subscriber's crash does not disturb the others, and when it comes
+// docs/semantics.md#modes: broadcast; one subscriber's crash does not disturb the others, and when it comes
 // back within the idle time its own queue is waiting for it.
 #[test]
 fn broadcast_subscriber_crash_does_not_disturb_the_others() {

@@ -128,7 +128,7 @@ pub struct Seen {
 
 impl Seen {
     fn record_publish(&mut self, reply: &pb::PublishResponse) {
-        // SPEC §4 and §5: ids increase in publish order, also across broker restarts, so one
+        // docs/semantics.md#redelivery-order and docs/semantics.md#restart-identity: ids increase in publish order, also across broker restarts, so one
         // publisher's ids only go up.
         if let Some(&last) = self.published.last()
             && reply.system_id <= last

@@ -49,7 +49,7 @@ async fn next_delivery(
         .expect("stream failed")
 }
 
-// SPEC §4: an ack sent on the member's own stream releases the message and lets the next one
+// docs/semantics.md#stream-fence: an ack sent on the member's own stream releases the message and lets the next one
 // flow through a window of 1.
 #[tokio::test]
 async fn acks_on_the_subscription_stream_release_messages_in_order() {
@@ -106,7 +106,7 @@ async fn acks_on_the_subscription_stream_release_messages_in_order() {
     .await;
 }
 
-// SPEC §4: a nack returns the message to the head of the queue with attempt + 1.
+// docs/semantics.md#nacks: a nack returns the message to the head of the queue with attempt + 1.
 #[tokio::test]
 async fn nack_on_the_stream_redelivers_with_the_next_attempt() {
     let server = TestServer::start().await;
@@ -128,7 +128,7 @@ async fn nack_on_the_stream_redelivers_with_the_next_attempt() {
     again.ack().unwrap();
 }
 
-// SPEC §4 fencing: a late unary ack from a member whose message was redelivered to another is
+// docs/semantics.md#fencing fencing: a late unary ack from a member whose message was redelivered to another is
 // refused as stale (FAILED_PRECONDITION), and an ack for nothing in flight is NOT_FOUND.
 #[tokio::test]
 async fn stale_and_unknown_acks_are_distinct_error_variants() {
@@ -166,7 +166,7 @@ async fn stale_and_unknown_acks_are_distinct_error_variants() {
     redelivered.ack().unwrap();
 }
 
-// SPEC §2, §3, §6: refusals arrive as matchable variants, not strings.
+// docs/semantics.md#topics-and-patterns, docs/semantics.md#subscriptions and docs/semantics.md#limits: refusals arrive as matchable variants, not strings.
 #[tokio::test]
 async fn refusals_map_to_error_variants() {
     let mut config = ServerConfig::default();
@@ -226,7 +226,7 @@ async fn connecting_to_nothing_is_a_transport_error() {
     assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{bad:?}");
 }
 
-// SPEC §8: the streaming publish answers every message in order; a refusal does not end it.
+// docs/semantics.md#carriages: the streaming publish answers every message in order; a refusal does not end it.
 #[tokio::test]
 async fn streaming_publisher_pipelines_and_answers_in_order() {
     let server = TestServer::start().await;
@@ -311,7 +311,7 @@ async fn a_stream_ended_by_an_oversized_message_tells_each_later_send_it_was_not
     assert_eq!(info.queued_messages + info.in_flight, 3);
 }
 
-// SPEC §4: an ack-free subscription's deliveries need no ack; ack() is a no-op there.
+// docs/semantics.md#ack-free: an ack-free subscription's deliveries need no ack; ack() is a no-op there.
 #[tokio::test]
 async fn ack_free_deliveries_need_no_ack() {
     let server = TestServer::start().await;
@@ -338,7 +338,7 @@ async fn ack_free_deliveries_need_no_ack() {
     assert_eq!(info.in_flight, 0);
 }
 
-// SPEC §5: two electors; the first leads, the second waits; when the leader resigns the
+// docs/semantics.md#singleton: two electors; the first leads, the second waits; when the leader resigns the
 // second is promoted with a higher epoch.
 #[tokio::test]
 async fn standby_elector_takes_over_with_a_higher_epoch_when_the_leader_resigns() {
@@ -368,7 +368,7 @@ async fn standby_elector_takes_over_with_a_higher_epoch_when_the_leader_resigns(
     );
 }
 
-// SPEC §5: the leader learns it lost leadership the moment its stream ends (here: the broker
+// docs/semantics.md#singleton: the leader learns it lost leadership the moment its stream ends (here: the broker
 // shuts down), so its job can stop.
 #[tokio::test]
 async fn leadership_lost_resolves_when_the_broker_goes_away() {
@@ -382,7 +382,7 @@ async fn leadership_lost_resolves_when_the_broker_goes_away() {
     assert!(leader.is_lost());
 }
 
-// SPEC §1 use case "ordered consumption of a firehose": the leader receives the subscription's
+// docs/semantics.md#api-surface use case "ordered consumption of a firehose": the leader receives the subscription's
 // messages in publish order and acks them on its stream.
 #[tokio::test]
 async fn leader_consumes_the_firehose_in_order() {
@@ -425,7 +425,7 @@ async fn leader_consumes_the_firehose_in_order() {
     assert!(next.epoch() > 1);
 }
 
-// SPEC §7: with a bearer token configured, a client without it is Unauthenticated and one with
+// docs/semantics.md#access: with a bearer token configured, a client without it is Unauthenticated and one with
 // it gets through.
 #[tokio::test]
 async fn bearer_token_is_sent_on_every_call() {
@@ -451,7 +451,7 @@ async fn bearer_token_is_sent_on_every_call() {
     assert!(matches!(next_event(&mut sub).await, Event::Active { .. }));
 }
 
-// SPEC §7 (issue 17, item 7): an open `Publisher` does not hold shutdown for the drain timeout:
+// docs/semantics.md#shutdown (issue 17, item 7): an open `Publisher` does not hold shutdown for the drain timeout:
 // the broker ends its stream with UNAVAILABLE at once, and the publisher reports it.
 #[tokio::test]
 async fn open_publisher_does_not_hold_shutdown_for_the_drain() {
@@ -526,11 +526,11 @@ async fn standby_that_loses_the_broker_rejoins_and_leads_when_it_returns() {
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let (_stop, _task) = serve_on(listener);
     let leadership = within(standby).await.unwrap().unwrap();
-    // A new broker, yet never an epoch the old one handed out (SPEC §5).
+    // A new broker, yet never an epoch the old one handed out (docs/semantics.md#restart-identity).
     assert!(leadership.epoch() > leader.epoch());
 }
 
-// SPEC §5: epochs and system ids never repeat, also across broker restarts. A leader loses its
+// docs/semantics.md#restart-identity: epochs and system ids never repeat, also across broker restarts. A leader loses its
 // leadership when the broker restarts; electing again on the new broker (same address, nothing
 // carried over) gets an epoch strictly higher than any before, and messages get higher ids.
 #[tokio::test]

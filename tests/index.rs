@@ -1,4 +1,4 @@
-//! The routing index (SPEC §2): property tests against naive matching, and its memory measured
+//! The routing index (docs/semantics.md#topics-and-patterns): property tests against naive matching, and its memory measured
 //! with a counting allocator, against the figure (a subscription of 64 patterns of 254
 //! bytes costs at most 64 KiB in the index) and against what the memory budget charges for it.
 
@@ -612,7 +612,7 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    // SPEC §2: after every insert and removal, in any interleaving, the index agrees with
+    // docs/semantics.md#topics-and-patterns: after every insert and removal, in any interleaving, the index agrees with
     // naive matching over what it holds, keeps its shape, counts the wildcard shapes its
     // entries have, walks no more nodes than that count bounds, holds no more memory than the
     // budget charges for its entries, and returns to empty, holding nothing, when every entry

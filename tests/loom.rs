@@ -51,7 +51,7 @@ fn draft() -> Draft {
     .unwrap()
 }
 
-/// SPEC §5 invariants 1, 3 and 4 as seen through inspection.
+/// docs/semantics.md#singleton-invariants (1, 3 and 4) as seen through inspection.
 fn check(broker: &Broker, id: &str, published: u64) {
     let view = broker.describe(id).unwrap();
     let active = view.members.iter().filter(|m| m.active).count();
@@ -146,7 +146,7 @@ fn delivered_ids(member: &mut MemberStream) -> Vec<u64> {
         .collect()
 }
 
-// SPEC §4 (per-publisher order into every queue; ids increase along every queue): a dead letter
+// docs/semantics.md#redelivery-order (per-publisher order into every queue; ids increase along every queue): a dead letter
 // racing a publish into the same queue reaches it in id order. The dead letter used to take its
 // id before locking the queues it enters, so a publish could queue N+1 ahead of it.
 #[test]
@@ -193,7 +193,7 @@ fn dead_letter_racing_a_publish_keeps_ids_increasing_along_the_queue() {
     });
 }
 
-// SPEC §6 / issue 16 (an exact memory budget): two publishes to different subscriptions race for
+// docs/semantics.md#memory-budget / issue 16 (an exact memory budget): two publishes to different subscriptions race for
 // the last message's worth of budget. Exactly one wins and the account never passes
 // `max_memory_bytes`. Checking the budget and then adding to the account used to be two steps,
 // so both could see room and together go over.

@@ -1,4 +1,4 @@
-//! Model-based property test of the group state machine (SPEC §3-§5): random sequences of joins,
+//! Model-based property test of the group state machine (docs/semantics.md#subscriptions, docs/semantics.md#delivery and docs/semantics.md#singleton): random sequences of joins,
 //! leaves, publishes, acks (good, stale, unknown), nacks, releases, time passing and broker restarts (the
 //! wall clock passed in, moved forward or set back), over all three modes and various windows and
 //! limits, and cluster mode's arbitrated singletons (activation by the cluster with its epoch,
@@ -197,7 +197,7 @@ struct RefMember {
     draining: bool,
 }
 
-/// The reference: the rules of SPEC §3-§5 written as plainly as possible.
+/// The reference: the rules of docs/semantics.md#subscriptions, docs/semantics.md#delivery and docs/semantics.md#singleton written as plainly as possible.
 struct Model {
     setup: Setup,
     members: Vec<RefMember>,
@@ -219,7 +219,7 @@ const START_MICROS: u64 = 1_767_225_600_000_000;
 
 impl Model {
     /// A broker run started when the wall clock read `unix_micros`: every id it hands out is
-    /// above that reading (SPEC §5: ids never repeat across restarts).
+    /// above that reading (docs/semantics.md#restart-identity: ids never repeat across restarts).
     fn start(setup: &Setup, unix_micros: u64, now: Duration) -> Self {
         Model {
             setup: setup.clone(),
@@ -416,7 +416,7 @@ impl Model {
             member.epoch = Some(self.epoch);
             out.push(Seen::Confirm(member.id, self.epoch));
         } else if self.setup.mode == Mode::Singleton && notify && !self.arbitrated() {
-            // SPEC §5: its place is the number of members ahead of it.
+            // docs/semantics.md#singleton: its place is the number of members ahead of it.
             out.push(Seen::Standby(member.id, self.members.len() as u32));
         }
         self.members.push(member);
@@ -428,7 +428,7 @@ impl Model {
     fn leave(&mut self, i: usize, now: Duration) -> Vec<Seen> {
         let mut out = Vec::new();
         let mut m = self.members.remove(i);
-        // SPEC §4: back at the head in publish order (ids are publish order), whatever order
+        // docs/semantics.md#redelivery-order: back at the head in publish order (ids are publish order), whatever order
         // nacks and redeliveries left them in.
         m.held.sort_unstable();
         for sid in m.held.iter().rev() {
@@ -770,7 +770,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 (vec![], vec![])
             }
         };
-        // SPEC §5: when the clock at restart is past every id the earlier runs handed out, every
+        // docs/semantics.md#restart-identity: when the clock at restart is past every id the earlier runs handed out, every
         // id after it is above all of them.
         if let Some(highest) = history.promised_above() {
             for seen in &got {
@@ -840,7 +840,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
             .collect();
         prop_assert_eq!(infos, model_infos);
         prop_assert_eq!(core.counters(), &model.counters);
-        // SPEC §5 invariant 1.
+        // docs/semantics.md#singleton-invariant-1.
         // Arbitrated: at most one; the cluster decides when there is one.
         if setup.mode == Mode::Singleton {
             let active = core.active_members().count();

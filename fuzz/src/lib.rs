@@ -70,7 +70,7 @@ struct Machine {
 }
 
 /// `group_state_machine`: an arbitrary sequence of operations applied to one subscription's
-/// core, with broker restarts (the clock passed in); SPEC §5 invariants and the core's
+/// core, with broker restarts (the clock passed in); docs/semantics.md#singleton-invariants and the core's
 /// bookkeeping are asserted after every step, and ids stay above every earlier run's whenever
 /// the clock at restart is past them.
 pub fn group_state_machine(data: &[u8]) {
@@ -231,7 +231,7 @@ pub fn group_state_machine(data: &[u8]) {
                 last_epoch = *epoch;
             }
         }
-        // SPEC §5 across restarts: a run that started past every id the earlier runs handed out
+        // docs/semantics.md#restart-identity across restarts: a run that started past every id the earlier runs handed out
         // hands out only ids above them.
         if run_start >= highest_before {
             let floors = sub.floors();

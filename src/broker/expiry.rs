@@ -1,5 +1,5 @@
 //! Idle expiry: a subscription whose last member left keeps its queue for `idle_timeout`, then
-//! is removed and its remaining messages are counted as expired (SPEC §6).
+//! is removed and its remaining messages are counted as expired (docs/semantics.md#idle-expiry).
 //!
 //! Deadlines are data: a subscription that loses its last member enters the [`IdleSchedule`]
 //! under its own lock, and one that gains a member leaves it the same way. The expiry task

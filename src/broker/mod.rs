@@ -42,7 +42,7 @@ use crate::{
     sync::{AtomicBool, AtomicU64, Mutex, Ordering, RwLock, lock, read, write},
 };
 
-/// What says an ack or nack comes from the member holding the message (SPEC §4).
+/// What says an ack or nack comes from the member holding the message (docs/semantics.md#fencing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fence {
     /// It names the member (`member_id` from the confirmation, or a stream that is the member).
@@ -227,7 +227,7 @@ impl Broker {
     ///
     /// Reads the wall clock once: every epoch, member id and system id this broker hands out is
     /// above that time in microseconds, so a restarted broker never repeats one its predecessor
-    /// handed out (SPEC §5; the assumption about the clock is in [`IdFloor`]).
+    /// handed out (docs/semantics.md#restart-identity; the assumption about the clock is in [`IdFloor`]).
     pub fn with_observer(
         limits: Limits,
         clock: Arc<dyn Clock>,

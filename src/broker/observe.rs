@@ -1,6 +1,6 @@
 //! A window onto every input the broker applies to a subscription: what it was, the effects it
-//! produced and the subscription's state right after. Simulations and tests check SPEC §5's
-//! invariants through it. The embedded broker runs without one in production; a cluster-mode
+//! produced and the subscription's state right after. Simulations and tests check docs/semantics.md#singleton-invariants
+//! through it. The embedded broker runs without one in production; a cluster-mode
 //! gateway's local broker always has one, the gateway's router, which turns what the local
 //! core decides (acks, drops, dead letters, hand-backs) into JetStream acks: there the observer
 //! is on the data path, so it must stay quick.

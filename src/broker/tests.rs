@@ -60,7 +60,7 @@ fn draft(topic: &str) -> Draft {
     .unwrap()
 }
 
-// SPEC §6: the queue outlives its last member for idle_timeout, then the subscription expires,
+// docs/semantics.md#idle-expiry: the queue outlives its last member for idle_timeout, then the subscription expires,
 // counted; the expiry task wakes by itself.
 #[tokio::test(start_paused = true)]
 async fn idle_subscription_expires_on_its_own_after_the_timeout() {
@@ -94,7 +94,7 @@ async fn idle_subscription_expires_on_its_own_after_the_timeout() {
     expiry.abort();
 }
 
-// SPEC §5 invariant 5: a subscription recreated after expiry hands out higher epochs.
+// docs/semantics.md#singleton-invariant-5: a subscription recreated after expiry hands out higher epochs.
 #[tokio::test(start_paused = true)]
 async fn epochs_keep_increasing_across_expiry_and_recreation() {
     let broker = broker(Limits {
@@ -143,7 +143,7 @@ async fn first_confirmation(broker: &Broker) -> (MemberId, Epoch, MemberStream) 
     (member_id, epoch, member)
 }
 
-// SPEC §5: a restarted broker (a new one, its clock read later) hands out epochs, member ids and
+// docs/semantics.md#restart-identity: a restarted broker (a new one, its clock read later) hands out epochs, member ids and
 // system ids above every one its predecessor handed out, with no state carried over; within a
 // run they still count up by one.
 #[tokio::test(start_paused = true)]
@@ -182,7 +182,7 @@ async fn a_restarted_broker_hands_out_higher_ids_than_before() {
     );
 }
 
-// SPEC §6: a refused publish changes nothing on any matching subscription, including those
+// docs/semantics.md#overflow-policies: a refused publish changes nothing on any matching subscription, including those
 // checked before the full one.
 #[tokio::test]
 async fn refused_publish_queues_on_no_subscription() {
@@ -208,7 +208,7 @@ async fn refused_publish_queues_on_no_subscription() {
     assert_eq!(broker.describe("b").unwrap().counters.rejected_full, 1);
 }
 
-// SPEC §6: the byte limit counts the whole message (topic, payload, headers with their
+// docs/semantics.md#limits-table: the byte limit counts the whole message (topic, payload, headers with their
 // overhead), and a refused publish names the limit.
 #[tokio::test]
 async fn byte_limit_counts_topic_payload_and_headers() {
@@ -253,7 +253,7 @@ async fn byte_limit_counts_topic_payload_and_headers() {
     assert_eq!(broker.describe("s").unwrap().queued_bytes, 74 + 73);
 }
 
-// SPEC §7: shutdown ends every stream with ShuttingDown and refuses new work.
+// docs/semantics.md#shutdown: shutdown ends every stream with ShuttingDown and refuses new work.
 #[tokio::test]
 async fn shutdown_ends_streams_and_refuses_new_work() {
     let broker = broker(Limits::default());
@@ -277,7 +277,7 @@ async fn shutdown_ends_streams_and_refuses_new_work() {
     ));
 }
 
-// SPEC §4: a dead letter whose topic matches its own subscription does not loop back into it.
+// docs/semantics.md#dead-letters: a dead letter whose topic matches its own subscription does not loop back into it.
 #[tokio::test]
 async fn dead_letter_skips_its_own_subscription() {
     let broker = broker(Limits::default());
@@ -309,7 +309,7 @@ async fn dead_letter_skips_its_own_subscription() {
     );
 }
 
-// SPEC §6 / issue 16 (an exact memory budget): four threads publish at once, each to its own
+// docs/semantics.md#memory-budget / issue 16 (an exact memory budget): four threads publish at once, each to its own
 // subscription, until the budget refuses them. Together they queue exactly what the budget has
 // room for, and the account ends at or under it (the loom model in tests/loom.rs checks every
 // interleaving of two such publishes; this runs real threads at scale).
@@ -364,7 +364,7 @@ fn concurrent_publishers_fill_the_budget_exactly_and_never_pass_it() {
     drop(members);
 }
 
-// SPEC §6 / issue 16 (an exact memory budget): a dead letter takes memory like a publish. It is
+// docs/semantics.md#memory-budget / issue 16 (an exact memory budget): a dead letter takes memory like a publish. It is
 // not refused back to anyone, so where the budget has no room for it, it is dropped and counted
 // (`dropped_full`) instead of taking the account over `max_memory_bytes`.
 #[tokio::test]
@@ -443,7 +443,7 @@ fn ack_for_a_frame_not_yet_written_is_refused() {
     assert_eq!(broker.describe("blind").unwrap().counters.acked, 5);
 }
 
-// SPEC §4 (ack-free): taking a frame settles it, and the window refills at once.
+// docs/semantics.md#ack-free (ack-free): taking a frame settles it, and the window refills at once.
 #[test]
 fn ack_free_member_settles_what_it_takes() {
     let broker = broker(Limits::default());
@@ -474,7 +474,7 @@ fn ack_free_member_settles_what_it_takes() {
     assert!(matches!(refused, Error::AckFree(_)), "{refused}");
 }
 
-// SPEC §6: the broker-wide memory budget counts what subscriptions really hold and refuses,
+// docs/semantics.md#memory-budget: the broker-wide memory budget counts what subscriptions really hold and refuses,
 // naming max_memory_bytes, what would go over it; the account returns to zero when everything
 // is released.
 #[tokio::test(start_paused = true)]
@@ -517,7 +517,7 @@ async fn memory_budget_refuses_past_it_and_accounts_every_release() {
     assert_eq!(accounted(&broker), 0);
 }
 
-// SPEC §6 with expiry scheduled by deadline: a subscription that regains a member before its
+// docs/semantics.md#idle-expiry with expiry scheduled by deadline: a subscription that regains a member before its
 // deadline is not expired, one that loses it again gets a new deadline, and members joining and
 // leaving other subscriptions never expire anything early. The schedule holds exactly the
 // member-less subscriptions.

@@ -52,7 +52,7 @@ async fn confirmed_epoch(member: &mut MemberStream) -> Epoch {
     }
 }
 
-// SPEC §5 / README "Restart identity": a restarted broker never hands out an epoch an
+// docs/semantics.md#restart-identity / README "Restart identity": a restarted broker never hands out an epoch an
 // earlier run handed out. A queue member's epoch is the gateway's own (the cluster chooses
 // only a singleton's), so a restarted gateway, or a second one, must not start it again
 // where the first started.

@@ -1,4 +1,4 @@
-//! Leader election on a singleton subscription (SPEC §5): [`Client::elect`] resolves when this
+//! Leader election on a singleton subscription (docs/semantics.md#singleton): [`Client::elect`] resolves when this
 //! replica becomes the active member and hands back a [`Leadership`] whose epoch fences side
 //! effects and whose [`Leadership::lost`] resolves the moment the broker could have promoted
 //! someone else.

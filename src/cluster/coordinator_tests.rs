@@ -78,7 +78,7 @@ fn uid(g: u64, m: u64) -> MemberUid {
     }
 }
 
-// SPEC §9: the dead-gateway wait covers the lease stretched by the drift bound, both ways.
+// docs/semantics.md#cluster-leases: the dead-gateway wait covers the lease stretched by the drift bound, both ways.
 #[test]
 fn dead_after_stretches_the_lease_by_the_drift_bound_and_adds_the_margin() {
     let wait = config().dead_after();
@@ -116,7 +116,7 @@ fn first_join_creates_the_line_then_promotes_with_the_replaced_revision_as_epoch
     );
 }
 
-// SPEC §9: a gateway that cannot renew ends its members' streams at its lease's end, measured
+// docs/semantics.md#cluster-leases: a gateway that cannot renew ends its members' streams at its lease's end, measured
 // from the send of the last renewal that succeeded.
 #[test]
 fn unrenewed_lease_ends_every_member_at_send_time_plus_lease() {
@@ -224,7 +224,7 @@ fn tick_renewing(c: &mut Coordinator, now: Duration, rev: &mut u64) -> Vec<Comma
     }
 }
 
-// SPEC §9: another gateway's lease is deleted (by compare-and-set on the revision seen) only once
+// docs/semantics.md#cluster-leases: another gateway's lease is deleted (by compare-and-set on the revision seen) only once
 // the drift-stretched wait has passed since its last observed renewal; only then are its members
 // removed and the next member promoted.
 #[test]
@@ -396,7 +396,7 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
     );
 }
 
-// SPEC §4: a message's attempt counts every delivery. What the leaving active member's gateway
+// docs/semantics.md#redelivery-order: a message's attempt counts every delivery. What the leaving active member's gateway
 // gave back, with the attempts their next deliveries must carry, rides in the promoting write,
 // reaches the promoted member's activation, and the promotion after clears it.
 #[test]
@@ -687,7 +687,7 @@ fn a_join_appended_after_a_take_over_keeps_it_marked() {
     );
 }
 
-// SPEC §9 "never two active members": an incarnation creates its lease once. A create whose
+// docs/semantics.md#cluster-leases "never two active members": an incarnation creates its lease once. A create whose
 // answer was lost may have landed, been found stale and been deleted by another gateway; a
 // second create would succeed over that deletion and lease a gateway the others count dead
 // (they no longer respect its members). So an unconfirmed create fences the incarnation, and

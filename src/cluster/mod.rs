@@ -1,4 +1,4 @@
-//! Cluster mode (SPEC §9): `tinybroker serve --nats URLS` runs the same gRPC API as a gateway
+//! Cluster mode (docs/semantics.md#cluster-mode): `tinybroker serve --nats URLS` runs the same gRPC API as a gateway
 //! that keeps no state of its own over a NATS JetStream cluster; any number of gateways serve
 //! the same subscriptions. The service reaches a gateway only through the backend seam
 //! (`crate::backend`); everything here returns [`crate::core::Error`]s, never gRPC statuses.

@@ -1,5 +1,5 @@
 //! Where a broker run starts numbering, so that epochs, member ids and system ids never repeat
-//! across broker restarts (SPEC §5), with nothing kept on disk.
+//! across broker restarts (docs/semantics.md#restart-identity), with nothing kept on disk.
 //!
 //! The rule: a run that starts when the wall clock reads `t` microseconds since the Unix epoch
 //! hands out every kind of id above `t`, counting up by one within the run (consecutive epochs
@@ -104,7 +104,7 @@ mod tests {
         (member, s.epoch())
     }
 
-    // SPEC §5: every id a run hands out is above the wall-clock time it started at, and a later
+    // docs/semantics.md#restart-identity: every id a run hands out is above the wall-clock time it started at, and a later
     // start gives higher ids, also where the earlier run handed out many.
     #[test]
     fn ids_start_above_the_start_time_and_a_later_start_starts_higher() {

@@ -1,4 +1,4 @@
-//! The routing index: maps a topic to the subscriptions whose patterns match it (SPEC §2).
+//! The routing index: maps a topic to the subscriptions whose patterns match it (docs/semantics.md#topics-and-patterns).
 //!
 //! A token trie with path compression. A chain of nodes that hold no key and branch nowhere is
 //! one node whose label is the whole run of pattern tokens (`orders.*.created`), so a pattern

@@ -233,7 +233,7 @@ mod tests {
         Message::new(1, 7, envelope, payload)
     }
 
-    // SPEC §6: limits count topic, payload, and each header's key, value and overhead.
+    // docs/semantics.md#limits-table: limits count topic, payload, and each header's key, value and overhead.
     #[test]
     fn size_counts_every_part() {
         let headers: Headers = [("k".into(), "vv".into()), ("key".into(), "".into())].into();
@@ -315,7 +315,7 @@ mod tests {
         assert_ne!(m, message(headers, b"other"));
     }
 
-    // SPEC §6: the size limit counts the envelope and the payload together, and a message of
+    // docs/semantics.md#limits-table: the size limit counts the envelope and the payload together, and a message of
     // exactly the limit is accepted (one byte more is refused, naming its size and the limit).
     #[test]
     fn a_draft_may_reach_the_size_limit_but_not_pass_it() {

@@ -12,21 +12,21 @@ pub enum PlantedBug {
     ForgetRedelivery,
     /// Make the second singleton member active too (breaks invariant 1).
     TwoActiveMembers,
-    /// Let any member's ack release a message (breaks the ack fence, SPEC §4).
+    /// Let any member's ack release a message (breaks the ack fence, docs/semantics.md#fencing).
     AckIgnoresFence,
     /// Let an ack that names no member release a message held on another connection (breaks
-    /// the connection fence, SPEC §4). Planted in the shell, which owns connections.
+    /// the connection fence, docs/semantics.md#connection-fence). Planted in the shell, which owns connections.
     ConnectionFenceIgnored,
     /// Requeue a leaving member's in-flight messages newest first instead of in publish order
-    /// (breaks singleton order after a failover, SPEC §4).
+    /// (breaks singleton order after a failover, docs/semantics.md#redelivery-order).
     RequeueNewestFirst,
     /// Start every broker run's epochs, member ids and system ids at zero instead of above the
-    /// wall-clock time it started at, so a restarted broker hands out ids again (breaks SPEC §5:
+    /// wall-clock time it started at, so a restarted broker hands out ids again (breaks docs/semantics.md#restart-identity:
     /// "also across broker restarts").
     CountersRestartAtZero,
     /// Cluster mode: a gateway ignores its own lease expiry and keeps its members active while
     /// cut off from the backplane (breaks "never two active members in overlapping lease
-    /// periods", SPEC §9). Planted in `cluster::coordinator`.
+    /// periods", docs/semantics.md#cluster-mode). Planted in `cluster::coordinator`.
     GatewayActsAfterLeaseExpiry,
     /// Cluster mode: a refused compare-and-set that says the key has no value is waited out on
     /// the watch, like any conflict, though the key's deletion may have expired unseen (breaks

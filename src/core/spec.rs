@@ -4,7 +4,7 @@ use std::{fmt, time::Duration};
 
 use super::topic::{Pattern, Topic};
 
-/// How a subscription hands messages to its members (SPEC §3).
+/// How a subscription hands messages to its members (docs/semantics.md#subscriptions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Mode {
     /// Every stream gets every matching message; one live stream per subscription id.
@@ -25,7 +25,7 @@ impl fmt::Display for Mode {
     }
 }
 
-/// Whether members ack what they receive (SPEC §4).
+/// Whether members ack what they receive (docs/semantics.md#ack-free).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum AckMode {
     /// At-least-once: a message is done when its holder acks it.
@@ -45,7 +45,7 @@ impl fmt::Display for AckMode {
     }
 }
 
-/// What a full queue does with a new message (SPEC §6).
+/// What a full queue does with a new message (docs/semantics.md#overflow-policies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Overflow {
     /// Refuse the publish; it is queued on no subscription.
@@ -176,7 +176,7 @@ pub struct OpenRequest {
     pub member: MemberOptions,
 }
 
-/// Every limit that keeps the broker's memory bounded (SPEC §6).
+/// Every limit that keeps the broker's memory bounded (docs/semantics.md#limits-table).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Largest message (payload + topic + headers), in bytes.
@@ -276,7 +276,7 @@ mod tests {
         }
     }
 
-    // SPEC §3/§4: ack mode and overflow policy are shared settings; a joiner must repeat them.
+    // docs/semantics.md#joining-rules and docs/semantics.md#ack-free: ack mode and overflow policy are shared settings; a joiner must repeat them.
     #[test]
     fn ack_mode_and_overflow_must_match() {
         let live = live();
@@ -293,7 +293,7 @@ mod tests {
         );
     }
 
-    // SPEC §3: a joiner that leaves the poison policy unset inherits the subscription's; one
+    // docs/semantics.md#joining-rules: a joiner that leaves the poison policy unset inherits the subscription's; one
     // that sets it must match it exactly.
     #[test]
     fn poison_policy_must_match_unless_left_unset() {

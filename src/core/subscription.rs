@@ -1,5 +1,5 @@
 //! One subscription's state machine: members in join order, the shared queue, per-member windows,
-//! in-flight records, epochs and counters (SPEC §3–§5).
+//! in-flight records, epochs and counters (docs/semantics.md#subscriptions, docs/semantics.md#delivery and docs/semantics.md#singleton).
 //!
 //! Inputs are the `join`, `leave`, `enqueue`, `ack`, `nack` and `release` methods; each returns the ordered
 //! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
@@ -171,7 +171,7 @@ pub fn subscription_cost(spec: &SubscriptionSpec) -> u64 {
 
 /// Where a new subscription starts numbering: above the broker run's [`IdFloor`](super::IdFloor)
 /// and, for one recreated under an id used before, above its predecessor, so that epochs and
-/// member ids keep increasing, also across expiry and broker restarts (SPEC §5 invariant 5).
+/// member ids keep increasing, also across expiry and broker restarts (docs/semantics.md#singleton-invariant-5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Floors {
     /// Highest epoch already handed out.
@@ -201,7 +201,7 @@ struct Member {
     /// How many messages this member holds. Which ones, when members ack, is in the
     /// subscription's in-flight map alone (each record names its holder): one record per
     /// message, so an ack is one O(log n) removal there and a counter here, and a leaving
-    /// member's messages are read off that map in id order, which is publish order (SPEC §4).
+    /// member's messages are read off that map in id order, which is publish order (docs/semantics.md#redelivery-order).
     in_flight: u32,
     /// Ack-free subscriptions: the messages this member holds, in delivery order. Its stream
     /// settles them in the order it writes them, which is this order, so settling one is a
@@ -666,7 +666,7 @@ impl Subscription {
         };
         // They go back in publish order (ascending id), not delivery order: after a nack and
         // its redelivery the member may hold 2 then 1, and the next active member must still
-        // get 1 first (SPEC §4). Pushing to the front in reverse puts the lowest id at the head.
+        // get 1 first (docs/semantics.md#redelivery-order). Pushing to the front in reverse puts the lowest id at the head.
         // Its messages, read off the in-flight map, paid on a leave rather than on every
         // delivery and ack: nothing for a member holding nothing, and the walk stops at its
         // last message.
@@ -1236,7 +1236,7 @@ impl Subscription {
         }
     }
 
-    /// Checks SPEC §5 invariants 1 and 4 and the internal bookkeeping; for tests, simulations
+    /// Checks docs/semantics.md#singleton-invariants (1 and 4) and the internal bookkeeping; for tests, simulations
     /// and fuzzing.
     ///
     /// # Errors
@@ -1263,7 +1263,7 @@ impl Subscription {
         } else if active.len() != self.members.len() {
             return Err("a non-singleton member is not active".into());
         }
-        // SPEC §4's singleton order, as a state property: the queue is in id (publish) order
+        // docs/semantics.md#redelivery-order singleton order, as a state property: the queue is in id (publish) order
         // and everything in flight comes before it, so each delivery is the lowest id waiting.
         // A member that released (docs/semantics.md#releases) is sent nothing more: what it
         // still holds may come after what it gave back, and goes back in order when it leaves.

@@ -1,4 +1,4 @@
-//! Ack-free subscriptions (SPEC §4): the core keeps what a member holds in the member's own
+//! Ack-free subscriptions (docs/semantics.md#ack-free): the core keeps what a member holds in the member's own
 //! list, in delivery order, instead of the in-flight map; settling, refusing and giving back
 //! must behave exactly as they do for a subscription whose members ack.
 

@@ -103,7 +103,7 @@ fn checker_rejects_each_kind_of_broken_bookkeeping() {
     }
 }
 
-// SPEC §6: an expiring subscription reports every message it still held, queued or in flight.
+// docs/semantics.md#idle-expiry: an expiring subscription reports every message it still held, queued or in flight.
 #[test]
 fn drain_reports_everything_it_held() {
     let (mut s, _, _) = busy_queue();

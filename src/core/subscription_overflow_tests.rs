@@ -1,4 +1,4 @@
-//! The drop-oldest overflow policy (SPEC §6: "an explicit, documented drop policy").
+//! The drop-oldest overflow policy (docs/semantics.md#overflow-policies: "an explicit, documented drop policy").
 
 use super::*;
 use crate::core::Overflow;

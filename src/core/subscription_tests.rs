@@ -1,4 +1,4 @@
-//! Unit tests of the group state machine, one per SPEC §3–§5 bullet.
+//! Unit tests of the group state machine, one per docs/semantics.md#subscriptions, docs/semantics.md#delivery and docs/semantics.md#singleton bullet.
 
 use std::time::Duration;
 
@@ -87,7 +87,7 @@ fn confirms(effects: &[Effect]) -> Vec<(MemberId, Epoch)> {
         .collect()
 }
 
-// SPEC §5: the first member becomes active; later ones wait and receive nothing.
+// docs/semantics.md#singleton: the first member becomes active; later ones wait and receive nothing.
 #[test]
 fn first_singleton_member_is_confirmed_and_standbys_get_nothing() {
     let mut s = sub(Mode::Singleton);
@@ -111,7 +111,7 @@ fn first_singleton_member_is_confirmed_and_standbys_get_nothing() {
     s.check_invariants().unwrap();
 }
 
-// SPEC §5: on active close, the earliest standby gets confirm (higher epoch), then the
+// docs/semantics.md#singleton: on active close, the earliest standby gets confirm (higher epoch), then the
 // redelivered in-flight message with attempt 2, then the rest in order.
 #[test]
 fn active_leaving_promotes_earliest_standby_with_redelivery_first() {
@@ -148,7 +148,7 @@ fn active_leaving_promotes_earliest_standby_with_redelivery_first() {
     assert_eq!(s.counters().promotions, 2);
 }
 
-// SPEC §5: later joiners never take over from the active member.
+// docs/semantics.md#singleton: later joiners never take over from the active member.
 #[test]
 fn late_joiner_never_preempts() {
     let mut s = sub(Mode::Singleton);
@@ -161,7 +161,7 @@ fn late_joiner_never_preempts() {
     assert_eq!(s.epoch(), 1);
 }
 
-// SPEC §5: promotion follows join order, even when a standby in the middle leaves first.
+// docs/semantics.md#singleton: promotion follows join order, even when a standby in the middle leaves first.
 #[test]
 fn promotion_skips_departed_standbys_and_follows_join_order() {
     let mut s = sub(Mode::Singleton);
@@ -178,7 +178,7 @@ fn promotion_skips_departed_standbys_and_follows_join_order() {
     s.check_invariants().unwrap();
 }
 
-// SPEC §5 invariant 5: epochs never go back, also after a period with no members.
+// docs/semantics.md#singleton-invariant-5: epochs never go back, also after a period with no members.
 #[test]
 fn epochs_keep_increasing_after_the_group_empties() {
     let mut s = sub(Mode::Singleton);
@@ -201,7 +201,7 @@ fn epochs_keep_increasing_after_the_group_empties() {
     assert_eq!(confirms(&fx), vec![(c, 3)]);
 }
 
-// SPEC §5: notify_standby (off by default) tells a standby its place in line.
+// docs/semantics.md#standby-notice: notify_standby (off by default) tells a standby its place in line.
 #[test]
 fn standby_notice_only_when_asked() {
     let mut s = sub(Mode::Singleton);
@@ -229,7 +229,7 @@ fn standby_notice_only_when_asked() {
     );
 }
 
-// SPEC §5: a singleton subscription has one total order across all matched topics; redelivered
+// docs/semantics.md#singleton: a singleton subscription has one total order across all matched topics; redelivered
 // messages come first.
 #[test]
 fn singleton_delivers_in_publish_order_with_window() {
@@ -254,7 +254,7 @@ fn singleton_delivers_in_publish_order_with_window() {
     s.check_invariants().unwrap();
 }
 
-// SPEC §4: after a nack and its redelivery the member holds 2 then 1; when it leaves, the
+// docs/semantics.md#redelivery-order: after a nack and its redelivery the member holds 2 then 1; when it leaves, the
 // promoted member still gets them in publish order (1, 2), then 3. Requeuing in delivery order
 // handed B 2 before 1.
 #[test]
@@ -295,7 +295,7 @@ fn queued_bytes_is_a_running_total() {
     s.check_invariants().unwrap();
 }
 
-// SPEC §4: Ack releases for good; an ack of something not in flight is NOT_FOUND and changes nothing.
+// docs/semantics.md#acks: Ack releases for good; an ack of something not in flight is NOT_FOUND and changes nothing.
 #[test]
 fn unknown_ack_is_not_found_and_changes_nothing() {
     let mut s = sub(Mode::Queue);
@@ -317,7 +317,7 @@ fn unknown_ack_is_not_found_and_changes_nothing() {
     assert_eq!(s.held_bytes(), 0);
 }
 
-// SPEC §4: acks are fenced; a demoted member's late ack cannot release the new holder's copy.
+// docs/semantics.md#fencing: acks are fenced; a demoted member's late ack cannot release the new holder's copy.
 #[test]
 fn stale_ack_from_departed_member_cannot_release_new_holders_copy() {
     let mut s = sub(Mode::Singleton);
@@ -336,7 +336,7 @@ fn stale_ack_from_departed_member_cannot_release_new_holders_copy() {
     s.check_invariants().unwrap();
 }
 
-// SPEC §4: an unfenced ack (no member id) releases whoever holds the message.
+// docs/semantics.md#fencing: an unfenced ack (no member id) releases whoever holds the message.
 #[test]
 fn unfenced_ack_releases_the_current_holder() {
     let mut s = sub(Mode::Singleton);
@@ -346,7 +346,7 @@ fn unfenced_ack_releases_the_current_holder() {
     assert_eq!(delivered(&s.ack(None, 1).unwrap()), vec![(a, 2, 1, 1)]);
 }
 
-// SPEC §4: Nack puts the message back at the head with attempt + 1.
+// docs/semantics.md#nacks: Nack puts the message back at the head with attempt + 1.
 #[test]
 fn nack_redelivers_at_the_head_with_next_attempt() {
     let mut s = sub(Mode::Singleton);
@@ -359,7 +359,7 @@ fn nack_redelivers_at_the_head_with_next_attempt() {
     assert_eq!(s.counters().redelivered, 1);
 }
 
-// SPEC §4: poison messages are dead-lettered after max_delivery_attempts, or dropped and counted.
+// docs/semantics.md#dead-letters: poison messages are dead-lettered after max_delivery_attempts, or dropped and counted.
 #[test]
 fn poison_message_is_dead_lettered_after_max_attempts() {
     let mut sp = spec(Mode::Singleton);
@@ -401,7 +401,7 @@ fn poison_message_is_dead_lettered_after_max_attempts() {
     assert_eq!((s.queued(), s.in_flight(), s.held_bytes()), (0, 0, 0));
 }
 
-// SPEC §3: queue mode gives each message to exactly one member, spread over those with space.
+// docs/semantics.md#modes: queue mode gives each message to exactly one member, spread over those with space.
 #[test]
 fn queue_mode_spreads_messages_round_robin() {
     let mut s = sub(Mode::Queue);
@@ -427,7 +427,7 @@ fn queue_mode_spreads_messages_round_robin() {
     s.check_invariants().unwrap();
 }
 
-// SPEC §3: a broadcast subscription id names one live stream.
+// docs/semantics.md#modes: a broadcast subscription id names one live stream.
 #[test]
 fn broadcast_allows_one_live_stream_per_id() {
     let mut s = sub(Mode::Broadcast);
@@ -442,7 +442,7 @@ fn broadcast_allows_one_live_stream_per_id() {
     assert!(s.join(&spec, MemberOptions::default()).is_ok());
 }
 
-// SPEC §3: joining with different patterns, mode or group is refused, saying what differs.
+// docs/semantics.md#joining-rules: joining with different patterns, mode or group is refused, saying what differs.
 #[test]
 fn joining_with_different_settings_names_every_difference() {
     let mut s = sub(Mode::Singleton);
@@ -464,7 +464,7 @@ fn joining_with_different_settings_names_every_difference() {
     assert_eq!(s.member_count(), 1, "a refused join changes nothing");
 }
 
-// SPEC §6: bounded queues; a full subscription refuses with the limit named.
+// docs/semantics.md#limits-table: bounded queues; a full subscription refuses with the limit named.
 #[test]
 fn capacity_limits_messages_and_bytes() {
     let mut lim = limits();
@@ -499,7 +499,7 @@ fn capacity_limits_messages_and_bytes() {
     assert!(s.check_capacity(14).is_ok());
 }
 
-// SPEC §6: max members per subscription.
+// docs/semantics.md#limits-table: max members per subscription.
 #[test]
 fn member_limit_is_enforced() {
     let mut lim = limits();
@@ -520,7 +520,7 @@ fn member_limit_is_enforced() {
     ));
 }
 
-// SPEC §6: a subscription without members expires after its idle time, keeping its queue till then.
+// docs/semantics.md#idle-expiry: a subscription without members expires after its idle time, keeping its queue till then.
 #[test]
 fn idle_subscription_expires_after_its_timeout() {
     let mut s = sub(Mode::Singleton);
@@ -538,7 +538,7 @@ fn idle_subscription_expires_after_its_timeout() {
     assert_eq!(s.drain(), 1);
 }
 
-// SPEC §4: a window larger than 1 lets that many unacked messages flow.
+// docs/semantics.md#windows: a window larger than 1 lets that many unacked messages flow.
 #[test]
 fn window_limits_unacked_messages_per_member() {
     let mut s = sub(Mode::Queue);
@@ -612,7 +612,7 @@ fn an_upstream_attempt_is_carried_and_one_past_the_limit_is_retired() {
     s.check_invariants().unwrap();
 }
 
-// Cluster mode (SPEC §9): an arbitrated singleton never picks its own active member. Joining,
+// Cluster mode (docs/semantics.md#cluster-mode): an arbitrated singleton never picks its own active member. Joining,
 // even first, waits on standby; the cluster's choice comes in with its epoch; the active
 // member's leaving promotes nobody here, and what it held can be taken out, in publish order,
 // to go back upstream ahead of anything newer.

@@ -1,4 +1,4 @@
-//! Topics and NATS-style patterns (SPEC §2).
+//! Topics and NATS-style patterns (docs/semantics.md#topics-and-patterns).
 //!
 //! A topic is dot-separated tokens; a pattern may use `*` for exactly one token and `>` (last only)
 //! for one or more trailing tokens. Parsing validates once, at the edge; everything past it holds a
@@ -204,7 +204,7 @@ mod tests {
         Pattern::parse(s).unwrap()
     }
 
-    // SPEC §2: tokens non-empty, no whitespace, no wildcards, bounded length.
+    // docs/semantics.md#topics-and-patterns: tokens non-empty, no whitespace, no wildcards, bounded length.
     #[test]
     fn invalid_topics_are_rejected_with_a_reason() {
         for (bad, why) in [
@@ -279,7 +279,7 @@ mod tests {
         }
     }
 
-    // SPEC §2: `*` matches exactly one token, `>` one or more trailing tokens.
+    // docs/semantics.md#topics-and-patterns: `*` matches exactly one token, `>` one or more trailing tokens.
     #[test]
     fn star_matches_exactly_one_token() {
         let pat = p("schedule.*");

@@ -1,5 +1,5 @@
 //! Makes an over-the-limit request answer `RESOURCE_EXHAUSTED`, as gRPC convention has it for
-//! size limits, instead of tonic's own `OUT_OF_RANGE` from its decoder (SPEC §6).
+//! size limits, instead of tonic's own `OUT_OF_RANGE` from its decoder (docs/semantics.md#limits-table).
 //!
 //! The Broker handlers never answer `OUT_OF_RANGE` themselves, so on this service that status can
 //! only come from the decoder refusing a request over `max_request_bytes`.

@@ -1,4 +1,4 @@
-//! `Consume` (SPEC §8): a subscription whose acks and nacks travel on its own stream. Same
+//! `Consume` (docs/semantics.md#carriages): a subscription whose acks and nacks travel on its own stream. Same
 //! member, same semantics as `Subscribe` plus unary settles; only the carriage differs.
 
 use std::{

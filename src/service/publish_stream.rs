@@ -1,4 +1,4 @@
-//! `PublishStream` (SPEC §8): publishes without one HTTP/2 request each. One state machine for
+//! `PublishStream` (docs/semantics.md#carriages): publishes without one HTTP/2 request each. One state machine for
 //! both deployments: it reads the requests, validates each into a draft (or its refusal), hands
 //! them to the backend's [`Publisher`] while it takes more, and writes one answer per request,
 //! in request order. What differs (published together and answered at once by the embedded

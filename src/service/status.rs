@@ -90,7 +90,7 @@ pub(super) fn closed_by_client() -> Status {
 }
 
 /// A request stream's error as the stream's final status. Tonic's decoder refuses a request
-/// over `max_request_bytes` with `OUT_OF_RANGE`; SPEC §6 (and gRPC convention for size limits)
+/// over `max_request_bytes` with `OUT_OF_RANGE`; docs/semantics.md#limits-table (and gRPC convention for size limits)
 /// says `RESOURCE_EXHAUSTED`. A unary call's status is rewritten in its response headers
 /// (`server::oversize`); a stream's travels in its trailers, so it is mapped here.
 pub(super) fn oversize_as_resource_exhausted(status: Status) -> Status {

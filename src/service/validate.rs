@@ -1,5 +1,5 @@
 //! Validation, once, at the edge: protobuf requests become domain types ([`Draft`],
-//! [`OpenRequest`], [`Fence`]) or an [`Error`] naming what is wrong (SPEC §3 "Validation").
+//! [`OpenRequest`], [`Fence`]) or an [`Error`] naming what is wrong (docs/semantics.md#joining-rules "Validation").
 
 use crate::{
     broker::{ConnectionId, Fence},
@@ -108,7 +108,7 @@ pub fn draft_reusing(
     Ok(draft)
 }
 
-/// Validates an `OpenSubscription` (SPEC §3 "Validation").
+/// Validates an `OpenSubscription` (docs/semantics.md#joining-rules "Validation").
 ///
 /// # Errors
 /// [`Error::InvalidArgument`], [`Error::InvalidPattern`] or [`Error::InvalidTopic`] naming the
@@ -231,7 +231,7 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
 }
 
 /// Validates the identifying fields of an Ack or Nack and picks its fence: the `member_id` it
-/// names, or else the connection it arrived on (SPEC §4: the seed's two-field Ack).
+/// names, or else the connection it arrived on (docs/semantics.md#connection-fence: the seed's two-field Ack).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] naming the missing field.

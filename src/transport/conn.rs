@@ -1,6 +1,6 @@
 //! Which connection a request arrived on: every admitted connection gets a number (see
 //! `incoming::Guarded`), which the service reads back from the request, so the fence for acks
-//! that name no member (SPEC §4: "the holder's stream runs on this ack's connection") holds for
+//! that name no member (docs/semantics.md#connection-fence: "the holder's stream runs on this ack's connection") holds for
 //! any transport the server runs on (TCP, TLS, simulation).
 
 use crate::broker::ConnectionId;

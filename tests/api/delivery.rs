@@ -1,4 +1,4 @@
-//! Queue and broadcast modes, acks, nacks, dead letters and batches over the wire (SPEC §3–§4).
+//! Queue and broadcast modes, acks, nacks, dead letters and batches over the wire (docs/semantics.md#subscriptions and docs/semantics.md#delivery).
 
 use std::collections::BTreeSet;
 
@@ -7,7 +7,7 @@ use tonic::Code;
 
 use crate::harness::*;
 
-// SPEC §3: queue mode gives each message to exactly one member, spread over members with space.
+// docs/semantics.md#modes: queue mode gives each message to exactly one member, spread over members with space.
 over_carriages! {
 async fn queue_mode_delivers_each_message_once_spread_over_members(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -46,7 +46,7 @@ async fn queue_mode_delivers_each_message_once_spread_over_members(carriage: Car
 }
 }
 
-// SPEC §3: queue mode, a member leaving hands its in-flight messages to the others.
+// docs/semantics.md#modes: queue mode, a member leaving hands its in-flight messages to the others.
 over_carriages! {
 async fn queue_member_leaving_hands_in_flight_to_others(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -64,7 +64,7 @@ async fn queue_member_leaving_hands_in_flight_to_others(carriage: Carriage) {
 }
 }
 
-// SPEC §3: broadcast gives every stream every message; a second open of a live id is refused.
+// docs/semantics.md#modes: broadcast gives every stream every message; a second open of a live id is refused.
 over_carriages! {
 async fn broadcast_gives_every_stream_every_message(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -93,7 +93,7 @@ async fn broadcast_gives_every_stream_every_message(carriage: Carriage) {
 }
 }
 
-// SPEC §2: routing follows NATS pattern semantics over the wire.
+// docs/semantics.md#topics-and-patterns: routing follows NATS pattern semantics over the wire.
 #[tokio::test]
 async fn patterns_route_as_nats_does() {
     let server = TestServer::start().await;
@@ -110,7 +110,7 @@ async fn patterns_route_as_nats_does() {
     assert_eq!(star.message().await.system_id, r.system_id);
 }
 
-// SPEC §4: ack of a message not in flight is NOT_FOUND; the window holds the next until the ack.
+// docs/semantics.md#acks: ack of a message not in flight is NOT_FOUND; the window holds the next until the ack.
 over_carriages! {
 async fn unknown_ack_is_not_found_and_window_gates_delivery(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -152,7 +152,7 @@ async fn unknown_ack_is_not_found_and_window_gates_delivery(carriage: Carriage) 
 }
 }
 
-// SPEC §4: a larger window lets that many unacked messages flow.
+// docs/semantics.md#windows: a larger window lets that many unacked messages flow.
 over_carriages! {
 async fn max_in_flight_window_allows_several_unacked(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -173,7 +173,7 @@ async fn max_in_flight_window_allows_several_unacked(carriage: Carriage) {
 }
 }
 
-// SPEC §4: Nack returns the message to the head with delivery_attempt + 1.
+// docs/semantics.md#nacks: Nack returns the message to the head with delivery_attempt + 1.
 over_carriages! {
 async fn nack_redelivers_at_the_head(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -194,7 +194,7 @@ async fn nack_redelivers_at_the_head(carriage: Carriage) {
 }
 }
 
-// SPEC §4: a poison message is published to the dead-letter topic with headers saying why.
+// docs/semantics.md#dead-letters: a poison message is published to the dead-letter topic with headers saying why.
 over_carriages! {
 async fn poison_message_goes_to_the_dead_letter_topic(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -233,7 +233,7 @@ async fn poison_message_goes_to_the_dead_letter_topic(carriage: Carriage) {
 }
 }
 
-// SPEC §4: a dead letter whose topic matches its own subscription's patterns skips it (no
+// docs/semantics.md#dead-letters: a dead letter whose topic matches its own subscription's patterns skips it (no
 // loop), reaches the others, and a member joining later without max_delivery_attempts or
 // dead_letter_topic gets the subscription's own (through gateways: a member on the other
 // gateway, where the subscription did not exist yet).
@@ -284,7 +284,7 @@ async fn dead_letters_skip_their_own_subscription_and_joins_inherit_the_settings
     assert_eq!(dead.headers["tinybroker-dead-letter-attempts"], "1");
 }
 
-// SPEC §4: a dead letter skips only the subscription it came from. A message a client
+// docs/semantics.md#dead-letters: a dead letter skips only the subscription it came from. A message a client
 // publishes with the `tinybroker-dead-letter-*` headers (a dead letter sent back to its topic
 // with its headers, to be tried again) is an ordinary message: the subscription named in them
 // gets it like any other.
@@ -333,7 +333,7 @@ async fn a_dead_letter_published_again_reaches_the_subscription_it_names() {
     assert_eq!(worker.message().await.system_id, after);
 }
 
-// SPEC §4: a poison message is moved to the dead-letter topic whatever its size: one the
+// docs/semantics.md#dead-letters: a poison message is moved to the dead-letter topic whatever its size: one the
 // broker took (near max_message_bytes, 1 MiB by default, as NATS's default max_payload) is
 // dead-lettered too, though its dead letter carries five headers more. (Through gateways the
 // largest message taken is max_payload less 2 KiB kept for those headers:
@@ -368,7 +368,7 @@ async fn a_poison_message_at_the_size_limit_is_dead_lettered() {
     assert_eq!(dead.payload.len(), payload.len());
 }
 
-// SPEC §4: a message whose last attempt ends with its member's stream (a singleton's active
+// docs/semantics.md#redelivery-order: a message whose last attempt ends with its member's stream (a singleton's active
 // member closes while holding it) is dead-lettered once, and not delivered again to the
 // member promoted after it (through gateways: on the other gateway).
 #[tokio::test]
@@ -412,7 +412,7 @@ async fn a_message_whose_last_attempt_ends_with_its_member_is_dead_lettered_once
     assert_eq!(of_poison, 1, "one dead letter of the poison message");
 }
 
-// SPEC §1: PublishBatch publishes in order; an invalid message rejects the whole batch.
+// docs/semantics.md#batches: PublishBatch publishes in order; an invalid message rejects the whole batch.
 #[tokio::test]
 async fn publish_batch_is_ordered_and_validated_up_front() {
     let server = TestServer::start().await;

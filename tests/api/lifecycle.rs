@@ -1,4 +1,4 @@
-//! Server lifecycle: graceful shutdown, health, reflection, auth, idle expiry, the binary (SPEC §7).
+//! Server lifecycle: graceful shutdown, health, reflection, auth, idle expiry, the binary (docs/semantics.md#shutdown).
 
 use std::{
     io::{BufRead, BufReader},
@@ -11,7 +11,7 @@ use tonic::{Code, Request, transport::Channel};
 
 use crate::harness::*;
 
-// SPEC §7: on shutdown, streams end with a clear status and the server returns.
+// docs/semantics.md#shutdown: on shutdown, streams end with a clear status and the server returns.
 #[tokio::test]
 async fn graceful_shutdown_ends_streams_with_unavailable() {
     let server = TestServer::start().await;
@@ -27,7 +27,7 @@ async fn graceful_shutdown_ends_streams_with_unavailable() {
     within(stop).await.unwrap().unwrap();
 }
 
-// SPEC §7 (issue 17, item 7): shutdown ends an open `PublishStream` with UNAVAILABLE at once,
+// docs/semantics.md#shutdown (issue 17, item 7): shutdown ends an open `PublishStream` with UNAVAILABLE at once,
 // as it ends member streams, instead of waiting out the drain for the publisher to hang up.
 #[tokio::test]
 async fn shutdown_ends_publish_streams_with_unavailable_without_waiting_for_the_drain() {
@@ -79,7 +79,7 @@ async fn shutdown_ends_publish_streams_with_unavailable_without_waiting_for_the_
     drop(requests);
 }
 
-// SPEC §1: the standard health service answers SERVING.
+// docs/semantics.md#api-surface: the standard health service answers SERVING.
 #[tokio::test]
 async fn health_service_reports_serving() {
     let server = TestServer::start().await;
@@ -101,7 +101,7 @@ async fn health_service_reports_serving() {
     );
 }
 
-// SPEC §7: with a bearer token configured, Broker RPCs without it are UNAUTHENTICATED.
+// docs/semantics.md#access: with a bearer token configured, Broker RPCs without it are UNAUTHENTICATED.
 #[tokio::test]
 async fn bearer_token_is_required_when_configured() {
     let server = TestServer::with_config(ServerConfig {
@@ -137,7 +137,7 @@ async fn bearer_token_is_required_when_configured() {
     within(client.1.clone().publish(right)).await.unwrap();
 }
 
-// SPEC §6: a subscription whose last member left keeps its queue for the idle time; a member
+// docs/semantics.md#idle-expiry: a subscription whose last member left keeps its queue for the idle time; a member
 // rejoining in time finds its messages. (Expiry itself runs on the paused clock in the broker's
 // own tests.)
 #[tokio::test]
@@ -189,7 +189,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-// SPEC §7: `tinybroker serve` on port 0 logs the bound address, serves, and exits 0 on SIGTERM.
+// docs/semantics.md#shutdown: `tinybroker serve` on port 0 logs the bound address, serves, and exits 0 on SIGTERM.
 // Runs its own embedded `tinybroker serve` (cluster mode's binary is tested in tests/cluster/main.rs).
 embedded_only! {
 #[tokio::test]
@@ -264,7 +264,7 @@ fn cli_subscriber(
     (child, rx)
 }
 
-// SPEC §5: a replica process killed with SIGKILL while holding a message (its TCP connection
+// docs/semantics.md#singleton: a replica process killed with SIGKILL while holding a message (its TCP connection
 // reset by the kernel, not a polite cancel) is replaced at once by the earliest standby, which
 // gets the message with attempt 2.
 #[tokio::test]

@@ -1,9 +1,9 @@
-//! Black-box tests of the gRPC API against a real server on loopback (SPEC §1–§7).
+//! Black-box tests of the gRPC API against a real server on loopback (docs/semantics.md).
 //!
 //! The same suite runs against cluster mode in `tests/cluster` (two gateways over a NATS
 //! cluster); what only the embedded broker offers is written inside `embedded_only!`.
 
-/// Items that test what only the embedded broker offers (SPEC §9 lists what cluster mode
+/// Items that test what only the embedded broker offers (docs/semantics.md#cluster-mode lists what cluster mode
 /// refuses or does differently): compiled here, left out of the suite's run on gateways.
 macro_rules! embedded_only {
     ($($item:item)*) => { $($item)* };

@@ -268,7 +268,7 @@ async fn an_oversized_request_after_a_burst_still_answers_what_was_published() {
 }
 
 embedded_only! {
-// SPEC §6: a request over the size limit is RESOURCE_EXHAUSTED on a stream too (tonic's decoder
+// docs/semantics.md#limits-table: a request over the size limit is RESOURCE_EXHAUSTED on a stream too (tonic's decoder
 // says OUT_OF_RANGE, and a stream's status travels in its trailers, which the unary calls'
 // rewrite does not see).
 #[tokio::test]

@@ -1,8 +1,8 @@
-//! DELIVERY_MODE_SINGLETON over the wire (SPEC §5).
+//! DELIVERY_MODE_SINGLETON over the wire (docs/semantics.md#singleton).
 
 use crate::harness::*;
 
-// SPEC §5: the active member drops its stream while holding an unacked message; the earliest
+// docs/semantics.md#singleton: the active member drops its stream while holding an unacked message; the earliest
 // standby gets the confirmation with a higher epoch, then that message with attempt 2, then the
 // rest in order; later standbys get nothing.
 over_carriages! {
@@ -69,7 +69,7 @@ async fn active_crash_mid_message_promotes_earliest_standby_with_redelivery_firs
 }
 }
 
-// SPEC §5 invariants 2, 3, 5: a cascade of failovers follows join order, epochs strictly increase,
+// docs/semantics.md#singleton-invariants (2, 3, 5): a cascade of failovers follows join order, epochs strictly increase,
 // and every message is eventually acked exactly once.
 over_carriages! {
 async fn cascade_of_failovers_loses_nothing_and_epochs_increase(carriage: Carriage) {
@@ -113,7 +113,7 @@ async fn cascade_of_failovers_loses_nothing_and_epochs_increase(carriage: Carria
 }
 }
 
-// SPEC §5: later joiners never take over from the active member; promotion follows join order.
+// docs/semantics.md#singleton: later joiners never take over from the active member; promotion follows join order.
 over_carriages! {
 async fn late_joiner_never_preempts_and_waits_its_turn(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -141,7 +141,7 @@ async fn late_joiner_never_preempts_and_waits_its_turn(carriage: Carriage) {
 }
 }
 
-// SPEC §5 (optional notice): a member that asks is told it is on standby and its place in line
+// docs/semantics.md#standby-notice (optional notice): a member that asks is told it is on standby and its place in line
 // (through gateways, its place in the cluster's line).
 #[tokio::test]
 async fn standby_notice_reports_place_in_line_when_asked() {
@@ -178,7 +178,7 @@ async fn standby_notice_reports_place_in_line_when_asked() {
     d.confirmed().await;
 }
 
-// SPEC §4: a demoted member's late ack cannot release the new holder's copy.
+// docs/semantics.md#fencing: a demoted member's late ack cannot release the new holder's copy.
 over_carriages! {
 async fn stale_ack_after_failover_is_refused_and_changes_nothing(carriage: Carriage) {
     let server = TestServer::start().await;
@@ -211,7 +211,7 @@ async fn stale_ack_after_failover_is_refused_and_changes_nothing(carriage: Carri
 }
 }
 
-// SPEC §4 order after a nack and a failover (issue 17 part 3): window 2, A gets 1 and 2, nacks 1
+// docs/semantics.md#redelivery-order order after a nack and a failover (issue 17 part 3): window 2, A gets 1 and 2, nacks 1
 // and gets it again, so it holds 2 then 1. When A leaves, the promoted B gets them in publish
 // order (1, then 2), then 3. B used to get 2 first.
 over_carriages! {

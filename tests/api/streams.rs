@@ -1,5 +1,5 @@
 //! The seed's two-field Ack fenced by the connection, the `Consume` and `PublishStream`
-//! carriages, ack-free delivery and the drop-oldest overflow policy (SPEC §4, §6, §8).
+//! carriages, ack-free delivery and the drop-oldest overflow policy (docs/semantics.md#ack-free, docs/semantics.md#overflow-policies and docs/semantics.md#carriages).
 
 use tinybroker::{
     core::Limits,
@@ -27,7 +27,7 @@ fn settle(ack: Vec<u64>, nack: Vec<u64>) -> pb::ConsumeRequest {
     }
 }
 
-// SPEC §4: `Ack { subscription_id, system_id }` with no member_id works over the connection the
+// docs/semantics.md#connection-fence: `Ack { subscription_id, system_id }` with no member_id works over the connection the
 // member's stream runs on, and lets the next message flow; so does the two-field Nack.
 #[tokio::test]
 async fn two_field_ack_and_nack_over_the_streams_connection_let_the_next_flow() {
@@ -49,7 +49,7 @@ async fn two_field_ack_and_nack_over_the_streams_connection_let_the_next_flow() 
     assert_eq!((counters.acked, counters.nacked, info.in_flight), (2, 1, 0));
 }
 
-// SPEC §4: a late two-field ack from a process whose stream ended arrives on another connection
+// docs/semantics.md#connection-fence: a late two-field ack from a process whose stream ended arrives on another connection
 // than the new holder's: refused with FAILED_PRECONDITION, counted, and it changes nothing; the
 // new holder's two-field ack works.
 #[tokio::test]
@@ -253,7 +253,7 @@ async fn shutdown_ends_consume_streams_with_unavailable() {
     within(stopping).await.unwrap().unwrap();
 }
 
-// SPEC §8: one stream, one answer per publish, in order; a refusal is an answer, not the end.
+// docs/semantics.md#carriages: one stream, one answer per publish, in order; a refusal is an answer, not the end.
 #[tokio::test]
 async fn publish_stream_answers_each_publish_in_order() {
     let server = TestServer::start().await;
@@ -299,7 +299,7 @@ fn ack_free(id: &str) -> pb::OpenSubscription {
     }
 }
 
-// SPEC §4: ack-free fan-out: every subscriber gets every message and nothing waits for an ack;
+// docs/semantics.md#ack-free: ack-free fan-out: every subscriber gets every message and nothing waits for an ack;
 // an ack on such a subscription is refused, saying why.
 #[tokio::test]
 async fn ack_free_fan_out_needs_no_acks() {
@@ -359,7 +359,7 @@ fn small_queues(max_queue_messages: u64) -> ServerConfig {
     }
 }
 
-// SPEC §4/§6: an ack-free subscriber that never reads cannot block publishers, neither to itself
+// docs/semantics.md#ack-free and docs/semantics.md#overflow-policies: an ack-free subscriber that never reads cannot block publishers, neither to itself
 // nor to anyone else on its topics, and cannot grow memory: once its window and its queue are
 // full, the oldest messages are dropped and counted, while an acked subscriber on the same topic
 // gets everything.
@@ -423,7 +423,7 @@ async fn slow_ack_free_subscriber_drops_oldest_and_never_blocks_publishers() {
     drop(slow);
 }
 
-// SPEC §6: with drop-oldest, a subscription abandoned by its members cannot block publishers to
+// docs/semantics.md#overflow-policies: with drop-oldest, a subscription abandoned by its members cannot block publishers to
 // its topics; with the default reject-publish it does, until it expires.
 // Through gateways a subscription without members has its queue in JetStream, not at a gateway:
 // no gateway drops or refuses for it; the stream's limits bound every backlog together

@@ -1,5 +1,5 @@
 //! TLS, mutual TLS and the bearer token, for real: certificates are made fresh by each test,
-//! and the server, the library client and the CLI talk TLS to each other (SPEC §7 "Security").
+//! and the server, the library client and the CLI talk TLS to each other (docs/semantics.md#access "Security").
 
 use std::path::{Path, PathBuf};
 

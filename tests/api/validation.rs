@@ -1,4 +1,4 @@
-//! Bad input gets a clear status and changes nothing; limits are enforced and counted (SPEC §3, §6).
+//! Bad input gets a clear status and changes nothing; limits are enforced and counted (docs/semantics.md#subscriptions and docs/semantics.md#bad-input).
 
 use tinybroker::{
     core::Limits,
@@ -9,7 +9,7 @@ use tonic::Code;
 
 use crate::harness::*;
 
-// SPEC §3 "Validation": each malformed OpenSubscription gets INVALID_ARGUMENT naming the problem.
+// docs/semantics.md#joining-rules "Validation": each malformed OpenSubscription gets INVALID_ARGUMENT naming the problem.
 #[tokio::test]
 async fn malformed_subscriptions_are_invalid_argument() {
     let server = TestServer::start().await;
@@ -107,7 +107,7 @@ async fn malformed_subscriptions_are_invalid_argument() {
     );
 }
 
-// SPEC §3: joining a live subscription with different patterns, mode or group says what differs.
+// docs/semantics.md#joining-rules: joining a live subscription with different patterns, mode or group says what differs.
 #[tokio::test]
 async fn joining_with_different_settings_is_failed_precondition() {
     let server = TestServer::start().await;
@@ -144,7 +144,7 @@ async fn joining_with_different_settings_is_failed_precondition() {
     assert_eq!(client.describe("same").await.unwrap().members.len(), 1);
 }
 
-// SPEC §2: invalid topics on publish are INVALID_ARGUMENT and publish nothing.
+// docs/semantics.md#topics-and-patterns: invalid topics on publish are INVALID_ARGUMENT and publish nothing.
 #[tokio::test]
 async fn invalid_topics_are_invalid_argument() {
     let server = TestServer::start().await;
@@ -201,7 +201,7 @@ fn small_limits() -> ServerConfig {
     }
 }
 
-// SPEC §6: a message over the maximum size is RESOURCE_EXHAUSTED naming the limit, also when it
+// docs/semantics.md#limits-table: a message over the maximum size is RESOURCE_EXHAUSTED naming the limit, also when it
 // is over the transport's decode limit (tonic's own OUT_OF_RANGE is rewritten).
 #[tokio::test]
 async fn oversized_messages_are_resource_exhausted() {
@@ -235,7 +235,7 @@ async fn oversized_messages_are_resource_exhausted() {
     client.publish("big.one", "small").await;
 }
 
-// SPEC §6: a full queue refuses publishes with RESOURCE_EXHAUSTED naming the subscription and
+// docs/semantics.md#overflow-policies: a full queue refuses publishes with RESOURCE_EXHAUSTED naming the subscription and
 // limit; the publish is all-or-nothing (a matching subscription with room does not queue it
 // either), and the refusal is counted.
 // Through gateways the queue is in JetStream, bounded by the stream's limits for every
@@ -281,7 +281,7 @@ async fn full_queue_rejects_publish_on_every_subscription_and_counts_it() {
 }
 }
 
-// SPEC §6: headers count against the size limit and their number is bounded.
+// docs/semantics.md#limits-table: headers count against the size limit and their number is bounded.
 #[tokio::test]
 async fn too_many_headers_are_refused() {
     let server = TestServer::start().await;
@@ -299,7 +299,7 @@ async fn too_many_headers_are_refused() {
     );
 }
 
-// SPEC §6: bounded subscriptions and members per subscription.
+// docs/semantics.md#limits-table: bounded subscriptions and members per subscription.
 #[tokio::test]
 async fn subscription_and_member_limits_are_resource_exhausted() {
     let server = TestServer::with_config(small_limits()).await;

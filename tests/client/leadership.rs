@@ -69,7 +69,7 @@ async fn broker_dropped(client: &Client) -> u64 {
     .await
 }
 
-// Issue 17 item 4 (SPEC §4 ack-free slow consumers, §6 bounded memory): a leader whose job
+// Issue 17 item 4 (docs/semantics.md#ack-free ack-free slow consumers, docs/semantics.md#limits bounded memory): a leader whose job
 // never takes its messages holds at most MAX_BUFFERED_MESSAGES of them; the rest stay with the
 // broker, whose slow-consumer policy drops the oldest and counts them. Then the job can still
 // take messages, in order.
@@ -97,7 +97,7 @@ async fn a_leader_that_takes_no_messages_pushes_back_on_the_broker_instead_of_bu
     }
 }
 
-// SPEC §5: a leader that has stopped reading its stream (its buffer is full) must still learn
+// docs/semantics.md#singleton: a leader that has stopped reading its stream (its buffer is full) must still learn
 // at once that it lost the lead when the broker goes away, although the end of its stream waits
 // behind unread messages.
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! Two replicas of `examples/scheduler.rs` as real processes: the leader is killed with SIGKILL
 //! and the other takes over with a higher epoch within the failover bound; and the broker itself,
 //! a `tinybroker serve` process, is killed with SIGKILL and started again, twice, and each new
-//! leader's epoch is above every earlier one (SPEC §5).
+//! leader's epoch is above every earlier one (docs/semantics.md#singleton).
 //!
 //! Cargo does not build examples for `cargo test --test client`, so the example's source is
 //! compiled into this test binary and the test re-executes the binary as each replica.
@@ -26,7 +26,7 @@ const CHILD_FLAGS: &str = "TINYBROKER_TEST_SCHEDULER_FLAGS";
 /// The test a child process runs.
 const CHILD_TEST: &str = "scheduler::scheduler_example_entry_point";
 
-/// How long after the SIGKILL the standby must be leading (SPEC §5: promotion is immediate
+/// How long after the SIGKILL the standby must be leading (docs/semantics.md#singleton: promotion is immediate
 /// when the stream closes; the bound leaves room for a loaded machine).
 const FAILOVER_BOUND: Duration = Duration::from_secs(5);
 
@@ -138,7 +138,7 @@ fn epoch_of(rest: &str) -> u64 {
     rest.split_whitespace().next().unwrap().parse().unwrap()
 }
 
-// SPEC §5: exactly one replica runs the job; SIGKILL on the leader promotes the standby with a
+// docs/semantics.md#singleton: exactly one replica runs the job; SIGKILL on the leader promotes the standby with a
 // strictly higher epoch within the failover bound, and the epoch-fenced store only ever sees
 // epochs go up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,7 +223,7 @@ fn store_epochs(store: &PathBuf) -> Vec<u64> {
         .collect()
 }
 
-// SPEC §5, "strictly increasing, also across broker restarts": the broker process is killed with
+// docs/semantics.md#restart-identity, "strictly increasing, also across broker restarts": the broker process is killed with
 // SIGKILL and started again on the same address, twice, while two scheduler replicas run. Each
 // time they rejoin by themselves, the one that leads has an epoch above every earlier leader's,
 // and the fenced store takes its writes: it sees one epoch per broker run, strictly increasing,

@@ -18,7 +18,7 @@ async fn tinybroker(args: Vec<String>) -> Output {
     .unwrap()
 }
 
-// Inspection (SPEC §1): members in promotion order, the active one, epochs, depths and counters,
+// Inspection (docs/semantics.md#inspection): members in promotion order, the active one, epochs, depths and counters,
 // as JSON a script can read and as a table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_members_in_promotion_order_with_the_active_one() {

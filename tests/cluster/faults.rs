@@ -1,4 +1,4 @@
-//! Faults against processes (SPEC §9, step 4 of issue 14): a gateway process killed with
+//! Faults against processes (docs/semantics.md#cluster-mode, step 4 of issue 14): a gateway process killed with
 //! SIGKILL, a NATS node killed with SIGKILL, every gateway stopped and started again. In each,
 //! every publish a gateway confirmed is delivered.
 

@@ -61,7 +61,7 @@ async fn ack_and_publish_again(member: &mut Member, on_b: &crate::harness::Clien
     .await;
 }
 
-// SPEC §6 (memory is bounded) in cluster mode: the stream refuses the publish past its
+// docs/semantics.md#limits-table (memory is bounded) in cluster mode: the stream refuses the publish past its
 // max_msgs, on the unary and the streaming carriage, counts it, and takes publishes again once
 // an ack makes room. Nothing confirmed is discarded to make room.
 #[tokio::test]
@@ -170,7 +170,7 @@ async fn a_stream_full_by_bytes_refuses_publishes() {
     ack_and_publish_again(&mut member, &on_b).await;
 }
 
-// SPEC §6: bad input never breaks the broker. A gateway whose --max-message-bytes is above the
+// docs/semantics.md#bad-input: bad input never breaks the broker. A gateway whose --max-message-bytes is above the
 // NATS servers' max_payload (1 MiB by default) takes a message NATS cannot carry: it is
 // INVALID_ARGUMENT saying so, counted, and the gateway goes on publishing.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Cluster mode (SPEC §9, step 2 of issue 14) against real nats-server processes: two gateways
+//! Cluster mode (docs/semantics.md#cluster-mode, step 2 of issue 14) against real nats-server processes: two gateways
 //! over a three-node JetStream cluster, subscribers on one gateway and publishers on the other.
 //! Every wait is for an event, bounded by the API harness's `within`.
 

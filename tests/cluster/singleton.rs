@@ -1,4 +1,4 @@
-//! SINGLETON across gateways (SPEC §5 and §9, step 3 of issue 14): one line across every
+//! SINGLETON across gateways (docs/semantics.md#singleton and docs/semantics.md#cluster-mode, step 3 of issue 14): one line across every
 //! gateway, kept in the coordination bucket; promotion in join order on a clean close; epochs
 //! from the bucket's revisions; the in-flight message first, with attempt + 1.
 
@@ -195,7 +195,7 @@ async fn gateway_started_at(url: &str, floor_micros: u64) -> TestServer {
     gateway_with(GatewayConfig::new(url), clock).await
 }
 
-// SPEC §4: an ack from a member that no longer holds the message must not release the new
+// docs/semantics.md#fencing: an ack from a member that no longer holds the message must not release the new
 // holder's copy, and in cluster mode an ack naming its member works at any gateway. Member ids
 // are numbered per gateway from the gateway's start time, so two gateways started at nearly the
 // same time (here: the same microsecond) hand out the same ids. The deposed active member's
@@ -233,7 +233,7 @@ async fn a_deposed_members_late_ack_does_not_release_the_promoted_members_copy()
     on_b.ack("fenced", b1.member_id, held).await.unwrap();
 }
 
-// SPEC §4 and §9: a singleton's messages reach the active member in publish order, a
+// docs/semantics.md#redelivery-order and docs/semantics.md#cluster-mode: a singleton's messages reach the active member in publish order, a
 // redelivered one first, also across a clean close. The active member (window 32) closes while
 // messages keep arriving from the pull its gateway had open for it: whatever that gateway held
 // or was being handed goes back in stream order, so the promoted member on the other gateway
@@ -293,7 +293,7 @@ async fn a_close_during_a_stream_of_messages_keeps_publish_order_for_the_promote
     );
 }
 
-// SPEC §4 and §5: every delivery of a message counts, and a member's stream ending puts its
+// docs/semantics.md#delivery and docs/semantics.md#singleton: every delivery of a message counts, and a member's stream ending puts its
 // in-flight message back with attempt + 1. The active member nacks a message (it comes back
 // to it with attempt 2), then closes while holding it: the member promoted on the other gateway
 // gets it with attempt 3, not with JetStream's count of deliveries to gateways.
@@ -395,7 +395,7 @@ async fn an_ack_free_singleton_hands_on_what_its_leaving_member_never_got() {
     assert_eq!(got, published[skipped..], "in publish order, no gap");
 }
 
-// SPEC §4 and §9: publish order across a clean close, also when JetStream redelivers what was
+// docs/semantics.md#redelivery-order and docs/semantics.md#cluster-mode: publish order across a clean close, also when JetStream redelivers what was
 // given back out of order (seen: 118 after 119 and 120 above). The active member (window 8),
 // its gateway's only member of the subscription, holds m0..m3 when it closes, while its
 // gateway has a pull open: the gateway gives them back, m0 first. A second puller, standing

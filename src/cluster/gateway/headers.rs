@@ -51,7 +51,7 @@ pub(super) fn nats_headers(headers: &crate::core::Headers) -> Result<HeaderMap, 
 mod tests {
     use super::*;
 
-    // SPEC §6: nothing a client sends panics the broker. A header name with a multi-byte
+    // docs/semantics.md#bad-input: nothing a client sends panics the broker. A header name with a multi-byte
     // character across its fifth byte used to be sliced there (a panic in cluster mode).
     #[test]
     fn header_names_are_checked_without_slicing_inside_a_character() {

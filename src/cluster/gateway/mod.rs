@@ -1,4 +1,4 @@
-//! Cluster mode's gateway (SPEC §9): `tinybroker serve --nats URLS` serves the gRPC API over a
+//! Cluster mode's gateway (docs/semantics.md#cluster-mode): `tinybroker serve --nats URLS` serves the gRPC API over a
 //! NATS JetStream cluster, for publishes and subscriptions of every mode. Any number of
 //! gateways serve the same subscriptions.
 //!
@@ -28,7 +28,7 @@
 //!   each message to one gateway and that gateway's core to one member. Its settings are kept
 //!   in the consumer's metadata, so a join on any gateway with other patterns, mode or group is
 //!   `FAILED_PRECONDITION` saying what differs.
-//! - **BROADCAST**: a broadcast id names one stream (SPEC §3), so its consumer is this
+//! - **BROADCAST**: a broadcast id names one stream (docs/semantics.md#modes), so its consumer is this
 //!   gateway's own (named with the gateway's id) and gets every matching message. The
 //!   `ALREADY_EXISTS` check for a second live stream on one id is per gateway.
 //! - **A join waits for every replica of its consumer** (`await_replicas`): a server that

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::core::{AckMode, Mode, Overflow, Pattern, SubscriptionSpec, Topic};
 
-/// A topic's or pattern's subject: `<prefix>.<topic>`. Topics are already NATS-shaped (SPEC §2:
+/// A topic's or pattern's subject: `<prefix>.<topic>`. Topics are already NATS-shaped (docs/semantics.md#topics-and-patterns:
 /// dot-separated non-empty tokens without whitespace, `*` or `>`), and patterns use NATS
 /// wildcards, so the mapping is the identity behind the prefix.
 pub fn subject(prefix: &str, topic: &str) -> String {
