@@ -14,6 +14,8 @@
 //! - [`error`]: every refusal, as data;
 //! - [`planted`]: test-only broken behaviours the simulation checker must catch.
 
+pub mod cost;
+pub mod effect;
 pub mod error;
 pub mod ids;
 pub mod index;

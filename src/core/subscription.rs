@@ -1,6 +1,12 @@
 //! One subscription's state machine: members in join order, the shared queue, per-member windows,
 //! in-flight records, epochs and counters (docs/semantics.md#subscriptions, docs/semantics.md#delivery and docs/semantics.md#singleton).
 //!
+//! This file is the state machine's inputs and the internals they share (over 600 lines for
+//! that reason: they are one machine); its effect and counter types are in `core::effect`, the
+//! memory-cost model in `core::cost`, and cluster mode's inputs, drop-oldest and the invariant
+//! checks in `subscription_arbitrated.rs`, `subscription_drop_oldest.rs` and
+//! `subscription_check.rs`.
+//!
 //! Inputs are the `join`, `leave`, `enqueue`, `ack`, `nack` and `release` methods; each returns the ordered
 //! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
 //! `now` argument (time since the broker started).
@@ -14,12 +20,10 @@ use std::{
 
 use super::{
     error::Error,
-    index::{self, PatternIndex},
     message::{Message, SystemId},
     planted::{PlantedBug, active as planted},
     queue::Queue,
     spec::{AckMode, MemberOptions, Mode, Overflow, SubscriptionSpec},
-    topic::Pattern,
 };
 
 /// Identifies a member of a subscription; increases in join order, never reused.
@@ -27,147 +31,11 @@ pub type MemberId = u64;
 /// Fencing token handed to each newly active member; strictly increasing per subscription id.
 pub type Epoch = u64;
 
-/// What the shell must do after an input, in this order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Effect {
-    /// Tell `member` it is active, with its epoch (always its first frame).
-    Confirm {
-        /// The member now active.
-        member: MemberId,
-        /// Its fencing token.
-        epoch: Epoch,
-    },
-    /// Tell a singleton standby that asked for it where it stands in line (1 = next).
-    Standby {
-        /// The standby member.
-        member: MemberId,
-        /// Its place in line.
-        position: u32,
-    },
-    /// Send `message` to `member`.
-    Deliver {
-        /// The receiving member.
-        member: MemberId,
-        /// The message.
-        message: Message,
-        /// 1 on first delivery, +1 on each redelivery.
-        attempt: u32,
-        /// The receiving member's epoch.
-        epoch: Epoch,
-    },
-    /// Publish a poisoned message to the dead-letter topic.
-    DeadLetter {
-        /// The poisoned message.
-        message: Message,
-        /// How many times it was delivered.
-        attempts: u32,
-    },
-    /// Take the frame of `system_id` out of `member`'s outlet: its stream has not written it
-    /// and it is being dropped (a [`Dropped`](Effect::Dropped) for it follows). Only an
-    /// ack-free subscription's drop-oldest policy withdraws a frame, to keep the newest
-    /// (docs/semantics.md#overflow-policies).
-    Withdraw {
-        /// The member whose stream has not written it.
-        member: MemberId,
-        /// The message.
-        system_id: SystemId,
-    },
-    /// A message left the subscription without being acked (counted in [`Counters`]).
-    Dropped {
-        /// The dropped message.
-        system_id: SystemId,
-        /// Why.
-        reason: DropReason,
-    },
-}
-
-/// What a client's settlement of a delivered message asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settlement {
-    /// Done with it for good ([`Subscription::ack`]).
-    Ack,
-    /// Give it back for redelivery, counting an attempt ([`Subscription::nack`]).
-    Nack,
-    /// Give it back unworked, keeping the attempt within the bound ([`Subscription::release`],
-    /// docs/semantics.md#releases).
-    Release,
-}
-
-/// Why a message was dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
-    /// It reached `max_delivery_attempts` and no dead-letter topic is set.
-    MaxDeliveryAttempts,
-    /// A dead letter or other broker-internal publish found the queue full.
-    QueueFull,
-    /// The queue (or the broker's drop-oldest memory pool) was full and its overflow policy is
-    /// drop-oldest: this message made room (or, when nothing older could make room, was itself
-    /// not queued).
-    Overflow,
-}
-
-/// Monotonic counters of one subscription.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Messages queued.
-    pub enqueued: u64,
-    /// Deliveries, first or repeated.
-    pub delivered: u64,
-    /// Deliveries with attempt > 1.
-    pub redelivered: u64,
-    /// Messages released by an ack.
-    pub acked: u64,
-    /// Nacks accepted.
-    pub nacked: u64,
-    /// Releases accepted (docs/semantics.md#releases): those within the bound, which keep the
-    /// attempt, and those past it, which count one as a nack would.
-    pub released: u64,
-    /// Poisoned messages sent to the dead-letter topic.
-    pub dead_lettered: u64,
-    /// Poisoned messages dropped (no dead-letter topic).
-    pub dropped_max_attempts: u64,
-    /// Publishes refused because this subscription was full.
-    pub rejected_full: u64,
-    /// Broker-internal publishes (dead letters) dropped because this subscription was full.
-    pub dropped_full: u64,
-    /// Standbys promoted to active.
-    pub promotions: u64,
-    /// Fenced acks or nacks refused because the member no longer held the message.
-    pub stale_acks: u64,
-    /// Messages dropped by the drop-oldest overflow policy.
-    pub dropped_overflow: u64,
-}
-
-/// What one held message costs beyond its own bytes, charged in full by every subscription
-/// holding it. Queued: its slot, one pointer (8 bytes, up to 16 just after the ring buffer
-/// doubles), and its allocation beyond the payload: count, length, id, publish time and envelope
-/// pointer (40 bytes), the allocator's 8-byte header and rounding to 16 (0 to 15): 56 to 79 in
-/// all, 56 to 64 with a 128-byte payload. Not charged: an envelope of its own (a unary publish,
-/// or a stream whose topic or headers change from one message to the next: about 50 bytes plus
-/// the topic's own allocation; a stream to one topic shares one), and the in-flight record's
-/// extra over a slot (an ordered-map entry, about 50 bytes, or in an ack-free subscription a
-/// 24-byte slot of its member's list; the windows bound how many).
-pub const MESSAGE_OVERHEAD: u64 = 80;
-/// What one member costs: its record, its outlet and the stream's state.
-pub const MEMBER_OVERHEAD: u64 = 1024;
-/// What one subscription costs before any message or member.
-pub const SUBSCRIPTION_OVERHEAD: u64 = 2048;
-/// What each pattern costs beyond its text in the subscription's settings: its slot in the
-/// pattern list and the text's shared allocation (its counts and the allocator's overhead).
-pub const PATTERN_OVERHEAD: u64 =
-    std::mem::size_of::<Pattern>() as u64 + 16 + index::ALLOCATION_OVERHEAD;
-
-/// The budget cost of one pattern of a subscription: its text in the settings
-/// ([`PATTERN_OVERHEAD`] beside it) and its entry in the broker's routing index, at most
-/// [`PatternIndex::entry_cost`] however it shares nodes with other subscriptions' patterns.
-pub fn pattern_cost(pattern: &Pattern) -> u64 {
-    pattern.as_str().len() as u64 + PATTERN_OVERHEAD + PatternIndex::<u64>::entry_cost(pattern)
-}
-
-/// The budget cost of a subscription with `spec`'s patterns and nothing else.
-pub fn subscription_cost(spec: &SubscriptionSpec) -> u64 {
-    SUBSCRIPTION_OVERHEAD + spec.patterns.iter().map(pattern_cost).sum::<u64>()
-}
+pub use super::cost::{
+    MEMBER_OVERHEAD, MESSAGE_OVERHEAD, PATTERN_OVERHEAD, SUBSCRIPTION_OVERHEAD, pattern_cost,
+    subscription_cost,
+};
+pub use super::effect::{Counters, DropReason, Effect, Settlement};
 
 /// Where a new subscription starts numbering: above the broker run's [`IdFloor`](super::IdFloor)
 /// and, for one recreated under an id used before, above its predecessor, so that epochs and
@@ -311,94 +179,6 @@ impl Subscription {
             counters: Counters::default(),
             arbitrated: false,
         }
-    }
-
-    /// Cluster mode: hands the choice of this singleton's active member to the caller (the
-    /// cluster's coordinator, which keeps the line across gateways). From now on a member
-    /// joins on standby, the active member's leaving promotes nobody, and only
-    /// [`Subscription::activate`] makes a member active, with the epoch the cluster gave it.
-    /// Other modes ignore it.
-    pub fn arbitrate(&mut self) {
-        self.arbitrated = self.spec.mode == Mode::Singleton;
-    }
-
-    /// Whether the active member is chosen outside this core (see [`Subscription::arbitrate`]).
-    pub fn is_arbitrated(&self) -> bool {
-        self.arbitrated
-    }
-
-    /// Cluster mode: `member`, a standby of this arbitrated singleton, stands at `position` in
-    /// the cluster's line (1 = next). A standby notice for it when it asked for one
-    /// (`notify_standby`) and is still on standby; nothing otherwise.
-    pub fn place_in_line(&self, member_id: MemberId, position: u32) -> Vec<Effect> {
-        match self.members.get(&member_id) {
-            Some(member)
-                if self.arbitrated && member.epoch.is_none() && member.options.notify_standby =>
-            {
-                vec![Effect::Standby {
-                    member: member_id,
-                    position: position.max(1),
-                }]
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    /// Makes `member_id` the active member of an arbitrated singleton, with `epoch` (the
-    /// cluster's fencing token). It gets the confirmation, then what waits in the queue.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when the subscription is not arbitrated, the member is not
-    /// here, or another member is active; nothing changes then.
-    pub fn activate(
-        &mut self,
-        member_id: MemberId,
-        epoch: Epoch,
-        promotion: bool,
-    ) -> Result<Vec<Effect>, Error> {
-        if !self.arbitrated {
-            return Err(Error::InvalidArgument(format!(
-                "subscription {:?} chooses its own active member",
-                self.id
-            )));
-        }
-        if let Some(active) = self.active_members().find(|&m| m != member_id) {
-            return Err(Error::InvalidArgument(format!(
-                "subscription {:?} already has active member {active}",
-                self.id
-            )));
-        }
-        let Some(member) = self.members.get_mut(&member_id) else {
-            return Err(Error::InvalidArgument(format!(
-                "subscription {:?} has no member {member_id}",
-                self.id
-            )));
-        };
-        if member.epoch.is_some() {
-            return Ok(Vec::new());
-        }
-        member.epoch = Some(epoch);
-        self.epoch = self.epoch.max(epoch);
-        self.cluster_epoch = self.cluster_epoch.max(epoch);
-        self.counters.promotions += u64::from(promotion);
-        let mut out = vec![Effect::Confirm {
-            member: member_id,
-            epoch,
-        }];
-        self.dispatch(&mut out);
-        Ok(out)
-    }
-
-    /// Takes every queued (not in-flight) message out, head first, with the attempt its next
-    /// delivery would carry: an arbitrated singleton with no active member gives them back
-    /// upstream, so that the next active member, on whichever gateway, gets them first.
-    pub fn take_queued(&mut self) -> Vec<(Message, u32)> {
-        let mut taken = Vec::with_capacity(self.queue.len());
-        while let Some((message, attempt, _)) = self.queue.pop_front() {
-            self.held_bytes -= message.size() as u64;
-            taken.push((message, attempt));
-        }
-        taken
     }
 
     // ---- getters ----
@@ -844,105 +624,6 @@ impl Subscription {
         self.dispatch(out);
     }
 
-    /// Drops the oldest messages it may drop until one of `size` bytes fits the queue's limits
-    /// and, with its [`MESSAGE_OVERHEAD`], `room` plus what the drops freed; false if nothing
-    /// is left to drop and it still does not fit.
-    fn make_room(&mut self, size: usize, room: u64, out: &mut Vec<Effect>) -> bool {
-        let needed = size as u64 + MESSAGE_OVERHEAD;
-        if !self.could_make_room(size, room) {
-            // Dropping everything would not make room: nothing is dropped for nothing.
-            return false;
-        }
-        let mut freed = 0u64;
-        while self.check_capacity(size).is_err() || room.saturating_add(freed) < needed {
-            let Some(bytes) = self.drop_oldest(out) else {
-                return false;
-            };
-            freed += bytes;
-        }
-        true
-    }
-
-    /// Drop-oldest: drops the oldest message this subscription may drop, to make room in the
-    /// broker's drop-oldest pool for another subscription's publish; returns the memory freed,
-    /// or `None` when it holds nothing it may drop (docs/semantics.md#memory-budget).
-    pub fn evict_oldest(&mut self, out: &mut Vec<Effect>) -> Option<u64> {
-        if self.spec.overflow != Overflow::DropOldest {
-            return None;
-        }
-        self.drop_oldest(out)
-    }
-
-    /// The memory dropping every message the drop-oldest policy may drop would free.
-    pub fn droppable_footprint(&self) -> u64 {
-        let (mut count, mut bytes) = (self.queue.len() as u64, self.queued_bytes());
-        if self.spec.ack_mode == AckMode::None {
-            count += self.unwritten as u64;
-            bytes += self.in_flight_bytes;
-        }
-        bytes + count * MESSAGE_OVERHEAD
-    }
-
-    /// Whether dropping every message the drop-oldest policy may drop would let one of `size`
-    /// bytes in, within the queue's limits and `room` plus what the drops free.
-    fn could_make_room(&self, size: usize, room: u64) -> bool {
-        let (mut count, mut bytes) = (self.queue.len() as u64, self.queued_bytes());
-        if self.spec.ack_mode == AckMode::None {
-            count += self.unwritten as u64;
-            bytes += self.in_flight_bytes;
-        }
-        let held = (self.queue.len() + self.in_flight()) as u64;
-        held - count < self.limits.max_messages
-            && self.held_bytes - bytes + size as u64 <= self.limits.max_bytes
-            && room.saturating_add(bytes + count * MESSAGE_OVERHEAD)
-                >= size as u64 + MESSAGE_OVERHEAD
-    }
-
-    /// Drops the oldest message the drop-oldest policy may drop and returns the memory it
-    /// freed (its size and [`MESSAGE_OVERHEAD`]), or `None` when there is none. That is the
-    /// queue's head or, in an ack-free subscription, the frame that has waited longest in a
-    /// member's outlet (its stream has not written it), whichever has the lower id: a stalled
-    /// ack-free reader that resumes gets the newest messages, not the first ones. (A member's
-    /// frames wait in delivery order, which is id order except for a message a leaving member
-    /// gave back, delivered behind newer ones.) An acked subscription's in-flight messages
-    /// are its members' to settle and are never dropped.
-    fn drop_oldest(&mut self, out: &mut Vec<Effect>) -> Option<u64> {
-        let queued = self.queue.front_id();
-        let unwritten = (self.spec.ack_mode == AckMode::None)
-            .then(|| {
-                self.members
-                    .iter()
-                    .filter_map(|(id, m)| m.unwritten.front().map(|r| (r.message.system_id(), *id)))
-                    .min()
-            })
-            .flatten();
-        let message = match (queued, unwritten) {
-            (Some(q), Some((u, _))) if q < u => self.queue.pop_front()?.0,
-            (_, Some((system_id, member_id))) => {
-                let member = self.members.get_mut(&member_id)?;
-                let record = member.unwritten.pop_front()?;
-                member.in_flight -= 1;
-                self.unwritten -= 1;
-                self.in_flight_bytes -= record.message.size() as u64;
-                out.push(Effect::Withdraw {
-                    member: member_id,
-                    system_id,
-                });
-                record.message
-            }
-            (Some(_), None) => self.queue.pop_front()?.0,
-            (None, None) => return None,
-        };
-        let size = message.size() as u64;
-        self.held_bytes -= size;
-        self.counters.dropped_overflow += 1;
-        out.push(Effect::Dropped {
-            system_id: message.system_id(),
-            reason: DropReason::Overflow,
-        });
-        Some(size + MESSAGE_OVERHEAD)
-    }
-
     /// Queues a broker-internal message (a dead letter), dropping and counting it if full (or
     /// making room, under the drop-oldest policy).
     pub fn enqueue_or_drop(&mut self, message: Message) -> Vec<Effect> {
@@ -1235,133 +916,16 @@ impl Subscription {
                 .find_map(with_space),
         }
     }
-
-    /// Checks docs/semantics.md#singleton-invariants (1 and 4) and the internal bookkeeping; for tests, simulations
-    /// and fuzzing.
-    ///
-    /// # Errors
-    /// A description of the first broken invariant.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let active: Vec<_> = self.active_members().collect();
-        if self.spec.mode == Mode::Singleton {
-            if active.len() > 1 {
-                return Err(format!("{} active members: {active:?}", active.len()));
-            }
-            // Arbitrated: the cluster's line decides who is active and when, so neither "one
-            // whenever there are members" nor "the earliest-joined here" holds locally.
-            if !self.arbitrated && !self.members.is_empty() && active.len() != 1 {
-                return Err("members but no active member".into());
-            }
-            if let (Some(first), Some(active)) = (self.members.keys().next(), active.first())
-                && !self.arbitrated
-                && first != active
-            {
-                return Err(format!(
-                    "active member {active} is not the earliest-joined {first}"
-                ));
-            }
-        } else if active.len() != self.members.len() {
-            return Err("a non-singleton member is not active".into());
-        }
-        // docs/semantics.md#redelivery-order singleton order, as a state property: the queue is in id (publish) order
-        // and everything in flight comes before it, so each delivery is the lowest id waiting.
-        // A member that released (docs/semantics.md#releases) is sent nothing more: what it
-        // still holds may come after what it gave back, and goes back in order when it leaves.
-        if self.spec.mode == Mode::Singleton {
-            let ids: Vec<SystemId> = self
-                .in_flight_ids()
-                .filter(|(_, holder)| self.members.get(holder).is_some_and(|m| !m.draining))
-                .map(|(id, _)| id)
-                .chain(self.queued_ids())
-                .collect();
-            if let Some(pair) = ids.windows(2).find(|pair| pair[0] >= pair[1]) {
-                return Err(format!(
-                    "singleton order: #{} waits in the queue behind #{}",
-                    pair[1], pair[0]
-                ));
-            }
-        }
-        let ack_free = self.spec.ack_mode == AckMode::None;
-        if ack_free && !self.in_flight.is_empty() {
-            return Err("an ack-free subscription keeps records in the in-flight map".into());
-        }
-        if let Some((id, _)) = self
-            .members
-            .iter()
-            .find(|(_, m)| !ack_free && !m.unwritten.is_empty())
-        {
-            return Err(format!(
-                "member {id} of an acked subscription holds unwritten messages"
-            ));
-        }
-        let unwritten = self.unwritten_records().count();
-        if unwritten != self.unwritten {
-            return Err(format!(
-                "{} unwritten messages counted, members hold {unwritten}",
-                self.unwritten
-            ));
-        }
-        let mut held: BTreeMap<MemberId, u32> = BTreeMap::new();
-        for (system_id, holder) in self.in_flight_ids() {
-            if !self.members.contains_key(&holder) {
-                return Err(format!(
-                    "#{system_id} is in flight to member {holder}, which is gone"
-                ));
-            }
-            *held.entry(holder).or_default() += 1;
-        }
-        if let Some((id, _)) = self
-            .members
-            .iter()
-            .find(|(id, m)| m.unwritten.iter().any(|r| r.member != **id))
-        {
-            return Err(format!("member {id} holds a record naming another member"));
-        }
-        for (id, member) in &self.members {
-            let holds = held.get(id).copied().unwrap_or(0);
-            if member.in_flight != holds {
-                return Err(format!(
-                    "member {id} counts {} in flight but holds {holds}",
-                    member.in_flight
-                ));
-            }
-            if member.in_flight > member.options.max_in_flight {
-                return Err(format!("member {id} is over its window"));
-            }
-        }
-        if self
-            .queue
-            .iter()
-            .any(|(m, _)| self.record(m.system_id()).is_some())
-        {
-            return Err("a message is both queued and in flight".into());
-        }
-        let bytes: u64 = self
-            .queue
-            .iter()
-            .map(|(m, _)| m)
-            .chain(self.in_flight_records().map(|f| &f.message))
-            .map(|m| m.size() as u64)
-            .sum();
-        if bytes != self.held_bytes {
-            return Err(format!(
-                "held_bytes {} but messages add up to {bytes}",
-                self.held_bytes
-            ));
-        }
-        let in_flight_bytes: u64 = self
-            .in_flight_records()
-            .map(|f| f.message.size() as u64)
-            .sum();
-        if in_flight_bytes != self.in_flight_bytes {
-            return Err(format!(
-                "in_flight_bytes {} but in-flight messages add up to {in_flight_bytes}",
-                self.in_flight_bytes
-            ));
-        }
-        Ok(())
-    }
 }
+
+// The cluster-arbitrated inputs, drop-oldest, and the invariant checks: more of this state
+// machine, in files of their own (child modules, so they see its private state).
+#[path = "subscription_arbitrated.rs"]
+mod arbitrated;
+#[path = "subscription_check.rs"]
+mod check;
+#[path = "subscription_drop_oldest.rs"]
+mod drop_oldest;
 
 #[cfg(test)]
 #[path = "subscription_tests.rs"]
