@@ -109,17 +109,18 @@ fn take_grpc_message(buf: &mut BytesMut) -> Option<Bytes> {
     Some(message.split_off(5).freeze())
 }
 
-/// A member whose HTTP/2 stream window is 16 bytes and which reads nothing, then 300 publishes
-/// of 512 KiB to its ack-free subscription (window 128, queue limit 64 MiB): the frames wait
-/// for its socket. When it reads again it must get the newest messages, the last one published
-/// among them, not the first 128. Before, it got #1–#128 and never #129–#300.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
-    use prost::Message as _;
-    let _serial = SERIAL.lock().await;
-    let server = TestServer::start().await;
-    let client = server.client().await;
+/// A raw HTTP/2 `Subscribe` to an ack-free broadcast subscription `stalled` on `ticks.*`
+/// (window 128) whose stream window is 16 bytes: its frames wait for the socket. `widen` opens
+/// the windows wide, as a reader that resumes.
+struct Stalled {
+    stream: h2::RecvStream,
+    send: h2::SendStream<Bytes>,
+    widen: tokio::sync::oneshot::Sender<()>,
+    driver: tokio::task::JoinHandle<Result<(), h2::Error>>,
+}
 
+async fn stalled_member(server: &TestServer, client: &Client) -> Stalled {
+    use prost::Message as _;
     let tcp = within(TcpStream::connect(server.addr)).await.unwrap();
     let (h2, mut connection) = within(
         h2::client::Builder::new()
@@ -168,7 +169,7 @@ async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
     send.send_data(body.freeze(), true).unwrap();
     let response = within(response).await.unwrap();
     assert_eq!(response.status(), 200);
-    let mut stream = response.into_body();
+    let stream = response.into_body();
     // The member is in: the subscription has it (its confirmation waits behind the window).
     within(async {
         while client
@@ -180,6 +181,31 @@ async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
         }
     })
     .await;
+    Stalled {
+        stream,
+        send,
+        widen,
+        driver,
+    }
+}
+
+/// A member whose HTTP/2 stream window is 16 bytes and which reads nothing, then 300 publishes
+/// of 512 KiB to its ack-free subscription (window 128, queue limit 64 MiB): the frames wait
+/// for its socket. When it reads again it must get the newest messages, the last one published
+/// among them, not the first 128. Before, it got #1–#128 and never #129–#300.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
+    use prost::Message as _;
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start().await;
+    let client = server.client().await;
+
+    let Stalled {
+        mut stream,
+        send,
+        widen,
+        driver,
+    } = stalled_member(&server, &client).await;
 
     let payload = vec![b't'; 512 * KIB];
     let mut last = 0;
@@ -269,64 +295,12 @@ async fn a_stalled_ack_free_reader_that_read_once_gets_no_gap_in_the_middle() {
     let server = TestServer::with_config(config).await;
     let client = server.client().await;
 
-    let tcp = within(TcpStream::connect(server.addr)).await.unwrap();
-    let (h2, mut connection) = within(
-        h2::client::Builder::new()
-            .initial_window_size(16)
-            .initial_connection_window_size(1 << 20)
-            .handshake::<_, Bytes>(tcp),
-    )
-    .await
-    .unwrap();
-    let (widen, widened) = tokio::sync::oneshot::channel::<()>();
-    let driver = tokio::spawn(async move {
-        let mut widened = Some(widened);
-        loop {
-            tokio::select! {
-                biased;
-                signal = async { widened.as_mut().unwrap().await }, if widened.is_some() => {
-                    widened = None;
-                    if signal.is_ok() {
-                        connection.set_initial_window_size(8 << 20).unwrap();
-                        connection.set_target_window_size(64 << 20);
-                    }
-                }
-                done = &mut connection => return done,
-            }
-        }
-    });
-    let mut h2 = within(h2.ready()).await.unwrap();
-    let mut request = ack_free("stalled", DeliveryMode::Broadcast, "", &["ticks.*"]);
-    request.max_in_flight = 128;
-    let mut body = BytesMut::new();
-    body.put_u8(0);
-    body.put_u32(request.encoded_len() as u32);
-    request.encode(&mut body).unwrap();
-    let http_request = http::Request::builder()
-        .method("POST")
-        .uri(format!(
-            "http://{}/tinybroker.v1.Broker/Subscribe",
-            server.addr
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (response, mut send) = h2.send_request(http_request, false).unwrap();
-    send.send_data(body.freeze(), true).unwrap();
-    let response = within(response).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let mut stream = response.into_body();
-    within(async {
-        while client
-            .describe("stalled")
-            .await
-            .map_or(true, |info| info.members.is_empty())
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    let Stalled {
+        mut stream,
+        send,
+        widen,
+        driver,
+    } = stalled_member(&server, &client).await;
 
     let payload = vec![b't'; 4 * KIB];
     let mut first = 0;
