@@ -6,8 +6,8 @@
 //! From the bottom up: each module uses only those listed before it (and the generated [`pb`]).
 //! - [`core`]: the pure, deterministic group state machine, topic parsing and routing index,
 //!   and every refusal as data ([`core::Error`], with its [`core::ErrorKind`]). No I/O, no clock
-//!   reads, no unseeded randomness (but the routing index's per-process hash key for very wide
-//!   nodes, which no output depends on), no locks, no tokio, no tonic.
+//!   reads, no unseeded randomness (but the routing index's per-process hash key for a node's
+//!   children, which no output depends on), no locks, no tokio, no tonic.
 //! - [`clock`]: the clock seam (tokio's clock in production, turmoil's in simulation).
 //! - [`sync`]: the lock types the shell uses, swappable for loom's.
 //! - [`broker`]: the shell. Shares the core between connections with short per-subscription

@@ -145,6 +145,37 @@ impl Broker {
         // publish, so only when there is more than one subscription to share it).
         let encoding = (states.len() > 1).then(SharedEncoding::default);
         let shared = encoding.as_ref().map(|encoding| (system_id, encoding));
+        // The drop-oldest subscriptions' room, reserved for all of them at once: where the pool is
+        // short, abandoned backlogs (no member) make room first, those this publish reaches
+        // (their locks are held here) and then others, before any live subscription's
+        // messages go (docs/semantics.md#memory-budget).
+        // (One the message cannot fit even emptied drops only the message, and takes no room.)
+        let takes_room = |state: &Locked| {
+            Pool::of_messages(state) == Pool::DropOldest && state.core.could_hold(size)
+        };
+        let dropping = states.iter().filter(|state| takes_room(state)).count() as u64;
+        let mut pooled = 0;
+        if dropping > 0 {
+            let demand = share * dropping;
+            pooled = self.reserve_up_to(Pool::DropOldest, demand);
+            if pooled < demand {
+                let mut freed = 0;
+                for state in states.iter_mut() {
+                    if freed < demand - pooled
+                        && takes_room(state)
+                        && state.core.member_count() == 0
+                    {
+                        freed += self.evict_from(state, demand - pooled - freed);
+                    }
+                }
+                if freed < demand - pooled {
+                    freed += self.evict(catalog, demand - pooled - freed, true);
+                }
+                if freed > 0 {
+                    pooled += self.reserve_up_to(Pool::DropOldest, demand - pooled);
+                }
+            }
+        }
         // One buffer for every subscription's effects, kept by the first between publishes.
         let mut effects = states
             .first_mut()
@@ -157,7 +188,14 @@ impl Broker {
                     state.core.enqueue_into(message.clone(), &mut effects);
                 }
                 Pool::DropOldest => {
-                    let granted = self.grant_drop_oldest(catalog, state, share);
+                    let granted = if takes_room(state) {
+                        let pre = pooled.min(share);
+                        pooled -= pre;
+                        state.accounted_drop_oldest += pre;
+                        pre + self.grant_drop_oldest(catalog, state, share - pre)
+                    } else {
+                        0
+                    };
                     state
                         .core
                         .enqueue_within(message.clone(), granted, &mut effects);
@@ -165,6 +203,9 @@ impl Broker {
             }
             let input = Input::Enqueue { system_id };
             self.apply_sharing(state, input, &mut effects, dead, shared);
+        }
+        if pooled > 0 {
+            self.release_to(Pool::DropOldest, pooled);
         }
         if let Some(state) = states.first_mut() {
             state.keep_effects_buffer(effects);
@@ -234,7 +275,11 @@ impl Broker {
                     }
                     Pool::General => state.core.drop_full(system_id),
                     Pool::DropOldest => {
-                        let granted = self.grant_drop_oldest(&catalog, state, share);
+                        let granted = if state.core.could_hold(message.size()) {
+                            self.grant_drop_oldest(&catalog, state, share)
+                        } else {
+                            0
+                        };
                         let mut effects = Vec::new();
                         state
                             .core
@@ -264,54 +309,65 @@ impl Broker {
     /// own drops make the rest, or the message is dropped.
     fn grant_drop_oldest(&self, catalog: &Catalog, state: &mut Locked, share: u64) -> u64 {
         let mut granted = self.reserve_up_to(Pool::DropOldest, share);
+        if granted < share && self.evict(catalog, share - granted, true) > 0 {
+            granted += self.reserve_up_to(Pool::DropOldest, share - granted);
+        }
         let own = state.core.droppable_footprint();
-        if granted + own < share && self.evict(catalog, share - granted - own) > 0 {
+        if granted + own < share && self.evict(catalog, share - granted - own, false) > 0 {
             granted += self.reserve_up_to(Pool::DropOldest, share - granted);
         }
         state.accounted_drop_oldest += granted;
         granted
     }
 
+    /// Drops `victim`'s oldest messages until `needed` bytes are freed or it has none left to
+    /// drop (an [`Input::Evict`]); returns the bytes freed, given back to the pool.
+    fn evict_from(&self, victim: &mut Locked, needed: u64) -> u64 {
+        let mut effects = Vec::new();
+        let mut freed = 0;
+        while freed < needed {
+            match victim.core.evict_oldest(&mut effects) {
+                Some(bytes) => freed += bytes,
+                None => break,
+            }
+        }
+        if !effects.is_empty() {
+            self.apply(victim, Input::Evict, effects, &mut DeadLetters::new());
+        }
+        freed
+    }
+
     /// Makes at least `needed` bytes of room in the drop-oldest pool by dropping the oldest
-    /// messages of other drop-oldest subscriptions: first those with no member (abandoned,
-    /// kept until they expire), then any, round robin from where the last eviction stopped.
+    /// messages of other drop-oldest subscriptions (only those with no member, abandoned and
+    /// kept until they expire, when `abandoned_only`), round robin from where the last
+    /// eviction stopped.
     /// Each is only `try_lock`ed (the caller holds other subscriptions' locks, out of key order
     /// here), so a subscription in use is skipped. Returns the bytes freed (given back to the
     /// pool, where the caller reserves them).
-    fn evict(&self, catalog: &Catalog, needed: u64) -> u64 {
+    fn evict(&self, catalog: &Catalog, needed: u64, abandoned_only: bool) -> u64 {
         let start = self.inner.evict_cursor.load(Ordering::Relaxed);
         let mut freed = 0;
-        for abandoned_only in [true, false] {
-            let keys = (catalog.drop_oldest.range(start + 1..))
-                .chain(catalog.drop_oldest.range(..=start))
-                .take(EVICT_SCAN);
-            for key in keys {
-                let Some(cell) = catalog.by_key.get(key) else {
-                    continue;
-                };
-                let Some(mut victim) = Locked::try_new(cell) else {
-                    continue;
-                };
-                if abandoned_only && victim.core.member_count() > 0 {
-                    continue;
-                }
-                let mut effects = Vec::new();
-                let mut dropped = 0;
-                while freed + dropped < needed {
-                    match victim.core.evict_oldest(&mut effects) {
-                        Some(bytes) => dropped += bytes,
-                        None => break,
-                    }
-                }
-                if effects.is_empty() {
-                    continue;
-                }
-                self.apply(&mut victim, Input::Evict, effects, &mut DeadLetters::new());
-                self.inner.evict_cursor.store(*key, Ordering::Relaxed);
-                freed += dropped;
-                if freed >= needed {
-                    return freed;
-                }
+        let keys = (catalog.drop_oldest.range(start + 1..))
+            .chain(catalog.drop_oldest.range(..=start))
+            .take(EVICT_SCAN);
+        for key in keys {
+            let Some(cell) = catalog.by_key.get(key) else {
+                continue;
+            };
+            let Some(mut victim) = Locked::try_new(cell) else {
+                continue;
+            };
+            if abandoned_only && victim.core.member_count() > 0 {
+                continue;
+            }
+            let dropped = self.evict_from(&mut victim, needed - freed);
+            if dropped == 0 {
+                continue;
+            }
+            self.inner.evict_cursor.store(*key, Ordering::Relaxed);
+            freed += dropped;
+            if freed >= needed {
+                break;
             }
         }
         freed

@@ -98,9 +98,8 @@ struct Edge<K> {
 
 /// A node's literal children.
 enum Literal<K> {
-    /// Up to [`WIDE`] of them, ordered by their first token's hash, then by the token (a fixed
-    /// hash: the order is the same in every run). A lookup is a binary search, an insertion a
-    /// shift of at most [`WIDE`] edges.
+    /// Up to [`WIDE`] of them, ordered by their first token's [`token_hash`], then by the token.
+    /// A lookup is a binary search, an insertion a shift of at most [`WIDE`] edges.
     Narrow(Vec<Edge<K>>),
     /// [`NARROW`] or more.
     Wide(Box<Wide<K>>),
@@ -172,30 +171,13 @@ impl<K> std::fmt::Debug for PatternIndex<K> {
     }
 }
 
-/// A hash of the token's bytes, eight at a time, each word mixed in by a folded multiply (the
-/// 128-bit product's halves xored): fast for short tokens, and the same in every run, so the
-/// order of a node's children never depends on the process. Colliding tokens still cost a
-/// binary search, not a scan: children are ordered by the token after the hash. (A plain
-/// FxHash mix, rotate-xor-multiply, kept a word's high-byte differences out of the low bits
-/// and gave 400 collisions among 10,000 tokens `tenant-0`..`tenant-9999`.)
+/// The hash that orders a narrow node's children: the per-process keyed hash, as a wide node's
+/// table uses. A fixed hash's full collisions are cheap to craft (a token's last word can cancel
+/// the rest), and children whose hashes collide cost a token compare at every step of a lookup,
+/// so no hash a client can predict orders them. The order differs between processes; nothing
+/// depends on it (matches are sorted).
 fn token_hash(token: &str) -> u64 {
-    const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-    let mix = |h: u64, word: u64| {
-        let product = u128::from(h ^ word) * u128::from(SEED);
-        (product as u64) ^ ((product >> 64) as u64)
-    };
-    let mut hash = token.len() as u64;
-    let mut chunks = token.as_bytes().chunks_exact(8);
-    for chunk in &mut chunks {
-        hash = mix(hash, u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
-    }
-    let tail = chunks.remainder();
-    if !tail.is_empty() {
-        let mut word = [0u8; 8];
-        word[..tail.len()].copy_from_slice(tail);
-        hash = mix(hash, u64::from_le_bytes(word));
-    }
-    hash
+    keyed_hash(token)
 }
 
 /// The first token of a non-empty, `.`-joined run of tokens.

@@ -184,15 +184,59 @@ fn token_runs_are_compared_whole() {
     assert_eq!(follow("", Some("q")), Some(Some("q")));
 }
 
-// The children's order must be the same in every run: the token hash is a fixed function of
-// the token's bytes (pinned here, over a short token, a full word and a tail, and the empty
-// token), not seeded per process.
+// docs/semantics.md#routing-cost: the hash that orders a node's children is keyed per process,
+// so tokens crafted to collide under a fixed hash (here the fixed multiply-mix this index used
+// before: its last word can cancel the rest) do not collide, and a lookup among them stays a
+// binary search by hash rather than a token compare at every step.
 #[test]
-fn token_hash_is_the_same_fixed_function_in_every_run() {
-    assert_eq!(token_hash("orders"), 0xa054_44e0_5439_0aaa);
-    assert_eq!(token_hash("created"), 0x81fc_d0eb_fc4b_9ef6);
-    assert_eq!(token_hash("a-token-of-17-byt"), 0x79d5_02bb_0d7b_4371);
-    assert_eq!(token_hash(""), 0);
+fn tokens_crafted_to_collide_under_a_fixed_hash_do_not_collide() {
+    fn fixed(token: &[u8]) -> u64 {
+        const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mix = |h: u64, word: u64| {
+            let product = u128::from(h ^ word) * u128::from(SEED);
+            (product as u64) ^ ((product >> 64) as u64)
+        };
+        let mut hash = token.len() as u64;
+        for chunk in token.chunks_exact(8) {
+            hash = mix(hash, u64::from_le_bytes(chunk.try_into().unwrap()));
+        }
+        hash
+    }
+    // Two 16-byte tokens: different first words, last words chosen so the state before the
+    // last mix is the same (h1 ^ w1 == h2 ^ w2), both printable ASCII.
+    // ASCII bytes are valid UTF-8 whatever they are; about one in 256 candidates gives an ASCII
+    // second word.
+    let ascii = |w: u64| w.to_le_bytes().iter().all(|b| b.is_ascii());
+    let state = |first: &[u8; 8]| {
+        let word = u64::from_le_bytes(*first);
+        let product = u128::from(16u64 ^ word) * u128::from(0x51_7c_c1_b7_27_22_0a_95u64);
+        (product as u64) ^ ((product >> 64) as u64)
+    };
+    // Spread n's bits over eight 7-bit bytes: always ASCII.
+    let ascii_word = |n: u64| (0..8).fold(0u64, |w, i| w | (((n >> (7 * i)) & 0x7f) << (8 * i)));
+    let h1 = state(b"aaaaaaaa");
+    // A second first word whose state differs from the first's only in low bits of each byte:
+    // then any ASCII last word w1 gives an ASCII w2 = h1 ^ h2 ^ w1.
+    let f2 = (1u64..1_000_000)
+        .map(ascii_word)
+        .find(|&f| ascii(h1 ^ state(&f.to_le_bytes())))
+        .expect("a second first word");
+    let h2 = state(&f2.to_le_bytes());
+    let w1 = ascii_word(12_345);
+    let w2 = h1 ^ w1 ^ h2;
+    let t1 = [&b"aaaaaaaa"[..], &w1.to_le_bytes()].concat();
+    let t2 = [&f2.to_le_bytes()[..], &w2.to_le_bytes()].concat();
+    assert_ne!(t1, t2);
+    assert_eq!(
+        fixed(&t1),
+        fixed(&t2),
+        "the pair collides under the fixed hash"
+    );
+    let (t1, t2) = (
+        std::str::from_utf8(&t1).unwrap(),
+        std::str::from_utf8(&t2).unwrap(),
+    );
+    assert_ne!(token_hash(t1), token_hash(t2), "{t1} and {t2} collide");
 }
 
 // Colliding hashes cost a binary search, so distinct tokens should rarely share one: 10,000

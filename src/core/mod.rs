@@ -1,8 +1,8 @@
 //! The pure core: deterministic state machines with no I/O, no clock reads, no randomness and no
 //! locks. The shell (`crate::broker`) owns the concurrency and hands every input a `now`. One
-//! exception, which no output depends on: the routing index keys the hash of a node with over
-//! 256 literal children per process, so no client can choose colliding tokens (its matches are
-//! sorted, and nothing iterates that table where order could leak).
+//! exception, which no output depends on: the routing index keys the hash that orders and finds a
+//! node's literal children per process, so no client can choose colliding tokens (its matches
+//! are sorted, and nothing reads that order where it could leak).
 //!
 //! - [`topic`]: topic and pattern parsing and naive matching;
 //! - [`index`]: the token trie that routes a topic to subscriptions;

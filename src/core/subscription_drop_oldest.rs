@@ -24,6 +24,12 @@ impl Subscription {
         true
     }
 
+    /// Whether a message of `size` bytes could be held here at all, once everything the
+    /// drop-oldest policy may drop were dropped (within the queue's limits; memory aside).
+    pub fn could_hold(&self, size: usize) -> bool {
+        self.spec.overflow == Overflow::RejectPublish || self.could_make_room(size, u64::MAX)
+    }
+
     /// Drop-oldest: drops the oldest message this subscription may drop, to make room in the
     /// broker's drop-oldest pool for another subscription's publish; returns the memory freed,
     /// or `None` when it holds nothing it may drop (docs/semantics.md#memory-budget).
