@@ -776,6 +776,12 @@ impl Broker {
             .map(|cell| view(&Locked::new(cell), now))
             .collect();
         let c = &self.inner.counters;
+        // Each pool read once, so the general part (the total less the drop-oldest part) is one
+        // reading of the general pool, never a mix of two instants.
+        let (general, drop_oldest) = (
+            c.memory.load(Ordering::Relaxed),
+            c.drop_oldest.load(Ordering::Relaxed),
+        );
         let stats = BrokerStats {
             published: c.published.load(Ordering::Relaxed),
             unrouted: c.unrouted.load(Ordering::Relaxed),
@@ -784,9 +790,8 @@ impl Broker {
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
             subscriptions,
             members: c.members.load(Ordering::Relaxed),
-            memory_accounted_bytes: c.memory.load(Ordering::Relaxed)
-                + c.drop_oldest.load(Ordering::Relaxed),
-            memory_drop_oldest_bytes: c.drop_oldest.load(Ordering::Relaxed),
+            memory_accounted_bytes: general + drop_oldest,
+            memory_drop_oldest_bytes: drop_oldest,
             max_drop_oldest_memory_bytes: self.inner.limits.drop_oldest_memory_bytes(),
             max_memory_bytes: self.inner.limits.max_memory_bytes,
         };
