@@ -109,6 +109,31 @@ fn take_grpc_message(buf: &mut BytesMut) -> Option<Bytes> {
     Some(message.split_off(5).freeze())
 }
 
+/// Reads `stream` (after what `buf` already holds) until the message `last` arrives; returns
+/// the ids of the messages that came, in order.
+async fn read_through(stream: &mut h2::RecvStream, buf: &mut BytesMut, last: u64) -> Vec<u64> {
+    use prost::Message as _;
+    let mut got = Vec::new();
+    within(async {
+        while got.last() != Some(&last) {
+            let Some(data) = stream.data().await else {
+                panic!("the stream ended after {} messages: {:?}", got.len(), got);
+            };
+            let data = data.unwrap();
+            let _ = stream.flow_control().release_capacity(data.len());
+            buf.extend_from_slice(&data);
+            while let Some(message) = take_grpc_message(buf) {
+                let frame = pb::SubscriptionFrame::decode(message).unwrap();
+                if let Some(Frame::Message(m)) = frame.frame {
+                    got.push(m.system_id);
+                }
+            }
+        }
+    })
+    .await;
+    got
+}
+
 /// A raw HTTP/2 `Subscribe` to an ack-free broadcast subscription `stalled` on `ticks.*`
 /// (window 128) whose stream window is 16 bytes: its frames wait for the socket. `widen` opens
 /// the windows wide, as a reader that resumes.
@@ -195,7 +220,6 @@ async fn stalled_member(server: &TestServer, client: &Client) -> Stalled {
 /// among them, not the first 128. Before, it got #1–#128 and never #129–#300.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
-    use prost::Message as _;
     let _serial = SERIAL.lock().await;
     let server = TestServer::start().await;
     let client = server.client().await;
@@ -222,25 +246,7 @@ async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
 
     // Read again, with room: every frame that waited comes, and the last one published too.
     widen.send(()).unwrap();
-    let mut got = Vec::new();
-    let mut buf = BytesMut::new();
-    within(async {
-        while got.last() != Some(&last) {
-            let Some(data) = stream.data().await else {
-                panic!("the stream ended after {} messages: {:?}", got.len(), got);
-            };
-            let data = data.unwrap();
-            let _ = stream.flow_control().release_capacity(data.len());
-            buf.extend_from_slice(&data);
-            while let Some(message) = take_grpc_message(&mut buf) {
-                let frame = pb::SubscriptionFrame::decode(message).unwrap();
-                if let Some(Frame::Message(m)) = frame.frame {
-                    got.push(m.system_id);
-                }
-            }
-        }
-    })
-    .await;
+    let got = read_through(&mut stream, &mut BytesMut::new(), last).await;
     // What came is a few frames the transport already held, then one unbroken run of the
     // newest messages, ending with the last one published.
     let first = last - 299;
@@ -288,7 +294,6 @@ async fn a_stalled_ack_free_reader_that_resumes_gets_the_newest_messages() {
 /// outlet at once (each counted as written), then a gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_ack_free_reader_that_read_once_gets_no_gap_in_the_middle() {
-    use prost::Message as _;
     let _serial = SERIAL.lock().await;
     let mut config = ServerConfig::default();
     config.limits.max_queue_messages = 200;
@@ -343,24 +348,7 @@ async fn a_stalled_ack_free_reader_that_read_once_gets_no_gap_in_the_middle() {
         .dropped_overflow;
 
     widen.send(()).unwrap();
-    let mut got = Vec::new();
-    within(async {
-        while got.last() != Some(&last) {
-            let Some(data) = stream.data().await else {
-                panic!("the stream ended after {} messages: {:?}", got.len(), got);
-            };
-            let data = data.unwrap();
-            let _ = stream.flow_control().release_capacity(data.len());
-            buf.extend_from_slice(&data);
-            while let Some(message) = take_grpc_message(&mut buf) {
-                let frame = pb::SubscriptionFrame::decode(message).unwrap();
-                if let Some(Frame::Message(m)) = frame.frame {
-                    got.push(m.system_id);
-                }
-            }
-        }
-    })
-    .await;
+    let got = read_through(&mut stream, &mut buf, last).await;
     let rel: Vec<u64> = got.iter().map(|id| id - first + 1).collect();
     // What docs/semantics.md#ack-free allows ahead of the newest: what the stream had taken (at
     // most ACK_FREE_TAKE frames, counted as written) and the transport's own buffers (tonic
