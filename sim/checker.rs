@@ -163,6 +163,7 @@ impl Checker {
                 )
             }
             Input::Expire { held } => format!("expire ({held} held)"),
+            Input::Delete { held } => format!("delete ({held} held)"),
             Input::Evict => "evict (drop-oldest pool)".to_string(),
             Input::Activate { member, epoch } => format!("activate m{member} epoch {epoch}"),
             Input::PlaceInLine { member, position } => {
@@ -301,7 +302,7 @@ impl Observer for Checker {
                     m.outstanding.remove(id);
                 }
             }
-            Input::Expire { .. } => {
+            Input::Expire { .. } | Input::Delete { .. } => {
                 m.outstanding.clear();
                 m.holder.clear();
             }

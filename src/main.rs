@@ -1,5 +1,5 @@
 //! The `tinybroker` binary: `serve` runs the broker; `publish`, `subscribe` and `bench` are small
-//! clients for trying it out and measuring it; `status` is the operator's view.
+//! clients for trying it out and measuring it; `status` and `delete` are the operator's.
 
 mod cli;
 
@@ -26,6 +26,9 @@ enum Command {
     Publish(cli::client::Publish),
     /// Join a subscription and print every frame; acks each message unless --no-ack.
     Subscribe(cli::client::Subscribe),
+    /// Delete a subscription no member is joined to (its settings and queued messages), so its
+    /// id can be joined again with new settings.
+    Delete(cli::client::Delete),
     /// Show subscriptions, members in promotion order, epochs, depths and counters.
     Status(cli::status::Status),
     /// Load generator: runs workload w1 (work queue), w2 (singleton failover) or w3 (fan-out).
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
                     ExitCode::from(cli::client::EXIT_BROKER_SHUTDOWN)
                 }
             }),
+            Command::Delete(args) => cli::client::delete(args).await.map(|()| ExitCode::SUCCESS),
             Command::Status(args) => cli::status::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Bench(args) => cli::bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BenchReplica(args) => {

@@ -20,7 +20,8 @@ pub use embedded::Run;
 
 use crate::{
     broker::{
-        BatchError, Broker, BrokerStats, ConnectionId, Description, Fence, MemberStream, Published,
+        BatchError, Broker, BrokerStats, ConnectionId, Deleted, Description, Fence, MemberStream,
+        Published,
     },
     cluster::gateway::{Gateway, Pipeline},
     core::{Draft, Error, Limits, OpenRequest},
@@ -142,6 +143,20 @@ impl Backend {
         match self {
             Backend::Embedded(broker) => broker.describe(subscription_id).map(Description::from),
             Backend::Gateway(gateway) => gateway.describe(subscription_id).await,
+        }
+    }
+
+    /// Removes a subscription with no member joined, with its settings and what it holds
+    /// (docs/semantics.md#deleting).
+    ///
+    /// # Errors
+    /// [`Error::SubscriptionNotFound`] (at a gateway, of kind not found), or
+    /// [`Error::MembersJoined`] while a member is joined (at a gateway: at any gateway); at a
+    /// gateway also [`Error::Unavailable`] when the cluster could not be asked.
+    pub async fn delete(&self, subscription_id: &str) -> Result<Deleted, Error> {
+        match self {
+            Backend::Embedded(broker) => broker.delete(subscription_id),
+            Backend::Gateway(gateway) => gateway.delete(subscription_id).await,
         }
     }
 

@@ -7,6 +7,7 @@
 //! never deadlock) and checks every one has room before queuing on any. Nothing awaits while a
 //! lock is held.
 
+mod delete;
 mod expiry;
 mod logs;
 mod member;
@@ -29,6 +30,7 @@ pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
 pub(crate) use upstream::Upstream;
 pub use upstream::{Activation, GATEWAY_ROUTE_SHIFT};
+pub use delete::Deleted;
 pub use view::{Description, UpstreamBacklog};
 
 use crate::{
@@ -101,6 +103,9 @@ struct AtomicCounters {
     rejected_publishes: AtomicU64,
     subscriptions_expired: AtomicU64,
     messages_expired: AtomicU64,
+    /// Subscriptions removed by [`Broker::delete`], and the messages they held.
+    subscriptions_deleted: AtomicU64,
+    messages_deleted: AtomicU64,
     /// Live members across all subscriptions (so listing need not lock every subscription).
     members: AtomicU64,
     /// The general pool: every subscription's footprint but the messages of drop-oldest ones
@@ -203,6 +208,10 @@ pub struct BrokerStats {
     pub subscriptions_expired: u64,
     /// Messages they still held.
     pub messages_expired: u64,
+    /// Subscriptions removed by `DeleteSubscription` (docs/semantics.md#deleting).
+    pub subscriptions_deleted: u64,
+    /// Messages they held, discarded with them.
+    pub messages_deleted: u64,
     /// Live subscriptions.
     pub subscriptions: u64,
     /// Members across them.
@@ -788,6 +797,8 @@ impl Broker {
             rejected_publishes: c.rejected_publishes.load(Ordering::Relaxed),
             subscriptions_expired: c.subscriptions_expired.load(Ordering::Relaxed),
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
+            subscriptions_deleted: c.subscriptions_deleted.load(Ordering::Relaxed),
+            messages_deleted: c.messages_deleted.load(Ordering::Relaxed),
             subscriptions,
             members: c.members.load(Ordering::Relaxed),
             memory_accounted_bytes: general + drop_oldest,

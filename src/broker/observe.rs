@@ -90,6 +90,12 @@ pub enum Input {
         /// Messages it still held.
         held: usize,
     },
+    /// The subscription was deleted (`DeleteSubscription`, with no member joined); it held
+    /// `held` messages, discarded with it.
+    Delete {
+        /// Messages it still held.
+        held: usize,
+    },
 }
 
 /// One applied input.

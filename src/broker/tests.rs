@@ -804,3 +804,51 @@ fn drop_oldest_queues_fill_only_their_share_and_never_refuse() {
     assert_eq!(broker.list().1.memory_drop_oldest_bytes, held);
     drop(lagging);
 }
+
+// docs/semantics.md#deleting: a delete gives back every byte the subscription had in both
+// pools of the memory budget, takes its patterns out of the routing index and its expiry timer
+// out of the schedule, counts what it discarded (not as expired), and refuses, changing
+// nothing, while a member is joined.
+#[tokio::test(start_paused = true)]
+async fn delete_gives_back_both_pools_and_unroutes_the_subscription() {
+    let broker = broker(Limits {
+        idle_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    });
+    let mut acked = broker
+        .open(&request("acked", Mode::Queue, "a.*"), None)
+        .unwrap();
+    let mut drop_oldest = request("free", Mode::Queue, "a.*");
+    drop_oldest.spec.ack_mode = AckMode::None;
+    drop_oldest.spec.overflow = crate::core::Overflow::DropOldest;
+    let free = broker.open(&drop_oldest, None).unwrap();
+    for _ in 0..3 {
+        broker.publish(draft("a.b")).unwrap();
+    }
+    assert!(matches!(recv(&mut acked).await, Some(Outbound::Confirm { .. })));
+    let refused = broker.delete("acked");
+    assert!(
+        matches!(refused, Err(Error::MembersJoined { members: 1, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(broker.describe("acked").unwrap().members.len(), 1);
+    drop(acked);
+    drop(free);
+    let (_, before) = broker.list();
+    assert!(before.memory_drop_oldest_bytes > 0, "{before:?}");
+    assert_eq!(broker.delete("acked").unwrap().discarded_messages, 3);
+    assert_eq!(broker.delete("free").unwrap().discarded_messages, 3);
+    let (views, after) = broker.list();
+    assert!(views.is_empty());
+    assert_eq!(
+        (after.memory_accounted_bytes, after.memory_drop_oldest_bytes),
+        (0, 0),
+        "both pools are back to nothing"
+    );
+    assert_eq!((after.subscriptions_deleted, after.messages_deleted), (2, 6));
+    assert_eq!(broker.publish(draft("a.b")).unwrap().queued_for, 0, "unrouted");
+    assert!(matches!(broker.delete("acked"), Err(Error::SubscriptionNotFound(_))));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(broker.expire_idle(), 0, "no expiry timer outlives the delete");
+    assert_eq!(broker.list().1.subscriptions_expired, 0);
+}

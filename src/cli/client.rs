@@ -125,6 +125,38 @@ pub async fn publish(args: Publish) -> Result<(), String> {
     Ok(())
 }
 
+#[derive(Args)]
+pub struct Delete {
+    #[command(flatten)]
+    connection: Connection,
+    /// Subscription id to delete; no member may be joined to it (docs/semantics.md#deleting).
+    id: String,
+}
+
+/// `tinybroker delete ID`: prints what was discarded, or why nothing was deleted.
+pub async fn delete(args: Delete) -> Result<(), String> {
+    let client = args.connection.client().await?;
+    let id = &args.id;
+    match client.delete_subscription(id).await {
+        Ok(discarded) => {
+            println!(
+                "deleted subscription {id:?}: {discarded} message(s) discarded; its id can be joined again with new settings"
+            );
+            Ok(())
+        }
+        Err(client::Error::FailedPrecondition(why)) => Err(format!(
+            "subscription {id:?} was not deleted (close its members' streams first): {why}"
+        )),
+        Err(client::Error::NotFound(why)) => {
+            Err(format!("no subscription {id:?} to delete: {why}"))
+        }
+        Err(client::Error::InvalidArgument(why)) => {
+            Err(format!("invalid subscription id {id:?}: {why}"))
+        }
+        Err(e) => Err(format!("subscription {id:?} was not deleted: {e}")),
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
     Broadcast,

@@ -75,6 +75,11 @@ pub struct BrokerCounters {
     pub subscriptions_expired: u64,
     /// Messages still queued when their subscription expired.
     pub messages_expired: u64,
+    /// Subscriptions removed by [`Client::delete_subscription`] (at this gateway, in cluster
+    /// mode).
+    pub subscriptions_deleted: u64,
+    /// Messages they held, discarded with them.
+    pub messages_deleted: u64,
     /// Live subscriptions.
     pub subscriptions: u64,
     /// Members across them.
@@ -199,6 +204,8 @@ impl From<pb::BrokerCounters> for BrokerCounters {
             rejected_publishes: b.rejected_publishes,
             subscriptions_expired: b.subscriptions_expired,
             messages_expired: b.messages_expired,
+            subscriptions_deleted: b.subscriptions_deleted,
+            messages_deleted: b.messages_deleted,
             subscriptions: b.subscriptions,
             members: b.members,
             connections_open: b.connections_open,
@@ -227,6 +234,26 @@ impl Client {
             })
             .await?;
         reply.into_inner().try_into()
+    }
+
+    /// Deletes a subscription no member is joined to: its settings and the messages it holds
+    /// are gone, so its id can be joined again with other settings
+    /// (docs/semantics.md#deleting). Returns how many messages were discarded with it.
+    ///
+    /// # Errors
+    /// [`Error::FailedPrecondition`] while a member is joined (at any gateway, in cluster
+    /// mode; nothing changes), [`Error::NotFound`] for an unknown subscription,
+    /// [`Error::InvalidArgument`] for a malformed id, [`Error::Unavailable`] when a gateway
+    /// could not ask the whole cluster.
+    pub async fn delete_subscription(&self, subscription_id: &str) -> Result<u64> {
+        let reply = self
+            .raw
+            .clone()
+            .delete_subscription(pb::DeleteSubscriptionRequest {
+                subscription_id: subscription_id.into(),
+            })
+            .await?;
+        Ok(reply.into_inner().discarded_messages)
     }
 
     /// Lists every subscription (following `ListSubscriptions` page by page) plus the

@@ -37,6 +37,18 @@ pub enum Error {
         "broadcast subscription {0:?} already has a live stream; each broadcast stream needs its own subscription_id"
     )]
     BroadcastTaken(String),
+    /// A subscription cannot be deleted while members are joined (docs/semantics.md#deleting).
+    #[error(
+        "subscription {subscription:?} has {members} member(s) joined{where_}: every member must leave (close its stream) before it can be deleted; nothing changed"
+    )]
+    MembersJoined {
+        /// The subscription named.
+        subscription: String,
+        /// How many members are joined (in cluster mode, at every gateway together).
+        members: u64,
+        /// Where they are, when it helps (cluster mode: " across the cluster's gateways").
+        where_: &'static str,
+    },
     /// No subscription has this id.
     #[error("subscription {0:?} not found")]
     SubscriptionNotFound(String),
@@ -287,7 +299,8 @@ impl Error {
             | Error::NotYetSent { .. }
             | Error::AckFree(_)
             | Error::NotHeldHere { .. }
-            | Error::MemberGone { .. } => ErrorKind::FailedPrecondition,
+            | Error::MemberGone { .. }
+            | Error::MembersJoined { .. } => ErrorKind::FailedPrecondition,
             Error::BroadcastTaken(_) => ErrorKind::AlreadyExists,
             Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => ErrorKind::NotFound,
             Error::QueueFull { .. }

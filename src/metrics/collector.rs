@@ -125,6 +125,16 @@ impl Collector for BrokerCollector {
                 "Messages held by subscriptions when they expired.",
                 stats.messages_expired,
             ),
+            (
+                "tinybroker_subscriptions_deleted",
+                "Subscriptions removed by DeleteSubscription.",
+                stats.subscriptions_deleted,
+            ),
+            (
+                "tinybroker_messages_deleted",
+                "Messages held by subscriptions when they were deleted.",
+                stats.messages_deleted,
+            ),
         ] {
             let counter = ConstCounter::new(value);
             counter.encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;

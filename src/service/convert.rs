@@ -113,6 +113,8 @@ pub(super) fn stats(stats: BrokerStats, transport: TransportSnapshot) -> pb::Bro
         rejected_publishes: stats.rejected_publishes,
         subscriptions_expired: stats.subscriptions_expired,
         messages_expired: stats.messages_expired,
+        subscriptions_deleted: stats.subscriptions_deleted,
+        messages_deleted: stats.messages_deleted,
         subscriptions: stats.subscriptions,
         members: stats.members,
         memory_accounted_bytes: stats.memory_accounted_bytes,

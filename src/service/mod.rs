@@ -218,6 +218,19 @@ impl pb::broker_server::Broker for BrokerService {
         Ok(Response::new(convert::info(described)))
     }
 
+    async fn delete_subscription(
+        &self,
+        request: Request<pb::DeleteSubscriptionRequest>,
+    ) -> Result<Response<pb::DeleteSubscriptionResponse>, Status> {
+        let id = request.into_inner().subscription_id;
+        check_subscription_id(&id, self.backend.limits()).map_err(|e| status(&e))?;
+        // docs/semantics.md#deleting
+        let deleted = self.backend.delete(&id).await.map_err(|e| status(&e))?;
+        Ok(Response::new(pb::DeleteSubscriptionResponse {
+            discarded_messages: deleted.discarded_messages,
+        }))
+    }
+
     async fn list_subscriptions(
         &self,
         request: Request<pb::ListSubscriptionsRequest>,

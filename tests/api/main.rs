@@ -18,6 +18,7 @@ mod harness;
 mod deployment;
 
 mod bench;
+mod delete;
 mod delivery;
 mod lifecycle;
 mod logs;

@@ -25,6 +25,9 @@ impl Gateway {
         connection: Option<ConnectionId>,
     ) -> Result<MemberStream, Error> {
         let singleton = request.spec.mode == Mode::Singleton;
+        // Counted as under way until its member is in the local broker, and waits while a
+        // delete holds the id (docs/semantics.md#deleting): it finds the old consumer or none.
+        let _joining = self.inner.holds.enter(&request.subscription_id).await;
         let (mut consumer, recorded) = self.consumer(request).await?;
         await_replicas(&mut consumer).await;
         // Joined with the subscription's own settings: a join that leaves

@@ -53,6 +53,7 @@
 
 mod bridge;
 mod config;
+mod delete;
 mod describe;
 mod forward;
 mod headers;
@@ -118,6 +119,14 @@ struct Inner {
     coordination: tokio::task::JoinHandle<()>,
     /// The coordination bucket, read by `describe` for a singleton's line.
     backplane: crate::cluster::nats::NatsBackplane,
+    /// Ids held for a delete here, and joins under way (`delete`).
+    holds: Arc<delete::Holds>,
+    /// Answers other gateways' deletes.
+    deletes: tokio::task::JoinHandle<()>,
+    /// Numbers this gateway's deletes (their holds' tokens).
+    delete_tokens: std::sync::atomic::AtomicU64,
+    /// This gateway's incarnation now (its lease's id).
+    incarnation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -133,6 +142,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.responder.abort();
         self.coordination.abort();
+        self.deletes.abort();
     }
 }
 
@@ -217,6 +227,7 @@ impl Gateway {
             broker.clone(),
             singleton::config(config.lease),
         );
+        let incarnation = singletons.incarnation();
         let shared = Arc::new(Shared {
             client: client.clone(),
             js: js.clone(),
@@ -227,6 +238,15 @@ impl Gateway {
         });
         let responder = forward::serve(&client, &config.stream, local.clone()).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
+        let holds = Arc::new(delete::Holds::default());
+        let deletes = delete::serve(
+            &client,
+            &config.stream,
+            local.clone(),
+            holds.clone(),
+            incarnation.clone(),
+        )
+        .await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 local,
@@ -240,6 +260,14 @@ impl Gateway {
                 gone_routes: forward::GoneRoutes::default(),
                 coordination,
                 backplane,
+                holds,
+                deletes,
+                // Unique across gateways with overwhelming probability (two would have to
+                // start in the same microsecond), so one delete never releases another's hold.
+                delete_tokens: std::sync::atomic::AtomicU64::new(
+                    broker.id_floor().unix_micros() << 8,
+                ),
+                incarnation,
             }),
         })
     }

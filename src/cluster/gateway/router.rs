@@ -110,7 +110,7 @@ impl Observer for Router {
         let arbitrated = observation.subscription.is_arbitrated();
         let relevant = matches!(
             observation.input,
-            Input::Ack { accepted: true, .. } | Input::Expire { .. }
+            Input::Ack { accepted: true, .. } | Input::Expire { .. } | Input::Delete { .. }
         ) || (arbitrated
             && matches!(
                 observation.input,
@@ -123,7 +123,7 @@ impl Observer for Router {
         if !relevant {
             return;
         }
-        if let Input::Expire { .. } = observation.input {
+        if let Input::Expire { .. } | Input::Delete { .. } = observation.input {
             // Unlinked here, under the subscription's lock, so a join that recreates the
             // subscription right after starts a new bridge instead of waking this one.
             let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);

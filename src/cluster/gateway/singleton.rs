@@ -42,6 +42,9 @@ enum Input {
 #[derive(Debug, Clone)]
 pub(super) struct Handle {
     inputs: mpsc::UnboundedSender<Input>,
+    /// This gateway's incarnation now (its lease is `lease.<id>`), for a delete's question to
+    /// every gateway (`delete`).
+    incarnation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Handle {
@@ -55,6 +58,11 @@ impl Handle {
     pub(super) fn left(&self, subscription: Arc<str>, member: MemberId, carry: Vec<(u64, u32)>) {
         let _ = self.inputs.send(Input::Left(subscription, member, carry));
     }
+
+    /// This gateway's incarnation now (the id its lease is kept under).
+    pub(super) fn incarnation(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.incarnation.clone()
+    }
 }
 
 /// Starts the shell; it runs until every [`Handle`] is dropped.
@@ -64,8 +72,15 @@ pub(super) fn spawn(
     config: Config,
 ) -> (Handle, tokio::task::JoinHandle<()>) {
     let (inputs, rx) = mpsc::unbounded_channel();
-    let task = tokio::spawn(run(backplane, broker, config, rx));
-    (Handle { inputs }, task)
+    let incarnation = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let task = tokio::spawn(run(backplane, broker, config, rx, incarnation.clone()));
+    (
+        Handle {
+            inputs,
+            incarnation,
+        },
+        task,
+    )
 }
 
 /// How long a gateway whose lease create was not confirmed waits before its next incarnation.
@@ -91,11 +106,13 @@ async fn run(
     broker: Upstream,
     config: Config,
     mut inputs: mpsc::UnboundedReceiver<Input>,
+    incarnation: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let start = tokio::time::Instant::now();
     let now = || start.elapsed();
     loop {
         let id = fresh_id();
+        incarnation.store(id.0, std::sync::atomic::Ordering::Relaxed);
         let mut coordinator = Coordinator::new(id, config, now());
         tracing::info!(gateway = id.0, bucket = backplane.bucket(), lease = ?config.lease, "singleton coordination started");
         let mut watch: Option<Watch> = None;
