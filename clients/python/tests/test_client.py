@@ -387,6 +387,59 @@ def test_describe_and_list(broker: Broker) -> None:
     run(body())
 
 
+def test_delete_subscription_frees_its_id_for_new_settings(deployment: Deployment) -> None:
+    """docs/semantics.md#deleting: refused while a member is joined (at the other gateway over
+    two), then the idle subscription is deleted with its queued message counted, and its id
+    takes other settings; unknown and malformed ids raise as every call's do."""
+
+    async def body() -> None:
+        members = await Client.connect(deployment.members.url)
+        elsewhere = await Client.connect(deployment.publishers.url)
+        sid = unique("del")
+        sub = await elsewhere.subscribe(SubscriptionOptions.queue(sid, "g", ["del.*"]))
+        await within(sub.active())
+        with pytest.raises(tinybroker.FailedPreconditionError, match="member"):
+            await members.delete_subscription(sid)
+        await within(sub.close())
+        await elsewhere.publish("del.a", "kept, then discarded")
+
+        async def counted() -> None:
+            # Through gateways the backlog is the consumer's, whose leader may count a publish
+            # a moment after its confirmation.
+            while True:
+                upstream = (await members.describe(sid)).upstream
+                if upstream is None or upstream.pending + upstream.unacked == 1:
+                    return
+
+        await within(counted())
+
+        async def deleted() -> int:
+            while True:  # until the member's leave is seen everywhere
+                try:
+                    return await members.delete_subscription(sid)
+                except tinybroker.FailedPreconditionError:
+                    continue
+
+        assert await within(deleted()) == 1
+        listing = await members.list()
+        assert (listing.broker.subscriptions_deleted, listing.broker.messages_deleted) == (1, 1)
+        with pytest.raises(tinybroker.NotFoundError):
+            await members.delete_subscription(sid)
+        with pytest.raises(tinybroker.InvalidArgumentError):
+            await members.delete_subscription("")
+        leader = await members.subscribe(SubscriptionOptions.singleton(sid, "other", ["del.*"]))
+        await within(leader.active())
+        await elsewhere.publish("del.b", "new")
+        d = await delivery_of(leader)
+        assert (d.payload, d.attempt) == (b"new", 1)
+        d.ack()
+        await within(leader.close())
+        await members.close()
+        await elsewhere.close()
+
+    run(body())
+
+
 # --- the blocking API -------------------------------------------------------------------------
 
 
@@ -416,6 +469,8 @@ def test_the_blocking_api_runs_the_same_flow(broker: Broker) -> None:
             d.ack()
         info = client.describe("sync")
         assert info.counters.acked == 8 and info.in_flight == 0
+        with pytest.raises(tinybroker.NotFoundError):
+            client.delete_subscription("nobody")
         with pytest.raises(tinybroker.NotFoundError):
             client.describe("nobody")
 

@@ -251,6 +251,12 @@ class Client:
     def list(self, *, timeout: Optional[float] = None) -> Listing:
         return self._loop.run(self._client.list(), timeout)
 
+    def delete_subscription(
+        self, subscription_id: str, *, timeout: Optional[float] = None
+    ) -> int:
+        """See `tinybroker.aio.Client.delete_subscription`."""
+        return self._loop.run(self._client.delete_subscription(subscription_id), timeout)
+
 
 class Subscription:
     """A member of a subscription (see `tinybroker.aio.Subscription`). Iterate it for its

@@ -354,6 +354,10 @@ class BrokerCounters:
     request_timeouts: int = 0
     memory_accounted_bytes: int = 0
     max_memory_bytes: int = 0
+    #: Subscriptions removed by `delete_subscription` (at this gateway, in cluster mode).
+    subscriptions_deleted: int = 0
+    #: Messages they held, discarded with them.
+    messages_deleted: int = 0
 
 
 @dataclass(frozen=True)
@@ -447,6 +451,8 @@ def _broker_from_pb(b: pb.BrokerCounters) -> BrokerCounters:
         b.request_timeouts,
         b.memory_accounted_bytes,
         b.max_memory_bytes,
+        b.subscriptions_deleted,
+        b.messages_deleted,
     )
 
 

@@ -377,6 +377,18 @@ class Client:
         )
         return _info_from_pb(reply)
 
+    async def delete_subscription(self, subscription_id: str) -> int:
+        """Deletes a subscription no member is joined to: its settings and the messages it
+        holds are gone, so its id can be joined again with other settings. Returns how many
+        messages were discarded with it. Raises `FailedPreconditionError` while a member is
+        joined (at any gateway, in cluster mode; nothing changes), `NotFoundError` for an
+        unknown id, `InvalidArgumentError` for a malformed one."""
+        reply = await self._unary(
+            self._stub.DeleteSubscription,
+            _build(pb.DeleteSubscriptionRequest, subscription_id=subscription_id),
+        )
+        return int(reply.discarded_messages)
+
     async def list(self) -> Listing:
         """Every subscription (every page followed) and the broker-wide counters."""
         subscriptions: list[SubscriptionInfo] = []
