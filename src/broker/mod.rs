@@ -20,6 +20,7 @@ mod view;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+pub use delete::Deleted;
 pub(crate) use logs::refused_join;
 pub use member::{
     ACK_FREE_TAKE, ACK_FREE_TAKE_BYTES, ConnectionId, MemberStream, Outbound, Settler,
@@ -30,7 +31,6 @@ pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
 pub(crate) use upstream::Upstream;
 pub use upstream::{Activation, GATEWAY_ROUTE_SHIFT};
-pub use delete::Deleted;
 pub use view::{Description, UpstreamBacklog};
 
 use crate::{

@@ -825,7 +825,10 @@ async fn delete_gives_back_both_pools_and_unroutes_the_subscription() {
     for _ in 0..3 {
         broker.publish(draft("a.b")).unwrap();
     }
-    assert!(matches!(recv(&mut acked).await, Some(Outbound::Confirm { .. })));
+    assert!(matches!(
+        recv(&mut acked).await,
+        Some(Outbound::Confirm { .. })
+    ));
     let refused = broker.delete("acked");
     assert!(
         matches!(refused, Err(Error::MembersJoined { members: 1, .. })),
@@ -845,10 +848,24 @@ async fn delete_gives_back_both_pools_and_unroutes_the_subscription() {
         (0, 0),
         "both pools are back to nothing"
     );
-    assert_eq!((after.subscriptions_deleted, after.messages_deleted), (2, 6));
-    assert_eq!(broker.publish(draft("a.b")).unwrap().queued_for, 0, "unrouted");
-    assert!(matches!(broker.delete("acked"), Err(Error::SubscriptionNotFound(_))));
+    assert_eq!(
+        (after.subscriptions_deleted, after.messages_deleted),
+        (2, 6)
+    );
+    assert_eq!(
+        broker.publish(draft("a.b")).unwrap().queued_for,
+        0,
+        "unrouted"
+    );
+    assert!(matches!(
+        broker.delete("acked"),
+        Err(Error::SubscriptionNotFound(_))
+    ));
     tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(broker.expire_idle(), 0, "no expiry timer outlives the delete");
+    assert_eq!(
+        broker.expire_idle(),
+        0,
+        "no expiry timer outlives the delete"
+    );
     assert_eq!(broker.list().1.subscriptions_expired, 0);
 }

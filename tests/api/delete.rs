@@ -75,7 +75,10 @@ async fn deleting_an_idle_subscription_lets_its_id_be_joined_with_other_settings
         "settings",
     );
     let deleted = delete_once_left(&client, id).await;
-    assert_eq!(deleted.discarded_messages, 2, "the in-flight one given back and the queued one");
+    assert_eq!(
+        deleted.discarded_messages, 2,
+        "the in-flight one given back and the queued one"
+    );
     let broker = client.list().await.broker.unwrap();
     assert_eq!(
         (broker.subscriptions_deleted, broker.messages_deleted),
@@ -117,7 +120,11 @@ async fn delete_is_refused_while_a_member_is_joined_and_changes_nothing() {
             .await
             .unwrap();
         member.confirmed().await;
-        assert_code(delete(&client, id).await, Code::FailedPrecondition, "1 member(s) joined");
+        assert_code(
+            delete(&client, id).await,
+            Code::FailedPrecondition,
+            "1 member(s) joined",
+        );
         let sent = client.publish(&topic, "still delivered").await.system_id;
         let got = member.message().await;
         assert_eq!((got.system_id, got.delivery_attempt), (sent, 1), "{id}");
@@ -135,14 +142,26 @@ async fn delete_is_refused_while_a_member_is_joined_and_changes_nothing() {
 async fn delete_refuses_unknown_and_malformed_ids() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    assert_code(delete(&client, "never-was").await, Code::NotFound, "never-was");
-    assert_code(delete(&client, "").await, Code::InvalidArgument, "subscription_id");
+    assert_code(
+        delete(&client, "never-was").await,
+        Code::NotFound,
+        "never-was",
+    );
+    assert_code(
+        delete(&client, "").await,
+        Code::InvalidArgument,
+        "subscription_id",
+    );
     assert_code(
         delete(&client, &"x".repeat(257)).await,
         Code::InvalidArgument,
         "subscription_id",
     );
-    assert_code(delete(&client, "bell\u{7}").await, Code::InvalidArgument, "subscription_id");
+    assert_code(
+        delete(&client, "bell\u{7}").await,
+        Code::InvalidArgument,
+        "subscription_id",
+    );
 }
 
 // docs/semantics.md#deleting: `tinybroker delete ID` says what was discarded, and why nothing
@@ -168,14 +187,20 @@ async fn the_delete_command_reports_each_answer() {
     let busy = run(id).await;
     assert!(!busy.status.success());
     let said = String::from_utf8_lossy(&busy.stderr);
-    assert!(said.contains("was not deleted") && said.contains("1 member(s) joined"), "{said}");
+    assert!(
+        said.contains("was not deleted") && said.contains("1 member(s) joined"),
+        "{said}"
+    );
     drop(member);
     within(async {
         loop {
             let out = run(id).await;
             if out.status.success() {
                 let said = String::from_utf8_lossy(&out.stdout).to_string();
-                assert!(said.contains("deleted subscription \"delete-cli\": 0 message(s) discarded"), "{said}");
+                assert!(
+                    said.contains("deleted subscription \"delete-cli\": 0 message(s) discarded"),
+                    "{said}"
+                );
                 return;
             }
         }
@@ -184,5 +209,8 @@ async fn the_delete_command_reports_each_answer() {
     let gone = run(id).await;
     assert!(!gone.status.success());
     let said = String::from_utf8_lossy(&gone.stderr);
-    assert!(said.contains("no subscription \"delete-cli\" to delete"), "{said}");
+    assert!(
+        said.contains("no subscription \"delete-cli\" to delete"),
+        "{said}"
+    );
 }

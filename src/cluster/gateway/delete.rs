@@ -97,7 +97,9 @@ struct Entry {
 
 impl Entry {
     fn held_until(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
-        self.held.map(|(_, until)| until).filter(|until| *until > now)
+        self.held
+            .map(|(_, until)| until)
+            .filter(|until| *until > now)
     }
 }
 
@@ -265,10 +267,12 @@ impl Gateway {
             let _ = client.flush().await;
         }
         if let Ok(deleted) = &outcome {
-            self.inner
-                .local
-                .count_deleted(deleted.discarded_messages);
-            tracing::info!(subscription = id, messages = deleted.discarded_messages, "subscription deleted");
+            self.inner.local.count_deleted(deleted.discarded_messages);
+            tracing::info!(
+                subscription = id,
+                messages = deleted.discarded_messages,
+                "subscription deleted"
+            );
         }
         outcome
     }
@@ -423,7 +427,12 @@ impl Gateway {
         };
         tokio::time::timeout(REQUEST_PATIENCE, read)
             .await
-            .map_err(|_| unavailable("the coordination bucket did not list the leases", "timed out"))?
+            .map_err(|_| {
+                unavailable(
+                    "the coordination bucket did not list the leases",
+                    "timed out",
+                )
+            })?
             .map_err(|e| unavailable("the coordination bucket did not list the leases", e))
     }
 
@@ -437,7 +446,10 @@ impl Gateway {
                 .is_ok_and(|(of, _)| of == id)
                 .then_some(info)),
             Err(error) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => Ok(None),
-            Err(error) => Err(unavailable("JetStream did not answer for the consumer", error)),
+            Err(error) => Err(unavailable(
+                "JetStream did not answer for the consumer",
+                error,
+            )),
         }
     }
 }

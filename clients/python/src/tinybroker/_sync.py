@@ -251,9 +251,7 @@ class Client:
     def list(self, *, timeout: Optional[float] = None) -> Listing:
         return self._loop.run(self._client.list(), timeout)
 
-    def delete_subscription(
-        self, subscription_id: str, *, timeout: Optional[float] = None
-    ) -> int:
+    def delete_subscription(self, subscription_id: str, *, timeout: Optional[float] = None) -> int:
         """See `tinybroker.aio.Client.delete_subscription`."""
         return self._loop.run(self._client.delete_subscription(subscription_id), timeout)
 
