@@ -91,15 +91,20 @@ pub(super) struct Holds {
 struct Entry {
     /// Joins of the id between their start and their member's arrival in the local broker.
     joining: usize,
-    /// The delete holding the id (its token), and until when at most.
-    held: Option<(u64, tokio::time::Instant)>,
+    /// The deletes holding the id (their tokens), each until when at most: two deletes of one
+    /// id may run at once, and the first one's release must not end the second one's hold.
+    held: BTreeMap<u64, tokio::time::Instant>,
 }
 
 impl Entry {
-    fn held_until(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
-        self.held
-            .map(|(_, until)| until)
-            .filter(|until| *until > now)
+    /// Until when the id is held, if it is now (holds that ran out are forgotten).
+    fn held_until(&mut self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
+        self.held.retain(|_, until| *until > now);
+        self.held.values().max().copied()
+    }
+
+    fn unused(&self) -> bool {
+        self.joining == 0 && self.held.is_empty()
     }
 }
 
@@ -114,7 +119,7 @@ impl Drop for Joining<'_> {
         let mut table = self.holds.lock();
         if let Some(entry) = table.get_mut(&self.id) {
             entry.joining -= 1;
-            if entry.joining == 0 && entry.held.is_none() {
+            if entry.unused() {
                 table.remove(&self.id);
             }
         }
@@ -140,7 +145,6 @@ impl Holds {
                 match entry.held_until(tokio::time::Instant::now()) {
                     Some(until) => until,
                     None => {
-                        entry.held = None;
                         entry.joining += 1;
                         return Joining {
                             holds: self,
@@ -161,22 +165,21 @@ impl Holds {
         let entry = table.entry(id.to_string()).or_default();
         let members = (local() + entry.joining) as u64;
         if members == 0 {
-            entry.held = Some((token, tokio::time::Instant::now() + HOLD));
-        } else if entry.held.is_none() {
+            entry.held.insert(token, tokio::time::Instant::now() + HOLD);
+        } else if entry.unused() {
             table.remove(id);
         }
         members
     }
 
-    /// The delete `token` is over: joins waiting for it go on.
+    /// The delete `token` is over: joins waiting for it go on (unless another delete holds
+    /// the id too).
     fn release(&self, id: &str, token: u64) {
         {
             let mut table = self.lock();
-            if let Some(entry) = table.get_mut(id)
-                && entry.held.is_some_and(|(t, _)| t == token)
-            {
-                entry.held = None;
-                if entry.joining == 0 {
+            if let Some(entry) = table.get_mut(id) {
+                entry.held.remove(&token);
+                if entry.unused() {
                     table.remove(id);
                 }
             }
@@ -485,6 +488,35 @@ mod tests {
         holds.release("a", 2);
         let joined = tokio::time::timeout(Duration::from_secs(1), waiting).await;
         assert!(joined.is_ok(), "the release lets it go on");
+    }
+
+    // Two deletes of one id at once: the first one's release leaves the second one's hold.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_ends_only_its_own_hold() {
+        let holds = Holds::default();
+        assert_eq!(holds.count_and_hold("a", 1, || 0), 0);
+        assert_eq!(holds.count_and_hold("a", 2, || 0), 0);
+        holds.release("a", 1);
+        let waiting = holds.enter("a");
+        tokio::pin!(waiting);
+        let early = tokio::time::timeout(Duration::from_secs(1), waiting.as_mut()).await;
+        assert!(early.is_err(), "still held by the second delete");
+        holds.release("a", 2);
+        let late = tokio::time::timeout(Duration::from_secs(1), waiting).await;
+        assert!(late.is_ok());
+    }
+
+    // A join under way at a gateway with members keeps being counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_join_under_way_stays_counted_beside_members() {
+        let holds = Holds::default();
+        let _joining = holds.enter("a").await;
+        assert_eq!(holds.count_and_hold("a", 1, || 2), 3);
+        assert_eq!(
+            holds.count_and_hold("a", 1, || 0),
+            1,
+            "the join under way is not forgotten"
+        );
     }
 
     // A hold nobody releases (its deleting gateway died) runs out by itself.
