@@ -101,6 +101,7 @@ struct AtomicCounters {
     rejected_publishes: AtomicU64,
     subscriptions_expired: AtomicU64,
     messages_expired: AtomicU64,
+    unconfirmed_acks: AtomicU64,
     /// Live members across all subscriptions (so listing need not lock every subscription).
     members: AtomicU64,
     /// The general pool: every subscription's footprint but the messages of drop-oldest ones
@@ -203,6 +204,9 @@ pub struct BrokerStats {
     pub subscriptions_expired: u64,
     /// Messages they still held.
     pub messages_expired: u64,
+    /// Cluster mode: acks (and terms) JetStream did not confirm within the consumer's ack wait,
+    /// or sent unconfirmed; 0 on the embedded broker.
+    pub unconfirmed_acks: u64,
     /// Live subscriptions.
     pub subscriptions: u64,
     /// Members across them.
@@ -788,6 +792,7 @@ impl Broker {
             rejected_publishes: c.rejected_publishes.load(Ordering::Relaxed),
             subscriptions_expired: c.subscriptions_expired.load(Ordering::Relaxed),
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
+            unconfirmed_acks: c.unconfirmed_acks.load(Ordering::Relaxed),
             subscriptions,
             members: c.members.load(Ordering::Relaxed),
             memory_accounted_bytes: general + drop_oldest,

@@ -75,6 +75,8 @@ pub struct BrokerCounters {
     pub subscriptions_expired: u64,
     /// Messages still queued when their subscription expired.
     pub messages_expired: u64,
+    /// Cluster mode: acks JetStream did not confirm (their messages may come again).
+    pub unconfirmed_acks: u64,
     /// Live subscriptions.
     pub subscriptions: u64,
     /// Members across them.
@@ -199,6 +201,7 @@ impl From<pb::BrokerCounters> for BrokerCounters {
             rejected_publishes: b.rejected_publishes,
             subscriptions_expired: b.subscriptions_expired,
             messages_expired: b.messages_expired,
+            unconfirmed_acks: b.unconfirmed_acks,
             subscriptions: b.subscriptions,
             members: b.members,
             connections_open: b.connections_open,

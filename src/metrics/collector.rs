@@ -125,6 +125,11 @@ impl Collector for BrokerCollector {
                 "Messages held by subscriptions when they expired.",
                 stats.messages_expired,
             ),
+            (
+                "tinybroker_unconfirmed_acks",
+                "Cluster mode: acks JetStream did not confirm within the consumer's ack wait (their messages may come again).",
+                stats.unconfirmed_acks,
+            ),
         ] {
             let counter = ConstCounter::new(value);
             counter.encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;

@@ -113,6 +113,7 @@ pub(super) fn stats(stats: BrokerStats, transport: TransportSnapshot) -> pb::Bro
         rejected_publishes: stats.rejected_publishes,
         subscriptions_expired: stats.subscriptions_expired,
         messages_expired: stats.messages_expired,
+        unconfirmed_acks: stats.unconfirmed_acks,
         subscriptions: stats.subscriptions,
         members: stats.members,
         memory_accounted_bytes: stats.memory_accounted_bytes,
