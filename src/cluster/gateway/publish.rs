@@ -194,15 +194,19 @@ impl Sent {
                 if matches!(
                     error.kind(),
                     PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
-                ) || unavailable_for_now(&error) =>
+                ) =>
             {
                 again(true)
             }
-            Err(error) => {
-                let status = refused(&self.shared, &error, count_refusal)
-                    .unwrap_or_else(|| unavailable("JetStream did not confirm the publish", error));
-                Err(Unconfirmed::Failed(status))
-            }
+            // A refusal first: JetStream answers a full stream with a 503 too.
+            Err(error) => match refused(&self.shared, &error, count_refusal) {
+                Some(refusal) => Err(Unconfirmed::Failed(refusal)),
+                None if unavailable_for_now(&error) => again(true),
+                None => Err(Unconfirmed::Failed(unavailable(
+                    "JetStream did not confirm the publish",
+                    error,
+                ))),
+            },
         }
     }
 }
