@@ -106,6 +106,7 @@ struct AtomicCounters {
     /// Subscriptions removed by [`Broker::delete`], and the messages they held.
     subscriptions_deleted: AtomicU64,
     messages_deleted: AtomicU64,
+    unconfirmed_acks: AtomicU64,
     /// Live members across all subscriptions (so listing need not lock every subscription).
     members: AtomicU64,
     /// The general pool: every subscription's footprint but the messages of drop-oldest ones
@@ -212,6 +213,9 @@ pub struct BrokerStats {
     pub subscriptions_deleted: u64,
     /// Messages they held, discarded with them.
     pub messages_deleted: u64,
+    /// Cluster mode: acks (and terms) JetStream did not confirm within the consumer's ack wait,
+    /// or sent unconfirmed; 0 on the embedded broker.
+    pub unconfirmed_acks: u64,
     /// Live subscriptions.
     pub subscriptions: u64,
     /// Members across them.
@@ -799,6 +803,7 @@ impl Broker {
             messages_expired: c.messages_expired.load(Ordering::Relaxed),
             subscriptions_deleted: c.subscriptions_deleted.load(Ordering::Relaxed),
             messages_deleted: c.messages_deleted.load(Ordering::Relaxed),
+            unconfirmed_acks: c.unconfirmed_acks.load(Ordering::Relaxed),
             subscriptions,
             members: c.members.load(Ordering::Relaxed),
             memory_accounted_bytes: general + drop_oldest,

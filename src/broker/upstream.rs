@@ -127,6 +127,14 @@ impl Upstream {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Counts an ack (or term) JetStream did not confirm: the message may come again.
+    pub fn count_unconfirmed_ack(&self) {
+        self.inner
+            .counters
+            .unconfirmed_acks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Makes `member` the active member of the arbitrated singleton `subscription_id`, as the
     /// cluster decided (`activation`): it gets the confirmation frame, then what waits here.
     ///

@@ -130,6 +130,16 @@ pub struct Serve {
     /// publishes past it get RESOURCE_EXHAUSTED. A stream that exists keeps its own limits.
     #[arg(long, env = "TINYBROKER_NATS_MAX_BYTES", default_value_t = gateway::DEFAULT_MAX_BYTES, value_parser = clap::value_parser!(i64).range(1..))]
     nats_max_bytes: i64,
+    /// Cluster mode: how long a publish JetStream does not confirm is sent again (with its
+    /// message id, so it is stored once) while the stream's leader moves, e.g. after a NATS
+    /// node stopped; at most the stream's duplicate window. A request's gRPC deadline, when
+    /// shorter, ends it first.
+    #[arg(long, env = "TINYBROKER_NATS_PUBLISH_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    nats_publish_timeout: Duration,
+    /// Cluster mode: how often the gateway pings its NATS server when it hears nothing from it;
+    /// a server that leaves three pings unanswered (paused, cut off) is left for another.
+    #[arg(long, env = "TINYBROKER_NATS_PING_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    nats_ping_interval: Duration,
     /// Cluster mode: how long this gateway's lease lasts without renewal (renewed every third
     /// of it). A gateway that cannot renew ends its singleton members' streams with
     /// UNAVAILABLE; other gateways promote the next member once it has surely lapsed (about
@@ -272,6 +282,8 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     lease: args.gateway_lease,
                     max_messages: args.nats_max_messages,
                     max_bytes: args.nats_max_bytes,
+                    publish_timeout: args.nats_publish_timeout,
+                    ping_interval: args.nats_ping_interval.max(Duration::from_millis(100)),
                     ..GatewayConfig::new(urls.clone())
                 },
                 config.limits.clone(),

@@ -36,6 +36,7 @@ struct BrokerView {
     rejected_publishes: u64,
     subscriptions_expired: u64,
     messages_expired: u64,
+    unconfirmed_acks: u64,
     subscriptions: u64,
     members: u64,
 }
@@ -163,6 +164,7 @@ impl From<BrokerCounters> for BrokerView {
             rejected_publishes: broker.rejected_publishes,
             subscriptions_expired: broker.subscriptions_expired,
             messages_expired: broker.messages_expired,
+            unconfirmed_acks: broker.unconfirmed_acks,
             subscriptions: broker.subscriptions,
             members: broker.members,
         }
@@ -272,14 +274,20 @@ fn overview(view: &StatusView) -> String {
     let mut out = String::new();
     if let Some(b) = &view.broker {
         out.push_str(&format!(
-            "broker: {} subscriptions, {} members; published {} (unrouted {}, rejected {}); expired {} subscriptions ({} messages)\n\n",
+            "broker: {} subscriptions, {} members; published {} (unrouted {}, rejected {}); expired {} subscriptions ({} messages){}\n\n",
             b.subscriptions,
             b.members,
             b.published,
             b.unrouted,
             b.rejected_publishes,
             b.subscriptions_expired,
-            b.messages_expired
+            b.messages_expired,
+            // A gateway's acks JetStream did not confirm: shown only when there are some.
+            if b.unconfirmed_acks > 0 {
+                format!("; unconfirmed acks {}", b.unconfirmed_acks)
+            } else {
+                String::new()
+            }
         ));
     }
     if view.subscriptions.is_empty() {

@@ -80,6 +80,8 @@ pub struct BrokerCounters {
     pub subscriptions_deleted: u64,
     /// Messages they held, discarded with them.
     pub messages_deleted: u64,
+    /// Cluster mode: acks JetStream did not confirm (their messages may come again).
+    pub unconfirmed_acks: u64,
     /// Live subscriptions.
     pub subscriptions: u64,
     /// Members across them.
@@ -206,6 +208,7 @@ impl From<pb::BrokerCounters> for BrokerCounters {
             messages_expired: b.messages_expired,
             subscriptions_deleted: b.subscriptions_deleted,
             messages_deleted: b.messages_deleted,
+            unconfirmed_acks: b.unconfirmed_acks,
             subscriptions: b.subscriptions,
             members: b.members,
             connections_open: b.connections_open,

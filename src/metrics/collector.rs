@@ -135,6 +135,11 @@ impl Collector for BrokerCollector {
                 "Messages held by subscriptions when they were deleted.",
                 stats.messages_deleted,
             ),
+            (
+                "tinybroker_unconfirmed_acks",
+                "Cluster mode: acks JetStream did not confirm within the consumer's ack wait (their messages may come again).",
+                stats.unconfirmed_acks,
+            ),
         ] {
             let counter = ConstCounter::new(value);
             counter.encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;

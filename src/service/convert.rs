@@ -115,6 +115,7 @@ pub(super) fn stats(stats: BrokerStats, transport: TransportSnapshot) -> pb::Bro
         messages_expired: stats.messages_expired,
         subscriptions_deleted: stats.subscriptions_deleted,
         messages_deleted: stats.messages_deleted,
+        unconfirmed_acks: stats.unconfirmed_acks,
         subscriptions: stats.subscriptions,
         members: stats.members,
         memory_accounted_bytes: stats.memory_accounted_bytes,

@@ -28,6 +28,7 @@ mod bench;
 mod describe;
 mod faults;
 mod limits;
+mod node_faults;
 mod singleton;
 
 /// The API suite's deployment here: two gateways over a fresh three-node NATS cluster,

@@ -24,7 +24,11 @@ use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
 
-use super::{DEAD_LETTER_OF, Shared};
+use super::{
+    DEAD_LETTER_OF, Shared,
+    acks::{CONFIRM_ON_STOP, Confirming, MAX_CONFIRMING},
+    publish::MSG_ID,
+};
 use crate::core::{Draft, Envelope, Error, ErrorKind, Headers, MemberId, Message, Topic};
 
 /// How long one pull request waits for messages. A request asks for the room the members had
@@ -87,6 +91,8 @@ pub(super) struct Bridge {
     pub(super) live: Arc<AtomicBool>,
     /// Messages injected and not yet settled, by stream sequence: their ack subjects.
     pub(super) held: BTreeMap<u64, Subject>,
+    /// Acks and terms sent and not yet confirmed by JetStream.
+    pub(super) confirming: Confirming,
     /// Held messages the local subscription refused (they came in an open pull after the
     /// active member here left), with the attempt they came with: no member got them, so
     /// that is the attempt their next delivery carries ([`Bridge::vacate`]).
@@ -316,9 +322,47 @@ impl Bridge {
             Some(Event::Stop) | None => return Flow::Stop,
         };
         if let Some(reply) = self.held.remove(&sequence) {
-            self.reply(reply, kind).await;
+            self.settle(sequence, reply, kind).await;
         }
         Flow::Go
+    }
+
+    /// Sends an ack or a term to JetStream and has it confirmed ([`Confirming`]).
+    fn confirm(&mut self, sequence: u64, reply: Subject, kind: AckKind) {
+        self.confirming.reap();
+        let entry = self
+            .confirming
+            .sequences
+            .entry(sequence)
+            .or_insert((kind, 0));
+        entry.0 = kind;
+        entry.1 += 1;
+        let confirmation = super::acks::confirm(
+            self.shared.clone(),
+            self.subscription.clone(),
+            reply,
+            kind,
+            sequence,
+            self.progress_every * 3,
+        );
+        self.confirming.tasks.spawn(confirmation);
+    }
+
+    /// Tells JetStream how a held message was settled: an ack or a term confirmed, anything
+    /// else sent as it is.
+    async fn settle(&mut self, sequence: u64, reply: Subject, kind: AckKind) {
+        self.confirming.reap();
+        match kind {
+            AckKind::Ack | AckKind::Term if self.confirming.sequences.len() < MAX_CONFIRMING => {
+                self.confirm(sequence, reply, kind);
+            }
+            AckKind::Ack | AckKind::Term => {
+                self.shared.broker.count_unconfirmed_ack();
+                tracing::warn!(subscription = %self.subscription, sequence, "{MAX_CONFIRMING} acks wait for JetStream's confirmation: sent this one unconfirmed");
+                self.reply(reply, kind).await;
+            }
+            _ => self.reply(reply, kind).await,
+        }
     }
 
     /// Publishes a dead letter to JetStream, then terminates its message: a dead letter is
@@ -333,6 +377,7 @@ impl Bridge {
             &self.shared,
             draft,
             &self.subscription,
+            sequence,
         )
         .await
         {
@@ -350,7 +395,7 @@ impl Bridge {
             }
         };
         if let Some(reply) = self.held.remove(&sequence) {
-            self.reply(reply, kind).await;
+            self.settle(sequence, reply, kind).await;
         }
     }
 
@@ -378,6 +423,14 @@ impl Bridge {
         if let Err(error) = self.shared.client.flush().await {
             tracing::warn!(subscription = %self.subscription, %error, "could not flush the naks");
         }
+        // Acks still being confirmed go on by themselves past this bridge (a gateway stopping
+        // waits for them a moment here).
+        let mut confirming = std::mem::take(&mut self.confirming.tasks);
+        let _ = tokio::time::timeout(CONFIRM_ON_STOP, async {
+            while confirming.join_next().await.is_some() {}
+        })
+        .await;
+        confirming.detach_all();
         tracing::debug!(subscription = %self.subscription, given_back = count, "bridge stopped");
     }
 
@@ -406,6 +459,17 @@ impl Bridge {
             // JetStream redelivered a message this gateway still holds (an ack or progress
             // went missing): keep the one copy, answer through the newest subject.
             *held = reply.clone();
+            return;
+        }
+        if self.explicit
+            && let Some(reply) = &reply
+            && let Some(&(kind, _)) = self.confirming.sequences.get(&sequence)
+        {
+            // JetStream redelivered a message whose ack (or term) it has not confirmed yet
+            // (its consumer's leader stopped before applying it): settled already, so not
+            // delivered again; the ack goes again through the new subject.
+            tracing::debug!(subscription = %self.subscription, sequence, "JetStream redelivered a message acked here; acking it again");
+            self.confirm(sequence, reply.clone(), kind);
             return;
         }
         let own_dead_letter = message
@@ -490,7 +554,9 @@ fn decode(
     let mut headers = Headers::new();
     if let Some(map) = &message.headers {
         for (name, values) in map.iter() {
-            if AsRef::<str>::as_ref(name) == DEAD_LETTER_OF {
+            let name_text: &str = name.as_ref();
+            // The gateway's own headers: its dead-letter mark, and each publish's message id.
+            if name_text == DEAD_LETTER_OF || name_text.eq_ignore_ascii_case(MSG_ID) {
                 continue;
             }
             if let Some(value) = values.last() {

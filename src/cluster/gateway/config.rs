@@ -31,6 +31,19 @@ pub struct GatewayConfig {
     /// Most bytes the stream keeps when the gateway creates it (`--nats-max-bytes`); a publish
     /// past it is refused.
     pub max_bytes: i64,
+    /// How long a publish is sent again while JetStream does not confirm it (a stream leader
+    /// being elected after a NATS node stopped), within the stream's duplicate window
+    /// (`--nats-publish-timeout`).
+    pub publish_timeout: Duration,
+    /// How often the gateway pings a NATS server that sent nothing: one that does not answer
+    /// three pings is left for another (`--nats-ping-interval`).
+    pub ping_interval: Duration,
+}
+
+/// How long a connection to a NATS server may take to be greeted: the ping interval, at least
+/// a second (a paused server accepts connections but never greets).
+pub(super) fn connection_timeout(ping_interval: Duration) -> Duration {
+    ping_interval.max(Duration::from_secs(1))
 }
 
 /// What a client's message may not use of NATS's `max_payload`: a dead letter adds six headers
@@ -56,6 +69,8 @@ impl GatewayConfig {
             lease: Duration::from_secs(3),
             max_messages: DEFAULT_MAX_MESSAGES,
             max_bytes: DEFAULT_MAX_BYTES,
+            publish_timeout: Duration::from_secs(30),
+            ping_interval: Duration::from_secs(1),
         }
     }
 }

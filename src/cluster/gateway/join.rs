@@ -60,6 +60,7 @@ impl Gateway {
                 wake,
                 live,
                 held: BTreeMap::new(),
+                confirming: super::acks::Confirming::default(),
                 refused: BTreeMap::new(),
                 pull_expires: if singleton {
                     bridge::SINGLETON_PULL_EXPIRES

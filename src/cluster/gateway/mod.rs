@@ -51,6 +51,7 @@
 //! - **Dead letters** are stored in JetStream by the bridge before their message is
 //!   terminated; a standby's notice (`notify_standby`) names its place in the cluster's line.
 
+mod acks;
 mod bridge;
 mod config;
 mod delete;
@@ -95,6 +96,11 @@ struct Shared {
     largest_message: usize,
     /// The line to the singleton coordinator.
     singletons: Option<singleton::Handle>,
+    /// The ids of this gateway's publishes (`Nats-Msg-Id`).
+    ids: publish::MessageIds,
+    /// How long a publish is sent again while JetStream does not confirm it: the gateway's
+    /// `publish_timeout`, within the stream's duplicate window.
+    patience: Duration,
 }
 
 /// A running gateway: cheap to clone.
@@ -181,8 +187,15 @@ impl Gateway {
         // Each start-up step logs at debug with the time since start: a gateway slow to
         // listen says which NATS request it waited on.
         let started = std::time::Instant::now();
+        // A server that stops answering (paused, partitioned) is left within three ping
+        // intervals: async-nats pings after each interval without traffic from the server and
+        // drops the connection at the third ping unanswered, then connects to another; a
+        // server that takes connections but never greets (paused too) is given up after the
+        // connection timeout.
         let client = async_nats::ConnectOptions::new()
             .name("tinybroker-gateway")
+            .ping_interval(config.ping_interval)
+            .connection_timeout(config::connection_timeout(config.ping_interval))
             .connect(urls)
             .await
             .map_err(|e| format!("cannot connect to NATS at {}: {e}", config.urls))?;
@@ -198,7 +211,7 @@ impl Gateway {
             );
         }
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: connected to NATS");
-        let js = jetstream::new(client.clone());
+        let mut js = jetstream::new(client.clone());
         let stream = ensure_stream(&js, &config).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
         await_stream(&js, &config.stream).await?;
@@ -228,13 +241,32 @@ impl Gateway {
             singleton::config(config.lease),
         );
         let incarnation = singletons.incarnation();
+        let window = stream.cached_info().config.duplicate_window;
+        let patience = if window.is_zero() {
+            config.publish_timeout
+        } else {
+            config.publish_timeout.min(window)
+        };
+        if patience < config.publish_timeout {
+            tracing::warn!(
+                stream = %config.stream,
+                duplicate_window = ?window,
+                "JetStream stream {} deduplicates publishes for {window:?} only: a publish JetStream does not confirm is sent again for that long, not --nats-publish-timeout {:?} (a later try could be stored twice); raise it with `nats stream edit --dupe-window`",
+                config.stream,
+                config.publish_timeout
+            );
+        }
+        // Publishes only: each try waits this long for its `PubAck`, then is sent again.
+        js.set_timeout(publish::PUBLISH_TRY);
         let shared = Arc::new(Shared {
             client: client.clone(),
-            js: js.clone(),
+            js,
             broker: broker.clone(),
             prefix: config.stream.clone(),
             largest_message,
             singletons: Some(singletons),
+            ids: publish::MessageIds::new(),
+            patience,
         });
         let responder = forward::serve(&client, &config.stream, local.clone()).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
@@ -290,8 +322,9 @@ impl Gateway {
         (config.name.clone(), config.num_replicas)
     }
 
-    /// Publishes one message to JetStream; confirmed once JetStream stored it. A publish no
-    /// server answered is sent again for a bounded time ([`publish::NO_RESPONDERS_PATIENCE`]).
+    /// Publishes one message to JetStream; confirmed once JetStream stored it. A publish
+    /// JetStream did not confirm is sent again with its message id (stored at most once) for up
+    /// to `publish_timeout`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a header NATS cannot carry or a message too large,
@@ -338,6 +371,17 @@ impl Gateway {
     pub(super) async fn send(&self, draft: Draft) -> Result<publish::Sent, Error> {
         self.check_size(&draft)?;
         publish::send(&self.inner.shared, draft).await
+    }
+
+    /// Sends again, with its message id, a publish JetStream did not confirm, until it does
+    /// (for up to `publish_timeout`).
+    ///
+    /// # Errors
+    /// As [`Gateway::publish`].
+    pub(super) async fn resend(&self, resend: publish::Resend) -> Result<Published, Error> {
+        resend
+            .publish(&self.inner.shared, self.inner.shared.patience)
+            .await
     }
 
     /// A unary Ack or Nack. One naming its member is applied here when the member is here,

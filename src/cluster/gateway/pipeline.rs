@@ -39,8 +39,9 @@ enum Slot {
     Sending(Pending<Result<Sent, Error>>),
     /// Sent; JetStream's confirmation to come.
     Confirming(Pending<Result<Published, Unconfirmed>>),
-    /// No JetStream server answered it while nothing after it had been sent: sent again, alone,
-    /// for a bounded time (nothing is read meanwhile, so the order holds).
+    /// JetStream did not confirm it (no server answered, or not in time) while nothing after
+    /// it had been sent: sent again with its id, alone, for a bounded time (nothing is read
+    /// meanwhile, so the order holds).
     Again(Pending<Result<Published, Error>>),
 }
 
@@ -130,9 +131,9 @@ impl Pipeline {
                         *head = Slot::Ready(Ok(published));
                         true
                     }
-                    Poll::Ready(Err(Unconfirmed::NoResponders(draft))) if alone => {
+                    Poll::Ready(Err(Unconfirmed::Again(resend))) if alone => {
                         let gateway = self.gateway.clone();
-                        *head = Slot::Again(Box::pin(async move { gateway.publish(draft).await }));
+                        *head = Slot::Again(Box::pin(async move { gateway.resend(resend).await }));
                         continue;
                     }
                     Poll::Ready(Err(unconfirmed)) => {

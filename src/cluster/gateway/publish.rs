@@ -2,8 +2,22 @@
 //! (its `PubAck`). `PublishStream` pipelines them: it sends each as it reads it, in order, and
 //! answers each confirmation in order ([`Sent`]), so one stream is not held to one round trip
 //! per message.
+//!
+//! Each publish carries a message id (`Nats-Msg-Id`), the same on every try: one that no
+//! server answered in time (a stream leader that stopped, a NATS node this gateway is leaving)
+//! may have been stored, and JetStream stores an id once within the stream's duplicate window,
+//! answering a repeat with the first one's sequence. So a publish is sent again until
+//! JetStream confirms it, for up to the gateway's patience (`--nats-publish-timeout`, within
+//! the duplicate window), and is never stored twice.
 
-use std::{future::IntoFuture, sync::Arc, time::Duration};
+use std::{
+    future::IntoFuture,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use async_nats::jetstream::{
     context::{PublishError, PublishErrorKind},
@@ -16,13 +30,108 @@ use crate::{
     core::{Draft, Error, ErrorKind},
 };
 
-/// How long a publish that no JetStream server answered is retried before `UNAVAILABLE`.
-pub const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
+/// The NATS header JetStream deduplicates publishes by, within the stream's duplicate window.
+pub(super) const MSG_ID: &str = "Nats-Msg-Id";
+
+/// How long one try of a publish waits for JetStream's `PubAck` before it is sent again (the
+/// JetStream context's timeout for publishes).
+pub(super) const PUBLISH_TRY: Duration = Duration::from_secs(2);
+
+/// How long a dead letter is tried: the bridge waits for it, and one not stored in time is
+/// given back to come again (its id is the same on every try, from any gateway).
+const DEAD_LETTER_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The message ids of one gateway's publishes: a random prefix for this process, then a
+/// counter, so no two publishes through any gateways share one.
+pub(super) struct MessageIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl MessageIds {
+    pub(super) fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let random = |salt: u64| {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u64(salt);
+            hasher.finish()
+        };
+        Self {
+            prefix: format!(
+                "tb-{:016x}{:016x}{:x}",
+                random(0x6d73_6769_6431),
+                random(0x6d73_6769_6432),
+                std::process::id()
+            ),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        format!(
+            "{}-{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// The id of subscription `of`'s dead letter of stream message `sequence`: the same from every
+/// gateway and on every try, so a dead letter given back and dead-lettered again (its first
+/// try's answer lost) is stored once within the duplicate window.
+fn dead_letter_id(of: &str, sequence: u64) -> String {
+    format!("tb-dead-letter-{sequence}-{of}")
+}
+
+/// What a publish needs to be sent again: its draft, its id, its dead-letter mark.
+#[derive(Debug)]
+pub struct Resend {
+    draft: Draft,
+    id: String,
+    dead_letter_of: Option<String>,
+    /// JetStream may have stored it (its answer did not come in time), as opposed to "no
+    /// responders" (no server took it).
+    maybe_stored: bool,
+}
+
+impl Resend {
+    /// Sends it again, with the same id.
+    async fn send(self, shared: &Arc<Shared>) -> Result<Sent, Error> {
+        send_with(shared, self.draft, self.id, self.dead_letter_of).await
+    }
+
+    /// Sends it again until JetStream confirms it, for up to `patience` from now.
+    pub(super) async fn publish(
+        self,
+        shared: &Arc<Shared>,
+        patience: Duration,
+    ) -> Result<Published, Error> {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut delay = Duration::from_millis(5);
+        let mut resend = self;
+        loop {
+            // A try that was not answered in time has already waited; "no responders" (the
+            // stream's interest still spreading over the routes, or its leader moving) and a
+            // broken connection come at once: each is paced, 5 ms doubling to 200 ms.
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(200));
+            match resend.send(shared).await?.confirm(true).await {
+                Ok(published) => return Ok(published),
+                Err(Unconfirmed::Again(again)) if tokio::time::Instant::now() < deadline => {
+                    resend = again;
+                }
+                Err(unconfirmed) => return Err(unconfirmed.error()),
+            }
+        }
+    }
+}
 
 /// A publish sent to JetStream, its confirmation still to come.
 pub struct Sent {
     shared: Arc<Shared>,
     draft: Draft,
+    id: String,
+    dead_letter_of: Option<String>,
     /// The confirmation, awaited by a task of its own: a `PublishAckFuture` holds one of the
     /// JetStream context's 5,000 in-flight permits until it is awaited or dropped, so a batch
     /// or stream that sends ahead and awaits in order would hold permits for confirmations
@@ -34,10 +143,10 @@ pub struct Sent {
 /// Why a sent publish was not confirmed.
 #[derive(Debug)]
 pub enum Unconfirmed {
-    /// No JetStream server answered ("no responders"): nobody stored it, so it may be sent
-    /// again, carried here for that.
-    NoResponders(Draft),
-    /// Any other failure: it may or may not have been stored.
+    /// No JetStream server answered ("no responders"), or not in time, or the connection
+    /// broke: it may be sent again with its id (stored at most once), carried here for that.
+    Again(Resend),
+    /// A refusal, or a failure after which it must not be sent again.
     Failed(Error),
 }
 
@@ -62,24 +171,52 @@ impl Sent {
                 )));
             }
         };
+        let again = |maybe_stored| {
+            Err(Unconfirmed::Again(Resend {
+                draft: self.draft,
+                id: self.id,
+                dead_letter_of: self.dead_letter_of,
+                maybe_stored,
+            }))
+        };
         match outcome {
             Ok(ack) => {
+                // A repeat JetStream recognised (`ack.duplicate`) names the first one's
+                // sequence: counted once, here, where the client is answered.
                 self.shared.broker.count_upstream_publish();
                 Ok(Published {
                     system_id: ack.sequence,
                     queued_for: 0,
                 })
             }
-            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
-                Err(Unconfirmed::NoResponders(self.draft))
+            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => again(false),
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
+                ) =>
+            {
+                again(true)
             }
-            Err(error) => {
-                let status = refused(&self.shared, &error, count_refusal)
-                    .unwrap_or_else(|| unavailable("JetStream did not confirm the publish", error));
-                Err(Unconfirmed::Failed(status))
-            }
+            // A refusal first: JetStream answers a full stream with a 503 too.
+            Err(error) => match refused(&self.shared, &error, count_refusal) {
+                Some(refusal) => Err(Unconfirmed::Failed(refusal)),
+                None if unavailable_for_now(&error) => again(true),
+                None => Err(Unconfirmed::Failed(unavailable(
+                    "JetStream did not confirm the publish",
+                    error,
+                ))),
+            },
         }
     }
+}
+
+/// Whether JetStream answered "unavailable for now" (503: its cluster or the stream's leader
+/// is not ready), which a later try can get past.
+fn unavailable_for_now(error: &PublishError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+        .is_some_and(|error| error.code() == 503)
 }
 
 /// The refusal of a publish JetStream refused for a reason the client can act on: the stream
@@ -120,29 +257,38 @@ impl Unconfirmed {
     /// The refusal a client gets when the publish is not sent again.
     pub fn error(self) -> Error {
         match self {
-            Unconfirmed::NoResponders(_) => Error::Unavailable(
+            Unconfirmed::Again(Resend {
+                maybe_stored: false,
+                ..
+            }) => Error::Unavailable(
                 "JetStream did not confirm the publish: no JetStream server answered (the stream's leader may be moving); nothing was stored".into(),
             ),
+            Unconfirmed::Again(Resend { id, .. }) => Error::Unavailable(format!(
+                "JetStream did not confirm the publish in time (the stream's leader may be moving, or a NATS server stopped answering); it may have been stored, once (message id {id})"
+            )),
             Unconfirmed::Failed(error) => error,
         }
     }
 }
 
 pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Error> {
-    send_marked(shared, draft, None).await
+    send_with(shared, draft, shared.ids.next(), None).await
 }
 
-/// [`send`], for a dead letter with the subscription it came from (`dead_letter_of`).
-async fn send_marked(
+/// [`send`] with message id `id`, for a dead letter with the subscription it came from
+/// (`dead_letter_of`).
+async fn send_with(
     shared: &Arc<Shared>,
     draft: Draft,
-    dead_letter_of: Option<&str>,
+    id: String,
+    dead_letter_of: Option<String>,
 ) -> Result<Sent, Error> {
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
     let mut headers = nats_headers(draft.envelope().headers())?;
-    if let Some(subscription) = dead_letter_of {
-        headers.insert(DEAD_LETTER_OF, subscription);
+    if let Some(subscription) = &dead_letter_of {
+        headers.insert(DEAD_LETTER_OF, subscription.as_str());
     }
+    headers.insert(MSG_ID, id.as_str());
     let ack = shared
         .js
         .publish_with_headers(subject, headers, draft.payload_bytes())
@@ -154,50 +300,53 @@ async fn send_marked(
     Ok(Sent {
         shared: shared.clone(),
         draft,
+        id,
+        dead_letter_of,
         ack: tokio::spawn(ack.into_future()),
     })
 }
 
+/// Publishes one message, sent again with its id until JetStream confirms it, for up to the
+/// gateway's patience (a request's gRPC deadline, when shorter, ends it first).
 pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Error> {
-    publish_marked(shared, draft, None).await
+    let deadline = tokio::time::Instant::now() + shared.patience;
+    match send(shared, draft).await?.confirmed().await {
+        Ok(published) => Ok(published),
+        Err(Unconfirmed::Again(resend)) => {
+            resend
+                .publish(
+                    shared,
+                    deadline.saturating_duration_since(tokio::time::Instant::now()),
+                )
+                .await
+        }
+        Err(Unconfirmed::Failed(error)) => Err(error),
+    }
 }
 
-/// [`publish`], for a dead letter that came from subscription `dead_letter_of`: it is marked
-/// so that subscription skips it.
+/// [`publish`], for subscription `dead_letter_of`'s dead letter of stream message `sequence`:
+/// marked so that subscription skips it, with an id of its own (the same from any gateway), and
+/// tried for [`DEAD_LETTER_PATIENCE`] only (the bridge waits for it).
 pub(super) async fn publish_dead_letter(
     shared: &Arc<Shared>,
     draft: Draft,
     dead_letter_of: &str,
+    sequence: u64,
 ) -> Result<Published, Error> {
-    publish_marked(shared, draft, Some(dead_letter_of)).await
-}
-
-async fn publish_marked(
-    shared: &Arc<Shared>,
-    draft: Draft,
-    dead_letter_of: Option<&str>,
-) -> Result<Published, Error> {
-    // "No responders" means no server took the message, so sending it again cannot store it
-    // twice. It happens while the stream's interest is still spreading over the routes (a
-    // stream just created) or while its leader moves: retried for a bounded time.
-    let mut delay = Duration::from_millis(5);
-    let mut waited = Duration::ZERO;
-    let mut draft = draft;
-    loop {
-        match send_marked(shared, draft, dead_letter_of)
-            .await?
-            .confirmed()
-            .await
-        {
-            Ok(published) => return Ok(published),
-            Err(Unconfirmed::NoResponders(again)) if waited < NO_RESPONDERS_PATIENCE => {
-                tokio::time::sleep(delay).await;
-                waited += delay;
-                delay = (delay * 2).min(Duration::from_millis(200));
-                draft = again;
-            }
-            Err(unconfirmed) => return Err(unconfirmed.error()),
+    let deadline = tokio::time::Instant::now() + DEAD_LETTER_PATIENCE;
+    let id = dead_letter_id(dead_letter_of, sequence);
+    let sent = send_with(shared, draft, id, Some(dead_letter_of.to_string())).await?;
+    match sent.confirmed().await {
+        Ok(published) => Ok(published),
+        Err(Unconfirmed::Again(resend)) => {
+            resend
+                .publish(
+                    shared,
+                    deadline.saturating_duration_since(tokio::time::Instant::now()),
+                )
+                .await
         }
+        Err(Unconfirmed::Failed(error)) => Err(error),
     }
 }
 
@@ -206,8 +355,9 @@ async fn publish_marked(
 /// one per message. On a refusal the answer is the confirmed prefix and the first refusal, as
 /// the embedded broker's; messages JetStream stored after a refused one (a concurrent ack can
 /// make room in a full stream) are named in the refusal's message, never hidden. A batch that
-/// no JetStream server answered from some message on (nothing stored after it) is sent again
-/// from there, one at a time, with [`publish`]'s patience.
+/// JetStream did not confirm from some message on (no server answered, or not in time, and
+/// none after it was confirmed) is sent again from there, one at a time with the same ids,
+/// with [`publish`]'s patience: what was stored already is answered with its first sequence.
 ///
 /// # Errors
 /// The messages confirmed before the first refusal, and that refusal.
@@ -227,9 +377,10 @@ pub(super) async fn publish_batch(
             }
         }
     }
+    let deadline = tokio::time::Instant::now() + shared.patience;
     let mut published = Vec::with_capacity(sent.len());
-    // From the first message not confirmed on: its drafts when no server answered them.
-    let mut again: Vec<Draft> = Vec::new();
+    // From the first message not confirmed on: those to send again.
+    let mut again: Vec<Resend> = Vec::new();
     let mut refused: Option<Error> = None;
     // Stored, or possibly stored, after the first message not confirmed.
     let mut stored_after = Vec::new();
@@ -240,14 +391,16 @@ pub(super) async fn publish_batch(
         if first {
             match outcome {
                 Ok(p) => published.push(p),
-                Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
+                Err(Unconfirmed::Again(resend)) => again.push(resend),
                 Err(Unconfirmed::Failed(error)) => refused = Some(error),
             }
             continue;
         }
         match outcome {
             Ok(p) => stored_after.push(p.system_id),
-            Err(Unconfirmed::NoResponders(draft)) => again.push(draft),
+            // Sent again after the first one not confirmed, unless that one was refused.
+            Err(Unconfirmed::Again(resend)) if refused.is_none() => again.push(resend),
+            Err(Unconfirmed::Again(resend)) => uncertain_after |= resend.maybe_stored,
             // A refusal (stream full, too large) stored nothing; any other failure may have.
             Err(Unconfirmed::Failed(error)) => {
                 uncertain_after |= error.kind() == ErrorKind::Unavailable;
@@ -279,11 +432,12 @@ pub(super) async fn publish_batch(
     }
     if !again.is_empty() {
         if !stored_after.is_empty() || uncertain_after {
-            let error = Unconfirmed::NoResponders(again.swap_remove(0)).error();
+            let error = Unconfirmed::Again(again.swap_remove(0)).error();
             return refusal(published, later(error));
         }
-        for draft in again {
-            match publish(shared, draft).await {
+        for resend in again {
+            let patience = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match resend.publish(shared, patience).await {
                 Ok(p) => published.push(p),
                 Err(error) => return refusal(published, error),
             }

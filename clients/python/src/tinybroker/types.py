@@ -358,6 +358,9 @@ class BrokerCounters:
     subscriptions_deleted: int = 0
     #: Messages they held, discarded with them.
     messages_deleted: int = 0
+    #: Cluster mode: acks JetStream did not confirm (their messages may come again); 0 on the
+    #: embedded broker.
+    unconfirmed_acks: int = 0
 
 
 @dataclass(frozen=True)
@@ -453,6 +456,7 @@ def _broker_from_pb(b: pb.BrokerCounters) -> BrokerCounters:
         b.max_memory_bytes,
         b.subscriptions_deleted,
         b.messages_deleted,
+        b.unconfirmed_acks,
     )
 
 

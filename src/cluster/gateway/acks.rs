@@ -1,0 +1,97 @@
+//! A bridge's acks to JetStream, confirmed (docs/semantics.md#cluster-ack-final).
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use async_nats::{Subject, jetstream::AckKind};
+use bytes::Bytes;
+
+use super::Shared;
+
+/// How long one try of an ack (or term) waits for JetStream's confirmation before it is sent
+/// again.
+const ACK_TRY: Duration = Duration::from_secs(1);
+/// Most acks of one bridge awaiting JetStream's confirmation at once; one past them is sent
+/// unconfirmed, and counted (`unconfirmed_acks`). Acks wait only while JetStream does not
+/// answer, and then it delivers nothing new either, so this is reached only by a consumer with
+/// windows this large.
+pub(super) const MAX_CONFIRMING: usize = 16_384;
+/// How long a stopping bridge waits for its acks' confirmations before leaving them to finish
+/// on their own.
+pub(super) const CONFIRM_ON_STOP: Duration = Duration::from_secs(2);
+
+/// A bridge's acks and terms on their way (docs/semantics.md#cluster-ack-final): each is a
+/// request JetStream answers once its consumer applied it (the "double ack"), sent again by a
+/// task of its own until answered, so many go out at once and none waits for another, and the
+/// bridge goes on meanwhile.
+///
+/// A fire-and-forget ack in flight to a consumer leader that stops is lost, and JetStream
+/// redelivers the message after its ack wait: an acked message delivered again. Confirmed, it
+/// is sent again (to the consumer's next leader) until JetStream answers, for up to the
+/// consumer's ack wait; one still unanswered then is counted in `unconfirmed_acks`.
+#[derive(Default)]
+pub(super) struct Confirming {
+    pub(super) tasks: tokio::task::JoinSet<u64>,
+    /// By stream sequence, what is being confirmed (and how many tasks for it).
+    pub(super) sequences: BTreeMap<u64, (AckKind, usize)>,
+}
+
+impl Confirming {
+    /// Forgets the confirmations that ended.
+    pub(super) fn reap(&mut self) {
+        while let Some(done) = self.tasks.try_join_next() {
+            if let Ok(sequence) = done {
+                self.ended(sequence);
+            }
+        }
+    }
+
+    fn ended(&mut self, sequence: u64) {
+        if let Some((_, tasks)) = self.sequences.get_mut(&sequence) {
+            *tasks -= 1;
+            if *tasks == 0 {
+                self.sequences.remove(&sequence);
+            }
+        }
+    }
+}
+
+/// Sends `kind` (an ack or a term) for stream message `sequence` on `reply` until JetStream
+/// answers, for up to `patience`; counts it in `unconfirmed_acks` when it never does.
+pub(super) async fn confirm(
+    shared: Arc<Shared>,
+    subscription: Arc<str>,
+    reply: Subject,
+    kind: AckKind,
+    sequence: u64,
+    patience: Duration,
+) -> u64 {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut delay = Duration::from_millis(5);
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let request = async_nats::Request::new()
+            .payload(Bytes::from(kind))
+            .timeout(Some(ACK_TRY));
+        let error = match shared.client.send_request(reply.clone(), request).await {
+            Ok(_) => {
+                if tries > 1 {
+                    tracing::debug!(%subscription, sequence, tries, "JetStream confirmed an ack sent again");
+                }
+                return sequence;
+            }
+            Err(error) => error,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            shared.broker.count_unconfirmed_ack();
+            tracing::warn!(%subscription, sequence, ?kind, tries, %error, "JetStream did not confirm an ack within the consumer's ack wait; it may deliver the message again");
+            return sequence;
+        }
+        // "No responders" (the consumer's leader moving) or a broken connection come at once:
+        // paced, 5 ms doubling to 200 ms. A try not answered in time has already waited.
+        if error.kind() != async_nats::RequestErrorKind::TimedOut {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(200));
+        }
+    }
+}
