@@ -214,3 +214,82 @@ async fn the_delete_command_reports_each_answer() {
         "{said}"
     );
 }
+
+/// A singleton join of `id` with consumer group `group` (its settings).
+fn leadership(id: &str, group: &str) -> pb::OpenSubscription {
+    open(id, DeliveryMode::Singleton, group, &["race.*"])
+}
+
+// docs/semantics.md#deleting ("No half-deleted state"), #cluster-delete, #restart-identity: a
+// join racing a delete (at the other gateway, through gateways) finds the old subscription
+// whole, and the delete is refused, or none, and creates one with its own settings; a member
+// it joins is never left on a deleted subscription (it gets what is published next). Over many
+// rounds of delete and recreate, epochs and member ids keep rising.
+#[tokio::test]
+async fn a_join_racing_a_delete_finds_the_old_subscription_whole_or_none() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let elsewhere = client.at_publishers();
+    let id = "delete-race";
+    let (mut epoch, mut member_id) = (0, 0);
+    let mut rising = |c: &pb::Confirmation, round: usize| {
+        assert!(
+            c.epoch > epoch && c.member_id > member_id,
+            "round {round}: epoch {} after {epoch}, member id {} after {member_id}",
+            c.epoch,
+            c.member_id
+        );
+        (epoch, member_id) = (c.epoch, c.member_id);
+    };
+    for round in 0..12 {
+        let same = round % 2 == 1;
+        let old = leadership(id, &format!("g{round}"));
+        let mut first = elsewhere.subscribe(old.clone()).await.unwrap();
+        rising(&first.confirmed().await, round);
+        drop(first);
+        let new = if same {
+            old.clone()
+        } else {
+            leadership(id, &format!("h{round}"))
+        };
+        let mut joined = within(async {
+            loop {
+                let (deleted, joined) =
+                    tokio::join!(delete(&client, id), elsewhere.subscribe(new.clone()));
+                let refused = |s: &Status| s.code() == Code::FailedPrecondition;
+                match (deleted, joined) {
+                    (Ok(_), Ok(member)) => return member,
+                    // The join found the old subscription whole (same settings): it joined it,
+                    // and the delete was refused.
+                    (Err(d), Ok(member)) if refused(&d) && same => return member,
+                    (Err(d), Ok(_)) => panic!(
+                        "round {round}: a join with new settings succeeded, so the old subscription was gone, yet the delete said {d:?}"
+                    ),
+                    // The join found the old subscription whole (other settings) before the
+                    // delete removed it.
+                    (Ok(_), Err(j)) if refused(&j) && !same => {
+                        return elsewhere.subscribe(new.clone()).await.unwrap();
+                    }
+                    // Its last member's leave not yet applied: both refused; again.
+                    (Err(d), Err(j)) if refused(&d) && refused(&j) && !same => {}
+                    (deleted, joined) => panic!(
+                        "round {round}: delete {deleted:?}, join {:?}",
+                        joined.map(|m| m.member_id)
+                    ),
+                }
+            }
+        })
+        .await;
+        rising(&joined.confirmed().await, round);
+        let sent = client.publish("race.x", "after").await.system_id;
+        assert_eq!(
+            joined.message().await.system_id,
+            sent,
+            "round {round}: the member joined a live subscription"
+        );
+        let info = client.describe(id).await.unwrap();
+        assert_eq!(info.consumer_group, new.consumer_group, "round {round}");
+        drop(joined);
+        delete_once_left(&client, id).await;
+    }
+}
