@@ -293,3 +293,95 @@ async fn a_join_racing_a_delete_finds_the_old_subscription_whole_or_none() {
         delete_once_left(&client, id).await;
     }
 }
+
+// docs/semantics.md#deleting: two deletes of one idle subscription at once (through gateways,
+// one at each): one deletes it, the other finds nothing to delete (NOT_FOUND), and the
+// subscription is counted deleted once, with its messages once.
+#[tokio::test]
+async fn two_deletes_at_once_delete_once() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let elsewhere = client.at_publishers();
+    for round in 0..5 {
+        let id = format!("delete-twice-{round}");
+        let pattern = format!("{id}.*");
+        let mut member = client
+            .subscribe(open(&id, DeliveryMode::Queue, "workers", &[&pattern]))
+            .await
+            .unwrap();
+        member.confirmed().await;
+        drop(member);
+        // Once its leave is applied at both gateways: a delete that is refused changes nothing.
+        within(async {
+            loop {
+                let (a, b) = tokio::join!(delete(&client, &id), delete(&elsewhere, &id));
+                let refused = |r: &Result<_, Status>| {
+                    r.as_ref()
+                        .is_err_and(|s: &Status| s.code() == Code::FailedPrecondition)
+                };
+                if refused(&a) || refused(&b) {
+                    if a.is_ok() || b.is_ok() {
+                        return;
+                    }
+                    continue;
+                }
+                let codes = [&a, &b].map(|r| r.as_ref().map_err(Status::code).map(|_| ()));
+                assert!(
+                    codes.contains(&Ok(())) && codes.contains(&Err(Code::NotFound)),
+                    "round {round}: one deletes, the other finds nothing: {a:?} {b:?}"
+                );
+                return;
+            }
+        })
+        .await;
+    }
+    let deleted = client.list().await.broker.unwrap().subscriptions_deleted
+        + if GATEWAYS {
+            elsewhere.list().await.broker.unwrap().subscriptions_deleted
+        } else {
+            0
+        };
+    assert_eq!(deleted, 5, "each subscription counted deleted once");
+}
+
+// docs/semantics.md#deleting, #bad-input: any valid id, whatever its characters (those a NATS
+// subject or key gives a meaning to included), is joined, deleted and joined again.
+#[tokio::test]
+async fn odd_ids_are_deleted_like_any_other() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let long = "x".repeat(256);
+    for id in [
+        "ünïcødé-😀",
+        "a.b.c",
+        "a.*.>",
+        "with space",
+        "=3D=",
+        ".lead",
+        "trail.",
+        "a..b",
+        "$JS.API",
+        long.as_str(),
+    ] {
+        let member = client
+            .subscribe(open(id, DeliveryMode::Queue, "workers", &["odd.*"]))
+            .await
+            .unwrap_or_else(|s| panic!("{id:?}: {s:?}"));
+        drop(member);
+        let deleted = within(async {
+            loop {
+                match delete(&client, id).await {
+                    Err(status) if status.code() == Code::FailedPrecondition => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        assert!(deleted.is_ok(), "{id:?}: {deleted:?}");
+        assert_code(client.describe(id).await, Code::NotFound, "not found");
+        let again = client
+            .subscribe(open(id, DeliveryMode::Broadcast, "", &["odd.*"]))
+            .await;
+        assert!(again.is_ok(), "{id:?} joined again with other settings");
+    }
+}
