@@ -214,3 +214,174 @@ async fn the_delete_command_reports_each_answer() {
         "{said}"
     );
 }
+
+/// A singleton join of `id` with consumer group `group` (its settings).
+fn leadership(id: &str, group: &str) -> pb::OpenSubscription {
+    open(id, DeliveryMode::Singleton, group, &["race.*"])
+}
+
+// docs/semantics.md#deleting ("No half-deleted state"), #cluster-delete, #restart-identity: a
+// join racing a delete (at the other gateway, through gateways) finds the old subscription
+// whole, and the delete is refused, or none, and creates one with its own settings; a member
+// it joins is never left on a deleted subscription (it gets what is published next). Over many
+// rounds of delete and recreate, epochs and member ids keep rising.
+#[tokio::test]
+async fn a_join_racing_a_delete_finds_the_old_subscription_whole_or_none() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let elsewhere = client.at_publishers();
+    let id = "delete-race";
+    let (mut epoch, mut member_id) = (0, 0);
+    let mut rising = |c: &pb::Confirmation, round: usize| {
+        assert!(
+            c.epoch > epoch && c.member_id > member_id,
+            "round {round}: epoch {} after {epoch}, member id {} after {member_id}",
+            c.epoch,
+            c.member_id
+        );
+        (epoch, member_id) = (c.epoch, c.member_id);
+    };
+    for round in 0..12 {
+        let same = round % 2 == 1;
+        let old = leadership(id, &format!("g{round}"));
+        let mut first = elsewhere.subscribe(old.clone()).await.unwrap();
+        rising(&first.confirmed().await, round);
+        drop(first);
+        let new = if same {
+            old.clone()
+        } else {
+            leadership(id, &format!("h{round}"))
+        };
+        let mut joined = within(async {
+            loop {
+                let (deleted, joined) =
+                    tokio::join!(delete(&client, id), elsewhere.subscribe(new.clone()));
+                let refused = |s: &Status| s.code() == Code::FailedPrecondition;
+                match (deleted, joined) {
+                    (Ok(_), Ok(member)) => return member,
+                    // The join found the old subscription whole (same settings): it joined it,
+                    // and the delete was refused.
+                    (Err(d), Ok(member)) if refused(&d) && same => return member,
+                    (Err(d), Ok(_)) => panic!(
+                        "round {round}: a join with new settings succeeded, so the old subscription was gone, yet the delete said {d:?}"
+                    ),
+                    // The join found the old subscription whole (other settings) before the
+                    // delete removed it.
+                    (Ok(_), Err(j)) if refused(&j) && !same => {
+                        return elsewhere.subscribe(new.clone()).await.unwrap();
+                    }
+                    // Its last member's leave not yet applied: both refused; again.
+                    (Err(d), Err(j)) if refused(&d) && refused(&j) && !same => {}
+                    (deleted, joined) => panic!(
+                        "round {round}: delete {deleted:?}, join {:?}",
+                        joined.map(|m| m.member_id)
+                    ),
+                }
+            }
+        })
+        .await;
+        rising(&joined.confirmed().await, round);
+        let sent = client.publish("race.x", "after").await.system_id;
+        assert_eq!(
+            joined.message().await.system_id,
+            sent,
+            "round {round}: the member joined a live subscription"
+        );
+        let info = client.describe(id).await.unwrap();
+        assert_eq!(info.consumer_group, new.consumer_group, "round {round}");
+        drop(joined);
+        delete_once_left(&client, id).await;
+    }
+}
+
+// docs/semantics.md#deleting: two deletes of one idle subscription at once (through gateways,
+// one at each): one deletes it, the other finds nothing to delete (NOT_FOUND), and the
+// subscription is counted deleted once, with its messages once.
+#[tokio::test]
+async fn two_deletes_at_once_delete_once() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let elsewhere = client.at_publishers();
+    for round in 0..5 {
+        let id = format!("delete-twice-{round}");
+        let pattern = format!("{id}.*");
+        let mut member = client
+            .subscribe(open(&id, DeliveryMode::Queue, "workers", &[&pattern]))
+            .await
+            .unwrap();
+        member.confirmed().await;
+        drop(member);
+        // Once its leave is applied at both gateways: a delete that is refused changes nothing.
+        within(async {
+            loop {
+                let (a, b) = tokio::join!(delete(&client, &id), delete(&elsewhere, &id));
+                let refused = |r: &Result<_, Status>| {
+                    r.as_ref()
+                        .is_err_and(|s: &Status| s.code() == Code::FailedPrecondition)
+                };
+                if refused(&a) || refused(&b) {
+                    if a.is_ok() || b.is_ok() {
+                        return;
+                    }
+                    continue;
+                }
+                let codes = [&a, &b].map(|r| r.as_ref().map_err(Status::code).map(|_| ()));
+                assert!(
+                    codes.contains(&Ok(())) && codes.contains(&Err(Code::NotFound)),
+                    "round {round}: one deletes, the other finds nothing: {a:?} {b:?}"
+                );
+                return;
+            }
+        })
+        .await;
+    }
+    let deleted = client.list().await.broker.unwrap().subscriptions_deleted
+        + if GATEWAYS {
+            elsewhere.list().await.broker.unwrap().subscriptions_deleted
+        } else {
+            0
+        };
+    assert_eq!(deleted, 5, "each subscription counted deleted once");
+}
+
+// docs/semantics.md#deleting, #bad-input: any valid id, whatever its characters (those a NATS
+// subject or key gives a meaning to included), is joined, deleted and joined again.
+#[tokio::test]
+async fn odd_ids_are_deleted_like_any_other() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let long = "x".repeat(256);
+    for id in [
+        "ünïcødé-😀",
+        "a.b.c",
+        "a.*.>",
+        "with space",
+        "=3D=",
+        ".lead",
+        "trail.",
+        "a..b",
+        "$JS.API",
+        long.as_str(),
+    ] {
+        let member = client
+            .subscribe(open(id, DeliveryMode::Queue, "workers", &["odd.*"]))
+            .await
+            .unwrap_or_else(|s| panic!("{id:?}: {s:?}"));
+        drop(member);
+        let deleted = within(async {
+            loop {
+                match delete(&client, id).await {
+                    Err(status) if status.code() == Code::FailedPrecondition => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        assert!(deleted.is_ok(), "{id:?}: {deleted:?}");
+        assert_code(client.describe(id).await, Code::NotFound, "not found");
+        let again = client
+            .subscribe(open(id, DeliveryMode::Broadcast, "", &["odd.*"]))
+            .await;
+        assert!(again.is_ok(), "{id:?} joined again with other settings");
+    }
+}

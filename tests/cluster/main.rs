@@ -25,6 +25,7 @@ mod nats_server;
 
 mod api;
 mod bench;
+mod delete;
 mod describe;
 mod faults;
 mod limits;

@@ -317,15 +317,19 @@ impl Gateway {
                 found.push(info);
             }
         }
-        if found.is_empty() {
-            return Err(Error::cluster(
+        let not_found = || {
+            Error::cluster(
                 ErrorKind::NotFound,
                 format!(
                     "subscription {id:?} not found: no JetStream consumer records it (a BROADCAST subscription is deleted at the gateway of its member)"
                 ),
-            ));
+            )
+        };
+        if found.is_empty() {
+            return Err(not_found());
         }
         let mut discarded = 0;
+        let mut removed = 0;
         for info in found {
             if asked.elapsed() > DELETE_BUDGET {
                 return Err(Error::Unavailable(format!(
@@ -339,8 +343,9 @@ impl Gateway {
             .await
             .map_err(|_| unavailable("JetStream did not delete the consumer", "timed out"))?;
             match deleted {
-                Ok(_) => {}
-                // Gone meanwhile (its inactivity threshold ran out): nothing left to delete.
+                Ok(_) => removed += 1,
+                // Gone meanwhile (another delete of it, or its inactivity threshold ran out):
+                // nothing left to delete, and not this delete's to count.
                 Err(error)
                     if matches!(error.kind(), ConsumerErrorKind::JetStream(e)
                         if e.error_code() == ErrorCode::CONSUMER_NOT_FOUND) =>
@@ -355,6 +360,9 @@ impl Gateway {
                 }
             }
             discarded += info.num_pending + info.num_ack_pending as u64;
+        }
+        if removed == 0 {
+            return Err(not_found());
         }
         Ok(Deleted {
             discarded_messages: discarded,

@@ -1,0 +1,93 @@
+//! `DeleteSubscription` against gateway processes in trouble (docs/semantics.md#deleting,
+//! #cluster-delete): a delete is refused while a member is joined at any gateway.
+
+use std::time::Duration;
+
+use tinybroker::pb::{self, DeliveryMode, broker_client::BrokerClient};
+use tonic::{Code, Status, transport::Channel};
+
+use crate::{
+    binary::{self, Running},
+    harness::{Client, open, within},
+    nats_server::NatsCluster,
+};
+
+async fn gateway_process(urls: &str) -> (Running, Client) {
+    let (process, addr) = binary::serve(&["--nats", urls, "--gateway-lease", "1s"]).await;
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (process, Client::of(BrokerClient::new(channel)))
+}
+
+async fn delete(client: &Client, id: &str) -> Result<pb::DeleteSubscriptionResponse, Status> {
+    client
+        .0
+        .clone()
+        .delete_subscription(pb::DeleteSubscriptionRequest {
+            subscription_id: id.into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+fn signal(process: &Running, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &process.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+// docs/semantics.md#cluster-delete: a QUEUE member stays joined at a gateway that was stopped
+// (SIGSTOP) long enough for its lease to lapse and then resumed (its stream never ended). A
+// delete at the other gateway meanwhile must not remove the subscription under it: either the
+// delete is refused, or the member's stream ends. Otherwise the member stays joined to a
+// subscription whose JetStream consumer is gone, and never receives anything again.
+#[tokio::test]
+async fn a_delete_while_the_members_gateway_is_stopped_leaves_no_member_on_a_deleted_consumer() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let (stalled, at_stalled) = gateway_process(&urls).await;
+    let (_deleting, at_deleting) = gateway_process(&urls).await;
+    let id = "delete-stalled";
+    let mut member = at_stalled
+        .subscribe(open(id, DeliveryMode::Queue, "workers", &["stalled.*"]))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    signal(&stalled, "-STOP");
+    // The stalled gateway's lease lapses after about 3.4 s (lease 1 s here: sooner); until
+    // then the delete is UNAVAILABLE (the gateway does not answer).
+    let outcome = within(async {
+        loop {
+            match delete(&at_deleting, id).await {
+                Err(status) if status.code() == Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+    })
+    .await;
+    signal(&stalled, "-CONT");
+    if let Err(status) = &outcome {
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        return;
+    }
+    // The delete went through: the member must not be left joined to nothing.
+    let sent = at_deleting.publish("stalled.x", "after the delete").await;
+    let got = tokio::time::timeout(Duration::from_secs(10), member.stream.message()).await;
+    match got {
+        Ok(Ok(None) | Err(_)) => {} // its stream ended: it knows to join again
+        Ok(Ok(Some(frame))) => panic!(
+            "the delete went through ({outcome:?}) while a member was joined; it then got {frame:?} (published {})",
+            sent.system_id
+        ),
+        Err(_) => panic!(
+            "the delete went through ({outcome:?}) while a member was joined at the stopped gateway; resumed, that member is still joined (its stream open) to a subscription whose consumer is gone, and got nothing in 10 s"
+        ),
+    }
+}
