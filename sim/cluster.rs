@@ -9,6 +9,20 @@
 //! A request's write takes effect one latency after it is sent and its answer arrives one more
 //! latency later; a gateway cut off from the backplane gets `Unavailable` only after the request
 //! timeout, and an answer that arrives while it is cut off is lost (the write may have happened).
+//!
+//! The driver also models what the gateway's shell does around the coordinator:
+//! - **acts**: every [`ACT_EVERY`], each gateway hands a message to its active members or sends
+//!   an ack for them, only if its lease gate ([`Coordinator::may_act`]) says so at that moment;
+//!   the checker sees every act (check (g));
+//! - **frozen hosts**: a gateway frozen for a while (SIGSTOP) takes no event; what reaches it
+//!   (answers, watch entries, timers, acts) waits in its buffer and is taken in order when it
+//!   resumes, the clock having jumped;
+//! - **joins**: a singleton join is admitted only while the gateway's lease is valid (it waits
+//!   otherwise) and answered once its member is in the line ([`Effect::InLine`]); check (h)
+//!   holds the line to the order joins were answered and arrived in;
+//! - **a failed first lease create**: gateways start together, and a seed may make a gateway's
+//!   first lease create fail unanswered ("no responders"): it starts a new incarnation after
+//!   [`NEW_INCARNATION_PAUSE`], as the shell does.
 
 use std::{
     cmp::Reverse,
@@ -34,6 +48,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(250);
 const MAX_DELETION_TTL: Duration = Duration::from_millis(2_000);
 /// The keys whose deletions expire, as in production: subscriptions' lines, not leases.
 const EXPIRING: &str = "sub.";
+/// How often a gateway hands messages to its active members or acks them.
+pub const ACT_EVERY: Duration = Duration::from_millis(20);
+/// The shell's pause before a new incarnation when the lease create was never confirmed.
+const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
+
+fn planted(bug: tinybroker::core::planted::PlantedBug) -> bool {
+    tinybroker::core::planted::is_planted(bug)
+}
 
 fn config() -> Config {
     Config {
@@ -51,6 +73,24 @@ enum Ev {
     Watched(usize, GatewayId, Entry),
     Tick(usize, GatewayId, u64),
     Restart(usize),
+    /// Every gateway acts now (one [`Ev::Act`] each).
+    Pulse,
+    Act(usize, GatewayId),
+    Resume(usize, GatewayId),
+}
+
+impl Ev {
+    /// The gateway slot an event is for, when a frozen host must hold it.
+    fn held_by(&self) -> Option<(usize, GatewayId)> {
+        match self {
+            Ev::Answer(slot, id, ..)
+            | Ev::Timeout(slot, id, _)
+            | Ev::Watched(slot, id, _)
+            | Ev::Tick(slot, id, _)
+            | Ev::Act(slot, id) => Some((*slot, *id)),
+            _ => None,
+        }
+    }
 }
 
 struct Gateway {
@@ -67,6 +107,16 @@ struct Gateway {
     pending: BTreeMap<u64, ()>,
     next_tick: Option<u64>,
     last_watch: u64,
+    /// Local members the coordinator made active: member id → subscription.
+    active: BTreeMap<u64, String>,
+    /// Frozen: events for it wait here, in order.
+    frozen: Option<Vec<Ev>>,
+    /// Joins that arrived while it held no valid lease: (member, subscription).
+    waiting: Vec<(u64, String)>,
+    /// Between incarnations after a lease create that was never confirmed.
+    pausing: bool,
+    /// Its next lease create fails unanswered (no responders): drawn per seed at start.
+    fail_create: bool,
 }
 
 impl Gateway {
@@ -160,12 +210,30 @@ impl ClusterWorld {
                 pending: BTreeMap::new(),
                 next_tick: None,
                 last_watch: 0,
+                active: BTreeMap::new(),
+                frozen: None,
+                waiting: Vec::new(),
+                pausing: false,
+                fail_create: false,
             });
+        }
+        // Gateways start together; one in three fails its first lease create (drawn from a
+        // stream of its own, so the seed's workload and faults stay what they were).
+        let mut starts = Rng::new(seed ^ 0x1ea5_e000);
+        for g in &mut world.gateways {
+            g.fail_create = starts.range(0, 2) == 0;
         }
         for slot in 0..gateways {
             world.start(slot);
         }
+        world.at(ns(ACT_EVERY), Ev::Pulse);
         world
+    }
+
+    /// Makes the first lease create of the gateway in `slot` fail (or not), for a scenario;
+    /// call before the world runs.
+    pub fn fail_first_lease_create(&mut self, slot: usize, fail: bool) {
+        self.gateways[slot].fail_create = fail;
     }
 
     pub fn now(&self) -> Duration {
@@ -205,8 +273,10 @@ impl ClusterWorld {
         }));
         g.id = id;
         g.members.clear();
+        g.active.clear();
         g.pending.clear();
         g.next_tick = None;
+        g.pausing = false;
         let local = g.local(self.now);
         g.coord = Some(Coordinator::new(id, config(), local));
         self.trace(format!("slot {slot}: gateway g{} starts", id.0));
@@ -239,8 +309,16 @@ impl ClusterWorld {
                         ..
                     } => {
                         let uid = g.uid(member);
+                        g.active.insert(member, subscription.clone());
                         self.checker
                             .activated(self.now(), &subscription, uid, epoch);
+                    }
+                    Effect::InLine {
+                        subscription,
+                        member,
+                    } => {
+                        let uid = g.uid(member);
+                        self.checker.answered(self.now(), &subscription, uid);
                     }
                     Effect::Standby {
                         subscription,
@@ -254,6 +332,7 @@ impl ClusterWorld {
                     Effect::End { member, .. } => {
                         let uid = g.uid(member);
                         g.members.remove(&member);
+                        g.active.remove(&member);
                         self.checker
                             .ended(self.now(), uid, "ended by its gateway: unavailable");
                     }
@@ -261,10 +340,36 @@ impl ClusterWorld {
                 continue;
             }
             if coord.is_fenced() {
+                let was_leased = coord.was_leased();
                 self.learned_by_gone += coord.deletions_learned();
                 self.trace(format!("slot {slot}: gateway g{} fenced itself", id.0));
-                self.start(slot);
+                if was_leased {
+                    self.start(slot);
+                } else {
+                    // Never leased: the shell pauses before its next incarnation.
+                    let g = &mut self.gateways[slot];
+                    g.coord = None;
+                    g.watch = None;
+                    g.pausing = true;
+                    self.at(self.now + ns(NEW_INCARNATION_PAUSE), Ev::Restart(slot));
+                }
                 return;
+            }
+            let local = Duration::from_nanos(
+                g.offset_ns + (u128::from(self.now) * u128::from(g.rate_ppm) / 1_000_000) as u64,
+            );
+            if !g.waiting.is_empty() && coord.may_act(local) {
+                // Joins that waited for the lease, in the order they arrived.
+                let (member, sub) = g.waiting.remove(0);
+                g.members.insert(member, sub.clone());
+                let uid = MemberUid {
+                    gateway: id,
+                    member,
+                };
+                self.checker
+                    .joined(Duration::from_nanos(self.now), &sub, uid);
+                coord.member_joined(local, &sub, member);
+                continue;
             }
             let deadline = coord
                 .poll_timeout()
@@ -347,7 +452,46 @@ impl ClusterWorld {
     }
 
     fn handle(&mut self, ev: Ev) {
+        if let Some((slot, id)) = ev.held_by()
+            && self.current(slot, id)
+            && let Some(buffer) = self.gateways[slot].frozen.as_mut()
+        {
+            buffer.push(ev);
+            return;
+        }
         match ev {
+            Ev::Pulse => {
+                for slot in 0..self.gateways.len() {
+                    if self.gateways[slot].coord.is_some() {
+                        let id = self.gateways[slot].id;
+                        self.at(self.now, Ev::Act(slot, id));
+                    }
+                }
+                self.at(self.now + ns(ACT_EVERY), Ev::Pulse);
+            }
+            Ev::Act(slot, id) => {
+                if self.current(slot, id) {
+                    self.act(slot);
+                }
+            }
+            Ev::Resume(slot, id) => {
+                if self.current(slot, id)
+                    && let Some(buffer) = self.gateways[slot].frozen.take()
+                {
+                    self.trace(format!(
+                        "slot {slot}: gateway g{} resumes ({} events waited)",
+                        id.0,
+                        buffer.len()
+                    ));
+                    let g = &self.gateways[slot];
+                    let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
+                    self.checker.thawed(&members);
+                    for ev in buffer {
+                        self.handle(ev);
+                    }
+                    self.pump(slot);
+                }
+            }
             Ev::Apply(id, cmd) => {
                 // Sent is sent: a crashed gateway's request still reaches the store.
                 let client = self.model.client(id.0);
@@ -356,6 +500,19 @@ impl ClusterWorld {
                     Op::Update(..) if cmd.key.starts_with("sub.") => self.read_sub(&cmd.key),
                     _ => None,
                 };
+                let slot = self.gateways.iter().position(|g| g.id == id);
+                if let Some(slot) = slot
+                    && self.gateways[slot].fail_create
+                    && cmd.key.starts_with("lease.")
+                    && matches!(cmd.op, Op::Create(_))
+                {
+                    // No server took it: nothing stored, the answer says so.
+                    self.gateways[slot].fail_create = false;
+                    let lat = self.latency();
+                    let e = KvError::Unavailable("no responders".into());
+                    self.at(self.now + lat, Ev::Answer(slot, id, cmd.id, Err(e)));
+                    return;
+                }
                 let result = match cmd.op {
                     Op::Create(v) => poll_now(&mut client.create(&cmd.key, v)),
                     Op::Update(v, r) => {
@@ -407,6 +564,55 @@ impl ClusterWorld {
                 }
             }
         }
+    }
+
+    /// The gateway hands messages to its active members, or acks them, if its lease gate
+    /// says so now.
+    fn act(&mut self, slot: usize) {
+        let g = &self.gateways[slot];
+        let Some(coord) = g.coord.as_ref() else {
+            return;
+        };
+        let local = g.local(self.now);
+        if !coord.may_act(local) {
+            return;
+        }
+        let lease_ends = coord.lease_valid_until().map(|u| g.true_time(u));
+        let acting: Vec<(String, MemberUid)> = g
+            .active
+            .iter()
+            .map(|(m, sub)| (sub.clone(), g.uid(*m)))
+            .collect();
+        for (sub, uid) in acting {
+            let lease_ends = lease_ends.map(Duration::from_nanos);
+            self.checker.acted(self.now(), &sub, uid, lease_ends);
+        }
+    }
+
+    /// Freezes the gateway in `slot` (SIGSTOP) for `duration`: time passes, what reaches it
+    /// waits, then it takes all of it in order.
+    pub fn freeze(&mut self, slot: usize, duration: Duration) {
+        let g = &mut self.gateways[slot];
+        let Some(coord) = g.coord.as_ref() else {
+            return;
+        };
+        if g.frozen.is_some() {
+            return;
+        }
+        // The last instant it may act, in true time: what it holds may be promoted elsewhere
+        // from then on, and it must not act for it.
+        let lease_ends = coord
+            .lease_valid_until()
+            .map_or(Duration::ZERO, |u| Duration::from_nanos(g.true_time(u)));
+        g.frozen = Some(Vec::new());
+        let id = g.id;
+        let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
+        self.trace(format!(
+            "slot {slot}: gateway g{} FROZEN for {duration:?}",
+            id.0
+        ));
+        self.checker.froze(&members, lease_ends);
+        self.at(self.now + ns(duration), Ev::Resume(slot, id));
     }
 
     fn deliver(&mut self, slot: usize, f: impl FnOnce(&mut Coordinator, Duration)) {
@@ -489,20 +695,49 @@ impl ClusterWorld {
         self.learned_by_gone + live
     }
 
+    /// Slots whose gateway runs (also one between incarnations, which takes joins).
     pub fn live_slots(&self) -> Vec<usize> {
         (0..self.gateways.len())
-            .filter(|&s| self.gateways[s].coord.is_some())
+            .filter(|&s| self.gateways[s].coord.is_some() || self.gateways[s].pausing)
             .collect()
     }
 
-    pub fn join(&mut self, slot: usize, sub: &str) {
+    /// The member ids in `sub`'s line, in order, as the store holds it.
+    pub fn line(&self, sub: &str) -> Vec<u64> {
+        self.read_sub(&format!("sub.{sub}"))
+            .map(|v| v.line.iter().map(|u| u.member).collect())
+            .unwrap_or_default()
+    }
+
+    /// A singleton join arrives at the gateway in `slot`: admitted at once while its lease is
+    /// valid, else when it is (also under its next incarnation); answered once in the line.
+    /// Returns the member id.
+    pub fn join(&mut self, slot: usize, sub: &str) -> u64 {
+        use tinybroker::core::planted::PlantedBug;
         let member = self.next_member;
         self.next_member += 1;
+        let now = self.now();
+        self.checker.arrives(now, sub, member);
         let g = &mut self.gateways[slot];
-        g.members.insert(member, sub.to_string());
-        let uid = g.uid(member);
-        self.checker.joined(self.now(), sub, uid);
-        self.deliver(slot, |c, now| c.member_joined(now, sub, member));
+        if planted(PlantedBug::JoinWithoutLease) {
+            // Answered at once; the coordinator hears of it when there is one (its next
+            // incarnation after a pause).
+            let uid = g.uid(member);
+            self.checker.answered(now, sub, uid);
+            if g.coord.is_none() {
+                g.waiting.push((member, sub.to_string()));
+                return member;
+            }
+            g.members.insert(member, sub.to_string());
+            self.checker.joined(now, sub, uid);
+            self.deliver(slot, |c, now| c.member_joined(now, sub, member));
+            return member;
+        }
+        g.waiting.push((member, sub.to_string()));
+        if g.frozen.is_none() {
+            self.pump(slot);
+        }
+        member
     }
 
     /// Closes a random member's stream cleanly, if any is held.
@@ -518,8 +753,13 @@ impl ClusterWorld {
             return;
         }
         let (slot, member, sub) = all[(pick % all.len() as u64) as usize].clone();
+        if self.gateways[slot].frozen.is_some() {
+            // Its client closes; a frozen gateway notices when it resumes (not modelled).
+            return;
+        }
         let uid = self.gateways[slot].uid(member);
         self.gateways[slot].members.remove(&member);
+        self.gateways[slot].active.remove(&member);
         self.checker.ended(self.now(), uid, "stream closed");
         self.deliver(slot, |c, now| c.member_left(now, &sub, member));
     }
@@ -531,8 +771,11 @@ impl ClusterWorld {
         };
         self.learned_by_gone += gone.deletions_learned();
         g.watch = None;
+        g.frozen = None;
+        g.waiting.clear();
         let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
         g.members.clear();
+        g.active.clear();
         self.trace(format!(
             "slot {slot}: gateway g{} CRASHES",
             self.gateways[slot].id.0
