@@ -57,8 +57,9 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
     let learned: u64 = outcomes.iter().map(|o| o.deletions_learned).sum();
     let taken_over: u64 = outcomes.iter().map(|o| o.hand_overs.0).sum();
     let clean: u64 = outcomes.iter().map(|o| o.hand_overs.1).sum();
+    let acts: u64 = outcomes.iter().map(|o| o.acts).sum();
     println!(
-        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean",
+        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease",
         outcomes.len(),
         started.elapsed()
     );
@@ -71,6 +72,7 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
             skipped > 0,
             "in {count} seeds, no watch skipped an expired deletion"
         );
+        assert!(acts > 0, "in {count} seeds, no gateway acted");
         // Check (f) sees both kinds of hand-over.
         assert!(
             taken_over > 0 && clean > 0,

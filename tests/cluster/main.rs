@@ -27,6 +27,7 @@ mod api;
 mod bench;
 mod describe;
 mod faults;
+mod lease;
 mod limits;
 mod singleton;
 
