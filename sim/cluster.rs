@@ -23,6 +23,9 @@
 //! - **a failed first lease create**: gateways start together, and a seed may make a gateway's
 //!   first lease create fail unanswered ("no responders"): it starts a new incarnation after
 //!   [`NEW_INCARNATION_PAUSE`], as the shell does.
+//!
+//! The shell's model is in `cluster_shell.rs`; this file is the one event loop that every
+//! input goes through (about 700 lines), kept whole so its order of events reads in one place.
 
 use std::{
     cmp::Reverse,
@@ -37,6 +40,10 @@ use tinybroker::cluster::{
 };
 
 use crate::{backplane::Model, cluster_checker::ClusterChecker, rng::Rng};
+
+/// The driver's model of the gateway's shell around the coordinator: acts, frozen hosts, joins.
+#[path = "cluster_shell.rs"]
+mod shell;
 
 /// The lease (`--gateway-lease`) in the simulation.
 pub const LEASE: Duration = Duration::from_millis(900);
@@ -77,20 +84,6 @@ enum Ev {
     Pulse,
     Act(usize, GatewayId),
     Resume(usize, GatewayId),
-}
-
-impl Ev {
-    /// The gateway slot an event is for, when a frozen host must hold it.
-    fn held_by(&self) -> Option<(usize, GatewayId)> {
-        match self {
-            Ev::Answer(slot, id, ..)
-            | Ev::Timeout(slot, id, _)
-            | Ev::Watched(slot, id, _)
-            | Ev::Tick(slot, id, _)
-            | Ev::Act(slot, id) => Some((*slot, *id)),
-            _ => None,
-        }
-    }
 }
 
 struct Gateway {
@@ -228,12 +221,6 @@ impl ClusterWorld {
         }
         world.at(ns(ACT_EVERY), Ev::Pulse);
         world
-    }
-
-    /// Makes the first lease create of the gateway in `slot` fail (or not), for a scenario;
-    /// call before the world runs.
-    pub fn fail_first_lease_create(&mut self, slot: usize, fail: bool) {
-        self.gateways[slot].fail_create = fail;
     }
 
     pub fn now(&self) -> Duration {
@@ -460,38 +447,13 @@ impl ClusterWorld {
             return;
         }
         match ev {
-            Ev::Pulse => {
-                for slot in 0..self.gateways.len() {
-                    if self.gateways[slot].coord.is_some() {
-                        let id = self.gateways[slot].id;
-                        self.at(self.now, Ev::Act(slot, id));
-                    }
-                }
-                self.at(self.now + ns(ACT_EVERY), Ev::Pulse);
-            }
+            Ev::Pulse => self.pulse(),
             Ev::Act(slot, id) => {
                 if self.current(slot, id) {
                     self.act(slot);
                 }
             }
-            Ev::Resume(slot, id) => {
-                if self.current(slot, id)
-                    && let Some(buffer) = self.gateways[slot].frozen.take()
-                {
-                    self.trace(format!(
-                        "slot {slot}: gateway g{} resumes ({} events waited)",
-                        id.0,
-                        buffer.len()
-                    ));
-                    let g = &self.gateways[slot];
-                    let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
-                    self.checker.thawed(&members);
-                    for ev in buffer {
-                        self.handle(ev);
-                    }
-                    self.pump(slot);
-                }
-            }
+            Ev::Resume(slot, id) => self.resume(slot, id),
             Ev::Apply(id, cmd) => {
                 // Sent is sent: a crashed gateway's request still reaches the store.
                 let client = self.model.client(id.0);
@@ -564,55 +526,6 @@ impl ClusterWorld {
                 }
             }
         }
-    }
-
-    /// The gateway hands messages to its active members, or acks them, if its lease gate
-    /// says so now.
-    fn act(&mut self, slot: usize) {
-        let g = &self.gateways[slot];
-        let Some(coord) = g.coord.as_ref() else {
-            return;
-        };
-        let local = g.local(self.now);
-        if !coord.may_act(local) {
-            return;
-        }
-        let lease_ends = coord.lease_valid_until().map(|u| g.true_time(u));
-        let acting: Vec<(String, MemberUid)> = g
-            .active
-            .iter()
-            .map(|(m, sub)| (sub.clone(), g.uid(*m)))
-            .collect();
-        for (sub, uid) in acting {
-            let lease_ends = lease_ends.map(Duration::from_nanos);
-            self.checker.acted(self.now(), &sub, uid, lease_ends);
-        }
-    }
-
-    /// Freezes the gateway in `slot` (SIGSTOP) for `duration`: time passes, what reaches it
-    /// waits, then it takes all of it in order.
-    pub fn freeze(&mut self, slot: usize, duration: Duration) {
-        let g = &mut self.gateways[slot];
-        let Some(coord) = g.coord.as_ref() else {
-            return;
-        };
-        if g.frozen.is_some() {
-            return;
-        }
-        // The last instant it may act, in true time: what it holds may be promoted elsewhere
-        // from then on, and it must not act for it.
-        let lease_ends = coord
-            .lease_valid_until()
-            .map_or(Duration::ZERO, |u| Duration::from_nanos(g.true_time(u)));
-        g.frozen = Some(Vec::new());
-        let id = g.id;
-        let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
-        self.trace(format!(
-            "slot {slot}: gateway g{} FROZEN for {duration:?}",
-            id.0
-        ));
-        self.checker.froze(&members, lease_ends);
-        self.at(self.now + ns(duration), Ev::Resume(slot, id));
     }
 
     fn deliver(&mut self, slot: usize, f: impl FnOnce(&mut Coordinator, Duration)) {
@@ -700,44 +613,6 @@ impl ClusterWorld {
         (0..self.gateways.len())
             .filter(|&s| self.gateways[s].coord.is_some() || self.gateways[s].pausing)
             .collect()
-    }
-
-    /// The member ids in `sub`'s line, in order, as the store holds it.
-    pub fn line(&self, sub: &str) -> Vec<u64> {
-        self.read_sub(&format!("sub.{sub}"))
-            .map(|v| v.line.iter().map(|u| u.member).collect())
-            .unwrap_or_default()
-    }
-
-    /// A singleton join arrives at the gateway in `slot`: admitted at once while its lease is
-    /// valid, else when it is (also under its next incarnation); answered once in the line.
-    /// Returns the member id.
-    pub fn join(&mut self, slot: usize, sub: &str) -> u64 {
-        use tinybroker::core::planted::PlantedBug;
-        let member = self.next_member;
-        self.next_member += 1;
-        let now = self.now();
-        self.checker.arrives(now, sub, member);
-        let g = &mut self.gateways[slot];
-        if planted(PlantedBug::JoinWithoutLease) {
-            // Answered at once; the coordinator hears of it when there is one (its next
-            // incarnation after a pause).
-            let uid = g.uid(member);
-            self.checker.answered(now, sub, uid);
-            if g.coord.is_none() {
-                g.waiting.push((member, sub.to_string()));
-                return member;
-            }
-            g.members.insert(member, sub.to_string());
-            self.checker.joined(now, sub, uid);
-            self.deliver(slot, |c, now| c.member_joined(now, sub, member));
-            return member;
-        }
-        g.waiting.push((member, sub.to_string()));
-        if g.frozen.is_none() {
-            self.pump(slot);
-        }
-        member
     }
 
     /// Closes a random member's stream cleanly, if any is held.

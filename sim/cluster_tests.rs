@@ -294,7 +294,7 @@ fn frozen_active_gateway(
     outcome
 }
 
-// docs/semantics.md#cluster-leases, check (g): a gateway frozen past its lease (2 s, the
+// docs/semantics.md#cluster-lease-checks, check (g): a gateway frozen past its lease (2 s, the
 // lease is 0.9 s) resumes with deliveries and acks queued for its deposed member: it checks
 // its lease at each and sends none. A gateway that skips the check (the planted bug) delivers
 // them after the standby elsewhere was promoted, and the checker says so.
@@ -364,7 +364,7 @@ fn started_together_with_a_failed_create(
     outcome
 }
 
-// docs/semantics.md#cluster-singleton, check (h): a gateway without a lease (its first create
+// docs/semantics.md#cluster-join-order, check (h): a gateway without a lease (its first create
 // failed, it waits for its next incarnation) admits no member: the join waits for the lease
 // and is answered once in the line, so a member that joins later elsewhere stands behind it.
 // A gateway that answers joins at once (the planted bug) lets the later one ahead.

@@ -622,7 +622,7 @@ impl MemberStream {
 
     /// Whether this member's messages must not be written now: it is a member of an
     /// arbitrated singleton, and its gateway's lease is not valid at this instant
-    /// (docs/semantics.md#cluster-leases). Only a gateway's broker has the gate.
+    /// (docs/semantics.md#cluster-lease-checks). Only a gateway's broker has the gate.
     fn lease_lapsed(&self) -> bool {
         let Some(gate) = self.guard.broker.inner.singleton_gate.get() else {
             return false;

@@ -306,7 +306,7 @@ impl Broker {
             // Past this gateway's lease (a pause of the process is seen here, by the clock
             // read now): the frame is not handed to the member. The coordinator ends the
             // member at once; what the core counts in flight goes back with it, and
-            // JetStream redelivers it (docs/semantics.md#cluster-leases).
+            // JetStream redelivers it (docs/semantics.md#cluster-lease-checks).
             effects.retain(|e| !matches!(e, Effect::Deliver { .. }));
         }
         state.apply(effects, dead, shared);

@@ -310,7 +310,7 @@ impl Coordinator {
     /// Until when this gateway's lease is valid on its own clock, as it stands now: the send
     /// time of its last confirmed renewal plus the lease. `None` before the first confirmed
     /// renewal and once fenced. The shell publishes it for the checks made where messages and
-    /// acks leave the gateway (docs/semantics.md#cluster-leases).
+    /// acks leave the gateway (docs/semantics.md#cluster-lease-checks).
     pub fn lease_valid_until(&self) -> Option<Duration> {
         if self.fenced {
             return None;

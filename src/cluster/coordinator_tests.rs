@@ -42,7 +42,7 @@ fn in_line(c: &mut Coordinator) -> Vec<u64> {
     members
 }
 
-// docs/semantics.md#cluster-singleton: a join is answered once its member is in the line, from
+// docs/semantics.md#cluster-join-order: a join is answered once its member is in the line, from
 // the write's answer or the watch, whichever comes first, once.
 #[test]
 fn a_member_is_reported_in_the_line_once_a_value_holds_it() {

@@ -35,12 +35,12 @@ pub enum PlantedBug {
     WaitForExpiredDeletion,
     /// Cluster mode: a gateway hands a singleton's messages to members and acks them without
     /// checking its lease at that moment, so a paused gateway that resumes past its lease
-    /// delivers and acks what it had queued (breaks docs/semantics.md#cluster-leases). Planted
+    /// delivers and acks what it had queued (breaks docs/semantics.md#cluster-lease-checks). Planted
     /// in `cluster::coordinator::Coordinator::may_act` and the gateway's lease gate.
     GatewaySkipsLeaseCheck,
     /// Cluster mode: a singleton join is answered at once, whether or not the gateway holds a
     /// lease and the member is in the line (breaks join order across gateways,
-    /// docs/semantics.md#cluster-singleton). Planted in the cluster simulation's model of the
+    /// docs/semantics.md#cluster-join-order). Planted in the cluster simulation's model of the
     /// gateway's join (`sim/cluster.rs`).
     JoinWithoutLease,
 }

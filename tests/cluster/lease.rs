@@ -1,5 +1,5 @@
-//! The gateway lease against processes (docs/semantics.md#cluster-leases,
-//! docs/semantics.md#cluster-singleton): a gateway paused with SIGSTOP past its lease delivers
+//! The gateway lease against processes (docs/semantics.md#cluster-lease-checks,
+//! docs/semantics.md#cluster-join-order): a gateway paused with SIGSTOP past its lease delivers
 //! and acks nothing once it resumes, and gateways started together keep join order.
 
 use std::{
@@ -35,7 +35,7 @@ fn signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill {signal} {pid}: {status}");
 }
 
-// docs/semantics.md#cluster-leases: the active member's gateway (window 32) is stopped with
+// docs/semantics.md#cluster-lease-checks: the active member's gateway (window 32) is stopped with
 // SIGSTOP for twice its 1 s lease while a publisher sends through the other gateway, where the
 // standby is promoted; then SIGCONT. The old member's stream ends with UNAVAILABLE and receives
 // nothing after the resume (its gateway checks the lease before it hands over a pulled message
@@ -185,7 +185,7 @@ async fn a_gateway_paused_past_its_lease_delivers_and_acks_nothing_when_it_resum
 /// Starts of two gateways together (the 20).
 const TOGETHER_ROUNDS: usize = 20;
 
-// docs/semantics.md#cluster-singleton: two gateway processes start at once on a stream (and a
+// docs/semantics.md#cluster-join-order: two gateway processes start at once on a stream (and a
 // coordination bucket) nobody created yet; a member joins at the first, and once that join is
 // answered another joins at the second. The first leads every time. Before, the first lease
 // create of one of the two failed in most such starts (the bucket's subjects not yet routed

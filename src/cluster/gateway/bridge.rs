@@ -250,7 +250,7 @@ impl Bridge {
     /// Whether this bridge may hand a message to a member or send JetStream an ack, nak or
     /// term now: always, but for a singleton only while this gateway's lease is valid for the
     /// incarnation its held messages were pulled under, by the clock read at this moment
-    /// (docs/semantics.md#cluster-leases). Past it, nothing is sent: JetStream redelivers
+    /// (docs/semantics.md#cluster-lease-checks). Past it, nothing is sent: JetStream redelivers
     /// after its ack wait, and the coordinator ends the members.
     fn leased(&self) -> bool {
         let (true, Some(singletons)) = (self.singleton, &self.shared.singletons) else {

@@ -27,7 +27,7 @@ impl Gateway {
         let singleton = request.spec.mode == Mode::Singleton;
         let (mut consumer, recorded) = self.consumer(request).await?;
         // A singleton member is admitted only under a valid lease, so its place in the line is
-        // taken in the order joins arrive (docs/semantics.md#cluster-singleton).
+        // taken in the order joins arrive (docs/semantics.md#cluster-join-order).
         let incarnation = match (&self.inner.shared.singletons, singleton) {
             (Some(singletons), true) => Some(
                 singletons

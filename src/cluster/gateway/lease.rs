@@ -1,5 +1,5 @@
 //! This gateway's lease as its coordinator shell last confirmed it, for the checks made where a
-//! singleton's messages and acks leave the gateway (docs/semantics.md#cluster-leases).
+//! singleton's messages and acks leave the gateway (docs/semantics.md#cluster-lease-checks).
 //!
 //! The coordinator decides when the lease lapses, but it runs on its own task: after the
 //! process was paused (SIGSTOP, a VM frozen, a long GC-like stall of the host), whichever task

@@ -16,7 +16,7 @@
 //! - The shell publishes the lease it holds ([`LeaseGate`]) after every input: a member
 //!   joins only while it is valid (and waits for it, bounded, when it is not), and the bridge
 //!   hands a message to a member, or sends JetStream an ack, only while it is valid at that
-//!   moment by the clock read then (docs/semantics.md#cluster-leases).
+//!   moment by the clock read then (docs/semantics.md#cluster-lease-checks).
 //!
 //! Time is the gateway's monotonic clock (tokio's), from when the shell started.
 
