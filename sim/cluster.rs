@@ -9,6 +9,23 @@
 //! A request's write takes effect one latency after it is sent and its answer arrives one more
 //! latency later; a gateway cut off from the backplane gets `Unavailable` only after the request
 //! timeout, and an answer that arrives while it is cut off is lost (the write may have happened).
+//!
+//! The driver also models what the gateway's shell does around the coordinator:
+//! - **acts**: every [`ACT_EVERY`], each gateway hands a message to its active members or sends
+//!   an ack for them, only if its lease gate ([`Coordinator::may_act`]) says so at that moment;
+//!   the checker sees every act (check (g));
+//! - **frozen hosts**: a gateway frozen for a while (SIGSTOP) takes no event; what reaches it
+//!   (answers, watch entries, timers, acts) waits in its buffer and is taken in order when it
+//!   resumes, the clock having jumped;
+//! - **joins**: a singleton join is admitted only while the gateway's lease is valid (it waits
+//!   otherwise) and answered once its member is in the line ([`Effect::InLine`]); check (h)
+//!   holds the line to the order joins were answered and arrived in;
+//! - **a failed first lease create**: gateways start together, and a seed may make a gateway's
+//!   first lease create fail unanswered ("no responders"): it starts a new incarnation after
+//!   [`NEW_INCARNATION_PAUSE`], as the shell does.
+//!
+//! The shell's model is in `cluster_shell.rs`; this file is the one event loop that every
+//! input goes through (about 700 lines), kept whole so its order of events reads in one place.
 
 use std::{
     cmp::Reverse,
@@ -24,6 +41,10 @@ use tinybroker::cluster::{
 
 use crate::{backplane::Model, cluster_checker::ClusterChecker, rng::Rng};
 
+/// The driver's model of the gateway's shell around the coordinator: acts, frozen hosts, joins.
+#[path = "cluster_shell.rs"]
+mod shell;
+
 /// The lease (`--gateway-lease`) in the simulation.
 pub const LEASE: Duration = Duration::from_millis(900);
 /// The drift bound the coordinators assume; the simulated clocks stay within it.
@@ -34,6 +55,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(250);
 const MAX_DELETION_TTL: Duration = Duration::from_millis(2_000);
 /// The keys whose deletions expire, as in production: subscriptions' lines, not leases.
 const EXPIRING: &str = "sub.";
+/// How often a gateway hands messages to its active members or acks them.
+pub const ACT_EVERY: Duration = Duration::from_millis(20);
+/// The shell's pause before a new incarnation when the lease create was never confirmed.
+const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
+
+fn planted(bug: tinybroker::core::planted::PlantedBug) -> bool {
+    tinybroker::core::planted::is_planted(bug)
+}
 
 fn config() -> Config {
     Config {
@@ -51,6 +80,10 @@ enum Ev {
     Watched(usize, GatewayId, Entry),
     Tick(usize, GatewayId, u64),
     Restart(usize),
+    /// Every gateway acts now (one [`Ev::Act`] each).
+    Pulse,
+    Act(usize, GatewayId),
+    Resume(usize, GatewayId),
 }
 
 struct Gateway {
@@ -67,6 +100,16 @@ struct Gateway {
     pending: BTreeMap<u64, ()>,
     next_tick: Option<u64>,
     last_watch: u64,
+    /// Local members the coordinator made active: member id → subscription.
+    active: BTreeMap<u64, String>,
+    /// Frozen: events for it wait here, in order.
+    frozen: Option<Vec<Ev>>,
+    /// Joins that arrived while it held no valid lease: (member, subscription).
+    waiting: Vec<(u64, String)>,
+    /// Between incarnations after a lease create that was never confirmed.
+    pausing: bool,
+    /// Its next lease create fails unanswered (no responders): drawn per seed at start.
+    fail_create: bool,
 }
 
 impl Gateway {
@@ -160,11 +203,23 @@ impl ClusterWorld {
                 pending: BTreeMap::new(),
                 next_tick: None,
                 last_watch: 0,
+                active: BTreeMap::new(),
+                frozen: None,
+                waiting: Vec::new(),
+                pausing: false,
+                fail_create: false,
             });
+        }
+        // Gateways start together; one in three fails its first lease create (drawn from a
+        // stream of its own, so the seed's workload and faults stay what they were).
+        let mut starts = Rng::new(seed ^ 0x1ea5_e000);
+        for g in &mut world.gateways {
+            g.fail_create = starts.range(0, 2) == 0;
         }
         for slot in 0..gateways {
             world.start(slot);
         }
+        world.at(ns(ACT_EVERY), Ev::Pulse);
         world
     }
 
@@ -205,8 +260,10 @@ impl ClusterWorld {
         }));
         g.id = id;
         g.members.clear();
+        g.active.clear();
         g.pending.clear();
         g.next_tick = None;
+        g.pausing = false;
         let local = g.local(self.now);
         g.coord = Some(Coordinator::new(id, config(), local));
         self.trace(format!("slot {slot}: gateway g{} starts", id.0));
@@ -239,8 +296,16 @@ impl ClusterWorld {
                         ..
                     } => {
                         let uid = g.uid(member);
+                        g.active.insert(member, subscription.clone());
                         self.checker
                             .activated(self.now(), &subscription, uid, epoch);
+                    }
+                    Effect::InLine {
+                        subscription,
+                        member,
+                    } => {
+                        let uid = g.uid(member);
+                        self.checker.answered(self.now(), &subscription, uid);
                     }
                     Effect::Standby {
                         subscription,
@@ -254,6 +319,7 @@ impl ClusterWorld {
                     Effect::End { member, .. } => {
                         let uid = g.uid(member);
                         g.members.remove(&member);
+                        g.active.remove(&member);
                         self.checker
                             .ended(self.now(), uid, "ended by its gateway: unavailable");
                     }
@@ -261,10 +327,36 @@ impl ClusterWorld {
                 continue;
             }
             if coord.is_fenced() {
+                let was_leased = coord.was_leased();
                 self.learned_by_gone += coord.deletions_learned();
                 self.trace(format!("slot {slot}: gateway g{} fenced itself", id.0));
-                self.start(slot);
+                if was_leased {
+                    self.start(slot);
+                } else {
+                    // Never leased: the shell pauses before its next incarnation.
+                    let g = &mut self.gateways[slot];
+                    g.coord = None;
+                    g.watch = None;
+                    g.pausing = true;
+                    self.at(self.now + ns(NEW_INCARNATION_PAUSE), Ev::Restart(slot));
+                }
                 return;
+            }
+            let local = Duration::from_nanos(
+                g.offset_ns + (u128::from(self.now) * u128::from(g.rate_ppm) / 1_000_000) as u64,
+            );
+            if !g.waiting.is_empty() && coord.may_act(local) {
+                // Joins that waited for the lease, in the order they arrived.
+                let (member, sub) = g.waiting.remove(0);
+                g.members.insert(member, sub.clone());
+                let uid = MemberUid {
+                    gateway: id,
+                    member,
+                };
+                self.checker
+                    .joined(Duration::from_nanos(self.now), &sub, uid);
+                coord.member_joined(local, &sub, member);
+                continue;
             }
             let deadline = coord
                 .poll_timeout()
@@ -347,7 +439,21 @@ impl ClusterWorld {
     }
 
     fn handle(&mut self, ev: Ev) {
+        if let Some((slot, id)) = ev.held_by()
+            && self.current(slot, id)
+            && let Some(buffer) = self.gateways[slot].frozen.as_mut()
+        {
+            buffer.push(ev);
+            return;
+        }
         match ev {
+            Ev::Pulse => self.pulse(),
+            Ev::Act(slot, id) => {
+                if self.current(slot, id) {
+                    self.act(slot);
+                }
+            }
+            Ev::Resume(slot, id) => self.resume(slot, id),
             Ev::Apply(id, cmd) => {
                 // Sent is sent: a crashed gateway's request still reaches the store.
                 let client = self.model.client(id.0);
@@ -356,6 +462,19 @@ impl ClusterWorld {
                     Op::Update(..) if cmd.key.starts_with("sub.") => self.read_sub(&cmd.key),
                     _ => None,
                 };
+                let slot = self.gateways.iter().position(|g| g.id == id);
+                if let Some(slot) = slot
+                    && self.gateways[slot].fail_create
+                    && cmd.key.starts_with("lease.")
+                    && matches!(cmd.op, Op::Create(_))
+                {
+                    // No server took it: nothing stored, the answer says so.
+                    self.gateways[slot].fail_create = false;
+                    let lat = self.latency();
+                    let e = KvError::Unavailable("no responders".into());
+                    self.at(self.now + lat, Ev::Answer(slot, id, cmd.id, Err(e)));
+                    return;
+                }
                 let result = match cmd.op {
                     Op::Create(v) => poll_now(&mut client.create(&cmd.key, v)),
                     Op::Update(v, r) => {
@@ -489,20 +608,11 @@ impl ClusterWorld {
         self.learned_by_gone + live
     }
 
+    /// Slots whose gateway runs (also one between incarnations, which takes joins).
     pub fn live_slots(&self) -> Vec<usize> {
         (0..self.gateways.len())
-            .filter(|&s| self.gateways[s].coord.is_some())
+            .filter(|&s| self.gateways[s].coord.is_some() || self.gateways[s].pausing)
             .collect()
-    }
-
-    pub fn join(&mut self, slot: usize, sub: &str) {
-        let member = self.next_member;
-        self.next_member += 1;
-        let g = &mut self.gateways[slot];
-        g.members.insert(member, sub.to_string());
-        let uid = g.uid(member);
-        self.checker.joined(self.now(), sub, uid);
-        self.deliver(slot, |c, now| c.member_joined(now, sub, member));
     }
 
     /// Closes a random member's stream cleanly, if any is held.
@@ -518,8 +628,13 @@ impl ClusterWorld {
             return;
         }
         let (slot, member, sub) = all[(pick % all.len() as u64) as usize].clone();
+        if self.gateways[slot].frozen.is_some() {
+            // Its client closes; a frozen gateway notices when it resumes (not modelled).
+            return;
+        }
         let uid = self.gateways[slot].uid(member);
         self.gateways[slot].members.remove(&member);
+        self.gateways[slot].active.remove(&member);
         self.checker.ended(self.now(), uid, "stream closed");
         self.deliver(slot, |c, now| c.member_left(now, &sub, member));
     }
@@ -531,8 +646,11 @@ impl ClusterWorld {
         };
         self.learned_by_gone += gone.deletions_learned();
         g.watch = None;
+        g.frozen = None;
+        g.waiting.clear();
         let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
         g.members.clear();
+        g.active.clear();
         self.trace(format!(
             "slot {slot}: gateway g{} CRASHES",
             self.gateways[slot].id.0

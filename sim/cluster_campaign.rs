@@ -1,6 +1,7 @@
 //! The cluster campaign: one seed drives the number of gateways and subscriptions, the workload
-//! (members join and close on random gateways) and the faults (gateway crashes and restarts,
-//! partitions from the backplane and heals) for a fault phase; then everything heals, each
+//! (members join and close on random gateways) and the faults (gateways starting together, some
+//! failing their first lease create; gateway crashes and restarts, partitions from the backplane
+//! and heals, hosts frozen and resumed) for a fault phase; then everything heals, each
 //! subscription gets a fresh member, and the cluster must settle within a budget.
 
 use std::time::Duration;
@@ -23,6 +24,8 @@ pub struct ClusterOutcome {
     pub deletions_learned: u64,
     /// Hand-overs check (f) saw: (from a dead gateway's member, clean).
     pub hand_overs: (u64, u64),
+    /// Acts (deliveries and acks) check (g) saw.
+    pub acts: u64,
     pub trace: Trace,
 }
 
@@ -73,6 +76,11 @@ pub fn run(seed: u64) -> ClusterOutcome {
             }
             14..=15 if !world.is_partitioned(slot) => world.partition(slot),
             16..=18 => world.heal(slot),
+            // A host frozen (SIGSTOP), often past its lease.
+            19 if live.contains(&slot) => {
+                let frozen = Duration::from_millis(rng.range(100, 2_500));
+                world.freeze(slot, frozen);
+            }
             _ => {}
         }
     }
@@ -101,6 +109,7 @@ pub fn run(seed: u64) -> ClusterOutcome {
         skipped_deletions: world.skipped_deletions(),
         deletions_learned: world.deletions_learned(),
         hand_overs: world.checker.hand_overs,
+        acts: world.checker.acts,
         trace: world.checker.trace.clone(),
     }
 }

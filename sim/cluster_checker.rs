@@ -17,7 +17,15 @@
 //! (f) a hand-over says how the earlier active member went: a value that replaces it is marked
 //!     `took_over` (what it held comes back unnamed, counted by the new gateway) only when
 //!     another gateway wrote it once the earlier member's gateway's lease was deleted, and
-//!     unmarked only when that member's own gateway wrote it (after giving back what it held).
+//!     unmarked only when that member's own gateway wrote it (after giving back what it held);
+//! (g) a gateway hands a singleton's message to a member, or acks one, only while its lease is
+//!     valid (before the true time its lease ends) and while the backplane names that member
+//!     active: never after it was frozen past its lease and others promoted;
+//! (h) join order: a member whose join was answered before another's join arrived (on any
+//!     gateway) stands ahead of it in every line that holds both.
+//!
+//! A frozen gateway's members count, for (b) and (c), only until its lease ends: from then on
+//! it acts no more (check (g)), though it ends their streams only once it resumes.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -47,6 +55,14 @@ pub struct ClusterChecker {
     violations: Vec<String>,
     /// Hand-overs seen by check (f): (taken over from a dead gateway's member, clean).
     pub hand_overs: (u64, u64),
+    /// Acts (deliveries, acks) check (g) saw.
+    pub acts: u64,
+    /// Members of frozen gateways, with the true time their gateway's lease ends.
+    lapse: BTreeMap<MemberUid, Duration>,
+    /// Members whose joins were answered and that are still live, per subscription.
+    answered: BTreeMap<String, BTreeSet<u64>>,
+    /// Per member: the members answered before its join arrived (h).
+    behind: BTreeMap<u64, BTreeSet<u64>>,
     pub trace: Trace,
 }
 
@@ -85,9 +101,76 @@ impl ClusterChecker {
             return;
         };
         self.trace.at(at, format!("{sub}: {} ends ({why})", m(uid)));
+        if let Some(answered) = self.answered.get_mut(&sub) {
+            answered.remove(&uid.member);
+        }
+        self.behind.remove(&uid.member);
+        self.lapse.remove(&uid);
         let s = self.subs.entry(sub).or_default();
         s.alive.remove(&uid);
         s.open.remove(&uid);
+    }
+
+    /// A join for `sub` arrived at a gateway (h): every member answered before stands ahead.
+    pub fn arrives(&mut self, at: Duration, sub: &str, member: u64) {
+        self.trace.at(at, format!("{sub}: m{member} arrives"));
+        let before = self.answered.get(sub).cloned().unwrap_or_default();
+        self.behind.insert(member, before);
+    }
+
+    /// The join of `uid` was answered: it is in the line (h).
+    pub fn answered(&mut self, at: Duration, sub: &str, uid: MemberUid) {
+        self.trace.at(at, format!("{sub}: {} answered", m(uid)));
+        self.answered
+            .entry(sub.to_string())
+            .or_default()
+            .insert(uid.member);
+    }
+
+    /// Whether the join of member `member` was answered (and it is still live).
+    pub fn is_answered(&self, member: u64) -> bool {
+        self.answered.values().any(|a| a.contains(&member))
+    }
+
+    /// The gateway of `members` froze; it may act for them until `lease_ends` (true time).
+    pub fn froze(&mut self, members: &[MemberUid], lease_ends: Duration) {
+        for uid in members {
+            self.lapse.insert(*uid, lease_ends);
+        }
+    }
+
+    /// The gateway of `members` resumed.
+    pub fn thawed(&mut self, members: &[MemberUid]) {
+        for uid in members {
+            self.lapse.remove(uid);
+        }
+    }
+
+    /// Gateway `uid.gateway` handed a message of `sub` to `uid`, or acked one for it, at
+    /// `at`; its lease, as it holds it, ends at `lease_ends` (true time) (g).
+    pub fn acted(&mut self, at: Duration, sub: &str, uid: MemberUid, lease_ends: Option<Duration>) {
+        self.acts += 1;
+        let mut found = Vec::new();
+        if lease_ends.is_none_or(|ends| at >= ends) {
+            found.push(format!(
+                "(g) {sub}: g{} acted for {} past its lease (it ended at {:?})",
+                uid.gateway.0,
+                m(uid),
+                lease_ends
+            ));
+        }
+        let active = self.subs.get(sub).and_then(|s| s.kv.active);
+        if active != Some(uid) {
+            found.push(format!(
+                "(g) {sub}: g{} acted for {} while the backplane names {:?} active",
+                uid.gateway.0,
+                m(uid),
+                active.map(m)
+            ));
+        }
+        for f in found {
+            self.violation(at, f);
+        }
     }
 
     pub fn activated(&mut self, at: Duration, sub: &str, uid: MemberUid, epoch: u64) {
@@ -102,7 +185,12 @@ impl ClusterChecker {
                 s.last_epoch
             ));
         }
-        if let Some((other, (since, e))) = s.open.iter().next() {
+        let lapse = &self.lapse;
+        if let Some((other, (since, e))) = s
+            .open
+            .iter()
+            .find(|(u, _)| lapse.get(u).is_none_or(|ends| at < *ends))
+        {
             found.push(format!(
                 "(b) {sub}: {} confirmed while {} is active (epoch {e}, since {:.3}s)",
                 m(uid),
@@ -239,11 +327,24 @@ impl ClusterChecker {
             ));
         }
         for gone in old.line.iter().filter(|u| !new.line.contains(u)) {
-            if s.alive.contains(gone) {
+            if s.alive.contains(gone) && self.lapse.get(gone).is_none_or(|ends| at < *ends) {
                 found.push(format!(
                     "(c) {sub}: {} removed from the line while its stream is open",
                     m(*gone)
                 ));
+            }
+        }
+        for (i, y) in new.line.iter().enumerate() {
+            for x in self.behind.get(&y.member).into_iter().flatten() {
+                if let Some(j) = new.line.iter().position(|u| u.member == *x)
+                    && j > i
+                {
+                    found.push(format!(
+                        "(h) {sub}: {} stands ahead of m{x}, whose join was answered before it arrived: [{}]",
+                        m(*y),
+                        ms_list(&new.line)
+                    ));
+                }
             }
         }
         for f in found {

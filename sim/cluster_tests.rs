@@ -57,8 +57,9 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
     let learned: u64 = outcomes.iter().map(|o| o.deletions_learned).sum();
     let taken_over: u64 = outcomes.iter().map(|o| o.hand_overs.0).sum();
     let clean: u64 = outcomes.iter().map(|o| o.hand_overs.1).sum();
+    let acts: u64 = outcomes.iter().map(|o| o.acts).sum();
     println!(
-        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean",
+        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease",
         outcomes.len(),
         started.elapsed()
     );
@@ -71,6 +72,7 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
             skipped > 0,
             "in {count} seeds, no watch skipped an expired deletion"
         );
+        assert!(acts > 0, "in {count} seeds, no gateway acted");
         // Check (f) sees both kinds of hand-over.
         assert!(
             taken_over > 0 && clean > 0,
@@ -259,5 +261,140 @@ fn cluster_a_dead_gateways_member_leaves_the_line_when_its_deleter_is_cut_off() 
         world.run_until_state(ms(5), ms(5_000), |w| w.checker.unsettled().is_none()),
         "the dead gateway's member holds the line: {:?}",
         world.checker.unsettled()
+    );
+}
+
+/// Slot 0 holds the active member, slot 1 a standby; slot 0's host is frozen for `frozen`
+/// (SIGSTOP), with messages and acks for its member queued meanwhile, then resumes. Returns
+/// the violations and how many acts the checker saw.
+fn frozen_active_gateway(
+    bug: Option<PlantedBug>,
+    frozen: std::time::Duration,
+) -> (Vec<String>, u64) {
+    use std::time::Duration;
+    let ms = Duration::from_millis;
+    tinybroker::core::planted::plant(bug);
+    let mut world = crate::cluster::ClusterWorld::new(11, 2);
+    world.fail_first_lease_create(0, false);
+    world.fail_first_lease_create(1, false);
+    world.run_until(ms(200));
+    world.join(0, "s");
+    world.run_until(ms(400));
+    world.join(1, "s");
+    world.run_until(ms(700));
+    assert_eq!(world.checker.unsettled(), None, "slot 0's member leads");
+    let before = world.checker.acts;
+    assert!(before > 0, "slot 0 acts for its member while it leads");
+    world.freeze(0, frozen);
+    world.run_until(world.now() + frozen + ms(2_000));
+    let settled = world.checker.unsettled();
+    let outcome = (world.checker.violations().to_vec(), world.checker.acts);
+    tinybroker::core::planted::plant(None);
+    assert_eq!(settled, None, "the cluster settles after the resume");
+    outcome
+}
+
+// docs/semantics.md#cluster-lease-checks, check (g): a gateway frozen past its lease (2 s, the
+// lease is 0.9 s) resumes with deliveries and acks queued for its deposed member: it checks
+// its lease at each and sends none. A gateway that skips the check (the planted bug) delivers
+// them after the standby elsewhere was promoted, and the checker says so.
+#[test]
+fn cluster_a_gateway_frozen_past_its_lease_delivers_and_acks_nothing_when_it_resumes() {
+    use std::time::Duration;
+    let (violations, _) = frozen_active_gateway(None, Duration::from_secs(2));
+    assert!(violations.is_empty(), "{violations:#?}");
+    // A short freeze, within the lease: it goes on acting for its member.
+    let (violations, acts) = frozen_active_gateway(None, Duration::from_millis(200));
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(acts > 100, "{acts} acts");
+    let bug = PlantedBug::GatewaySkipsLeaseCheck;
+    let (violations, _) = frozen_active_gateway(Some(bug), Duration::from_secs(2));
+    assert!(
+        violations.iter().any(|v| v.contains("(g)")),
+        "{bug:?} was not caught: {violations:#?}"
+    );
+}
+
+// Check (g) over the campaign: with the lease check skipped, some seed's frozen gateway acts
+// past its lease.
+#[test]
+fn cluster_campaign_catches_a_gateway_that_skips_its_lease_check() {
+    let bug = PlantedBug::GatewaySkipsLeaseCheck;
+    let seeds: Vec<u64> = (0..60).collect();
+    let outcomes = run_many(&seeds, Some(bug));
+    let caught: Vec<&ClusterOutcome> = outcomes
+        .iter()
+        .filter(|o| o.violations.iter().any(|v| v.contains("(g)")))
+        .collect();
+    println!(
+        "{bug:?}: caught by {} of {} seeds",
+        caught.len(),
+        seeds.len()
+    );
+    let first = caught
+        .first()
+        .unwrap_or_else(|| panic!("{bug:?} was not caught in {} seeds", seeds.len()));
+    println!("{}", first.report());
+}
+
+/// Two gateways start together; slot 0's first lease create fails unanswered, so it waits a
+/// pause for its next incarnation. A member joins at slot 0 during the pause, another at
+/// slot 1 after that join was answered. Returns the violations and the line's member ids.
+fn started_together_with_a_failed_create(
+    bug: Option<PlantedBug>,
+) -> (Vec<String>, Vec<u64>, (u64, u64)) {
+    use std::time::Duration;
+    let ms = Duration::from_millis;
+    tinybroker::core::planted::plant(bug);
+    let mut world = crate::cluster::ClusterWorld::new(5, 2);
+    world.fail_first_lease_create(0, true);
+    world.fail_first_lease_create(1, false);
+    world.run_until(ms(100));
+    let first = world.join(0, "s");
+    // Answered once it is in the line (or at once, with the bug): then the second arrives.
+    world.run_until_state(ms(5), ms(5_000), |w| w.checker.is_answered(first));
+    let second = world.join(1, "s");
+    world.run_until(world.now() + ms(3_000));
+    let outcome = (
+        world.checker.violations().to_vec(),
+        world.line("s"),
+        (first, second),
+    );
+    tinybroker::core::planted::plant(None);
+    outcome
+}
+
+// docs/semantics.md#cluster-join-order, check (h): a gateway without a lease (its first create
+// failed, it waits for its next incarnation) admits no member: the join waits for the lease
+// and is answered once in the line, so a member that joins later elsewhere stands behind it.
+// A gateway that answers joins at once (the planted bug) lets the later one ahead.
+#[test]
+fn cluster_gateways_started_together_keep_join_order_though_a_first_lease_create_fails() {
+    let (violations, line, (first, second)) = started_together_with_a_failed_create(None);
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(line, vec![first, second]);
+    let bug = PlantedBug::JoinWithoutLease;
+    let (violations, line, _) = started_together_with_a_failed_create(Some(bug));
+    assert!(
+        violations.iter().any(|v| v.contains("(h)")),
+        "{bug:?} was not caught (line {line:?}): {violations:#?}"
+    );
+}
+
+// Check (h) over the campaign: joins answered without a lease are caught in some seed.
+#[test]
+fn cluster_campaign_catches_joins_answered_without_a_lease() {
+    let bug = PlantedBug::JoinWithoutLease;
+    let seeds: Vec<u64> = (0..60).collect();
+    let outcomes = run_many(&seeds, Some(bug));
+    let caught = outcomes
+        .iter()
+        .filter(|o| o.violations.iter().any(|v| v.contains("(h)")))
+        .count();
+    println!("{bug:?}: caught by {caught} of {} seeds", seeds.len());
+    assert!(
+        caught > 0,
+        "{bug:?} was not caught in {} seeds",
+        seeds.len()
     );
 }

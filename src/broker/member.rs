@@ -620,25 +620,53 @@ impl MemberStream {
         }
     }
 
+    /// Whether this member's messages must not be written now: it is a member of an
+    /// arbitrated singleton, and its gateway's lease is not valid at this instant
+    /// (docs/semantics.md#cluster-lease-checks). Only a gateway's broker has the gate.
+    fn lease_lapsed(&self) -> bool {
+        let Some(gate) = self.guard.broker.inner.singleton_gate.get() else {
+            return false;
+        };
+        !gate() && Locked::new(&self.guard.cell).core.is_arbitrated()
+    }
+
     fn poll_frame(&mut self, waker: Option<&Waker>) -> Poll<Option<Outbound>> {
-        if let Some(frame) = self.taken.pop_front() {
-            return Poll::Ready(Some(frame));
-        }
-        if self.finished {
-            return Poll::Ready(None);
-        }
-        let MemberGuard {
-            broker,
-            cell,
-            member,
-        } = &self.guard;
-        if !broker.take_frames(cell, *member, &mut self.taken, waker) {
-            self.finished = true;
-        }
-        match self.taken.pop_front() {
-            Some(frame) => Poll::Ready(Some(frame)),
-            None if self.finished => Poll::Ready(None),
-            None => Poll::Pending,
+        loop {
+            // The frame about to be written is a message past the lease (a pause of the
+            // process is seen here): it is not written. Nor is any other taken: their messages
+            // stay in flight until the member is ended, which comes next, as `end_one` drops
+            // the frames it finds waiting.
+            if self
+                .taken
+                .iter()
+                .any(|f| matches!(f, Outbound::Message { .. }))
+                && self.lease_lapsed()
+            {
+                self.taken
+                    .retain(|f| !matches!(f, Outbound::Message { .. }));
+            }
+            if let Some(frame) = self.taken.pop_front() {
+                return Poll::Ready(Some(frame));
+            }
+            if self.finished {
+                return Poll::Ready(None);
+            }
+            let MemberGuard {
+                broker,
+                cell,
+                member,
+            } = &self.guard;
+            if !broker.take_frames(cell, *member, &mut self.taken, waker) {
+                self.finished = true;
+            }
+            if self.taken.is_empty() {
+                // Nothing taken: the waker is parked (or the stream is over).
+                return if self.finished {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Pending
+                };
+            }
         }
     }
 }

@@ -27,6 +27,9 @@ pub use member::{
     SharedEncoding,
 };
 use member::{Locked, SubState};
+
+/// Whether a gateway may hand an arbitrated singleton's messages to members now (its lease).
+pub(crate) type SingletonGate = Arc<dyn Fn() -> bool + Send + Sync>;
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
 pub(crate) use upstream::Upstream;
@@ -86,6 +89,9 @@ struct Inner {
     idle: Mutex<expiry::IdleSchedule>,
     observer: Option<Arc<dyn Observer>>,
     timings: std::sync::OnceLock<Arc<dyn Timings>>,
+    /// A gateway's lease check for arbitrated singletons: while it says no, their deliveries
+    /// are not handed to member streams (`Upstream::gate_singleton_deliveries`).
+    singleton_gate: std::sync::OnceLock<SingletonGate>,
     /// Where the last eviction from the drop-oldest pool stopped (a subscription key).
     evict_cursor: AtomicU64,
     /// Cluster mode: singleton subscriptions' active members are chosen by the cluster
@@ -268,6 +274,7 @@ impl Broker {
                 idle: Mutex::new(expiry::IdleSchedule::default()),
                 observer,
                 timings: std::sync::OnceLock::new(),
+                singleton_gate: std::sync::OnceLock::new(),
                 arbitrated: false,
                 upstream_dead_letters: false,
             }),
@@ -303,6 +310,17 @@ impl Broker {
                 input: &input,
                 effects,
             });
+        }
+        if let Some(gate) = self.inner.singleton_gate.get()
+            && state.core.is_arbitrated()
+            && effects.iter().any(|e| matches!(e, Effect::Deliver { .. }))
+            && !gate()
+        {
+            // Past this gateway's lease (a pause of the process is seen here, by the clock
+            // read now): the frame is not handed to the member. The coordinator ends the
+            // member at once; what the core counts in flight goes back with it, and
+            // JetStream redelivers it (docs/semantics.md#cluster-lease-checks).
+            effects.retain(|e| !matches!(e, Effect::Deliver { .. }));
         }
         state.apply(effects, dead, shared);
         self.account(state);

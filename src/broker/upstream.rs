@@ -135,6 +135,14 @@ impl Upstream {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Installs the gateway's lease check (once): while `gate` says no, no arbitrated
+    /// singleton's message is handed to a member stream, whatever hands it (an injection, a
+    /// nack's redelivery, the next queued message after an ack). The core still counts it in
+    /// flight; the member is ended when the lease lapse is processed, and it goes back then.
+    pub fn gate_singleton_deliveries(&self, gate: super::SingletonGate) {
+        let _ = self.inner.singleton_gate.set(gate);
+    }
+
     /// Makes `member` the active member of the arbitrated singleton `subscription_id`, as the
     /// cluster decided (`activation`): it gets the confirmation frame, then what waits here.
     ///

@@ -258,12 +258,27 @@ fn parse_lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+/// The listen backlog (the kernel caps it at `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// A socket bound to `addr` (as `TcpListener::bind` binds: address reuse on), not listening.
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
+}
+
 pub async fn run(args: Serve) -> Result<(), String> {
     let config = args.config()?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    // Bound at once (a taken address fails the start before anything else), listening only
+    // once the backend can serve: until then a client's connection is refused, not left
+    // waiting in the backlog while a gateway connects to NATS and takes its lease.
+    let socket = bind(args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = socket.local_addr().map_err(|e| e.to_string())?;
     let tls = (config.tls.is_some(), config.tls_client_ca.is_some());
     let auth = config.auth_token.is_some();
     // The one choice of deployment. Beside the backend: the run's id floor, as a number and
@@ -316,6 +331,9 @@ pub async fn run(args: Serve) -> Result<(), String> {
             (server.backend().clone(), ids, None)
         }
     };
+    let listener = socket
+        .listen(LISTEN_BACKLOG)
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let floor = backend.broker().id_floor().unix_micros();
     let server = Server::with_backend(config, backend.clone());
     tracing::info!(

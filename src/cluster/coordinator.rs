@@ -155,6 +155,15 @@ pub enum Effect {
         /// The earlier active member's gateway died ([`SubValue::took_over`]).
         took_over: bool,
     },
+    /// The member is in the line (this gateway saw a value holding it, its own write's or the
+    /// watch's): its join can be answered. Every member that joins after this, on any
+    /// gateway, stands behind it (a later append compare-and-sets a value holding it).
+    InLine {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
+    },
     /// The member, on standby, entered the line at `position` (1 = next): tell it, if it
     /// asked for standby notices.
     Standby {
@@ -296,6 +305,26 @@ impl Coordinator {
     /// Whether this incarnation ever held a confirmed lease (a create or renewal answered).
     pub fn was_leased(&self) -> bool {
         self.valid_until.is_some()
+    }
+
+    /// Until when this gateway's lease is valid on its own clock, as it stands now: the send
+    /// time of its last confirmed renewal plus the lease. `None` before the first confirmed
+    /// renewal and once fenced. The shell publishes it for the checks made where messages and
+    /// acks leave the gateway (docs/semantics.md#cluster-lease-checks).
+    pub fn lease_valid_until(&self) -> Option<Duration> {
+        if self.fenced {
+            return None;
+        }
+        self.valid_until
+    }
+
+    /// Whether the gateway may hand a singleton's message to a member, or ack one, at `now`:
+    /// while its lease is valid by its own clock (the check the shell's lease gate makes).
+    pub fn may_act(&self, now: Duration) -> bool {
+        !self.fenced
+            && self
+                .valid_until
+                .is_some_and(|until| now < until || planted(PlantedBug::GatewaySkipsLeaseCheck))
     }
 
     /// Backplane entries that did not parse (ignored).
@@ -776,6 +805,12 @@ impl Coordinator {
                 }
                 let entered = in_line && !m.seen_in_line;
                 m.seen_in_line |= in_line;
+                if entered {
+                    self.effects.push_back(Effect::InLine {
+                        subscription: sub.clone(),
+                        member: m.id,
+                    });
+                }
                 // At the head of the line with nobody active it is about to be promoted, not
                 // waiting: no notice.
                 let ahead = v.line.iter().position(|u| *u == uid).unwrap_or(0);

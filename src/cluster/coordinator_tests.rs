@@ -24,9 +24,48 @@ fn drain(c: &mut Coordinator) -> (Vec<Command>, Vec<Effect>) {
     }
     let mut effects = Vec::new();
     while let Some(x) = c.poll_effect() {
-        effects.push(x);
+        // Answers the join (the shell's); its own test is below.
+        if !matches!(x, Effect::InLine { .. }) {
+            effects.push(x);
+        }
     }
     (cmds, effects)
+}
+
+fn in_line(c: &mut Coordinator) -> Vec<u64> {
+    let mut members = Vec::new();
+    while let Some(x) = c.poll_effect() {
+        if let Effect::InLine { member, .. } = x {
+            members.push(member);
+        }
+    }
+    members
+}
+
+// docs/semantics.md#cluster-join-order: a join is answered once its member is in the line, from
+// the write's answer or the watch, whichever comes first, once.
+#[test]
+fn a_member_is_reported_in_the_line_once_a_value_holds_it() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    let mut cmds = Vec::new();
+    while let Some(x) = c.poll_command() {
+        cmds.push(x);
+    }
+    assert!(in_line(&mut c).is_empty(), "not before the line holds it");
+    c.write_result(ms(4), cmds[0].id, Ok(5));
+    assert_eq!(in_line(&mut c), vec![1]);
+    c.member_joined(ms(5), "jobs", 2);
+    let v = SubValue {
+        line: vec![uid(7, 1), uid(7, 2)],
+        active: Some(uid(7, 1)),
+        epoch: 5,
+        carry: Vec::new(),
+        promoted: false,
+        took_over: false,
+    };
+    see_line(&mut c, ms(6), &v, 9);
+    assert_eq!(in_line(&mut c), vec![2], "member 1 is not reported again");
 }
 
 /// A gateway whose lease create succeeded at `t=0`, with revision 1.

@@ -151,6 +151,9 @@ pub const MARKER_TTL: Duration = Duration::from_secs(600);
 /// three-node cluster that has just started can leave requests unanswered for seconds).
 const BUCKET_PATIENCE: Duration = Duration::from_secs(30);
 
+/// How long a write answered "no responders" is sent again (nothing was stored).
+const NO_RESPONDERS_PATIENCE: Duration = Duration::from_secs(2);
+
 impl NatsBackplane {
     /// Connects to `config.urls`, then binds the bucket, creating it if it does not exist.
     ///
@@ -243,6 +246,9 @@ impl NatsBackplane {
             }
         };
         let prefix = format!("$KV.{}.", config.bucket);
+        await_routes(&js, &prefix, deadline)
+            .await
+            .map_err(bucket_error)?;
         let marker_ttl = match config.marker_ttl {
             Some(ttl) => allow_marker_ttl(&js, &store, ttl).await,
             None => None,
@@ -296,12 +302,29 @@ impl NatsBackplane {
                 headers.insert(async_nats::header::NATS_MESSAGE_TTL, ttl.as_str());
             }
         }
-        let ack = self
-            .js
-            .publish_with_headers(self.subject(key), headers, payload)
-            .await
-            .map_err(|e| Publish::Failed(unavailable("publish", e)))?;
-        match ack.await {
+        // "No responders": the connected server does not route the bucket's subjects to its
+        // stream yet (a bucket just created, its interest still spreading over the cluster's
+        // routes). Nobody took the publish, so sending it again cannot store it twice.
+        let deadline = tokio::time::Instant::now() + NO_RESPONDERS_PATIENCE;
+        let mut delay = Duration::from_millis(5);
+        let answer = loop {
+            let ack = self
+                .js
+                .publish_with_headers(self.subject(key), headers.clone(), payload.clone())
+                .await
+                .map_err(|e| Publish::Failed(unavailable("publish", e)))?;
+            match ack.await {
+                Err(e)
+                    if e.kind() == PublishErrorKind::StreamNotFound
+                        && tokio::time::Instant::now() + delay < deadline =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                }
+                answer => break answer,
+            }
+        };
+        match answer {
             Ok(ack) => Ok(ack.sequence),
             Err(e)
                 if e.kind() == PublishErrorKind::WrongLastSequence || is_stale(&e.to_string()) =>
@@ -435,6 +458,42 @@ impl NatsBackplane {
             Ok(revision) => Ok(revision),
             Err(Publish::Failed(e)) => Err(e),
             Err(Publish::Conflict(reported)) => Err(refused(reported).await),
+        }
+    }
+}
+
+/// Waits until a write to the bucket finds its stream from this connection. Right after the
+/// bucket is created (by this gateway or another starting with it), the server this
+/// connection uses may not yet route the bucket's subjects to its stream, and answers "no
+/// responders": a gateway's first lease create failed so in 24 of 26 starts of two gateways
+/// together, which cost it a new incarnation after a pause. The probe stores nothing: it
+/// expects a subject sequence the stream can never have, so the stream refuses it, which is
+/// the answer waited for.
+async fn await_routes(
+    js: &jetstream::Context,
+    prefix: &str,
+    deadline: tokio::time::Instant,
+) -> Result<(), String> {
+    let subject = format!("{prefix}_tinybroker_probe");
+    let mut delay = Duration::from_millis(5);
+    loop {
+        let probe =
+            jetstream::message::PublishMessage::build().expected_last_subject_sequence(u64::MAX);
+        let answer = match js.send_publish(subject.clone(), probe).await {
+            Ok(ack) => ack.await.map(|_| ()),
+            Err(error) => Err(error),
+        };
+        match answer {
+            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "no JetStream server answered writes to the bucket: {error}"
+                    ));
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(200));
+            }
+            _ => return Ok(()),
         }
     }
 }

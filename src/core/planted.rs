@@ -33,6 +33,16 @@ pub enum PlantedBug {
     /// liveness: a member that joins there never gets into the line). Planted in
     /// `cluster::coordinator`.
     WaitForExpiredDeletion,
+    /// Cluster mode: a gateway hands a singleton's messages to members and acks them without
+    /// checking its lease at that moment, so a paused gateway that resumes past its lease
+    /// delivers and acks what it had queued (breaks docs/semantics.md#cluster-lease-checks). Planted
+    /// in `cluster::coordinator::Coordinator::may_act` and the gateway's lease gate.
+    GatewaySkipsLeaseCheck,
+    /// Cluster mode: a singleton join is answered at once, whether or not the gateway holds a
+    /// lease and the member is in the line (breaks join order across gateways,
+    /// docs/semantics.md#cluster-join-order). Planted in the cluster simulation's model of the
+    /// gateway's join (`sim/cluster.rs`).
+    JoinWithoutLease,
 }
 
 #[cfg(feature = "planted-bugs")]
@@ -57,6 +67,13 @@ mod imp {
 
 #[cfg(feature = "planted-bugs")]
 pub use imp::plant;
+
+/// Whether `bug` is planted on this thread (for models of the shell outside this crate, the
+/// cluster simulation's).
+#[cfg(feature = "planted-bugs")]
+pub fn is_planted(bug: PlantedBug) -> bool {
+    imp::active(bug)
+}
 
 #[cfg(feature = "planted-bugs")]
 pub(crate) use imp::active;

@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// A `tinybroker serve --nats URLS` process with `args`, and a client of it.
-async fn gateway_process(urls: &str, args: &[&str]) -> (Running, Client) {
+pub(crate) async fn gateway_process(urls: &str, args: &[&str]) -> (Running, Client) {
     let mut all = vec!["--nats", urls];
     all.extend_from_slice(args);
     let (process, addr) = binary::serve(&all).await;
@@ -33,7 +33,7 @@ async fn gateway_process(urls: &str, args: &[&str]) -> (Running, Client) {
 
 /// Publishes until the gateway confirms: a client's retry after `UNAVAILABLE` (the message
 /// may then be stored twice; only confirmed ones must arrive).
-async fn publish_confirmed(client: &Client, topic: &str, payload: &str) -> u64 {
+pub(crate) async fn publish_confirmed(client: &Client, topic: &str, payload: &str) -> u64 {
     within(async {
         loop {
             match client.try_publish(topic, payload.as_bytes().to_vec()).await {

@@ -28,6 +28,7 @@ mod bench;
 mod delete;
 mod describe;
 mod faults;
+mod lease;
 mod limits;
 mod node_faults;
 mod singleton;

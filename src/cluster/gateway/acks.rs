@@ -5,7 +5,12 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_nats::{Subject, jetstream::AckKind};
 use bytes::Bytes;
 
-use super::Shared;
+use super::{Shared, lease::LeaseGate};
+
+/// A singleton's lease check, read before every try of its acks
+/// (docs/semantics.md#cluster-lease-checks): the gateway's lease, and the incarnation its held
+/// messages were pulled under (any incarnation's lease when `None`).
+pub(super) type Gate = (Arc<LeaseGate>, Option<u64>);
 
 /// How long one try of an ack (or term) waits for JetStream's confirmation before it is sent
 /// again.
@@ -56,7 +61,10 @@ impl Confirming {
 }
 
 /// Sends `kind` (an ack or a term) for stream message `sequence` on `reply` until JetStream
-/// answers, for up to `patience`; counts it in `unconfirmed_acks` when it never does.
+/// answers, for up to `patience`; counts it in `unconfirmed_acks` when it never does. A
+/// singleton's (`gate`) is sent only while the gateway's lease is valid, checked before each
+/// try: past it nothing more is sent, and JetStream redelivers the message to the member the
+/// cluster promoted (its epoch higher).
 pub(super) async fn confirm(
     shared: Arc<Shared>,
     subscription: Arc<str>,
@@ -64,11 +72,22 @@ pub(super) async fn confirm(
     kind: AckKind,
     sequence: u64,
     patience: Duration,
+    gate: Option<Gate>,
 ) -> u64 {
     let deadline = tokio::time::Instant::now() + patience;
     let mut delay = Duration::from_millis(5);
     let mut tries = 0u32;
     loop {
+        if let Some((lease, incarnation)) = &gate {
+            let leased = match incarnation {
+                Some(incarnation) => lease.valid_for(*incarnation),
+                None => lease.valid().is_some(),
+            };
+            if !leased {
+                tracing::debug!(%subscription, sequence, ?kind, tries, "past this gateway's lease: the ack is not sent again; JetStream redelivers");
+                return sequence;
+            }
+        }
         tries += 1;
         let request = async_nats::Request::new()
             .payload(Bytes::from(kind))

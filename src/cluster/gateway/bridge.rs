@@ -110,6 +110,9 @@ pub(super) struct Bridge {
     /// whose last member here left expires at once, and with it what it queued, often before
     /// its open pull ended.
     pub(super) handed_back: HandedBack,
+    /// A singleton's: the coordinator incarnation whose lease its held messages were pulled
+    /// under ([`Bridge::leased`]).
+    pub(super) incarnation: Option<u64>,
 }
 
 /// Sleeps for `pause`, or forever.
@@ -250,6 +253,30 @@ impl Bridge {
         self.give_back().await;
     }
 
+    /// Whether this bridge may hand a message to a member or send JetStream an ack, nak or
+    /// term now: always, but for a singleton only while this gateway's lease is valid for the
+    /// incarnation its held messages were pulled under, by the clock read at this moment
+    /// (docs/semantics.md#cluster-lease-checks). Past it, nothing is sent: JetStream redelivers
+    /// after its ack wait, and the coordinator ends the members.
+    fn leased(&self) -> bool {
+        let (true, Some(singletons)) = (self.singleton, &self.shared.singletons) else {
+            return true;
+        };
+        match self.incarnation {
+            Some(incarnation) => singletons.lease().valid_for(incarnation),
+            None => singletons.lease().valid().is_some(),
+        }
+    }
+
+    /// What [`Bridge::leased`] reads, for an ack's confirmation task, which checks it before
+    /// every try: `None` when not a singleton (always leased).
+    fn lease_gate(&self) -> Option<super::acks::Gate> {
+        let (true, Some(singletons)) = (self.singleton, &self.shared.singletons) else {
+            return None;
+        };
+        Some((singletons.lease().clone(), self.incarnation))
+    }
+
     /// Members of an arbitrated singleton left (no pull is open now). When no active member
     /// remains here, every message this gateway holds goes back to JetStream, each nak
     /// confirmed, in stream order (JetStream redelivers naked messages ahead of new ones), and
@@ -278,6 +305,14 @@ impl Bridge {
             let refused = std::mem::take(&mut self.refused);
             let count = held.len();
             for (sequence, reply) in held {
+                // One that never reached the local queue (it came in the open pull after the
+                // member left) goes with the attempt it came with: no member got it.
+                let came_with = refused.get(&sequence).copied().unwrap_or(1);
+                if !self.leased() {
+                    // Past the lease: JetStream redelivers it after its ack wait.
+                    carried.entry(sequence).or_insert(came_with);
+                    continue;
+                }
                 let confirmed = tokio::time::timeout(
                     NAK_CONFIRM,
                     self.shared
@@ -290,9 +325,6 @@ impl Bridge {
                     // consumers), so it is late, never lost.
                     tracing::warn!(subscription = %self.subscription, sequence, "JetStream did not confirm a nak in time");
                 }
-                // One that never reached the local queue (it came in the open pull after the
-                // member left) goes with the attempt it came with: no member got it.
-                let came_with = refused.get(&sequence).copied().unwrap_or(1);
                 carried.entry(sequence).or_insert(came_with);
             }
             tracing::debug!(subscription = %self.subscription, ?leaving, queued_here, given_back = count, carried = carried.len(), "no active member here: gave back what this gateway held");
@@ -344,6 +376,7 @@ impl Bridge {
             kind,
             sequence,
             self.progress_every * 3,
+            self.lease_gate(),
         );
         self.confirming.tasks.spawn(confirmation);
     }
@@ -352,6 +385,10 @@ impl Bridge {
     /// else sent as it is.
     async fn settle(&mut self, sequence: u64, reply: Subject, kind: AckKind) {
         self.confirming.reap();
+        if !self.leased() {
+            tracing::debug!(subscription = %self.subscription, sequence, ?kind, "past this gateway's lease: nothing sent to JetStream, which redelivers");
+            return;
+        }
         match kind {
             AckKind::Ack | AckKind::Term if self.confirming.sequences.len() < MAX_CONFIRMING => {
                 self.confirm(sequence, reply, kind);
@@ -400,6 +437,10 @@ impl Bridge {
     }
 
     async fn reply(&self, reply: Subject, kind: AckKind) {
+        if !self.leased() {
+            tracing::debug!(subscription = %self.subscription, ?kind, "past this gateway's lease: nothing sent to JetStream, which redelivers");
+            return;
+        }
         if let Err(error) = self.shared.client.publish(reply, Bytes::from(kind)).await {
             // JetStream redelivers after `ack_wait`: late, never lost.
             tracing::warn!(subscription = %self.subscription, %error, "could not send an ack to JetStream");
@@ -436,6 +477,26 @@ impl Bridge {
 
     /// Hands one JetStream message to the local subscription.
     async fn inject(&mut self, message: async_nats::jetstream::Message) {
+        if self.singleton
+            && let Some(singletons) = &self.shared.singletons
+        {
+            match singletons.lease().valid() {
+                // Past the lease (a pause of the process ends here): not handed over, not
+                // answered; JetStream redelivers it after its ack wait.
+                None => {
+                    tracing::debug!(subscription = %self.subscription, "past this gateway's lease: a pulled message is not handed over");
+                    return;
+                }
+                // A new incarnation: what the bridge held under an earlier one is never
+                // answered now (its lease ended); JetStream redelivers it.
+                Some(incarnation) if self.incarnation != Some(incarnation) => {
+                    self.held.clear();
+                    self.refused.clear();
+                    self.incarnation = Some(incarnation);
+                }
+                Some(_) => {}
+            }
+        }
         let reply = message.reply.clone();
         let info = match message.info() {
             Ok(info) => (

@@ -29,6 +29,22 @@ impl Gateway {
         // delete holds the id (docs/semantics.md#deleting): it finds the old consumer or none.
         let _joining = self.inner.holds.enter(&request.subscription_id).await;
         let (mut consumer, recorded) = self.consumer(request).await?;
+        // A singleton member is admitted only under a valid lease, so its place in the line is
+        // taken in the order joins arrive (docs/semantics.md#cluster-join-order).
+        let incarnation = match (&self.inner.shared.singletons, singleton) {
+            (Some(singletons), true) => Some(
+                singletons
+                    .lease()
+                    .wait_valid(JOIN_LEASE_PATIENCE)
+                    .await
+                    .ok_or_else(|| {
+                        Error::Unavailable(format!(
+                            "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {JOIN_LEASE_PATIENCE:?}): a singleton member cannot join here now; retry, or join at another gateway"
+                        ))
+                    })?,
+            ),
+            _ => None,
+        };
         await_replicas(&mut consumer).await;
         // Joined with the subscription's own settings: a join that leaves
         // max_delivery_attempts or dead_letter_topic unset takes them from the subscription,
@@ -70,15 +86,26 @@ impl Gateway {
                 leaving: Vec::new(),
                 singleton,
                 handed_back,
+                incarnation: None,
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
             while bridges.try_join_next().is_some() {}
             bridges.spawn(bridge.run());
         }
-        if singleton && let Some(singletons) = &self.inner.shared.singletons {
+        if let (Some(singletons), Some(incarnation)) = (&self.inner.shared.singletons, incarnation)
+        {
             // After the bridge is there: it tells the coordinator when this member leaves.
-            singletons.joined(subscription, member.member_id());
+            let in_line = singletons.joined(subscription.clone(), member.member_id(), incarnation);
+            // Answered once the member is in the line: a member joining anywhere after this
+            // answer stands behind it. Bounded: NATS slow to answer leaves it waiting on
+            // standby (a member ended meanwhile finds its stream ended).
+            if tokio::time::timeout(JOIN_LEASE_PATIENCE, in_line)
+                .await
+                .is_err()
+            {
+                tracing::warn!(%subscription, member = member.member_id(), "the coordination bucket did not take this member into the line within {JOIN_LEASE_PATIENCE:?}: the join is answered, on standby");
+            }
         }
         Ok(member)
     }
@@ -179,6 +206,10 @@ impl Gateway {
 pub(super) fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
     spec.ack_mode == AckMode::Explicit || spec.mode == Mode::Singleton
 }
+
+/// How long a singleton join waits for this gateway's lease when it holds none (starting, or
+/// between incarnations after a lapse) before it is refused with `UNAVAILABLE`.
+pub(super) const JOIN_LEASE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// How long a join waits for every replica of its consumer to hold it ([`await_replicas`]).
 const REPLICA_PATIENCE: Duration = Duration::from_secs(3);

@@ -59,6 +59,7 @@ mod describe;
 mod forward;
 mod headers;
 mod join;
+mod lease;
 mod list;
 pub mod names;
 mod pipeline;
@@ -151,6 +152,9 @@ impl Drop for Inner {
         self.deletes.abort();
     }
 }
+
+/// How long a starting gateway waits for its first cluster lease before it serves anyway.
+const START_LEASE_PATIENCE: Duration = Duration::from_secs(10);
 
 fn unavailable(what: &str, error: impl std::fmt::Display) -> Error {
     Error::Unavailable(format!("{what}: {error}"))
@@ -279,6 +283,21 @@ impl Gateway {
             incarnation.clone(),
         )
         .await?;
+        // Serve singletons from the start: the first lease, confirmed (a join waits for it, and
+        // is refused past its bound, while the gateway holds none).
+        let leased = match &shared.singletons {
+            Some(singletons) => singletons.lease().wait_valid(START_LEASE_PATIENCE).await,
+            None => None,
+        };
+        match leased {
+            Some(_) => {
+                tracing::debug!(elapsed = ?started.elapsed(), "gateway start: cluster lease held");
+            }
+            None => tracing::warn!(
+                "NATS did not confirm this gateway's cluster lease within {START_LEASE_PATIENCE:?}: serving all the same; singleton joins wait for the lease, up to {:?}, and are refused with UNAVAILABLE past it",
+                join::JOIN_LEASE_PATIENCE
+            ),
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 local,

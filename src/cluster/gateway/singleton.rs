@@ -13,13 +13,22 @@
 //!   `UNAVAILABLE` ([`Upstream::end_member`]) and fences itself; this shell then starts a new
 //!   incarnation, with a new gateway id, for members that join afterwards.
 //!
+//! - The shell publishes the lease it holds ([`LeaseGate`]) after every input: a member
+//!   joins only while it is valid (and waits for it, bounded, when it is not), and the bridge
+//!   hands a message to a member, or sends JetStream an ack, only while it is valid at that
+//!   moment by the clock read then (docs/semantics.md#cluster-lease-checks).
+//!
 //! Time is the gateway's monotonic clock (tokio's), from when the shell started.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use tokio::{sync::mpsc, task::JoinSet};
+use tokio::{
+    sync::{mpsc, oneshot},
+    task::JoinSet,
+};
 use tokio_stream::StreamExt;
 
+use super::lease::LeaseGate;
 use crate::{
     broker::Upstream,
     cluster::{
@@ -34,7 +43,9 @@ use crate::{
 /// What the gateway tells the coordinator.
 #[derive(Debug)]
 enum Input {
-    Joined(Arc<str>, MemberId),
+    /// A member joined while incarnation `.2`'s lease was valid; `.3` is told once it is in
+    /// the line.
+    Joined(Arc<str>, MemberId, u64, oneshot::Sender<()>),
     Left(Arc<str>, MemberId, Vec<(u64, u32)>),
 }
 
@@ -42,15 +53,34 @@ enum Input {
 #[derive(Debug, Clone)]
 pub(super) struct Handle {
     inputs: mpsc::UnboundedSender<Input>,
-    /// This gateway's incarnation now (its lease is `lease.<id>`), for a delete's question to
-    /// every gateway (`delete`).
-    incarnation: Arc<std::sync::atomic::AtomicU64>,
+    /// This gateway's id now (its lease is `lease.<id>`), for a delete's question to every
+    /// gateway (`delete`).
+    current_id: Arc<std::sync::atomic::AtomicU64>,
+    lease: Arc<LeaseGate>,
 }
 
 impl Handle {
-    /// A singleton member joined the local subscription (on standby).
-    pub(super) fn joined(&self, subscription: Arc<str>, member: MemberId) {
-        let _ = self.inputs.send(Input::Joined(subscription, member));
+    /// A singleton member joined the local subscription (on standby), admitted while
+    /// `incarnation`'s lease was valid ([`LeaseGate::wait_valid`]). If that incarnation has
+    /// ended by the time the coordinator hears of it, the member is ended with `UNAVAILABLE`
+    /// rather than appended to the line late, behind members that joined later elsewhere.
+    /// Resolves once the member is in the line (an error: it was ended first).
+    pub(super) fn joined(
+        &self,
+        subscription: Arc<str>,
+        member: MemberId,
+        incarnation: u64,
+    ) -> oneshot::Receiver<()> {
+        let (in_line, told) = oneshot::channel();
+        let _ = self
+            .inputs
+            .send(Input::Joined(subscription, member, incarnation, in_line));
+        told
+    }
+
+    /// This gateway's lease as the shell last published it.
+    pub(super) fn lease(&self) -> &Arc<LeaseGate> {
+        &self.lease
     }
 
     /// A singleton member left, and what it held was given back; `carry` names the attempts
@@ -61,7 +91,7 @@ impl Handle {
 
     /// This gateway's incarnation now (the id its lease is kept under).
     pub(super) fn incarnation(&self) -> Arc<std::sync::atomic::AtomicU64> {
-        self.incarnation.clone()
+        self.current_id.clone()
     }
 }
 
@@ -72,12 +102,25 @@ pub(super) fn spawn(
     config: Config,
 ) -> (Handle, tokio::task::JoinHandle<()>) {
     let (inputs, rx) = mpsc::unbounded_channel();
-    let incarnation = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let task = tokio::spawn(run(backplane, broker, config, rx, incarnation.clone()));
+    let current_id = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = tokio::time::Instant::now();
+    let lease = Arc::new(LeaseGate::new(start));
+    let gate = lease.clone();
+    broker.gate_singleton_deliveries(Arc::new(move || gate.valid().is_some()));
+    let task = tokio::spawn(run(
+        backplane,
+        broker,
+        config,
+        rx,
+        start,
+        lease.clone(),
+        current_id.clone(),
+    ));
     (
         Handle {
             inputs,
-            incarnation,
+            current_id,
+            lease,
         },
         task,
     )
@@ -106,13 +149,17 @@ async fn run(
     broker: Upstream,
     config: Config,
     mut inputs: mpsc::UnboundedReceiver<Input>,
-    incarnation: Arc<std::sync::atomic::AtomicU64>,
+    start: tokio::time::Instant,
+    lease: Arc<LeaseGate>,
+    current_id: Arc<std::sync::atomic::AtomicU64>,
 ) {
-    let start = tokio::time::Instant::now();
     let now = || start.elapsed();
+    let mut incarnation = 0;
     loop {
         let id = fresh_id();
-        incarnation.store(id.0, std::sync::atomic::Ordering::Relaxed);
+        current_id.store(id.0, std::sync::atomic::Ordering::Relaxed);
+        incarnation += 1;
+        lease.publish(incarnation, None);
         let mut coordinator = Coordinator::new(id, config, now());
         tracing::info!(gateway = id.0, bucket = backplane.bucket(), lease = ?config.lease, "singleton coordination started");
         let mut watch: Option<Watch> = None;
@@ -120,9 +167,21 @@ async fn run(
         // lease's timer, renewals and members are served meanwhile, so a gateway whose lease
         // lapses while NATS is slow to answer still ends its members on time.
         let mut opening: Option<BoxFuture<'_, Result<Watch, KvError>>> = Some(backplane.watch(""));
-        let mut writes: JoinSet<(RequestId, Result<Revision, KvError>)> = JoinSet::new();
+        let mut writes: JoinSet<(RequestId, String, Result<Revision, KvError>)> = JoinSet::new();
+        // Joins to answer once their member is in the line; dropped with the incarnation (the
+        // member was ended, and its stream says so).
+        let mut joining: BTreeMap<(Arc<str>, MemberId), oneshot::Sender<()>> = BTreeMap::new();
         loop {
-            carry_out(&mut coordinator, &backplane, &broker, &mut writes);
+            // The gate first: a lease that ended closes it before its members are ended, one
+            // renewed opens it before an activation goes out.
+            lease.publish(incarnation, coordinator.lease_valid_until());
+            carry_out(
+                &mut coordinator,
+                &backplane,
+                &broker,
+                &mut writes,
+                &mut joining,
+            );
             if coordinator.is_fenced() {
                 if coordinator.was_leased() {
                     tracing::error!(
@@ -151,9 +210,21 @@ async fn run(
             }
             let deadline = coordinator.poll_timeout().map(|t| start + t);
             tokio::select! {
+                // The timer first: after a pause of the process, the lease is checked before
+                // any input that waited is taken.
+                biased;
+                () = sleep_until(deadline) => coordinator.tick(now()),
                 input = inputs.recv() => match input {
-                    Some(Input::Joined(sub, member)) => coordinator.member_joined(now(), &sub, member),
-                    Some(Input::Left(sub, member, carry)) => coordinator.member_left_carrying(now(), &sub, member, carry),
+                    Some(Input::Joined(sub, member, admitted, in_line)) if admitted == incarnation => {
+                        coordinator.member_joined(now(), &sub, member);
+                        joining.insert((sub, member), in_line);
+                    }
+                    // Admitted under a lease that has ended since: its place would come late.
+                    Some(Input::Joined(sub, member, ..)) => end_member(&broker, &sub, member),
+                    Some(Input::Left(sub, member, carry)) => {
+                        joining.remove(&(sub.clone(), member));
+                        coordinator.member_left_carrying(now(), &sub, member, carry);
+                    }
                     None => return,
                 },
                 opened = async { opening.as_mut()?.await.into() }, if opening.is_some() => {
@@ -170,11 +241,15 @@ async fn run(
                     None => watch = None,
                 },
                 Some(done) = writes.join_next(), if !writes.is_empty() => {
-                    if let Ok((request, result)) = done {
+                    if let Ok((request, key, result)) = done {
+                        if let Err(error) = &result
+                            && key.starts_with("lease.")
+                        {
+                            tracing::warn!(gateway = id.0, %key, %error, "a write of this gateway's cluster lease failed");
+                        }
                         coordinator.write_result(now(), request, result);
                     }
                 }
-                () = sleep_until(deadline) => coordinator.tick(now()),
             }
         }
     }
@@ -192,7 +267,8 @@ fn carry_out(
     coordinator: &mut Coordinator,
     backplane: &NatsBackplane,
     broker: &Upstream,
-    writes: &mut JoinSet<(RequestId, Result<Revision, KvError>)>,
+    writes: &mut JoinSet<(RequestId, String, Result<Revision, KvError>)>,
+    joining: &mut BTreeMap<(Arc<str>, MemberId), oneshot::Sender<()>>,
 ) {
     while let Some(Command { id, key, op }) = coordinator.poll_command() {
         let backplane = backplane.clone();
@@ -202,11 +278,19 @@ fn carry_out(
                 Op::Update(value, expected) => backplane.update(&key, value, expected).await,
                 Op::Delete(expected) => backplane.delete(&key, expected).await,
             };
-            (id, result)
+            (id, key, result)
         });
     }
     while let Some(effect) = coordinator.poll_effect() {
         match effect {
+            Effect::InLine {
+                subscription,
+                member,
+            } => {
+                if let Some(in_line) = joining.remove(&(Arc::from(subscription), member)) {
+                    let _ = in_line.send(());
+                }
+            }
             Effect::Activate {
                 subscription,
                 member,
@@ -235,16 +319,20 @@ fn carry_out(
                 subscription,
                 member,
                 ..
-            } => broker.end_member(
-                &subscription,
-                member,
-                &Error::Unavailable(
-                    "this gateway lost its place in the cluster (its lease lapsed, or the cluster removed this member): rejoin, at any gateway"
-                        .into(),
-                ),
-            ),
+            } => end_member(broker, &subscription, member),
         }
     }
+}
+
+fn end_member(broker: &Upstream, subscription: &str, member: MemberId) {
+    broker.end_member(
+        subscription,
+        member,
+        &Error::Unavailable(
+            "this gateway lost its place in the cluster (its lease lapsed, or the cluster removed this member): rejoin, at any gateway"
+                .into(),
+        ),
+    );
 }
 
 /// Coordinator timing for a gateway lease of `lease`: renewals every third of it, a clock
