@@ -113,6 +113,9 @@ pub(super) struct Bridge {
     /// A singleton's: the coordinator incarnation whose lease its held messages were pulled
     /// under ([`Bridge::leased`]).
     pub(super) incarnation: Option<u64>,
+    /// Set when a pulled message was given back because the gateway held no valid lease
+    /// (any mode but singleton, [`Bridge::inject`]): the next pull waits for the lease first.
+    pub(super) await_lease: bool,
 }
 
 /// Sleeps for `pause`, or forever.
@@ -168,6 +171,12 @@ impl Bridge {
             // No local subscription (yet, or any more): wait for a join to wake this bridge.
             // A bridge stops only when told (its link is removed in the same step), so a
             // join always finds a live bridge or starts one.
+            if std::mem::take(&mut self.await_lease)
+                && let Some(singletons) = &self.shared.singletons
+            {
+                // Bounded: a join or a leave meanwhile waits at most this long to be handled.
+                let _ = singletons.lease().wait_valid(self.pull_expires).await;
+            }
             let recount = self.count_owed().await;
             let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
             if room == 0 {
@@ -496,6 +505,18 @@ impl Bridge {
                 }
                 Some(_) => {}
             }
+        } else if let Some(singletons) = &self.shared.singletons
+            && singletons.lease().valid().is_none()
+        {
+            // Any other mode: a gateway past its lease is counted dead by the others, whose
+            // members it ends (docs/semantics.md#cluster-delete); a subscription may even have
+            // been deleted and made again under the same name meanwhile. So nothing is handed
+            // over: the message goes back at once, and the next pull waits for the lease.
+            if let Some(reply) = message.reply.clone() {
+                self.reply(reply, AckKind::Nak(None)).await;
+            }
+            self.await_lease = true;
+            return;
         }
         let reply = message.reply.clone();
         let info = match message.info() {

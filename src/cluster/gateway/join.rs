@@ -87,6 +87,7 @@ impl Gateway {
                 singleton,
                 handed_back,
                 incarnation: None,
+                await_lease: false,
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
