@@ -61,6 +61,7 @@ mod list;
 pub mod names;
 mod pipeline;
 pub mod publish;
+mod registry;
 mod router;
 pub mod singleton;
 mod stream;
@@ -79,7 +80,7 @@ use stream::{await_stream, ensure_stream};
 use crate::{
     broker::{BatchError, Broker, Fence, Published, Upstream},
     clock::Clock,
-    core::{Draft, Error, Limits},
+    core::{Draft, Error, ErrorKind, Limits},
 };
 
 /// What every part of the gateway shares.
@@ -94,6 +95,8 @@ struct Shared {
     largest_message: usize,
     /// The line to the singleton coordinator.
     singletons: Option<singleton::Handle>,
+    /// Every subscription in the cluster: what `queued_for` counts.
+    registry: Arc<registry::Registry>,
 }
 
 /// A running gateway: cheap to clone.
@@ -116,6 +119,8 @@ struct Inner {
     /// Routes found gone: their settles get one try (`forward`).
     gone_routes: forward::GoneRoutes,
     coordination: tokio::task::JoinHandle<()>,
+    /// Keeps the registry up to date.
+    registry_task: tokio::task::JoinHandle<()>,
     /// The coordination bucket, read by `describe` for a singleton's line.
     backplane: crate::cluster::nats::NatsBackplane,
 }
@@ -133,6 +138,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.responder.abort();
         self.coordination.abort();
+        self.registry_task.abort();
     }
 }
 
@@ -212,6 +218,7 @@ impl Gateway {
         .await
         .map_err(|e| e.to_string())?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
+        let (registry, registry_task) = registry::Registry::start(&client, stream.clone()).await?;
         let (singletons, coordination) = singleton::spawn(
             backplane.clone(),
             broker.clone(),
@@ -224,6 +231,7 @@ impl Gateway {
             prefix: config.stream.clone(),
             largest_message,
             singletons: Some(singletons),
+            registry,
         });
         let responder = forward::serve(&client, &config.stream, local.clone()).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
@@ -239,6 +247,7 @@ impl Gateway {
                 responder,
                 gone_routes: forward::GoneRoutes::default(),
                 coordination,
+                registry_task,
                 backplane,
             }),
         })
@@ -314,12 +323,39 @@ impl Gateway {
 
     /// A unary Ack or Nack. One naming its member is applied here when the member is here,
     /// else forwarded to the gateway that holds it; a two-field one is fenced by this
-    /// connection, so it is applied here or refused.
+    /// connection, so it is applied here or refused. A subscription no gateway has is
+    /// [`Error::SubscriptionNotFound`], as on the embedded broker.
     ///
     /// # Errors
     /// The broker's refusals; [`Error::MemberGone`] when no gateway holds the member (stale),
     /// [`Error::NotHeldHere`] for a two-field ack whose message is not held here.
     pub async fn settle(
+        &self,
+        subscription_id: &str,
+        fence: Fence,
+        system_id: u64,
+        nack: bool,
+    ) -> Result<(), Error> {
+        // Taken now: the registry then knows every subscription confirmed before this arrived.
+        let ticket = self.inner.shared.registry.ticket();
+        let result = self.settle_somewhere(subscription_id, fence, system_id, nack).await;
+        // Answers that a subscription unknown here (or at the member's gateway) can give.
+        let unknown_here = |e: &Error| match e {
+            Error::NotHeldHere { .. } | Error::MemberGone { .. } => true,
+            Error::Cluster { kind, .. } => *kind == ErrorKind::FailedPrecondition,
+            _ => false,
+        };
+        if result.as_ref().is_err_and(unknown_here) {
+            let registry = &self.inner.shared.registry;
+            registry.synced(ticket).await;
+            if !registry.exists(subscription_id) {
+                return Err(Error::SubscriptionNotFound(subscription_id.to_string()));
+            }
+        }
+        result
+    }
+
+    async fn settle_somewhere(
         &self,
         subscription_id: &str,
         fence: Fence,

@@ -29,6 +29,9 @@ pub struct Sent {
     /// already in, and past 5,000 sent at once (one large batch, or several batches and
     /// streams together) every send through the gateway would wait forever.
     ack: tokio::task::JoinHandle<Result<PublishAck, PublishError>>,
+    /// The registry's ticket taken when it was sent, for `queued_for` (none for a dead
+    /// letter, whose count nobody reads).
+    ticket: Option<u64>,
 }
 
 /// Why a sent publish was not confirmed.
@@ -65,9 +68,18 @@ impl Sent {
         match outcome {
             Ok(ack) => {
                 self.shared.broker.count_upstream_publish();
+                // The subscriptions in the cluster when the publish arrived, or later
+                // (docs/semantics.md#cluster-durability); the sync ran beside the publish.
+                let queued_for = match self.ticket {
+                    Some(ticket) => {
+                        self.shared.registry.synced(ticket).await;
+                        self.shared.registry.matching(self.draft.topic())
+                    }
+                    None => 0,
+                };
                 Ok(Published {
                     system_id: ack.sequence,
-                    queued_for: 0,
+                    queued_for,
                 })
             }
             Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
@@ -138,6 +150,7 @@ async fn send_marked(
     draft: Draft,
     dead_letter_of: Option<&str>,
 ) -> Result<Sent, Error> {
+    let ticket = dead_letter_of.is_none().then(|| shared.registry.ticket());
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
     let mut headers = nats_headers(draft.envelope().headers())?;
     if let Some(subscription) = dead_letter_of {
@@ -155,6 +168,7 @@ async fn send_marked(
         shared: shared.clone(),
         draft,
         ack: tokio::spawn(ack.into_future()),
+        ticket,
     })
 }
 
