@@ -25,9 +25,8 @@ fn windowed(request: pb::OpenSubscription, window: u32) -> pb::OpenSubscription 
 async fn overlapping_patterns_deliver_each_matching_message_once() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let queue = |id: &str, patterns: &[&str]| {
-        windowed(open(id, DeliveryMode::Queue, "g", patterns), 10)
-    };
+    let queue =
+        |id: &str, patterns: &[&str]| windowed(open(id, DeliveryMode::Queue, "g", patterns), 10);
     let mut covering = client
         .subscribe(queue("covering", &["x.*.c", "x.>"]))
         .await
@@ -55,7 +54,11 @@ async fn overlapping_patterns_deliver_each_matching_message_once() {
     }
     // A marker after them: the next message each gets after its own proves none came twice
     // and that a.z.z (inside meeting's covering a.*.*) never came.
-    let markers = [("x.end", &mut covering), ("a.b.end", &mut meeting), ("t.u", &mut twice)];
+    let markers = [
+        ("x.end", &mut covering),
+        ("a.b.end", &mut meeting),
+        ("t.u", &mut twice),
+    ];
     let expected: [&[&str]; 3] = [&["x.b.c", "x.q"], &["a.b.c", "a.z.c", "a.b.z"], &["t.u"]];
     for ((marker, member), expected) in markers.into_iter().zip(expected) {
         let marker = client.publish(marker, marker).await.system_id;
@@ -108,7 +111,12 @@ async fn queued_for_counts_every_matching_subscription_wherever_it_was_joined() 
     assert_eq!(client.publish("q.a", "two").await.queued_for, 2);
     assert_eq!(client.publish("q.a.b", "deep").await.queued_for, 1);
     let mut singleton = client
-        .subscribe(open("count-s", DeliveryMode::Singleton, "g", &["q.a", "q.*"]))
+        .subscribe(open(
+            "count-s",
+            DeliveryMode::Singleton,
+            "g",
+            &["q.a", "q.*"],
+        ))
         .await
         .unwrap();
     singleton.confirmed().await;

@@ -259,7 +259,8 @@ async fn an_oversized_request_after_a_burst_still_answers_what_was_published() {
     }
     let answered: Vec<_> = answers.iter().map(|a| a.system_id).collect();
     assert_eq!(
-        answered, delivered,
+        answered,
+        delivered,
         "published and delivered {VALID}, answered {} before the stream ended with {end:?}",
         answers.len()
     );

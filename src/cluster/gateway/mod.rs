@@ -6,13 +6,15 @@
 //! - **One stream** (file storage, replicas = min(3, cluster size) unless `--nats-replicas`
 //!   says otherwise) holds every topic under the subjects `<stream>.<topic>`. Topics are
 //!   already NATS-shaped (dot-separated tokens without whitespace, `*` or `>`), so the mapping
-//!   is the identity behind the prefix, and patterns become filter subjects as they are. The
+//!   is the identity behind the prefix, and patterns become filter subjects as they are (or,
+//!   where they overlap, filters that cover them: [`names::filters`]). The
 //!   stream's retention is **interest**: a message no subscription's consumer wants is not
 //!   kept (as the embedded broker keeps no message published before a matching subscription),
 //!   and one every consumer has acked is removed.
 //! - **A publish is confirmed once JetStream stored it** (its `PubAck`); its `system_id` is the
-//!   stream sequence, the name every gateway uses for that message. `queued_for` is not known
-//!   to a gateway (consumers live on other gateways too) and is 0.
+//!   stream sequence, the name every gateway uses for that message. `queued_for` counts the
+//!   cluster's subscriptions whose patterns match, from the stream's consumers ([`registry`]),
+//!   brought up to date beside the publish.
 //! - **The per-gateway broker is reused, not forked.** Each gateway keeps its local
 //!   [`Broker`] for member streams, windows, fences, ack carriages and frames. A subscription
 //!   with local members has a durable JetStream pull consumer and a bridge task
@@ -338,7 +340,9 @@ impl Gateway {
     ) -> Result<(), Error> {
         // Taken now: the registry then knows every subscription confirmed before this arrived.
         let ticket = self.inner.shared.registry.ticket();
-        let result = self.settle_somewhere(subscription_id, fence, system_id, nack).await;
+        let result = self
+            .settle_somewhere(subscription_id, fence, system_id, nack)
+            .await;
         // Answers that a subscription unknown here (or at the member's gateway) can give.
         let unknown_here = |e: &Error| match e {
             Error::NotHeldHere { .. } | Error::MemberGone { .. } => true,

@@ -263,7 +263,10 @@ mod tests {
     }
 
     fn filters_of(patterns: &[&str]) -> (Vec<String>, bool) {
-        let patterns: Vec<Pattern> = patterns.iter().map(|p| Pattern::parse(p).unwrap()).collect();
+        let patterns: Vec<Pattern> = patterns
+            .iter()
+            .map(|p| Pattern::parse(p).unwrap())
+            .collect();
         filters(&patterns)
     }
 
@@ -276,7 +279,10 @@ mod tests {
         assert_eq!(filters_of(&["a.b", "a.b"]), (owned(&["a.b"]), true));
         assert_eq!(filters_of(&["a.*.c", "a.b.*"]), (owned(&["a.*.*"]), false));
         assert_eq!(filters_of(&["a.b.>", "a.*.c"]), (owned(&["a.*.>"]), false));
-        assert_eq!(filters_of(&["a.*", "b.*", "a.b"]), (owned(&["a.*", "b.*"]), true));
+        assert_eq!(
+            filters_of(&["a.*", "b.*", "a.b"]),
+            (owned(&["a.*", "b.*"]), true)
+        );
         assert_eq!(filters_of(&["a", "a.>"]), (owned(&["a", "a.>"]), true));
         assert_eq!(filters_of(&[">", "a.b"]), (owned(&[">"]), true));
         // Chains: a generalisation that then covers or meets others.
@@ -284,7 +290,10 @@ mod tests {
             filters_of(&["a.*.c", "a.b.*", "a.x.y", "q.r"]),
             (owned(&["a.*.*", "q.r"]), false)
         );
-        assert_eq!(filters_of(&["a.b.*", "a.*.c", "*.b.c"]), filters_of(&["*.b.c", "a.*.c", "a.b.*"]));
+        assert_eq!(
+            filters_of(&["a.b.*", "a.*.c", "*.b.c"]),
+            filters_of(&["*.b.c", "a.*.c", "a.b.*"])
+        );
         // Every result covers every pattern and no two overlap, over many pattern sets.
         let tokens = ["a", "b", "*"];
         let mut sets = Vec::new();
@@ -303,7 +312,10 @@ mod tests {
                     let (got, _) = filters_of(&[p, q, r]);
                     let got: Vec<Vec<String>> = got.iter().map(|f| split(f)).collect();
                     for pattern in [p, q, r] {
-                        assert!(got.iter().any(|f| covers(f, &split(pattern))), "{pattern} in {got:?}");
+                        assert!(
+                            got.iter().any(|f| covers(f, &split(pattern))),
+                            "{pattern} in {got:?}"
+                        );
                     }
                     for (j, f) in got.iter().enumerate() {
                         for g in &got[j + 1..] {

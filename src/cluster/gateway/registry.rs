@@ -172,11 +172,8 @@ impl Registry {
     /// little more: a sync that finds no answer ends too).
     pub(super) async fn synced(&self, ticket: u64) {
         let mut synced = self.synced.subscribe();
-        let _ = tokio::time::timeout(
-            PATIENCE * 2,
-            synced.wait_for(|&covered| covered >= ticket),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(PATIENCE * 2, synced.wait_for(|&covered| covered >= ticket)).await;
     }
 
     /// How many subscriptions match `topic` (after [`Registry::synced`]).
@@ -251,11 +248,18 @@ mod tests {
     use super::*;
     use crate::core::{AckMode, Overflow, SubscriptionSpec};
 
-    fn consumer(mode: Mode, id: &str, patterns: &[&str]) -> (String, std::collections::HashMap<String, String>) {
+    fn consumer(
+        mode: Mode,
+        id: &str,
+        patterns: &[&str],
+    ) -> (String, std::collections::HashMap<String, String>) {
         let spec = SubscriptionSpec {
             mode,
             consumer_group: "g".into(),
-            patterns: patterns.iter().map(|p| Pattern::parse(p).unwrap()).collect(),
+            patterns: patterns
+                .iter()
+                .map(|p| Pattern::parse(p).unwrap())
+                .collect(),
             max_delivery_attempts: 0,
             dead_letter_topic: None,
             ack_mode: AckMode::Explicit,
