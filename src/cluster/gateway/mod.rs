@@ -338,8 +338,6 @@ impl Gateway {
         system_id: u64,
         nack: bool,
     ) -> Result<(), Error> {
-        // Taken now: the registry then knows every subscription confirmed before this arrived.
-        let ticket = self.inner.shared.registry.ticket();
         let result = self
             .settle_somewhere(subscription_id, fence, system_id, nack)
             .await;
@@ -350,8 +348,10 @@ impl Gateway {
             _ => false,
         };
         if result.as_ref().is_err_and(unknown_here) {
+            // Taken after the settle arrived: the registry then knows every subscription
+            // confirmed before it (a sync for every settle would cost a request each).
             let registry = &self.inner.shared.registry;
-            registry.synced(ticket).await;
+            registry.synced(registry.ticket()).await;
             if !registry.exists(subscription_id) {
                 return Err(Error::SubscriptionNotFound(subscription_id.to_string()));
             }

@@ -39,6 +39,9 @@ use crate::core::{Mode, Pattern, PatternIndex, Topic};
 /// How long a sync waits for the servers.
 pub(super) const PATIENCE: Duration = Duration::from_secs(2);
 
+/// How soon a consumer count the last listing disagreed with is listed again.
+const RELIST_AFTER: Duration = Duration::from_secs(1);
+
 /// The most subscriptions a gateway's registry indexes.
 pub(super) const MAX_SUBSCRIPTIONS: usize = 100_000;
 
@@ -110,6 +113,8 @@ pub(super) struct Registry {
     wake: Notify,
     /// A consumer was created or deleted since the last listing.
     changed: AtomicBool,
+    /// The consumer count the last listing was made for, and when (the sync task's own).
+    listed: Mutex<Option<(usize, tokio::time::Instant)>>,
 }
 
 impl Registry {
@@ -130,6 +135,7 @@ impl Registry {
             synced: watch::Sender::new(0),
             wake: Notify::new(),
             changed: AtomicBool::new(true),
+            listed: Mutex::new(None),
         });
         let task = {
             let registry = registry.clone();
@@ -211,8 +217,19 @@ impl Registry {
             }
             Err(_) => None,
         };
-        let stale = count.is_some_and(|count| count != self.lock().consumers.len());
-        if count.is_some() && (stale || self.changed.swap(false, Ordering::SeqCst)) {
+        // A count the listing disagrees with (a consumer whose leader is offline is counted
+        // but not listed) is listed again once it changes, or after RELIST_AFTER: not on
+        // every publish.
+        let listed = *self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let stale = count.is_some_and(|count| {
+            count != self.lock().consumers.len()
+                && listed.is_none_or(|(was, at)| was != count || at.elapsed() >= RELIST_AFTER)
+        });
+        if let Some(count) = count
+            && (self.changed.swap(false, Ordering::SeqCst) || stale)
+        {
+            *self.listed.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((count, tokio::time::Instant::now()));
             match tokio::time::timeout(PATIENCE, list(stream)).await {
                 Ok(Ok(listed)) => *self.lock() = Known::of(listed),
                 Ok(Err(error)) => {
@@ -291,6 +308,7 @@ mod tests {
             synced: watch::Sender::new(0),
             wake: Notify::new(),
             changed: AtomicBool::new(false),
+            listed: Mutex::new(None),
         };
         let topic = |t: &str| Topic::parse(t).unwrap();
         assert_eq!(registry.matching(&topic("a.b")), 3);
