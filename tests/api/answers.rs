@@ -243,7 +243,7 @@ async fn headers_arrive_exactly_as_published() {
 }
 
 // docs/semantics.md#inspection, docs/semantics.md#cluster-inspection: ListSubscriptions lists
-// every QUEUE and SINGLETON subscription, wherever its members joined, at every server.
+// every subscription, wherever its members joined, at every server, and Describe describes it.
 #[tokio::test]
 async fn list_shows_subscriptions_joined_anywhere() {
     let server = TestServer::start().await;
@@ -259,16 +259,28 @@ async fn list_shows_subscriptions_joined_anywhere() {
         .await
         .unwrap();
     there.confirmed().await;
+    let mut fan = elsewhere
+        .subscribe(open("listed-fan", DeliveryMode::Broadcast, "", &["l.>"]))
+        .await
+        .unwrap();
+    fan.confirmed().await;
     let ids = |list: pb::ListSubscriptionsResponse| -> Vec<String> {
         list.subscriptions
             .into_iter()
             .map(|s| s.subscription_id)
             .collect()
     };
-    let want = vec!["listed-here".to_string(), "listed-there".to_string()];
+    let want = vec![
+        "listed-fan".to_string(),
+        "listed-here".to_string(),
+        "listed-there".to_string(),
+    ];
     assert_eq!(ids(client.list().await), want);
     assert_eq!(ids(client.publishers_list().await), want);
     let described = client.describe("listed-there").await.unwrap();
     assert_eq!(described.mode, i32::from(DeliveryMode::Singleton));
     assert_eq!(described.active_member_id, there.member_id);
+    let described = client.describe("listed-fan").await.unwrap();
+    assert_eq!(described.mode, i32::from(DeliveryMode::Broadcast));
+    assert_eq!(described.topic_patterns, ["l.>"]);
 }

@@ -204,6 +204,19 @@ impl Registry {
                 .any(|entry| entry.mode == Mode::Broadcast && &*entry.subscription == subscription)
     }
 
+    /// The consumer of a BROADCAST subscription of this id at some gateway (after
+    /// [`Registry::synced`]): the first by name when several gateways each have one.
+    pub(super) fn broadcast_consumer(&self, subscription: &str) -> Option<String> {
+        let known = self.lock();
+        known
+            .entries
+            .iter()
+            .find(|(_, entry)| {
+                entry.mode == Mode::Broadcast && &*entry.subscription == subscription
+            })
+            .map(|(name, _)| name.to_string())
+    }
+
     /// Reads the stream's consumer count and, when the copy may be out of date, lists the
     /// consumers; then covers every ticket taken before it began.
     async fn sync(&self, stream: &jetstream::stream::Stream) {
@@ -317,5 +330,10 @@ mod tests {
         assert_eq!(registry.matching(&topic("nothing")), 0);
         assert!(registry.exists("q") && registry.exists("s") && registry.exists("b"));
         assert!(!registry.exists("nope") && !registry.exists("ops-tool"));
+        assert_eq!(
+            registry.broadcast_consumer("b"),
+            Some(names::consumer_name(Mode::Broadcast, "b", "gw1"))
+        );
+        assert_eq!(registry.broadcast_consumer("q"), None);
     }
 }
