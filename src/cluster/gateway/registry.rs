@@ -39,6 +39,9 @@ use crate::core::{Mode, Pattern, PatternIndex, Topic};
 /// How long a sync waits for the servers.
 pub(super) const PATIENCE: Duration = Duration::from_secs(2);
 
+/// How many syncs may run at once.
+const SYNCS: usize = 2;
+
 /// How soon a consumer count the last listing disagreed with is listed again.
 const RELIST_AFTER: Duration = Duration::from_secs(1);
 
@@ -113,8 +116,11 @@ pub(super) struct Registry {
     wake: Notify,
     /// A consumer was created or deleted since the last listing.
     changed: AtomicBool,
-    /// The consumer count the last listing was made for, and when (the sync task's own).
+    /// The consumer count the last listing was made for, and when.
     listed: Mutex<Option<(usize, tokio::time::Instant)>>,
+    /// The ticket count when the listing the copy holds was begun: an older listing that ends
+    /// later (syncs overlap) does not replace it.
+    listed_at: AtomicU64,
 }
 
 impl Registry {
@@ -136,13 +142,26 @@ impl Registry {
             wake: Notify::new(),
             changed: AtomicBool::new(true),
             listed: Mutex::new(None),
+            listed_at: AtomicU64::new(0),
         });
         let task = {
             let registry = registry.clone();
             tokio::spawn(async move {
+                let mut running = tokio::task::JoinSet::new();
                 loop {
                     tokio::select! {
-                        () = registry.wake.notified() => registry.sync(&stream).await,
+                        // Up to SYNCS at once: a publish waits for a sync begun after it, so
+                        // one that began just before it would add its whole round trip.
+                        () = registry.wake.notified(), if running.len() < SYNCS => {
+                            let (registry, stream) = (registry.clone(), stream.clone());
+                            running.spawn(async move { registry.sync(&stream).await });
+                        }
+                        Some(_) = running.join_next() => {
+                            // Tickets taken while SYNCS ran: their wake may have been spent.
+                            if registry.requested.load(Ordering::SeqCst) > *registry.synced.borrow() {
+                                registry.wake.notify_one();
+                            }
+                        }
                         advisory = advisories.next() => match advisory {
                             Some(advisory) => {
                                 let created_or_deleted = [".CREATED.", ".DELETED."]
@@ -244,7 +263,13 @@ impl Registry {
             *self.listed.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some((count, tokio::time::Instant::now()));
             match tokio::time::timeout(PATIENCE, list(stream)).await {
-                Ok(Ok(listed)) => *self.lock() = Known::of(listed),
+                Ok(Ok(listed)) => {
+                    let known = Known::of(listed);
+                    let mut copy = self.lock();
+                    if self.listed_at.fetch_max(covers, Ordering::SeqCst) <= covers {
+                        *copy = known;
+                    }
+                }
                 Ok(Err(error)) => {
                     self.changed();
                     tracing::debug!(%error, "the stream's consumers were not listed");
@@ -252,7 +277,11 @@ impl Registry {
                 Err(_) => self.changed(),
             }
         }
-        self.synced.send_replace(covers);
+        self.synced.send_if_modified(|covered| {
+            let newer = covers > *covered;
+            *covered = (*covered).max(covers);
+            newer
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
@@ -322,6 +351,7 @@ mod tests {
             wake: Notify::new(),
             changed: AtomicBool::new(false),
             listed: Mutex::new(None),
+            listed_at: AtomicU64::new(0),
         };
         let topic = |t: &str| Topic::parse(t).unwrap();
         assert_eq!(registry.matching(&topic("a.b")), 3);
