@@ -118,6 +118,10 @@ pub(super) struct Registry {
     changed: AtomicBool,
     /// The consumer count the last listing was made for, and when.
     listed: Mutex<Option<(usize, tokio::time::Instant)>>,
+    /// Held from a sync's look at the copy to its listing's end: a sync that overlaps one
+    /// still listing waits for that listing before it decides the copy is current (else it
+    /// would cover its tickets with the copy from before).
+    listing: tokio::sync::Mutex<()>,
     /// The ticket count when the listing the copy holds was begun: an older listing that ends
     /// later (syncs overlap) does not replace it.
     listed_at: AtomicU64,
@@ -143,6 +147,7 @@ impl Registry {
             changed: AtomicBool::new(true),
             listed: Mutex::new(None),
             listed_at: AtomicU64::new(0),
+            listing: tokio::sync::Mutex::new(()),
         });
         let task = {
             let registry = registry.clone();
@@ -252,6 +257,7 @@ impl Registry {
         // A count the listing disagrees with (a consumer whose leader is offline is counted
         // but not listed) is listed again once it changes, or after RELIST_AFTER: not on
         // every publish.
+        let _turn = self.listing.lock().await;
         let listed = *self.listed.lock().unwrap_or_else(PoisonError::into_inner);
         let stale = count.is_some_and(|count| {
             count != self.lock().consumers.len()
@@ -352,6 +358,7 @@ mod tests {
             changed: AtomicBool::new(false),
             listed: Mutex::new(None),
             listed_at: AtomicU64::new(0),
+            listing: tokio::sync::Mutex::new(()),
         };
         let topic = |t: &str| Topic::parse(t).unwrap();
         assert_eq!(registry.matching(&topic("a.b")), 3);
