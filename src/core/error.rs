@@ -203,10 +203,12 @@ pub enum Error {
         /// JetStream's own words.
         detail: String,
     },
-    /// Cluster mode: an ack or nack that names no member reached a gateway that does not hold
-    /// the member's stream (such a settle is fenced by the connection).
+    /// Cluster mode: an ack or nack that names no member, for a message not in flight at this
+    /// gateway: never delivered, already acked, waiting for redelivery, or held by a member on
+    /// another gateway (such a settle is fenced by the connection, and a gateway does not see
+    /// the others' members). `NOT_FOUND`, as the embedded broker's [`Error::NotInFlight`].
     #[error(
-        "message {system_id} is not in flight on subscription {subscription:?} at this gateway; in cluster mode an ack or nack without member_id is fenced by the connection and works only at the gateway holding the member's stream: pass the member_id from the confirmation frame"
+        "message {system_id} is not in flight on subscription {subscription:?} at this gateway (never delivered, already acked, or waiting for redelivery; in cluster mode an ack or nack without member_id is fenced by the connection and works only at the gateway holding the member's stream: to ack from elsewhere, pass the member_id from the confirmation frame)"
     )]
     NotHeldHere {
         /// The subscription named.
@@ -298,11 +300,12 @@ impl Error {
             | Error::StaleConnection { .. }
             | Error::NotYetSent { .. }
             | Error::AckFree(_)
-            | Error::NotHeldHere { .. }
             | Error::MemberGone { .. }
             | Error::MembersJoined { .. } => ErrorKind::FailedPrecondition,
             Error::BroadcastTaken(_) => ErrorKind::AlreadyExists,
-            Error::SubscriptionNotFound(_) | Error::NotInFlight { .. } => ErrorKind::NotFound,
+            Error::SubscriptionNotFound(_)
+            | Error::NotInFlight { .. }
+            | Error::NotHeldHere { .. } => ErrorKind::NotFound,
             Error::QueueFull { .. }
             | Error::MessageTooLarge { .. }
             | Error::MemoryBudget { .. }

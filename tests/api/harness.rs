@@ -19,13 +19,6 @@ use tonic::{Code, Status, Streaming, transport::Channel};
 
 pub use crate::deployment::GATEWAYS;
 
-/// What a publish answers as `queued_for` when `subscriptions` subscriptions queued it: the
-/// count on an embedded broker, 0 through a gateway (it does not know the subscriptions on
-/// other gateways; README, cluster mode).
-pub fn queued_for(subscriptions: u32) -> u32 {
-    if GATEWAYS { 0 } else { subscriptions }
-}
-
 /// What `DescribeSubscription` shows as `queued_messages` when `queued` wait beyond the
 /// members' windows: all of them on an embedded broker; through a gateway only what it pulled
 /// (its members' windows), so 0, as the backlog stays in JetStream (README, cluster mode).

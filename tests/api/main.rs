@@ -9,6 +9,7 @@ macro_rules! embedded_only {
     ($($item:item)*) => { $($item)* };
 }
 
+mod answers;
 mod binary;
 mod certs;
 #[macro_use]

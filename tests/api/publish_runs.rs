@@ -232,7 +232,6 @@ async fn undecodable_input_after_a_burst_still_answers_what_was_published() {
     );
 }
 
-embedded_only! {
 // Ten valid publishes then one request over max_request_bytes (the decoder's limit, answered
 // RESOURCE_EXHAUSTED): the ten are published and must be answered before the stream ends.
 #[tokio::test]
@@ -260,14 +259,13 @@ async fn an_oversized_request_after_a_burst_still_answers_what_was_published() {
     }
     let answered: Vec<_> = answers.iter().map(|a| a.system_id).collect();
     assert_eq!(
-        answered, delivered,
+        answered,
+        delivered,
         "published and delivered {VALID}, answered {} before the stream ended with {end:?}",
         answers.len()
     );
 }
-}
 
-embedded_only! {
 // docs/semantics.md#limits-table: a request over the size limit is RESOURCE_EXHAUSTED on a stream too (tonic's decoder
 // says OUT_OF_RANGE, and a stream's status travels in its trailers, which the unary calls'
 // rewrite does not see).
@@ -282,5 +280,4 @@ async fn an_oversized_publish_stream_request_alone_is_resource_exhausted() {
     assert!(answers.is_empty());
     let end = end.expect("the oversized request ends the stream");
     assert_eq!(end.code(), Code::ResourceExhausted, "{end:?}");
-}
 }

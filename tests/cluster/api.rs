@@ -5,6 +5,8 @@
 //! (see the README's cluster-mode section for the list and why). Not included: `bench.rs`,
 //! `logs.rs` and `metrics.rs`, whose tests run their own embedded server or binary.
 
+#[path = "../api/answers.rs"]
+mod answers;
 #[path = "../api/delete.rs"]
 mod delete;
 #[allow(

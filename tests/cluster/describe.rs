@@ -189,10 +189,10 @@ async fn describe_of_a_consumer_without_metadata_names_it() {
 }
 
 // ListSubscriptions at a gateway lists what DescribeSubscription there describes: at gateway
-// B, where none has a member, the QUEUE and SINGLETON subscriptions whose members are on A
-// (from their JetStream consumers, with the singleton's active member from the cluster's
-// line), but not A's BROADCAST one, which only A describes; at A all three, each as A
-// describes it. Pages follow the id order across both sources.
+// B, where none has a member, the QUEUE, SINGLETON and BROADCAST subscriptions whose members
+// are on A (from their JetStream consumers, with the singleton's active member from the
+// cluster's line); at A all three, each as A describes it. Pages follow the id order across
+// both sources.
 #[tokio::test]
 async fn a_gateway_lists_what_it_can_describe_cluster_wide() {
     let (_cluster, a, b) = two_gateways().await;
@@ -217,7 +217,7 @@ async fn a_gateway_lists_what_it_can_describe_cluster_wide() {
             .collect()
     };
     let at_b = on_b.list().await;
-    assert_eq!(ids(&at_b), ["b-work", "c-report"], "{at_b:?}");
+    assert_eq!(ids(&at_b), ["a-fan", "b-work", "c-report"], "{at_b:?}");
     for listed in &at_b.subscriptions {
         assert!(listed.members.is_empty(), "no member at B: {listed:?}");
         assert!(listed.upstream.is_some(), "with its consumer: {listed:?}");
@@ -229,8 +229,8 @@ async fn a_gateway_lists_what_it_can_describe_cluster_wide() {
     }
     assert_eq!(
         (
-            at_b.subscriptions[1].active_member_id,
-            at_b.subscriptions[1].epoch
+            at_b.subscriptions[2].active_member_id,
+            at_b.subscriptions[2].epoch
         ),
         (confirmed.member_id, confirmed.epoch),
         "the cluster's line"
@@ -244,12 +244,12 @@ async fn a_gateway_lists_what_it_can_describe_cluster_wide() {
         "each with its consumer: {at_a:?}"
     );
 
-    let first = on_b.list_page(1, "").await.unwrap();
+    let first = on_b.list_page(2, "").await.unwrap();
     assert_eq!(
         (ids(&first), first.next_page_token.as_str()),
-        (vec!["b-work".to_string()], "b-work")
+        (vec!["a-fan".to_string(), "b-work".to_string()], "b-work")
     );
-    let second = on_b.list_page(1, &first.next_page_token).await.unwrap();
+    let second = on_b.list_page(2, &first.next_page_token).await.unwrap();
     assert_eq!(
         (ids(&second), second.next_page_token.as_str()),
         (vec!["c-report".to_string()], "")

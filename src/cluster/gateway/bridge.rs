@@ -116,6 +116,9 @@ pub(super) struct Bridge {
     /// Set when a pulled message was given back because the gateway held no valid lease
     /// (any mode but singleton, [`Bridge::inject`]): the next pull waits for the lease first.
     pub(super) await_lease: bool,
+    /// The subscription's patterns when its consumer's filters cover more than they match
+    /// (`names::filters`: overlapping patterns): a message matching none is acked unseen.
+    pub(super) only: Option<Vec<crate::core::Pattern>>,
 }
 
 /// Sleeps for `pause`, or forever.
@@ -577,6 +580,20 @@ impl Bridge {
                 return;
             }
         };
+        if let Some(patterns) = &self.only
+            && !patterns.iter().any(|p| p.matches(message.topic()))
+        {
+            // Brought by a filter that covers the subscription's overlapping patterns, wanted
+            // by none of them (docs/semantics.md#cluster-patterns): done at once, so the stream
+            // keeps it no longer for this subscription.
+            tracing::trace!(subscription = %self.subscription, sequence, topic = %message.topic(), "a message no pattern of the subscription matches; acked unseen");
+            if self.explicit
+                && let Some(reply) = reply
+            {
+                self.reply(reply, AckKind::Ack).await;
+            }
+            return;
+        }
         if own_dead_letter {
             // This subscription's own dead letter, matching its own patterns: as in the
             // embedded broker, a dead letter skips the subscription it came from (no loop).
@@ -642,7 +659,8 @@ fn decode(
                 continue;
             }
             if let Some(value) = values.last() {
-                headers.insert(name.to_string(), value.to_string());
+                let (name, value) = super::headers::client_header(name.as_ref(), value.as_str());
+                headers.insert(name, value);
             }
         }
     }

@@ -4,7 +4,8 @@
 //! described at every gateway, also one where it has no member: its settings from its
 //! consumer's metadata, its backlog from the consumer, and a singleton's active member and
 //! epoch from the coordination bucket. A BROADCAST subscription's consumer is its gateway's
-//! own, so it is described there only.
+//! own; elsewhere it is found in the registry (the first by name when gateways each have one
+//! of that id) and described from it as well.
 
 use async_nats::jetstream::{consumer, context::ConsumerInfoErrorKind};
 
@@ -66,21 +67,32 @@ impl Gateway {
         let not_found = || {
             Error::cluster(
                 ErrorKind::NotFound,
-                format!(
-                    "subscription {id:?} not found: no member here and no JetStream consumer (a BROADCAST subscription is described at the gateway of its member)"
-                ),
+                format!("subscription {id:?} not found: no member here and no JetStream consumer"),
             )
         };
-        // Queue and singleton subscriptions share the consumer name.
-        let consumer = self
+        let unanswered = |why: String| {
+            Error::Unavailable(format!(
+                "subscription {id:?} has no member here, and JetStream did not answer for its consumer: {why}"
+            ))
+        };
+        // Queue and singleton subscriptions share the consumer name; a BROADCAST one's is its
+        // gateway's, found in the registry (the first by name if several gateways have one).
+        let consumer = match self
             .any_consumer(Mode::Queue, id)
             .await
-            .map_err(|why| {
-                Error::Unavailable(format!(
-                    "subscription {id:?} has no member here, and JetStream did not answer for its consumer: {why}"
-                ))
-            })?
-            .ok_or_else(not_found)?;
+            .map_err(unanswered)?
+        {
+            Some(consumer) => consumer,
+            None => {
+                let registry = &self.inner.shared.registry;
+                registry.synced(registry.ticket()).await;
+                let name = registry.broadcast_consumer(id).ok_or_else(not_found)?;
+                self.named_consumer(&name)
+                    .await
+                    .map_err(unanswered)?
+                    .ok_or_else(not_found)?
+            }
+        };
         // As a join finds it: a consumer tinybroker did not make is named, not denied; one of
         // another subscription whose name collides is not this one.
         let spec = match names::recorded(&consumer.config.metadata) {
@@ -165,17 +177,26 @@ impl Gateway {
     /// # Errors
     /// Why the servers did not answer.
     async fn any_consumer(&self, mode: Mode, id: &str) -> Result<Option<consumer::Info>, String> {
-        let name = names::consumer_name(mode, id, &self.inner.id);
+        self.named_consumer(&names::consumer_name(mode, id, &self.inner.id))
+            .await
+            .inspect_err(|_| tracing::debug!(subscription = id, "no consumer info"))
+    }
+
+    /// The consumer named `name`, as the servers report it now.
+    ///
+    /// # Errors
+    /// Why the servers did not answer.
+    async fn named_consumer(&self, name: &str) -> Result<Option<consumer::Info>, String> {
         // JetStream's API requests wait the NATS client's request timeout (10 s), not the
         // context's: bound this one as an ack forwarded to another gateway is.
-        let info = tokio::time::timeout(PATIENCE, self.inner.stream.consumer_info(&name))
+        let info = tokio::time::timeout(PATIENCE, self.inner.stream.consumer_info(name))
             .await
             .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
         match info {
             Ok(info) => Ok(Some(info)),
             Err(error) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => Ok(None),
             Err(error) => {
-                tracing::debug!(subscription = id, consumer = %name, %error, "no consumer info");
+                tracing::debug!(consumer = %name, %error, "no consumer info");
                 Err(error.to_string())
             }
         }

@@ -54,6 +54,8 @@ impl Gateway {
             ..request.clone()
         };
         let spec = &request.spec;
+        // Covering filters bring messages the subscription does not want: its bridge checks.
+        let only = (!names::filters(&spec.patterns).1).then(|| spec.patterns.clone());
         let broker = &self.inner.shared.broker;
         let member = broker.open(request, connection).inspect_err(|e| {
             crate::broker::refused_join(&request.subscription_id, e);
@@ -88,6 +90,7 @@ impl Gateway {
                 handed_back,
                 incarnation: None,
                 await_lease: false,
+                only,
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
@@ -161,10 +164,11 @@ impl Gateway {
         }
         let config = consumer::pull::Config {
             durable_name: Some(name.clone()),
-            filter_subjects: spec
-                .patterns
+            // Patterns that overlap are not filters JetStream takes as they are.
+            filter_subjects: names::filters(&spec.patterns)
+                .0
                 .iter()
-                .map(|p| names::subject(&self.inner.shared.prefix, p.as_str()))
+                .map(|p| names::subject(&self.inner.shared.prefix, p))
                 .collect(),
             deliver_policy: DeliverPolicy::New,
             ack_policy: if acked_upstream(spec) {
@@ -181,7 +185,10 @@ impl Gateway {
             metadata: names::metadata(&request.subscription_id, spec),
             ..Default::default()
         };
-        match stream.create_consumer_strict(config).await {
+        let created = stream.create_consumer_strict(config).await;
+        // The registry lists the consumers again before it next counts.
+        self.inner.shared.registry.changed();
+        match created {
             Ok(consumer) => Ok((consumer, spec.clone())),
             Err(error) => {
                 // Another gateway may have created it first, with other settings.

@@ -3,8 +3,8 @@
 //! consumer's backlog; QUEUE and SINGLETON subscriptions with no member here come from their
 //! JetStream consumers (shared by every gateway, their settings in the consumer's metadata),
 //! and a singleton's active member and epoch from the coordination bucket, as
-//! [`Gateway::describe`] gives them. A BROADCAST subscription's consumer is its gateway's own,
-//! so it is listed at that gateway only. The broker-wide counters are this gateway's.
+//! [`Gateway::describe`] gives them; BROADCAST ones with no member here from their gateway's
+//! consumer. The broker-wide counters are this gateway's.
 
 use std::collections::BTreeMap;
 
@@ -37,9 +37,8 @@ impl Gateway {
             .into_iter()
             .map(|view| (view.subscription_id.to_string(), Some(view)))
             .collect();
-        // Shared consumers only: a BROADCAST consumer is one gateway's, described there.
-        for (id, (spec, _)) in &consumers {
-            if spec.mode != Mode::Broadcast && after.is_none_or(|after| id.as_str() > after) {
+        for id in consumers.keys() {
+            if after.is_none_or(|after| id.as_str() > after) {
                 page.entry(id.clone()).or_insert(None);
             }
         }
@@ -64,9 +63,9 @@ impl Gateway {
     }
 
     /// Every consumer of the stream that records a subscription, by subscription id, with its
-    /// recorded settings: the one named as a join at this gateway would name it (so a
-    /// BROADCAST id maps to this gateway's consumer, and a consumer whose name collides with
-    /// another subscription's is left out).
+    /// recorded settings: for a QUEUE or SINGLETON id the one named as a join would name it (a
+    /// consumer whose name collides with another subscription's is left out); for a BROADCAST
+    /// id this gateway's, else the first by name of another gateway's, as `describe` finds it.
     async fn consumers(
         &self,
     ) -> Result<BTreeMap<String, (SubscriptionSpec, consumer::Info)>, Error> {
@@ -78,8 +77,22 @@ impl Gateway {
                 let Ok((id, spec)) = names::recorded(&info.config.metadata) else {
                     continue;
                 };
-                if names::consumer_name(spec.mode, &id, &self.inner.id) == info.name {
+                let own = names::consumer_name(spec.mode, &id, &self.inner.id) == info.name;
+                if own {
                     found.insert(id, (spec, info));
+                } else if spec.mode == Mode::Broadcast {
+                    // Listed in name order: the first of another gateway's, unless this one's.
+                    let mine = names::consumer_name(Mode::Broadcast, &id, &self.inner.id);
+                    let keep = found.get(&id).is_some_and(
+                        |(kept_spec, kept): &(SubscriptionSpec, consumer::Info)| {
+                            kept_spec.mode != Mode::Broadcast
+                                || kept.name == mine
+                                || kept.name < info.name
+                        },
+                    );
+                    if !keep {
+                        found.insert(id, (spec, info));
+                    }
                 }
             }
             Ok::<_, String>(found)

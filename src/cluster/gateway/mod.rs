@@ -6,13 +6,15 @@
 //! - **One stream** (file storage, replicas = min(3, cluster size) unless `--nats-replicas`
 //!   says otherwise) holds every topic under the subjects `<stream>.<topic>`. Topics are
 //!   already NATS-shaped (dot-separated tokens without whitespace, `*` or `>`), so the mapping
-//!   is the identity behind the prefix, and patterns become filter subjects as they are. The
+//!   is the identity behind the prefix, and patterns become filter subjects as they are (or,
+//!   where they overlap, filters that cover them: [`names::filters`]). The
 //!   stream's retention is **interest**: a message no subscription's consumer wants is not
 //!   kept (as the embedded broker keeps no message published before a matching subscription),
 //!   and one every consumer has acked is removed.
 //! - **A publish is confirmed once JetStream stored it** (its `PubAck`); its `system_id` is the
-//!   stream sequence, the name every gateway uses for that message. `queued_for` is not known
-//!   to a gateway (consumers live on other gateways too) and is 0.
+//!   stream sequence, the name every gateway uses for that message. `queued_for` counts the
+//!   cluster's subscriptions whose patterns match, from the stream's consumers ([`registry`]),
+//!   brought up to date beside the publish.
 //! - **The per-gateway broker is reused, not forked.** Each gateway keeps its local
 //!   [`Broker`] for member streams, windows, fences, ack carriages and frames. A subscription
 //!   with local members has a durable JetStream pull consumer and a bridge task
@@ -64,6 +66,7 @@ mod list;
 pub mod names;
 mod pipeline;
 pub mod publish;
+mod registry;
 mod router;
 pub mod singleton;
 mod stream;
@@ -82,7 +85,7 @@ use stream::{await_stream, ensure_stream};
 use crate::{
     broker::{BatchError, Broker, Fence, Published, Upstream},
     clock::Clock,
-    core::{Draft, Error, Limits},
+    core::{Draft, Error, ErrorKind, Limits},
 };
 
 /// What every part of the gateway shares.
@@ -102,6 +105,8 @@ struct Shared {
     /// How long a publish is sent again while JetStream does not confirm it: the gateway's
     /// `publish_timeout`, within the stream's duplicate window.
     patience: Duration,
+    /// Every subscription in the cluster: what `queued_for` counts.
+    registry: Arc<registry::Registry>,
 }
 
 /// A running gateway: cheap to clone.
@@ -124,6 +129,8 @@ struct Inner {
     /// Routes found gone: their settles get one try (`forward`).
     gone_routes: forward::GoneRoutes,
     coordination: tokio::task::JoinHandle<()>,
+    /// Keeps the registry up to date.
+    registry_task: tokio::task::JoinHandle<()>,
     /// The coordination bucket, read by `describe` for a singleton's line.
     backplane: crate::cluster::nats::NatsBackplane,
     /// Ids held for a delete here, and joins under way (`delete`).
@@ -150,6 +157,7 @@ impl Drop for Inner {
         self.responder.abort();
         self.coordination.abort();
         self.deletes.abort();
+        self.registry_task.abort();
     }
 }
 
@@ -239,6 +247,7 @@ impl Gateway {
         .await
         .map_err(|e| e.to_string())?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
+        let (registry, registry_task) = registry::Registry::start(&client, stream.clone()).await?;
         let (singletons, coordination) = singleton::spawn(
             backplane.clone(),
             broker.clone(),
@@ -271,6 +280,7 @@ impl Gateway {
             singletons: Some(singletons),
             ids: publish::MessageIds::new(),
             patience,
+            registry,
         });
         let responder = forward::serve(&client, &config.stream, local.clone()).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
@@ -310,6 +320,7 @@ impl Gateway {
                 responder,
                 gone_routes: forward::GoneRoutes::default(),
                 coordination,
+                registry_task,
                 backplane,
                 holds,
                 deletes,
@@ -405,12 +416,41 @@ impl Gateway {
 
     /// A unary Ack or Nack. One naming its member is applied here when the member is here,
     /// else forwarded to the gateway that holds it; a two-field one is fenced by this
-    /// connection, so it is applied here or refused.
+    /// connection, so it is applied here or refused. A subscription no gateway has is
+    /// [`Error::SubscriptionNotFound`], as on the embedded broker.
     ///
     /// # Errors
     /// The broker's refusals; [`Error::MemberGone`] when no gateway holds the member (stale),
     /// [`Error::NotHeldHere`] for a two-field ack whose message is not held here.
     pub async fn settle(
+        &self,
+        subscription_id: &str,
+        fence: Fence,
+        system_id: u64,
+        nack: bool,
+    ) -> Result<(), Error> {
+        let result = self
+            .settle_somewhere(subscription_id, fence, system_id, nack)
+            .await;
+        // Answers that a subscription unknown here (or at the member's gateway) can give.
+        let unknown_here = |e: &Error| match e {
+            Error::NotHeldHere { .. } | Error::MemberGone { .. } => true,
+            Error::Cluster { kind, .. } => *kind == ErrorKind::FailedPrecondition,
+            _ => false,
+        };
+        if result.as_ref().is_err_and(unknown_here) {
+            // Taken after the settle arrived: the registry then knows every subscription
+            // confirmed before it (a sync for every settle would cost a request each).
+            let registry = &self.inner.shared.registry;
+            registry.synced(registry.ticket()).await;
+            if !registry.exists(subscription_id) {
+                return Err(Error::SubscriptionNotFound(subscription_id.to_string()));
+            }
+        }
+        result
+    }
+
+    async fn settle_somewhere(
         &self,
         subscription_id: &str,
         fence: Fence,

@@ -2,7 +2,7 @@
 //! for subscription ids, and the subscription's settings kept in its consumer's metadata so
 //! that every gateway checks a join against the same record.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::core::{AckMode, Mode, Overflow, Pattern, SubscriptionSpec, Topic};
 
@@ -16,6 +16,92 @@ pub fn subject(prefix: &str, topic: &str) -> String {
 /// The topic a stream subject carries, if it is under `prefix`.
 pub fn topic_of<'a>(prefix: &str, subject: &'a str) -> Option<&'a str> {
     subject.strip_prefix(prefix)?.strip_prefix('.')
+}
+
+/// The filter subjects of a subscription's consumer for its `patterns` (as patterns, before
+/// the stream's prefix), and whether they match exactly what the patterns match. JetStream
+/// refuses a consumer whose filter subjects overlap (some subject matches two of them: `x.*.c`
+/// and `x.>`, `a.*.c` and `a.b.*`, a pattern twice), while a subscription may have such
+/// patterns (docs/semantics.md#cluster-patterns). So a pattern another covers is left out
+/// (exact still), and two that overlap otherwise are replaced by the narrowest pattern covering
+/// both (`a.*.c` and `a.b.*` by `a.*.*`; not exact: the consumer then brings messages the
+/// subscription does not want, which its bridge acks without delivering). Computed from the
+/// patterns as a set, in one order, so every gateway computes the same filters for the same
+/// subscription.
+pub fn filters(patterns: &[Pattern]) -> (Vec<String>, bool) {
+    let mut set: BTreeSet<Vec<String>> = patterns
+        .iter()
+        .map(|p| p.as_str().split('.').map(str::to_string).collect())
+        .collect();
+    let mut exact = true;
+    loop {
+        let covered: Vec<Vec<String>> = set
+            .iter()
+            .filter(|p| set.iter().any(|q| q != *p && covers(q, p)))
+            .cloned()
+            .collect();
+        for p in &covered {
+            set.remove(p);
+        }
+        let pair = set.iter().enumerate().find_map(|(i, p)| {
+            set.iter()
+                .skip(i + 1)
+                .find(|q| collide(p, q))
+                .map(|q| (p.clone(), q.clone()))
+        });
+        let Some((p, q)) = pair else { break };
+        exact = false;
+        set.remove(&p);
+        set.remove(&q);
+        set.insert(generalise(&p, &q));
+    }
+    (set.into_iter().map(|p| p.join(".")).collect(), exact)
+}
+
+/// Whether every subject `q` matches, `p` matches too (patterns as tokens).
+fn covers(p: &[String], q: &[String]) -> bool {
+    for i in 0.. {
+        match (p.get(i).map(String::as_str), q.get(i).map(String::as_str)) {
+            (Some(">"), Some(_)) | (None, None) => return true,
+            (Some("*"), Some(">")) | (None, Some(_)) | (Some(_), None) => return false,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (Some(_), Some(_)) => return false,
+        }
+    }
+    unreachable!("a pattern has at most 32 tokens")
+}
+
+/// Whether some subject matches both `p` and `q` (JetStream's "overlapping" filters).
+fn collide(p: &[String], q: &[String]) -> bool {
+    for i in 0.. {
+        match (p.get(i).map(String::as_str), q.get(i).map(String::as_str)) {
+            (None, None) | (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (None, Some(_)) | (Some(_), None) => return false,
+            (Some("*"), Some(_)) | (Some(_), Some("*")) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (Some(_), Some(_)) => return false,
+        }
+    }
+    unreachable!("a pattern has at most 32 tokens")
+}
+
+/// The narrowest pattern covering both `p` and `q`, which collide: their common tokens, `*`
+/// where they differ, and `>` from where either has it.
+fn generalise(p: &[String], q: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (a, b) in p.iter().zip(q) {
+        if a == ">" || b == ">" {
+            out.push(">".to_string());
+            return out;
+        }
+        out.push(if a == b { a.clone() } else { "*".to_string() });
+    }
+    if p.len() != q.len() {
+        // Colliding patterns of different lengths meet a `>` above; kept covering all the same.
+        out.push(">".to_string());
+    }
+    out
 }
 
 /// The longest name this builds; JetStream's API subjects carry it, so keep well under 255.
@@ -174,6 +260,71 @@ mod tests {
         assert!(recorded(&broken).unwrap_err().contains("sideways"));
         broken.remove(MODE);
         assert!(recorded(&broken).unwrap_err().contains(MODE));
+    }
+
+    fn filters_of(patterns: &[&str]) -> (Vec<String>, bool) {
+        let patterns: Vec<Pattern> = patterns
+            .iter()
+            .map(|p| Pattern::parse(p).unwrap())
+            .collect();
+        filters(&patterns)
+    }
+
+    // docs/semantics.md#cluster-patterns: overlapping patterns become filters JetStream takes
+    // (none overlapping another) that cover them, the same whatever their order.
+    #[test]
+    fn overlapping_patterns_become_filters_that_cover_them_without_overlap() {
+        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(filters_of(&["x.*.c", "x.>"]), (owned(&["x.>"]), true));
+        assert_eq!(filters_of(&["a.b", "a.b"]), (owned(&["a.b"]), true));
+        assert_eq!(filters_of(&["a.*.c", "a.b.*"]), (owned(&["a.*.*"]), false));
+        assert_eq!(filters_of(&["a.b.>", "a.*.c"]), (owned(&["a.*.>"]), false));
+        assert_eq!(
+            filters_of(&["a.*", "b.*", "a.b"]),
+            (owned(&["a.*", "b.*"]), true)
+        );
+        assert_eq!(filters_of(&["a", "a.>"]), (owned(&["a", "a.>"]), true));
+        assert_eq!(filters_of(&[">", "a.b"]), (owned(&[">"]), true));
+        // Chains: a generalisation that then covers or meets others.
+        assert_eq!(
+            filters_of(&["a.*.c", "a.b.*", "a.x.y", "q.r"]),
+            (owned(&["a.*.*", "q.r"]), false)
+        );
+        assert_eq!(
+            filters_of(&["a.b.*", "a.*.c", "*.b.c"]),
+            filters_of(&["*.b.c", "a.*.c", "a.b.*"])
+        );
+        // Every result covers every pattern and no two overlap, over many pattern sets.
+        let tokens = ["a", "b", "*"];
+        let mut sets = Vec::new();
+        for x in tokens {
+            for y in tokens {
+                for z in ["c", "*", ">"] {
+                    sets.push(format!("{x}.{y}.{z}"));
+                    sets.push(format!("{x}.{z}"));
+                }
+            }
+        }
+        for (i, p) in sets.iter().enumerate() {
+            for q in &sets[i..] {
+                for r in [&sets[0], &sets[sets.len() / 2], q] {
+                    let split = |s: &str| s.split('.').map(str::to_string).collect::<Vec<_>>();
+                    let (got, _) = filters_of(&[p, q, r]);
+                    let got: Vec<Vec<String>> = got.iter().map(|f| split(f)).collect();
+                    for pattern in [p, q, r] {
+                        assert!(
+                            got.iter().any(|f| covers(f, &split(pattern))),
+                            "{pattern} in {got:?}"
+                        );
+                    }
+                    for (j, f) in got.iter().enumerate() {
+                        for g in &got[j + 1..] {
+                            assert!(!collide(f, g), "{f:?} and {g:?} from {p} {q} {r}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -138,6 +138,9 @@ pub struct Sent {
     /// already in, and past 5,000 sent at once (one large batch, or several batches and
     /// streams together) every send through the gateway would wait forever.
     ack: tokio::task::JoinHandle<Result<PublishAck, PublishError>>,
+    /// The registry's ticket taken when it was sent, for `queued_for` (none for a dead
+    /// letter, whose count nobody reads).
+    ticket: Option<u64>,
 }
 
 /// Why a sent publish was not confirmed.
@@ -171,37 +174,49 @@ impl Sent {
                 )));
             }
         };
-        let again = |maybe_stored| {
-            Err(Unconfirmed::Again(Resend {
-                draft: self.draft,
-                id: self.id,
-                dead_letter_of: self.dead_letter_of,
-                maybe_stored,
-            }))
-        };
+        // A macro, not a closure: the success arm still reads the draft's topic.
+        macro_rules! again {
+            ($maybe_stored:expr) => {
+                Err(Unconfirmed::Again(Resend {
+                    draft: self.draft,
+                    id: self.id,
+                    dead_letter_of: self.dead_letter_of,
+                    maybe_stored: $maybe_stored,
+                }))
+            };
+        }
         match outcome {
             Ok(ack) => {
                 // A repeat JetStream recognised (`ack.duplicate`) names the first one's
                 // sequence: counted once, here, where the client is answered.
                 self.shared.broker.count_upstream_publish();
+                // The subscriptions in the cluster when the publish arrived, or later
+                // (docs/semantics.md#cluster-durability); the sync ran beside the publish.
+                let queued_for = match self.ticket {
+                    Some(ticket) => {
+                        self.shared.registry.synced(ticket).await;
+                        self.shared.registry.matching(self.draft.topic())
+                    }
+                    None => 0,
+                };
                 Ok(Published {
                     system_id: ack.sequence,
-                    queued_for: 0,
+                    queued_for,
                 })
             }
-            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => again(false),
+            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => again!(false),
             Err(error)
                 if matches!(
                     error.kind(),
                     PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
                 ) =>
             {
-                again(true)
+                again!(true)
             }
             // A refusal first: JetStream answers a full stream with a 503 too.
             Err(error) => match refused(&self.shared, &error, count_refusal) {
                 Some(refusal) => Err(Unconfirmed::Failed(refusal)),
-                None if unavailable_for_now(&error) => again(true),
+                None if unavailable_for_now(&error) => again!(true),
                 None => Err(Unconfirmed::Failed(unavailable(
                     "JetStream did not confirm the publish",
                     error,
@@ -283,6 +298,7 @@ async fn send_with(
     id: String,
     dead_letter_of: Option<String>,
 ) -> Result<Sent, Error> {
+    let ticket = dead_letter_of.is_none().then(|| shared.registry.ticket());
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
     let mut headers = nats_headers(draft.envelope().headers())?;
     if let Some(subscription) = &dead_letter_of {
@@ -303,6 +319,7 @@ async fn send_with(
         id,
         dead_letter_of,
         ack: tokio::spawn(ack.into_future()),
+        ticket,
     })
 }
 

@@ -1,0 +1,376 @@
+//! Every subscription in the cluster, as every gateway sees it (docs/semantics.md#cluster-durability):
+//! what a publish's `queued_for` counts and what tells an unknown subscription from one whose
+//! members are elsewhere.
+//!
+//! The registry is the stream's JetStream consumers: each subscription's consumer records its
+//! id and patterns in its metadata (QUEUE and SINGLETON: one shared by every gateway;
+//! BROADCAST: one per gateway), so nothing new is stored and nothing can disagree with what
+//! JetStream delivers. A gateway keeps a copy (its subscriptions' patterns in the core's
+//! routing index) and brings it up to date before it answers:
+//!
+//! - **Synced after the request arrived.** A publish takes a ticket when it arrives; the
+//!   registry's task then reads the stream's consumer count from the stream's leader (one
+//!   request, shared by every publish that arrived before it was sent), and lists the
+//!   consumers again when the count differs from the copy's or a consumer was created or
+//!   deleted since the last listing (JetStream's advisories, and this gateway's own joins).
+//!   A join is answered only once its consumer exists on every server of the stream
+//!   (`await_replicas`), so a subscription confirmed at any gateway before a publish arrived is
+//!   counted, and one expired before is not.
+//! - **Bounded.** At most [`MAX_SUBSCRIPTIONS`] subscriptions are indexed (each with at most
+//!   64 patterns, as a join allows); past that a gateway logs a warning and counts only those.
+//! - **When JetStream does not answer** within [`PATIENCE`], the copy answers as it is.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use async_nats::jetstream;
+use tokio::sync::{Notify, watch};
+use tokio_stream::StreamExt;
+
+use super::names;
+use crate::core::{Mode, Pattern, PatternIndex, Topic};
+
+/// How long a sync waits for the servers.
+pub(super) const PATIENCE: Duration = Duration::from_secs(2);
+
+/// How many syncs may run at once.
+const SYNCS: usize = 2;
+
+/// How soon a consumer count the last listing disagreed with is listed again.
+const RELIST_AFTER: Duration = Duration::from_secs(1);
+
+/// The most subscriptions a gateway's registry indexes.
+pub(super) const MAX_SUBSCRIPTIONS: usize = 100_000;
+
+/// One subscription a consumer records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    subscription: Arc<str>,
+    mode: Mode,
+}
+
+/// The copy: every consumer's name (tinybroker's or not, so counts compare), the
+/// subscriptions among them, and their patterns indexed by consumer name.
+#[derive(Debug, Default)]
+struct Known {
+    consumers: BTreeSet<String>,
+    entries: BTreeMap<Arc<str>, Entry>,
+    index: PatternIndex<Arc<str>>,
+}
+
+impl Known {
+    /// A copy of `listed` (consumer names and their metadata), in name order: every gateway
+    /// builds the same copy from the same consumers.
+    fn of(listed: BTreeMap<String, std::collections::HashMap<String, String>>) -> Self {
+        let mut known = Known::default();
+        let mut warned = false;
+        for (name, metadata) in listed {
+            known.consumers.insert(name.clone());
+            let Ok((id, spec)) = names::recorded(&metadata) else {
+                continue;
+            };
+            // A consumer whose name collides with another subscription's is not that one.
+            if spec.mode != Mode::Broadcast && names::consumer_name(spec.mode, &id, "") != name {
+                continue;
+            }
+            if known.entries.len() == MAX_SUBSCRIPTIONS {
+                if !warned {
+                    tracing::warn!(
+                        "the stream has more than {MAX_SUBSCRIPTIONS} subscriptions' consumers: queued_for counts only the first {MAX_SUBSCRIPTIONS} (by consumer name)"
+                    );
+                    warned = true;
+                }
+                continue;
+            }
+            let key: Arc<str> = Arc::from(name.as_str());
+            let patterns: BTreeSet<&Pattern> = spec.patterns.iter().take(64).collect();
+            for pattern in patterns {
+                known.index.insert(pattern, key.clone());
+            }
+            known.entries.insert(
+                key,
+                Entry {
+                    subscription: Arc::from(id.as_str()),
+                    mode: spec.mode,
+                },
+            );
+        }
+        known
+    }
+}
+
+/// The gateway's registry: cheap to share.
+#[derive(Debug)]
+pub(super) struct Registry {
+    known: Mutex<Known>,
+    /// Tickets handed out: the last request that wants a sync.
+    requested: AtomicU64,
+    /// The last ticket a sync covers (sent after that ticket's request arrived).
+    synced: watch::Sender<u64>,
+    wake: Notify,
+    /// A consumer was created or deleted since the last listing.
+    changed: AtomicBool,
+    /// The consumer count the last listing was made for, and when.
+    listed: Mutex<Option<(usize, tokio::time::Instant)>>,
+    /// Held from a sync's look at the copy to its listing's end: a sync that overlaps one
+    /// still listing waits for that listing before it decides the copy is current (else it
+    /// would cover its tickets with the copy from before).
+    listing: tokio::sync::Mutex<()>,
+    /// The ticket count when the listing the copy holds was begun: an older listing that ends
+    /// later (syncs overlap) does not replace it.
+    listed_at: AtomicU64,
+}
+
+impl Registry {
+    /// A registry for `stream`, kept by a task of its own (ended by aborting it), watching
+    /// JetStream's consumer advisories on `client`.
+    pub(super) async fn start(
+        client: &async_nats::Client,
+        stream: jetstream::stream::Stream,
+    ) -> Result<(Arc<Self>, tokio::task::JoinHandle<()>), String> {
+        let name = stream.cached_info().config.name.clone();
+        let mut advisories = client
+            .subscribe(format!("$JS.EVENT.ADVISORY.CONSUMER.*.{name}.*"))
+            .await
+            .map_err(|e| format!("cannot watch the stream's consumers: {e}"))?;
+        let registry = Arc::new(Self {
+            known: Mutex::new(Known::default()),
+            requested: AtomicU64::new(0),
+            synced: watch::Sender::new(0),
+            wake: Notify::new(),
+            changed: AtomicBool::new(true),
+            listed: Mutex::new(None),
+            listed_at: AtomicU64::new(0),
+            listing: tokio::sync::Mutex::new(()),
+        });
+        let task = {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let mut running = tokio::task::JoinSet::new();
+                loop {
+                    tokio::select! {
+                        // Up to SYNCS at once: a publish waits for a sync begun after it, so
+                        // one that began just before it would add its whole round trip.
+                        () = registry.wake.notified(), if running.len() < SYNCS => {
+                            let (registry, stream) = (registry.clone(), stream.clone());
+                            running.spawn(async move { registry.sync(&stream).await });
+                        }
+                        Some(_) = running.join_next() => {
+                            // Tickets taken while SYNCS ran: their wake may have been spent.
+                            if registry.requested.load(Ordering::SeqCst) > *registry.synced.borrow() {
+                                registry.wake.notify_one();
+                            }
+                        }
+                        advisory = advisories.next() => match advisory {
+                            Some(advisory) => {
+                                let created_or_deleted = [".CREATED.", ".DELETED."]
+                                    .iter()
+                                    .any(|kind| advisory.subject.as_str().contains(kind));
+                                if created_or_deleted {
+                                    registry.changed();
+                                }
+                            }
+                            None => std::future::pending().await,
+                        },
+                    }
+                }
+            })
+        };
+        Ok((registry, task))
+    }
+
+    /// A consumer was created or deleted: the next sync lists them again.
+    pub(super) fn changed(&self) {
+        self.changed.store(true, Ordering::SeqCst);
+    }
+
+    /// A ticket for a request that just arrived: [`Registry::synced`] with it returns once the
+    /// copy is at least as new as the cluster was when it was taken.
+    pub(super) fn ticket(&self) -> u64 {
+        let ticket = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        self.wake.notify_one();
+        ticket
+    }
+
+    /// Waits until a sync begun after `ticket` was taken has ended (at most [`PATIENCE`] and a
+    /// little more: a sync that finds no answer ends too).
+    pub(super) async fn synced(&self, ticket: u64) {
+        let mut synced = self.synced.subscribe();
+        let _ =
+            tokio::time::timeout(PATIENCE * 2, synced.wait_for(|&covered| covered >= ticket)).await;
+    }
+
+    /// How many subscriptions match `topic` (after [`Registry::synced`]).
+    pub(super) fn matching(&self, topic: &Topic) -> u32 {
+        let known = self.lock();
+        let mut matches = crate::core::index::Matches::new();
+        known.index.matches_into(topic, &mut matches);
+        u32::try_from(matches.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether some gateway has a subscription of this id (after [`Registry::synced`]).
+    pub(super) fn exists(&self, subscription: &str) -> bool {
+        let known = self.lock();
+        let shared = names::consumer_name(Mode::Queue, subscription, "");
+        known
+            .entries
+            .get(shared.as_str())
+            .is_some_and(|entry| &*entry.subscription == subscription)
+            || known
+                .entries
+                .values()
+                .any(|entry| entry.mode == Mode::Broadcast && &*entry.subscription == subscription)
+    }
+
+    /// The consumer of a BROADCAST subscription of this id at some gateway (after
+    /// [`Registry::synced`]): the first by name when several gateways each have one.
+    pub(super) fn broadcast_consumer(&self, subscription: &str) -> Option<String> {
+        let known = self.lock();
+        known
+            .entries
+            .iter()
+            .find(|(_, entry)| {
+                entry.mode == Mode::Broadcast && &*entry.subscription == subscription
+            })
+            .map(|(name, _)| name.to_string())
+    }
+
+    /// Reads the stream's consumer count and, when the copy may be out of date, lists the
+    /// consumers; then covers every ticket taken before it began.
+    async fn sync(&self, stream: &jetstream::stream::Stream) {
+        let covers = self.requested.load(Ordering::SeqCst);
+        let count = tokio::time::timeout(PATIENCE, stream.get_info()).await;
+        let count = match count {
+            Ok(Ok(info)) => Some(info.state.consumer_count),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "the stream's consumer count did not come");
+                None
+            }
+            Err(_) => None,
+        };
+        // A count the listing disagrees with (a consumer whose leader is offline is counted
+        // but not listed) is listed again once it changes, or after RELIST_AFTER: not on
+        // every publish.
+        let _turn = self.listing.lock().await;
+        let listed = *self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let stale = count.is_some_and(|count| {
+            count != self.lock().consumers.len()
+                && listed.is_none_or(|(was, at)| was != count || at.elapsed() >= RELIST_AFTER)
+        });
+        if let Some(count) = count
+            && (self.changed.swap(false, Ordering::SeqCst) || stale)
+        {
+            *self.listed.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((count, tokio::time::Instant::now()));
+            match tokio::time::timeout(PATIENCE, list(stream)).await {
+                Ok(Ok(listed)) => {
+                    let known = Known::of(listed);
+                    let mut copy = self.lock();
+                    if self.listed_at.fetch_max(covers, Ordering::SeqCst) <= covers {
+                        *copy = known;
+                    }
+                }
+                Ok(Err(error)) => {
+                    self.changed();
+                    tracing::debug!(%error, "the stream's consumers were not listed");
+                }
+                Err(_) => self.changed(),
+            }
+        }
+        self.synced.send_if_modified(|covered| {
+            let newer = covers > *covered;
+            *covered = (*covered).max(covers);
+            newer
+        });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Every consumer of the stream: its name and metadata.
+async fn list(
+    stream: &jetstream::stream::Stream,
+) -> Result<BTreeMap<String, std::collections::HashMap<String, String>>, String> {
+    let mut listed = BTreeMap::new();
+    let mut consumers = stream.consumers();
+    while let Some(info) = consumers.next().await {
+        let info = info.map_err(|e| e.to_string())?;
+        listed.insert(info.name, info.config.metadata);
+    }
+    Ok(listed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{AckMode, Overflow, SubscriptionSpec};
+
+    fn consumer(
+        mode: Mode,
+        id: &str,
+        patterns: &[&str],
+    ) -> (String, std::collections::HashMap<String, String>) {
+        let spec = SubscriptionSpec {
+            mode,
+            consumer_group: "g".into(),
+            patterns: patterns
+                .iter()
+                .map(|p| Pattern::parse(p).unwrap())
+                .collect(),
+            max_delivery_attempts: 0,
+            dead_letter_topic: None,
+            ack_mode: AckMode::Explicit,
+            overflow: Overflow::RejectPublish,
+        };
+        (
+            names::consumer_name(mode, id, "gw1"),
+            names::metadata(id, &spec),
+        )
+    }
+
+    // docs/semantics.md#cluster-durability: queued_for counts the subscriptions whose patterns
+    // match, each once (overlapping patterns included), every mode, on any gateway; consumers
+    // tinybroker did not make are counted as consumers but match nothing.
+    #[test]
+    fn the_copy_counts_each_matching_subscription_once() {
+        let listed = BTreeMap::from([
+            consumer(Mode::Queue, "q", &["a.*", "a.>", "a.*"]),
+            consumer(Mode::Singleton, "s", &["a.b"]),
+            consumer(Mode::Broadcast, "b", &["a.b", "x.y"]),
+            consumer(Mode::Queue, "other", &["z.*"]),
+            ("ops-tool".to_string(), Default::default()),
+        ]);
+        let known = Known::of(listed);
+        assert_eq!(known.consumers.len(), 5);
+        let registry = Registry {
+            known: Mutex::new(known),
+            requested: AtomicU64::new(0),
+            synced: watch::Sender::new(0),
+            wake: Notify::new(),
+            changed: AtomicBool::new(false),
+            listed: Mutex::new(None),
+            listed_at: AtomicU64::new(0),
+            listing: tokio::sync::Mutex::new(()),
+        };
+        let topic = |t: &str| Topic::parse(t).unwrap();
+        assert_eq!(registry.matching(&topic("a.b")), 3);
+        assert_eq!(registry.matching(&topic("a.b.c")), 1);
+        assert_eq!(registry.matching(&topic("x.y")), 1);
+        assert_eq!(registry.matching(&topic("nothing")), 0);
+        assert!(registry.exists("q") && registry.exists("s") && registry.exists("b"));
+        assert!(!registry.exists("nope") && !registry.exists("ops-tool"));
+        assert_eq!(
+            registry.broadcast_consumer("b"),
+            Some(names::consumer_name(Mode::Broadcast, "b", "gw1"))
+        );
+        assert_eq!(registry.broadcast_consumer("q"), None);
+    }
+}

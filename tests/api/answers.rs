@@ -1,0 +1,286 @@
+//! Answers that once differed through gateways and must be the embedded broker's on both
+//! deployments: overlapping patterns, `queued_for`, the codes of acks for what is not in
+//! flight, headers carried exactly, and listing every subscription.
+
+use std::collections::HashMap;
+
+use tinybroker::pb::{self, DeliveryMode};
+use tonic::Code;
+
+use crate::harness::*;
+
+fn windowed(request: pb::OpenSubscription, window: u32) -> pb::OpenSubscription {
+    pb::OpenSubscription {
+        max_in_flight: window,
+        ..request
+    }
+}
+
+// docs/semantics.md#topics-and-patterns, docs/semantics.md#cluster-patterns: a subscription's
+// patterns may overlap (one covering another, two meeting, one given twice); each message any
+// of them matches is delivered once, and one none matches is not delivered (through gateways
+// the consumer's covering filter brings it, and the bridge acks it unseen: nothing stays
+// pending for the subscription).
+#[tokio::test]
+async fn overlapping_patterns_deliver_each_matching_message_once() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let queue =
+        |id: &str, patterns: &[&str]| windowed(open(id, DeliveryMode::Queue, "g", patterns), 10);
+    let mut covering = client
+        .subscribe(queue("covering", &["x.*.c", "x.>"]))
+        .await
+        .unwrap();
+    let mut meeting = client
+        .subscribe(queue("meeting", &["a.*.c", "a.b.*"]))
+        .await
+        .unwrap();
+    let mut twice = client
+        .subscribe(windowed(
+            open("twice", DeliveryMode::Singleton, "g", &["t.u", "t.u"]),
+            10,
+        ))
+        .await
+        .unwrap();
+    for member in [&mut covering, &mut meeting, &mut twice] {
+        member.confirmed().await;
+    }
+    let mut ids = HashMap::new();
+    for topic in ["x.b.c", "x.q", "a.b.c", "a.z.c", "a.b.z", "a.z.z", "t.u"] {
+        let published = client.publish(topic, topic).await;
+        let wanted = u32::from(topic != "a.z.z");
+        assert_eq!(published.queued_for, wanted, "{topic}");
+        ids.insert(topic, published.system_id);
+    }
+    // A marker after them: the next message each gets after its own proves none came twice
+    // and that a.z.z (inside meeting's covering a.*.*) never came.
+    let markers = [
+        ("x.end", &mut covering),
+        ("a.b.end", &mut meeting),
+        ("t.u", &mut twice),
+    ];
+    let expected: [&[&str]; 3] = [&["x.b.c", "x.q"], &["a.b.c", "a.z.c", "a.b.z"], &["t.u"]];
+    for ((marker, member), expected) in markers.into_iter().zip(expected) {
+        let marker = client.publish(marker, marker).await.system_id;
+        let mut got = Vec::new();
+        for _ in 0..=expected.len() {
+            let message = member.message().await;
+            member.ack(message.system_id).await;
+            got.push(message.system_id);
+        }
+        let mut want: Vec<u64> = expected.iter().map(|t| ids[t]).collect();
+        want.push(marker);
+        assert_eq!(got, want, "{}", member.id);
+    }
+    if GATEWAYS {
+        // What no pattern matched was acked unseen: nothing left for JetStream to keep.
+        let settled = |info: &pb::SubscriptionInfo| {
+            info.upstream
+                .as_ref()
+                .is_some_and(|u| u.pending + u.unacked == 0)
+        };
+        within(async {
+            while !settled(&client.describe("meeting").await.unwrap()) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    }
+}
+
+// docs/semantics.md#cluster-durability: `queued_for` counts the subscriptions the message is
+// kept for, whichever gateway their members joined at, each once: one confirmed on another
+// gateway just before the publish included.
+#[tokio::test]
+async fn queued_for_counts_every_matching_subscription_wherever_it_was_joined() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let elsewhere = client.at_publishers();
+    assert_eq!(client.publish("q.a", "none").await.queued_for, 0);
+    let mut queue = client
+        .subscribe(open("count-q", DeliveryMode::Queue, "g", &["q.*"]))
+        .await
+        .unwrap();
+    queue.confirmed().await;
+    assert_eq!(client.publish("q.a", "one").await.queued_for, 1);
+    let mut broadcast = elsewhere
+        .subscribe(open("count-b", DeliveryMode::Broadcast, "", &["q.>"]))
+        .await
+        .unwrap();
+    broadcast.confirmed().await;
+    assert_eq!(client.publish("q.a", "two").await.queued_for, 2);
+    assert_eq!(client.publish("q.a.b", "deep").await.queued_for, 1);
+    let mut singleton = client
+        .subscribe(open(
+            "count-s",
+            DeliveryMode::Singleton,
+            "g",
+            &["q.a", "q.*"],
+        ))
+        .await
+        .unwrap();
+    singleton.confirmed().await;
+    assert_eq!(client.publish("q.a", "three").await.queued_for, 3);
+    let batch = pb::PublishBatchRequest {
+        messages: ["q.a", "q.b.c", "z"]
+            .iter()
+            .map(|topic| pb::PublishRequest {
+                topic: topic.to_string(),
+                payload: Default::default(),
+                headers: Default::default(),
+            })
+            .collect(),
+    };
+    let results = within(client.1.clone().publish_batch(batch))
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    let counts: Vec<u32> = results.iter().map(|r| r.queued_for).collect();
+    assert_eq!(counts, vec![3, 1, 0]);
+}
+
+// docs/semantics.md#acks, docs/semantics.md#cluster-acks: an ack for a subscription no
+// deployment has, or for a message already acked, is NOT_FOUND, with the member's id and
+// without (the two-field ack, over the member's own connection); one for another
+// subscription's message too.
+#[tokio::test]
+async fn acks_for_nothing_in_flight_are_not_found_by_either_fence() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("done")).await.unwrap();
+    a.confirmed().await;
+    let id = client.publish("jobs.a", "x").await.system_id;
+    assert_eq!(a.message().await.system_id, id);
+    for member in [a.member_id, 0] {
+        assert_code(
+            client.ack("nowhere", member, id).await,
+            Code::NotFound,
+            "nowhere",
+        );
+        assert_code(
+            client.nack("nowhere", member, id).await,
+            Code::NotFound,
+            "nowhere",
+        );
+    }
+    a.ack(id).await;
+    for member in [a.member_id, 0] {
+        assert_code(
+            client.ack("done", member, id).await,
+            Code::NotFound,
+            "not in flight",
+        );
+        assert_code(
+            client.nack("done", member, id).await,
+            Code::NotFound,
+            "not in flight",
+        );
+    }
+    // Nothing changed: the next message flows to the member as before.
+    let next = client.publish("jobs.a", "y").await.system_id;
+    assert_eq!(a.message().await.system_id, next);
+}
+
+// docs/semantics.md#api-surface, docs/semantics.md#cluster-headers: headers arrive exactly as
+// published: whitespace at either end, tabs, empty values, unicode, line breaks, names of any
+// case or characters, names NATS reserves, and values and names that look like the escape a
+// gateway uses.
+#[tokio::test]
+async fn headers_arrive_exactly_as_published() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut member = client
+        .subscribe(windowed(
+            open("headers", DeliveryMode::Queue, "g", &["h.*"]),
+            10,
+        ))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    let headers: HashMap<String, String> = [
+        ("k", " v "),
+        ("t", "\tx\t"),
+        ("empty", ""),
+        ("unicode", "ünïcødé ✓"),
+        ("Mixed-Case", "Kept"),
+        ("mixed-case", "apart"),
+        ("lines", "one\r\ntwo\n"),
+        ("looks", "tb-escaped:%20"),
+        ("tb-escaped-name", "x"),
+        ("name with spaces", "ok"),
+        ("colon:name", "ok"),
+        ("naïve", "ok"),
+        ("Nats-Msg-Id", "same"),
+        ("tinybroker-gateway-dead-letter-of", "headers"),
+        ("percent", "100%"),
+        ("nbsp", "\u{a0}x\u{2003}"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let publish = |payload: &'static str| pb::PublishRequest {
+        topic: "h.x".into(),
+        payload: payload.into(),
+        headers: headers.clone(),
+    };
+    // Twice, with the same Nats-Msg-Id: JetStream would take the second for a duplicate if
+    // the header reached it as NATS's own.
+    let mut ids = Vec::new();
+    for payload in ["first", "second"] {
+        let published = within(client.1.clone().publish(publish(payload)))
+            .await
+            .unwrap()
+            .into_inner();
+        ids.push(published.system_id);
+    }
+    for id in ids {
+        let message = member.message().await;
+        assert_eq!(message.system_id, id);
+        assert_eq!(message.headers, headers);
+        member.ack(id).await;
+    }
+}
+
+// docs/semantics.md#inspection, docs/semantics.md#cluster-inspection: ListSubscriptions lists
+// every subscription, wherever its members joined, at every server, and Describe describes it.
+#[tokio::test]
+async fn list_shows_subscriptions_joined_anywhere() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let elsewhere = client.at_publishers();
+    let mut here = client
+        .subscribe(open("listed-here", DeliveryMode::Queue, "g", &["l.*"]))
+        .await
+        .unwrap();
+    here.confirmed().await;
+    let mut there = elsewhere
+        .subscribe(singleton("listed-there"))
+        .await
+        .unwrap();
+    there.confirmed().await;
+    let mut fan = elsewhere
+        .subscribe(open("listed-fan", DeliveryMode::Broadcast, "", &["l.>"]))
+        .await
+        .unwrap();
+    fan.confirmed().await;
+    let ids = |list: pb::ListSubscriptionsResponse| -> Vec<String> {
+        list.subscriptions
+            .into_iter()
+            .map(|s| s.subscription_id)
+            .collect()
+    };
+    let want = vec![
+        "listed-fan".to_string(),
+        "listed-here".to_string(),
+        "listed-there".to_string(),
+    ];
+    assert_eq!(ids(client.list().await), want);
+    assert_eq!(ids(client.publishers_list().await), want);
+    let described = client.describe("listed-there").await.unwrap();
+    assert_eq!(described.mode, i32::from(DeliveryMode::Singleton));
+    assert_eq!(described.active_member_id, there.member_id);
+    let described = client.describe("listed-fan").await.unwrap();
+    assert_eq!(described.mode, i32::from(DeliveryMode::Broadcast));
+    assert_eq!(described.topic_patterns, ["l.>"]);
+}
