@@ -220,18 +220,17 @@ impl Upstream {
         let _ = result;
     }
 
-    /// Ends the stream of every member of every subscription that is not an arbitrated
-    /// singleton (those the coordinator ends one by one) with `error`, as when their streams
-    /// close: what they held goes back. For a gateway whose lease lapsed: the cluster counts no
-    /// member of it any more (docs/semantics.md#cluster-delete), so none may stay joined.
-    pub fn end_unarbitrated(&self, error: &Error) {
-        let catalog = crate::sync::read(&self.inner.catalog);
-        for cell in catalog.by_key.values() {
-            let mut state = super::Locked::new(cell);
-            if !state.core.is_arbitrated() {
-                state.end_all(error);
-            }
-        }
+    /// Ends the stream of every member of `subscription_id` with `error`, as when their
+    /// streams close: what they held goes back. For a subscription whose JetStream consumer was
+    /// deleted (or deleted and made again) while this gateway was taken for dead
+    /// (docs/semantics.md#cluster-delete).
+    pub fn end_members(&self, subscription_id: &str, error: &Error) {
+        let result = self.with_subscription(subscription_id, |state, _| {
+            state.end_all(error);
+            Ok(())
+        });
+        // Gone meanwhile: nothing to end.
+        let _ = result;
     }
 
     /// Whether `subscription_id` has an active member here.

@@ -314,7 +314,18 @@ async fn two_deletes_at_once_delete_once() {
         // Once its leave is applied at both gateways: a delete that is refused changes nothing.
         within(async {
             loop {
-                let (a, b) = tokio::join!(delete(&client, &id), delete(&elsewhere, &id));
+                let (mut a, mut b) = tokio::join!(delete(&client, &id), delete(&elsewhere, &id));
+                // UNAVAILABLE is "nothing deleted, try again" (docs/semantics.md#cluster-delete),
+                // which a loaded machine can answer: that one is sent again.
+                let unavailable = |r: &Result<_, Status>| {
+                    r.as_ref().is_err_and(|s| s.code() == Code::Unavailable)
+                };
+                while unavailable(&a) {
+                    a = delete(&client, &id).await;
+                }
+                while unavailable(&b) {
+                    b = delete(&elsewhere, &id).await;
+                }
                 let refused = |r: &Result<_, Status>| {
                     r.as_ref()
                         .is_err_and(|s: &Status| s.code() == Code::FailedPrecondition)

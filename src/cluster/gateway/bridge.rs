@@ -113,9 +113,15 @@ pub(super) struct Bridge {
     /// A singleton's: the coordinator incarnation whose lease its held messages were pulled
     /// under ([`Bridge::leased`]).
     pub(super) incarnation: Option<u64>,
-    /// Set when a pulled message was given back because the gateway held no valid lease
-    /// (any mode but singleton, [`Bridge::inject`]): the next pull waits for the lease first.
+    /// Any mode but singleton: the lease incarnation under which this bridge last made sure
+    /// its consumer is the one its members joined ([`Bridge::verify_consumer`]); a message
+    /// pulled under no lease or another incarnation is given back, and the consumer checked
+    /// before the next pull.
+    pub(super) verified: Option<u64>,
+    /// Set when a pulled message was given back for that: the next pull first checks.
     pub(super) await_lease: bool,
+    /// The check found the consumer deleted (or made again): nothing is handed over any more.
+    pub(super) consumer_gone: bool,
     /// The subscription's patterns when its consumer's filters cover more than they match
     /// (`names::filters`: overlapping patterns): a message matching none is acked unseen.
     pub(super) only: Option<Vec<crate::core::Pattern>>,
@@ -174,11 +180,10 @@ impl Bridge {
             // No local subscription (yet, or any more): wait for a join to wake this bridge.
             // A bridge stops only when told (its link is removed in the same step), so a
             // join always finds a live bridge or starts one.
-            if std::mem::take(&mut self.await_lease)
-                && let Some(singletons) = &self.shared.singletons
-            {
-                // Bounded: a join or a leave meanwhile waits at most this long to be handled.
-                let _ = singletons.lease().wait_valid(self.pull_expires).await;
+            // Also when no message comes (a deleted consumer's pulls fail): any lease lapse
+            // since the last check is checked for before the next pull.
+            if std::mem::take(&mut self.await_lease) || self.lapsed_since_verified() {
+                self.verify_consumer().await;
             }
             let recount = self.count_owed().await;
             let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
@@ -278,6 +283,64 @@ impl Bridge {
             Some(incarnation) => singletons.lease().valid_for(incarnation),
             None => singletons.lease().valid().is_some(),
         }
+    }
+
+    /// Any mode but singleton: whether the lease is not the one under which the consumer was
+    /// last checked ([`Bridge::verify_consumer`]).
+    fn lapsed_since_verified(&self) -> bool {
+        match &self.shared.singletons {
+            Some(singletons) if !self.singleton && !self.consumer_gone => singletons
+                .lease()
+                .valid()
+                .is_none_or(|now| self.verified != Some(now)),
+            _ => false,
+        }
+    }
+
+    /// After this gateway's lease lapsed (see [`Bridge::inject`]): waits (bounded) for a
+    /// lease, then asks JetStream whether the consumer is still the one this bridge started
+    /// with (same creation time). If it is, deliveries go on under the new lease. If it was
+    /// deleted, or deleted and made again, every member here is ended with `NOT_FOUND` (they
+    /// rejoin and find the subscription as it is now) and the bridge hands nothing more over
+    /// (`consumer_gone`) until the local subscription expires with them and it is stopped.
+    async fn verify_consumer(&mut self) {
+        let Some(singletons) = self.shared.singletons.clone() else {
+            return;
+        };
+        if self.consumer_gone {
+            return;
+        }
+        // Bounded: a join or a leave meanwhile waits at most this long to be handled.
+        let Some(incarnation) = singletons.lease().wait_valid(self.pull_expires).await else {
+            return;
+        };
+        let created = self.consumer.cached_info().created;
+        let same = match self.consumer.get_info().await {
+            Ok(info) => info.created == created,
+            Err(error)
+                if error.kind()
+                    == async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound =>
+            {
+                false
+            }
+            Err(error) => {
+                tracing::warn!(subscription = %self.subscription, %error, "cannot tell whether the consumer outlived this gateway's lease lapse; asking again");
+                return;
+            }
+        };
+        if same {
+            self.verified = Some(incarnation);
+            return;
+        }
+        self.consumer_gone = true;
+        tracing::warn!(subscription = %self.subscription, "the subscription was deleted while this gateway's lease had lapsed: ending its members here");
+        self.shared.broker.end_members(
+            &self.subscription,
+            &Error::SubscriptionNotFound(format!(
+                "{} (deleted while this gateway was out of the cluster: join again)",
+                self.subscription
+            )),
+        );
     }
 
     /// What [`Bridge::leased`] reads, for an ack's confirmation task, which checks it before
@@ -509,12 +572,18 @@ impl Bridge {
                 Some(_) => {}
             }
         } else if let Some(singletons) = &self.shared.singletons
-            && singletons.lease().valid().is_none()
+            && (self.consumer_gone
+                || singletons
+                    .lease()
+                    .valid()
+                    .is_none_or(|now| self.verified != Some(now)))
         {
-            // Any other mode: a gateway past its lease is counted dead by the others, whose
-            // members it ends (docs/semantics.md#cluster-delete); a subscription may even have
-            // been deleted and made again under the same name meanwhile. So nothing is handed
-            // over: the message goes back at once, and the next pull waits for the lease.
+            // Any other mode: a gateway whose lease lapsed was taken for dead by the others,
+            // which count none of its members, so the subscription may have been deleted (and
+            // made again, with other settings, under the same name) meanwhile
+            // (docs/semantics.md#cluster-delete). Nothing is handed over until the bridge has
+            // made sure its consumer is the one its members joined: the message goes back at
+            // once.
             if let Some(reply) = message.reply.clone() {
                 self.reply(reply, AckKind::Nak(None)).await;
             }

@@ -89,7 +89,15 @@ impl Gateway {
                 singleton,
                 handed_back,
                 incarnation: None,
+                // The join just found (or made) this consumer, under the lease it holds now.
+                verified: self
+                    .inner
+                    .shared
+                    .singletons
+                    .as_ref()
+                    .and_then(|singletons| singletons.lease().valid()),
                 await_lease: false,
+                consumer_gone: false,
                 only,
             };
             let mut bridges = self.inner.bridges.lock().await;

@@ -183,16 +183,10 @@ async fn run(
                 &mut joining,
             );
             if coordinator.is_fenced() {
-                // The other gateways take this one for dead once its lease is gone, and count
-                // none of its members (a delete goes ahead, docs/semantics.md#cluster-delete):
-                // every member here ends, not only the singletons' the coordinator ended.
-                broker.end_unarbitrated(&Error::Unavailable(
-                    "this gateway lost its place in the cluster (its lease lapsed): rejoin, at any gateway".into(),
-                ));
                 if coordinator.was_leased() {
                     tracing::error!(
                         gateway = id.0,
-                        "this gateway's cluster lease lapsed: its members were ended with UNAVAILABLE; starting a new incarnation"
+                        "this gateway's cluster lease lapsed: its singleton members were ended with UNAVAILABLE; starting a new incarnation"
                     );
                 } else {
                     // Never leased: its lease create was not confirmed (NATS unreachable or
@@ -201,7 +195,7 @@ async fn run(
                     tracing::warn!(
                         gateway = id.0,
                         pause = ?NEW_INCARNATION_PAUSE,
-                        "NATS did not confirm this gateway's cluster lease: its members were ended with UNAVAILABLE; starting a new incarnation after a pause"
+                        "NATS did not confirm this gateway's cluster lease: its singleton members were ended with UNAVAILABLE; starting a new incarnation after a pause"
                     );
                     tokio::time::sleep(NEW_INCARNATION_PAUSE).await;
                 }
