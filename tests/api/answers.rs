@@ -284,3 +284,207 @@ async fn list_shows_subscriptions_joined_anywhere() {
     assert_eq!(described.mode, i32::from(DeliveryMode::Broadcast));
     assert_eq!(described.topic_patterns, ["l.>"]);
 }
+
+/// Reads from `a` and `b` (two members of one QUEUE subscription) until every id of `want`
+/// came, acking each; panics on one not wanted or one that came twice.
+async fn drain_pair(a: &mut Member, b: &mut Member, want: &std::collections::BTreeSet<u64>) {
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < want.len() {
+        let (message, at_a) = tokio::select! {
+            m = a.message() => (m, true),
+            m = b.message() => (m, false),
+        };
+        let id = message.system_id;
+        assert!(
+            want.contains(&id),
+            "{}: {id} ({}) not wanted",
+            a.id,
+            message.topic
+        );
+        assert!(
+            got.insert(id),
+            "{}: {id} ({}) came twice",
+            a.id,
+            message.topic
+        );
+        if at_a {
+            a.ack(id).await
+        } else {
+            b.ack(id).await
+        }
+    }
+}
+
+// docs/semantics.md#cluster-patterns: overlapping patterns of a QUEUE subscription whose
+// members joined at two servers (through gateways, a covering filter shared by two bridges):
+// each matching message once in the group, none that no pattern matches, nothing left
+// pending upstream.
+#[tokio::test]
+async fn overlapping_patterns_of_a_queue_joined_at_two_servers_deliver_once() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let elsewhere = client.at_publishers();
+    let queue =
+        |id: &str, patterns: &[&str]| windowed(open(id, DeliveryMode::Queue, "g", patterns), 8);
+    let every = ["a.>", "a.*", "*.b", ">"];
+    let meeting = ["a.*", "*.b"];
+    let mut all = Vec::new();
+    let mut meet = Vec::new();
+    for at in [&client, &elsewhere] {
+        let mut member = at.subscribe(queue("every", &every)).await.unwrap();
+        member.confirmed().await;
+        all.push(member);
+        let mut member = at.subscribe(queue("meet", &meeting)).await.unwrap();
+        member.confirmed().await;
+        meet.push(member);
+    }
+    let mut want_all = std::collections::BTreeSet::new();
+    let mut want_meet = std::collections::BTreeSet::new();
+    for round in 0..5 {
+        for topic in ["a.b", "a.c", "c.b", "c.c", "a.b.c", "z"] {
+            let published = client.publish(topic, &format!("{topic} {round}")).await;
+            let meets = matches!(topic, "a.b" | "a.c" | "c.b");
+            assert_eq!(published.queued_for, 1 + u32::from(meets), "{topic}");
+            want_all.insert(published.system_id);
+            if meets {
+                want_meet.insert(published.system_id);
+            }
+        }
+    }
+    let (a, b) = all.split_at_mut(1);
+    drain_pair(&mut a[0], &mut b[0], &want_all).await;
+    let (a, b) = meet.split_at_mut(1);
+    drain_pair(&mut a[0], &mut b[0], &want_meet).await;
+    // Markers after them: anything delivered twice, or unwanted, comes before the last.
+    let mut markers = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        markers.insert(client.publish("a.b", "marker").await.system_id);
+    }
+    let (a, b) = meet.split_at_mut(1);
+    drain_pair(&mut a[0], &mut b[0], &markers).await;
+    let (a, b) = all.split_at_mut(1);
+    drain_pair(&mut a[0], &mut b[0], &markers).await;
+    if GATEWAYS {
+        let settled = |info: &pb::SubscriptionInfo| {
+            info.upstream
+                .as_ref()
+                .is_some_and(|u| u.pending + u.unacked == 0)
+        };
+        within(async {
+            for id in ["every", "meet"] {
+                while !settled(&client.describe(id).await.unwrap()) {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+// docs/semantics.md#cluster-headers: control characters, a byte-order mark, NEL and line
+// separators, a lone marker, 64 headers, long names and values: each arrives exactly.
+#[tokio::test]
+async fn hostile_headers_arrive_exactly_as_published() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut member = client
+        .subscribe(windowed(
+            open("hostile", DeliveryMode::Queue, "g", &["h.*"]),
+            10,
+        ))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    let mut headers: HashMap<String, String> = [
+        ("nul", "\0"),
+        ("inner-nul", "a\0b"),
+        ("ctl", "\u{1}x\u{1f}"),
+        ("del", "\u{7f}"),
+        ("bom", "\u{feff}x\u{feff}"),
+        ("nel", "\u{85}x"),
+        ("ls", "x\u{2028}"),
+        ("marker-only", "tb-escaped:"),
+        ("tb-escaped-", "name is the marker"),
+        ("TB-ESCAPED-41", "upper marker"),
+        ("tb-escaped-%41", "escape lookalike"),
+        (" ", " "),
+        ("\t", "\t"),
+        ("ünï:cødé\r\n", "😀"),
+        ("spaces-only", "   "),
+        ("colon-value", ": x :"),
+        ("folded", "a\r\n b"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    headers.insert("long-name-".repeat(100), "v".into());
+    headers.insert("long-value".into(), " é".repeat(500));
+    while headers.len() < 64 {
+        headers.insert(
+            format!("n{}", headers.len()),
+            format!(" {} ", headers.len()),
+        );
+    }
+    let published = within(client.1.clone().publish(pb::PublishRequest {
+        topic: "h.x".into(),
+        payload: "p".into(),
+        headers: headers.clone(),
+    }))
+    .await
+    .unwrap()
+    .into_inner();
+    let message = member.message().await;
+    assert_eq!(message.system_id, published.system_id);
+    let mut differ: Vec<_> = headers
+        .iter()
+        .filter(|(k, v)| message.headers.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone(), message.headers.get(k).cloned()))
+        .collect();
+    differ.sort();
+    assert!(differ.is_empty(), "changed: {differ:?}");
+    assert_eq!(message.headers.len(), headers.len());
+}
+
+// docs/semantics.md#cluster-patterns, docs/semantics.md#singleton: a SINGLETON with window 8
+// whose patterns meet (through gateways a covering filter whose extra messages the bridge acks
+// unseen) gets the wanted messages in publish order, none unwanted, and each it nacks again
+// with attempt 2, in order too.
+#[tokio::test]
+async fn a_windowed_singleton_with_meeting_patterns_keeps_order_under_nacks() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut member = client
+        .subscribe(windowed(
+            open("ordered", DeliveryMode::Singleton, "g", &["s.*.c", "s.b.*"]),
+            8,
+        ))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    let mut wanted = Vec::new();
+    for n in 0..24 {
+        let topic = ["s.x.c", "s.x.y", "s.b.y"][n % 3];
+        let published = client.at_publishers().publish(topic, &format!("{n}")).await;
+        if topic != "s.x.y" {
+            wanted.push(published.system_id);
+        }
+    }
+    let mut first = Vec::new();
+    let mut again = Vec::new();
+    while again.len() < wanted.len() {
+        let message = member.message().await;
+        match message.delivery_attempt {
+            1 => {
+                first.push(message.system_id);
+                member.nack(message.system_id).await;
+            }
+            2 => {
+                again.push(message.system_id);
+                member.ack(message.system_id).await;
+            }
+            attempt => panic!("{} came with attempt {attempt}", message.system_id),
+        }
+    }
+    assert_eq!(first, wanted, "first deliveries");
+    assert_eq!(again, wanted, "second deliveries");
+}
