@@ -5,7 +5,7 @@
 //! Each side runs JetStream's fastest idiom for the workload: the work queue (w1) and acked
 //! fan-out pull in batches ahead of their acks (the consumer's `max_ack_pending` is the
 //! window) and double-ack each message (confirmed by JetStream, as the gateway's acks are);
-//! ack-free fan-out uses ordered push consumers (no pulls, no acks).
+//! ack-free fan-out uses push consumers (no pulls, no acks).
 
 use std::{
     collections::VecDeque,
@@ -163,8 +163,8 @@ const PULL_BATCH: usize = 256;
 /// Acks a consumer waits for JetStream to confirm at once; past them it waits for the oldest.
 const MAX_CONFIRMING: usize = 4096;
 
-/// Where one consumer's messages come from: a pull consumer's `messages()` stream or an
-/// ordered push consumer's.
+/// Where one consumer's messages come from: a pull consumer's `messages()` stream or a
+/// push consumer's.
 type Deliveries =
     std::pin::Pin<Box<dyn futures_core::Stream<Item = Result<jetstream::Message, String>> + Send>>;
 
@@ -329,20 +329,27 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
 }
 
 /// w3 straight on JetStream: one consumer per subscriber, each getting every message: a pull
-/// consumer double-acking each (`max_ack_pending` `--window`) or, ack-free, an ordered push
-/// consumer.
+/// consumer double-acking each (`max_ack_pending` `--window`) or, ack-free, a push consumer
+/// acking nothing.
 pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Result<(), String> {
     let bench = Bench::create(urls, "w3").await?;
     let result = async {
         let mut consumers = Vec::new();
         for n in 0..args.subscribers {
             let messages = if args.ack_free {
-                // JetStream's fastest fan-out: an ordered push consumer, no acks, no pulls.
+                // JetStream's fastest fan-out: a push consumer, no acks, no pulls. Not an
+                // ordered one: those are single-replica, and JetStream refuses a consumer whose
+                // replicas differ from an interest-retention stream's. A push consumer delivers
+                // only once its deliver subject has interest, so nothing is lost before then.
                 let consumer = bench
                     .stream
-                    .create_consumer(push::OrderedConfig {
+                    .create_consumer(push::Config {
+                        durable_name: Some(format!("w3-{n}")),
                         deliver_subject: bench.js.client().new_inbox(),
                         deliver_policy: DeliverPolicy::All,
+                        ack_policy: AckPolicy::None,
+                        flow_control: true,
+                        idle_heartbeat: Duration::from_secs(5),
                         ..Default::default()
                     })
                     .await
