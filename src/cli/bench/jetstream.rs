@@ -1,8 +1,11 @@
 //! `bench --nats`: the w1 and w3 workloads straight on JetStream through `async-nats`, run
 //! after the same workload through two gateways, so the two lines side by side show what the
 //! gateway costs. The stream is set up as a gateway sets up its own (file storage, interest
-//! retention, replicas min(3, cluster size)); a pipelined publisher waits for each `PubAck`;
-//! consumers are pull consumers acking each message (or acking nothing, for ack-free w3).
+//! retention, replicas min(3, cluster size)); a pipelined publisher waits for each `PubAck`.
+//! Each side runs JetStream's fastest idiom for the workload: the work queue (w1) and acked
+//! fan-out pull in batches ahead of their acks (the consumer's `max_ack_pending` is the
+//! window) and double-ack each message (confirmed by JetStream, as the gateway's acks are);
+//! ack-free fan-out uses push consumers (no pulls, no acks).
 
 use std::{
     collections::VecDeque,
@@ -15,7 +18,7 @@ use std::{
 
 use async_nats::jetstream::{
     self, Context,
-    consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
+    consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull, push},
     context::PublishAckFuture,
     stream::{RetentionPolicy, StorageType, Stream},
 };
@@ -153,90 +156,130 @@ impl Bench {
     }
 }
 
-/// Pulls from `consumer` until `count` (shared by the consumers of one queue) reaches `target`,
-/// acking each message unless `ack` is false; returns publish-to-receive latencies.
+/// Messages a pull asks for at once, whatever the window: the consumer's `max_ack_pending`
+/// bounds what is unacked, so a pull open ahead of the acks gets the next message as soon as an
+/// ack frees room, with no pull round trip in between (JetStream's own work-queue idiom).
+const PULL_BATCH: usize = 256;
+/// Acks a consumer waits for JetStream to confirm at once; past them it waits for the oldest.
+const MAX_CONFIRMING: usize = 4096;
+
+/// Where one consumer's messages come from: a pull consumer's `messages()` stream or a
+/// push consumer's.
+type Deliveries =
+    std::pin::Pin<Box<dyn futures_core::Stream<Item = Result<jetstream::Message, String>> + Send>>;
+
+/// A pull consumer's messages, `batch` asked for per pull request, the next pull sent when half
+/// of them arrived.
+async fn pulled(consumer: &PullConsumer, batch: usize) -> Result<Deliveries, String> {
+    let messages = consumer
+        .stream()
+        .max_messages_per_batch(batch)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .map_err(|e| format!("pull: {e}"))?;
+    Ok(Box::pin(
+        messages.map(|m| m.map_err(|e| format!("pull: {e}"))),
+    ))
+}
+
+/// One consumer: takes messages until `count` (shared by the consumers of one queue) reaches
+/// `target` or `stop` is set, acking each when `ack` is set: a double ack (a request JetStream
+/// answers once the consumer applied it), as the gateway confirms its acks; many confirmations
+/// in flight at once, the next message taken meanwhile, all awaited before it returns. Returns
+/// publish-to-receive latencies.
 async fn consume(
-    consumer: PullConsumer,
-    window: usize,
+    mut messages: Deliveries,
     ack: bool,
     count: Arc<AtomicU64>,
     target: u64,
     start: Instant,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Vec<u64>, String> {
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(window.max(1))
-        .expires(Duration::from_millis(200))
-        .messages()
-        .await
-        .map_err(|e| format!("pull: {e}"))?;
     let mut latencies = Vec::new();
+    let mut confirming = JoinSet::new();
     while count.load(Ordering::Relaxed) < target {
-        let Some(message) = messages.next().await else {
+        let message = tokio::select! {
+            message = messages.next() => message,
+            _ = stop.wait_for(|stop| *stop) => None,
+        };
+        let Some(message) = message else {
             break;
         };
-        let message = message.map_err(|e| format!("pull: {e}"))?;
+        let message = message?;
         latencies.push(load::latency_ns(&message.payload, start));
         if ack {
-            message.ack().await.map_err(|e| format!("ack: {e}"))?;
+            while confirming.len() >= MAX_CONFIRMING {
+                if let Some(done) = confirming.join_next().await {
+                    done.map_err(|e| e.to_string())??;
+                }
+            }
+            confirming.spawn(async move {
+                message
+                    .double_ack()
+                    .await
+                    .map_err(|e| format!("ack not confirmed: {e}"))
+            });
         }
         count.fetch_add(1, Ordering::Relaxed);
+    }
+    while let Some(done) = confirming.join_next().await {
+        done.map_err(|e| e.to_string())??;
     }
     Ok(latencies)
 }
 
-/// Consumes with `consumers` while the run publishes; waits until every count is reached.
+/// Consumes with `consumers` while the run publishes; waits until every count is reached (the
+/// rate's end: each message received and its ack sent), then for the acks' confirmations.
 async fn drive(
     bench: &Bench,
     common: &Common,
-    consumers: Vec<(PullConsumer, usize, bool, Arc<AtomicU64>)>,
+    consumers: Vec<(Deliveries, bool, Arc<AtomicU64>)>,
 ) -> Result<(Duration, Duration, Vec<u64>), String> {
     let start = Instant::now();
-    let targets: Vec<Arc<AtomicU64>> = consumers.iter().map(|c| c.3.clone()).collect();
+    let targets: Vec<Arc<AtomicU64>> = consumers.iter().map(|c| c.2.clone()).collect();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = JoinSet::new();
-    for (consumer, window, ack, count) in consumers {
+    for (messages, ack, count) in consumers {
         tasks.spawn(consume(
-            consumer,
-            window,
+            messages,
             ack,
             count,
             common.messages,
             start,
+            stopped.clone(),
         ));
     }
     let began = Instant::now();
     let publish_elapsed = bench.publish(common, start).await?;
     let mut latencies = Vec::new();
-    while !targets
-        .iter()
-        .all(|count| count.load(Ordering::Relaxed) >= common.messages)
-    {
+    let reached = || {
+        targets
+            .iter()
+            .all(|count| count.load(Ordering::Relaxed) >= common.messages)
+    };
+    while !reached() {
         match tasks.try_join_next() {
             Some(done) => latencies.extend(done.map_err(|e| e.to_string())??),
             None => tokio::time::sleep(Duration::from_millis(1)).await,
         }
-        if tasks.is_empty()
-            && !targets
-                .iter()
-                .all(|count| count.load(Ordering::Relaxed) >= common.messages)
-        {
+        if tasks.is_empty() && !reached() {
             return Err("the consumers stopped before every message arrived".into());
         }
     }
     let elapsed = began.elapsed();
-    // Queue consumers waiting for a message that will not come are stopped here.
-    tasks.abort_all();
+    // Queue consumers waiting for a message that will not come stop here.
+    let _ = stop.send(true);
     while let Some(done) = tasks.join_next().await {
-        if let Ok(done) = done {
-            latencies.extend(done?);
-        }
+        latencies.extend(done.map_err(|e| e.to_string())??);
     }
     latencies.sort_unstable();
     Ok((elapsed, publish_elapsed, latencies))
 }
 
-/// w1 straight on JetStream: one durable pull consumer shared by `--consumers` pullers, each
-/// holding at most `--window` unacked messages.
+/// w1 straight on JetStream: one durable pull consumer shared by `--consumers` pullers, at most
+/// `--consumers` × `--window` unacked messages among them (`max_ack_pending`), each puller's
+/// pull open ahead of its acks.
 pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Result<(), String> {
     let bench = Bench::create(urls, "w1").await?;
     let result = async {
@@ -249,16 +292,11 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
             })
             .await?;
         let count = Arc::new(AtomicU64::new(0));
-        let consumers = (0..args.consumers)
-            .map(|_| {
-                (
-                    consumer.clone(),
-                    args.window.max(1) as usize,
-                    true,
-                    count.clone(),
-                )
-            })
-            .collect();
+        let batch = (args.window.max(1) as usize).max(PULL_BATCH);
+        let mut consumers = Vec::new();
+        for _ in 0..args.consumers {
+            consumers.push((pulled(&consumer, batch).await?, true, count.clone()));
+        }
         drive(&bench, common, consumers).await
     }
     .await;
@@ -290,32 +328,50 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
     ))
 }
 
-/// w3 straight on JetStream: one pull consumer per subscriber, each getting every message,
-/// acking each (window `--window`) or, ack-free, acking none.
+/// w3 straight on JetStream: one consumer per subscriber, each getting every message: a pull
+/// consumer double-acking each (`max_ack_pending` `--window`) or, ack-free, a push consumer
+/// acking nothing.
 pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Result<(), String> {
     let bench = Bench::create(urls, "w3").await?;
     let result = async {
         let mut consumers = Vec::new();
         for n in 0..args.subscribers {
-            let consumer = bench
-                .consumer(pull::Config {
-                    durable_name: Some(format!("w3-{n}")),
-                    deliver_policy: DeliverPolicy::All,
-                    ack_policy: if args.ack_free {
-                        AckPolicy::None
-                    } else {
-                        AckPolicy::Explicit
-                    },
-                    max_ack_pending: i64::from(args.window.max(1)),
-                    ..Default::default()
-                })
-                .await?;
-            consumers.push((
-                consumer,
-                args.window.max(1) as usize,
-                !args.ack_free,
-                Arc::new(AtomicU64::new(0)),
-            ));
+            let messages = if args.ack_free {
+                // JetStream's fastest fan-out: a push consumer, no acks, no pulls. Not an
+                // ordered one: those are single-replica, and JetStream refuses a consumer whose
+                // replicas differ from an interest-retention stream's. A push consumer delivers
+                // only once its deliver subject has interest, so nothing is lost before then.
+                let consumer = bench
+                    .stream
+                    .create_consumer(push::Config {
+                        durable_name: Some(format!("w3-{n}")),
+                        deliver_subject: bench.js.client().new_inbox(),
+                        deliver_policy: DeliverPolicy::All,
+                        ack_policy: AckPolicy::None,
+                        flow_control: true,
+                        idle_heartbeat: Duration::from_secs(5),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| format!("JetStream refused a consumer: {e}"))?;
+                let messages = consumer
+                    .messages()
+                    .await
+                    .map_err(|e| format!("push: {e}"))?;
+                Box::pin(messages.map(|m| m.map_err(|e| format!("push: {e}")))) as Deliveries
+            } else {
+                let consumer = bench
+                    .consumer(pull::Config {
+                        durable_name: Some(format!("w3-{n}")),
+                        deliver_policy: DeliverPolicy::All,
+                        ack_policy: AckPolicy::Explicit,
+                        max_ack_pending: i64::from(args.window.max(1)),
+                        ..Default::default()
+                    })
+                    .await?;
+                pulled(&consumer, (args.window.max(1) as usize).max(PULL_BATCH)).await?
+            };
+            consumers.push((messages, !args.ack_free, Arc::new(AtomicU64::new(0))));
         }
         drive(&bench, common, consumers).await
     }
