@@ -45,6 +45,31 @@ impl Broker {
                 where_: "",
             });
         }
+        // Its expiry timer goes with it (a leaf lock, taken under the subscription's as a
+        // leave does).
+        lock(&self.inner.idle).remove(key);
+        let held = self.remove_locked(&mut catalog, key, &mut state, |held| Input::Delete { held });
+        let c = &self.inner.counters;
+        c.subscriptions_deleted.fetch_add(1, Ordering::Relaxed);
+        c.messages_deleted.fetch_add(held as u64, Ordering::Relaxed);
+        tracing::info!(subscription = %state.core.id(), messages = held, "subscription deleted");
+        Ok(Deleted {
+            discarded_messages: held as u64,
+        })
+    }
+
+    /// Takes the subscription `key` (locked as `state`) out of `catalog`, as a delete and an
+    /// expiry both do: its patterns leave the routing index, its floors stay behind for a later
+    /// subscription of its id, what a gateway's arbitrated one queued is handed back upstream,
+    /// the rest is drained (the observer hears `input` with how many), and its footprint leaves
+    /// both pools. Returns how many messages it held.
+    pub(super) fn remove_locked(
+        &self,
+        catalog: &mut super::Catalog,
+        key: u64,
+        state: &mut super::SubState,
+        input: impl FnOnce(usize) -> Input,
+    ) -> usize {
         catalog.by_key.remove(&key);
         catalog.drop_oldest.remove(&key);
         for pattern in &state.core.spec().patterns {
@@ -54,20 +79,14 @@ impl Broker {
         // A later subscription of this id still numbers its epochs and members above these
         // (docs/semantics.md#restart-identity holds within a run too).
         catalog.retired = catalog.retired.max(state.core.floors());
-        // Its expiry timer goes with it (a leaf lock, taken under the subscription's as a
-        // leave does).
-        lock(&self.inner.idle).remove(key);
         if state.core.is_arbitrated() {
-            // A gateway's local subscription: what it queued goes back upstream, as on expiry.
-            self.hand_back_locked(&mut state, &mut Vec::new());
+            // Cluster mode: a gateway's local singleton; what it queued goes back upstream, so
+            // it is handed back (the gateway's bridge carries it to the next active member's
+            // gateway), not lost with it.
+            self.hand_back_locked(state, &mut Vec::new());
         }
         let held = state.core.drain() + std::mem::take(&mut state.held_back).len();
-        self.apply(
-            &mut state,
-            Input::Delete { held },
-            Vec::new(),
-            &mut Vec::new(),
-        );
+        self.apply(state, input(held), Vec::new(), &mut Vec::new());
         let c = &self.inner.counters;
         // The subscription is gone: so is what its footprint still held, in both pools.
         c.memory
@@ -76,12 +95,7 @@ impl Broker {
             std::mem::take(&mut state.accounted_drop_oldest),
             Ordering::Relaxed,
         );
-        c.subscriptions_deleted.fetch_add(1, Ordering::Relaxed);
-        c.messages_deleted.fetch_add(held as u64, Ordering::Relaxed);
-        tracing::info!(subscription = %state.core.id(), messages = held, "subscription deleted");
-        Ok(Deleted {
-            discarded_messages: held as u64,
-        })
+        held
     }
 
     /// Counts a subscription deleted elsewhere (a gateway's delete of its JetStream

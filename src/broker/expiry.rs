@@ -88,35 +88,10 @@ impl Broker {
             if !state.core.is_expired(now) {
                 continue;
             }
-            catalog.by_key.remove(&key);
-            catalog.drop_oldest.remove(&key);
-            for pattern in &state.core.spec().patterns {
-                catalog.index.remove(pattern, &key);
-            }
-            catalog.by_name.remove(state.core.id());
-            catalog.retired = catalog.retired.max(state.core.floors());
-            if state.core.is_arbitrated() {
-                // Cluster mode: a singleton expires with its last member here, often before
-                // the gateway gave back what it held (its open pull ends first). What waited
-                // here goes back upstream, so it is handed back, not expired: the observer
-                // (the gateway's bridge) carries it to the next active member's gateway.
-                self.hand_back_locked(&mut state, &mut Vec::new());
-            }
-            let held = state.core.drain() + std::mem::take(&mut state.held_back).len();
-            self.apply(
-                &mut state,
-                super::Input::Expire { held },
-                Vec::new(),
-                &mut Vec::new(),
-            );
+            let held = self.remove_locked(&mut catalog, key, &mut state, |held| {
+                super::Input::Expire { held }
+            });
             let c = &self.inner.counters;
-            // The subscription is gone: so is what its footprint still held.
-            c.memory
-                .fetch_sub(std::mem::take(&mut state.accounted), Ordering::Relaxed);
-            c.drop_oldest.fetch_sub(
-                std::mem::take(&mut state.accounted_drop_oldest),
-                Ordering::Relaxed,
-            );
             c.subscriptions_expired.fetch_add(1, Ordering::Relaxed);
             c.messages_expired.fetch_add(held as u64, Ordering::Relaxed);
             tracing::info!(subscription = %state.core.id(), messages = held, "idle subscription expired");

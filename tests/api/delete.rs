@@ -10,7 +10,10 @@ use crate::{
     harness::{Client, GATEWAYS, TestServer, assert_code, open, within},
 };
 
-async fn delete(client: &Client, id: &str) -> Result<pb::DeleteSubscriptionResponse, Status> {
+pub(crate) async fn delete(
+    client: &Client,
+    id: &str,
+) -> Result<pb::DeleteSubscriptionResponse, Status> {
     within(
         client
             .0

@@ -8,7 +8,7 @@
 #[path = "../api/answers.rs"]
 mod answers;
 #[path = "../api/delete.rs"]
-mod delete;
+pub(crate) mod delete;
 #[allow(
     dead_code,
     unused_imports,

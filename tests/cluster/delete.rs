@@ -3,34 +3,18 @@
 
 use std::time::Duration;
 
-use tinybroker::pb::{self, DeliveryMode, broker_client::BrokerClient};
-use tonic::{Code, Status, transport::Channel};
+use tinybroker::pb::DeliveryMode;
+use tonic::Code;
 
 use crate::{
-    binary::{self, Running},
+    api::delete::delete,
+    binary::Running,
     harness::{Client, open, within},
     nats_server::NatsCluster,
 };
 
 async fn gateway_process(urls: &str) -> (Running, Client) {
-    let (process, addr) = binary::serve(&["--nats", urls, "--gateway-lease", "1s"]).await;
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    (process, Client::of(BrokerClient::new(channel)))
-}
-
-async fn delete(client: &Client, id: &str) -> Result<pb::DeleteSubscriptionResponse, Status> {
-    client
-        .0
-        .clone()
-        .delete_subscription(pb::DeleteSubscriptionRequest {
-            subscription_id: id.into(),
-        })
-        .await
-        .map(|r| r.into_inner())
+    crate::faults::gateway_process(urls, &["--gateway-lease", "1s"]).await
 }
 
 fn signal(process: &Running, signal: &str) {

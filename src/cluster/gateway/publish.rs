@@ -327,7 +327,18 @@ async fn send_with(
 /// gateway's patience (a request's gRPC deadline, when shorter, ends it first).
 pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Error> {
     let deadline = tokio::time::Instant::now() + shared.patience;
-    match send(shared, draft).await?.confirmed().await {
+    let sent = send(shared, draft).await?;
+    confirmed_by(shared, sent, deadline).await
+}
+
+/// Waits for `sent`'s confirmation, sending it again with its id until JetStream confirms it
+/// or `deadline` passes.
+async fn confirmed_by(
+    shared: &Arc<Shared>,
+    sent: Sent,
+    deadline: tokio::time::Instant,
+) -> Result<Published, Error> {
+    match sent.confirmed().await {
         Ok(published) => Ok(published),
         Err(Unconfirmed::Again(resend)) => {
             resend
@@ -353,18 +364,7 @@ pub(super) async fn publish_dead_letter(
     let deadline = tokio::time::Instant::now() + DEAD_LETTER_PATIENCE;
     let id = dead_letter_id(dead_letter_of, sequence);
     let sent = send_with(shared, draft, id, Some(dead_letter_of.to_string())).await?;
-    match sent.confirmed().await {
-        Ok(published) => Ok(published),
-        Err(Unconfirmed::Again(resend)) => {
-            resend
-                .publish(
-                    shared,
-                    deadline.saturating_duration_since(tokio::time::Instant::now()),
-                )
-                .await
-        }
-        Err(Unconfirmed::Failed(error)) => Err(error),
-    }
+    confirmed_by(shared, sent, deadline).await
 }
 
 /// A `PublishBatch` through the gateway: every message sent in order without waiting, then
