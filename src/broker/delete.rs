@@ -29,6 +29,7 @@ impl Broker {
     /// [`Error::SubscriptionNotFound`]; [`Error::MembersJoined`] while any member is joined
     /// (nothing changes then).
     pub fn delete(&self, subscription_id: &str) -> Result<Deleted, Error> {
+        self.check_running()?;
         let mut catalog = write(&self.inner.catalog);
         let Some(&key) = catalog.by_name.get(subscription_id) else {
             return Err(Error::SubscriptionNotFound(subscription_id.to_string()));

@@ -805,6 +805,22 @@ fn drop_oldest_queues_fill_only_their_share_and_never_refuse() {
     drop(lagging);
 }
 
+// docs/semantics.md#deleting: a broker shutting down deletes nothing (UNAVAILABLE, as every
+// call then), and the subscription is still there to describe.
+#[test]
+fn delete_while_shutting_down_is_refused_and_changes_nothing() {
+    let broker = broker(Limits::default());
+    drop(
+        broker
+            .open(&request("idle", Mode::Queue, "a.*"), None)
+            .unwrap(),
+    );
+    broker.shutdown();
+    let refused = broker.delete("idle");
+    assert!(matches!(refused, Err(Error::ShuttingDown)), "{refused:?}");
+    assert!(broker.describe("idle").is_ok());
+}
+
 // docs/semantics.md#deleting: a delete gives back every byte the subscription had in both
 // pools of the memory budget, takes its patterns out of the routing index and its expiry timer
 // out of the schedule, counts what it discarded (not as expired), and refuses, changing

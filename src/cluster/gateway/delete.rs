@@ -341,7 +341,12 @@ impl Gateway {
                 self.inner.stream.delete_consumer(&info.name),
             )
             .await
-            .map_err(|_| unavailable("JetStream did not delete the consumer", "timed out"))?;
+            .map_err(|_| {
+                unavailable(
+                    "JetStream did not answer the consumer's delete in time",
+                    "it may still be deleted; ask again (NOT_FOUND then says it was)",
+                )
+            })?;
             match deleted {
                 Ok(_) => removed += 1,
                 // Gone meanwhile (another delete of it, or its inactivity threshold ran out):
