@@ -474,7 +474,20 @@ async fn await_routes(
     prefix: &str,
     deadline: tokio::time::Instant,
 ) -> Result<(), String> {
-    let subject = format!("{prefix}_tinybroker_probe");
+    await_probe(js, format!("{prefix}_tinybroker_probe"), deadline)
+        .await
+        .map_err(|error| format!("no JetStream server answered writes to the bucket: {error}"))
+}
+
+/// Sends a probe to `subject` until some JetStream server answers it or `deadline` passes
+/// (then the last "no responders"), paced 5 ms doubling to 200 ms. The probe expects a subject
+/// sequence no stream can have, so a stream that gets it refuses it and stores nothing: any
+/// answer but "no responders" says a server routes `subject` to its stream.
+pub(crate) async fn await_probe(
+    js: &jetstream::Context,
+    subject: String,
+    deadline: tokio::time::Instant,
+) -> Result<(), jetstream::context::PublishError> {
     let mut delay = Duration::from_millis(5);
     loop {
         let probe =
@@ -486,9 +499,7 @@ async fn await_routes(
         match answer {
             Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
                 if tokio::time::Instant::now() >= deadline {
-                    return Err(format!(
-                        "no JetStream server answered writes to the bucket: {error}"
-                    ));
+                    return Err(error);
                 }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_millis(200));

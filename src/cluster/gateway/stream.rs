@@ -21,29 +21,13 @@ const STREAM_PATIENCE: Duration = Duration::from_secs(10);
 pub(super) async fn await_stream(js: &jetstream::Context, stream: &str) -> Result<(), String> {
     let subject = format!("{stream}._tinybroker.probe");
     let deadline = tokio::time::Instant::now() + STREAM_PATIENCE;
-    let mut delay = Duration::from_millis(5);
-    loop {
-        let probe =
-            jetstream::message::PublishMessage::build().expected_last_subject_sequence(u64::MAX);
-        let answer = match js.send_publish(subject.clone(), probe).await {
-            Ok(ack) => ack.await.map(|_| ()),
-            Err(error) => Err(error),
-        };
-        match answer {
-            Err(error) if error.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(format!(
-                        "no JetStream server answered publishes to stream {stream} within {STREAM_PATIENCE:?}"
-                    ));
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_millis(200));
-            }
-            // Refused by the stream (the expected sequence), or answered otherwise: a server
-            // that routes to the stream answered.
-            _ => return Ok(()),
-        }
-    }
+    crate::cluster::nats::await_probe(js, subject, deadline)
+        .await
+        .map_err(|_| {
+            format!(
+                "no JetStream server answered publishes to stream {stream} within {STREAM_PATIENCE:?}"
+            )
+        })
 }
 
 /// The stream, created when missing. Auto replicas try 3 first and take fewer when the
