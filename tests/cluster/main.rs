@@ -23,6 +23,7 @@ mod certs;
 #[path = "../support/nats.rs"]
 mod nats_server;
 
+mod ahead;
 mod api;
 mod bench;
 mod delete;

@@ -27,6 +27,7 @@ use tokio_stream::StreamExt;
 use super::{
     DEAD_LETTER_OF, Shared,
     acks::{CONFIRM_ON_STOP, Confirming, MAX_CONFIRMING},
+    ahead::Ahead,
     publish::MSG_ID,
 };
 use crate::core::{Draft, Envelope, Error, ErrorKind, Headers, MemberId, Message, Topic};
@@ -40,6 +41,11 @@ pub(super) const PULL_EXPIRES: Duration = Duration::from_secs(1);
 /// promotion, at the cost of about 1/this pull requests per second while the active member
 /// idles.
 pub(super) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
+/// How long one pull request of a bridge that reads ahead waits for messages: when told to
+/// stop, such a bridge lets its open pull run out (what it brings is given back), rather than
+/// leave what JetStream sends it in transit until the ack wait. About 1/this pull requests per
+/// second while the subscription idles.
+pub(super) const AHEAD_PULL_EXPIRES: Duration = Duration::from_millis(200);
 /// Pause after a failed pull (NATS unreachable, consumer gone) before the next.
 const RETRY: Duration = Duration::from_millis(500);
 /// How long JetStream waits before redelivering a message whose dead letter it did not store.
@@ -125,6 +131,9 @@ pub(super) struct Bridge {
     /// The subscription's patterns when its consumer's filters cover more than they match
     /// (`names::filters`: overlapping patterns): a message matching none is acked unseen.
     pub(super) only: Option<Vec<crate::core::Pattern>>,
+    /// Messages pulled beyond the members' room ([`Ahead`]; off for singletons, ack-free
+    /// subscriptions and those with max delivery attempts).
+    pub(super) ahead: Ahead,
 }
 
 /// Sleeps for `pause`, or forever.
@@ -186,8 +195,10 @@ impl Bridge {
                 self.verify_consumer().await;
             }
             let recount = self.count_owed().await;
+            self.drain_ahead().await;
             let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
-            if room == 0 {
+            let want = self.ahead.want(room);
+            if want == 0 {
                 tokio::select! {
                     () = pause(recount) => {}
                     event = self.events.recv() => match self.handle(event).await {
@@ -206,7 +217,7 @@ impl Bridge {
             let batch = self
                 .consumer
                 .batch()
-                .max_messages(room.min(u64::from(u32::MAX)) as usize)
+                .max_messages(want.min(u64::from(u32::MAX)) as usize)
                 .expires(self.pull_expires)
                 .messages()
                 .await;
@@ -235,12 +246,13 @@ impl Bridge {
             // The open pull cannot be cancelled: what JetStream already sent it would be lost in
             // transit until its ack wait, and arrive after newer messages. So a singleton's pull
             // runs to its end (at most 15 ms). What it brings once the subscription has no
-            // active member here, or is gone, is held, and given back in order after it.
+            // active member here, or is gone, is held, and given back in order after it. So
+            // does a bridge that reads ahead (at most 200 ms).
             let mut stopping = false;
             loop {
                 tokio::select! {
                     message = batch.next() => match message {
-                        Some(Ok(message)) => self.inject(message).await,
+                        Some(Ok(message)) => self.arrive(message, stopping).await,
                         Some(Err(error)) => {
                             tracing::warn!(subscription = %self.subscription, %error, "JetStream ended a pull");
                             break;
@@ -252,11 +264,16 @@ impl Bridge {
                         // or BROADCAST pull could run a second more and bring up to its whole
                         // room, which would then go back with an attempt no member saw: it is
                         // dropped, and only what was in transit comes back late (ack wait).
-                        Flow::Stop if self.singleton => stopping = true,
+                        Flow::Stop if self.singleton || self.ahead.on() => stopping = true,
                         Flow::Stop => break 'pulling,
                         Flow::Vacated(member) => self.leaving.push(member),
-                        Flow::Go => {}
+                        // An ack may have made room for what was read ahead.
+                        Flow::Go => self.drain_ahead().await,
                     },
+                    // A member joined (or its window opened): room for what waits.
+                    () = self.wake.notified(), if self.ahead.on() && !stopping => {
+                        self.drain_ahead().await;
+                    }
                     _ = progress.tick() => self.progress().await,
                 }
             }
@@ -523,8 +540,38 @@ impl Bridge {
     }
 
     async fn progress(&self) {
-        for reply in self.held.values() {
+        let waiting = self.ahead.waiting().filter_map(|m| m.reply.as_ref());
+        for reply in self.held.values().chain(waiting) {
             self.reply(reply.clone(), AckKind::Progress).await;
+        }
+    }
+
+    /// A message the open pull brought: handed to the local subscription, or, when the bridge
+    /// reads ahead and the members have no room (or others wait already, or the bridge is
+    /// stopping), kept in the read-ahead.
+    async fn arrive(&mut self, message: async_nats::jetstream::Message, stopping: bool) {
+        let wait = self.ahead.on()
+            && (stopping
+                || self
+                    .ahead
+                    .must_wait(|| self.shared.broker.room(&self.subscription).unwrap_or(0)));
+        if !wait {
+            return self.inject(message).await;
+        }
+        match message.info().map(|info| info.stream_sequence) {
+            Ok(sequence) => self.ahead.push(sequence, message),
+            // Terminated there, as an undeliverable message.
+            Err(_) => self.inject(message).await,
+        }
+    }
+
+    /// Hands what was read ahead to the local subscription while its members have room.
+    async fn drain_ahead(&mut self) {
+        while !self.ahead.is_empty() && self.shared.broker.room(&self.subscription).unwrap_or(0) > 0
+        {
+            if let Some(message) = self.ahead.pop() {
+                self.inject(message).await;
+            }
         }
     }
 
@@ -532,8 +579,13 @@ impl Bridge {
     async fn give_back(&mut self) {
         let held = std::mem::take(&mut self.held);
         self.refused.clear();
-        let count = held.len();
-        for (_, reply) in held {
+        let ahead = self.ahead.take();
+        let count = held.len() + ahead.len();
+        // In stream order: what members held, then what was read ahead.
+        let replies = held
+            .into_values()
+            .chain(ahead.into_iter().filter_map(|m| m.message.reply));
+        for reply in replies {
             self.reply(reply, AckKind::Nak(None)).await;
         }
         if let Err(error) = self.shared.client.flush().await {

@@ -82,6 +82,8 @@ impl Gateway {
                 refused: BTreeMap::new(),
                 pull_expires: if singleton {
                     bridge::SINGLETON_PULL_EXPIRES
+                } else if reads_ahead(spec) {
+                    bridge::AHEAD_PULL_EXPIRES
                 } else {
                     bridge::PULL_EXPIRES
                 },
@@ -99,6 +101,11 @@ impl Gateway {
                 await_lease: false,
                 consumer_gone: false,
                 only,
+                ahead: super::ahead::Ahead::new(if reads_ahead(spec) {
+                    super::ahead::READ_AHEAD
+                } else {
+                    0
+                }),
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
@@ -221,6 +228,14 @@ impl Gateway {
 /// An ack-free QUEUE or BROADCAST consumer acks nothing: the message is done once pulled.
 pub(super) fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
     spec.ack_mode == AckMode::Explicit || spec.mode == Mode::Singleton
+}
+
+/// Whether the subscription's bridge reads ahead of its members' windows (docs/cluster.md#read-ahead):
+/// acked QUEUE and BROADCAST subscriptions without `max_delivery_attempts`.
+fn reads_ahead(spec: &crate::core::SubscriptionSpec) -> bool {
+    spec.mode != Mode::Singleton
+        && spec.ack_mode == AckMode::Explicit
+        && spec.max_delivery_attempts == 0
 }
 
 /// How long a singleton join waits for this gateway's lease when it holds none (starting, or

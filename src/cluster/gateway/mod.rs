@@ -54,6 +54,7 @@
 //!   terminated; a standby's notice (`notify_standby`) names its place in the cluster's line.
 
 mod acks;
+mod ahead;
 mod bridge;
 mod config;
 mod delete;

@@ -1,0 +1,117 @@
+//! A bridge's read-ahead (docs/cluster.md#read-ahead): an acked QUEUE subscription's gateway keeps
+//! a pull open beyond its members' windows, so a window of one does not cost a pull round trip
+//! per message, and what it read ahead goes back to JetStream at once when its last member
+//! there leaves, for members at other gateways.
+
+use std::{sync::Arc, time::Duration};
+
+use tinybroker::pb::DeliveryMode;
+use tokio_stream::StreamExt;
+
+use crate::{
+    gateway,
+    harness::{open, within},
+    nats_server::NatsCluster,
+};
+
+fn queue(id: &str) -> tinybroker::pb::OpenSubscription {
+    let mut request = open(id, DeliveryMode::Queue, "workers", &["jobs.*"]);
+    request.max_in_flight = 1;
+    request
+}
+
+/// Counts the pull requests sent to `subscription`'s JetStream consumer, as NATS carries them.
+async fn count_pulls(url: &str, subscription: &str) -> Arc<std::sync::atomic::AtomicUsize> {
+    let client = async_nats::connect(url).await.unwrap();
+    let name = tinybroker::cluster::gateway::names::consumer_name(
+        tinybroker::core::Mode::Queue,
+        subscription,
+        "",
+    );
+    let mut pulls = client
+        .subscribe(format!("$JS.API.CONSUMER.MSG.NEXT.tinybroker.{name}"))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        let _client = client;
+        while pulls.next().await.is_some() {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    count
+}
+
+// A member with a window of one takes 160 messages published before it acks the first: with the
+// read-ahead, a pull brings at least 16 of them, so there are far fewer pulls than messages
+// (without it: one pull per message, each after the ack of the one before).
+#[tokio::test]
+async fn a_window_of_one_costs_no_pull_request_per_message() {
+    const MESSAGES: usize = 160;
+    let cluster = NatsCluster::start(1).await;
+    let url = cluster.client_url(0);
+    let gateway = gateway(&url).await;
+    let client = gateway.client().await;
+    let mut member = client.subscribe(queue("work")).await.unwrap();
+    member.confirmed().await;
+    let pulls = count_pulls(&url, "work").await;
+    let mut published = Vec::new();
+    for n in 0..MESSAGES {
+        published.push(client.publish("jobs.run", &n.to_string()).await.system_id);
+    }
+    let mut got = Vec::new();
+    for _ in 0..MESSAGES {
+        let message = member.message().await;
+        assert_eq!(message.delivery_attempt, 1);
+        got.push(message.system_id);
+        member.ack(message.system_id).await;
+    }
+    assert_eq!(got, published, "every message once, in order");
+    let pulls = pulls.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        pulls < MESSAGES / 4,
+        "{pulls} pull requests for {MESSAGES} messages at window 1"
+    );
+}
+
+// Gateway A's member (window 1) holds the first message, unacked, while 40 more are published:
+// A reads 32 of them ahead (the other 8 stay in JetStream). When the member leaves, A gives everything it holds back at once, so
+// a member at gateway B gets all 41 well within the consumer's ack wait (30 s; nothing was left
+// in transit to a pull A dropped), none twice.
+#[tokio::test]
+async fn what_was_read_ahead_goes_to_another_gateway_when_the_last_member_leaves() {
+    const MESSAGES: usize = 41;
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let a = gateway(&urls[0]).await;
+    let b = gateway(&urls[1]).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut first = on_a.subscribe(queue("handoff")).await.unwrap();
+    first.confirmed().await;
+    let mut published = Vec::new();
+    for n in 0..MESSAGES {
+        published.push(on_b.publish("jobs.run", &n.to_string()).await.system_id);
+    }
+    let held = first.message().await;
+    assert_eq!(held.system_id, published[0]);
+    // A's bridge has read ahead once JetStream counts the held one and 32 more delivered.
+    within(async {
+        while crate::ack_pending(&urls[2], "handoff").await < 33 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let mut second = on_b.subscribe(queue("handoff")).await.unwrap();
+    second.confirmed().await;
+    drop(first);
+    let mut got = Vec::new();
+    while got.len() < MESSAGES {
+        let message = second.message().await;
+        got.push(message.system_id);
+        second.ack(message.system_id).await;
+    }
+    got.sort_unstable();
+    assert_eq!(got, published, "each message once, none left behind at A");
+}
