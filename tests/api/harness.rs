@@ -77,14 +77,26 @@ impl TestServer {
 
     /// Serves `server` (built by the caller, e.g. as a cluster-mode gateway).
     pub async fn run(server: Server) -> Self {
+        Self::run_then(server, async {}).await
+    }
+
+    /// Serves `server`; once it stopped, awaits `after` before [`TestServer::stop`] returns
+    /// (a gateway's `close`, as `tinybroker serve` calls it).
+    pub async fn run_then(
+        server: Server,
+        after: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(
-            server.run(tinybroker::server::tcp_incoming(listener), async {
-                let _ = rx.await;
-            }),
-        );
+        let served = server.run(tinybroker::server::tcp_incoming(listener), async {
+            let _ = rx.await;
+        });
+        let task = tokio::spawn(async move {
+            let result = served.await;
+            after.await;
+            result
+        });
         Self {
             addr,
             publish_addr: addr,

@@ -93,7 +93,13 @@ pub(crate) async fn serve_gateway(
     let gateway = Gateway::connect(config, server.limits.clone(), clock)
         .await
         .expect("gateway connects");
-    TestServer::run(Server::with_backend(server, Backend::Gateway(gateway))).await
+    // Stopped as `tinybroker serve` stops it: the bridges give back what they hold.
+    let closing = gateway.clone();
+    TestServer::run_then(
+        Server::with_backend(server, Backend::Gateway(gateway)),
+        async move { closing.close(Duration::from_secs(2)).await },
+    )
+    .await
 }
 
 /// A three-node cluster and two gateways on different nodes.
