@@ -225,9 +225,26 @@ impl Client {
         carriage: Carriage,
         request: OpenSubscription,
     ) -> Result<Member, Status> {
+        self.subscribe_within(carriage, request, EVENT_TIMEOUT)
+            .await
+    }
+
+    /// [`Client::subscribe_via`], the join's answer awaited for up to `patience` (a join
+    /// while JetStream moves a killed node's leaders).
+    pub async fn subscribe_within(
+        &self,
+        carriage: Carriage,
+        request: OpenSubscription,
+        patience: Duration,
+    ) -> Result<Member, Status> {
+        async fn within<F: Future>(patience: Duration, future: F) -> F::Output {
+            tokio::time::timeout(patience, future)
+                .await
+                .expect("timed out waiting for a join's answer")
+        }
         let (stream, settles) = match carriage {
             Carriage::Unary => (
-                within(self.0.clone().subscribe(request.clone()))
+                within(patience, self.0.clone().subscribe(request.clone()))
                     .await?
                     .into_inner(),
                 None,
@@ -240,6 +257,7 @@ impl Client {
                 .await
                 .unwrap();
                 let stream = within(
+                    patience,
                     self.0
                         .clone()
                         .consume(tokio_stream::wrappers::ReceiverStream::new(rx)),

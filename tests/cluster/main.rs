@@ -32,6 +32,7 @@ mod faults;
 mod lease;
 mod limits;
 mod node_faults;
+mod registry;
 mod singleton;
 
 /// The API suite's deployment here: two gateways over a fresh three-node NATS cluster,

@@ -369,6 +369,8 @@ impl Gateway {
         if removed == 0 {
             return Err(not_found());
         }
+        // A publish anywhere after this answer does not count it.
+        self.announce_consumers_changed().await;
         Ok(Deleted {
             discarded_messages: discarded,
         })
@@ -421,7 +423,7 @@ impl Gateway {
 
     /// The incarnations holding a lease in the coordination bucket: every live gateway, and
     /// dead ones whose lease has not lapsed yet.
-    async fn leased_gateways(&self) -> Result<BTreeSet<u64>, Error> {
+    pub(super) async fn leased_gateways(&self) -> Result<BTreeSet<u64>, Error> {
         let bucket = format!("{}-coordination", self.inner.config.stream);
         let read = async {
             let store = self

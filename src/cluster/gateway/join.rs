@@ -175,6 +175,11 @@ impl Gateway {
         };
         if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
             let recorded = check(consumer.cached_info())?;
+            // Made elsewhere, and maybe not yet announced (its maker still announcing): a
+            // publish anywhere after this join's answer counts it.
+            if !self.inner.shared.registry.knows(&name) {
+                self.announce_consumers_changed().await;
+            }
             return Ok((consumer, recorded));
         }
         let config = consumer::pull::Config {
@@ -201,14 +206,19 @@ impl Gateway {
             ..Default::default()
         };
         let created = stream.create_consumer_strict(config).await;
-        // The registry lists the consumers again before it next counts.
-        self.inner.shared.registry.changed();
         match created {
-            Ok(consumer) => Ok((consumer, spec.clone())),
+            Ok(consumer) => {
+                // Every gateway's registry has it before the join is answered.
+                self.announce_consumers_changed().await;
+                Ok((consumer, spec.clone()))
+            }
             Err(error) => {
                 // Another gateway may have created it first, with other settings.
                 if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
                     let recorded = check(consumer.cached_info())?;
+                    if !self.inner.shared.registry.knows(&name) {
+                        self.announce_consumers_changed().await;
+                    }
                     return Ok((consumer, recorded));
                 }
                 Err(refused(format!(

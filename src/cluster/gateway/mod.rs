@@ -55,6 +55,7 @@
 
 mod acks;
 mod ahead;
+mod announce;
 mod bridge;
 mod config;
 mod delete;
@@ -138,6 +139,8 @@ struct Inner {
     holds: Arc<delete::Holds>,
     /// Answers other gateways' deletes.
     deletes: tokio::task::JoinHandle<()>,
+    /// Answers other gateways' announcements of consumers made or deleted.
+    announcements: tokio::task::JoinHandle<()>,
     /// Numbers this gateway's deletes (their holds' tokens).
     delete_tokens: std::sync::atomic::AtomicU64,
     /// This gateway's incarnation now (its lease's id).
@@ -158,6 +161,7 @@ impl Drop for Inner {
         self.responder.abort();
         self.coordination.abort();
         self.deletes.abort();
+        self.announcements.abort();
         self.registry_task.abort();
     }
 }
@@ -205,8 +209,21 @@ impl Gateway {
         // drops the connection at the third ping unanswered, then connects to another; a
         // server that takes connections but never greets (paused too) is given up after the
         // connection timeout.
+        // Counts connections made and lost: an announcement sent while this gateway's
+        // connection was down did not reach it (`registry`).
+        let connects = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = connects.clone();
         let client = async_nats::ConnectOptions::new()
             .name("tinybroker-gateway")
+            .event_callback(move |event| {
+                if matches!(
+                    event,
+                    async_nats::Event::Connected | async_nats::Event::Disconnected
+                ) {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                async {}
+            })
             .ping_interval(config.ping_interval)
             .connection_timeout(config::connection_timeout(config.ping_interval))
             .connect(urls)
@@ -248,13 +265,22 @@ impl Gateway {
         .await
         .map_err(|e| e.to_string())?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
-        let (registry, registry_task) = registry::Registry::start(&client, stream.clone()).await?;
+        let (registry, registry_task) =
+            registry::Registry::start(&client, stream.clone(), connects).await?;
         let (singletons, coordination) = singleton::spawn(
             backplane.clone(),
             broker.clone(),
             singleton::config(config.lease),
         );
         let incarnation = singletons.incarnation();
+        let announcements = announce::serve(
+            &client,
+            &config.stream,
+            registry.clone(),
+            incarnation.clone(),
+        )
+        .await?;
+        registry.watch_lease(singletons.lease().clone());
         let window = stream.cached_info().config.duplicate_window;
         let patience = if window.is_zero() {
             config.publish_timeout
@@ -325,6 +351,7 @@ impl Gateway {
                 backplane,
                 holds,
                 deletes,
+                announcements,
                 // Unique across gateways with overwhelming probability (two would have to
                 // start in the same microsecond), so one delete never releases another's hold.
                 delete_tokens: std::sync::atomic::AtomicU64::new(

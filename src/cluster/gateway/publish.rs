@@ -42,7 +42,8 @@ pub(super) const PUBLISH_TRY: Duration = Duration::from_secs(2);
 const DEAD_LETTER_PATIENCE: Duration = Duration::from_secs(2);
 
 /// The message ids of one gateway's publishes: a random prefix for this process, then a
-/// counter, so no two publishes through any gateways share one.
+/// counter, so no two publishes through any gateways share one. Short: JetStream keeps every
+/// id of its duplicate window in memory on each of the stream's servers.
 pub(super) struct MessageIds {
     prefix: String,
     next: AtomicU64,
@@ -56,20 +57,18 @@ impl MessageIds {
             hasher.write_u64(salt);
             hasher.finish()
         };
+        // 64 random bits (the process id mixed in): two gateway processes share a prefix with
+        // odds of about 2^-64 per pair.
+        let mixed = random(0x6d73_6769_6431) ^ u64::from(std::process::id()).rotate_left(40);
         Self {
-            prefix: format!(
-                "tb-{:016x}{:016x}{:x}",
-                random(0x6d73_6769_6431),
-                random(0x6d73_6769_6432),
-                std::process::id()
-            ),
+            prefix: format!("{mixed:016x}"),
             next: AtomicU64::new(0),
         }
     }
 
     fn next(&self) -> String {
         format!(
-            "{}-{}",
+            "{}.{:x}",
             self.prefix,
             self.next.fetch_add(1, Ordering::Relaxed)
         )
@@ -138,9 +137,19 @@ pub struct Sent {
     /// already in, and past 5,000 sent at once (one large batch, or several batches and
     /// streams together) every send through the gateway would wait forever.
     ack: tokio::task::JoinHandle<Result<PublishAck, PublishError>>,
-    /// The registry's ticket taken when it was sent, for `queued_for` (none for a dead
-    /// letter, whose count nobody reads).
-    ticket: Option<u64>,
+    /// How its `queued_for` is counted.
+    count: Count,
+}
+
+/// How a publish's `queued_for` is counted (docs/cluster.md#queued_for-across-gateways).
+#[derive(Debug, Clone, Copy)]
+enum Count {
+    /// Not: a dead letter, whose count nobody reads.
+    Not,
+    /// From the registry's copy as it is: it was current when the publish was sent.
+    Now,
+    /// After a sync begun once this registry ticket was taken (when it was sent).
+    After(u64),
 }
 
 /// Why a sent publish was not confirmed.
@@ -192,12 +201,13 @@ impl Sent {
                 self.shared.broker.count_upstream_publish();
                 // The subscriptions in the cluster when the publish arrived, or later
                 // (docs/semantics.md#cluster-durability); the sync ran beside the publish.
-                let queued_for = match self.ticket {
-                    Some(ticket) => {
+                let queued_for = match self.count {
+                    Count::After(ticket) => {
                         self.shared.registry.synced(ticket).await;
                         self.shared.registry.matching(self.draft.topic())
                     }
-                    None => 0,
+                    Count::Now => self.shared.registry.matching(self.draft.topic()),
+                    Count::Not => 0,
                 };
                 Ok(Published {
                     system_id: ack.sequence,
@@ -298,7 +308,13 @@ async fn send_with(
     id: String,
     dead_letter_of: Option<String>,
 ) -> Result<Sent, Error> {
-    let ticket = dead_letter_of.is_none().then(|| shared.registry.ticket());
+    let count = if dead_letter_of.is_some() {
+        Count::Not
+    } else if shared.registry.current() {
+        Count::Now
+    } else {
+        Count::After(shared.registry.ticket())
+    };
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
     let mut headers = nats_headers(draft.envelope().headers())?;
     if let Some(subscription) = &dead_letter_of {
@@ -319,7 +335,7 @@ async fn send_with(
         id,
         dead_letter_of,
         ack: tokio::spawn(ack.into_future()),
-        ticket,
+        count,
     })
 }
 

@@ -6,16 +6,22 @@
 //! id and patterns in its metadata (QUEUE and SINGLETON: one shared by every gateway;
 //! BROADCAST: one per gateway), so nothing new is stored and nothing can disagree with what
 //! JetStream delivers. A gateway keeps a copy (its subscriptions' patterns in the core's
-//! routing index) and brings it up to date before it answers:
+//! routing index), kept up to date without a JetStream request per publish:
 //!
-//! - **Synced after the request arrived.** A publish takes a ticket when it arrives; the
-//!   registry's task then reads the stream's consumer count from the stream's leader (one
-//!   request, shared by every publish that arrived before it was sent), and lists the
-//!   consumers again when the count differs from the copy's or a consumer was created or
-//!   deleted since the last listing (JetStream's advisories, and this gateway's own joins).
-//!   A join is answered only once its consumer exists on every server of the stream
-//!   (`await_replicas`), so a subscription confirmed at any gateway before a publish arrived is
-//!   counted, and one expired before is not.
+//! - **Announced.** A gateway that makes or deletes a consumer tells every gateway before it
+//!   answers the join or delete ([`announce`](super::announce)); each brings its copy up to date
+//!   and says so. A copy brought up to date under the gateway's current lease incarnation and
+//!   NATS connection is [`current`](Registry::current): a publish counts from it at once.
+//! - **Synced after the request arrived**, otherwise (a gateway starting, or whose lease lapsed
+//!   or connection dropped since, so it may have missed an announcement): a publish takes a
+//!   ticket when it arrives; the registry's task then reads the stream's consumer count from
+//!   the stream's leader (one request, shared by every publish that arrived before it was
+//!   sent), and lists the consumers again when the count differs from the copy's or a
+//!   consumer was created or deleted since the last listing (JetStream's advisories, and
+//!   announcements). Ack and describe paths always sync.
+//! - So a subscription confirmed at any gateway before a publish arrived is counted, and one
+//!   deleted before is not; one JetStream removed for inactivity is uncounted once its
+//!   advisory arrived (a sync starts then).
 //! - **Bounded.** At most [`MAX_SUBSCRIPTIONS`] subscriptions are indexed (each with at most
 //!   64 patterns, as a join allows); past that a gateway logs a warning and counts only those.
 //! - **When JetStream does not answer** within [`PATIENCE`], the copy answers as it is.
@@ -125,6 +131,15 @@ pub(super) struct Registry {
     /// The ticket count when the listing the copy holds was begun: an older listing that ends
     /// later (syncs overlap) does not replace it.
     listed_at: AtomicU64,
+    /// This gateway's lease, once it has one (set after start).
+    lease: std::sync::OnceLock<Arc<super::lease::LeaseGate>>,
+    /// How often this gateway's NATS connection (re)connected: announcements sent while it was
+    /// down were lost.
+    connects: Arc<AtomicU64>,
+    /// The lease incarnation and connection count under which the last sync that ended began.
+    current_as_of: Mutex<Option<(u64, u64)>>,
+    /// This gateway is subscribed to announcements (`announce::serve`).
+    listening: AtomicBool,
 }
 
 impl Registry {
@@ -133,6 +148,7 @@ impl Registry {
     pub(super) async fn start(
         client: &async_nats::Client,
         stream: jetstream::stream::Stream,
+        connects: Arc<AtomicU64>,
     ) -> Result<(Arc<Self>, tokio::task::JoinHandle<()>), String> {
         let name = stream.cached_info().config.name.clone();
         let mut advisories = client
@@ -148,6 +164,10 @@ impl Registry {
             listed: Mutex::new(None),
             listed_at: AtomicU64::new(0),
             listing: tokio::sync::Mutex::new(()),
+            lease: std::sync::OnceLock::new(),
+            connects,
+            current_as_of: Mutex::new(None),
+            listening: AtomicBool::new(false),
         });
         let task = {
             let registry = registry.clone();
@@ -173,7 +193,10 @@ impl Registry {
                                     .iter()
                                     .any(|kind| advisory.subject.as_str().contains(kind));
                                 if created_or_deleted {
+                                    // Also when nobody publishes: a copy counted from at once
+                                    // drops a consumer JetStream removed by itself now.
                                     registry.changed();
+                                    registry.ticket();
                                 }
                             }
                             None => std::future::pending().await,
@@ -190,6 +213,38 @@ impl Registry {
         self.changed.store(true, Ordering::SeqCst);
     }
 
+    /// Announcements reach this gateway from now on.
+    pub(super) fn listening(&self) {
+        self.listening.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on, [`Registry::current`] holds only under a valid `lease`.
+    pub(super) fn watch_lease(&self, lease: Arc<super::lease::LeaseGate>) {
+        let _ = self.lease.set(lease);
+    }
+
+    /// Whether the copy is up to date without a sync: the last sync began under the lease
+    /// incarnation valid now and on the NATS connection up now, so every announcement since
+    /// reached this gateway (announcers wait for every leased gateway's answer).
+    pub(super) fn current(&self) -> bool {
+        let Some(incarnation) = self.lease.get().and_then(|lease| lease.valid()) else {
+            return false;
+        };
+        let connects = self.connects.load(Ordering::SeqCst);
+        *self
+            .current_as_of
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            == Some((incarnation, connects))
+    }
+
+    /// Brings the copy up to date: returns once a listing begun after this call ended (at most
+    /// [`PATIENCE`] twice).
+    pub(super) async fn refresh(&self) {
+        self.changed();
+        self.synced(self.ticket()).await;
+    }
+
     /// A ticket for a request that just arrived: [`Registry::synced`] with it returns once the
     /// copy is at least as new as the cluster was when it was taken.
     pub(super) fn ticket(&self) -> u64 {
@@ -204,6 +259,11 @@ impl Registry {
         let mut synced = self.synced.subscribe();
         let _ =
             tokio::time::timeout(PATIENCE * 2, synced.wait_for(|&covered| covered >= ticket)).await;
+    }
+
+    /// Whether the copy has consumer `name`.
+    pub(super) fn knows(&self, name: &str) -> bool {
+        self.lock().consumers.contains(name)
     }
 
     /// How many subscriptions match `topic` (after [`Registry::synced`]).
@@ -245,6 +305,15 @@ impl Registry {
     /// consumers; then covers every ticket taken before it began.
     async fn sync(&self, stream: &jetstream::stream::Stream) {
         let covers = self.requested.load(Ordering::SeqCst);
+        // Read before the connection count: a reconnection after it makes the copy not current.
+        let connects = self.connects.load(Ordering::SeqCst);
+        let began_under = self
+            .lease
+            .get()
+            .and_then(|lease| lease.valid())
+            .filter(|_| self.listening.load(Ordering::SeqCst))
+            .map(|incarnation| (incarnation, connects));
+        let mut up_to_date = false;
         let count = tokio::time::timeout(PATIENCE, stream.get_info()).await;
         let count = match count {
             Ok(Ok(info)) => Some(info.state.consumer_count),
@@ -275,6 +344,7 @@ impl Registry {
                     if self.listed_at.fetch_max(covers, Ordering::SeqCst) <= covers {
                         *copy = known;
                     }
+                    up_to_date = true;
                 }
                 Ok(Err(error)) => {
                     self.changed();
@@ -282,6 +352,14 @@ impl Registry {
                 }
                 Err(_) => self.changed(),
             }
+        } else if count.is_some() {
+            up_to_date = true;
+        }
+        if up_to_date && let Some(began_under) = began_under {
+            *self
+                .current_as_of
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(began_under);
         }
         self.synced.send_if_modified(|covered| {
             let newer = covers > *covered;
@@ -336,6 +414,53 @@ mod tests {
         )
     }
 
+    fn empty(connects: Arc<AtomicU64>) -> Registry {
+        Registry {
+            known: Mutex::new(Known::default()),
+            requested: AtomicU64::new(0),
+            synced: watch::Sender::new(0),
+            wake: Notify::new(),
+            changed: AtomicBool::new(false),
+            listed: Mutex::new(None),
+            listed_at: AtomicU64::new(0),
+            listing: tokio::sync::Mutex::new(()),
+            lease: std::sync::OnceLock::new(),
+            connects,
+            current_as_of: Mutex::new(None),
+            listening: AtomicBool::new(false),
+        }
+    }
+
+    // docs/cluster.md#queued_for-across-gateways: a publish counts from the copy without a sync
+    // only while the lease and the NATS connection the last sync began under both still hold
+    // (announcements since then all reached this gateway).
+    #[tokio::test(start_paused = true)]
+    async fn the_copy_is_current_only_under_the_lease_and_connection_its_sync_began_under() {
+        use std::time::Duration;
+        let connects = Arc::new(AtomicU64::new(1));
+        let registry = empty(connects.clone());
+        let lease = Arc::new(super::super::lease::LeaseGate::new(
+            tokio::time::Instant::now(),
+        ));
+        assert!(!registry.current(), "no lease watched yet");
+        registry.watch_lease(lease.clone());
+        lease.publish(7, Some(Duration::from_secs(1)));
+        assert!(!registry.current(), "never synced");
+        *registry.current_as_of.lock().unwrap() = Some((7, 1));
+        assert!(registry.current());
+        connects.fetch_add(1, Ordering::SeqCst);
+        assert!(!registry.current(), "the connection dropped since");
+        *registry.current_as_of.lock().unwrap() = Some((7, 2));
+        assert!(registry.current());
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        assert!(!registry.current(), "the lease lapsed");
+        lease.publish(8, Some(Duration::from_secs(5)));
+        assert!(
+            !registry.current(),
+            "a new incarnation: announcements may have been missed"
+        );
+    }
+
     // docs/semantics.md#cluster-durability: queued_for counts the subscriptions whose patterns
     // match, each once (overlapping patterns included), every mode, on any gateway; consumers
     // tinybroker did not make are counted as consumers but match nothing.
@@ -350,16 +475,8 @@ mod tests {
         ]);
         let known = Known::of(listed);
         assert_eq!(known.consumers.len(), 5);
-        let registry = Registry {
-            known: Mutex::new(known),
-            requested: AtomicU64::new(0),
-            synced: watch::Sender::new(0),
-            wake: Notify::new(),
-            changed: AtomicBool::new(false),
-            listed: Mutex::new(None),
-            listed_at: AtomicU64::new(0),
-            listing: tokio::sync::Mutex::new(()),
-        };
+        let registry = empty(Arc::new(AtomicU64::new(0)));
+        *registry.known.lock().unwrap() = known;
         let topic = |t: &str| Topic::parse(t).unwrap();
         assert_eq!(registry.matching(&topic("a.b")), 3);
         assert_eq!(registry.matching(&topic("a.b.c")), 1);

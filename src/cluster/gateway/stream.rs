@@ -35,6 +35,10 @@ pub(super) async fn await_stream(js: &jetstream::Context, stream: &str) -> Resul
 /// and refuses new messages when full (discard new), as the embedded broker's default
 /// overflow policy refuses publishes: a confirmed message is never discarded to make room.
 /// One that exists is taken as it is, its limits logged.
+/// What a new stream's duplicate window keeps beyond `--nats-publish-timeout`: the last try's
+/// own wait for its answer, and more.
+const DUPLICATE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(super) async fn ensure_stream(
     js: &jetstream::Context,
     config: &GatewayConfig,
@@ -91,6 +95,10 @@ pub(super) async fn ensure_stream(
             max_messages: config.max_messages,
             max_bytes: config.max_bytes,
             discard: DiscardPolicy::New,
+            // As long as a publish may be sent again (JetStream's default is 2 minutes): every
+            // id of the window is kept in memory on each of the stream's servers, so a shorter
+            // one costs them less per publish.
+            duplicate_window: config.publish_timeout + DUPLICATE_MARGIN,
             ..Default::default()
         };
         match js.get_or_create_stream(stream_config).await {

@@ -1,0 +1,135 @@
+//! A consumer made or deleted is announced to every gateway before the join or delete is
+//! answered (docs/cluster.md#queued_for-across-gateways): each gateway brings its registry copy
+//! up to date and says so, so a publish counts its `queued_for` from the copy as it is, without
+//! a JetStream round trip of its own, as long as its gateway's lease and NATS connection held
+//! since its copy was last brought up to date ([`Registry::current`](super::registry::Registry::current)).
+//!
+//! The announcing gateway asks over NATS (`_tinybroker.<stream>.registry`, which every gateway
+//! subscribes to) and waits for an answer from every gateway holding a lease in the
+//! coordination bucket, for [`ANNOUNCE_PATIENCE`] at most. One that does not answer in time
+//! (paused, its connection down) has its lease lapse or its connection come back, and either
+//! makes its copy wait for a sync before it counts again; until JetStream's consumer advisory
+//! reaches it, a gateway that missed the announcement any other way counts without the change
+//! (logged at the announcing gateway).
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use tokio_stream::StreamExt;
+
+use super::{Gateway, registry::Registry};
+
+/// How long the announcing gateway waits for every leased gateway's answer.
+pub(super) const ANNOUNCE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// At most this many announcements are being answered at once by one gateway (their refreshes
+/// share syncs); more are dropped, and their announcers wait out their patience.
+const ANSWERING: usize = 64;
+
+/// Outside the stream's subjects (`<stream>.>`), so nothing of it is stored.
+fn subject(stream: &str) -> String {
+    format!("_tinybroker.{stream}.registry")
+}
+
+/// Subscribes to announcements and answers each once this gateway's copy was brought up to
+/// date after it arrived, with this gateway's incarnation.
+pub(super) async fn serve(
+    client: &async_nats::Client,
+    stream: &str,
+    registry: Arc<Registry>,
+    incarnation: Arc<std::sync::atomic::AtomicU64>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let mut asks = client
+        .subscribe(subject(stream))
+        .await
+        .map_err(|e| format!("cannot subscribe to registry announcements: {e}"))?;
+    client
+        .flush()
+        .await
+        .map_err(|e| format!("cannot subscribe to registry announcements: {e}"))?;
+    // From now on every announcement reaches this gateway: a sync begun after this counts
+    // as current (`Registry::current`).
+    registry.listening();
+    let client = client.clone();
+    Ok(tokio::spawn(async move {
+        let mut answering = tokio::task::JoinSet::new();
+        while let Some(message) = asks.next().await {
+            while answering.try_join_next().is_some() {}
+            let Some(reply) = message.reply else {
+                continue;
+            };
+            if answering.len() >= ANSWERING {
+                tracing::debug!("too many registry announcements at once: one left unanswered");
+                continue;
+            }
+            let (client, registry, incarnation) =
+                (client.clone(), registry.clone(), incarnation.clone());
+            answering.spawn(async move {
+                registry.refresh().await;
+                let me = incarnation.load(Ordering::Relaxed).to_string();
+                if let Err(error) = client.publish(reply, me.into()).await {
+                    tracing::debug!(%error, "could not answer a registry announcement");
+                }
+            });
+        }
+    }))
+}
+
+impl Gateway {
+    /// Tells every gateway that the stream's consumers changed (one made or deleted here) and
+    /// waits, for [`ANNOUNCE_PATIENCE`] at most, until each holding a lease, this one included,
+    /// brought its registry copy up to date. Never fails: a gateway that did not answer is
+    /// logged (see the module doc).
+    pub(super) async fn announce_consumers_changed(&self) {
+        let registry = &self.inner.shared.registry;
+        registry.changed();
+        let expected = match self.leased_gateways().await {
+            Ok(expected) => expected,
+            Err(error) => {
+                tracing::warn!(%error, "could not list the gateways to announce a new or deleted consumer to: others count queued_for without it until JetStream's advisory reaches them");
+                BTreeSet::new()
+            }
+        };
+        let client = &self.inner.shared.client;
+        let me = self.inner.incarnation.load(Ordering::Relaxed);
+        let mut waiting = expected;
+        waiting.insert(me);
+        let asked = async {
+            let inbox = client.new_inbox();
+            let mut answers = client.subscribe(inbox.clone()).await.ok()?;
+            client
+                .publish_with_reply(subject(&self.inner.config.stream), inbox, "".into())
+                .await
+                .ok()?;
+            let deadline = tokio::time::Instant::now() + ANNOUNCE_PATIENCE;
+            while !waiting.is_empty() {
+                match tokio::time::timeout_at(deadline, answers.next()).await {
+                    Ok(Some(answer)) => {
+                        if let Some(gateway) = std::str::from_utf8(&answer.payload)
+                            .ok()
+                            .and_then(|g| g.parse::<u64>().ok())
+                        {
+                            waiting.remove(&gateway);
+                        }
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            Some(())
+        };
+        let reached = asked.await.is_some();
+        if !reached || !waiting.is_empty() {
+            tracing::warn!(
+                unanswered = waiting.len(),
+                "gateways did not confirm a new or deleted consumer within {ANNOUNCE_PATIENCE:?}: they count queued_for without it until their lease lapses, their connection comes back or JetStream's advisory reaches them"
+            );
+            // This gateway's own copy at least.
+            if waiting.contains(&me) {
+                registry.refresh().await;
+            }
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! `queued_for` across gateways (docs/cluster.md#queued_for-across-gateways): a consumer made or
+//! deleted is announced to every gateway before the join or delete is answered, so a publish
+//! counts from its gateway's copy without a JetStream request of its own, exactly: every
+//! subscription confirmed anywhere before it, none deleted before it. A gateway paused past its
+//! lease (it may have missed an announcement) syncs before it counts again.
+
+use std::{
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use tinybroker::pb::DeliveryMode;
+use tokio_stream::StreamExt;
+
+use crate::{
+    faults::gateway_process,
+    gateway,
+    harness::{Carriage, open, within},
+    nats_server::NatsCluster,
+};
+
+/// Counts the stream info requests JetStream gets for the gateways' stream.
+async fn count_stream_infos(url: &str) -> Arc<AtomicUsize> {
+    let client = async_nats::connect(url).await.unwrap();
+    let mut infos = client
+        .subscribe("$JS.API.STREAM.INFO.tinybroker")
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        let _client = client;
+        while infos.next().await.is_some() {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    count
+}
+
+fn broadcast(id: &str, pattern: &str) -> tinybroker::pb::OpenSubscription {
+    open(id, DeliveryMode::Broadcast, "", &[pattern])
+}
+
+// Subscriptions joined at one gateway, then deleted at another, each counted (or not) by the
+// very next publish at a third; and once the publishing gateway's copy is current, 200
+// publishes cost JetStream no stream info request (before: one sync per burst of publishes,
+// each a request to the stream's leader that the publish's answer waited for).
+#[tokio::test]
+async fn queued_for_counts_joins_and_deletes_anywhere_without_a_request_per_publish() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let gateways = [
+        gateway(&urls[0]).await,
+        gateway(&urls[1]).await,
+        gateway(&urls[2]).await,
+    ];
+    let mut clients = Vec::new();
+    for gateway in &gateways {
+        clients.push(gateway.client().await);
+    }
+    let mut members = Vec::new();
+    for n in 0..6 {
+        let id = format!("q{n}");
+        let mut request = open(&id, DeliveryMode::Queue, "workers", &["reg.*"]);
+        request.max_in_flight = 1;
+        let mut member = clients[n % 3].subscribe(request).await.unwrap();
+        member.confirmed().await;
+        let answered = clients[(n + 1) % 3].publish("reg.x", "counted").await;
+        assert_eq!(
+            answered.queued_for,
+            n as u32 + 1,
+            "q{n} joined at gateway {}, published at gateway {}",
+            n % 3,
+            (n + 1) % 3
+        );
+        members.push(member);
+    }
+    let infos = count_stream_infos(&urls[2]).await;
+    for _ in 0..200 {
+        assert_eq!(clients[1].publish("reg.y", "steady").await.queued_for, 6);
+    }
+    let asked = infos.load(Ordering::Relaxed);
+    assert!(asked <= 2, "{asked} stream info requests for 200 publishes");
+    // Deleted at one gateway (its member gone), not counted by the next publish at another.
+    drop(members);
+    for n in 0..3 {
+        let id = format!("q{n}");
+        within(async {
+            loop {
+                let deleted = clients[(n + 2) % 3]
+                    .0
+                    .clone()
+                    .delete_subscription(tinybroker::pb::DeleteSubscriptionRequest {
+                        subscription_id: id.clone(),
+                    })
+                    .await;
+                match deleted {
+                    Ok(_) => break,
+                    // Its member's leave is still on the way.
+                    Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(status) => panic!("delete {id}: {status:?}"),
+                }
+            }
+        })
+        .await;
+        let answered = clients[n % 3].publish("reg.z", "after").await;
+        assert_eq!(answered.queued_for, 5 - n as u32, "after deleting q{n}");
+    }
+    // A BROADCAST subscription too.
+    let mut fan = clients[2]
+        .subscribe(broadcast("fan", "reg.*"))
+        .await
+        .unwrap();
+    fan.confirmed().await;
+    assert_eq!(clients[0].publish("reg.w", "fan").await.queued_for, 4);
+}
+
+/// How long a join may take while JetStream moves the killed node's leaders, and a resumed
+/// gateway to publish again after its NATS node was killed.
+const RESUME_PATIENCE: Duration = Duration::from_secs(60);
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}: {status}");
+}
+
+// A gateway SIGSTOPped past its 1 s lease while the NATS node it is connected to is killed
+// misses the announcement of a subscription joined meanwhile at another gateway (the joiner
+// waits 2 s for its answer, then goes on), and JetStream's advisory of it. Resumed, it connects
+// to another node under a new lease: its copy is not current, so its next publish syncs first and
+// counts the subscription.
+#[tokio::test]
+async fn a_gateway_that_missed_an_announcement_syncs_before_it_counts() {
+    let mut cluster = NatsCluster::start(3).await;
+    let lease = ["--gateway-lease", "1s"];
+    let (paused, on_paused) = gateway_process(&cluster.client_url(0), &lease).await;
+    let (_other, on_other) = gateway_process(&cluster.client_url(1), &lease).await;
+    let mut first = on_other
+        .subscribe(open("before", DeliveryMode::Queue, "w", &["lapse.*"]))
+        .await
+        .unwrap();
+    first.confirmed().await;
+    // Current: counted at once.
+    assert_eq!(on_paused.publish("lapse.a", "one").await.queued_for, 1);
+    let pid = paused.child.id();
+    signal(pid, "-STOP");
+    cluster.kill(0);
+    // Retried as a client would while JetStream moves the leaders the killed node held.
+    let mut joined = tokio::time::timeout(RESUME_PATIENCE, async {
+        loop {
+            let during = open("during", DeliveryMode::Queue, "w", &["lapse.*"]);
+            match on_other
+                .subscribe_within(Carriage::Unary, during, RESUME_PATIENCE)
+                .await
+            {
+                Ok(member) => return member,
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(status) => panic!("join refused: {status:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the join was not answered");
+    joined.confirmed().await;
+    signal(pid, "-CONT");
+    // It first leaves the dead node (three 1 s pings unanswered), and JetStream may elect the
+    // stream's next leader (seconds).
+    let answered = tokio::time::timeout(RESUME_PATIENCE, async {
+        loop {
+            match on_paused.try_publish("lapse.b", b"two".to_vec()).await {
+                Ok(answered) => return answered,
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(status) => panic!("publish refused: {status:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the resumed gateway did not confirm a publish");
+    assert_eq!(
+        answered.queued_for, 2,
+        "the subscription joined while this gateway was stopped"
+    );
+}
