@@ -14,11 +14,12 @@
 //! - **A publish is confirmed once JetStream stored it** (its `PubAck`); its `system_id` is the
 //!   stream sequence, the name every gateway uses for that message. `queued_for` counts the
 //!   cluster's subscriptions whose patterns match, from the stream's consumers ([`registry`]),
-//!   brought up to date beside the publish.
+//!   whose every change is announced to every gateway before it is answered ([`announce`]).
 //! - **The per-gateway broker is reused, not forked.** Each gateway keeps its local
 //!   [`Broker`] for member streams, windows, fences, ack carriages and frames. A subscription
 //!   with local members has a durable JetStream pull consumer and a bridge task
-//!   ([`bridge`]) that pulls only as many messages as the local members have window for and
+//!   ([`bridge`]) that pulls as many messages as the local members have window for (and a
+//!   bounded read-ahead, [`ahead`]) and
 //!   injects each into the local subscription (`Upstream::inject`), with JetStream's delivery
 //!   count as its attempt. What the local core decides comes back through the broker's
 //!   observer seam: an ack becomes a JetStream ack, a drop a `TERM`, and what the gateway
@@ -241,7 +242,9 @@ impl Gateway {
             );
         }
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: connected to NATS");
-        let mut js = jetstream::new(client.clone());
+        let mut js = jetstream::ContextBuilder::new()
+            .max_ack_inflight(publish::IN_FLIGHT)
+            .build(client.clone());
         let stream = ensure_stream(&js, &config).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
         await_stream(&js, &config.stream).await?;
@@ -428,7 +431,7 @@ impl Gateway {
     /// As [`Gateway::publish`], for what is known before the confirmation.
     pub(super) async fn send(&self, draft: Draft) -> Result<publish::Sent, Error> {
         self.check_size(&draft)?;
-        publish::send(&self.inner.shared, draft).await
+        publish::send_streamed(&self.inner.shared, draft).await
     }
 
     /// Sends again, with its message id, a publish JetStream did not confirm, until it does
