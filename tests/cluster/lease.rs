@@ -30,7 +30,7 @@ const PAUSE: Duration = Duration::from_secs(2);
 /// gateway (the signal's delivery to a process running on another core).
 const STOP_TAKES: Duration = Duration::from_millis(1);
 
-fn signal(pid: u32, signal: &str) {
+pub(crate) fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
         .args([signal, &pid.to_string()])
         .status()

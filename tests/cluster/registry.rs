@@ -5,7 +5,6 @@
 //! lease (it may have missed an announcement) syncs before it counts again.
 
 use std::{
-    process::Command,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -20,6 +19,7 @@ use crate::{
     faults::gateway_process,
     gateway,
     harness::{Carriage, open, within},
+    lease::signal,
     nats_server::NatsCluster,
 };
 
@@ -126,12 +126,25 @@ async fn queued_for_counts_joins_and_deletes_anywhere_without_a_request_per_publ
 /// gateway to publish again after its NATS node was killed.
 const RESUME_PATIENCE: Duration = Duration::from_secs(60);
 
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal} {pid}: {status}");
+/// Runs `attempt` until it is not refused `UNAVAILABLE` (a client's retry while JetStream
+/// moves leaders), for up to [`RESUME_PATIENCE`].
+async fn until_available<T, F: Future<Output = Result<T, tonic::Status>>>(
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> T {
+    tokio::time::timeout(RESUME_PATIENCE, async {
+        loop {
+            match attempt().await {
+                Ok(answer) => return answer,
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(status) => panic!("{what} refused: {status:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} not answered within {RESUME_PATIENCE:?}"))
 }
 
 // A gateway SIGSTOPped past its 1 s lease while the NATS node it is connected to is killed
@@ -156,40 +169,19 @@ async fn a_gateway_that_missed_an_announcement_syncs_before_it_counts() {
     signal(pid, "-STOP");
     cluster.kill(0);
     // Retried as a client would while JetStream moves the leaders the killed node held.
-    let mut joined = tokio::time::timeout(RESUME_PATIENCE, async {
-        loop {
-            let during = open("during", DeliveryMode::Queue, "w", &["lapse.*"]);
-            match on_other
-                .subscribe_within(Carriage::Unary, during, RESUME_PATIENCE)
-                .await
-            {
-                Ok(member) => return member,
-                Err(status) if status.code() == tonic::Code::Unavailable => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(status) => panic!("join refused: {status:?}"),
-            }
-        }
+    let mut joined = until_available("the join", || {
+        let during = open("during", DeliveryMode::Queue, "w", &["lapse.*"]);
+        on_other.subscribe_within(Carriage::Unary, during, RESUME_PATIENCE)
     })
-    .await
-    .expect("the join was not answered");
+    .await;
     joined.confirmed().await;
     signal(pid, "-CONT");
     // It first leaves the dead node (three 1 s pings unanswered), and JetStream may elect the
     // stream's next leader (seconds).
-    let answered = tokio::time::timeout(RESUME_PATIENCE, async {
-        loop {
-            match on_paused.try_publish("lapse.b", b"two".to_vec()).await {
-                Ok(answered) => return answered,
-                Err(status) if status.code() == tonic::Code::Unavailable => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(status) => panic!("publish refused: {status:?}"),
-            }
-        }
+    let answered = until_available("the publish", || {
+        on_paused.try_publish("lapse.b", b"two".to_vec())
     })
-    .await
-    .expect("the resumed gateway did not confirm a publish");
+    .await;
     assert_eq!(
         answered.queued_for, 2,
         "the subscription joined while this gateway was stopped"

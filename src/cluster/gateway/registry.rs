@@ -155,20 +155,7 @@ impl Registry {
             .subscribe(format!("$JS.EVENT.ADVISORY.CONSUMER.*.{name}.*"))
             .await
             .map_err(|e| format!("cannot watch the stream's consumers: {e}"))?;
-        let registry = Arc::new(Self {
-            known: Mutex::new(Known::default()),
-            requested: AtomicU64::new(0),
-            synced: watch::Sender::new(0),
-            wake: Notify::new(),
-            changed: AtomicBool::new(true),
-            listed: Mutex::new(None),
-            listed_at: AtomicU64::new(0),
-            listing: tokio::sync::Mutex::new(()),
-            lease: std::sync::OnceLock::new(),
-            connects,
-            current_as_of: Mutex::new(None),
-            listening: AtomicBool::new(false),
-        });
+        let registry = Arc::new(Self::empty(connects));
         let task = {
             let registry = registry.clone();
             tokio::spawn(async move {
@@ -206,6 +193,24 @@ impl Registry {
             })
         };
         Ok((registry, task))
+    }
+
+    /// An empty copy, to be listed by the first sync.
+    fn empty(connects: Arc<AtomicU64>) -> Self {
+        Self {
+            known: Mutex::new(Known::default()),
+            requested: AtomicU64::new(0),
+            synced: watch::Sender::new(0),
+            wake: Notify::new(),
+            changed: AtomicBool::new(true),
+            listed: Mutex::new(None),
+            listed_at: AtomicU64::new(0),
+            listing: tokio::sync::Mutex::new(()),
+            lease: std::sync::OnceLock::new(),
+            connects,
+            current_as_of: Mutex::new(None),
+            listening: AtomicBool::new(false),
+        }
     }
 
     /// A consumer was created or deleted: the next sync lists them again.
@@ -414,23 +419,6 @@ mod tests {
         )
     }
 
-    fn empty(connects: Arc<AtomicU64>) -> Registry {
-        Registry {
-            known: Mutex::new(Known::default()),
-            requested: AtomicU64::new(0),
-            synced: watch::Sender::new(0),
-            wake: Notify::new(),
-            changed: AtomicBool::new(false),
-            listed: Mutex::new(None),
-            listed_at: AtomicU64::new(0),
-            listing: tokio::sync::Mutex::new(()),
-            lease: std::sync::OnceLock::new(),
-            connects,
-            current_as_of: Mutex::new(None),
-            listening: AtomicBool::new(false),
-        }
-    }
-
     // docs/cluster.md#queued_for-across-gateways: a publish counts from the copy without a sync
     // only while the lease and the NATS connection the last sync began under both still hold
     // (announcements since then all reached this gateway).
@@ -438,7 +426,7 @@ mod tests {
     async fn the_copy_is_current_only_under_the_lease_and_connection_its_sync_began_under() {
         use std::time::Duration;
         let connects = Arc::new(AtomicU64::new(1));
-        let registry = empty(connects.clone());
+        let registry = Registry::empty(connects.clone());
         let lease = Arc::new(super::super::lease::LeaseGate::new(
             tokio::time::Instant::now(),
         ));
@@ -475,7 +463,7 @@ mod tests {
         ]);
         let known = Known::of(listed);
         assert_eq!(known.consumers.len(), 5);
-        let registry = empty(Arc::new(AtomicU64::new(0)));
+        let registry = Registry::empty(Arc::new(AtomicU64::new(0)));
         *registry.known.lock().unwrap() = known;
         let topic = |t: &str| Topic::parse(t).unwrap();
         assert_eq!(registry.matching(&topic("a.b")), 3);
