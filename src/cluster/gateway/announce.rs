@@ -79,6 +79,21 @@ pub(super) async fn serve(
 }
 
 impl Gateway {
+    /// A join found consumer `name` made by another gateway: announces it too when this
+    /// gateway's copy, brought up to date first if it is not current, does not have it (its
+    /// maker may still be announcing it), so a publish anywhere after the join's answer counts
+    /// it. A gateway starting, whose copy was never listed, lists it once instead of
+    /// announcing every subscription its members join again.
+    pub(super) async fn announce_if_new(&self, name: &str) {
+        let registry = &self.inner.shared.registry;
+        if !registry.current() {
+            registry.refresh().await;
+        }
+        if !registry.knows(name) {
+            self.announce_consumers_changed().await;
+        }
+    }
+
     /// Tells every gateway that the stream's consumers changed (one made or deleted here) and
     /// waits, for [`ANNOUNCE_PATIENCE`] at most, until each holding a lease, this one included,
     /// brought its registry copy up to date. Never fails: a gateway that did not answer is

@@ -175,11 +175,7 @@ impl Gateway {
         };
         if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
             let recorded = check(consumer.cached_info())?;
-            // Made elsewhere, and maybe not yet announced (its maker still announcing): a
-            // publish anywhere after this join's answer counts it.
-            if !self.inner.shared.registry.knows(&name) {
-                self.announce_consumers_changed().await;
-            }
+            self.announce_if_new(&name).await;
             return Ok((consumer, recorded));
         }
         let config = consumer::pull::Config {
@@ -216,9 +212,7 @@ impl Gateway {
                 // Another gateway may have created it first, with other settings.
                 if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
                     let recorded = check(consumer.cached_info())?;
-                    if !self.inner.shared.registry.knows(&name) {
-                        self.announce_consumers_changed().await;
-                    }
+                    self.announce_if_new(&name).await;
                     return Ok((consumer, recorded));
                 }
                 Err(refused(format!(
