@@ -28,24 +28,37 @@ impl Gateway {
         // Counted as under way until its member is in the local broker, and waits while a
         // delete holds the id (docs/semantics.md#deleting): it finds the old consumer or none.
         let _joining = self.inner.holds.enter(&request.subscription_id).await;
-        let (mut consumer, recorded) = self.consumer(request).await?;
-        // A singleton member is admitted only under a valid lease, so its place in the line is
-        // taken in the order joins arrive (docs/semantics.md#cluster-join-order).
-        let incarnation = match (&self.inner.shared.singletons, singleton) {
-            (Some(singletons), true) => Some(
-                singletons
-                    .lease()
-                    .wait_valid(JOIN_LEASE_PATIENCE)
-                    .await
-                    .ok_or_else(|| {
-                        Error::Unavailable(format!(
-                            "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {JOIN_LEASE_PATIENCE:?}): a singleton member cannot join here now; retry, or join at another gateway"
-                        ))
-                    })?,
-            ),
-            _ => None,
+        let (mut consumer, recorded, announce) = self.consumer(request).await?;
+        // Beside the waits below: every gateway's registry has the consumer before the join is
+        // answered (docs/cluster.md#queued_for-across-gateways).
+        let announced = async {
+            match announce {
+                Announce::Made => self.announce_consumers_changed().await,
+                Announce::IfNew(name) => self.announce_if_new(&name).await,
+            }
         };
-        await_replicas(&mut consumer).await;
+        let admitted = async {
+            // A singleton member is admitted only under a valid lease, so its place in the
+            // line is taken in the order joins arrive (docs/semantics.md#cluster-join-order).
+            let incarnation = match (&self.inner.shared.singletons, singleton) {
+                (Some(singletons), true) => Some(
+                    singletons
+                        .lease()
+                        .wait_valid(JOIN_LEASE_PATIENCE)
+                        .await
+                        .ok_or_else(|| {
+                            Error::Unavailable(format!(
+                                "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {JOIN_LEASE_PATIENCE:?}): a singleton member cannot join here now; retry, or join at another gateway"
+                            ))
+                        })?,
+                ),
+                _ => None,
+            };
+            await_replicas(&mut consumer).await;
+            Ok::<_, Error>(incarnation)
+        };
+        let (admitted, ()) = tokio::join!(admitted, announced);
+        let incarnation = admitted?;
         // Joined with the subscription's own settings: a join that leaves
         // max_delivery_attempts or dead_letter_topic unset takes them from the subscription,
         // wherever it was created.
@@ -147,7 +160,7 @@ impl Gateway {
     async fn consumer(
         &self,
         request: &OpenRequest,
-    ) -> Result<(PullConsumer, crate::core::SubscriptionSpec), Error> {
+    ) -> Result<(PullConsumer, crate::core::SubscriptionSpec, Announce), Error> {
         let spec = &request.spec;
         let name = names::consumer_name(spec.mode, &request.subscription_id, &self.inner.id);
         let stream = &self.inner.stream;
@@ -175,8 +188,7 @@ impl Gateway {
         };
         if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
             let recorded = check(consumer.cached_info())?;
-            self.announce_if_new(&name).await;
-            return Ok((consumer, recorded));
+            return Ok((consumer, recorded, Announce::IfNew(name)));
         }
         let config = consumer::pull::Config {
             durable_name: Some(name.clone()),
@@ -203,17 +215,12 @@ impl Gateway {
         };
         let created = stream.create_consumer_strict(config).await;
         match created {
-            Ok(consumer) => {
-                // Every gateway's registry has it before the join is answered.
-                self.announce_consumers_changed().await;
-                Ok((consumer, spec.clone()))
-            }
+            Ok(consumer) => Ok((consumer, spec.clone(), Announce::Made)),
             Err(error) => {
                 // Another gateway may have created it first, with other settings.
                 if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
                     let recorded = check(consumer.cached_info())?;
-                    self.announce_if_new(&name).await;
-                    return Ok((consumer, recorded));
+                    return Ok((consumer, recorded, Announce::IfNew(name)));
                 }
                 Err(refused(format!(
                     "JetStream refused the consumer of subscription {:?}: {error}",
@@ -232,6 +239,14 @@ impl Gateway {
 /// An ack-free QUEUE or BROADCAST consumer acks nothing: the message is done once pulled.
 pub(super) fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
     spec.ack_mode == AckMode::Explicit || spec.mode == Mode::Singleton
+}
+
+/// What a join announces to the other gateways about the consumer it found or made.
+enum Announce {
+    /// It made the consumer.
+    Made,
+    /// Another gateway made it: announced too if this gateway's copy lacks it.
+    IfNew(String),
 }
 
 /// Whether the subscription's bridge reads ahead of its members' windows (docs/cluster.md#read-ahead):
