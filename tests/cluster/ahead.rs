@@ -9,6 +9,7 @@ use tinybroker::pb::DeliveryMode;
 use tokio_stream::StreamExt;
 
 use crate::{
+    faults::gateway_process,
     gateway,
     harness::{open, within},
     nats_server::NatsCluster,
@@ -114,4 +115,49 @@ async fn what_was_read_ahead_goes_to_another_gateway_when_the_last_member_leaves
     }
     got.sort_unstable();
     assert_eq!(got, published, "each message once, none left behind at A");
+}
+
+// SIGTERM of a gateway process whose bridge has read ahead: everything it held and read
+// ahead goes back at once (NAK), so a member at another gateway gets all of it well within the
+// ack wait (30 s), none lost, none twice.
+#[tokio::test]
+async fn a_gateway_stopped_with_sigterm_gives_back_what_it_read_ahead() {
+    const MESSAGES: usize = 41;
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let (stopped, on_a) = gateway_process(&urls[0], &[]).await;
+    let b = gateway(&urls[1]).await;
+    let on_b = b.client().await;
+    let mut request = open("term", DeliveryMode::Queue, "workers", &["jobs.*"]);
+    request.max_in_flight = 1;
+    let mut first = on_a.subscribe(request.clone()).await.unwrap();
+    first.confirmed().await;
+    let mut published = Vec::new();
+    for n in 0..MESSAGES {
+        published.push(on_b.publish("jobs.run", &n.to_string()).await.system_id);
+    }
+    let held = first.message().await;
+    assert_eq!(held.system_id, published[0]);
+    within(async {
+        while crate::ack_pending(&urls[2], "term").await < 33 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let mut second = on_b.subscribe(request).await.unwrap();
+    second.confirmed().await;
+    crate::lease::signal(stopped.child.id(), "-TERM");
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while got.len() < MESSAGES {
+            let message = second.message().await;
+            got.push(message.system_id);
+            second.ack(message.system_id).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("after 10 s only {} of {MESSAGES} came: {got:?}", got.len()));
+    got.sort_unstable();
+    assert_eq!(got, published, "each message once");
+    drop(first);
 }

@@ -187,3 +187,37 @@ async fn a_gateway_that_missed_an_announcement_syncs_before_it_counts() {
         "the subscription joined while this gateway was stopped"
     );
 }
+
+// A gateway SIGSTOPped under the default lease (3 s, renewed every second) while a subscription
+// is joined at another gateway: the join waits for its answer for as long as a gateway is
+// waited for before it is taken for dead (3.36 s), by which time its lease has lapsed by its own
+// clock. A publish sent to it after the join's answer, answered once it resumes, counts the
+// subscription (it syncs first). Before, the join waited 2 s, the paused gateway kept its lease
+// and connection, and counted from its old copy (3 of 4 runs).
+#[tokio::test]
+async fn a_gateway_paused_within_the_default_lease_counts_a_subscription_joined_meanwhile() {
+    let cluster = NatsCluster::start(3).await;
+    let (paused, on_paused) = gateway_process(&cluster.client_url(0), &[]).await;
+    let (_other, on_other) = gateway_process(&cluster.client_url(1), &[]).await;
+    let mut first = on_other
+        .subscribe(open("before", DeliveryMode::Queue, "w", &["held.*"]))
+        .await
+        .unwrap();
+    first.confirmed().await;
+    assert_eq!(on_paused.publish("held.a", "one").await.queued_for, 1);
+    let pid = paused.child.id();
+    signal(pid, "-STOP");
+    let mut during = on_other
+        .subscribe(open("during", DeliveryMode::Queue, "w", &["held.*"]))
+        .await
+        .unwrap();
+    during.confirmed().await;
+    let (answered, ()) = tokio::join!(on_paused.publish("held.b", "two"), async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        signal(pid, "-CONT");
+    });
+    assert_eq!(
+        answered.queued_for, 2,
+        "the subscription confirmed at another gateway before this publish was sent"
+    );
+}

@@ -6,11 +6,13 @@
 //!
 //! The announcing gateway asks over NATS (`_tinybroker.<stream>.registry`, which every gateway
 //! subscribes to) and waits for an answer from every gateway holding a lease in the
-//! coordination bucket, for [`ANNOUNCE_PATIENCE`] at most. One that does not answer in time
-//! (paused, its connection down) has its lease lapse or its connection come back, and either
-//! makes its copy wait for a sync before it counts again; until JetStream's consumer advisory
-//! reaches it, a gateway that missed the announcement any other way counts without the change
-//! (logged at the announcing gateway).
+//! coordination bucket, for as long as another gateway waits before it takes a gateway for
+//! dead (the lease stretched by the clocks' drift bound, and a margin; at most
+//! [`MAX_ANNOUNCE_PATIENCE`]). One that has not answered by then (paused, its connection down)
+//! cannot still hold the lease it held when the announcement went out, so its copy is not
+//! current when it counts again: it syncs first. A gateway marks its copy not current as soon
+//! as an announcement arrives, before it lists, and answers only once a listing after it
+//! succeeded.
 
 use std::{
     collections::BTreeSet,
@@ -22,8 +24,11 @@ use tokio_stream::StreamExt;
 
 use super::{Gateway, registry::Registry};
 
-/// How long the announcing gateway waits for every leased gateway's answer.
-pub(super) const ANNOUNCE_PATIENCE: Duration = Duration::from_secs(2);
+/// The longest an announcement waits for a gateway that does not answer. With a
+/// `--gateway-lease` longer than this (by the drift bound and margin), a gateway paused for
+/// longer than this but less than its lease can count without a change announced meanwhile
+/// (docs/cluster.md#queued_for-across-gateways).
+pub(super) const MAX_ANNOUNCE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// At most this many announcements are being answered at once by one gateway (their refreshes
 /// share syncs); more are dropped, and their announcers wait out their patience.
@@ -61,6 +66,8 @@ pub(super) async fn serve(
             let Some(reply) = message.reply else {
                 continue;
             };
+            // Whatever follows, the copy may lack what was announced.
+            registry.stale();
             if answering.len() >= ANSWERING {
                 tracing::debug!("too many registry announcements at once: one left unanswered");
                 continue;
@@ -68,7 +75,11 @@ pub(super) async fn serve(
             let (client, registry, incarnation) =
                 (client.clone(), registry.clone(), incarnation.clone());
             answering.spawn(async move {
-                registry.refresh().await;
+                if !registry.refresh().await {
+                    // Not listed: the announcer waits out its patience, and this copy stays
+                    // not current (the next publish syncs).
+                    return;
+                }
                 let me = incarnation.load(Ordering::Relaxed).to_string();
                 if let Err(error) = client.publish(reply, me.into()).await {
                     tracing::debug!(%error, "could not answer a registry announcement");
@@ -95,9 +106,9 @@ impl Gateway {
     }
 
     /// Tells every gateway that the stream's consumers changed (one made or deleted here) and
-    /// waits, for [`ANNOUNCE_PATIENCE`] at most, until each holding a lease, this one included,
-    /// brought its registry copy up to date. Never fails: a gateway that did not answer is
-    /// logged (see the module doc).
+    /// waits until each holding a lease, this one included, brought its registry copy up to
+    /// date, or could no longer hold the lease it held then (see the module doc). Never
+    /// fails: a gateway that did not answer is logged.
     pub(super) async fn announce_consumers_changed(&self) {
         let registry = &self.inner.shared.registry;
         registry.changed();
@@ -110,6 +121,9 @@ impl Gateway {
         };
         let client = &self.inner.shared.client;
         let me = self.inner.incarnation.load(Ordering::Relaxed);
+        let patience = super::singleton::config(self.inner.config.lease)
+            .dead_after()
+            .min(MAX_ANNOUNCE_PATIENCE);
         let mut waiting = expected;
         waiting.insert(me);
         let asked = async {
@@ -119,7 +133,7 @@ impl Gateway {
                 .publish_with_reply(subject(&self.inner.config.stream), inbox, "".into())
                 .await
                 .ok()?;
-            let deadline = tokio::time::Instant::now() + ANNOUNCE_PATIENCE;
+            let deadline = tokio::time::Instant::now() + patience;
             while !waiting.is_empty() {
                 match tokio::time::timeout_at(deadline, answers.next()).await {
                     Ok(Some(answer)) => {
@@ -139,7 +153,7 @@ impl Gateway {
         if !reached || !waiting.is_empty() {
             tracing::warn!(
                 unanswered = waiting.len(),
-                "gateways did not confirm a new or deleted consumer within {ANNOUNCE_PATIENCE:?}: they count queued_for without it until their lease lapses, their connection comes back or JetStream's advisory reaches them"
+                "gateways did not confirm a new or deleted consumer within {patience:?}: taken for paused or gone (their copies sync before they count again)"
             );
             // This gateway's own copy at least.
             if waiting.contains(&me) {

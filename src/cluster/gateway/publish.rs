@@ -223,7 +223,16 @@ impl Sent {
                         self.shared.registry.synced(ticket).await;
                         self.shared.registry.matching(self.draft.topic())
                     }
-                    Count::Now => self.shared.registry.matching(self.draft.topic()),
+                    // Still current at the answer: else (an announcement came meanwhile, the
+                    // lease lapsed) it syncs first too.
+                    Count::Now if self.shared.registry.current() => {
+                        self.shared.registry.matching(self.draft.topic())
+                    }
+                    Count::Now => {
+                        let registry = &self.shared.registry;
+                        registry.synced(registry.ticket()).await;
+                        registry.matching(self.draft.topic())
+                    }
                     Count::Not => 0,
                 };
                 Ok(Published {

@@ -140,6 +140,10 @@ pub(super) struct Registry {
     current_as_of: Mutex<Option<(u64, u64)>>,
     /// This gateway is subscribed to announcements (`announce::serve`).
     listening: AtomicBool,
+    /// The last ticket a sync that brought the copy up to date covers.
+    succeeded: AtomicU64,
+    /// How often the copy was marked stale ([`Registry::stale`]).
+    stale_marks: AtomicU64,
 }
 
 impl Registry {
@@ -210,6 +214,8 @@ impl Registry {
             connects,
             current_as_of: Mutex::new(None),
             listening: AtomicBool::new(false),
+            succeeded: AtomicU64::new(0),
+            stale_marks: AtomicU64::new(0),
         }
     }
 
@@ -243,11 +249,26 @@ impl Registry {
             == Some((incarnation, connects))
     }
 
-    /// Brings the copy up to date: returns once a listing begun after this call ended (at most
-    /// [`PATIENCE`] twice).
-    pub(super) async fn refresh(&self) {
+    /// The copy may lack a change (an announcement arrived): not current until a sync begun
+    /// after this ends.
+    pub(super) fn stale(&self) {
+        let mut current = self
+            .current_as_of
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *current = None;
+        // A sync already under way may have listed before the change: it does not make the
+        // copy current when it ends.
+        self.stale_marks.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Brings the copy up to date: returns once a sync begun after this call ended (at most
+    /// [`PATIENCE`] twice), whether one such sync brought the copy up to date.
+    pub(super) async fn refresh(&self) -> bool {
         self.changed();
-        self.synced(self.ticket()).await;
+        let ticket = self.ticket();
+        self.synced(ticket).await;
+        self.succeeded.load(Ordering::SeqCst) >= ticket
     }
 
     /// A ticket for a request that just arrived: [`Registry::synced`] with it returns once the
@@ -319,6 +340,7 @@ impl Registry {
             .filter(|_| self.listening.load(Ordering::SeqCst))
             .map(|incarnation| (incarnation, connects));
         let mut up_to_date = false;
+        let marks = self.stale_marks.load(Ordering::SeqCst);
         let count = tokio::time::timeout(PATIENCE, stream.get_info()).await;
         let count = match count {
             Ok(Ok(info)) => Some(info.state.consumer_count),
@@ -360,11 +382,21 @@ impl Registry {
         } else if count.is_some() {
             up_to_date = true;
         }
-        if up_to_date && let Some(began_under) = began_under {
-            *self
+        if up_to_date {
+            self.succeeded.fetch_max(covers, Ordering::SeqCst);
+        }
+        {
+            // Not current after a failed sync either: the copy may lack what it was for. Nor
+            // after one that a stale mark came during (it may have listed before the change).
+            let mut current = self
                 .current_as_of
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(began_under);
+                .unwrap_or_else(PoisonError::into_inner);
+            if !up_to_date {
+                *current = None;
+            } else if self.stale_marks.load(Ordering::SeqCst) == marks {
+                *current = began_under;
+            }
         }
         self.synced.send_if_modified(|covered| {
             let newer = covers > *covered;
