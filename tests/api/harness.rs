@@ -39,6 +39,12 @@ pub fn assert_next_epoch(before: u64, after: u64) {
 /// How long any single expected event may take before the test fails.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a join's answer may take: through gateways, a join that makes its consumer waits
+/// for the consumer's replicas (up to 3 s) and for every gateway's registry (up to 3.36 s, a
+/// silent gateway's dead-after wait), each a few JetStream requests that take seconds on a
+/// loaded machine (docs/cluster.md#queued_for-across-gateways).
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub struct TestServer {
     /// Where subscribers connect (and every call but publishes).
     pub addr: SocketAddr,
@@ -225,8 +231,7 @@ impl Client {
         carriage: Carriage,
         request: OpenSubscription,
     ) -> Result<Member, Status> {
-        self.subscribe_within(carriage, request, EVENT_TIMEOUT)
-            .await
+        self.subscribe_within(carriage, request, JOIN_TIMEOUT).await
     }
 
     /// [`Client::subscribe_via`], the join's answer awaited for up to `patience` (a join

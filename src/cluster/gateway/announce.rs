@@ -112,12 +112,22 @@ impl Gateway {
     pub(super) async fn announce_consumers_changed(&self) {
         let registry = &self.inner.shared.registry;
         registry.changed();
-        let expected = match self.leased_gateways().await {
-            Ok(expected) => expected,
-            Err(error) => {
-                tracing::warn!(%error, "could not list the gateways to announce a new or deleted consumer to: others count queued_for without it until JetStream's advisory reaches them");
-                BTreeSet::new()
-            }
+        // As the bucket's watch last saw them; listed from the bucket only before it has.
+        let watched = self
+            .inner
+            .shared
+            .singletons
+            .as_ref()
+            .and_then(super::singleton::Handle::leased_gateways);
+        let expected = match watched {
+            Some(expected) => expected,
+            None => match self.leased_gateways().await {
+                Ok(expected) => expected,
+                Err(error) => {
+                    tracing::warn!(%error, "could not list the gateways to announce a new or deleted consumer to: others count queued_for without it until JetStream's advisory reaches them");
+                    BTreeSet::new()
+                }
+            },
         };
         let client = &self.inner.shared.client;
         let me = self.inner.incarnation.load(Ordering::Relaxed);

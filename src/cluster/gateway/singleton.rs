@@ -57,9 +57,45 @@ pub(super) struct Handle {
     /// gateway (`delete`).
     current_id: Arc<std::sync::atomic::AtomicU64>,
     lease: Arc<LeaseGate>,
+    /// The gateways holding a lease, as this gateway's watch of the bucket last saw them.
+    leased: Leased,
+}
+
+/// The ids of the gateways holding a lease (`lease.<id>` keys), kept from the coordination
+/// bucket's watch; `None` until the watch has delivered.
+type Leased = Arc<std::sync::Mutex<Option<std::collections::BTreeSet<u64>>>>;
+
+/// Applies one watched entry to the leased set: a lease key written adds its gateway, one
+/// deleted removes it.
+fn watched(leased: &Leased, key: &str, value: Option<&[u8]>) {
+    let Some(gateway) = key
+        .strip_prefix("lease.")
+        .and_then(|g| g.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let mut leased = leased
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let set = leased.get_or_insert_with(Default::default);
+    if value.is_some_and(|v| !v.is_empty()) {
+        set.insert(gateway);
+    } else {
+        set.remove(&gateway);
+    }
 }
 
 impl Handle {
+    /// The gateways holding a lease, as the bucket's watch last saw them (`None` before it
+    /// delivered): whom an announcement waits for (`announce`), without a listing of the
+    /// bucket per join.
+    pub(super) fn leased_gateways(&self) -> Option<std::collections::BTreeSet<u64>> {
+        self.leased
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// A singleton member joined the local subscription (on standby), admitted while
     /// `incarnation`'s lease was valid ([`LeaseGate::wait_valid`]). If that incarnation has
     /// ended by the time the coordinator hears of it, the member is ended with `UNAVAILABLE`
@@ -107,20 +143,25 @@ pub(super) fn spawn(
     let lease = Arc::new(LeaseGate::new(start));
     let gate = lease.clone();
     broker.gate_singleton_deliveries(Arc::new(move || gate.valid().is_some()));
+    let leased: Leased = Arc::default();
     let task = tokio::spawn(run(
         backplane,
         broker,
         config,
         rx,
         start,
-        lease.clone(),
-        current_id.clone(),
+        Views {
+            lease: lease.clone(),
+            current_id: current_id.clone(),
+            leased: leased.clone(),
+        },
     ));
     (
         Handle {
             inputs,
             current_id,
             lease,
+            leased,
         },
         task,
     )
@@ -144,15 +185,27 @@ fn fresh_id() -> GatewayId {
     GatewayId(hasher.finish() >> 11)
 }
 
+/// What the shell publishes for the rest of the gateway to read: the lease, the incarnation's
+/// id, the leased gateways.
+struct Views {
+    lease: Arc<LeaseGate>,
+    current_id: Arc<std::sync::atomic::AtomicU64>,
+    leased: Leased,
+}
+
 async fn run(
     backplane: NatsBackplane,
     broker: Upstream,
     config: Config,
     mut inputs: mpsc::UnboundedReceiver<Input>,
     start: tokio::time::Instant,
-    lease: Arc<LeaseGate>,
-    current_id: Arc<std::sync::atomic::AtomicU64>,
+    views: Views,
 ) {
+    let Views {
+        lease,
+        current_id,
+        leased,
+    } = views;
     let now = || start.elapsed();
     let mut incarnation = 0;
     loop {
@@ -230,13 +283,20 @@ async fn run(
                 opened = async { opening.as_mut()?.await.into() }, if opening.is_some() => {
                     opening = None;
                     match opened {
-                        Some(Ok(w)) => watch = Some(w),
+                        Some(Ok(w)) => {
+                            // A new watch delivers every key again.
+                            *leased.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                            watch = Some(w);
+                        }
                         Some(Err(error)) => tracing::warn!(%error, "cannot watch the coordination bucket; retrying"),
                         None => {}
                     }
                 }
                 entry = async { watch.as_mut()?.next().await }, if watch.is_some() => match entry {
-                    Some(Ok(e)) => coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision),
+                    Some(Ok(e)) => {
+                        watched(&leased, &e.key, e.value.as_deref());
+                        coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision);
+                    }
                     Some(Err(error)) => tracing::warn!(%error, "the coordination watch lost contact; it resumes"),
                     None => watch = None,
                 },
