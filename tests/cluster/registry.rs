@@ -147,26 +147,52 @@ async fn until_available<T, F: Future<Output = Result<T, tonic::Status>>>(
     .unwrap_or_else(|_| panic!("{what} not answered within {RESUME_PATIENCE:?}"))
 }
 
+/// Two gateway processes on nodes 0 and 1 of a cluster, a QUEUE subscription "before" joined
+/// at the second and counted by a publish at the first; then the first SIGSTOPped.
+struct OneCountedThenStopped {
+    stopped: crate::binary::Running,
+    on_stopped: crate::harness::Client,
+    _other: crate::binary::Running,
+    on_other: crate::harness::Client,
+    _before: crate::harness::Member,
+}
+
+impl OneCountedThenStopped {
+    /// With gateway flags `args`, the subscription on `pattern`, the publish on `topic`.
+    async fn start(cluster: &NatsCluster, args: &[&str], pattern: &str, topic: &str) -> Self {
+        let (stopped, on_stopped) = gateway_process(&cluster.client_url(0), args).await;
+        let (other, on_other) = gateway_process(&cluster.client_url(1), args).await;
+        let mut before = on_other
+            .subscribe(open("before", DeliveryMode::Queue, "w", &[pattern]))
+            .await
+            .unwrap();
+        before.confirmed().await;
+        // Current: counted at once.
+        assert_eq!(on_stopped.publish(topic, "one").await.queued_for, 1);
+        signal(stopped.child.id(), "-STOP");
+        Self {
+            stopped,
+            on_stopped,
+            _other: other,
+            on_other,
+            _before: before,
+        }
+    }
+}
+
 // A gateway SIGSTOPped past its 1 s lease while the NATS node it is connected to is killed
 // misses the announcement of a subscription joined meanwhile at another gateway (the joiner
-// waits 2 s for its answer, then goes on), and JetStream's advisory of it. Resumed, it connects
+// waits for its answer as long as for a gateway taken for dead, then goes on), and JetStream's
+// advisory of it. Resumed, it connects
 // to another node under a new lease: its copy is not current, so its next publish syncs first and
 // counts the subscription.
 #[tokio::test]
 async fn a_gateway_that_missed_an_announcement_syncs_before_it_counts() {
     let mut cluster = NatsCluster::start(3).await;
-    let lease = ["--gateway-lease", "1s"];
-    let (paused, on_paused) = gateway_process(&cluster.client_url(0), &lease).await;
-    let (_other, on_other) = gateway_process(&cluster.client_url(1), &lease).await;
-    let mut first = on_other
-        .subscribe(open("before", DeliveryMode::Queue, "w", &["lapse.*"]))
-        .await
-        .unwrap();
-    first.confirmed().await;
-    // Current: counted at once.
-    assert_eq!(on_paused.publish("lapse.a", "one").await.queued_for, 1);
-    let pid = paused.child.id();
-    signal(pid, "-STOP");
+    let setup =
+        OneCountedThenStopped::start(&cluster, &["--gateway-lease", "1s"], "lapse.*", "lapse.a")
+            .await;
+    let (pid, on_paused, on_other) = (setup.stopped.child.id(), &setup.on_stopped, &setup.on_other);
     cluster.kill(0);
     // Retried as a client would while JetStream moves the leaders the killed node held.
     let mut joined = until_available("the join", || {
@@ -197,16 +223,8 @@ async fn a_gateway_that_missed_an_announcement_syncs_before_it_counts() {
 #[tokio::test]
 async fn a_gateway_paused_within_the_default_lease_counts_a_subscription_joined_meanwhile() {
     let cluster = NatsCluster::start(3).await;
-    let (paused, on_paused) = gateway_process(&cluster.client_url(0), &[]).await;
-    let (_other, on_other) = gateway_process(&cluster.client_url(1), &[]).await;
-    let mut first = on_other
-        .subscribe(open("before", DeliveryMode::Queue, "w", &["held.*"]))
-        .await
-        .unwrap();
-    first.confirmed().await;
-    assert_eq!(on_paused.publish("held.a", "one").await.queued_for, 1);
-    let pid = paused.child.id();
-    signal(pid, "-STOP");
+    let setup = OneCountedThenStopped::start(&cluster, &[], "held.*", "held.a").await;
+    let (pid, on_paused, on_other) = (setup.stopped.child.id(), &setup.on_stopped, &setup.on_other);
     let mut during = on_other
         .subscribe(open("during", DeliveryMode::Queue, "w", &["held.*"]))
         .await

@@ -34,6 +34,13 @@ pub(super) const MAX_ANNOUNCE_PATIENCE: Duration = Duration::from_secs(10);
 /// share syncs); more are dropped, and their announcers wait out their patience.
 const ANSWERING: usize = 64;
 
+/// A gateway's answer: its copy was brought up to date after the announcement arrived.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Refreshed {
+    /// Its incarnation (its lease is `lease.<gateway>`).
+    gateway: u64,
+}
+
 /// Outside the stream's subjects (`<stream>.>`), so nothing of it is stored.
 fn subject(stream: &str) -> String {
     format!("_tinybroker.{stream}.registry")
@@ -55,9 +62,6 @@ pub(super) async fn serve(
         .flush()
         .await
         .map_err(|e| format!("cannot subscribe to registry announcements: {e}"))?;
-    // From now on every announcement reaches this gateway: a sync begun after this counts
-    // as current (`Registry::current`).
-    registry.listening();
     let client = client.clone();
     Ok(tokio::spawn(async move {
         let mut answering = tokio::task::JoinSet::new();
@@ -80,8 +84,13 @@ pub(super) async fn serve(
                     // not current (the next publish syncs).
                     return;
                 }
-                let me = incarnation.load(Ordering::Relaxed).to_string();
-                if let Err(error) = client.publish(reply, me.into()).await {
+                let me = Refreshed {
+                    gateway: incarnation.load(Ordering::Relaxed),
+                };
+                let Ok(body) = serde_json::to_vec(&me) else {
+                    return;
+                };
+                if let Err(error) = client.publish(reply, body.into()).await {
                     tracing::debug!(%error, "could not answer a registry announcement");
                 }
             });
@@ -111,7 +120,6 @@ impl Gateway {
     /// fails: a gateway that did not answer is logged.
     pub(super) async fn announce_consumers_changed(&self) {
         let registry = &self.inner.shared.registry;
-        registry.changed();
         // As the bucket's watch last saw them; listed from the bucket only before it has.
         let watched = self
             .inner
@@ -119,7 +127,7 @@ impl Gateway {
             .singletons
             .as_ref()
             .and_then(super::singleton::Handle::leased_gateways);
-        let expected = match watched {
+        let mut expected = match watched {
             Some(expected) => expected,
             None => match self.leased_gateways().await {
                 Ok(expected) => expected,
@@ -129,44 +137,28 @@ impl Gateway {
                 }
             },
         };
-        let client = &self.inner.shared.client;
         let me = self.inner.incarnation.load(Ordering::Relaxed);
         let patience = super::singleton::config(self.inner.config.lease)
             .dead_after()
             .min(MAX_ANNOUNCE_PATIENCE);
-        let mut waiting = expected;
-        waiting.insert(me);
-        let asked = async {
-            let inbox = client.new_inbox();
-            let mut answers = client.subscribe(inbox.clone()).await.ok()?;
-            client
-                .publish_with_reply(subject(&self.inner.config.stream), inbox, "".into())
-                .await
-                .ok()?;
-            let deadline = tokio::time::Instant::now() + patience;
-            while !waiting.is_empty() {
-                match tokio::time::timeout_at(deadline, answers.next()).await {
-                    Ok(Some(answer)) => {
-                        if let Some(gateway) = std::str::from_utf8(&answer.payload)
-                            .ok()
-                            .and_then(|g| g.parse::<u64>().ok())
-                        {
-                            waiting.remove(&gateway);
-                        }
-                    }
-                    Ok(None) | Err(_) => break,
-                }
-            }
-            Some(())
-        };
-        let reached = asked.await.is_some();
-        if !reached || !waiting.is_empty() {
+        expected.insert(me);
+        let gathered = super::ask::gather(
+            &self.inner.shared.client,
+            subject(&self.inner.config.stream),
+            bytes::Bytes::new(),
+            expected.clone(),
+            patience,
+            |refreshed: &Refreshed| refreshed.gateway,
+        )
+        .await;
+        let silent = gathered.map_or(expected, |gathered| gathered.silent);
+        if !silent.is_empty() {
             tracing::warn!(
-                unanswered = waiting.len(),
+                unanswered = silent.len(),
                 "gateways did not confirm a new or deleted consumer within {patience:?}: taken for paused or gone (their copies sync before they count again)"
             );
             // This gateway's own copy at least.
-            if waiting.contains(&me) {
+            if silent.contains(&me) {
                 registry.refresh().await;
             }
         }

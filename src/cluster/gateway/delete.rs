@@ -382,42 +382,31 @@ impl Gateway {
     /// [`Error::Unavailable`] when a gateway holding a lease did not answer in time.
     async fn count_everywhere(&self, id: &str, token: u64) -> Result<u64, Error> {
         let client = &self.inner.shared.client;
-        let expected = self.leased_gateways().await?;
-        let inbox = client.new_inbox();
-        let mut answers = client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| unavailable("cannot ask the other gateways", e))?;
+        let mut expected = self.leased_gateways().await?;
+        // This gateway answers too, leased or not yet.
+        expected.insert(self.inner.incarnation.load(Ordering::Relaxed));
         let ask = Ask::Count {
             subscription: id.to_string(),
             token,
         };
         let body = serde_json::to_vec(&ask).map_err(|e| unavailable("cannot ask", e))?;
-        client
-            .publish_with_reply(subject(&self.inner.config.stream), inbox, body.into())
-            .await
-            .map_err(|e| unavailable("cannot ask the other gateways", e))?;
-        let mut waiting: BTreeSet<u64> = expected;
-        // This gateway answers too, leased or not yet.
-        waiting.insert(self.inner.incarnation.load(Ordering::Relaxed));
-        let mut members = 0;
-        let deadline = tokio::time::Instant::now() + ASK_PATIENCE;
-        while !waiting.is_empty() {
-            match tokio::time::timeout_at(deadline, answers.next()).await {
-                Ok(Some(message)) => {
-                    if let Ok(counted) = serde_json::from_slice::<Counted>(&message.payload) {
-                        waiting.remove(&counted.gateway);
-                        members += counted.members;
-                    }
-                }
-                Ok(None) | Err(_) => {
-                    return Err(Error::Unavailable(format!(
-                        "subscription {id:?} was not deleted: {} gateway(s) holding a lease did not say within {ASK_PATIENCE:?} whether members are joined there (a gateway that died keeps its lease for about 3.4 s); try again",
-                        waiting.len()
-                    )));
-                }
-            }
+        let gathered = super::ask::gather(
+            client,
+            subject(&self.inner.config.stream),
+            body.into(),
+            expected,
+            ASK_PATIENCE,
+            |counted: &Counted| counted.gateway,
+        )
+        .await
+        .map_err(|e| unavailable("cannot ask the other gateways", e))?;
+        if !gathered.silent.is_empty() {
+            return Err(Error::Unavailable(format!(
+                "subscription {id:?} was not deleted: {} gateway(s) holding a lease did not say within {ASK_PATIENCE:?} whether members are joined there (a gateway that died keeps its lease for about 3.4 s); try again",
+                gathered.silent.len()
+            )));
         }
+        let members = gathered.answers.iter().map(|counted| counted.members).sum();
         Ok(members)
     }
 

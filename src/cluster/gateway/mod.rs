@@ -57,6 +57,7 @@
 mod acks;
 mod ahead;
 mod announce;
+mod ask;
 mod bridge;
 mod config;
 mod delete;
@@ -283,6 +284,7 @@ impl Gateway {
             incarnation.clone(),
         )
         .await?;
+        // Only now that announcements reach it may a sync make its copy current.
         registry.watch_lease(singletons.lease().clone());
         let window = stream.cached_info().config.duplicate_window;
         let patience = if window.is_zero() {

@@ -24,7 +24,7 @@ use async_nats::jetstream::{
     publish::PublishAck,
 };
 
-use super::{DEAD_LETTER_OF, Shared, names, nats_headers, unavailable};
+use super::{DEAD_LETTER_OF, Shared, names, nats_headers, registry::Count, unavailable};
 use crate::{
     broker::{BatchError, Published},
     core::{Draft, Error, ErrorKind},
@@ -133,8 +133,8 @@ pub struct Sent {
     dead_letter_of: Option<String>,
     /// The confirmation to come.
     ack: Ack,
-    /// How its `queued_for` is counted.
-    count: Count,
+    /// How its `queued_for` is counted (none for a dead letter, whose count nobody reads).
+    count: Option<Count>,
 }
 
 /// Where a sent publish's confirmation comes from. A `PublishAckFuture` holds one of the
@@ -154,17 +154,6 @@ enum Ack {
 /// The JetStream context's in-flight permits (async-nats' default is 5,000): each
 /// `PublishStream` holds up to 256 of them while its confirmations come.
 pub(super) const IN_FLIGHT: usize = 1 << 20;
-
-/// How a publish's `queued_for` is counted (docs/cluster.md#queued_for-across-gateways).
-#[derive(Debug, Clone, Copy)]
-enum Count {
-    /// Not: a dead letter, whose count nobody reads.
-    Not,
-    /// From the registry's copy as it is: it was current when the publish was sent.
-    Now,
-    /// After a sync begun once this registry ticket was taken (when it was sent).
-    After(u64),
-}
 
 /// Why a sent publish was not confirmed.
 #[derive(Debug)]
@@ -219,21 +208,13 @@ impl Sent {
                 // The subscriptions in the cluster when the publish arrived, or later
                 // (docs/semantics.md#cluster-durability); the sync ran beside the publish.
                 let queued_for = match self.count {
-                    Count::After(ticket) => {
-                        self.shared.registry.synced(ticket).await;
-                        self.shared.registry.matching(self.draft.topic())
+                    Some(count) => {
+                        self.shared
+                            .registry
+                            .queued_for(count, self.draft.topic())
+                            .await
                     }
-                    // Still current at the answer: else (an announcement came meanwhile, the
-                    // lease lapsed) it syncs first too.
-                    Count::Now if self.shared.registry.current() => {
-                        self.shared.registry.matching(self.draft.topic())
-                    }
-                    Count::Now => {
-                        let registry = &self.shared.registry;
-                        registry.synced(registry.ticket()).await;
-                        registry.matching(self.draft.topic())
-                    }
-                    Count::Not => 0,
+                    None => 0,
                 };
                 Ok(Published {
                     system_id: ack.sequence,
@@ -340,13 +321,7 @@ async fn send_with(
     dead_letter_of: Option<String>,
     awaited_in_order: bool,
 ) -> Result<Sent, Error> {
-    let count = if dead_letter_of.is_some() {
-        Count::Not
-    } else if shared.registry.current() {
-        Count::Now
-    } else {
-        Count::After(shared.registry.ticket())
-    };
+    let count = dead_letter_of.is_none().then(|| shared.registry.admit());
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
     let mut headers = nats_headers(draft.envelope().headers())?;
     if let Some(subscription) = &dead_letter_of {

@@ -111,6 +111,15 @@ impl Known {
     }
 }
 
+/// How a publish's `queued_for` is counted (docs/cluster.md#queued_for-across-gateways).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Count {
+    /// From the copy as it is: it was current when the publish was sent.
+    Now,
+    /// After a sync begun once this ticket was taken (when it was sent).
+    After(u64),
+}
+
 /// The gateway's registry: cheap to share.
 #[derive(Debug)]
 pub(super) struct Registry {
@@ -138,8 +147,6 @@ pub(super) struct Registry {
     connects: Arc<AtomicU64>,
     /// The lease incarnation and connection count under which the last sync that ended began.
     current_as_of: Mutex<Option<(u64, u64)>>,
-    /// This gateway is subscribed to announcements (`announce::serve`).
-    listening: AtomicBool,
     /// The last ticket a sync that brought the copy up to date covers.
     succeeded: AtomicU64,
     /// How often the copy was marked stale ([`Registry::stale`]).
@@ -213,7 +220,6 @@ impl Registry {
             lease: std::sync::OnceLock::new(),
             connects,
             current_as_of: Mutex::new(None),
-            listening: AtomicBool::new(false),
             succeeded: AtomicU64::new(0),
             stale_marks: AtomicU64::new(0),
         }
@@ -224,12 +230,9 @@ impl Registry {
         self.changed.store(true, Ordering::SeqCst);
     }
 
-    /// Announcements reach this gateway from now on.
-    pub(super) fn listening(&self) {
-        self.listening.store(true, Ordering::SeqCst);
-    }
-
-    /// From now on, [`Registry::current`] holds only under a valid `lease`.
+    /// From now on, [`Registry::current`] holds only under a valid `lease`. Called once this
+    /// gateway is subscribed to announcements (`announce::serve`): a sync begun after it makes
+    /// the copy current, one begun before (which an announcement could have missed) does not.
     pub(super) fn watch_lease(&self, lease: Arc<super::lease::LeaseGate>) {
         let _ = self.lease.set(lease);
     }
@@ -287,6 +290,27 @@ impl Registry {
             tokio::time::timeout(PATIENCE * 2, synced.wait_for(|&covered| covered >= ticket)).await;
     }
 
+    /// How the `queued_for` of a publish sent now will be counted.
+    pub(super) fn admit(&self) -> Count {
+        if self.current() {
+            Count::Now
+        } else {
+            Count::After(self.ticket())
+        }
+    }
+
+    /// The `queued_for` of a publish of `topic` admitted as `count`, at its answer: from the
+    /// copy as it is if it was current then and still is (an announcement may have come
+    /// meanwhile, or the lease lapsed), else after a sync begun once it was sent (or now).
+    pub(super) async fn queued_for(&self, count: Count, topic: &Topic) -> u32 {
+        match count {
+            Count::Now if self.current() => {}
+            Count::Now => self.synced(self.ticket()).await,
+            Count::After(ticket) => self.synced(ticket).await,
+        }
+        self.matching(topic)
+    }
+
     /// Whether the copy has consumer `name`.
     pub(super) fn knows(&self, name: &str) -> bool {
         self.lock().consumers.contains(name)
@@ -337,7 +361,6 @@ impl Registry {
             .lease
             .get()
             .and_then(|lease| lease.valid())
-            .filter(|_| self.listening.load(Ordering::SeqCst))
             .map(|incarnation| (incarnation, connects));
         let mut up_to_date = false;
         let marks = self.stale_marks.load(Ordering::SeqCst);
