@@ -22,6 +22,13 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
         vec!["w1", "--window", "4"],
         vec!["w3", "--ack-free", "--subscribers", "2"],
         vec!["w3", "--subscribers", "2", "--window", "16"],
+        vec![
+            "--jetstream-msg-ids",
+            "w3",
+            "--ack-free",
+            "--subscribers",
+            "2",
+        ],
     ] {
         let mut args: Vec<String> = ["bench", "--nats", &urls, "--messages", "300"]
             .map(String::from)
@@ -34,9 +41,16 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
             .iter()
             .map(|r| r["deployment"].as_str().unwrap_or_default())
             .collect();
-        assert_eq!(deployments, ["gateways", "jetstream"], "{workload:?}");
+        // With message ids, JetStream alone is named for them: its publishes carry ids.
+        let alone = if workload.contains(&"--jetstream-msg-ids") {
+            "jetstream+msg-ids"
+        } else {
+            "jetstream"
+        };
+        assert_eq!(deployments, ["gateways", alone], "{workload:?}");
+        let name = workload.iter().find(|a| a.starts_with('w')).unwrap();
         for r in &reports {
-            assert_eq!(r["workload"], workload[0], "{r}");
+            assert_eq!(r["workload"], *name, "{r}");
             assert_eq!(r["messages"], 300, "{r}");
             assert!(r["rate_per_s"].as_f64().unwrap_or_default() > 0.0, "{r}");
         }
@@ -67,6 +81,27 @@ async fn bench_with_nats_refuses_what_it_does_not_run() {
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("--nats runs w1, w2 and w3"), "{said}");
+    // Refused before any gateway starts: the URL reaches no server.
+    for workload in ["w2", "fill"] {
+        let output = binary::run_client(
+            [
+                "bench",
+                "--nats",
+                "nats://127.0.0.1:1",
+                "--jetstream-msg-ids",
+                workload,
+            ]
+            .map(String::from)
+            .to_vec(),
+        )
+        .await;
+        assert!(!output.status.success(), "{workload}");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            said.contains("--jetstream-msg-ids sets how JetStream alone publishes"),
+            "{workload}: {said}"
+        );
+    }
 }
 
 // w2 through two gateways: replicas alternate between them, every kill promotes across, and

@@ -2,6 +2,9 @@
 //! after the same workload through two gateways, so the two lines side by side show what the
 //! gateway costs. The stream is set up as a gateway sets up its own (file storage, interest
 //! retention, replicas min(3, cluster size)); a pipelined publisher waits for each `PubAck`.
+//! With `--jetstream-msg-ids` its publishes carry message ids as a gateway's do (JetStream then
+//! deduplicates them, the guarantee a gateway's resends rely on), for a comparison at equal
+//! guarantees beside the one against JetStream's fastest idiom.
 //! Each side runs JetStream's fastest idiom for the workload: the work queue (w1) and acked
 //! fan-out pull in batches ahead of their acks (the consumer's `max_ack_pending` is the
 //! window) and double-ack each message (confirmed by JetStream, as the gateway's acks are);
@@ -128,18 +131,26 @@ impl Bench {
         let subject = format!("{}.work", self.name);
         let began = Instant::now();
         let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
-        for _ in 0..common.messages {
+        let prefix = u64::from(std::process::id());
+        for n in 0..common.messages {
             if pending.len() >= common.pipeline.max(1)
                 && let Some(ack) = pending.pop_front()
             {
                 ack.await
                     .map_err(|e| format!("publish not confirmed: {e}"))?;
             }
-            let ack = self
-                .js
-                .publish(subject.clone(), load::payload(common.payload_bytes, start))
-                .await
-                .map_err(|e| format!("publish refused: {e}"))?;
+            let payload = load::payload(common.payload_bytes, start);
+            let ack = if common.jetstream_msg_ids {
+                // As long as a gateway's ids: 16 hex digits, a dot, a hex counter.
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", format!("{prefix:016x}.{n:x}").as_str());
+                self.js
+                    .publish_with_headers(subject.clone(), headers, payload)
+                    .await
+            } else {
+                self.js.publish(subject.clone(), payload).await
+            }
+            .map_err(|e| format!("publish refused: {e}"))?;
             pending.push_back(ack);
         }
         for ack in pending {
@@ -153,6 +164,16 @@ impl Bench {
         if let Err(error) = self.js.delete_stream(&self.name).await {
             eprintln!("could not delete the bench stream {}: {error}", self.name);
         }
+    }
+}
+
+/// The report's name for this side: `jetstream+msg-ids` when its publishes carry message ids
+/// (`--jetstream-msg-ids`).
+fn deployment(common: &Common) -> &'static str {
+    if common.jetstream_msg_ids {
+        "jetstream+msg-ids"
+    } else {
+        "jetstream"
     }
 }
 
@@ -304,7 +325,7 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
     let (elapsed, publish_elapsed, latencies) = result?;
     let report = Report {
         workload: "w1",
-        deployment: Some("jetstream"),
+        deployment: Some(deployment(common)),
         messages: common.messages,
         payload_bytes: common.payload_bytes,
         window: Some(args.window),
@@ -381,7 +402,7 @@ pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Resu
     let deliveries = common.messages * args.subscribers;
     let report = Report {
         workload: "w3",
-        deployment: Some("jetstream"),
+        deployment: Some(deployment(common)),
         messages: common.messages,
         payload_bytes: common.payload_bytes,
         window: Some(args.window),

@@ -79,6 +79,10 @@ pub struct Common {
     /// connection per subscriber; what it drops is counted, not waited for.
     #[arg(long, global = true)]
     nats_core: Option<String>,
+    /// With `--nats`: JetStream alone gives each publish a message id (`Nats-Msg-Id`), as a
+    /// gateway does so a publish sent again is stored once; JetStream's fastest idiom has none.
+    #[arg(long, global = true, requires = "nats")]
+    jetstream_msg_ids: bool,
     /// Bearer token, if the broker requires one.
     #[arg(
         long,
@@ -197,6 +201,12 @@ pub async fn run(args: Bench) -> Result<(), String> {
 
 /// `bench --nats`: the workload through two gateways, then straight on JetStream.
 async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(), String> {
+    if common.jetstream_msg_ids && matches!(workload, Workload::W2(_) | Workload::Fill) {
+        return Err(
+            "--jetstream-msg-ids sets how JetStream alone publishes, which only w1 and w3 run"
+                .into(),
+        );
+    }
     let stream = format!("bench_gw_{}", std::process::id());
     let gateways = || -> Result<Target, String> {
         let start = |n: usize| {
