@@ -20,8 +20,8 @@ pub use embedded::Run;
 
 use crate::{
     broker::{
-        BatchError, Broker, BrokerStats, ConnectionId, Deleted, Description, Fence, MemberStream,
-        Published,
+        BatchError, Broker, BrokerStats, ConnectionId, Deleted, Description, Fence,
+        LeadershipWatch, MemberStream, Published,
     },
     cluster::gateway::{Gateway, Pipeline},
     core::{Draft, Error, Limits, OpenRequest},
@@ -143,6 +143,20 @@ impl Backend {
         match self {
             Backend::Embedded(broker) => broker.describe(subscription_id).map(Description::from),
             Backend::Gateway(gateway) => gateway.describe(subscription_id).await,
+        }
+    }
+
+    /// Watches a SINGLETON subscription's leadership (docs/semantics.md#watching-leadership):
+    /// at a gateway, the cluster's, as the coordination bucket records it.
+    ///
+    /// # Errors
+    /// [`Error::SubscriptionNotFound`] (at a gateway, of kind not found when JetStream has no
+    /// consumer for it either), [`Error::NotSingleton`]; at a gateway also
+    /// [`Error::Unavailable`] when JetStream did not answer.
+    pub async fn watch_leadership(&self, subscription_id: &str) -> Result<LeadershipWatch, Error> {
+        match self {
+            Backend::Embedded(broker) => broker.watch_leadership(subscription_id),
+            Backend::Gateway(gateway) => gateway.watch_leadership(subscription_id).await,
         }
     }
 

@@ -180,6 +180,9 @@ pub(crate) struct SubState {
     /// JetStream owes this subscription, which no carry names. Everything injected waits
     /// (in `held_back`) until they came.
     pub(crate) owed: Option<Owed>,
+    /// A SINGLETON subscription's leadership, once someone watches it
+    /// ([`Broker::watch_leadership`](super::Broker::watch_leadership)).
+    pub(crate) leadership: Option<tokio::sync::watch::Sender<super::Leadership>>,
 }
 
 /// The redeliveries a gateway that took over from a dead one waits for ([`SubState::owed`]).
@@ -270,6 +273,7 @@ impl SubState {
             held_back: BTreeMap::new(),
             floors_since: std::time::Duration::ZERO,
             owed: None,
+            leadership: None,
         }
     }
 

@@ -9,6 +9,7 @@
 
 mod delete;
 mod expiry;
+mod leadership;
 mod logs;
 mod member;
 mod observe;
@@ -21,6 +22,7 @@ mod view;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 pub use delete::Deleted;
+pub use leadership::{Leadership, LeadershipWatch};
 pub(crate) use logs::refused_join;
 pub use member::{
     ACK_FREE_TAKE, ACK_FREE_TAKE_BYTES, ConnectionId, MemberStream, Outbound, Settler,
@@ -322,7 +324,16 @@ impl Broker {
             // JetStream redelivers it (docs/semantics.md#cluster-lease-checks).
             effects.retain(|e| !matches!(e, Effect::Deliver { .. }));
         }
+        // Only a member joining, leaving or being made active changes who leads.
+        let leads_anew = state.leadership.is_some()
+            && !matches!(
+                input,
+                Input::Enqueue { .. } | Input::Ack { .. } | Input::Nack { .. }
+            );
         state.apply(effects, dead, shared);
+        if leads_anew {
+            state.refresh_leadership(self.inner.clock.unix_millis());
+        }
         self.account(state);
     }
 

@@ -17,6 +17,10 @@ pub struct Status {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// With a SINGLETON subscription's ID: follow its leadership, a line per change (with
+    /// `--json`, a JSON object per line), until interrupted or the subscription is gone.
+    #[arg(long, requires = "id")]
+    watch: bool,
 }
 
 /// The JSON document (and what the table shows). Written by hand rather than derived on the
@@ -197,6 +201,11 @@ async fn list_all(client: &Client) -> Result<StatusView, Error> {
 pub async fn run(args: Status) -> Result<(), String> {
     let url = args.connection.server.clone();
     let client = args.connection.client().await?;
+    if let (true, Some(id)) = (args.watch, &args.id) {
+        return watch(&client, id, args.json)
+            .await
+            .map_err(|e| explain(e, &url));
+    }
     let view = match &args.id {
         Some(id) => StatusView {
             broker: None,
@@ -221,6 +230,43 @@ pub async fn run(args: Status) -> Result<(), String> {
         print!("{}", overview(&view));
     }
     Ok(())
+}
+
+/// A leadership state as `status --watch --json` prints it, one object per line.
+#[derive(Serialize)]
+struct LeaderLine {
+    subscription_id: String,
+    /// 0 when no member is active.
+    active_member_id: u64,
+    epoch: u64,
+    /// When the server learned of it, in milliseconds since the Unix epoch.
+    since_unix_ms: u64,
+}
+
+/// `status ID --watch`: a line per leadership state, the current one first, until the
+/// subscription is gone (docs/semantics.md#watching-leadership).
+async fn watch(client: &Client, id: &str, json: bool) -> Result<(), Error> {
+    let mut states = client.watch_leadership(id).await?;
+    loop {
+        let state = states.next().await?;
+        let line = LeaderLine {
+            subscription_id: id.to_string(),
+            active_member_id: state.active_member_id.unwrap_or(0),
+            epoch: state.epoch,
+            since_unix_ms: state
+                .since
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        };
+        if json {
+            println!("{}", serde_json::to_string(&line).unwrap_or_default());
+        } else {
+            match state.active_member_id {
+                Some(member) => println!("{id}: member {member} active, epoch {}", state.epoch),
+                None => println!("{id}: no active member (last epoch {})", state.epoch),
+            }
+        }
+    }
 }
 
 /// Left-aligned columns, two spaces apart.

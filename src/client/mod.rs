@@ -39,6 +39,7 @@ mod options;
 mod outgoing;
 mod publish;
 mod subscription;
+mod watch;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -57,6 +58,7 @@ pub use info::{BrokerCounters, Counters, Listing, MemberInfo, SubscriptionInfo, 
 pub use options::SubscriptionOptions;
 pub use publish::{MAX_PENDING_PUBLISHES, PendingPublish, Publisher};
 pub use subscription::{Activation, Delivery, Event, Subscription};
+pub use watch::{LeaderState, LeadershipWatch};
 
 use crate::pb::{self, broker_client::BrokerClient};
 

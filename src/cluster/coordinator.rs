@@ -564,6 +564,12 @@ impl Coordinator {
         self.effects.pop_front()
     }
 
+    /// The latest value of subscription `sub`'s line this gateway saw (none once its key was
+    /// deleted), for a watch of its leadership.
+    pub fn line(&self, sub: &str) -> Option<&SubValue> {
+        self.subs.get(sub).map(|(value, _)| value)
+    }
+
     fn revision_of(&self, key: &str) -> Revision {
         if let Some(sub) = key.strip_prefix("sub.") {
             return self.subs.get(sub).map_or(0, |(_, r)| *r);

@@ -52,6 +52,21 @@ pub enum Error {
     /// No subscription has this id.
     #[error("subscription {0:?} not found")]
     SubscriptionNotFound(String),
+    /// Leadership is watched on a subscription of another mode than SINGLETON.
+    #[error(
+        "subscription {subscription:?} is {mode}: only a SINGLETON subscription has an active member to watch"
+    )]
+    NotSingleton {
+        /// The subscription named.
+        subscription: String,
+        /// Its mode.
+        mode: crate::core::Mode,
+    },
+    /// A watched subscription expired (no member within its idle timeout) or was deleted.
+    #[error(
+        "subscription {0:?} expired or was deleted: there is no leadership left to watch; watch again once a member joins it"
+    )]
+    SubscriptionGone(String),
     /// Ack or nack for a message that is not in flight on the subscription.
     #[error(
         "message {system_id} is not in flight on subscription {subscription:?} (never delivered, already acked, or waiting for redelivery)"
@@ -301,9 +316,11 @@ impl Error {
             | Error::NotYetSent { .. }
             | Error::AckFree(_)
             | Error::MemberGone { .. }
+            | Error::NotSingleton { .. }
             | Error::MembersJoined { .. } => ErrorKind::FailedPrecondition,
             Error::BroadcastTaken(_) => ErrorKind::AlreadyExists,
             Error::SubscriptionNotFound(_)
+            | Error::SubscriptionGone(_)
             | Error::NotInFlight { .. }
             | Error::NotHeldHere { .. } => ErrorKind::NotFound,
             Error::QueueFull { .. }

@@ -7,6 +7,7 @@
 mod consume;
 mod convert;
 mod frames;
+mod leadership;
 mod publish_stream;
 mod status;
 mod validate;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 pub use consume::ConsumeStream;
 pub use frames::{FrameStream, frame};
+pub use leadership::LeadershipFrames;
 pub use publish_stream::PublishResults;
 pub use status::{MAX_STATUS_MESSAGE_BYTES, cap_message, code, status};
 use tonic::{Request, Response, Status};
@@ -229,6 +231,27 @@ impl pb::broker_server::Broker for BrokerService {
         Ok(Response::new(pb::DeleteSubscriptionResponse {
             discarded_messages: deleted.discarded_messages,
         }))
+    }
+
+    type WatchLeadershipStream = LeadershipFrames;
+
+    async fn watch_leadership(
+        &self,
+        request: Request<pb::WatchLeadershipRequest>,
+    ) -> Result<Response<Self::WatchLeadershipStream>, Status> {
+        let id = request.into_inner().subscription_id;
+        check_subscription_id(&id, self.backend.limits()).map_err(|e| status(&e))?;
+        // docs/semantics.md#watching-leadership
+        let watch = self
+            .backend
+            .watch_leadership(&id)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(LeadershipFrames::new(
+            watch,
+            id,
+            &self.stopping,
+        )))
     }
 
     async fn list_subscriptions(

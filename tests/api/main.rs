@@ -21,6 +21,7 @@ mod deployment;
 mod bench;
 mod delete;
 mod delivery;
+mod leadership;
 mod lifecycle;
 mod logs;
 mod metrics;

@@ -23,6 +23,8 @@ mod delivery;
 )]
 #[path = "../api/lifecycle.rs"]
 mod lifecycle;
+#[path = "../api/leadership.rs"]
+mod leadership;
 #[path = "../api/publish_runs.rs"]
 mod publish_runs;
 #[allow(

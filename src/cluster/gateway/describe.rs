@@ -156,6 +156,18 @@ impl Gateway {
         }
     }
 
+    /// SINGLETON subscription `id`'s consumer as the servers report it now; `None` when there
+    /// is none (a watch of its leadership ends then).
+    ///
+    /// # Errors
+    /// Why the servers did not answer.
+    pub(super) async fn singleton_consumer(
+        &self,
+        id: &str,
+    ) -> Result<Option<consumer::Info>, String> {
+        self.consumer_backlog(Mode::Singleton, id).await
+    }
+
     /// The subscription's consumer as the servers report it now; `None` when there is none
     /// (or the one of that name records another subscription).
     ///

@@ -66,6 +66,7 @@ mod forward;
 mod headers;
 mod join;
 mod lease;
+mod leadership;
 mod list;
 pub mod names;
 mod pipeline;

@@ -30,7 +30,7 @@ use tokio_stream::StreamExt;
 
 use super::lease::LeaseGate;
 use crate::{
-    broker::Upstream,
+    broker::{Leadership, LeadershipWatch, Upstream},
     cluster::{
         backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
         coordinator::{Command, Config, Coordinator, Effect, Op, RequestId},
@@ -47,6 +47,8 @@ enum Input {
     /// the line.
     Joined(Arc<str>, MemberId, u64, oneshot::Sender<()>),
     Left(Arc<str>, MemberId, Vec<(u64, u32)>),
+    /// Someone watches the subscription's leadership: told its state now, then each change.
+    Watch(Arc<str>, oneshot::Sender<LeadershipWatch>),
 }
 
 /// The gateway's line to its coordinator shell: cheap to clone.
@@ -123,6 +125,19 @@ impl Handle {
     /// those messages' next deliveries must carry at least.
     pub(super) fn left(&self, subscription: Arc<str>, member: MemberId, carry: Vec<(u64, u32)>) {
         let _ = self.inputs.send(Input::Left(subscription, member, carry));
+    }
+
+    /// Watches subscription `subscription`'s leadership as the coordination bucket records
+    /// it: its line's active member and epoch, from this gateway's watch of the bucket.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the shell has stopped.
+    pub(super) async fn watch(&self, subscription: Arc<str>) -> Result<LeadershipWatch, Error> {
+        let (reply, answer) = oneshot::channel();
+        let _ = self.inputs.send(Input::Watch(subscription, reply));
+        answer.await.map_err(|_| {
+            Error::Unavailable("this gateway's singleton coordination has stopped".into())
+        })
     }
 
     /// This gateway's incarnation now (the id its lease is kept under).
@@ -208,6 +223,8 @@ async fn run(
     } = views;
     let now = || start.elapsed();
     let mut incarnation = 0;
+    // The watched subscriptions' leadership: kept across incarnations, as their watchers are.
+    let mut leaders: BTreeMap<Arc<str>, tokio::sync::watch::Sender<Leadership>> = BTreeMap::new();
     loop {
         let id = fresh_id();
         current_id.store(id.0, std::sync::atomic::Ordering::Relaxed);
@@ -278,6 +295,13 @@ async fn run(
                         joining.remove(&(sub.clone(), member));
                         coordinator.member_left_carrying(now(), &sub, member, carry);
                     }
+                    Some(Input::Watch(sub, reply)) => {
+                        leaders.retain(|_, sender| sender.receiver_count() > 0);
+                        let sender = leaders.entry(sub.clone()).or_insert_with(|| {
+                            tokio::sync::watch::channel(leadership(&coordinator, &sub, 0)).0
+                        });
+                        let _ = reply.send(sender.subscribe());
+                    }
                     None => return,
                 },
                 opened = async { opening.as_mut()?.await.into() }, if opening.is_some() => {
@@ -296,6 +320,9 @@ async fn run(
                     Some(Ok(e)) => {
                         watched(&leased, &e.key, e.value.as_deref());
                         coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision);
+                        if let Some(sub) = e.key.strip_prefix("sub.") {
+                            follow_line(&mut leaders, &coordinator, sub);
+                        }
                     }
                     Some(Err(error)) => tracing::warn!(%error, "the coordination watch lost contact; it resumes"),
                     None => watch = None,
@@ -313,6 +340,43 @@ async fn run(
             }
         }
     }
+}
+
+/// Subscription `sub`'s leadership as `coordinator` last saw its line: with no line (its key
+/// deleted, or not seen yet), no active member and the highest epoch `seen` so far.
+fn leadership(coordinator: &Coordinator, sub: &str, seen: u64) -> Leadership {
+    let line = coordinator.line(sub);
+    Leadership {
+        active: line.and_then(|l| l.active).map(|a| a.member),
+        epoch: line.map_or(seen, |l| l.epoch.max(seen)),
+        since_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+/// After the bucket's watch delivered `sub`'s key: tells its watchers, if any, when its
+/// leadership changed (and forgets it once no one watches).
+fn follow_line(
+    leaders: &mut BTreeMap<Arc<str>, tokio::sync::watch::Sender<Leadership>>,
+    coordinator: &Coordinator,
+    sub: &str,
+) {
+    let Some(sender) = leaders.get(sub) else {
+        return;
+    };
+    if sender.receiver_count() == 0 {
+        leaders.remove(sub);
+        return;
+    }
+    sender.send_if_modified(|current| {
+        let now = leadership(coordinator, sub, current.epoch);
+        if now.active == current.active && now.epoch == current.epoch {
+            return false;
+        }
+        *current = now;
+        true
+    });
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

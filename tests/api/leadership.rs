@@ -1,0 +1,180 @@
+//! WatchLeadership over the wire (docs/semantics.md#watching-leadership): any client follows a
+//! SINGLETON subscription's active member and epoch without joining. In cluster mode the
+//! watcher sits at the other gateway than the members, so it sees what the coordination bucket
+//! records, not what its own gateway holds.
+
+use tinybroker::pb::{self, broker_client::BrokerClient};
+use tonic::{Code, Status, Streaming, transport::Channel};
+
+use crate::harness::*;
+
+async fn watch(
+    at: &BrokerClient<Channel>,
+    id: &str,
+) -> Result<Streaming<pb::LeadershipFrame>, Status> {
+    within(at.clone().watch_leadership(pb::WatchLeadershipRequest {
+        subscription_id: id.into(),
+    }))
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// Reads frames until one names `active` (0: none) with epoch `epoch`, checking that epochs
+/// never fall and that no frame names a member other than `allowed` (or none). Returns the
+/// frames read.
+async fn until(
+    frames: &mut Streaming<pb::LeadershipFrame>,
+    active: u64,
+    epoch: u64,
+    allowed: &[u64],
+    floor: &mut u64,
+) -> Vec<pb::LeadershipFrame> {
+    let mut read = Vec::new();
+    loop {
+        let frame = within(frames.message())
+            .await
+            .expect("the watch ended")
+            .expect("the watch ended");
+        assert!(frame.epoch >= *floor, "epoch fell: {frame:?} after {floor}");
+        *floor = frame.epoch;
+        assert!(
+            frame.active_member_id == 0 || allowed.contains(&frame.active_member_id),
+            "{frame:?} names a member not in {allowed:?}"
+        );
+        assert!(frame.since.is_some(), "{frame:?}");
+        let reached = frame.active_member_id == active && frame.epoch == epoch;
+        read.push(frame);
+        if reached {
+            return read;
+        }
+    }
+}
+
+// docs/semantics.md#watching-leadership: the first frame is the state, then one per promotion,
+// in join order with rising epochs, then "no active member" when the last one leaves.
+#[tokio::test]
+async fn a_watcher_sees_every_promotion_with_rising_epochs() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("lead")).await.unwrap();
+    let ca = a.confirmed().await;
+    let mut frames = watch(&client.1, "lead").await.unwrap();
+    let mut floor = 0;
+    let mut members = vec![ca.member_id];
+    until(&mut frames, ca.member_id, ca.epoch, &members, &mut floor).await;
+
+    let mut b = client.subscribe(singleton("lead")).await.unwrap();
+    let mut c = client.subscribe(singleton("lead")).await.unwrap();
+    drop(a);
+    let cb = b.confirmed().await;
+    assert!(cb.epoch > ca.epoch);
+    members.push(cb.member_id);
+    until(&mut frames, cb.member_id, cb.epoch, &members, &mut floor).await;
+    drop(b);
+    let cc = c.confirmed().await;
+    members.push(cc.member_id);
+    until(&mut frames, cc.member_id, cc.epoch, &members, &mut floor).await;
+    drop(c);
+    // Nobody is active: the last epoch stays.
+    until(&mut frames, 0, cc.epoch, &members, &mut floor).await;
+
+    // A watch opened now starts with that state.
+    let mut late = watch(&client.1, "lead").await.unwrap();
+    let first = within(late.message()).await.unwrap().unwrap();
+    assert_eq!((first.active_member_id, first.epoch), (0, cc.epoch));
+}
+
+// docs/semantics.md#watching-leadership: standbys joining and leaving change no leadership, so
+// a watcher gets no frame for them; the next frame is the next promotion.
+#[tokio::test]
+async fn standbys_coming_and_going_send_no_frame() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("quiet")).await.unwrap();
+    let ca = a.confirmed().await;
+    let mut frames = watch(&client.1, "quiet").await.unwrap();
+    let mut floor = 0;
+    until(&mut frames, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    for _ in 0..3 {
+        let standby = client.subscribe(singleton("quiet")).await.unwrap();
+        drop(standby);
+    }
+    let mut b = client.subscribe(singleton("quiet")).await.unwrap();
+    drop(a);
+    let cb = b.confirmed().await;
+    let next = within(frames.message()).await.unwrap().unwrap();
+    assert_eq!((next.active_member_id, next.epoch), (cb.member_id, cb.epoch));
+}
+
+// docs/semantics.md#watching-leadership: a watcher that reads nothing while leadership changes
+// many times is sent the latest state when it reads, with epochs that still rise.
+#[tokio::test]
+async fn a_watcher_that_does_not_read_gets_the_latest_state() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut line = std::collections::VecDeque::new();
+    for _ in 0..6 {
+        line.push_back(client.subscribe(singleton("slow")).await.unwrap());
+    }
+    let mut active = line.pop_front().unwrap();
+    let first = active.confirmed().await;
+    let mut frames = watch(&client.1, "slow").await.unwrap();
+    let mut members = vec![first.member_id];
+    let mut last = first;
+    while let Some(mut next) = line.pop_front() {
+        drop(active);
+        let confirmed = next.confirmed().await;
+        members.push(confirmed.member_id);
+        last = confirmed;
+        active = next;
+    }
+    drop(active);
+    let mut floor = 0;
+    let read = until(&mut frames, 0, last.epoch, &members, &mut floor).await;
+    // At most one frame per state the watch was in, the initial one included.
+    assert!(read.len() <= members.len() + 1, "{read:?}");
+}
+
+// docs/semantics.md#watching-leadership: unknown ids, other modes and malformed ids are refused
+// and nothing is watched.
+#[tokio::test]
+async fn watching_refuses_unknown_ids_other_modes_and_bad_ids() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    assert_code(
+        watch(&client.1, "nobody-here").await,
+        Code::NotFound,
+        "not found",
+    );
+    let _queue = client
+        .subscribe(open("work", pb::DeliveryMode::Queue, "g", &["jobs.*"]))
+        .await
+        .unwrap();
+    assert_code(
+        watch(&client.1, "work").await,
+        Code::FailedPrecondition,
+        "only a SINGLETON subscription has an active member to watch",
+    );
+    assert_code(watch(&client.1, "").await, Code::InvalidArgument, "");
+}
+
+// docs/semantics.md#watching-leadership: a watched subscription deleted ends the watch with
+// NOT_FOUND.
+#[tokio::test]
+async fn a_watch_ends_not_found_when_its_subscription_is_deleted() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("gone")).await.unwrap();
+    let ca = a.confirmed().await;
+    drop(a);
+    let mut frames = watch(&client.1, "gone").await.unwrap();
+    let mut floor = 0;
+    until(&mut frames, 0, ca.epoch, &[ca.member_id], &mut floor).await;
+    within(client.0.clone().delete_subscription(pb::DeleteSubscriptionRequest {
+        subscription_id: "gone".into(),
+    }))
+    .await
+    .unwrap();
+    let end = within(frames.message()).await;
+    assert_code(end, Code::NotFound, "expired or was deleted");
+}
