@@ -178,3 +178,66 @@ async fn a_watch_ends_not_found_when_its_subscription_is_deleted() {
     let end = within(frames.message()).await;
     assert_code(end, Code::NotFound, "expired or was deleted");
 }
+
+// docs/semantics.md#watching-leadership: a graceful shutdown ends every watch with UNAVAILABLE
+// (and waits for none: a watch never holds a server up).
+#[tokio::test]
+async fn shutdown_ends_watches_with_unavailable() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("bye")).await.unwrap();
+    let ca = a.confirmed().await;
+    let mut near = watch(&client.0, "bye").await.unwrap();
+    let mut far = watch(&client.1, "bye").await.unwrap();
+    let mut floor = 0;
+    until(&mut near, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    let mut floor = 0;
+    until(&mut far, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    let stopping = tokio::spawn(server.stop());
+    for frames in [&mut near, &mut far] {
+        // What comes before the end names no other member.
+        loop {
+            match within(frames.message()).await {
+                Ok(Some(frame)) => assert!(
+                    frame.active_member_id == 0 || frame.active_member_id == ca.member_id,
+                    "{frame:?}"
+                ),
+                Ok(None) => panic!("the watch ended without a status"),
+                Err(status) => {
+                    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                    break;
+                }
+            }
+        }
+    }
+    drop(a);
+    within(stopping).await.unwrap().unwrap();
+}
+
+embedded_only! {
+// docs/semantics.md#watching-leadership: a watched subscription that expires (no member within
+// its idle timeout) ends the watch with NOT_FOUND. Embedded only as written: the suite's
+// gateways expire consumers by their own idle timeout, not the server's limits;
+// tests/cluster/leadership.rs holds the same through gateways.
+#[tokio::test]
+async fn a_watch_ends_not_found_when_its_subscription_expires() {
+    let server = TestServer::with_config(tinybroker::server::ServerConfig {
+        limits: tinybroker::core::Limits {
+            idle_timeout: std::time::Duration::from_millis(200),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("brief")).await.unwrap();
+    let ca = a.confirmed().await;
+    let mut frames = watch(&client.1, "brief").await.unwrap();
+    let mut floor = 0;
+    until(&mut frames, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    drop(a);
+    until(&mut frames, 0, ca.epoch, &[ca.member_id], &mut floor).await;
+    let end = within(frames.message()).await;
+    assert_code(end, Code::NotFound, "expired or was deleted");
+}
+}

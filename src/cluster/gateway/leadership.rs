@@ -1,23 +1,33 @@
 //! `WatchLeadership` through a gateway (docs/semantics.md#watching-leadership): a SINGLETON
 //! subscription's leadership as the coordination bucket records it, so a watcher at any gateway
-//! sees the promotions made at every gateway. The singleton shell keeps one state per watched
-//! subscription from its watch of the bucket; each watch forwards it, and ends once the
-//! subscription's JetStream consumer is gone (deleted, or expired with no member), which it
-//! checks every [`GONE_CHECK`] while no member is active.
+//! sees the promotions made at every gateway.
+//!
+//! The singleton shell keeps one state per watched subscription from its watch of the bucket.
+//! Here one follower per watched subscription (whatever its number of watchers) forwards it to
+//! the watchers and ends their watch once the subscription's JetStream consumer is gone
+//! (deleted, or expired with no member): it asks JetStream every [`GONE_CHECK`] while no
+//! member is active, one request per subscription, not per watcher.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, PoisonError, Weak},
+    time::Duration,
+};
 
 use tokio::sync::watch;
 
-use super::Gateway;
+use super::{Gateway, Inner};
 use crate::{
     broker::{Leadership, LeadershipWatch},
     core::{Error, Mode},
 };
 
-/// How often a watch of a subscription with no active member asks JetStream whether its
+/// How often the follower of a subscription with no active member asks JetStream whether its
 /// consumer still exists.
 pub(super) const GONE_CHECK: Duration = Duration::from_secs(2);
+
+/// The watched subscriptions' senders, one per subscription, shared by its watchers.
+pub(super) type Watched = Mutex<BTreeMap<String, Arc<watch::Sender<Leadership>>>>;
 
 impl Gateway {
     /// Watches SINGLETON subscription `subscription_id`'s leadership across the cluster.
@@ -34,15 +44,25 @@ impl Gateway {
                 mode,
             });
         }
+        if let Some(sender) = lock(&self.inner.watched).get(subscription_id) {
+            return Ok(sender.subscribe());
+        }
         let Some(singletons) = &self.inner.shared.singletons else {
             return Err(Error::Unavailable(
                 "this gateway runs no singleton coordination".into(),
             ));
         };
         let cluster = singletons.watch(Arc::from(subscription_id)).await?;
+        let mut watched = lock(&self.inner.watched);
+        // Another watch may have started its follower meanwhile.
+        if let Some(sender) = watched.get(subscription_id) {
+            return Ok(sender.subscribe());
+        }
         let (sender, receiver) = watch::channel(*cluster.borrow());
+        let sender = Arc::new(sender);
+        watched.insert(subscription_id.to_string(), sender.clone());
         tokio::spawn(follow(
-            self.clone(),
+            Arc::downgrade(&self.inner),
             subscription_id.to_string(),
             cluster,
             sender,
@@ -51,34 +71,53 @@ impl Gateway {
     }
 }
 
-/// Forwards the cluster's state to one watcher until it stops watching, the shell stops, or
-/// the subscription's consumer is gone (the sender dropped: its stream ends with `NOT_FOUND`).
+fn lock(watched: &Watched) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<watch::Sender<Leadership>>>> {
+    watched.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Forwards the cluster's state to a subscription's watchers until none is left, the gateway
+/// or its shell stops, or the subscription's consumer is gone: its sender is then dropped, and
+/// every watch of it ends (`NOT_FOUND`).
 async fn follow(
-    gateway: Gateway,
+    gateway: Weak<Inner>,
     subscription: String,
     mut cluster: LeadershipWatch,
-    sender: watch::Sender<Leadership>,
+    sender: Arc<watch::Sender<Leadership>>,
 ) {
     let mut check = tokio::time::interval(GONE_CHECK);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = sender.closed() => return,
+            () = sender.closed() => {
+                let Some(inner) = gateway.upgrade() else { return };
+                let mut watched = lock(&inner.watched);
+                // A watch that came meanwhile keeps it going.
+                if sender.receiver_count() == 0 {
+                    watched.remove(&subscription);
+                    return;
+                }
+            }
             changed = cluster.changed() => {
                 if changed.is_err() {
-                    return;
+                    break;
                 }
                 let state = *cluster.borrow_and_update();
                 sender.send_replace(state);
             }
             _ = check.tick() => {
-                if sender.borrow().active.is_none()
-                    && matches!(gateway.singleton_consumer(&subscription).await, Ok(None))
-                {
+                if sender.borrow().active.is_some() {
+                    continue;
+                }
+                let Some(inner) = gateway.upgrade() else { return };
+                let gateway = Gateway { inner };
+                if matches!(gateway.singleton_consumer(&subscription).await, Ok(None)) {
                     tracing::debug!(%subscription, "watched subscription is gone");
-                    return;
+                    break;
                 }
             }
         }
+    }
+    if let Some(inner) = gateway.upgrade() {
+        lock(&inner.watched).remove(&subscription);
     }
 }

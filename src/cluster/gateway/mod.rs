@@ -148,6 +148,8 @@ struct Inner {
     delete_tokens: std::sync::atomic::AtomicU64,
     /// This gateway's incarnation now (its lease's id).
     incarnation: Arc<std::sync::atomic::AtomicU64>,
+    /// The subscriptions whose leadership is watched here (`leadership`).
+    watched: leadership::Watched,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -364,6 +366,7 @@ impl Gateway {
                     broker.id_floor().unix_micros() << 8,
                 ),
                 incarnation,
+                watched: Default::default(),
             }),
         })
     }

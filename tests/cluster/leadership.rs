@@ -1,0 +1,108 @@
+//! WatchLeadership through gateways beyond the API suite (docs/semantics.md#watching-leadership):
+//! a watched subscription that expires, and a watcher at one gateway following a SIGKILLed
+//! gateway's member being replaced by one at another.
+
+use std::time::Duration;
+
+use tinybroker::{
+    clock::TokioClock,
+    cluster::gateway::GatewayConfig,
+    pb::{self, broker_client::BrokerClient},
+};
+use tonic::{Code, Streaming, transport::Channel};
+
+use crate::{
+    NatsCluster,
+    harness::{assert_code, singleton, within},
+};
+
+async fn watch(at: &BrokerClient<Channel>, id: &str) -> Streaming<pb::LeadershipFrame> {
+    within(at.clone().watch_leadership(pb::WatchLeadershipRequest {
+        subscription_id: id.into(),
+    }))
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// The next frame that names `active` (0: none), the epochs on the way never falling.
+async fn until_active(frames: &mut Streaming<pb::LeadershipFrame>, active: u64) -> pb::LeadershipFrame {
+    let mut floor = 0;
+    loop {
+        let frame = within(frames.message()).await.unwrap().expect("watch ended");
+        assert!(frame.epoch >= floor, "{frame:?} after epoch {floor}");
+        floor = frame.epoch;
+        if frame.active_member_id == active {
+            return frame;
+        }
+    }
+}
+
+// A singleton whose consumer JetStream expires (no member within the gateway's idle timeout)
+// ends its watch with NOT_FOUND, at the gateway where it had no member.
+#[tokio::test]
+async fn a_watch_ends_not_found_when_its_consumer_expires() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let config = |url: &str| GatewayConfig {
+        idle_timeout: Duration::from_secs(1),
+        ..GatewayConfig::new(url)
+    };
+    let clock = || std::sync::Arc::new(TokioClock::new());
+    let a = crate::gateway_with(config(&urls[0]), clock()).await;
+    let b = crate::gateway_with(config(&urls[1]), clock()).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(singleton("brief")).await.unwrap();
+    let confirmed = member.confirmed().await;
+    let mut frames = watch(&on_b.0, "brief").await;
+    until_active(&mut frames, confirmed.member_id).await;
+    drop(member);
+    let none = until_active(&mut frames, 0).await;
+    assert_eq!(none.epoch, confirmed.epoch);
+    let end = within(frames.message()).await;
+    assert_code(end, Code::NotFound, "expired or was deleted");
+}
+
+// The gateway process holding the active member is killed with SIGKILL; a watcher at the
+// surviving gateway sees the standby there made active with a higher epoch, within about the
+// lease, and no frame names the dead member after it.
+#[tokio::test]
+async fn a_watcher_follows_a_sigkilled_gateways_member_being_replaced() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let lease = Duration::from_secs(1);
+    let (mut doomed, on_doomed) =
+        crate::faults::gateway_process(&urls, &["--gateway-lease", "1s"]).await;
+    let (_survivor, on_survivor) =
+        crate::faults::gateway_process(&urls, &["--gateway-lease", "1s"]).await;
+    let mut active = on_doomed.subscribe(singleton("watched")).await.unwrap();
+    let first = active.confirmed().await;
+    let mut standby = on_survivor.subscribe(singleton("watched")).await.unwrap();
+    crate::singleton::await_line(&cluster.client_urls()[2], "watched", 2).await;
+    let mut frames = watch(&on_survivor.0, "watched").await;
+    until_active(&mut frames, first.member_id).await;
+
+    let killed = std::time::Instant::now();
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    let frame = within(async {
+        loop {
+            let frame = frames.message().await.unwrap().expect("watch ended");
+            if frame.active_member_id != first.member_id {
+                return frame;
+            }
+        }
+    })
+    .await;
+    let took = killed.elapsed();
+    eprintln!("watcher's frame after SIGKILL of the active member's gateway (lease {lease:?}): {took:?}");
+    let promoted = standby.confirmed().await;
+    assert_eq!(
+        (frame.active_member_id, frame.epoch),
+        (promoted.member_id, promoted.epoch),
+        "the first change the watcher sees is the promotion"
+    );
+    assert!(frame.epoch > first.epoch);
+    assert!(took < 2 * lease + Duration::from_secs(1), "took {took:?}");
+    drop(active);
+}
