@@ -2,7 +2,8 @@
 //! replicas' behaviour (processing time, nacks, abandoned streams with late acks, windows, and
 //! how they ack: naming their member, by connection, or on their own stream), the publisher, and
 //! a schedule of crashes, restarts, partitions, heals, holds and releases, and, one seed in four,
-//! crashes and restarts of the broker itself. The checker watches every input; after the faults
+//! crashes and restarts of the broker itself; a singleton's leadership is watched by a client
+//! that is no member. The checker watches every input; after the faults
 //! stop, a liveness phase requires every published message to be acked (or, ack-free, written)
 //! within a simulated-time budget (messages the broker held when it crashed are gone: it keeps
 //! everything in memory).
@@ -129,6 +130,12 @@ pub fn run(seed: u64) -> Outcome {
         let name = format!("r{i}");
         world.replica(&name, behaviour);
         names.push(name);
+    }
+    // A singleton's leadership is watched by a client that is no member
+    // (docs/semantics.md#watching-leadership): the checker holds every frame it is told to an
+    // activation the broker made, with rising epochs.
+    if mode == DeliveryMode::Singleton {
+        world.watcher("watcher");
     }
     // One seed in three publishes in bursts of 2 to 16 on `PublishStream` (from its own
     // stream, so older seeds keep their schedules): the broker publishes each burst as runs.

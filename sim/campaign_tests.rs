@@ -113,7 +113,7 @@ fn seeds_to_catch(bug: PlantedBug, max: u64) -> Option<u64> {
     None
 }
 
-const BUGS: [PlantedBug; 7] = [
+const BUGS: [PlantedBug; 8] = [
     PlantedBug::PromoteNewestStandby,
     PlantedBug::ForgetRedelivery,
     PlantedBug::TwoActiveMembers,
@@ -121,6 +121,7 @@ const BUGS: [PlantedBug; 7] = [
     PlantedBug::ConnectionFenceIgnored,
     PlantedBug::RequeueNewestFirst,
     PlantedBug::CountersRestartAtZero,
+    PlantedBug::WatchReportsStaleEpoch,
 ];
 
 // The checker has teeth: each planted bug is caught within a few seeds, and the report names the

@@ -54,6 +54,8 @@ struct SubModel {
     last_member: MemberId,
     /// Messages the broker held here when it crashed: gone with it.
     lost_in_crash: BTreeSet<SystemId>,
+    /// Every (member, epoch) confirmed here.
+    confirmed: BTreeSet<(MemberId, u64)>,
 }
 
 #[derive(Default)]
@@ -86,6 +88,16 @@ impl Checker {
             .unwrap_or_else(|p| p.into_inner())
             .violations
             .clone()
+    }
+
+    /// Every (member, epoch) the broker confirmed on `subscription`, over every incarnation.
+    pub fn confirmations(&self, subscription: &str) -> BTreeSet<(MemberId, u64)> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .subs
+            .get(subscription)
+            .map(|s| s.confirmed.clone())
+            .unwrap_or_default()
     }
 
     /// Messages `subscription` dropped and counted: no client need ever receive them.
@@ -312,6 +324,7 @@ impl Observer for Checker {
             match effect {
                 Effect::Confirm { member, epoch } => {
                     lines.push(format!("broker {id}: confirm m{member} epoch {epoch}"));
+                    m.confirmed.insert((*member, *epoch));
                     if *epoch <= m.last_epoch {
                         violations.push(format!(
                             "invariant 5: epoch {epoch} for m{member} is not above {}",

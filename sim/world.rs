@@ -124,6 +124,8 @@ pub struct Seen {
     pub received: BTreeMap<String, BTreeSet<u64>>,
     /// Client-side violations (e.g. a replica saw its epoch go down).
     pub violations: Vec<String>,
+    /// What leadership watchers were told: (watcher, active member or 0, epoch).
+    pub watched: Vec<(String, u64, u64)>,
 }
 
 impl Seen {
@@ -276,6 +278,18 @@ impl World {
                 trace.clone(),
                 seen.clone(),
             )
+        });
+    }
+
+    /// Adds a host that watches the singleton subscription's leadership (docs/semantics.md#watching-leadership)
+    /// for the whole run, opening its watch again whenever it ends (the subscription not made
+    /// yet, the broker restarted, a partition), and records every frame in [`Seen::watched`].
+    pub fn watcher(&mut self, name: &str) {
+        let trace = self.trace.clone();
+        let seen = self.seen.clone();
+        let host = name.to_string();
+        self.sim.host(name, move || {
+            watcher(host.clone(), trace.clone(), seen.clone())
         });
     }
 
@@ -435,7 +449,18 @@ impl World {
     /// Every violation the checker and the clients found.
     pub fn violations(&self) -> Vec<String> {
         let mut all = self.checker.violations();
-        all.extend(self.seen.borrow().violations.iter().cloned());
+        let seen = self.seen.borrow();
+        all.extend(seen.violations.iter().cloned());
+        // docs/semantics.md#watching-leadership: a frame naming an active member names one the
+        // broker made active, with the epoch it was confirmed with.
+        let confirmed = self.checker.confirmations("report");
+        for (watcher, member, epoch) in &seen.watched {
+            if *member != 0 && !confirmed.contains(&(*member, *epoch)) {
+                all.push(format!(
+                    "{watcher} was told m{member} leads with epoch {epoch}, which the broker never confirmed"
+                ));
+            }
+        }
         all
     }
 }
@@ -811,4 +836,57 @@ async fn burst_publisher(
     trace.line("publisher: done");
     std::future::pending::<()>().await;
     Ok(())
+}
+
+/// A leadership watcher: watches "report" again whenever its watch ends, and checks that the
+/// epochs it is told never fall, across watches and broker restarts alike
+/// (docs/semantics.md#watching-leadership, docs/semantics.md#restart-identity).
+async fn watcher(
+    name: String,
+    trace: Trace,
+    seen: Rc<RefCell<Seen>>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut floor = 0;
+    loop {
+        let mut client = connect_retrying(&name, &trace).await;
+        let opened = client
+            .watch_leadership(pb::WatchLeadershipRequest {
+                subscription_id: "report".into(),
+            })
+            .await;
+        let mut frames = match opened {
+            Ok(frames) => frames.into_inner(),
+            Err(status) => {
+                trace.line(format!("{name}: watch refused: {:?}", status.code()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        loop {
+            match frames.message().await {
+                Ok(Some(frame)) => {
+                    trace.line(format!(
+                        "{name}: leader m{} epoch {}",
+                        frame.active_member_id, frame.epoch
+                    ));
+                    let mut seen = seen.borrow_mut();
+                    if frame.epoch < floor {
+                        seen.violations.push(format!(
+                            "{name} was told epoch {} after epoch {floor}",
+                            frame.epoch
+                        ));
+                    }
+                    floor = floor.max(frame.epoch);
+                    seen.watched
+                        .push((name.clone(), frame.active_member_id, frame.epoch));
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    trace.line(format!("{name}: watch ended: {:?}", status.code()));
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -9,7 +9,7 @@
 use tokio::sync::watch;
 
 use super::{Broker, member::SubState};
-use crate::core::{Epoch, Error, MemberId, Mode};
+use crate::core::{Epoch, Error, MemberId, Mode, planted::PlantedBug};
 
 /// A singleton subscription's leadership at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +46,18 @@ impl SubState {
         sender.send_if_modified(|current| {
             if current.active == active && current.epoch == epoch {
                 return false;
+            }
+            if crate::core::planted::active(PlantedBug::WatchReportsStaleEpoch)
+                && current.active.is_some()
+                && active.is_some()
+            {
+                // The planted bug: the new active member with the old epoch.
+                *current = Leadership {
+                    active,
+                    epoch: current.epoch,
+                    since_unix_ms: now_ms,
+                };
+                return true;
             }
             *current = Leadership {
                 active,

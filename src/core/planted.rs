@@ -43,6 +43,10 @@ pub enum PlantedBug {
     /// docs/semantics.md#cluster-join-order). Planted in the cluster simulation's model of the
     /// gateway's join (`sim/cluster.rs`).
     JoinWithoutLease,
+    /// A leadership watch is told of a promotion with the epoch before it (breaks
+    /// docs/semantics.md#watching-leadership: a frame names the active member with its epoch).
+    /// Planted in `broker::leadership`.
+    WatchReportsStaleEpoch,
 }
 
 #[cfg(feature = "planted-bugs")]
