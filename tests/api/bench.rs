@@ -21,3 +21,32 @@ async fn bench_against_a_broker_that_refuses_publishes_fails_and_says_why() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("refused"), "{stderr}");
 }
+
+// w2 on the embedded broker: every kill promotes the next replica, nothing is lost, and a
+// leadership watcher (docs/semantics.md#watching-leadership) is told of every promotion: its
+// gaps are reported beside the delivery gaps.
+#[tokio::test]
+async fn bench_w2_reports_the_watchers_gap_beside_the_delivery_gap() {
+    let out = binary::run_client(
+        ["bench", "w2", "--kills", "2", "--interval", "300ms", "--rate", "200"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON report in {stdout}"));
+    assert_eq!(
+        (report["kills"].as_u64(), report["lost"].as_u64()),
+        (Some(2), Some(0)),
+        "{report}"
+    );
+    for field in ["gap_max_ms", "watch_gap_median_ms", "watch_gap_max_ms"] {
+        let ms = report[field].as_f64().unwrap_or(f64::MAX);
+        assert!(ms > 0.0 && ms < 5_000.0, "{field}: {report}");
+    }
+}

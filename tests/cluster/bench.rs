@@ -144,6 +144,9 @@ async fn bench_with_nats_runs_w2_across_gateways() {
         r["gap_max_ms"].as_f64().unwrap_or(f64::MAX) < 5_000.0,
         "{r}"
     );
+    // A leadership watcher at the publishers' gateway was told of every promotion.
+    let told = r["watch_gap_max_ms"].as_f64().unwrap_or(f64::MAX);
+    assert!(told > 0.0 && told < 5_000.0, "{r}");
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("w2 straight on JetStream: not run"),
         "{output:?}"

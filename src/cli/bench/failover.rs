@@ -1,7 +1,8 @@
 //! W2: singleton failover under load. Replica processes (`tinybroker bench-replica`) join one
 //! singleton subscription and ack what they get; a publisher runs at a fixed rate; every
 //! interval the active replica is killed with SIGKILL and a fresh one joins at the back. For
-//! each kill: the gap from the kill to the first delivery at the new active. At the end: how
+//! each kill: the gap from the kill to the first delivery at the new active, and to a
+//! leadership watcher's frame naming it (`WatchLeadership`, at the publishers' server). At the end: how
 //! many published messages were never acked (lost) and how many were delivered more than once.
 //! Through two gateways (`bench --nats`), replicas alternate between them, so a kill on one
 //! promotes a replica on the other.
@@ -244,14 +245,38 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
         ..Connection::default()
     };
     let client = connection.connect().await?;
+    // A leadership watcher at the publishers' server (through gateways, one of the two the
+    // replicas alternate between): each frame with the time it arrived.
+    let mut watcher = connection.connect().await?;
+    let mut frames = watcher
+        .watch_leadership(pb::WatchLeadershipRequest {
+            subscription_id: replicas.subscription.clone(),
+        })
+        .await
+        .map_err(|e| format!("WatchLeadership: {e}"))?
+        .into_inner();
+    let (watched_tx, mut watched) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(frame)) = frames.message().await {
+            if watched_tx.send((frame.epoch, unix_nanos())).is_err() {
+                return;
+            }
+        }
+    });
+    let mut epoch = 0;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let publisher = tokio::spawn(publish_at_rate(client, args.rate, stop));
 
     let mut received: BTreeMap<u64, u32> = BTreeMap::new();
     let mut gaps = Vec::new();
+    let mut watch_gaps = Vec::new();
     for _ in 0..args.kills {
         pump(&events, &mut received, args.interval, &mut active)?;
         let victim = active.ok_or("no active replica to kill")?;
+        // The victim's epoch: the latest the watcher was told before the kill.
+        while let Ok((told, _)) = watched.try_recv() {
+            epoch = epoch.max(told);
+        }
         let killed_at = unix_nanos();
         if let Some(mut child) = replicas.children.remove(&victim) {
             child.kill().map_err(|e| e.to_string())?;
@@ -278,6 +303,21 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
             }
         };
         gaps.push(gap);
+        // The watcher's first frame with a higher epoch ends its gap.
+        let told = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some((told, at)) = watched.recv().await {
+                if told > epoch {
+                    return Some((told, at));
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+        .ok_or("the leadership watcher was told of no promotion within 10 s of a kill")?;
+        epoch = told.0;
+        watch_gaps.push(Duration::from_nanos(told.1.saturating_sub(killed_at)));
         replicas.spawn()?;
     }
     let _ = stop_tx.send(true);
@@ -303,6 +343,12 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let median = gaps.get(gaps.len() / 2).copied().unwrap_or_default();
     let max = gaps.last().copied().unwrap_or_default();
+    watch_gaps.sort();
+    let watch_median = watch_gaps
+        .get(watch_gaps.len() / 2)
+        .copied()
+        .unwrap_or_default();
+    let watch_max = watch_gaps.last().copied().unwrap_or_default();
     let report = Report {
         workload: "w2",
         publish: Some(Carriage::Unary),
@@ -312,6 +358,8 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
         consumers: Some(args.replicas as u64),
         gap_median_ms: Some(ms(median)),
         gap_max_ms: Some(ms(max)),
+        watch_gap_median_ms: Some(ms(watch_median)),
+        watch_gap_max_ms: Some(ms(watch_max)),
         kills: Some(args.kills),
         lost: Some(lost),
         duplicated: Some(duplicated),
@@ -320,7 +368,7 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
         ..Report::default()
     };
     report.print(&format!(
-        "w2 singleton failover{}: {} replicas, {} msg/s, {} kills (SIGKILL every {:?}), acks {:?}: gap median {:.2} ms, max {:.2} ms; {} published, {lost} lost, {duplicated} delivered twice (the in-flight message at each kill)",
+        "w2 singleton failover{}: {} replicas, {} msg/s, {} kills (SIGKILL every {:?}), acks {:?}: gap median {:.2} ms, max {:.2} ms; a watcher told median {:.2} ms, max {:.2} ms after the kill; {} published, {lost} lost, {duplicated} delivered twice (the in-flight message at each kill)",
         broker.label(),
         args.replicas,
         args.rate,
@@ -329,6 +377,8 @@ pub(super) async fn run_w2(common: &Common, broker: &Target, args: &W2) -> Resul
         common.acks,
         ms(median),
         ms(max),
+        ms(watch_median),
+        ms(watch_max),
         published.len(),
     ))
 }

@@ -138,6 +138,11 @@ pub struct Report {
     gap_median_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     gap_max_ms: Option<f64>,
+    /// w2: from a kill to the frame of a `WatchLeadership` watcher that names the next leader.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    watch_gap_median_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    watch_gap_max_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     kills: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
