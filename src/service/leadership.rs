@@ -31,7 +31,11 @@ pub struct LeadershipFrames {
 }
 
 impl LeadershipFrames {
-    pub(super) fn new(watch: LeadershipWatch, subscription: String, stopping: &Arc<Signal>) -> Self {
+    pub(super) fn new(
+        watch: LeadershipWatch,
+        subscription: String,
+        stopping: &Arc<Signal>,
+    ) -> Self {
         Self {
             states: WatchStream::new(watch),
             subscription,

@@ -28,9 +28,18 @@ async fn bench_against_a_broker_that_refuses_publishes_fails_and_says_why() {
 #[tokio::test]
 async fn bench_w2_reports_the_watchers_gap_beside_the_delivery_gap() {
     let out = binary::run_client(
-        ["bench", "w2", "--kills", "2", "--interval", "300ms", "--rate", "200"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "bench",
+            "w2",
+            "--kills",
+            "2",
+            "--interval",
+            "300ms",
+            "--rate",
+            "200",
+        ]
+        .map(String::from)
+        .to_vec(),
     )
     .await;
     assert!(out.status.success(), "{out:?}");

@@ -94,7 +94,14 @@ async fn standbys_coming_and_going_send_no_frame() {
     let ca = a.confirmed().await;
     let mut frames = watch(&client.1, "quiet").await.unwrap();
     let mut floor = 0;
-    until(&mut frames, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    until(
+        &mut frames,
+        ca.member_id,
+        ca.epoch,
+        &[ca.member_id],
+        &mut floor,
+    )
+    .await;
     for _ in 0..3 {
         let standby = client.subscribe(singleton("quiet")).await.unwrap();
         drop(standby);
@@ -103,7 +110,10 @@ async fn standbys_coming_and_going_send_no_frame() {
     drop(a);
     let cb = b.confirmed().await;
     let next = within(frames.message()).await.unwrap().unwrap();
-    assert_eq!((next.active_member_id, next.epoch), (cb.member_id, cb.epoch));
+    assert_eq!(
+        (next.active_member_id, next.epoch),
+        (cb.member_id, cb.epoch)
+    );
 }
 
 // docs/semantics.md#watching-leadership: a watcher that reads nothing while leadership changes
@@ -170,9 +180,14 @@ async fn a_watch_ends_not_found_when_its_subscription_is_deleted() {
     let mut frames = watch(&client.1, "gone").await.unwrap();
     let mut floor = 0;
     until(&mut frames, 0, ca.epoch, &[ca.member_id], &mut floor).await;
-    within(client.0.clone().delete_subscription(pb::DeleteSubscriptionRequest {
-        subscription_id: "gone".into(),
-    }))
+    within(
+        client
+            .0
+            .clone()
+            .delete_subscription(pb::DeleteSubscriptionRequest {
+                subscription_id: "gone".into(),
+            }),
+    )
     .await
     .unwrap();
     let end = within(frames.message()).await;
@@ -190,9 +205,23 @@ async fn shutdown_ends_watches_with_unavailable() {
     let mut near = watch(&client.0, "bye").await.unwrap();
     let mut far = watch(&client.1, "bye").await.unwrap();
     let mut floor = 0;
-    until(&mut near, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    until(
+        &mut near,
+        ca.member_id,
+        ca.epoch,
+        &[ca.member_id],
+        &mut floor,
+    )
+    .await;
     let mut floor = 0;
-    until(&mut far, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    until(
+        &mut far,
+        ca.member_id,
+        ca.epoch,
+        &[ca.member_id],
+        &mut floor,
+    )
+    .await;
     let stopping = tokio::spawn(server.stop());
     for frames in [&mut near, &mut far] {
         // What comes before the end names no other member.

@@ -16,6 +16,8 @@ pub(crate) mod delete;
 )]
 #[path = "../api/delivery.rs"]
 mod delivery;
+#[path = "../api/leadership.rs"]
+mod leadership;
 #[allow(
     dead_code,
     unused_imports,
@@ -23,8 +25,6 @@ mod delivery;
 )]
 #[path = "../api/lifecycle.rs"]
 mod lifecycle;
-#[path = "../api/leadership.rs"]
-mod leadership;
 #[path = "../api/publish_runs.rs"]
 mod publish_runs;
 #[allow(

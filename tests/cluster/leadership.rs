@@ -26,10 +26,16 @@ async fn watch(at: &BrokerClient<Channel>, id: &str) -> Streaming<pb::Leadership
 }
 
 /// The next frame that names `active` (0: none), the epochs on the way never falling.
-async fn until_active(frames: &mut Streaming<pb::LeadershipFrame>, active: u64) -> pb::LeadershipFrame {
+async fn until_active(
+    frames: &mut Streaming<pb::LeadershipFrame>,
+    active: u64,
+) -> pb::LeadershipFrame {
     let mut floor = 0;
     loop {
-        let frame = within(frames.message()).await.unwrap().expect("watch ended");
+        let frame = within(frames.message())
+            .await
+            .unwrap()
+            .expect("watch ended");
         assert!(frame.epoch >= floor, "{frame:?} after epoch {floor}");
         floor = frame.epoch;
         if frame.active_member_id == active {
@@ -95,7 +101,9 @@ async fn a_watcher_follows_a_sigkilled_gateways_member_being_replaced() {
     })
     .await;
     let took = killed.elapsed();
-    eprintln!("watcher's frame after SIGKILL of the active member's gateway (lease {lease:?}): {took:?}");
+    eprintln!(
+        "watcher's frame after SIGKILL of the active member's gateway (lease {lease:?}): {took:?}"
+    );
     let promoted = standby.confirmed().await;
     assert_eq!(
         (frame.active_member_id, frame.epoch),

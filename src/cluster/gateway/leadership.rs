@@ -71,7 +71,9 @@ impl Gateway {
     }
 }
 
-fn lock(watched: &Watched) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<watch::Sender<Leadership>>>> {
+fn lock(
+    watched: &Watched,
+) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<watch::Sender<Leadership>>>> {
     watched.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
