@@ -27,17 +27,28 @@ pub struct Leadership {
 pub type LeadershipWatch = watch::Receiver<Leadership>;
 
 impl SubState {
-    /// The leadership its core holds now, stamped `now_ms`.
+    /// Records that `leader` (or no one) leads from `now_ms` on.
+    pub(crate) fn lead(&mut self, leader: Option<MemberId>, now_ms: u64) {
+        self.leader = leader;
+        self.leader_since_ms = now_ms;
+    }
+
+    /// The leadership its core holds now, since its last change (`now_ms` if none was seen).
     fn leadership(&self, now_ms: u64) -> Leadership {
         Leadership {
             active: self.core.active_members().next(),
             epoch: self.core.epoch(),
-            since_unix_ms: now_ms,
+            since_unix_ms: if self.leader_since_ms == 0 {
+                now_ms
+            } else {
+                self.leader_since_ms
+            },
         }
     }
 
     /// After an input that may change who is active: tells the watchers, if any, when it did.
-    pub(crate) fn refresh_leadership(&mut self, now_ms: u64) {
+    pub(crate) fn refresh_leadership(&mut self) {
+        let now_ms = self.leader_since_ms;
         let Some(sender) = &self.leadership else {
             return;
         };

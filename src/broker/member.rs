@@ -183,6 +183,10 @@ pub(crate) struct SubState {
     /// A SINGLETON subscription's leadership, once someone watches it
     /// ([`Broker::watch_leadership`](super::Broker::watch_leadership)).
     pub(crate) leadership: Option<tokio::sync::watch::Sender<super::Leadership>>,
+    /// A SINGLETON subscription's active member as its confirmations and leaves tell it, and
+    /// since when (ms since the Unix epoch, by the broker's clock; 0 before any).
+    pub(crate) leader: Option<crate::core::MemberId>,
+    pub(crate) leader_since_ms: u64,
 }
 
 /// The redeliveries a gateway that took over from a dead one waits for ([`SubState::owed`]).
@@ -274,6 +278,8 @@ impl SubState {
             floors_since: std::time::Duration::ZERO,
             owed: None,
             leadership: None,
+            leader: None,
+            leader_since_ms: 0,
         }
     }
 

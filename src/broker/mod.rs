@@ -324,6 +324,22 @@ impl Broker {
             // JetStream redelivers it (docs/semantics.md#cluster-lease-checks).
             effects.retain(|e| !matches!(e, Effect::Deliver { .. }));
         }
+        // A singleton's leader changes with a confirmation, or when it leaves with no one to
+        // follow it: when, by the clock read then, is what a watch says since
+        // (docs/semantics.md#watching-leadership).
+        if state.core.spec().mode == crate::core::Mode::Singleton && !state.core.is_arbitrated() {
+            let confirmed = effects.iter().find_map(|e| match e {
+                Effect::Confirm { member, .. } => Some(*member),
+                _ => None,
+            });
+            match (confirmed, &input) {
+                (Some(member), _) => state.lead(Some(member), self.inner.clock.unix_millis()),
+                (None, Input::Leave { member }) if state.leader == Some(*member) => {
+                    state.lead(None, self.inner.clock.unix_millis());
+                }
+                _ => {}
+            }
+        }
         // Only a member joining, leaving or being made active changes who leads.
         let leads_anew = state.leadership.is_some()
             && !matches!(
@@ -332,7 +348,7 @@ impl Broker {
             );
         state.apply(effects, dead, shared);
         if leads_anew {
-            state.refresh_leadership(self.inner.clock.unix_millis());
+            state.refresh_leadership();
         }
         self.account(state);
     }
