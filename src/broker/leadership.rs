@@ -18,8 +18,8 @@ pub struct Leadership {
     pub active: Option<MemberId>,
     /// The active member's epoch; with none active, the last one handed out (0 before any).
     pub epoch: Epoch,
-    /// When the server serving the watch learned of this state, in milliseconds since the
-    /// Unix epoch by its clock (for a watch opened later, when it learned of it first).
+    /// Since when, in milliseconds since the Unix epoch by the server's clock: embedded, when
+    /// this state began; at a gateway, when it saw the state in the coordination bucket.
     pub since_unix_ms: u64,
 }
 

@@ -13,7 +13,8 @@ pub struct LeaderState {
     pub active_member_id: Option<u64>,
     /// The active member's epoch; with none active, the last one handed out (0 before any).
     pub epoch: u64,
-    /// When the answering server learned of this state, by its clock.
+    /// By the answering server's clock: embedded, when this state began; through a gateway,
+    /// when that gateway saw it (docs/semantics.md#watching-leadership).
     pub since: SystemTime,
 }
 
