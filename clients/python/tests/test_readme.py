@@ -1,5 +1,5 @@
 """The README's quick start, run as written: two replicas of the election block (one killed with
-SIGKILL), and the worker block."""
+SIGKILL), the worker block, and the watch block following a leader."""
 
 from __future__ import annotations
 
@@ -63,3 +63,29 @@ def test_the_quick_start_worker_runs(broker: Broker, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert re.search(r"^member \d+$", done.stdout, flags=re.M), done.stdout
     assert "jobs.email b'hello' 1" in done.stdout, done.stdout
+
+
+def test_the_quick_start_watch_follows_the_leader_until_the_subscription_is_gone(
+    broker: Broker, tmp_path: Path
+) -> None:
+    script = tmp_path / "watch.py"
+    script.write_text(block("watch"))
+    with tinybroker.Client(broker.url) as client:
+        leader = client.elect("nightly-report", "reporters", timeout=WAIT)
+        watcher = Process([sys.executable, str(script)], "watch", {"TINYBROKER_SERVER": broker.url})
+        try:
+            watcher.wait_for(rf"^leader={leader.member_id} epoch={leader.epoch}$")
+            standby = client.subscribe(
+                tinybroker.SubscriptionOptions.election("nightly-report", "reporters")
+            )
+            leader.close(timeout=WAIT)
+            promoted = standby.active(timeout=WAIT)
+            assert promoted.epoch > leader.epoch
+            watcher.wait_for(rf"^leader={promoted.member_id} epoch={promoted.epoch}$")
+            standby.close(timeout=WAIT)
+            watcher.wait_for(rf"^leader=None epoch={promoted.epoch}$")
+            assert client.delete_subscription("nightly-report", timeout=WAIT) == 0
+            watcher.wait_for(r"^nightly-report is gone$")
+            assert watcher.process.wait(WAIT) == 0
+        finally:
+            watcher.close()

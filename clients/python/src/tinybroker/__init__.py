@@ -18,7 +18,7 @@ The gRPC stubs (`tinybroker.v1.broker_pb2`, `broker_pb2_grpc`) are generated fro
 repository's proto/ when the package is built.
 """
 
-from ._sync import Client, Leadership, Publisher, Subscription
+from ._sync import Client, Leadership, LeadershipWatch, Publisher, Subscription
 from .aio import MAX_BUFFERED_MESSAGES, MAX_PENDING_PUBLISHES, ClientOptions, Lost, LostCause
 from .errors import (
     AlreadyExistsError,
@@ -39,6 +39,7 @@ from .types import (
     Activation,
     BrokerCounters,
     Counters,
+    LeaderState,
     Listing,
     MemberInfo,
     Message,
@@ -67,7 +68,9 @@ __all__ = [
     "Event",
     "FailedPreconditionError",
     "InvalidArgumentError",
+    "LeaderState",
     "Leadership",
+    "LeadershipWatch",
     "Listing",
     "Lost",
     "LostCause",

@@ -21,6 +21,7 @@ from .errors import TinybrokerError
 from .events import Delivery, Event
 from .types import (
     Activation,
+    LeaderState,
     Listing,
     Message,
     Payload,
@@ -29,7 +30,7 @@ from .types import (
     SubscriptionOptions,
 )
 
-__all__ = ["Client", "Leadership", "Publisher", "Subscription"]
+__all__ = ["Client", "Leadership", "LeadershipWatch", "Publisher", "Subscription"]
 
 T = TypeVar("T")
 
@@ -251,6 +252,16 @@ class Client:
     def list(self, *, timeout: Optional[float] = None) -> Listing:
         return self._loop.run(self._client.list(), timeout)
 
+    def watch_leadership(
+        self, subscription_id: str, *, timeout: Optional[float] = None
+    ) -> LeadershipWatch:
+        """Follows a SINGLETON subscription's leadership without joining it (see
+        `tinybroker.aio.Client.watch_leadership`); `timeout` bounds the wait for the server's
+        first answer."""
+        return LeadershipWatch(
+            self._loop, self._loop.run(self._client.watch_leadership(subscription_id), timeout)
+        )
+
     def delete_subscription(self, subscription_id: str, *, timeout: Optional[float] = None) -> int:
         """See `tinybroker.aio.Client.delete_subscription`."""
         return self._loop.run(self._client.delete_subscription(subscription_id), timeout)
@@ -332,6 +343,59 @@ class Subscription:
         else:
             with contextlib.suppress(TinybrokerError):
                 self.close()
+
+
+class LeadershipWatch:
+    """A watch of a SINGLETON subscription's leadership (see `tinybroker.aio.LeadershipWatch`).
+    `next(timeout)` returns the next state (the current one first); iterate it for every state.
+    The watch ends with the error `next()` raises (`NotFoundError` once the subscription is
+    gone, `UnavailableError` when the server shuts down). `close()` (or leaving a `with` block)
+    ends it from any thread, and an iteration over it then stops; a watch dropped without
+    `close()` is cancelled when it is garbage."""
+
+    def __init__(self, loop: _Loop, watch: aio.LeadershipWatch) -> None:
+        self._loop = loop
+        self._watch = watch
+
+    @property
+    def subscription_id(self) -> str:
+        return self._watch.subscription_id
+
+    @property
+    def closed(self) -> bool:
+        return self._watch.closed
+
+    def next(self, timeout: Optional[float] = None) -> LeaderState:
+        """The next state; with `timeout`, `TimeoutError` when none came (the watch goes on)."""
+        return self._loop.run(self._watch.next(), timeout)
+
+    def __iter__(self) -> Iterator[LeaderState]:
+        while True:
+            try:
+                state = self.next()
+            except TinybrokerError:
+                if self._watch.closed:
+                    return
+                raise
+            yield state
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Ends the watch (its call is cancelled); nothing to do once the client is closed."""
+        if not self._loop.loop.is_closed():
+            self._loop.run(self._watch.close(), timeout)
+
+    def __enter__(self) -> LeadershipWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Cancelled on the loop thread, where the call lives.
+        loop, watch = getattr(self, "_loop", None), getattr(self, "_watch", None)
+        if loop is not None and watch is not None and not watch.closed:
+            with contextlib.suppress(RuntimeError):  # the loop has been closed meanwhile
+                loop.call(watch._cancel)
 
 
 def _settle_quietly(sub: aio.Subscription, nack: bool, system_id: int) -> None:

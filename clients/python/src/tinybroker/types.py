@@ -21,6 +21,7 @@ __all__ = [
     "Activation",
     "BrokerCounters",
     "Counters",
+    "LeaderState",
     "Listing",
     "MemberInfo",
     "Message",
@@ -369,6 +370,28 @@ class Listing:
 
     subscriptions: tuple[SubscriptionInfo, ...]
     broker: BrokerCounters
+
+
+@dataclass(frozen=True)
+class LeaderState:
+    """A SINGLETON subscription's leadership at one moment, as the server last told it (a
+    `LeadershipFrame`, from `Client.watch_leadership`)."""
+
+    #: The active member's id; None while no member is active.
+    active_member_id: Optional[int]
+    #: The active member's epoch; with none active, the last one handed out (0 before any).
+    epoch: int
+    #: When the answering broker or gateway learned of this state, by its clock (UTC; the Unix
+    #: epoch if the server sent none).
+    since: datetime
+
+
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _leader_state_from_pb(frame: pb.LeadershipFrame) -> LeaderState:
+    since = _timestamp(frame.since.seconds, frame.since.nanos) if frame.HasField("since") else None
+    return LeaderState(frame.active_member_id or None, frame.epoch, since or _UNIX_EPOCH)
 
 
 E = TypeVar("E", bound=enum.Enum)

@@ -12,6 +12,7 @@ from ._client import Client, ClientOptions, channel_options
 from ._election import MAX_BUFFERED_MESSAGES, Leadership, Lost, LostCause
 from ._publisher import MAX_PENDING_PUBLISHES, Publisher
 from ._subscription import MAX_SETTLE_BATCH, Subscription
+from ._watch import LeadershipWatch
 
 __all__ = [
     "MAX_BUFFERED_MESSAGES",
@@ -20,6 +21,7 @@ __all__ = [
     "Client",
     "ClientOptions",
     "Leadership",
+    "LeadershipWatch",
     "Lost",
     "LostCause",
     "Publisher",

@@ -37,6 +37,7 @@ from ..v1.broker_pb2_grpc import BrokerStub
 from ._election import INITIAL_BACKOFF, MAX_BACKOFF, Leadership
 from ._publisher import Publisher
 from ._subscription import Subscription
+from ._watch import LeadershipWatch
 
 __all__ = ["Client", "ClientOptions", "channel_options"]
 
@@ -376,6 +377,17 @@ class Client:
             _build(pb.DescribeSubscriptionRequest, subscription_id=subscription_id),
         )
         return _info_from_pb(reply)
+
+    async def watch_leadership(self, subscription_id: str) -> LeadershipWatch:
+        """Follows SINGLETON subscription `subscription_id`'s leadership without joining it
+        (docs/semantics.md#watching-leadership): a router that sends writes to the current
+        leader, a dashboard. Returns once the server sent the current state, which the first
+        `next()` returns; then one state per change. Through gateways the watch follows the
+        whole cluster from any gateway. Raises `NotFoundError` for an unknown subscription,
+        `FailedPreconditionError` for a BROADCAST or QUEUE one, `InvalidArgumentError` for a
+        malformed id."""
+        request = _build(pb.WatchLeadershipRequest, subscription_id=subscription_id)
+        return await LeadershipWatch._open(self._stub, request, self._metadata)
 
     async def delete_subscription(self, subscription_id: str) -> int:
         """Deletes a subscription no member is joined to: its settings and the messages it
