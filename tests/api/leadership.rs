@@ -280,3 +280,105 @@ async fn a_watch_ends_not_found_when_its_subscription_expires() {
     assert_code(end, Code::NotFound, "expired or was deleted");
 }
 }
+
+fn unix_ms(t: std::time::SystemTime) -> i64 {
+    i64::try_from(
+        t.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+// docs/semantics.md#watching-leadership: `since` is "since when the answering server knows of
+// that state", and the proto: "for the first frame, when it first learned of it". A member
+// active for 1.5 s before the first watch opens: the first frame must not say the state began
+// when the watch opened. (Both deployments stamp the watch's opening instead.)
+#[tokio::test]
+async fn the_first_frames_since_is_when_the_state_began_not_when_the_watch_opened() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("since")).await.unwrap();
+    let ca = a.confirmed().await;
+    let confirmed_at = unix_ms(std::time::SystemTime::now());
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let mut frames = watch(&client.1, "since").await.unwrap();
+    let first = within(frames.message()).await.unwrap().unwrap();
+    assert_eq!((first.active_member_id, first.epoch), (ca.member_id, ca.epoch));
+    let since = first.since.expect("since");
+    let since_ms = since.seconds * 1000 + i64::from(since.nanos) / 1_000_000;
+    assert!(
+        since_ms <= confirmed_at + 500,
+        "the first frame says the state began {} ms after the member's confirmation: {first:?}",
+        since_ms - confirmed_at
+    );
+    drop(a);
+}
+
+// docs/semantics.md#watching-leadership: with none active, the frame's epoch is "the last one
+// handed out". A first watch opened after the only member left (no earlier watch anywhere)
+// must start at (0, that member's epoch). Through gateways it starts at (0, 0).
+#[tokio::test]
+async fn a_first_watch_after_the_last_member_left_starts_with_the_last_epoch() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("left")).await.unwrap();
+    let ca = a.confirmed().await;
+    drop(a);
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    for at in [&client.0, &client.1] {
+        let mut frames = watch(at, "left").await.unwrap();
+        let first = within(frames.message()).await.unwrap().unwrap();
+        assert_eq!(
+            (first.active_member_id, first.epoch),
+            (0, ca.epoch),
+            "first frame {first:?}"
+        );
+    }
+}
+
+// docs/semantics.md#watching-leadership: NOT_FOUND is "the last word of a watch whose
+// subscription expired or was deleted". Deleted and created again at once: the watch of the
+// deleted one must end NOT_FOUND, not go on to name the new subscription's member. Through
+// gateways it goes on (the consumer check every 2 s finds the new consumer).
+#[tokio::test]
+async fn a_watch_ends_not_found_when_its_subscription_is_deleted_and_created_again() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut a = client.subscribe(singleton("again")).await.unwrap();
+    let ca = a.confirmed().await;
+    drop(a);
+    let mut frames = watch(&client.1, "again").await.unwrap();
+    let mut floor = 0;
+    until(&mut frames, 0, ca.epoch, &[ca.member_id], &mut floor)
+        .await
+        .pop();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    within(
+        client
+            .0
+            .clone()
+            .delete_subscription(pb::DeleteSubscriptionRequest {
+                subscription_id: "again".into(),
+            }),
+    )
+    .await
+    .unwrap();
+    let mut b = client.subscribe(singleton("again")).await.unwrap();
+    let cb = b.confirmed().await;
+    let end = tokio::time::timeout(std::time::Duration::from_secs(6), async {
+        loop {
+            match frames.message().await {
+                Ok(Some(frame)) => assert_ne!(
+                    frame.active_member_id, cb.member_id,
+                    "the deleted subscription's watch names the new one's member: {frame:?}"
+                ),
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the deleted subscription's watch did not end");
+    assert_code(end, Code::NotFound, "expired or was deleted");
+    drop(b);
+}
