@@ -114,3 +114,50 @@ async fn a_watcher_follows_a_sigkilled_gateways_member_being_replaced() {
     assert!(took < 2 * lease + Duration::from_secs(1), "took {took:?}");
     drop(active);
 }
+
+// docs/semantics.md#watching-leadership: a frame comes when "the active member [is] gone with no
+// one to follow it". The NATS node both gateways use is paused (SIGSTOP): the active member's
+// gateway cannot renew its 1 s lease and ends its member with UNAVAILABLE, yet a watcher at that
+// same gateway goes on being told that member is active (seen: for about 7 s, until NATS came
+// back), though that gateway itself ended it.
+#[tokio::test]
+async fn a_gateway_that_ended_its_active_member_tells_its_watchers() {
+    let mut cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let config = |url: &str| GatewayConfig {
+        lease: Duration::from_secs(1),
+        ..GatewayConfig::new(url)
+    };
+    let clock = || std::sync::Arc::new(TokioClock::new());
+    let a = crate::gateway_with(config(&urls[0]), clock()).await;
+    let b = crate::gateway_with(config(&urls[0]), clock()).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut member = on_a.subscribe(singleton("stranded")).await.unwrap();
+    let confirmed = member.confirmed().await;
+    let mut near = watch(&on_a.0, "stranded").await;
+    until_active(&mut near, confirmed.member_id).await;
+    let mut far = watch(&on_b.0, "stranded").await;
+    until_active(&mut far, confirmed.member_id).await;
+
+    cluster.pause(0);
+    let ended = within(member.ended()).await;
+    let ended_at = std::time::Instant::now();
+    eprintln!("the member's stream ended: {ended:?}");
+    let told = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let frame = near.message().await.unwrap().expect("watch ended");
+            if frame.active_member_id != confirmed.member_id {
+                return frame;
+            }
+        }
+    })
+    .await;
+    cluster.resume(0);
+    let frame = told.unwrap_or_else(|_| {
+        panic!(
+            "3 s after gateway a ended member {} ({ended:?}), its watcher still names it active",
+            confirmed.member_id
+        )
+    });
+    eprintln!("told after {:?}: {frame:?}", ended_at.elapsed());
+}
