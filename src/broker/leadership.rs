@@ -21,6 +21,9 @@ pub struct Leadership {
     /// Since when, in milliseconds since the Unix epoch by the server's clock: embedded, when
     /// this state began; at a gateway, when it saw the state in the coordination bucket.
     pub since_unix_ms: u64,
+    /// Cluster mode: the gateway lost its lease, so its view of the line is not current; the
+    /// watch ends `UNAVAILABLE` (its client watches again, at any gateway).
+    pub cut_off: bool,
 }
 
 /// A watch of one subscription's leadership: its current state, then each change.
@@ -43,6 +46,7 @@ impl SubState {
             } else {
                 self.leader_since_ms
             },
+            cut_off: false,
         }
     }
 
@@ -67,6 +71,7 @@ impl SubState {
                     active,
                     epoch: current.epoch,
                     since_unix_ms: now_ms,
+                    cut_off: false,
                 };
                 return true;
             }
@@ -74,6 +79,7 @@ impl SubState {
                 active,
                 epoch,
                 since_unix_ms: now_ms,
+                cut_off: false,
             };
             true
         });

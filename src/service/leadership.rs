@@ -57,6 +57,13 @@ impl Stream for LeadershipFrames {
             return Poll::Ready(Some(Err(status(&Error::ShuttingDown))));
         }
         match Pin::new(&mut self.states).poll_next(cx) {
+            Poll::Ready(Some(state)) if state.cut_off => {
+                self.ended = true;
+                let cut_off = Error::Unavailable(
+                    "this gateway lost its cluster lease, so its view of the leadership is not current; watch again (at any gateway)".into(),
+                );
+                Poll::Ready(Some(Err(status(&cut_off))))
+            }
             Poll::Ready(Some(state)) => Poll::Ready(Some(Ok(frame(state)))),
             Poll::Ready(None) => {
                 self.ended = true;

@@ -52,6 +52,22 @@ impl Gateway {
                 "this gateway runs no singleton coordination".into(),
             ));
         };
+        // The consumer's creation time tells the subscription from one deleted and made again
+        // under its id.
+        let created = match self.singleton_consumer(subscription_id).await {
+            Ok(Some(info)) => info.created,
+            Ok(None) => {
+                return Err(Error::cluster(
+                    crate::core::ErrorKind::NotFound,
+                    format!("subscription {subscription_id:?} not found: no JetStream consumer"),
+                ));
+            }
+            Err(why) => {
+                return Err(Error::Unavailable(format!(
+                    "JetStream did not answer for subscription {subscription_id:?}'s consumer: {why}"
+                )));
+            }
+        };
         let cluster = singletons.watch(Arc::from(subscription_id)).await?;
         let mut watched = lock(&self.inner.watched);
         // Another watch may have started its follower meanwhile.
@@ -64,6 +80,7 @@ impl Gateway {
         tokio::spawn(follow(
             Arc::downgrade(&self.inner),
             subscription_id.to_string(),
+            created,
             cluster,
             sender,
         ));
@@ -83,9 +100,20 @@ fn lock(
 async fn follow(
     gateway: Weak<Inner>,
     subscription: String,
+    created: async_nats::datetime::DateTime,
     mut cluster: LeadershipWatch,
     sender: Arc<watch::Sender<Leadership>>,
 ) {
+    // Whether the subscription watched is gone: its consumer deleted, or deleted and made
+    // again (another creation time). Unknown when JetStream does not answer: not gone.
+    let gone = async |inner: Arc<Inner>| {
+        let gateway = Gateway { inner };
+        match gateway.singleton_consumer(&subscription).await {
+            Ok(None) => true,
+            Ok(Some(info)) => info.created != created,
+            Err(_) => false,
+        }
+    };
     let mut check = tokio::time::interval(GONE_CHECK);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -104,6 +132,15 @@ async fn follow(
                     break;
                 }
                 let state = *cluster.borrow_and_update();
+                // A member made active after none was: the subscription may have been deleted
+                // and made again meanwhile, which ends this watch rather than follow the new one.
+                if state.active.is_some() && sender.borrow().active.is_none() && !state.cut_off {
+                    let Some(inner) = gateway.upgrade() else { return };
+                    if gone(inner).await {
+                        tracing::debug!(%subscription, "watched subscription is gone");
+                        break;
+                    }
+                }
                 sender.send_replace(state);
             }
             _ = check.tick() => {
@@ -111,8 +148,7 @@ async fn follow(
                     continue;
                 }
                 let Some(inner) = gateway.upgrade() else { return };
-                let gateway = Gateway { inner };
-                if matches!(gateway.singleton_consumer(&subscription).await, Ok(None)) {
+                if gone(inner).await {
                     tracing::debug!(%subscription, "watched subscription is gone");
                     break;
                 }

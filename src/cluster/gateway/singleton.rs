@@ -223,8 +223,9 @@ async fn run(
     } = views;
     let now = || start.elapsed();
     let mut incarnation = 0;
-    // The watched subscriptions' leadership: kept across incarnations, as their watchers are.
-    let mut leaders: BTreeMap<Arc<str>, tokio::sync::watch::Sender<Leadership>> = BTreeMap::new();
+    // The watched subscriptions' leadership, and since when each live line has had its
+    // active member and epoch (docs/semantics.md#watching-leadership).
+    let mut leaders = Leaders::default();
     loop {
         let id = fresh_id();
         current_id.store(id.0, std::sync::atomic::Ordering::Relaxed);
@@ -253,6 +254,8 @@ async fn run(
                 &mut joining,
             );
             if coordinator.is_fenced() {
+                // Its view of the bucket is not current: every watch here ends UNAVAILABLE.
+                leaders.cut_off();
                 if coordinator.was_leased() {
                     tracing::error!(
                         gateway = id.0,
@@ -296,11 +299,7 @@ async fn run(
                         coordinator.member_left_carrying(now(), &sub, member, carry);
                     }
                     Some(Input::Watch(sub, reply)) => {
-                        leaders.retain(|_, sender| sender.receiver_count() > 0);
-                        let sender = leaders.entry(sub.clone()).or_insert_with(|| {
-                            tokio::sync::watch::channel(leadership(&coordinator, &sub, 0)).0
-                        });
-                        let _ = reply.send(sender.subscribe());
+                        let _ = reply.send(leaders.watch(&coordinator, sub));
                     }
                     None => return,
                 },
@@ -321,7 +320,7 @@ async fn run(
                         watched(&leased, &e.key, e.value.as_deref());
                         coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision);
                         if let Some(sub) = e.key.strip_prefix("sub.") {
-                            follow_line(&mut leaders, &coordinator, sub);
+                            leaders.line_changed(&coordinator, sub);
                         }
                     }
                     Some(Err(error)) => tracing::warn!(%error, "the coordination watch lost contact; it resumes"),
@@ -342,41 +341,95 @@ async fn run(
     }
 }
 
-/// Subscription `sub`'s leadership as `coordinator` last saw its line: with no line (its key
-/// deleted, or not seen yet), no active member and the highest epoch `seen` so far.
-fn leadership(coordinator: &Coordinator, sub: &str, seen: u64) -> Leadership {
-    let line = coordinator.line(sub);
-    Leadership {
-        active: line.and_then(|l| l.active).map(|a| a.member),
-        epoch: line.map_or(seen, |l| l.epoch.max(seen)),
-        since_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-    }
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// After the bucket's watch delivered `sub`'s key: tells its watchers, if any, when its
-/// leadership changed (and forgets it once no one watches).
-fn follow_line(
-    leaders: &mut BTreeMap<Arc<str>, tokio::sync::watch::Sender<Leadership>>,
-    coordinator: &Coordinator,
-    sub: &str,
-) {
-    let Some(sender) = leaders.get(sub) else {
-        return;
-    };
-    if sender.receiver_count() == 0 {
-        leaders.remove(sub);
-        return;
-    }
-    sender.send_if_modified(|current| {
-        let now = leadership(coordinator, sub, current.epoch);
-        if now.active == current.active && now.epoch == current.epoch {
-            return false;
+/// Since when each live line has had its active member and epoch, and the watched
+/// subscriptions' states (docs/semantics.md#watching-leadership). Bounded by the live lines and
+/// the watched subscriptions: a line's entry goes with its key, a watched one's with its last
+/// watcher.
+#[derive(Default)]
+struct Leaders {
+    /// Per live line: its active member's id, its epoch, since when (ms since the Unix epoch).
+    lines: BTreeMap<String, (Option<u64>, u64, u64)>,
+    watched: BTreeMap<Arc<str>, tokio::sync::watch::Sender<Leadership>>,
+}
+
+impl Leaders {
+    /// A watch of `sub`: its state now, then each change.
+    fn watch(&mut self, coordinator: &Coordinator, sub: Arc<str>) -> LeadershipWatch {
+        self.watched.retain(|_, sender| sender.receiver_count() > 0);
+        if let Some(sender) = self.watched.get(&sub) {
+            return sender.subscribe();
         }
-        *current = now;
-        true
-    });
+        let state = self.state(coordinator, &sub, 0);
+        let (sender, receiver) = tokio::sync::watch::channel(state);
+        self.watched.insert(sub, sender);
+        receiver
+    }
+
+    /// `sub`'s leadership as `coordinator` last saw its line: with no line (its key deleted, or
+    /// not seen yet), no active member and the highest epoch `seen` so far.
+    fn state(&self, coordinator: &Coordinator, sub: &str, seen: u64) -> Leadership {
+        let line = coordinator.line(sub);
+        Leadership {
+            active: line.and_then(|l| l.active).map(|a| a.member),
+            epoch: line.map_or(seen, |l| l.epoch.max(seen)),
+            since_unix_ms: self
+                .lines
+                .get(sub)
+                .map_or_else(unix_ms, |(_, _, since)| *since),
+            cut_off: false,
+        }
+    }
+
+    /// After the bucket's watch delivered `sub`'s key: notes when its leadership changed, and
+    /// tells its watchers, if any.
+    fn line_changed(&mut self, coordinator: &Coordinator, sub: &str) {
+        match coordinator.line(sub) {
+            Some(line) => {
+                let now = (line.active.map(|a| a.member), line.epoch);
+                match self.lines.get_mut(sub) {
+                    Some(known) if (known.0, known.1) == now => {}
+                    Some(known) => *known = (now.0, now.1, unix_ms()),
+                    None => {
+                        self.lines
+                            .insert(sub.to_string(), (now.0, now.1, unix_ms()));
+                    }
+                }
+            }
+            None => {
+                self.lines.remove(sub);
+            }
+        }
+        let Some(sender) = self.watched.get(sub) else {
+            return;
+        };
+        if sender.receiver_count() == 0 {
+            self.watched.remove(sub);
+            return;
+        }
+        let state = self.state(coordinator, sub, sender.borrow().epoch);
+        sender.send_if_modified(|current| {
+            if state.active == current.active && state.epoch == current.epoch {
+                return false;
+            }
+            *current = state;
+            true
+        });
+    }
+
+    /// This gateway's lease lapsed: every watch here ends (`UNAVAILABLE`), and what it knew of
+    /// the lines goes with the incarnation.
+    fn cut_off(&mut self) {
+        for sender in std::mem::take(&mut self.watched).into_values() {
+            sender.send_modify(|state| state.cut_off = true);
+        }
+        self.lines.clear();
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
