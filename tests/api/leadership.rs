@@ -50,6 +50,30 @@ async fn until(
     }
 }
 
+/// A singleton `id` with one member, active, and a watch at `at` that has seen it lead.
+async fn led(
+    client: &Client,
+    at: &BrokerClient<Channel>,
+    id: &str,
+) -> (Member, pb::Confirmation, Streaming<pb::LeadershipFrame>) {
+    let mut member = client.subscribe(singleton(id)).await.unwrap();
+    let confirmed = member.confirmed().await;
+    let frames = watch_led(at, id, &confirmed).await;
+    (member, confirmed, frames)
+}
+
+/// A watch of `id` at `at` that has seen `confirmed`'s member lead.
+async fn watch_led(
+    at: &BrokerClient<Channel>,
+    id: &str,
+    confirmed: &pb::Confirmation,
+) -> Streaming<pb::LeadershipFrame> {
+    let mut frames = watch(at, id).await.unwrap();
+    let (member, epoch) = (confirmed.member_id, confirmed.epoch);
+    until(&mut frames, member, epoch, &[member], &mut 0).await;
+    frames
+}
+
 // docs/semantics.md#watching-leadership: the first frame is the state, then one per promotion,
 // in join order with rising epochs, then "no active member" when the last one leaves.
 #[tokio::test]
@@ -91,18 +115,7 @@ async fn a_watcher_sees_every_promotion_with_rising_epochs() {
 async fn standbys_coming_and_going_send_no_frame() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("quiet")).await.unwrap();
-    let ca = a.confirmed().await;
-    let mut frames = watch(&client.1, "quiet").await.unwrap();
-    let mut floor = 0;
-    until(
-        &mut frames,
-        ca.member_id,
-        ca.epoch,
-        &[ca.member_id],
-        &mut floor,
-    )
-    .await;
+    let (a, _, mut frames) = led(&client, &client.1, "quiet").await;
     for _ in 0..3 {
         let standby = client.subscribe(singleton("quiet")).await.unwrap();
         drop(standby);
@@ -214,28 +227,8 @@ async fn a_watch_ends_not_found_when_its_subscription_is_deleted() {
 async fn shutdown_ends_watches_with_unavailable() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("bye")).await.unwrap();
-    let ca = a.confirmed().await;
-    let mut near = watch(&client.0, "bye").await.unwrap();
-    let mut far = watch(&client.1, "bye").await.unwrap();
-    let mut floor = 0;
-    until(
-        &mut near,
-        ca.member_id,
-        ca.epoch,
-        &[ca.member_id],
-        &mut floor,
-    )
-    .await;
-    let mut floor = 0;
-    until(
-        &mut far,
-        ca.member_id,
-        ca.epoch,
-        &[ca.member_id],
-        &mut floor,
-    )
-    .await;
+    let (a, ca, mut near) = led(&client, &client.0, "bye").await;
+    let mut far = watch_led(&client.1, "bye", &ca).await;
     let stopping = tokio::spawn(server.stop());
     for frames in [&mut near, &mut far] {
         // What comes before the end names no other member.
@@ -273,11 +266,8 @@ async fn a_watch_ends_not_found_when_its_subscription_expires() {
     })
     .await;
     let client = server.client().await;
-    let mut a = client.subscribe(singleton("brief")).await.unwrap();
-    let ca = a.confirmed().await;
-    let mut frames = watch(&client.1, "brief").await.unwrap();
-    let mut floor = 0;
-    until(&mut frames, ca.member_id, ca.epoch, &[ca.member_id], &mut floor).await;
+    let (a, ca, mut frames) = led(&client, &client.1, "brief").await;
+    let mut floor = ca.epoch;
     drop(a);
     until(&mut frames, 0, ca.epoch, &[ca.member_id], &mut floor).await;
     let end = within(frames.message()).await;

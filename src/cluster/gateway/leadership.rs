@@ -2,7 +2,8 @@
 //! subscription's leadership as the coordination bucket records it, so a watcher at any gateway
 //! sees the promotions made at every gateway.
 //!
-//! The singleton shell keeps one state per watched subscription from its watch of the bucket.
+//! The singleton shell keeps one state per watched subscription from its watch of the bucket
+//! ([`Leaders`]).
 //! Here one follower per watched subscription (whatever its number of watchers) forwards it to
 //! the watchers and ends their watch once the subscription's JetStream consumer is gone
 //! (deleted, or expired with no member): it asks JetStream every [`GONE_CHECK`] while no
@@ -19,6 +20,7 @@ use tokio::sync::watch;
 use super::{Gateway, Inner};
 use crate::{
     broker::{Leadership, LeadershipWatch},
+    cluster::coordinator::Coordinator,
     core::{Error, Mode},
 };
 
@@ -157,5 +159,96 @@ async fn follow(
     }
     if let Some(inner) = gateway.upgrade() {
         lock(&inner.watched).remove(&subscription);
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Since when each live line has had its active member and epoch, and the watched
+/// subscriptions' states (docs/semantics.md#watching-leadership). Bounded by the live lines and
+/// the watched subscriptions: a line's entry goes with its key, a watched one's with its last
+/// watcher.
+#[derive(Default)]
+pub(super) struct Leaders {
+    /// Per live line: its active member's id, its epoch, since when (ms since the Unix epoch).
+    lines: BTreeMap<String, (Option<u64>, u64, u64)>,
+    watched: BTreeMap<Arc<str>, tokio::sync::watch::Sender<Leadership>>,
+}
+
+impl Leaders {
+    /// A watch of `sub`: its state now, then each change.
+    pub(super) fn watch(&mut self, coordinator: &Coordinator, sub: Arc<str>) -> LeadershipWatch {
+        self.watched.retain(|_, sender| sender.receiver_count() > 0);
+        if let Some(sender) = self.watched.get(&sub) {
+            return sender.subscribe();
+        }
+        let state = self.state(coordinator, &sub, 0);
+        let (sender, receiver) = tokio::sync::watch::channel(state);
+        self.watched.insert(sub, sender);
+        receiver
+    }
+
+    /// `sub`'s leadership as `coordinator` last saw its line: with no line (its key deleted, or
+    /// not seen yet), no active member and the highest epoch `seen` so far.
+    fn state(&self, coordinator: &Coordinator, sub: &str, seen: u64) -> Leadership {
+        let line = coordinator.line(sub);
+        Leadership {
+            active: line.and_then(|l| l.active).map(|a| a.member),
+            epoch: line.map_or(seen, |l| l.epoch.max(seen)),
+            since_unix_ms: self
+                .lines
+                .get(sub)
+                .map_or_else(unix_ms, |(_, _, since)| *since),
+            cut_off: false,
+        }
+    }
+
+    /// After the bucket's watch delivered `sub`'s key: notes when its leadership changed, and
+    /// tells its watchers, if any.
+    pub(super) fn line_changed(&mut self, coordinator: &Coordinator, sub: &str) {
+        match coordinator.line(sub) {
+            Some(line) => {
+                let now = (line.active.map(|a| a.member), line.epoch);
+                match self.lines.get_mut(sub) {
+                    Some(known) if (known.0, known.1) == now => {}
+                    Some(known) => *known = (now.0, now.1, unix_ms()),
+                    None => {
+                        self.lines
+                            .insert(sub.to_string(), (now.0, now.1, unix_ms()));
+                    }
+                }
+            }
+            None => {
+                self.lines.remove(sub);
+            }
+        }
+        let Some(sender) = self.watched.get(sub) else {
+            return;
+        };
+        if sender.receiver_count() == 0 {
+            self.watched.remove(sub);
+            return;
+        }
+        let state = self.state(coordinator, sub, sender.borrow().epoch);
+        sender.send_if_modified(|current| {
+            if state.active == current.active && state.epoch == current.epoch {
+                return false;
+            }
+            *current = state;
+            true
+        });
+    }
+
+    /// This gateway's lease lapsed: every watch here ends (`UNAVAILABLE`), and what it knew of
+    /// the lines goes with the incarnation.
+    pub(super) fn cut_off(&mut self) {
+        for sender in std::mem::take(&mut self.watched).into_values() {
+            sender.send_modify(|state| state.cut_off = true);
+        }
+        self.lines.clear();
     }
 }
