@@ -217,7 +217,17 @@ async fn a_watch_ends_not_found_when_its_subscription_is_deleted() {
     )
     .await
     .unwrap();
-    let end = within(frames.message()).await;
+    // Through gateways the watching gateway's copy of the bucket may still catch up (a frame
+    // with the last epoch): whatever comes before the end names no member.
+    let end = within(async {
+        loop {
+            match frames.message().await {
+                Ok(Some(frame)) => assert_eq!(frame.active_member_id, 0, "{frame:?}"),
+                other => return other,
+            }
+        }
+    })
+    .await;
     assert_code(end, Code::NotFound, "expired or was deleted");
 }
 
@@ -346,13 +356,11 @@ async fn a_watch_ends_not_found_when_its_subscription_is_deleted_and_created_aga
     let server = TestServer::start().await;
     let client = server.client().await;
     let mut a = client.subscribe(singleton("again")).await.unwrap();
-    let ca = a.confirmed().await;
+    a.confirmed().await;
     drop(a);
     let mut frames = watch(&client.1, "again").await.unwrap();
-    let mut floor = 0;
-    until(&mut frames, 0, ca.epoch, &[ca.member_id], &mut floor)
-        .await
-        .pop();
+    // No member active (through gateways possibly at epoch 0: the line emptied).
+    within(async { while frames.message().await.unwrap().unwrap().active_member_id != 0 {} }).await;
     within(
         client
             .0

@@ -54,6 +54,14 @@ impl Gateway {
                 "this gateway runs no singleton coordination".into(),
             ));
         };
+        // Without a lease its copy of the lines may be behind: it answers no watch then, as it
+        // admits no singleton member (docs/semantics.md#watching-leadership).
+        let patience = super::join::JOIN_LEASE_PATIENCE;
+        if singletons.lease().wait_valid(patience).await.is_none() {
+            return Err(Error::Unavailable(format!(
+                "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {patience:?}): its view of the leadership may be behind; retry, or watch at another gateway"
+            )));
+        }
         // The consumer's creation time tells the subscription from one deleted and made again
         // under its id.
         let created = match self.singleton_consumer(subscription_id).await {
