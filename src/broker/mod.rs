@@ -324,10 +324,19 @@ impl Broker {
             // JetStream redelivers it (docs/semantics.md#cluster-lease-checks).
             effects.retain(|e| !matches!(e, Effect::Deliver { .. }));
         }
+        // Only a member joining, leaving or being made active changes who leads: publishes,
+        // acks and nacks (the hot path) skip all of this.
+        let membership = !matches!(
+            input,
+            Input::Enqueue { .. } | Input::Ack { .. } | Input::Nack { .. }
+        );
         // A singleton's leader changes with a confirmation, or when it leaves with no one to
         // follow it: when, by the clock read then, is what a watch says since
         // (docs/semantics.md#watching-leadership).
-        if state.core.spec().mode == crate::core::Mode::Singleton && !state.core.is_arbitrated() {
+        if membership
+            && state.core.spec().mode == crate::core::Mode::Singleton
+            && !state.core.is_arbitrated()
+        {
             let confirmed = effects.iter().find_map(|e| match e {
                 Effect::Confirm { member, .. } => Some(*member),
                 _ => None,
@@ -340,12 +349,7 @@ impl Broker {
                 _ => {}
             }
         }
-        // Only a member joining, leaving or being made active changes who leads.
-        let leads_anew = state.leadership.is_some()
-            && !matches!(
-                input,
-                Input::Enqueue { .. } | Input::Ack { .. } | Input::Nack { .. }
-            );
+        let leads_anew = membership && state.leadership.is_some();
         state.apply(effects, dead, shared);
         if leads_anew {
             state.refresh_leadership();
