@@ -25,6 +25,7 @@ fn request(id: &str, pattern: &str) -> OpenRequest {
             overflow: Default::default(),
         },
         member: MemberOptions::default(),
+        metadata: std::sync::Arc::from(""),
     }
 }
 

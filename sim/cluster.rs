@@ -323,6 +323,8 @@ impl ClusterWorld {
                         self.checker
                             .ended(self.now(), uid, "ended by its gateway: unavailable");
                     }
+                    // The simulation proclaims nothing.
+                    Effect::Proclaimed { .. } => {}
                 }
                 continue;
             }

@@ -18,6 +18,8 @@ mod scheduler;
 mod status;
 #[path = "client/surface.rs"]
 mod surface;
+#[path = "client/watch.rs"]
+mod watch;
 #[path = "client/worker.rs"]
 mod worker;
 

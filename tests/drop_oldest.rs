@@ -50,6 +50,7 @@ fn request(id: &str, spec: SubscriptionSpec, window: u32) -> OpenRequest {
             max_in_flight: window,
             notify_standby: false,
         },
+        metadata: std::sync::Arc::from(""),
     }
 }
 

@@ -241,6 +241,7 @@ fn the_broker_accounts_at_least_what_heavy_subscriptions_hold() {
             overflow: Default::default(),
         },
         member: MemberOptions::default(),
+        metadata: std::sync::Arc::from(""),
     };
     let accounted = || broker.list().1.memory_accounted_bytes as i64;
     let before = accounted();
@@ -320,6 +321,7 @@ fn crafted_layouts_are_refused_past_the_shape_limit_and_walks_stay_within_the_bo
             overflow: Default::default(),
         },
         member: MemberOptions::default(),
+        metadata: std::sync::Arc::from(""),
     };
     let before = broker.list().1;
     assert_eq!(

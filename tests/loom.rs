@@ -38,6 +38,7 @@ fn singleton(id: &str) -> OpenRequest {
             overflow: Default::default(),
         },
         member: MemberOptions::default(),
+        metadata: std::sync::Arc::from(""),
     }
 }
 

@@ -74,6 +74,7 @@ fn queue_request() -> OpenRequest {
             overflow: Default::default(),
         },
         member: MemberOptions::default(),
+        metadata: std::sync::Arc::from(""),
     }
 }
 

@@ -388,9 +388,16 @@ pub fn requests(data: &[u8]) {
                     drop(streams.remove(i));
                 }
             }
-            _ => {
+            _ if kind % 2 == 0 => {
                 if let Ok(request) = pb::DescribeSubscriptionRequest::decode(bytes) {
                     let _ = broker.describe(&request.subscription_id);
+                }
+            }
+            _ => {
+                if let Ok(request) = pb::ProclaimRequest::decode(bytes)
+                    && let Ok(p) = service::proclamation(request, &limits)
+                {
+                    let _ = broker.proclaim(&p.subscription_id, p.member, p.epoch, p.metadata);
                 }
             }
         }
@@ -405,6 +412,17 @@ pub fn requests(data: &[u8]) {
             "singleton with {active} active"
         );
         assert!(view.queued_messages + view.in_flight <= limits.max_queue_messages);
+        // docs/semantics.md#member-metadata: only singleton members carry metadata, within the
+        // bound, and only members of the subscription.
+        for (member, metadata) in &view.metadata {
+            assert!(
+                metadata.is_empty() || singleton,
+                "metadata on a {:?}",
+                view.spec.mode
+            );
+            assert!(metadata.len() <= tinybroker::core::MAX_METADATA_BYTES);
+            assert!(view.members.iter().any(|m| m.member_id == *member));
+        }
     }
     drop(streams);
 }

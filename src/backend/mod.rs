@@ -24,7 +24,7 @@ use crate::{
         LeadershipWatch, MemberStream, Published,
     },
     cluster::gateway::{Gateway, Pipeline},
-    core::{Draft, Error, Limits, OpenRequest},
+    core::{Draft, Error, Limits, OpenRequest, Proclamation},
 };
 
 /// Where the service's requests go.
@@ -157,6 +157,27 @@ impl Backend {
         match self {
             Backend::Embedded(broker) => broker.watch_leadership(subscription_id),
             Backend::Gateway(gateway) => gateway.watch_leadership(subscription_id).await,
+        }
+    }
+
+    /// The active member of a SINGLETON subscription replaces its metadata
+    /// (docs/semantics.md#member-metadata): at a gateway, in the cluster's line too, answered
+    /// once the line holds it.
+    ///
+    /// # Errors
+    /// [`Broker::proclaim`]'s refusals; at a gateway also a member another gateway holds,
+    /// and [`Error::Unavailable`] when the line did not take it in time.
+    pub async fn proclaim(&self, proclamation: Proclamation) -> Result<(), Error> {
+        match self {
+            Backend::Embedded(broker) => broker
+                .proclaim(
+                    &proclamation.subscription_id,
+                    proclamation.member,
+                    proclamation.epoch,
+                    proclamation.metadata,
+                )
+                .map(|_| ()),
+            Backend::Gateway(gateway) => gateway.proclaim(proclamation).await,
         }
     }
 

@@ -6,18 +6,22 @@
 //! whatever happens meanwhile, and reads the latest when it reads again (changes coalesce; the
 //! epochs it sees still rise). The channel closes with the subscription (expired or deleted).
 
+use std::sync::Arc;
+
 use tokio::sync::watch;
 
 use super::{Broker, member::SubState};
 use crate::core::{Epoch, Error, MemberId, Mode, planted::PlantedBug};
 
 /// A singleton subscription's leadership at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leadership {
     /// The active member, if any.
     pub active: Option<MemberId>,
     /// The active member's epoch; with none active, the last one handed out (0 before any).
     pub epoch: Epoch,
+    /// The active member's metadata (docs/semantics.md#member-metadata); empty if none.
+    pub metadata: Arc<str>,
     /// Since when, in milliseconds since the Unix epoch by the server's clock: embedded, when
     /// this state began; at a gateway, when it saw the state in the coordination bucket.
     pub since_unix_ms: u64,
@@ -38,9 +42,11 @@ impl SubState {
 
     /// The leadership its core holds now, since its last change (`now_ms` if none was seen).
     fn leadership(&self, now_ms: u64) -> Leadership {
+        let active = self.core.active_members().next();
         Leadership {
-            active: self.core.active_members().next(),
+            active,
             epoch: self.core.epoch(),
+            metadata: active.map_or_else(|| Arc::from(""), |m| self.metadata_of(m)),
             since_unix_ms: if self.leader_since_ms == 0 {
                 now_ms
             } else {
@@ -58,8 +64,9 @@ impl SubState {
         };
         let active = self.core.active_members().next();
         let epoch = self.core.epoch();
+        let metadata = active.map_or_else(|| Arc::from(""), |m| self.metadata_of(m));
         sender.send_if_modified(|current| {
-            if current.active == active && current.epoch == epoch {
+            if current.active == active && current.epoch == epoch && current.metadata == metadata {
                 return false;
             }
             if crate::core::planted::active(PlantedBug::WatchReportsStaleEpoch)
@@ -70,15 +77,23 @@ impl SubState {
                 *current = Leadership {
                     active,
                     epoch: current.epoch,
+                    metadata,
                     since_unix_ms: now_ms,
                     cut_off: false,
                 };
                 return true;
             }
+            // A proclamation changes the metadata only: the state began when its member did.
+            let since_unix_ms = if current.active == active && current.epoch == epoch {
+                current.since_unix_ms
+            } else {
+                now_ms
+            };
             *current = Leadership {
                 active,
                 epoch,
-                since_unix_ms: now_ms,
+                metadata,
+                since_unix_ms,
                 cut_off: false,
             };
             true
@@ -87,6 +102,74 @@ impl SubState {
 }
 
 impl Broker {
+    /// Active member `member` of SINGLETON subscription `subscription_id`, with epoch
+    /// `epoch`, replaces its metadata (docs/semantics.md#member-metadata); its watchers are
+    /// told. Returns the metadata it replaced.
+    ///
+    /// # Errors
+    /// [`Error::SubscriptionNotFound`] for an unknown id, [`Error::NotSingleton`] for a
+    /// BROADCAST or QUEUE subscription, [`Error::MemberNotFound`] for a member it does not
+    /// have, [`Error::NotActive`] for a member on standby or an epoch other than its own.
+    pub fn proclaim(
+        &self,
+        subscription_id: &str,
+        member: MemberId,
+        epoch: Epoch,
+        metadata: Arc<str>,
+    ) -> Result<Arc<str>, Error> {
+        self.with_subscription(subscription_id, |state, _| {
+            let mode = state.core.spec().mode;
+            if mode != Mode::Singleton {
+                return Err(Error::NotSingleton {
+                    subscription: subscription_id.to_string(),
+                    mode,
+                });
+            }
+            let Some(info) = state
+                .core
+                .member_infos()
+                .into_iter()
+                .find(|m| m.member_id == member)
+            else {
+                return Err(Error::MemberNotFound {
+                    subscription: subscription_id.to_string(),
+                    member,
+                });
+            };
+            if !info.active || info.epoch != epoch {
+                return Err(Error::NotActive {
+                    subscription: subscription_id.to_string(),
+                    member,
+                    epoch,
+                    current: state.core.epoch(),
+                    active: info.active,
+                });
+            }
+            let previous = state.metadata_of(member);
+            state.set_metadata(member, metadata);
+            state.refresh_leadership();
+            Ok(previous)
+        })
+    }
+
+    /// Undoes a [`Broker::proclaim`] the cluster refused: `member`'s metadata goes back from
+    /// `proclaimed` to `previous`, unless it changed again meanwhile or the member is gone.
+    pub fn unproclaim(
+        &self,
+        subscription_id: &str,
+        member: MemberId,
+        proclaimed: &Arc<str>,
+        previous: Arc<str>,
+    ) {
+        let _ = self.with_subscription(subscription_id, |state, _| {
+            if state.metadata_of(member) == *proclaimed {
+                state.set_metadata(member, previous);
+                state.refresh_leadership();
+            }
+            Ok(())
+        });
+    }
+
     /// Watches the leadership of SINGLETON subscription `subscription_id`: the receiver holds
     /// its current state and is told of each change; it closes when the subscription expires
     /// or is deleted.

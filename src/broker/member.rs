@@ -144,6 +144,8 @@ struct Outlet {
     connection: Option<ConnectionId>,
     /// The broker ended the stream: an `End` frame is (or was) the last frame.
     ended: bool,
+    /// SINGLETON: the member's metadata (docs/semantics.md#member-metadata), empty if none.
+    metadata: Arc<str>,
 }
 
 /// A subscription's core state plus its members' outlets, under one lock, so effects reach the
@@ -324,15 +326,48 @@ impl SubState {
         }
     }
 
-    /// Opens the outlet of a member about to join, remembering its connection.
-    pub(crate) fn attach(&mut self, member: MemberId, connection: Option<ConnectionId>) {
+    /// Opens the outlet of a member about to join, remembering its connection and metadata.
+    pub(crate) fn attach(
+        &mut self,
+        member: MemberId,
+        connection: Option<ConnectionId>,
+        metadata: Arc<str>,
+    ) {
         self.outlets.insert(
             member,
             Outlet {
                 connection,
+                metadata,
                 ..Outlet::default()
             },
         );
+    }
+
+    /// `member`'s metadata (empty for an unknown member).
+    pub(crate) fn metadata_of(&self, member: MemberId) -> Arc<str> {
+        self.outlets
+            .get(&member)
+            .map_or_else(|| Arc::from(""), |o| o.metadata.clone())
+    }
+
+    /// Replaces `member`'s metadata; false for an unknown member.
+    pub(crate) fn set_metadata(&mut self, member: MemberId, metadata: Arc<str>) -> bool {
+        match self.outlets.get_mut(&member) {
+            Some(outlet) => {
+                outlet.metadata = metadata;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The members with metadata, and theirs.
+    pub(crate) fn metadata(&self) -> std::collections::BTreeMap<MemberId, Arc<str>> {
+        self.outlets
+            .iter()
+            .filter(|(_, o)| !o.metadata.is_empty())
+            .map(|(m, o)| (*m, o.metadata.clone()))
+            .collect()
     }
 
     pub(crate) fn detach(&mut self, member: MemberId) {

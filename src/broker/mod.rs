@@ -202,6 +202,9 @@ pub struct SubscriptionView {
     pub counters: Counters,
     /// Time left before it expires, when it has no members.
     pub expires_in: Option<Duration>,
+    /// SINGLETON: the metadata of its members that have any
+    /// (docs/semantics.md#member-metadata).
+    pub metadata: std::collections::BTreeMap<MemberId, Arc<str>>,
 }
 
 /// Broker-wide counters.
@@ -567,7 +570,7 @@ impl Broker {
                 lock(&self.inner.idle).remove(state.key);
             }
             let _span = logs::member_span(&state, member).entered();
-            state.attach(member, connection);
+            state.attach(member, connection, request.metadata.clone());
             self.apply(
                 &mut state,
                 Input::Join { member, connection },
@@ -890,6 +893,7 @@ fn view(state: &SubState, now: Duration) -> SubscriptionView {
         in_flight: core.in_flight() as u64,
         counters: *core.counters(),
         expires_in: core.expires_at().map(|at| at.saturating_sub(now)),
+        metadata: state.metadata(),
     }
 }
 

@@ -31,6 +31,7 @@ fn request(id: &str, pattern: &str, max_in_flight: u32) -> OpenRequest {
             max_in_flight,
             ..MemberOptions::default()
         },
+        metadata: std::sync::Arc::from(""),
     }
 }
 

@@ -39,6 +39,7 @@ fn request(id: &str, mode: Mode, pattern: &str) -> OpenRequest {
             overflow: Default::default(),
         },
         member: MemberOptions::default(),
+        metadata: std::sync::Arc::from(""),
     }
 }
 

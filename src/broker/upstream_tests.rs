@@ -42,6 +42,7 @@ fn request(id: &str, mode: Mode) -> OpenRequest {
             overflow: Default::default(),
         },
         member: MemberOptions::default(),
+        metadata: std::sync::Arc::from(""),
     }
 }
 

@@ -16,6 +16,8 @@ pub struct Description {
     /// Cluster mode: a singleton's active member as the cluster's line names it (0: none),
     /// when this gateway holds no active member of it; `view.epoch` is then the line's.
     pub active_member: Option<MemberId>,
+    /// Cluster mode: that active member's metadata, as the line holds it.
+    pub active_metadata: Option<std::sync::Arc<str>>,
 }
 
 impl From<SubscriptionView> for Description {
@@ -24,6 +26,7 @@ impl From<SubscriptionView> for Description {
             view,
             upstream: None,
             active_member: None,
+            active_metadata: None,
         }
     }
 }

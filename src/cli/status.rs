@@ -85,6 +85,8 @@ struct MemberView {
     epoch: u64,
     in_flight: u32,
     max_in_flight: u32,
+    /// What it declared on joining or last proclaimed; empty if nothing.
+    metadata: String,
 }
 
 #[derive(Serialize, Default)]
@@ -139,6 +141,7 @@ impl From<SubscriptionInfo> for SubscriptionView {
                     epoch: m.epoch,
                     in_flight: m.in_flight,
                     max_in_flight: m.max_in_flight,
+                    metadata: m.metadata,
                 })
                 .collect(),
             counters: CountersView {
@@ -239,6 +242,8 @@ struct LeaderLine {
     /// 0 when no member is active.
     active_member_id: u64,
     epoch: u64,
+    /// The active member's metadata; empty with none active or none declared.
+    metadata: String,
     /// When the server learned of it, in milliseconds since the Unix epoch.
     since_unix_ms: u64,
 }
@@ -253,6 +258,7 @@ async fn watch(client: &Client, id: &str, json: bool) -> Result<(), Error> {
             subscription_id: id.to_string(),
             active_member_id: state.active_member_id.unwrap_or(0),
             epoch: state.epoch,
+            metadata: state.metadata.clone(),
             since_unix_ms: state
                 .since
                 .duration_since(std::time::UNIX_EPOCH)
@@ -262,7 +268,13 @@ async fn watch(client: &Client, id: &str, json: bool) -> Result<(), Error> {
             println!("{}", serde_json::to_string(&line).unwrap_or_default());
         } else {
             match state.active_member_id {
-                Some(member) => println!("{id}: member {member} active, epoch {}", state.epoch),
+                Some(member) if state.metadata.is_empty() => {
+                    println!("{id}: member {member} active, epoch {}", state.epoch);
+                }
+                Some(member) => println!(
+                    "{id}: member {member} active, epoch {}, metadata {:?}",
+                    state.epoch, state.metadata
+                ),
                 None => println!("{id}: no active member (last epoch {})", state.epoch),
             }
         }
@@ -431,6 +443,7 @@ fn detail(s: &SubscriptionView) -> String {
                 "EPOCH",
                 "IN FLIGHT",
                 "WINDOW",
+                "METADATA",
             ]
             .map(String::from)
             .to_vec(),
@@ -451,6 +464,12 @@ fn detail(s: &SubscriptionView) -> String {
                 },
                 m.in_flight.to_string(),
                 m.max_in_flight.to_string(),
+                // Quoted: metadata is the member's own text, possibly with spaces or newlines.
+                if m.metadata.is_empty() {
+                    String::new()
+                } else {
+                    format!("{:?}", m.metadata)
+                },
             ]);
         }
         out.push_str(&table(&rows));

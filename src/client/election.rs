@@ -17,7 +17,10 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{Client, Delivery, Error, Event, Mode, Result, Subscription, SubscriptionOptions};
+use super::{
+    Client, Delivery, Error, Event, Mode, RawClient, Result, Subscription, SubscriptionOptions,
+};
+use crate::pb;
 
 /// First wait before rejoining after a failed attempt; doubles up to [`MAX_BACKOFF`].
 const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
@@ -68,6 +71,8 @@ pub struct Leadership {
     subscription_id: String,
     epoch: u64,
     member_id: u64,
+    /// For [`Leadership::proclaim`].
+    raw: RawClient,
     messages: mpsc::Receiver<Delivery>,
     lost: watch::Receiver<Option<Lost>>,
     refused: Arc<AtomicU64>,
@@ -84,7 +89,7 @@ impl Drop for Leadership {
 }
 
 impl Leadership {
-    fn start(subscription: Subscription, member_id: u64, epoch: u64) -> Self {
+    fn start(raw: RawClient, subscription: Subscription, member_id: u64, epoch: u64) -> Self {
         let subscription_id = subscription.id().to_string();
         let (messages_tx, messages) = mpsc::channel(MAX_BUFFERED_MESSAGES);
         let (lost_tx, lost) = watch::channel(None);
@@ -105,6 +110,7 @@ impl Leadership {
             subscription_id,
             epoch,
             member_id,
+            raw,
             messages,
             lost,
             refused,
@@ -127,6 +133,26 @@ impl Leadership {
     /// This member's id.
     pub fn member_id(&self) -> u64 {
         self.member_id
+    }
+
+    /// Replaces the metadata watchers and `DescribeSubscription` show for this leader (an
+    /// address, a host name; at most 1024 bytes): the first thing to do after promotion when
+    /// the address is only known then. Answered once every gateway's watchers can see it.
+    ///
+    /// # Errors
+    /// [`Error::FailedPrecondition`] once this leadership is over (another member or epoch is
+    /// active), [`Error::NotFound`] once the member is gone, [`Error::InvalidArgument`] for
+    /// metadata over 1024 bytes, [`Error::ResourceExhausted`] when a cluster line's metadata is
+    /// full (docs/semantics.md#member-metadata).
+    pub async fn proclaim(&self, metadata: impl Into<String>) -> Result<()> {
+        let request = pb::ProclaimRequest {
+            subscription_id: self.subscription_id.clone(),
+            member_id: self.member_id,
+            epoch: self.epoch,
+            metadata: metadata.into(),
+        };
+        self.raw.clone().proclaim(request).await?;
+        Ok(())
     }
 
     /// Whether leadership has already been lost.
@@ -344,7 +370,8 @@ impl Client {
         loop {
             match self.wait_for_promotion(&options, &mut on_standby).await {
                 Ok((subscription, member_id, epoch)) => {
-                    return Ok(Leadership::start(subscription, member_id, epoch));
+                    let raw = self.raw.clone();
+                    return Ok(Leadership::start(raw, subscription, member_id, epoch));
                 }
                 Err((error, joined)) if error.is_transient() => {
                     if joined {
@@ -358,6 +385,31 @@ impl Client {
                 Err((error, _)) => return Err(error),
             }
         }
+    }
+
+    /// Replaces the metadata of member `member_id`, active at `epoch` on SINGLETON subscription
+    /// `subscription_id` (the confirmation's ids): what [`Leadership::proclaim`] does for a
+    /// [`Subscription`] joined by hand.
+    ///
+    /// # Errors
+    /// As [`Leadership::proclaim`].
+    pub async fn proclaim(
+        &self,
+        subscription_id: &str,
+        member_id: u64,
+        epoch: u64,
+        metadata: impl Into<String>,
+    ) -> Result<()> {
+        self.raw
+            .clone()
+            .proclaim(pb::ProclaimRequest {
+                subscription_id: subscription_id.into(),
+                member_id,
+                epoch,
+                metadata: metadata.into(),
+            })
+            .await?;
+        Ok(())
     }
 
     /// One attempt: join and wait for the confirmation. The error says whether it had joined.

@@ -6,8 +6,28 @@ use std::time::Duration;
 use tonic::Code;
 
 use super::{AckMode, Client, Error, Mode, Overflow, Result};
-pub use crate::core::{Counters, MemberInfo};
+pub use crate::core::Counters;
 use crate::pb;
+
+/// One member of a subscription as the broker describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// The member.
+    pub member_id: u64,
+    /// Whether it is active.
+    pub active: bool,
+    /// Its epoch, 0 while on standby.
+    pub epoch: u64,
+    /// Messages it holds.
+    pub in_flight: u32,
+    /// Its window.
+    pub max_in_flight: u32,
+    /// Place in join order, 0 = earliest.
+    pub position: u32,
+    /// What it declared on joining or last proclaimed, empty if nothing (SINGLETON only;
+    /// docs/semantics.md#member-metadata).
+    pub metadata: String,
+}
 
 /// One subscription as the broker describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +44,8 @@ pub struct SubscriptionInfo {
     pub members: Vec<MemberInfo>,
     /// The active member in singleton mode; `None` in the other modes, or with no member.
     pub active_member_id: Option<u64>,
+    /// The active member's metadata in singleton mode; empty with none active or none declared.
+    pub active_metadata: String,
     /// Highest epoch handed out on this subscription.
     pub epoch: u64,
     /// Messages waiting in the queue.
@@ -152,6 +174,7 @@ impl TryFrom<pb::SubscriptionInfo> for SubscriptionInfo {
                 in_flight: m.in_flight,
                 max_in_flight: m.max_in_flight,
                 position: m.position,
+                metadata: m.metadata,
             })
             .collect();
         members.sort_by_key(|m| m.position);
@@ -163,6 +186,7 @@ impl TryFrom<pb::SubscriptionInfo> for SubscriptionInfo {
             patterns: info.topic_patterns,
             members,
             active_member_id: (info.active_member_id != 0).then_some(info.active_member_id),
+            active_metadata: info.active_metadata,
             epoch: info.epoch,
             queued_messages: info.queued_messages,
             queued_bytes: info.queued_bytes,
@@ -316,10 +340,12 @@ mod tests {
                     active: true,
                     epoch: 3,
                     position: 0,
+                    metadata: "host-a".into(),
                     ..Default::default()
                 },
             ],
             active_member_id: 7,
+            active_metadata: "host-a".into(),
             epoch: 3,
             counters: Some(pb::SubscriptionCounters {
                 acked: 5,
@@ -341,6 +367,14 @@ mod tests {
             vec![7, 9]
         );
         assert_eq!(info.active_member_id, Some(7));
+        assert_eq!(
+            (
+                info.members[0].metadata.as_str(),
+                info.members[1].metadata.as_str()
+            ),
+            ("host-a", "")
+        );
+        assert_eq!(info.active_metadata, "host-a");
         assert_eq!(
             (info.counters.acked, info.counters.dropped_overflow),
             (5, 2)

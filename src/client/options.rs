@@ -27,6 +27,9 @@ pub struct SubscriptionOptions {
     pub ack_mode: AckMode,
     /// What a full queue does to a new message; `None` is the broker's default for the ack mode.
     pub overflow: Option<Overflow>,
+    /// Singleton only: what watchers of the leadership see while this member leads (for
+    /// example its address), at most 1024 bytes; empty for none.
+    pub metadata: String,
 }
 
 impl SubscriptionOptions {
@@ -47,6 +50,7 @@ impl SubscriptionOptions {
             notify_standby: false,
             ack_mode: AckMode::Explicit,
             overflow: None,
+            metadata: String::new(),
         }
     }
 
@@ -111,6 +115,13 @@ impl SubscriptionOptions {
         self
     }
 
+    /// Sets this member's metadata (singleton only; docs/semantics.md#member-metadata).
+    #[must_use]
+    pub fn metadata(mut self, metadata: impl Into<String>) -> Self {
+        self.metadata = metadata.into();
+        self
+    }
+
     /// Sets the overflow policy.
     #[must_use]
     pub fn overflow(mut self, overflow: Overflow) -> Self {
@@ -144,6 +155,7 @@ impl SubscriptionOptions {
                 Some(Overflow::DropOldest) => pb::OverflowPolicy::DropOldest,
             }
             .into(),
+            metadata: self.metadata.clone(),
         }
     }
 }

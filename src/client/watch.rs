@@ -7,12 +7,15 @@ use super::{Client, Error, Result};
 use crate::pb;
 
 /// A SINGLETON subscription's leadership at one moment, as the server last told it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaderState {
     /// The active member's id, if one is active.
     pub active_member_id: Option<u64>,
     /// The active member's epoch; with none active, the last one handed out (0 before any).
     pub epoch: u64,
+    /// The active member's metadata, as it joined with or last proclaimed; empty with none
+    /// active or none declared (docs/semantics.md#member-metadata).
+    pub metadata: String,
     /// By the answering server's clock: embedded, when this state began; through a gateway,
     /// when that gateway saw it (docs/semantics.md#watching-leadership).
     pub since: SystemTime,
@@ -28,6 +31,7 @@ impl From<pb::LeadershipFrame> for LeaderState {
         Self {
             active_member_id: (frame.active_member_id != 0).then_some(frame.active_member_id),
             epoch: frame.epoch,
+            metadata: frame.metadata,
             since,
         }
     }

@@ -82,6 +82,11 @@ use crate::core::planted::{PlantedBug, active as planted};
 /// Most given-back messages whose attempts one promotion carries ([`SubValue::carry`]).
 pub const MAX_CARRY: usize = 1024;
 
+/// Most bytes of member metadata one line holds ([`SubValue::meta`]): a line is one value of
+/// the bucket, written whole on every join, leave and promotion, and must stay well within the
+/// NATS servers' `max_payload` (docs/semantics.md#cluster-metadata).
+pub const MAX_LINE_METADATA: usize = 64 * 1024;
+
 /// Timing. `lease` is `--gateway-lease`.
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
@@ -129,6 +134,17 @@ pub enum Op {
     Delete(Revision),
 }
 
+/// What became of a [`Coordinator::proclaim`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proclaimed {
+    /// Taken: [`Effect::Proclaimed`] follows once the line holds it.
+    Taken,
+    /// This gateway holds no such member.
+    NotHere,
+    /// The line has no room for that much more metadata ([`MAX_LINE_METADATA`]).
+    NoRoom,
+}
+
 /// Why a member's stream ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndStatus {
@@ -154,6 +170,14 @@ pub enum Effect {
         promoted: bool,
         /// The earlier active member's gateway died ([`SubValue::took_over`]).
         took_over: bool,
+    },
+    /// The member's metadata as last given ([`Coordinator::proclaim`]) is in the line: its
+    /// proclamation can be answered.
+    Proclaimed {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
     },
     /// The member is in the line (this gateway saw a value holding it, its own write's or the
     /// watch's): its join can be answered. Every member that joins after this, on any
@@ -191,6 +215,10 @@ struct Local {
     /// Seen in the line at least once: if it disappears, someone removed it.
     seen_in_line: bool,
     activated: bool,
+    /// Its metadata, as the line must hold it.
+    metadata: String,
+    /// A proclamation waits for the line to hold `metadata`.
+    proclaiming: bool,
 }
 
 /// What this gateway knows of another's lease.
@@ -340,6 +368,18 @@ impl Coordinator {
 
     /// A member opened a singleton stream on this gateway; it waits for [`Effect::Activate`].
     pub fn member_joined(&mut self, now: Duration, subscription: &str, member: u64) {
+        self.member_joined_with(now, subscription, member, String::new());
+    }
+
+    /// As [`Coordinator::member_joined`], for a member with metadata: the line carries it
+    /// ([`SubValue::meta`]).
+    pub fn member_joined_with(
+        &mut self,
+        now: Duration,
+        subscription: &str,
+        member: u64,
+        metadata: String,
+    ) {
         if self.fenced {
             self.effects.push_back(Effect::End {
                 subscription: subscription.to_string(),
@@ -355,8 +395,61 @@ impl Coordinator {
                 id: member,
                 seen_in_line: false,
                 activated: false,
+                metadata,
+                proclaiming: false,
             });
         self.step(now);
+    }
+
+    /// Whether `subscription`'s line has room for `more` bytes of metadata within
+    /// [`MAX_LINE_METADATA`]: the other gateways' members' as the value holds them, and this
+    /// gateway's members' as it will write them.
+    pub fn metadata_room(&self, subscription: &str, more: usize) -> bool {
+        let me = self.me;
+        let theirs: usize = self.subs.get(subscription).map_or(0, |(v, _)| {
+            v.meta
+                .iter()
+                .filter(|(uid, _)| uid.gateway != me)
+                .map(|(_, meta)| meta.len())
+                .sum()
+        });
+        let ours: usize = self
+            .local
+            .get(subscription)
+            .map_or(0, |members| members.iter().map(|m| m.metadata.len()).sum());
+        theirs + ours + more <= MAX_LINE_METADATA
+    }
+
+    /// Local member `member` replaces its metadata (the service checked it is active with its
+    /// epoch): the line will hold it, then [`Effect::Proclaimed`] follows.
+    pub fn proclaim(
+        &mut self,
+        now: Duration,
+        subscription: &str,
+        member: u64,
+        metadata: String,
+    ) -> Proclaimed {
+        let Some(old) = self
+            .local
+            .get(subscription)
+            .and_then(|members| members.iter().find(|m| m.id == member))
+            .map(|m| m.metadata.len())
+        else {
+            return Proclaimed::NotHere;
+        };
+        if metadata.len() > old && !self.metadata_room(subscription, metadata.len() - old) {
+            return Proclaimed::NoRoom;
+        }
+        if let Some(local) = self
+            .local
+            .get_mut(subscription)
+            .and_then(|members| members.iter_mut().find(|m| m.id == member))
+        {
+            local.metadata = metadata;
+            local.proclaiming = true;
+        }
+        self.step(now);
+        Proclaimed::Taken
     }
 
     /// A member's stream closed (cleanly or not): it acts no more, and leaves the line.
@@ -827,6 +920,13 @@ impl Coordinator {
                         position: u32::try_from(ahead).unwrap_or(u32::MAX),
                     });
                 }
+                if m.proclaiming && in_line && v.meta_of(uid) == m.metadata {
+                    m.proclaiming = false;
+                    self.effects.push_back(Effect::Proclaimed {
+                        subscription: sub.clone(),
+                        member: m.id,
+                    });
+                }
                 if is_active && !m.activated && may_activate {
                     m.activated = true;
                     self.effects.push_back(Effect::Activate {
@@ -855,6 +955,12 @@ impl Coordinator {
             .map(|ms| ms.iter().map(|m| m.id).collect())
             .unwrap_or_default();
         let me = self.me;
+        let metadata_of = |member: u64| {
+            self.local
+                .get(sub)
+                .and_then(|ms| ms.iter().find(|m| m.id == member))
+                .map_or("", |m| m.metadata.as_str())
+        };
         let Some((current, revision)) = self.subs.get(sub).cloned() else {
             if wanted.is_empty() {
                 return;
@@ -872,6 +978,17 @@ impl Coordinator {
                 carry: Vec::new(),
                 promoted: false,
                 took_over: false,
+                meta: wanted
+                    .iter()
+                    .filter(|&&member| !metadata_of(member).is_empty())
+                    .map(|&member| {
+                        let uid = MemberUid {
+                            gateway: me,
+                            member,
+                        };
+                        (uid, metadata_of(member).to_string())
+                    })
+                    .collect(),
             };
             let bytes = encode(&v);
             self.issue(now, key, Op::Create(bytes), Some(v));
@@ -930,6 +1047,19 @@ impl Coordinator {
                     .active
                     .is_some_and(|a| a.gateway != me && self.is_dead(a.gateway))
         };
+        // Each member's metadata as its gateway gives it: this gateway's own, the others' as
+        // the value holds them.
+        let meta = line
+            .iter()
+            .filter_map(|&uid| {
+                let meta = if uid.gateway == me {
+                    metadata_of(uid.member)
+                } else {
+                    current.meta_of(uid)
+                };
+                (!meta.is_empty()).then(|| (uid, meta.to_string()))
+            })
+            .collect();
         let next = SubValue {
             line,
             active,
@@ -937,6 +1067,7 @@ impl Coordinator {
             carry,
             promoted,
             took_over,
+            meta,
         };
         if next.line.is_empty() {
             self.issue(now, key, Op::Delete(revision), None);

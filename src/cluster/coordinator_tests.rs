@@ -63,6 +63,7 @@ fn a_member_is_reported_in_the_line_once_a_value_holds_it() {
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     see_line(&mut c, ms(6), &v, 9);
     assert_eq!(in_line(&mut c), vec![2], "member 1 is not reported again");
@@ -202,6 +203,7 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
@@ -280,6 +282,7 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     see_line(&mut c, ms(11), &v, 9);
     c.write_result(ms(11), creates[0].id, Err(KvError::Exists { current: 9 }));
@@ -417,6 +420,7 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     see_line(&mut c, ms(4), &theirs, 5);
     c.backplane_changed(ms(4), "sub.jobs", None, 6);
@@ -447,6 +451,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3), (42, 2)]);
@@ -500,6 +505,7 @@ fn a_line_whose_deletion_expired_unseen_is_created_again_on_a_refusal_naming_no_
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     see_line(&mut c, ms(4), &theirs, 5);
     // The line emptied and its deletion expired while this watch lagged: it never arrives.
@@ -555,6 +561,7 @@ fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_n
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     c.member_joined(ms(10), "jobs", 1);
     let (creates, _) = drain(&mut c);
@@ -645,6 +652,7 @@ fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member(
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     let mut c = members_1_and_2_in(&before);
     // 7:1's stream closes; this gateway's write (removing it) races gateway 8's, which took
@@ -659,6 +667,7 @@ fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member(
         carry: Vec::new(),
         promoted: true,
         took_over: true,
+        meta: Vec::new(),
     };
     see_line(&mut c, ms(6), &taken_over, 10);
     c.write_result(
@@ -712,6 +721,7 @@ fn a_join_appended_after_a_take_over_keeps_it_marked() {
         carry: Vec::new(),
         promoted: true,
         took_over: true,
+        meta: Vec::new(),
     };
     see_line(&mut c, ms(3), &taken_over, 10);
     c.member_joined(ms(4), "jobs", 1);
@@ -772,6 +782,7 @@ fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     let mut c = members_1_and_2_in(&v);
     // Leaving together: 2 (a standby) first, with the carry, then 1 (the active member).
@@ -810,6 +821,7 @@ fn a_carry_whose_promotion_landed_unconfirmed_rides_with_no_later_one() {
         carry: Vec::new(),
         promoted: false,
         took_over: false,
+        meta: Vec::new(),
     };
     let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3)]);
@@ -847,4 +859,132 @@ fn a_carry_whose_promotion_landed_unconfirmed_rides_with_no_later_one() {
         Vec::new(),
         "the carry was spent by 7/2's promotion"
     );
+}
+
+/// A leased gateway whose member 1 joined "jobs" with `metadata` and is active at epoch 5, its
+/// line at revision 6.
+fn active_with(metadata: &str) -> Coordinator {
+    let mut c = leased();
+    c.member_joined_with(ms(3), "jobs", 1, metadata.to_string());
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(value(&cmds[0]).meta_of(uid(7, 1)), metadata);
+    c.write_result(ms(4), cmds[0].id, Ok(5));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(5), cmds[0].id, Ok(6));
+    let (_, effects) = drain(&mut c);
+    assert!(matches!(effects[..], [Effect::Activate { member: 1, .. }]));
+    c
+}
+
+// docs/semantics.md#cluster-metadata: each member's metadata is written into the line by its
+// own gateway; another gateway's members' metadata is kept as that gateway wrote it.
+#[test]
+fn each_gateway_writes_its_own_members_metadata_and_keeps_the_others() {
+    let mut c = active_with("a:1");
+    let theirs = SubValue {
+        line: vec![uid(7, 1), uid(8, 4)],
+        active: Some(uid(7, 1)),
+        epoch: 5,
+        carry: Vec::new(),
+        promoted: false,
+        took_over: false,
+        meta: vec![(uid(7, 1), "a:1".into()), (uid(8, 4), "b:4".into())],
+    };
+    see_line(&mut c, ms(6), &theirs, 7);
+    let (cmds, _) = drain(&mut c);
+    assert!(cmds.is_empty(), "nothing to change: {cmds:?}");
+    c.member_joined_with(ms(7), "jobs", 2, String::new());
+    let (cmds, _) = drain(&mut c);
+    let next = value(&cmds[0]);
+    assert_eq!(next.line, vec![uid(7, 1), uid(8, 4), uid(7, 2)]);
+    assert_eq!(
+        next.meta,
+        vec![(uid(7, 1), "a:1".into()), (uid(8, 4), "b:4".into())],
+        "no entry for a member without metadata; gateway 8's kept"
+    );
+    // A value that lost this gateway's entry (another gateway's write) gets it back.
+    let lost = SubValue {
+        meta: vec![(uid(8, 4), "b:4".into())],
+        ..next
+    };
+    c.write_result(ms(8), cmds[0].id, Err(KvError::Exists { current: 9 }));
+    see_line(&mut c, ms(8), &lost, 9);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(value(&cmds[0]).meta_of(uid(7, 1)), "a:1", "{cmds:?}");
+}
+
+// docs/semantics.md#member-metadata: a proclamation is written into the line and answered once a
+// value holds it; one for a member this gateway does not hold is not taken.
+#[test]
+fn a_proclamation_is_answered_once_the_line_holds_it() {
+    let mut c = active_with("");
+    assert_eq!(
+        c.proclaim(ms(6), "jobs", 99, "x".into()),
+        Proclaimed::NotHere
+    );
+    assert_eq!(
+        c.proclaim(ms(6), "jobs", 1, "a:2".into()),
+        Proclaimed::Taken
+    );
+    let (cmds, effects) = drain(&mut c);
+    assert!(
+        effects.is_empty(),
+        "not before the line holds it: {effects:?}"
+    );
+    assert_eq!(cmds.len(), 1);
+    let v = value(&cmds[0]);
+    assert_eq!(
+        (v.active, v.epoch),
+        (Some(uid(7, 1)), 5),
+        "leadership unchanged"
+    );
+    assert_eq!(v.active_meta(), "a:2");
+    c.write_result(ms(7), cmds[0].id, Ok(7));
+    let (_, effects) = drain(&mut c);
+    assert_eq!(
+        effects,
+        vec![Effect::Proclaimed {
+            subscription: "jobs".into(),
+            member: 1
+        }]
+    );
+    // Proclaiming what the line holds already is answered without a write.
+    assert_eq!(
+        c.proclaim(ms(8), "jobs", 1, "a:2".into()),
+        Proclaimed::Taken
+    );
+    let (cmds, effects) = drain(&mut c);
+    assert!(cmds.is_empty(), "{cmds:?}");
+    assert!(matches!(
+        effects[..],
+        [Effect::Proclaimed { member: 1, .. }]
+    ));
+}
+
+// docs/semantics.md#cluster-metadata: a line holds at most MAX_LINE_METADATA bytes of metadata,
+// counting what its members here have not written yet; a join or proclamation past it finds no
+// room, a proclamation that does not grow always does.
+#[test]
+fn a_line_holds_at_most_max_line_metadata_bytes() {
+    let mut c = active_with(&"a".repeat(1000));
+    for member in 2..=64 {
+        c.member_joined_with(ms(6), "jobs", member, "b".repeat(1024));
+    }
+    let room = MAX_LINE_METADATA - 1000 - 63 * 1024;
+    assert!(c.metadata_room("jobs", room));
+    assert!(!c.metadata_room("jobs", room + 1));
+    assert!(c.metadata_room("elsewhere", MAX_LINE_METADATA));
+    assert_eq!(
+        c.proclaim(ms(6), "jobs", 1, "a".repeat(1000 + room + 1)),
+        Proclaimed::NoRoom
+    );
+    assert_eq!(
+        c.proclaim(ms(6), "jobs", 1, "a".repeat(1000 + room)),
+        Proclaimed::Taken
+    );
+    assert_eq!(
+        c.proclaim(ms(6), "jobs", 2, "small".into()),
+        Proclaimed::Taken
+    );
+    assert!(c.metadata_room("jobs", 1019));
 }

@@ -42,6 +42,30 @@ pub struct SubValue {
     /// `carry`, so the new active member's gateway waits for it by count.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub took_over: bool,
+    /// The metadata of the line's members that have any, in line order
+    /// (docs/semantics.md#member-metadata): each written by its member's gateway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub meta: Vec<(MemberUid, String)>,
+}
+
+impl SubValue {
+    /// `member`'s metadata in this value (empty if none).
+    pub fn meta_of(&self, member: MemberUid) -> &str {
+        self.meta
+            .iter()
+            .find(|(m, _)| *m == member)
+            .map_or("", |(_, meta)| meta.as_str())
+    }
+
+    /// The active member's metadata (empty if none, or none is active).
+    pub fn active_meta(&self) -> &str {
+        self.active.map_or("", |a| self.meta_of(a))
+    }
+
+    /// The bytes of metadata this value holds.
+    pub fn meta_bytes(&self) -> usize {
+        self.meta.iter().map(|(_, meta)| meta.len()).sum()
+    }
 }
 
 /// The key of a subscription's value.

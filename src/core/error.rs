@@ -54,13 +54,41 @@ pub enum Error {
     SubscriptionNotFound(String),
     /// Leadership is watched on a subscription of another mode than SINGLETON.
     #[error(
-        "subscription {subscription:?} is {mode}: only a SINGLETON subscription has an active member to watch"
+        "subscription {subscription:?} is {mode}: only a SINGLETON subscription has an active member to watch or proclaim"
     )]
     NotSingleton {
         /// The subscription named.
         subscription: String,
         /// Its mode.
         mode: crate::core::Mode,
+    },
+    /// `Proclaim` names a member the subscription does not have (it left, or never joined).
+    #[error(
+        "member {member} is not a member of subscription {subscription:?} (it left, or never joined it): nothing changed"
+    )]
+    MemberNotFound {
+        /// The subscription named.
+        subscription: String,
+        /// The member named.
+        member: u64,
+    },
+    /// `Proclaim` from a member that is not active with the epoch it names: on standby, or
+    /// deposed since (docs/semantics.md#member-metadata).
+    #[error(
+        "member {member} of subscription {subscription:?} is not the active member with epoch {epoch} (it is {}; the subscription's epoch is {current}): nothing changed",
+        if *active { "active with another epoch" } else { "on standby" }
+    )]
+    NotActive {
+        /// The subscription named.
+        subscription: String,
+        /// The member named.
+        member: u64,
+        /// The epoch named.
+        epoch: u64,
+        /// The subscription's epoch now.
+        current: u64,
+        /// Whether the member is active (with another epoch).
+        active: bool,
     },
     /// A watched subscription expired (no member within its idle timeout) or was deleted.
     #[error(
@@ -317,10 +345,12 @@ impl Error {
             | Error::AckFree(_)
             | Error::MemberGone { .. }
             | Error::NotSingleton { .. }
+            | Error::NotActive { .. }
             | Error::MembersJoined { .. } => ErrorKind::FailedPrecondition,
             Error::BroadcastTaken(_) => ErrorKind::AlreadyExists,
             Error::SubscriptionNotFound(_)
             | Error::SubscriptionGone(_)
+            | Error::MemberNotFound { .. }
             | Error::NotInFlight { .. }
             | Error::NotHeldHere { .. } => ErrorKind::NotFound,
             Error::QueueFull { .. }

@@ -32,7 +32,10 @@ pub use error::{Error, ErrorKind};
 pub use ids::IdFloor;
 pub use index::PatternIndex;
 pub use message::{Envelope, Headers, Message, SystemId};
-pub use spec::{AckMode, Limits, MemberOptions, Mode, OpenRequest, Overflow, SubscriptionSpec};
+pub use spec::{
+    AckMode, Limits, MAX_METADATA_BYTES, MemberOptions, Mode, OpenRequest, Overflow, Proclamation,
+    SubscriptionSpec,
+};
 pub use subscription::{
     Counters, DropReason, Effect, Epoch, Floors, MemberId, MemberInfo, QueueLimits, Settlement,
     Subscription,

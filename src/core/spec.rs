@@ -174,7 +174,27 @@ pub struct OpenRequest {
     pub spec: SubscriptionSpec,
     /// This member's own settings.
     pub member: MemberOptions,
+    /// SINGLETON only: the member's metadata, at most [`MAX_METADATA_BYTES`]
+    /// (docs/semantics.md#member-metadata); empty when none.
+    pub metadata: std::sync::Arc<str>,
 }
+
+/// A validated `Proclaim`: the subscription, the member and epoch it must be active with, the
+/// new metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proclamation {
+    /// The SINGLETON subscription.
+    pub subscription_id: String,
+    /// The member that must be active.
+    pub member: u64,
+    /// The epoch it must be active with.
+    pub epoch: u64,
+    /// Its new metadata.
+    pub metadata: std::sync::Arc<str>,
+}
+
+/// The largest member metadata, in bytes (docs/semantics.md#member-metadata).
+pub const MAX_METADATA_BYTES: usize = 1024;
 
 /// Every limit that keeps the broker's memory bounded (docs/semantics.md#limits-table).
 #[derive(Debug, Clone, PartialEq, Eq)]

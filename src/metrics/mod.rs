@@ -136,6 +136,7 @@ mod tests {
                 overflow: Default::default(),
             },
             member: MemberOptions::default(),
+            metadata: std::sync::Arc::from(""),
         }
     }
 

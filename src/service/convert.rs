@@ -31,6 +31,7 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
         view,
         upstream,
         active_member,
+        active_metadata,
     } = described;
     let c = view.counters;
     let active_member_id = match view.spec.mode {
@@ -41,6 +42,16 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
                 .map_or(0, |m| m.member_id)
         }),
         _ => 0,
+    };
+    let metadata_of = |member| {
+        view.metadata
+            .get(&member)
+            .map_or_else(String::new, |m| m.to_string())
+    };
+    let active_metadata = match active_metadata {
+        Some(metadata) => metadata.to_string(),
+        None if active_member_id != 0 => metadata_of(active_member_id),
+        None => String::new(),
     };
     pb::SubscriptionInfo {
         subscription_id: view.subscription_id.to_string(),
@@ -57,9 +68,11 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
                 in_flight: m.in_flight,
                 max_in_flight: m.max_in_flight,
                 position: m.position,
+                metadata: metadata_of(m.member_id),
             })
             .collect(),
         active_member_id,
+        active_metadata,
         epoch: view.epoch,
         queued_messages: view.queued_messages,
         queued_bytes: view.queued_bytes,

@@ -81,5 +81,6 @@ pub(super) fn frame(state: Leadership) -> pb::LeadershipFrame {
         active_member_id: state.active.unwrap_or(0),
         epoch: state.epoch,
         since: Some(convert::timestamp(state.since_unix_ms)),
+        metadata: state.metadata.to_string(),
     }
 }

@@ -23,7 +23,7 @@ pub use status::{MAX_STATUS_MESSAGE_BYTES, cap_message, code, status};
 use tonic::{Request, Response, Status};
 pub use validate::{
     ACK_FREE_DEFAULT_WINDOW, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, check_subscription_id, draft,
-    draft_reusing, fence, open_request, page,
+    draft_reusing, fence, open_request, page, proclamation,
 };
 
 use crate::{
@@ -252,6 +252,20 @@ impl pb::broker_server::Broker for BrokerService {
             id,
             &self.stopping,
         )))
+    }
+
+    async fn proclaim(
+        &self,
+        request: Request<pb::ProclaimRequest>,
+    ) -> Result<Response<pb::ProclaimResponse>, Status> {
+        // docs/semantics.md#member-metadata
+        let proclamation = validate::proclamation(request.into_inner(), self.backend.limits())
+            .map_err(|e| status(&e))?;
+        self.backend
+            .proclaim(proclamation)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::ProclaimResponse {}))
     }
 
     async fn list_subscriptions(

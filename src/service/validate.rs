@@ -4,8 +4,8 @@
 use crate::{
     broker::{ConnectionId, Fence},
     core::{
-        AckMode, Draft, Envelope, Error, Headers, Limits, MemberOptions, Mode, OpenRequest,
-        Overflow, Pattern, SubscriptionSpec, Topic,
+        AckMode, Draft, Envelope, Error, Headers, Limits, MAX_METADATA_BYTES, MemberOptions, Mode,
+        OpenRequest, Overflow, Pattern, Proclamation, SubscriptionSpec, Topic,
     },
     pb,
 };
@@ -42,6 +42,42 @@ pub fn check_subscription_id(subscription_id: &str, limits: &Limits) -> Result<(
         return Err(invalid("subscription_id is required"));
     }
     check_name("subscription_id", subscription_id, limits)
+}
+
+/// Checks a member's metadata against [`MAX_METADATA_BYTES`] (docs/semantics.md#member-metadata).
+fn check_metadata(metadata: &str) -> Result<(), Error> {
+    if metadata.len() > MAX_METADATA_BYTES {
+        return Err(invalid(format!(
+            "metadata is {} bytes, over the limit of {MAX_METADATA_BYTES}",
+            metadata.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Validates a `Proclaim` request.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the missing or oversized field.
+pub fn proclamation(request: pb::ProclaimRequest, limits: &Limits) -> Result<Proclamation, Error> {
+    check_subscription_id(&request.subscription_id, limits)?;
+    if request.member_id == 0 {
+        return Err(invalid(
+            "member_id is required: the active member's id from its confirmation",
+        ));
+    }
+    if request.epoch == 0 {
+        return Err(invalid(
+            "epoch is required: the epoch of the active member's confirmation",
+        ));
+    }
+    check_metadata(&request.metadata)?;
+    Ok(Proclamation {
+        subscription_id: request.subscription_id,
+        member: request.member_id,
+        epoch: request.epoch,
+        metadata: std::sync::Arc::from(request.metadata),
+    })
 }
 
 /// Page size of `ListSubscriptions` when the request gives none.
@@ -168,6 +204,12 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
             "notify_standby only applies to DELIVERY_MODE_SINGLETON",
         ));
     }
+    check_metadata(&request.metadata)?;
+    if !request.metadata.is_empty() && mode != Mode::Singleton {
+        return Err(invalid(
+            "metadata only applies to DELIVERY_MODE_SINGLETON (it names the leader to watchers)",
+        ));
+    }
     let ack_mode = match pb::AckMode::try_from(request.ack_mode) {
         Ok(pb::AckMode::Unspecified | pb::AckMode::Explicit) => AckMode::Explicit,
         Ok(pb::AckMode::None) => AckMode::None,
@@ -227,6 +269,7 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
             max_in_flight,
             notify_standby: request.notify_standby,
         },
+        metadata: std::sync::Arc::from(request.metadata),
     })
 }
 

@@ -101,7 +101,7 @@ async fn a_watcher_sees_every_promotion_with_rising_epochs() {
     drop(c);
     // Nobody is active: the last epoch stays.
     let none = until(&mut frames, 0, cc.epoch, &members, &mut floor).await;
-    let none = *none.last().unwrap();
+    let none = none.last().unwrap().clone();
 
     // A watch opened now starts with that state, since the same moment.
     let mut late = watch(&client.1, "lead").await.unwrap();

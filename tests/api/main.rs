@@ -24,6 +24,7 @@ mod delivery;
 mod leadership;
 mod lifecycle;
 mod logs;
+mod metadata;
 mod metrics;
 mod publish_runs;
 mod singleton;

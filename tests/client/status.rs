@@ -26,6 +26,7 @@ async fn status_shows_members_in_promotion_order_with_the_active_one() {
     let url = format!("http://{}", server.addr);
     let client = within(Client::connect(url.clone())).await.unwrap();
     let leader = within(client.elect("cron", "replicas")).await.unwrap();
+    within(leader.proclaim("host-a:9000")).await.unwrap();
     let other = client.clone();
     let _standby = tokio::spawn(async move { other.elect("cron", "replicas").await });
     let _queue = client
@@ -69,6 +70,10 @@ async fn status_shows_members_in_promotion_order_with_the_active_one() {
         (&true.into(), &false.into())
     );
     assert_eq!(members[1]["position"], 1);
+    assert_eq!(
+        (&members[0]["metadata"], &members[1]["metadata"]),
+        (&"host-a:9000".into(), &"".into())
+    );
     let work = &json["subscriptions"][1];
     assert_eq!(work["subscription_id"], "work");
     // Window 1: one in flight, one queued.
@@ -102,6 +107,8 @@ async fn status_shows_members_in_promotion_order_with_the_active_one() {
     let detail = String::from_utf8(out.stdout).unwrap();
     assert!(detail.contains("members, in promotion order"), "{detail}");
     assert!(detail.contains("standby"), "{detail}");
+    assert!(detail.contains("METADATA"), "{detail}");
+    assert!(detail.contains("\"host-a:9000\""), "{detail}");
 
     let out = tinybroker(vec![
         "status".into(),

@@ -25,6 +25,8 @@ mod leadership;
 )]
 #[path = "../api/lifecycle.rs"]
 mod lifecycle;
+#[path = "../api/metadata.rs"]
+mod metadata;
 #[path = "../api/publish_runs.rs"]
 mod publish_runs;
 #[allow(

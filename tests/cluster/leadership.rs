@@ -174,3 +174,55 @@ async fn a_gateway_that_ended_its_active_member_tells_its_watchers() {
         Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
     }
 }
+
+// docs/semantics.md#cluster-metadata: a line holds at most 64 KiB of its members' metadata. A
+// join past it (at the gateway whose copy of the line is current: the members' own) is
+// RESOURCE_EXHAUSTED and joins nothing; a proclamation past it, sent to either gateway, is
+// RESOURCE_EXHAUSTED and changes nothing (the holding gateway's describe still
+// shows the old metadata, and so does the line).
+#[tokio::test]
+async fn a_lines_metadata_is_bounded_and_a_refused_proclamation_changes_nothing() {
+    let (_cluster, a, b) = crate::two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let join = |metadata: String| pb::OpenSubscription {
+        metadata,
+        ..singleton("crowded")
+    };
+    let mut leader = on_a.subscribe(join("l".repeat(1000))).await.unwrap();
+    let confirmed = leader.confirmed().await;
+    let mut standbys = Vec::new();
+    for _ in 0..63 {
+        standbys.push(on_a.subscribe(join("s".repeat(1024))).await.unwrap());
+    }
+    // 65,512 bytes: 24 left.
+    standbys.push(on_a.subscribe(join("t".repeat(20))).await.unwrap());
+    let refused = on_a.subscribe(join("u".repeat(5))).await.map(|_| ());
+    assert_code(refused, Code::ResourceExhausted, "at most 65536 bytes");
+
+    for at in [&on_a.0, &on_b.0] {
+        let proclaimed = within(at.clone().proclaim(pb::ProclaimRequest {
+            subscription_id: "crowded".into(),
+            member_id: confirmed.member_id,
+            epoch: confirmed.epoch,
+            metadata: "L".repeat(1024),
+        }))
+        .await;
+        assert_code(proclaimed, Code::ResourceExhausted, "at most 65536 bytes");
+    }
+    let info = on_a.describe("crowded").await.unwrap();
+    assert_eq!(info.members.len(), 65, "the refused joins joined nothing");
+    assert_eq!(info.members[0].metadata, "l".repeat(1000));
+    assert_eq!(info.active_metadata, "l".repeat(1000));
+    // Shrinking always fits.
+    within(on_b.0.clone().proclaim(pb::ProclaimRequest {
+        subscription_id: "crowded".into(),
+        member_id: confirmed.member_id,
+        epoch: confirmed.epoch,
+        metadata: "small".into(),
+    }))
+    .await
+    .unwrap();
+    let mut frames = watch(&on_b.0, "crowded").await;
+    within(async { while frames.message().await.unwrap().unwrap().metadata != "small" {} }).await;
+    drop(standbys);
+}

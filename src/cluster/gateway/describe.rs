@@ -131,6 +131,7 @@ impl Gateway {
                 in_flight: 0,
                 counters: Default::default(),
                 expires_in: None,
+                metadata: Default::default(),
             })
         };
         if singleton {
@@ -153,6 +154,7 @@ impl Gateway {
         {
             described.view.epoch = line.epoch;
             described.active_member = Some(line.active.map_or(0, |a| a.member));
+            described.active_metadata = Some(std::sync::Arc::from(line.active_meta()));
         }
     }
 

@@ -106,6 +106,16 @@ pub(super) struct SettleRequest {
     pub(super) member: u64,
     pub(super) system_id: u64,
     pub(super) nack: bool,
+    /// Not a settle: the member's proclamation (docs/semantics.md#member-metadata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) proclaim: Option<ProclaimRequest>,
+}
+
+/// A proclamation forwarded to the gateway holding the member.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct ProclaimRequest {
+    pub(super) epoch: u64,
+    pub(super) metadata: String,
 }
 
 /// The answer: `code` is the refusal's [`ErrorKind`] in gRPC's numbering (0 when applied).
@@ -173,6 +183,7 @@ pub(super) async fn serve(
     client: &async_nats::Client,
     stream: &str,
     broker: Broker,
+    singletons: Option<super::singleton::Handle>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let route = route_of(broker.id_floor().unix_micros());
     let subject = subject(stream, route);
@@ -189,7 +200,7 @@ pub(super) async fn serve(
             if message.reply.is_none() && &message.payload[..] == SERVE_PROBE {
                 return true;
             }
-            answer(client, &broker, message).await;
+            answer(client, &broker, singletons.as_ref(), message).await;
         }
         false
     })
@@ -202,19 +213,50 @@ pub(super) async fn serve(
     let client = client.clone();
     Ok(tokio::spawn(async move {
         while let Some(message) = requests.next().await {
-            answer(&client, &broker, message).await;
+            answer(&client, &broker, singletons.as_ref(), message).await;
         }
     }))
 }
 
-/// Answers one forwarded settle (a message without a reply subject or a settle is ignored).
-async fn answer(client: &async_nats::Client, broker: &Broker, message: async_nats::Message) {
+/// Answers one forwarded settle (a message without a reply subject or a settle is ignored);
+/// a proclamation, which waits for the line, is answered by a task of its own.
+async fn answer(
+    client: &async_nats::Client,
+    broker: &Broker,
+    singletons: Option<&super::singleton::Handle>,
+    message: async_nats::Message,
+) {
     let Some(reply) = message.reply else {
         return;
     };
     let Ok(request) = serde_json::from_slice::<SettleRequest>(&message.payload) else {
         return;
     };
+    if let Some(proclaim) = request.proclaim {
+        let Ok(permit) = PROCLAIMING.clone().try_acquire_owned() else {
+            let busy = Error::Unavailable(format!(
+                "the gateway holding member {} has {PROCLAIMS_AT_ONCE} proclamations waiting for the coordination bucket; retry",
+                request.member
+            ));
+            reply_with(client, reply, Err(busy)).await;
+            return;
+        };
+        let (client, broker, singletons) = (client.clone(), broker.clone(), singletons.cloned());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let result = super::leadership::proclaim_here(
+                &broker,
+                singletons.as_ref(),
+                &request.subscription,
+                request.member,
+                proclaim.epoch,
+                std::sync::Arc::from(proclaim.metadata),
+            )
+            .await;
+            reply_with(&client, reply, result).await;
+        });
+        return;
+    }
     let result = settle_here(
         broker,
         &request.subscription,
@@ -222,6 +264,24 @@ async fn answer(client: &async_nats::Client, broker: &Broker, message: async_nat
         request.system_id,
         request.nack,
     );
+    reply_with(client, reply, result).await;
+}
+
+/// Most forwarded proclamations a gateway waits on at once (each for the coordination bucket,
+/// at most 5 s); past it, one is answered `UNAVAILABLE`.
+const PROCLAIMS_AT_ONCE: usize = 1024;
+
+static PROCLAIMING: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| {
+        std::sync::Arc::new(tokio::sync::Semaphore::new(PROCLAIMS_AT_ONCE))
+    });
+
+/// Sends the holder's answer to a forwarded request.
+async fn reply_with(
+    client: &async_nats::Client,
+    reply: async_nats::Subject,
+    result: Result<(), Error>,
+) {
     let answer = match result {
         Ok(()) => SettleReply {
             code: 0,
@@ -258,7 +318,7 @@ pub(super) async fn request(
     let subject = subject(stream, route);
     let late = || {
         Error::Unavailable(format!(
-            "the gateway holding member {} did not answer within {timeout:?}: the ack or nack may or may not have been applied",
+            "the gateway holding member {} did not answer within {timeout:?}: the ack, nack or proclamation may or may not have been applied",
             settle.member
         ))
     };

@@ -128,15 +128,25 @@ impl Gateway {
         if let (Some(singletons), Some(incarnation)) = (&self.inner.shared.singletons, incarnation)
         {
             // After the bridge is there: it tells the coordinator when this member leaves.
-            let in_line = singletons.joined(subscription.clone(), member.member_id(), incarnation);
+            let in_line = singletons.joined(
+                subscription.clone(),
+                member.member_id(),
+                incarnation,
+                request.metadata.clone(),
+            );
             // Answered once the member is in the line: a member joining anywhere after this
             // answer stands behind it. Bounded: NATS slow to answer leaves it waiting on
             // standby (a member ended meanwhile finds its stream ended).
-            if tokio::time::timeout(JOIN_LEASE_PATIENCE, in_line)
-                .await
-                .is_err()
-            {
-                tracing::warn!(%subscription, member = member.member_id(), "the coordination bucket did not take this member into the line within {JOIN_LEASE_PATIENCE:?}: the join is answered, on standby");
+            match tokio::time::timeout(JOIN_LEASE_PATIENCE, in_line).await {
+                // Refused (no room for its metadata): dropping its stream makes it leave.
+                Ok(Ok(Err(error))) => {
+                    crate::broker::refused_join(&request.subscription_id, &error);
+                    return Err(error);
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::warn!(%subscription, member = member.member_id(), "the coordination bucket did not take this member into the line within {JOIN_LEASE_PATIENCE:?}: the join is answered, on standby");
+                }
             }
         }
         Ok(member)

@@ -17,11 +17,11 @@ use std::{
 
 use tokio::sync::watch;
 
-use super::{Gateway, Inner};
+use super::{Gateway, Inner, forward};
 use crate::{
-    broker::{Leadership, LeadershipWatch},
+    broker::{Broker, Leadership, LeadershipWatch},
     cluster::coordinator::Coordinator,
-    core::{Error, Mode},
+    core::{Error, ErrorKind, Mode, Proclamation},
 };
 
 /// How often the follower of a subscription with no active member asks JetStream whether its
@@ -68,7 +68,7 @@ impl Gateway {
             Ok(Some(info)) => info.created,
             Ok(None) => {
                 return Err(Error::cluster(
-                    crate::core::ErrorKind::NotFound,
+                    ErrorKind::NotFound,
                     format!("subscription {subscription_id:?} not found: no JetStream consumer"),
                 ));
             }
@@ -84,7 +84,7 @@ impl Gateway {
         if let Some(sender) = watched.get(subscription_id) {
             return Ok(sender.subscribe());
         }
-        let (sender, receiver) = watch::channel(*cluster.borrow());
+        let (sender, receiver) = watch::channel(cluster.borrow().clone());
         let sender = Arc::new(sender);
         watched.insert(subscription_id.to_string(), sender.clone());
         tokio::spawn(follow(
@@ -95,6 +95,128 @@ impl Gateway {
             sender,
         ));
         Ok(receiver)
+    }
+}
+
+impl Gateway {
+    /// The active member replaces its metadata (docs/semantics.md#member-metadata): checked
+    /// and answered by the gateway holding it (forwarded there from any other), once the
+    /// cluster's line holds it.
+    ///
+    /// # Errors
+    /// [`Error::SubscriptionNotFound`] when no gateway has the subscription,
+    /// [`Error::MemberNotFound`] for a member no gateway holds, [`Error::NotActive`],
+    /// [`Error::NotSingleton`], and [`Error::Unavailable`] when the bucket or the holding
+    /// gateway did not answer in time.
+    pub async fn proclaim(&self, proclamation: Proclamation) -> Result<(), Error> {
+        let Proclamation {
+            subscription_id,
+            member,
+            epoch,
+            metadata,
+        } = proclamation;
+        let broker = &self.inner.shared.broker;
+        let result = if broker.has_member(&subscription_id, member)
+            || forward::route_of(member) == forward::route_of(broker.id_floor().unix_micros())
+        {
+            proclaim_here(
+                broker,
+                self.inner.shared.singletons.as_ref(),
+                &subscription_id,
+                member,
+                epoch,
+                metadata,
+            )
+            .await
+        } else {
+            forward::request(
+                &self.inner.shared.client,
+                &self.inner.config.stream,
+                &self.inner.gone_routes,
+                forward::SettleRequest {
+                    subscription: subscription_id.clone(),
+                    member,
+                    system_id: 0,
+                    nack: false,
+                    proclaim: Some(forward::ProclaimRequest {
+                        epoch,
+                        metadata: metadata.to_string(),
+                    }),
+                },
+                self.inner.config.forward_timeout,
+            )
+            .await
+        };
+        match result {
+            // No gateway holds the member (one that never was, or one that left), here or at
+            // the gateway it was forwarded to: as embedded, an unknown subscription or another
+            // mode is named before an unknown member.
+            Err(error)
+                if matches!(error, Error::MemberGone { .. })
+                    || error.kind() == ErrorKind::NotFound =>
+            {
+                let mode = self.describe(&subscription_id).await?.view.spec.mode;
+                if mode == Mode::Singleton {
+                    Err(Error::MemberNotFound {
+                        subscription: subscription_id,
+                        member,
+                    })
+                } else {
+                    Err(Error::NotSingleton {
+                        subscription: subscription_id,
+                        mode,
+                    })
+                }
+            }
+            result => result,
+        }
+    }
+}
+
+/// A proclamation at the gateway holding the member: checked by its broker (active, with that
+/// epoch), then written into the line; answered once the line holds it.
+pub(super) async fn proclaim_here(
+    broker: &Broker,
+    singletons: Option<&super::singleton::Handle>,
+    subscription: &str,
+    member: u64,
+    epoch: u64,
+    metadata: Arc<str>,
+) -> Result<(), Error> {
+    let not_here = || Error::MemberNotFound {
+        subscription: subscription.to_string(),
+        member,
+    };
+    let previous = broker
+        .proclaim(subscription, member, epoch, metadata.clone())
+        .map_err(|error| match error {
+            // Its last member here left, so the local part was forgotten.
+            Error::SubscriptionNotFound(_) => not_here(),
+            error => error,
+        })?;
+    let Some(singletons) = singletons else {
+        return Ok(());
+    };
+    let patience = super::join::JOIN_LEASE_PATIENCE;
+    match tokio::time::timeout(
+        patience,
+        singletons.proclaim(Arc::from(subscription), member, metadata.clone()),
+    )
+    .await
+    {
+        Ok(Ok(Ok(()))) => Ok(()),
+        // No room in the line: refused, so nothing changes here either.
+        Ok(Ok(Err(error))) => {
+            broker.unproclaim(subscription, member, &metadata, previous);
+            Err(error)
+        }
+        // Ended (it left, or this gateway lost its lease) before the line held it.
+        Ok(Err(_)) => Err(Error::Unavailable(format!(
+            "member {member} of subscription {subscription:?} was ended before the cluster's line held its metadata"
+        ))),
+        Err(_) => Err(Error::Unavailable(format!(
+            "the coordination bucket did not take member {member}'s metadata within {patience:?}; it may yet: proclaim again"
+        ))),
     }
 }
 
@@ -141,7 +263,7 @@ async fn follow(
                 if changed.is_err() {
                     break;
                 }
-                let state = *cluster.borrow_and_update();
+                let state = cluster.borrow_and_update().clone();
                 // A member made active after none was: the subscription may have been deleted
                 // and made again meanwhile, which ends this watch rather than follow the new one.
                 if state.active.is_some() && sender.borrow().active.is_none() && !state.cut_off {
@@ -207,6 +329,7 @@ impl Leaders {
         Leadership {
             active: line.and_then(|l| l.active).map(|a| a.member),
             epoch: line.map_or(seen, |l| l.epoch.max(seen)),
+            metadata: Arc::from(line.map_or("", |l| l.active_meta())),
             since_unix_ms: self
                 .lines
                 .get(sub)
@@ -243,7 +366,10 @@ impl Leaders {
         }
         let state = self.state(coordinator, sub, sender.borrow().epoch);
         sender.send_if_modified(|current| {
-            if state.active == current.active && state.epoch == current.epoch {
+            if state.active == current.active
+                && state.epoch == current.epoch
+                && state.metadata == current.metadata
+            {
                 return false;
             }
             *current = state;

@@ -317,7 +317,13 @@ impl Gateway {
             patience,
             registry,
         });
-        let responder = forward::serve(&client, &config.stream, local.clone()).await?;
+        let responder = forward::serve(
+            &client,
+            &config.stream,
+            local.clone(),
+            shared.singletons.clone(),
+        )
+        .await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
         let holds = Arc::new(delete::Holds::default());
         let deletes = delete::serve(
@@ -521,6 +527,7 @@ impl Gateway {
                         member,
                         system_id,
                         nack,
+                        proclaim: None,
                     },
                     self.inner.config.forward_timeout,
                 )

@@ -33,7 +33,7 @@ use crate::{
     broker::{LeadershipWatch, Upstream},
     cluster::{
         backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
-        coordinator::{Command, Config, Coordinator, Effect, Op, RequestId},
+        coordinator::{Command, Config, Coordinator, Effect, Op, Proclaimed, RequestId},
         nats::NatsBackplane,
         values::GatewayId,
     },
@@ -43,9 +43,22 @@ use crate::{
 /// What the gateway tells the coordinator.
 #[derive(Debug)]
 enum Input {
-    /// A member joined while incarnation `.2`'s lease was valid; `.3` is told once it is in
-    /// the line.
-    Joined(Arc<str>, MemberId, u64, oneshot::Sender<()>),
+    /// A member joined while incarnation `.2`'s lease was valid, with metadata `.3`; `.4` is
+    /// told once it is in the line (or why it cannot be).
+    Joined(
+        Arc<str>,
+        MemberId,
+        u64,
+        Arc<str>,
+        oneshot::Sender<Result<(), Error>>,
+    ),
+    /// A local active member replaces its metadata; told once the line holds it.
+    Proclaim(
+        Arc<str>,
+        MemberId,
+        Arc<str>,
+        oneshot::Sender<Result<(), Error>>,
+    ),
     Left(Arc<str>, MemberId, Vec<(u64, u32)>),
     /// Someone watches the subscription's leadership: told its state now, then each change.
     Watch(Arc<str>, oneshot::Sender<LeadershipWatch>),
@@ -62,6 +75,10 @@ pub(super) struct Handle {
     /// The gateways holding a lease, as this gateway's watch of the bucket last saw them.
     leased: Leased,
 }
+
+/// Joins waiting for their place in the line, or proclamations for the line to hold them:
+/// each answered once, by its member.
+type Waiting = BTreeMap<(Arc<str>, MemberId), oneshot::Sender<Result<(), Error>>>;
 
 /// The ids of the gateways holding a lease (`lease.<id>` keys), kept from the coordination
 /// bucket's watch; `None` until the watch has delivered.
@@ -102,17 +119,39 @@ impl Handle {
     /// `incarnation`'s lease was valid ([`LeaseGate::wait_valid`]). If that incarnation has
     /// ended by the time the coordinator hears of it, the member is ended with `UNAVAILABLE`
     /// rather than appended to the line late, behind members that joined later elsewhere.
-    /// Resolves once the member is in the line (an error: it was ended first).
+    /// Resolves once the member is in the line (a closed channel: it was ended first; an
+    /// error: the line has no room for its metadata).
     pub(super) fn joined(
         &self,
         subscription: Arc<str>,
         member: MemberId,
         incarnation: u64,
-    ) -> oneshot::Receiver<()> {
+        metadata: Arc<str>,
+    ) -> oneshot::Receiver<Result<(), Error>> {
         let (in_line, told) = oneshot::channel();
+        let _ = self.inputs.send(Input::Joined(
+            subscription,
+            member,
+            incarnation,
+            metadata,
+            in_line,
+        ));
+        told
+    }
+
+    /// Local active member `member` replaces its metadata in the line
+    /// (docs/semantics.md#member-metadata). Resolves once the line holds it (a closed
+    /// channel: the member left, or was ended, first).
+    pub(super) fn proclaim(
+        &self,
+        subscription: Arc<str>,
+        member: MemberId,
+        metadata: Arc<str>,
+    ) -> oneshot::Receiver<Result<(), Error>> {
+        let (done, told) = oneshot::channel();
         let _ = self
             .inputs
-            .send(Input::Joined(subscription, member, incarnation, in_line));
+            .send(Input::Proclaim(subscription, member, metadata, done));
         told
     }
 
@@ -241,7 +280,9 @@ async fn run(
         let mut writes: JoinSet<(RequestId, String, Result<Revision, KvError>)> = JoinSet::new();
         // Joins to answer once their member is in the line; dropped with the incarnation (the
         // member was ended, and its stream says so).
-        let mut joining: BTreeMap<(Arc<str>, MemberId), oneshot::Sender<()>> = BTreeMap::new();
+        let mut joining: Waiting = BTreeMap::new();
+        // Proclamations to answer once the line holds them; dropped with the incarnation.
+        let mut proclaiming: Waiting = BTreeMap::new();
         loop {
             // The gate first: a lease that ended closes it before its members are ended, one
             // renewed opens it before an activation goes out.
@@ -251,7 +292,7 @@ async fn run(
                 &backplane,
                 &broker,
                 &mut writes,
-                &mut joining,
+                (&mut joining, &mut proclaiming),
             );
             if coordinator.is_fenced() {
                 // Its view of the bucket is not current: every watch here ends UNAVAILABLE.
@@ -288,14 +329,33 @@ async fn run(
                 biased;
                 () = sleep_until(deadline) => coordinator.tick(now()),
                 input = inputs.recv() => match input {
-                    Some(Input::Joined(sub, member, admitted, in_line)) if admitted == incarnation => {
-                        coordinator.member_joined(now(), &sub, member);
+                    Some(Input::Joined(sub, member, admitted, metadata, in_line)) if admitted == incarnation => {
+                        // A line is one value of the bucket: its metadata is bounded
+                        // (docs/semantics.md#cluster-metadata).
+                        if !coordinator.metadata_room(&sub, metadata.len()) {
+                            let _ = in_line.send(Err(no_room(&sub, metadata.len())));
+                            continue;
+                        }
+                        coordinator.member_joined_with(now(), &sub, member, metadata.to_string());
                         joining.insert((sub, member), in_line);
                     }
                     // Admitted under a lease that has ended since: its place would come late.
                     Some(Input::Joined(sub, member, ..)) => end_member(&broker, &sub, member),
+                    Some(Input::Proclaim(sub, member, metadata, done)) => {
+                        match coordinator.proclaim(now(), &sub, member, metadata.to_string()) {
+                            Proclaimed::Taken => {
+                                proclaiming.insert((sub, member), done);
+                            }
+                            // Gone: the closed channel says so.
+                            Proclaimed::NotHere => {}
+                            Proclaimed::NoRoom => {
+                                let _ = done.send(Err(no_room(&sub, metadata.len())));
+                            }
+                        }
+                    }
                     Some(Input::Left(sub, member, carry)) => {
                         joining.remove(&(sub.clone(), member));
+                        proclaiming.remove(&(sub.clone(), member));
                         coordinator.member_left_carrying(now(), &sub, member, carry);
                     }
                     Some(Input::Watch(sub, reply)) => {
@@ -354,7 +414,7 @@ fn carry_out(
     backplane: &NatsBackplane,
     broker: &Upstream,
     writes: &mut JoinSet<(RequestId, String, Result<Revision, KvError>)>,
-    joining: &mut BTreeMap<(Arc<str>, MemberId), oneshot::Sender<()>>,
+    (joining, proclaiming): (&mut Waiting, &mut Waiting),
 ) {
     while let Some(Command { id, key, op }) = coordinator.poll_command() {
         let backplane = backplane.clone();
@@ -374,7 +434,15 @@ fn carry_out(
                 member,
             } => {
                 if let Some(in_line) = joining.remove(&(Arc::from(subscription), member)) {
-                    let _ = in_line.send(());
+                    let _ = in_line.send(Ok(()));
+                }
+            }
+            Effect::Proclaimed {
+                subscription,
+                member,
+            } => {
+                if let Some(done) = proclaiming.remove(&(Arc::from(subscription), member)) {
+                    let _ = done.send(Ok(()));
                 }
             }
             Effect::Activate {
@@ -405,9 +473,25 @@ fn carry_out(
                 subscription,
                 member,
                 ..
-            } => end_member(broker, &subscription, member),
+            } => {
+                let key = (Arc::from(subscription.as_str()), member);
+                joining.remove(&key);
+                proclaiming.remove(&key);
+                end_member(broker, &subscription, member);
+            }
         }
     }
+}
+
+/// A line has no room for `bytes` more of metadata (docs/semantics.md#cluster-metadata).
+fn no_room(subscription: &str, bytes: usize) -> Error {
+    Error::cluster(
+        crate::core::ErrorKind::ResourceExhausted,
+        format!(
+            "subscription {subscription:?}'s line holds too much member metadata to take {bytes} bytes more: in cluster mode a singleton's members together carry at most {} bytes (the line is one value of the coordination bucket); use less metadata",
+            crate::cluster::coordinator::MAX_LINE_METADATA
+        ),
+    )
 }
 
 fn end_member(broker: &Upstream, subscription: &str, member: MemberId) {

@@ -192,6 +192,18 @@ class Client:
 
     # --- leader election -------------------------------------------------------------------
 
+    def proclaim(
+        self,
+        subscription_id: str,
+        member_id: int,
+        epoch: int,
+        metadata: str,
+        *,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Replaces an active member's metadata (see `tinybroker.aio.Client.proclaim`)."""
+        self._loop.run(self._client.proclaim(subscription_id, member_id, epoch, metadata), timeout)
+
     def elect(
         self,
         subscription_id: str,
@@ -447,6 +459,11 @@ class Leadership:
     @property
     def refused_settlements(self) -> int:
         return self._leader.refused_settlements
+
+    def proclaim(self, metadata: str, *, timeout: Optional[float] = None) -> None:
+        """Replaces the metadata watchers and `describe` show for this leader (see
+        `tinybroker.aio.Leadership.proclaim`)."""
+        self._loop.run(self._leader.proclaim(metadata), timeout)
 
     def wait_lost(self, timeout: Optional[float] = None) -> Optional[aio.Lost]:
         """Waits up to `timeout` seconds for leadership to be lost: returns the `Lost` (its

@@ -155,6 +155,10 @@ class SubscriptionOptions:
     ack_mode: AckMode = AckMode.EXPLICIT
     #: None is the broker's default for the ack mode.
     overflow: Optional[Overflow] = None
+    #: Singleton only: what this member tells watchers and `describe` about itself (an address,
+    #: a host name), at most 1024 bytes of UTF-8; a leader can change it with `proclaim`
+    #: (docs/semantics.md#member-metadata).
+    metadata: str = ""
 
     @classmethod
     def broadcast(
@@ -198,9 +202,12 @@ class SubscriptionOptions:
         notify_standby: Optional[bool] = None,
         ack_mode: Optional[AckMode] = None,
         overflow: Optional[Overflow] = None,
+        metadata: Optional[str] = None,
     ) -> SubscriptionOptions:
         """A copy with the given settings changed."""
         out = self
+        if metadata is not None:
+            out = replace(out, metadata=metadata)
         if max_in_flight is not None:
             out = replace(out, max_in_flight=max_in_flight)
         if max_delivery_attempts is not None:
@@ -231,6 +238,8 @@ class SubscriptionOptions:
                 raise InvalidArgumentError(f"{name} is an int in [0, 2^32), not {value!r}")
         if not isinstance(self.subscription_id, str) or not isinstance(self.consumer_group, str):
             raise InvalidArgumentError("subscription_id and consumer_group are str")
+        if not isinstance(self.metadata, str):
+            raise InvalidArgumentError(f"metadata is a str, not {type(self.metadata).__name__}")
         if not isinstance(self.mode, Mode) or not isinstance(self.ack_mode, AckMode):
             raise InvalidArgumentError("mode is a Mode and ack_mode an AckMode")
         if self.overflow is not None and not isinstance(self.overflow, Overflow):
@@ -251,6 +260,7 @@ class SubscriptionOptions:
             notify_standby=self.notify_standby,
             ack_mode=_any(self.ack_mode.value),
             overflow=overflow,
+            metadata=self.metadata,
         )
 
 
@@ -281,6 +291,8 @@ class MemberInfo:
     max_in_flight: int
     #: Place in the join order, 0 = earliest.
     position: int
+    #: What it declared on joining or last proclaimed; empty if nothing (singleton only).
+    metadata: str = ""
 
 
 @dataclass(frozen=True)
@@ -337,6 +349,8 @@ class SubscriptionInfo:
     expires_in: Optional[float]
     #: Cluster mode only.
     upstream: Optional[UpstreamBacklog]
+    #: The active member's metadata in singleton mode; empty with none active or none declared.
+    active_metadata: str = ""
 
 
 @dataclass(frozen=True)
@@ -384,6 +398,9 @@ class LeaderState:
     #: When the answering broker or gateway learned of this state, by its clock (UTC; the Unix
     #: epoch if the server sent none).
     since: datetime
+    #: The active member's metadata, as it joined with or last proclaimed; empty with none
+    #: active or none declared (docs/semantics.md#member-metadata).
+    metadata: str = ""
 
 
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -391,7 +408,9 @@ _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 def _leader_state_from_pb(frame: pb.LeadershipFrame) -> LeaderState:
     since = _timestamp(frame.since.seconds, frame.since.nanos) if frame.HasField("since") else None
-    return LeaderState(frame.active_member_id or None, frame.epoch, since or _UNIX_EPOCH)
+    return LeaderState(
+        frame.active_member_id or None, frame.epoch, since or _UNIX_EPOCH, frame.metadata
+    )
 
 
 E = TypeVar("E", bound=enum.Enum)
@@ -422,7 +441,15 @@ def _info_from_pb(info: pb.SubscriptionInfo) -> SubscriptionInfo:
         consumer_group=info.consumer_group,
         patterns=tuple(info.topic_patterns),
         members=tuple(
-            MemberInfo(m.member_id, m.active, m.epoch, m.in_flight, m.max_in_flight, m.position)
+            MemberInfo(
+                m.member_id,
+                m.active,
+                m.epoch,
+                m.in_flight,
+                m.max_in_flight,
+                m.position,
+                m.metadata,
+            )
             for m in info.members
         ),
         active_member_id=info.active_member_id or None,
@@ -458,6 +485,7 @@ def _info_from_pb(info: pb.SubscriptionInfo) -> SubscriptionInfo:
         )
         if info.HasField("upstream")
         else None,
+        active_metadata=info.active_metadata,
     )
 
 

@@ -292,6 +292,29 @@ class Client:
 
     # --- leader election -------------------------------------------------------------------
 
+    async def proclaim(
+        self, subscription_id: str, member_id: int, epoch: int, metadata: str
+    ) -> None:
+        """Replaces the metadata of member `member_id`, active at `epoch` on SINGLETON
+        subscription `subscription_id` (the confirmation's ids): what `Leadership.proclaim`
+        does for a subscription joined by hand (docs/semantics.md#member-metadata). Raises
+        `FailedPreconditionError` when that member is not active at that epoch (a standby, a
+        deposed leader, another epoch), `NotFoundError` for an unknown member or subscription,
+        `InvalidArgumentError` for metadata over 1024 bytes or a subscription not SINGLETON,
+        `ResourceExhaustedError` when a cluster line's metadata is full."""
+        if not isinstance(metadata, str):
+            raise InvalidArgumentError(f"metadata is a str, not {type(metadata).__name__}")
+        await self._unary(
+            self._stub.Proclaim,
+            _build(
+                pb.ProclaimRequest,
+                subscription_id=subscription_id,
+                member_id=member_id,
+                epoch=epoch,
+                metadata=metadata,
+            ),
+        )
+
     async def elect(
         self,
         subscription_id: str,
@@ -325,7 +348,7 @@ class Client:
             try:
                 subscription = await self.subscribe(options)
                 joined = True
-                leadership = await _await_promotion(subscription, on_standby)
+                leadership = await _await_promotion(self, subscription, on_standby)
                 if leadership is not None:
                     return leadership
                 error: TinybrokerError = UnavailableError("the stream ended before promotion")
@@ -421,7 +444,7 @@ class Client:
 
 
 async def _await_promotion(
-    subscription: Subscription, on_standby: Optional[Callable[[int], None]]
+    client: Client, subscription: Subscription, on_standby: Optional[Callable[[int], None]]
 ) -> Optional[Leadership]:
     """Reads until the confirmation; None when the stream ended cleanly before it."""
     try:
@@ -430,7 +453,7 @@ async def _await_promotion(
             if event is None:
                 return None
             if isinstance(event, Active):
-                return Leadership(subscription, event.member_id, event.epoch)
+                return Leadership(subscription, event.member_id, event.epoch, client)
             if isinstance(event, Standby) and on_standby is not None:
                 on_standby(event.position)
     except BaseException:

@@ -9,11 +9,14 @@ import collections
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import TinybrokerError, UnavailableError
 from ..events import Active, Delivery, Refused, Standby
 from ._subscription import Subscription
+
+if TYPE_CHECKING:
+    from ._client import Client
 
 __all__ = [
     "INITIAL_BACKOFF",
@@ -70,8 +73,11 @@ class Leadership:
     (every settlement queued is applied first) or `resign()` (at once); either way the
     earliest standby is promoted. `async with leadership:` closes on exit."""
 
-    def __init__(self, subscription: Subscription, member_id: int, epoch: int) -> None:
+    def __init__(
+        self, subscription: Subscription, member_id: int, epoch: int, client: Client
+    ) -> None:
         self._subscription = subscription
+        self._client = client
         self._member_id = member_id
         self._epoch = epoch
         self._buffer: collections.deque[Delivery] = collections.deque()
@@ -108,6 +114,15 @@ class Leadership:
     @property
     def is_lost(self) -> bool:
         return self._lost.done()
+
+    async def proclaim(self, metadata: str) -> None:
+        """Replaces the metadata watchers and `describe` show for this leader (an address, a
+        host name; at most 1024 bytes): the first thing to do after promotion when the address
+        is only known then. Returns once every gateway's watchers can see it. Raises
+        `FailedPreconditionError` once this leadership is over, `NotFoundError` once the member
+        is gone, `InvalidArgumentError` over 1024 bytes, `ResourceExhaustedError` when a
+        cluster line's metadata is full (docs/semantics.md#member-metadata)."""
+        await self._client.proclaim(self.subscription_id, self._member_id, self._epoch, metadata)
 
     @property
     def refused_settlements(self) -> int:
