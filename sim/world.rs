@@ -729,6 +729,7 @@ async fn publisher(
             topic: TOPIC.into(),
             payload: format!("job {n}").into_bytes().into(),
             headers: Default::default(),
+            fence: None,
         };
         match client.publish(request).await {
             Ok(reply) => {
@@ -773,6 +774,7 @@ async fn burst_publisher(
                 topic: if (i / 3) % 2 == 0 { TOPIC } else { OTHER_TOPIC }.into(),
                 payload: format!("job {i}").into_bytes().into(),
                 headers: Default::default(),
+                fence: None,
             })
             .collect();
         let sent = requests.len();

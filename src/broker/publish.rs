@@ -14,7 +14,7 @@ use super::{
     member::Locked,
 };
 use crate::{
-    core::{Draft, Error, Topic, index::Matches, subscription::MESSAGE_OVERHEAD},
+    core::{Draft, Error, PublishFence, Topic, index::Matches, subscription::MESSAGE_OVERHEAD},
     sync::{Ordering, read},
 };
 
@@ -43,9 +43,13 @@ impl Broker {
         let mut dead = DeadLetters::new();
         let published = {
             let catalog = read(&self.inner.catalog);
-            let mut states = lock_matching(&catalog, draft.topic());
-            let now_ms = self.inner.clock.unix_millis();
-            self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
+            let (mut states, fenced) = lock_matching(&catalog, draft.topic(), draft.fence())?;
+            // Checked while the fence's lock is held, through the store: no promotion falls
+            // between (docs/semantics.md#fenced-publish).
+            fenced.check(&states, draft.fence()).and_then(|()| {
+                let now_ms = self.inner.clock.unix_millis();
+                self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
+            })
         };
         self.publish_dead_letters(dead);
         published
@@ -71,8 +75,16 @@ impl Broker {
             let mut dead = DeadLetters::new();
             {
                 let catalog = read(&self.inner.catalog);
-                let mut states = lock_matching(&catalog, first.topic());
+                let (mut states, fenced) =
+                    match lock_matching(&catalog, first.topic(), first.fence()) {
+                        Ok(locked) => locked,
+                        Err(error) => {
+                            results.push(Err(error));
+                            continue;
+                        }
+                    };
                 let topic = first.topic().clone();
+                let fence = first.fence().cloned();
                 // One publish time for the round (its hold is bounded by `round_len`).
                 let now_ms = self.inner.clock.unix_millis();
                 let round = round_len(states.len());
@@ -81,13 +93,18 @@ impl Broker {
                 while let Some(draft) = next.take() {
                     // Checked per message: shutdown may start while this round holds the locks
                     // (it then waits for them to end the subscriptions' outlets).
-                    let published = self.check_running().and_then(|()| {
-                        self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
-                    });
+                    let published = self
+                        .check_running()
+                        .and_then(|()| fenced.check(&states, draft.fence()))
+                        .and_then(|()| {
+                            self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
+                        });
                     results.push(published);
                     taken += 1;
                     if taken < round {
-                        next = drafts.next_if(|draft| *draft.topic() == topic);
+                        next = drafts.next_if(|draft| {
+                            *draft.topic() == topic && draft.fence() == fence.as_ref()
+                        });
                     }
                 }
             }
@@ -375,12 +392,73 @@ impl Broker {
 }
 
 /// Locks every subscription whose patterns match `topic`, in key order: every multi-lock
-/// acquisition follows it, so publishes cannot deadlock.
-fn lock_matching<'a>(catalog: &'a Catalog, topic: &Topic) -> SmallVec<[Locked<'a>; 16]> {
+/// acquisition follows it, so publishes cannot deadlock. A fenced publish's subscription is
+/// locked in the same order: [`Fenced::Matched`] when it is among the matched (its position),
+/// else held apart ([`Fenced::Apart`]) until the publish is done.
+fn lock_matching<'a>(
+    catalog: &'a Catalog,
+    topic: &Topic,
+    fence: Option<&PublishFence>,
+) -> Result<(SmallVec<[Locked<'a>; 16]>, Fenced<'a>), Error> {
     let mut keys = Matches::new();
     catalog.index.matches_into(topic, &mut keys);
-    keys.iter()
-        .filter_map(|key| catalog.by_key.get(key))
-        .map(|cell| Locked::new(cell))
-        .collect()
+    let Some(fence) = fence else {
+        let states = keys
+            .iter()
+            .filter_map(|key| catalog.by_key.get(key))
+            .map(|cell| Locked::new(cell))
+            .collect();
+        return Ok((states, Fenced::No));
+    };
+    let Some(&fence_key) = catalog.by_name.get(&*fence.subscription_id) else {
+        return Err(Error::SubscriptionNotFound(
+            fence.subscription_id.to_string(),
+        ));
+    };
+    let mut states = SmallVec::new();
+    let mut fenced = Fenced::No;
+    let mut apart_locked = false;
+    for &key in keys.iter() {
+        if !apart_locked && fence_key < key {
+            fenced = Fenced::Apart(Locked::new(&catalog.by_key[&fence_key]));
+            apart_locked = true;
+        }
+        let Some(cell) = catalog.by_key.get(&key) else {
+            continue;
+        };
+        if key == fence_key {
+            fenced = Fenced::Matched(states.len());
+            apart_locked = true;
+        }
+        states.push(Locked::new(cell));
+    }
+    if !apart_locked {
+        fenced = Fenced::Apart(Locked::new(&catalog.by_key[&fence_key]));
+    }
+    Ok((states, fenced))
+}
+
+/// Where a fenced publish's subscription is locked ([`lock_matching`]).
+enum Fenced<'a> {
+    /// The publish is not fenced.
+    No,
+    /// Among the matched subscriptions, at this position.
+    Matched(usize),
+    /// Not matched: locked only for the check.
+    Apart(Locked<'a>),
+}
+
+impl Fenced<'_> {
+    /// Whether `fence` lets a publish be stored now (docs/semantics.md#fenced-publish).
+    fn check(&self, states: &[Locked], fence: Option<&PublishFence>) -> Result<(), Error> {
+        let state = match self {
+            Fenced::No => return Ok(()),
+            Fenced::Matched(at) => &states[*at],
+            Fenced::Apart(state) => state,
+        };
+        let Some(fence) = fence else {
+            return Ok(());
+        };
+        state.core.check_fence(fence.epoch)
+    }
 }

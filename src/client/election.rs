@@ -18,7 +18,8 @@ use tokio::{
 };
 
 use super::{
-    Client, Delivery, Error, Event, Mode, RawClient, Result, Subscription, SubscriptionOptions,
+    Client, Delivery, Error, Event, Message, Mode, Published, RawClient, Result, Subscription,
+    SubscriptionOptions,
 };
 use crate::pb;
 
@@ -71,7 +72,7 @@ pub struct Leadership {
     subscription_id: String,
     epoch: u64,
     member_id: u64,
-    /// For [`Leadership::proclaim`].
+    /// For [`Leadership::proclaim`] and [`Leadership::publish`].
     raw: RawClient,
     messages: mpsc::Receiver<Delivery>,
     lost: watch::Receiver<Option<Lost>>,
@@ -153,6 +154,31 @@ impl Leadership {
         };
         self.raw.clone().proclaim(request).await?;
         Ok(())
+    }
+
+    /// `message`, fenced by this leadership: the broker stores it only while this epoch leads
+    /// (docs/semantics.md#fenced-publish). For [`Client::publish_batch`] and
+    /// [`Publisher`](crate::client::Publisher) streams; [`Leadership::publish`] publishes one.
+    #[must_use]
+    pub fn fence(&self, message: Message) -> Message {
+        message.fenced(self.subscription_id.clone(), self.epoch)
+    }
+
+    /// Publishes `message` fenced by this leadership: stored only while this epoch is the
+    /// subscription's active epoch, checked by the broker as it stores it, so a deposed
+    /// leader's late publish is refused instead of reaching the subscribers
+    /// (docs/semantics.md#fenced-publish).
+    ///
+    /// # Errors
+    /// [`Error::FailedPrecondition`] once another epoch leads (or none does), naming it;
+    /// otherwise as [`Client::publish`].
+    pub async fn publish(&self, message: Message) -> Result<Published> {
+        let reply = self
+            .raw
+            .clone()
+            .publish(self.fence(message).into_pb())
+            .await?;
+        Ok(reply.into_inner().into())
     }
 
     /// Whether leadership has already been lost.

@@ -136,6 +136,9 @@ pub struct Message {
     pub payload: Bytes,
     /// Application headers.
     pub headers: HashMap<String, String>,
+    /// Stored only while this epoch leads that SINGLETON subscription: `(subscription_id,
+    /// epoch)` (docs/semantics.md#fenced-publish). [`Leadership::fence`] sets a leader's own.
+    pub fence: Option<(String, u64)>,
 }
 
 impl Message {
@@ -145,7 +148,17 @@ impl Message {
             topic: topic.into(),
             payload: payload.into(),
             headers: HashMap::new(),
+            fence: None,
         }
+    }
+
+    /// Fences the message by `epoch` of the SINGLETON subscription `subscription_id`: the
+    /// broker stores it only while that epoch is the subscription's active epoch, and refuses it
+    /// with [`Error::FailedPrecondition`] naming the epoch now otherwise (nothing is stored).
+    #[must_use]
+    pub fn fenced(mut self, subscription_id: impl Into<String>, epoch: u64) -> Self {
+        self.fence = Some((subscription_id.into(), epoch));
+        self
     }
 
     /// Adds a header.
@@ -155,11 +168,15 @@ impl Message {
         self
     }
 
-    fn into_pb(self) -> pb::PublishRequest {
+    pub(crate) fn into_pb(self) -> pb::PublishRequest {
         pb::PublishRequest {
             topic: self.topic,
             payload: self.payload,
             headers: self.headers,
+            fence: self.fence.map(|(subscription_id, epoch)| pb::PublishFence {
+                subscription_id,
+                epoch,
+            }),
         }
     }
 }

@@ -54,7 +54,7 @@ pub enum Error {
     SubscriptionNotFound(String),
     /// Leadership is watched on a subscription of another mode than SINGLETON.
     #[error(
-        "subscription {subscription:?} is {mode}: only a SINGLETON subscription has an active member to watch or proclaim"
+        "subscription {subscription:?} is {mode}: only a SINGLETON subscription has an active member to watch, proclaim or fence a publish with"
     )]
     NotSingleton {
         /// The subscription named.
@@ -88,6 +88,22 @@ pub enum Error {
         /// The subscription's epoch now.
         current: u64,
         /// Whether the member is active (with another epoch).
+        active: bool,
+    },
+    /// A fenced publish names an epoch that is not its subscription's active epoch as it is
+    /// stored: its leader was deposed, or has not been promoted (docs/semantics.md#fenced-publish).
+    #[error(
+        "publish fenced by epoch {epoch} of subscription {subscription:?} refused: {}; nothing was stored",
+        if *active { format!("the active epoch is {current}") } else { format!("it has no active member (its last epoch is {current})") }
+    )]
+    Fenced {
+        /// The fencing subscription.
+        subscription: String,
+        /// The epoch the publish named.
+        epoch: u64,
+        /// The subscription's epoch now (its active member's, when `active`).
+        current: u64,
+        /// Whether a member is active (with `current`).
         active: bool,
     },
     /// A watched subscription expired (no member within its idle timeout) or was deleted.
@@ -303,6 +319,8 @@ pub enum ErrorKind {
     ResourceExhausted = 8,
     /// The state does not allow it (another member holds the message, other settings).
     FailedPrecondition = 9,
+    /// This deployment does not offer it (docs/semantics.md says why).
+    Unimplemented = 12,
     /// A broken invariant inside the deployment (an unreadable answer between gateways).
     Internal = 13,
     /// Not now; retrying (elsewhere, or later) may succeed.
@@ -318,6 +336,7 @@ impl ErrorKind {
             6 => Self::AlreadyExists,
             8 => Self::ResourceExhausted,
             9 => Self::FailedPrecondition,
+            12 => Self::Unimplemented,
             13 => Self::Internal,
             14 => Self::Unavailable,
             _ => Self::Unknown,
@@ -346,6 +365,7 @@ impl Error {
             | Error::MemberGone { .. }
             | Error::NotSingleton { .. }
             | Error::NotActive { .. }
+            | Error::Fenced { .. }
             | Error::MembersJoined { .. } => ErrorKind::FailedPrecondition,
             Error::BroadcastTaken(_) => ErrorKind::AlreadyExists,
             Error::SubscriptionNotFound(_)

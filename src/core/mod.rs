@@ -26,6 +26,8 @@ pub mod spec;
 pub mod subscription;
 pub mod topic;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 pub use error::{Error, ErrorKind};
@@ -47,7 +49,17 @@ pub use topic::{Pattern, Topic};
 /// It already is the message's one allocation, payload copied in, so that publishing only
 /// stamps the id and time (under the matched queues' locks) and copies nothing there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Draft(Message);
+pub struct Draft(Message, Option<PublishFence>);
+
+/// A publish's fence (docs/semantics.md#fenced-publish): it is stored only while `epoch` is
+/// the active epoch of the SINGLETON subscription `subscription_id`, checked as it is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PublishFence {
+    /// The SINGLETON subscription whose leadership fences the publish.
+    pub subscription_id: Arc<str>,
+    /// The epoch the publisher holds (never 0: no member is active with it).
+    pub epoch: Epoch,
+}
 
 impl Draft {
     /// Validates a message against the size limit.
@@ -87,7 +99,19 @@ impl Draft {
         // Its own allocation: a payload decoded from a request is a view into the whole
         // request buffer (a batch, or a chunk of a stream), which one queued message would
         // otherwise keep alive long after its neighbours were acked.
-        Ok(Self(Message::new(0, 0, envelope, payload)))
+        Ok(Self(Message::new(0, 0, envelope, payload), None))
+    }
+
+    /// The draft, fenced by `fence` (docs/semantics.md#fenced-publish).
+    #[must_use]
+    pub fn fenced(mut self, fence: Option<PublishFence>) -> Self {
+        self.1 = fence;
+        self
+    }
+
+    /// Its fence, when it has one.
+    pub fn fence(&self) -> Option<&PublishFence> {
+        self.1.as_ref()
     }
 
     /// Topic and headers.
@@ -143,7 +167,7 @@ impl Draft {
             headers.insert(key.to_string(), value);
         }
         let envelope = Envelope::new(topic, headers);
-        Self(Message::new(0, 0, envelope, original.payload()))
+        Self(Message::new(0, 0, envelope, original.payload()), None)
     }
 
     /// Turns the draft into a message with its id and publish time.

@@ -47,6 +47,10 @@ pub enum PlantedBug {
     /// docs/semantics.md#watching-leadership: a frame names the active member with its epoch).
     /// Planted in `broker::leadership`.
     WatchReportsStaleEpoch,
+    /// A fenced publish is stored when it names the epoch just before the active one: a
+    /// deposed leader's late publish gets through (breaks docs/semantics.md#fenced-publish).
+    /// Planted in `core::subscription::Subscription::check_fence`.
+    FenceAcceptsDeposedEpoch,
 }
 
 #[cfg(feature = "planted-bugs")]

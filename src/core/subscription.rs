@@ -211,6 +211,33 @@ impl Subscription {
         }
     }
 
+    /// Whether a publish fenced by `epoch` may be stored now: `epoch` is the epoch of this
+    /// SINGLETON subscription's active member (docs/semantics.md#fenced-publish). The caller
+    /// stores it under the same lock, so no promotion falls between the check and the store.
+    ///
+    /// # Errors
+    /// [`Error::NotSingleton`], or [`Error::Fenced`] naming the epoch now.
+    pub fn check_fence(&self, epoch: Epoch) -> Result<(), Error> {
+        if self.spec.mode != Mode::Singleton {
+            return Err(Error::NotSingleton {
+                subscription: self.id.to_string(),
+                mode: self.spec.mode,
+            });
+        }
+        let active = self.members.values().find_map(|m| m.epoch);
+        let stale =
+            planted(PlantedBug::FenceAcceptsDeposedEpoch) && active.is_some_and(|a| epoch + 1 == a);
+        if active == Some(epoch) || stale {
+            return Ok(());
+        }
+        Err(Error::Fenced {
+            subscription: self.id.to_string(),
+            epoch,
+            current: active.unwrap_or_else(|| self.epoch()),
+            active: active.is_some(),
+        })
+    }
+
     /// Number of members, active or standby.
     pub fn member_count(&self) -> usize {
         self.members.len()

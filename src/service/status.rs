@@ -44,6 +44,7 @@ fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::Unimplemented => Code::Unimplemented,
         ErrorKind::Internal => Code::Internal,
         ErrorKind::Unavailable => Code::Unavailable,
     }

@@ -1,11 +1,13 @@
 //! Validation, once, at the edge: protobuf requests become domain types ([`Draft`],
 //! [`OpenRequest`], [`Fence`]) or an [`Error`] naming what is wrong (docs/semantics.md#joining-rules "Validation").
 
+use std::sync::Arc;
+
 use crate::{
     broker::{ConnectionId, Fence},
     core::{
         AckMode, Draft, Envelope, Error, Headers, Limits, MAX_METADATA_BYTES, MemberOptions, Mode,
-        OpenRequest, Overflow, Pattern, Proclamation, SubscriptionSpec, Topic,
+        OpenRequest, Overflow, Pattern, Proclamation, PublishFence, SubscriptionSpec, Topic,
     },
     pb,
 };
@@ -128,12 +130,14 @@ pub fn draft_reusing(
     limits: &Limits,
     recent: &mut Option<Envelope>,
 ) -> Result<Draft, Error> {
+    let fence = publish_fence(request.fence, limits)?;
     let headers: Headers = request.headers.into_iter().collect();
     let same_topic = recent
         .as_ref()
         .filter(|envelope| envelope.topic().as_str() == request.topic);
     if let Some(envelope) = same_topic.filter(|envelope| *envelope.headers() == headers) {
-        return Draft::in_envelope(envelope.clone(), &request.payload, limits);
+        return Draft::in_envelope(envelope.clone(), &request.payload, limits)
+            .map(|draft| draft.fenced(fence));
     }
     let topic = match same_topic {
         Some(envelope) => envelope.topic().clone(),
@@ -141,7 +145,36 @@ pub fn draft_reusing(
     };
     let draft = Draft::new(topic, request.payload, headers, limits)?;
     *recent = Some(draft.envelope().clone());
-    Ok(draft)
+    Ok(draft.fenced(fence))
+}
+
+/// Validates a publish's fence (docs/semantics.md#fenced-publish): a subscription id and an
+/// epoch above 0, or none at all.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the field.
+fn publish_fence(
+    fence: Option<pb::PublishFence>,
+    limits: &Limits,
+) -> Result<Option<PublishFence>, Error> {
+    let Some(fence) = fence else {
+        return Ok(None);
+    };
+    if fence.subscription_id.is_empty() {
+        return Err(invalid(
+            "fence.subscription_id is required in a fenced publish (leave fence unset to publish unfenced)",
+        ));
+    }
+    check_name("fence.subscription_id", &fence.subscription_id, limits)?;
+    if fence.epoch == 0 {
+        return Err(invalid(
+            "fence.epoch must be the epoch of the publisher's confirmation (no member is ever active with epoch 0)",
+        ));
+    }
+    Ok(Some(PublishFence {
+        subscription_id: Arc::from(fence.subscription_id),
+        epoch: fence.epoch,
+    }))
 }
 
 /// Validates an `OpenSubscription` (docs/semantics.md#joining-rules "Validation").
@@ -318,6 +351,7 @@ mod tests {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
+                fence: None,
             };
             draft_reusing(request, &limits, &mut recent).unwrap()
         };

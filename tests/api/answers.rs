@@ -128,6 +128,7 @@ async fn queued_for_counts_every_matching_subscription_wherever_it_was_joined() 
                 topic: topic.to_string(),
                 payload: Default::default(),
                 headers: Default::default(),
+                fence: None,
             })
             .collect(),
     };
@@ -223,6 +224,7 @@ async fn headers_arrive_exactly_as_published() {
         topic: "h.x".into(),
         payload: payload.into(),
         headers: headers.clone(),
+        fence: None,
     };
     // Twice, with the same Nats-Msg-Id: JetStream would take the second for a duplicate if
     // the header reached it as NATS's own.
@@ -429,6 +431,7 @@ async fn hostile_headers_arrive_exactly_as_published() {
         topic: "h.x".into(),
         payload: "p".into(),
         headers: headers.clone(),
+        fence: None,
     }))
     .await
     .unwrap()

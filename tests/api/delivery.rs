@@ -310,6 +310,7 @@ async fn a_dead_letter_published_again_reaches_the_subscription_it_names() {
         topic: dead.headers["tinybroker-dead-letter-topic"].clone(),
         payload: dead.payload.clone(),
         headers: dead.headers.clone(),
+        fence: None,
     };
     let again = within(client.1.clone().publish(again))
         .await
@@ -417,6 +418,7 @@ async fn publish_batch_is_ordered_and_validated_up_front() {
         topic: topic.into(),
         payload: b"x".to_vec().into(),
         headers: [("k".to_string(), "v".to_string())].into(),
+        fence: None,
     };
     let bad = pb::PublishBatchRequest {
         messages: vec![msg("jobs.a"), msg("jobs..b")],

@@ -297,6 +297,7 @@ impl Client {
             topic: topic.into(),
             payload: payload.into(),
             headers: Default::default(),
+            fence: None,
         }))
         .await
         .map(|r| r.into_inner())

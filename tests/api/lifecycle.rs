@@ -54,6 +54,7 @@ async fn shutdown_ends_publish_streams_with_unavailable_without_waiting_for_the_
             topic: "jobs.streamed".into(),
             payload: b"x".to_vec().into(),
             headers: Default::default(),
+            fence: None,
         })
         .await
         .unwrap();

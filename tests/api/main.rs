@@ -21,6 +21,7 @@ mod deployment;
 mod bench;
 mod delete;
 mod delivery;
+mod fence;
 mod leadership;
 mod lifecycle;
 mod logs;

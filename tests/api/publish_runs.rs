@@ -14,6 +14,7 @@ fn request(topic: &str, payload: Vec<u8>) -> pb::PublishRequest {
         topic: topic.into(),
         payload: payload.into(),
         headers: Default::default(),
+        fence: None,
     }
 }
 

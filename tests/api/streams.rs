@@ -262,6 +262,7 @@ async fn publish_stream_answers_each_publish_in_order() {
         topic: topic.into(),
         payload: b"x".to_vec().into(),
         headers: Default::default(),
+        fence: None,
     };
     let requests = tokio_stream::iter(vec![
         publish("jobs.a"),
@@ -388,6 +389,7 @@ async fn slow_ack_free_subscriber_drops_oldest_and_never_blocks_publishers() {
                     topic: "fan.big".into(),
                     payload: payload.clone().into(),
                     headers: Default::default(),
+                    fence: None,
                 })
                 .collect(),
         };
@@ -493,6 +495,7 @@ async fn streams_outlive_the_request_timeout() {
         topic: "jobs.late".into(),
         payload: b"x".to_vec().into(),
         headers: Default::default(),
+        fence: None,
     })
     .await
     .unwrap();

@@ -291,6 +291,7 @@ async fn too_many_headers_are_refused() {
         topic: "a.b".into(),
         payload: Default::default(),
         headers,
+        fence: None,
     };
     assert_code(
         within(client.1.clone().publish(request)).await,

@@ -16,6 +16,8 @@ pub(crate) mod delete;
 )]
 #[path = "../api/delivery.rs"]
 mod delivery;
+#[path = "../api/fence.rs"]
+mod fence;
 #[path = "../api/leadership.rs"]
 mod leadership;
 #[allow(

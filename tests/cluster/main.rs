@@ -499,6 +499,7 @@ async fn a_batch_through_a_gateway_is_stored_and_delivered_in_order() {
                 topic: "orders.new".into(),
                 payload: format!("{n}").into_bytes().into(),
                 headers: Default::default(),
+                fence: None,
             })
             .collect(),
     };
@@ -656,6 +657,7 @@ async fn a_pipelined_publish_stream_through_a_gateway_keeps_its_order() {
             },
             payload: n.to_string().into_bytes().into(),
             headers: Default::default(),
+            fence: None,
         })
         .collect();
     let answers = publish_stream(&on_b, requests).await;
@@ -701,6 +703,7 @@ async fn large_publishes_through_a_gateway_stream_are_confirmed_in_order() {
             topic: "orders.big".into(),
             payload: vec![n; 1_000_000].into(),
             headers: Default::default(),
+            fence: None,
         })
         .collect();
     let answers = publish_stream(&on_b, requests).await;

@@ -200,6 +200,7 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
                     topic: "load.job".into(),
                     payload: payload.clone().into_bytes().into(),
                     headers: Default::default(),
+                    fence: None,
                 };
                 let answer = tokio::time::timeout(PATIENCE, gateway.publish(request)).await;
                 let took = started.elapsed();

@@ -221,6 +221,7 @@ async fn fan_out_flood_is_stopped_by_the_memory_budget() {
                     topic: "fan.out".into(),
                     payload: Bytes::from_static(b"x"),
                     headers: Default::default(),
+                    fence: None,
                 })
                 .collect(),
         };

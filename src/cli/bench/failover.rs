@@ -455,6 +455,7 @@ async fn publish_at_rate(
                 topic: "bench.tick".into(),
                 payload: bytes::Bytes::from_static(b"tick"),
                 headers: Default::default(),
+                fence: None,
             })
             .await
             .map_err(|e| e.to_string())?;

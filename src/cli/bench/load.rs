@@ -311,6 +311,7 @@ async fn publish(mut client: Client, common: &Common, start: Instant) -> Result<
         topic: topic.clone(),
         payload: payload(common.payload_bytes, start),
         headers: Default::default(),
+        fence: None,
     };
     let pipeline = common.pipeline.max(1);
     match common.publish {

@@ -1,0 +1,261 @@
+//! Fenced publishes over the wire (docs/semantics.md#fenced-publish): a publish naming
+//! `(subscription_id, epoch)` is stored only while that epoch is the SINGLETON subscription's
+//! active epoch, on every carriage (unary, batch, stream); a deposed leader's is refused with
+//! FAILED_PRECONDITION naming the epoch now, and nothing of it is stored. Through gateways a
+//! fenced publish is refused UNIMPLEMENTED, nothing stored (docs/semantics.md#cluster-fenced-publish).
+
+use tinybroker::pb::{self, broker_client::BrokerClient};
+use tonic::{Code, Status, transport::Channel};
+
+use crate::harness::*;
+
+fn fenced(topic: &str, payload: &str, subscription_id: &str, epoch: u64) -> pb::PublishRequest {
+    pb::PublishRequest {
+        topic: topic.into(),
+        payload: payload.as_bytes().to_vec().into(),
+        headers: Default::default(),
+        fence: Some(pb::PublishFence {
+            subscription_id: subscription_id.into(),
+            epoch,
+        }),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Carriage {
+    Unary,
+    Batch,
+    Stream,
+}
+
+const CARRIAGES: [Carriage; 3] = [Carriage::Unary, Carriage::Batch, Carriage::Stream];
+
+/// Publishes `request` by `carriage` (a batch of one, a stream of one).
+async fn send(
+    at: &BrokerClient<Channel>,
+    carriage: Carriage,
+    request: pb::PublishRequest,
+) -> Result<pb::PublishResponse, Status> {
+    match carriage {
+        Carriage::Unary => within(at.clone().publish(request))
+            .await
+            .map(|r| r.into_inner()),
+        Carriage::Batch => within(at.clone().publish_batch(pb::PublishBatchRequest {
+            messages: vec![request],
+        }))
+        .await
+        .map(|r| r.into_inner().results.remove(0)),
+        Carriage::Stream => {
+            let mut answers = within(at.clone().publish_stream(tokio_stream::iter(vec![request])))
+                .await?
+                .into_inner();
+            let answer = within(answers.message())
+                .await?
+                .expect("the stream answers its request");
+            match answer.code {
+                0 => Ok(pb::PublishResponse {
+                    system_id: answer.system_id,
+                    queued_for: answer.queued_for,
+                }),
+                code => Err(Status::new(Code::from(code), answer.message)),
+            }
+        }
+    }
+}
+
+/// A BROADCAST subscriber of `pattern`: what was stored, in order.
+async fn observer(client: &Client, id: &str, pattern: &str) -> Member {
+    let mut member = client
+        .subscribe(open(id, pb::DeliveryMode::Broadcast, "", &[pattern]))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    member
+}
+
+// docs/semantics.md#fenced-publish: the leader's fenced publish is stored; once it is deposed
+// (its stream closed, the standby promoted), the same publish is refused FAILED_PRECONDITION
+// naming the new epoch, on every carriage, and nothing of it reaches anyone; the new leader's
+// is stored. The observer sees exactly the stored ones, in order.
+#[tokio::test]
+async fn a_deposed_leaders_fenced_publish_is_refused_and_the_new_leaders_is_stored() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut seen = observer(&client, "fence-seen", "out.>").await;
+    let mut first = client.subscribe(singleton("sched")).await.unwrap();
+    let c1 = first.confirmed().await;
+    let mut second = client.subscribe(singleton("sched")).await.unwrap();
+
+    for carriage in CARRIAGES {
+        let stored = send(
+            &client.1,
+            carriage,
+            fenced("out.run", "by-first", "sched", c1.epoch),
+        )
+        .await;
+        if GATEWAYS {
+            assert_code(stored, Code::Unimplemented, "not taken in cluster mode");
+            continue;
+        }
+        let stored = stored.unwrap_or_else(|e| panic!("{carriage:?}: {e}"));
+        assert_eq!(stored.queued_for, 1, "{carriage:?}");
+        let message = seen.message().await;
+        assert_eq!(message.payload.as_ref(), b"by-first");
+        seen.ack(message.system_id).await;
+    }
+
+    drop(first);
+    let c2 = second.confirmed().await;
+    assert_next_epoch(c1.epoch, c2.epoch);
+    for carriage in CARRIAGES {
+        let late = send(
+            &client.1,
+            carriage,
+            fenced("out.run", "late", "sched", c1.epoch),
+        )
+        .await;
+        if GATEWAYS {
+            assert_code(late, Code::Unimplemented, "not taken in cluster mode");
+        } else {
+            assert_code(
+                late,
+                Code::FailedPrecondition,
+                &format!("the active epoch is {}", c2.epoch),
+            );
+        }
+        let new = send(
+            &client.1,
+            carriage,
+            fenced("out.run", "by-second", "sched", c2.epoch),
+        )
+        .await;
+        if GATEWAYS {
+            assert_code(new, Code::Unimplemented, "not taken in cluster mode");
+        } else {
+            new.unwrap_or_else(|e| panic!("{carriage:?}: {e}"));
+        }
+    }
+    // A plain publish marks the end: everything stored before it has arrived before it.
+    client.publish("out.end", "end").await;
+    let mut payloads = Vec::new();
+    loop {
+        let message = seen.message().await;
+        if message.payload.as_ref() == b"end" {
+            break;
+        }
+        seen.ack(message.system_id).await;
+        payloads.push(String::from_utf8(message.payload.to_vec()).unwrap());
+    }
+    let expected: &[&str] = if GATEWAYS {
+        &[]
+    } else {
+        &["by-second", "by-second", "by-second"]
+    };
+    assert_eq!(payloads, expected, "nothing refused was stored");
+}
+
+// docs/semantics.md#fenced-publish: a fenced publish the leader makes to its own
+// subscription's topics is checked and delivered like any other (the fence is among the
+// subscriptions the topic matches); with no member active, every epoch is refused, naming the
+// last one.
+#[tokio::test]
+async fn a_leader_may_fence_publishes_to_its_own_topics_and_none_passes_with_nobody_active() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut leader = client
+        .subscribe(open(
+            "self-fenced",
+            pb::DeliveryMode::Singleton,
+            "g",
+            &["self.>"],
+        ))
+        .await
+        .unwrap();
+    let c = leader.confirmed().await;
+    let published = send(
+        &client.1,
+        Carriage::Unary,
+        fenced("self.tick", "t", "self-fenced", c.epoch),
+    )
+    .await;
+    if GATEWAYS {
+        assert_code(published, Code::Unimplemented, "not taken in cluster mode");
+        return;
+    }
+    assert_eq!(published.unwrap().queued_for, 1);
+    assert_eq!(leader.message().await.payload.as_ref(), b"t");
+    // A wrong epoch, higher than any handed out, is refused too.
+    assert_code(
+        send(
+            &client.1,
+            Carriage::Unary,
+            fenced("self.tick", "t", "self-fenced", c.epoch + 1),
+        )
+        .await,
+        Code::FailedPrecondition,
+        &format!("the active epoch is {}", c.epoch),
+    );
+    drop(leader);
+    within(async {
+        loop {
+            let info = client.describe("self-fenced").await.unwrap();
+            if info.active_member_id == 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_code(
+        send(
+            &client.1,
+            Carriage::Unary,
+            fenced("other.topic", "t", "self-fenced", c.epoch),
+        )
+        .await,
+        Code::FailedPrecondition,
+        &format!("no active member (its last epoch is {})", c.epoch),
+    );
+}
+
+// docs/semantics.md#fenced-publish: a fence naming no subscription or epoch 0 is
+// INVALID_ARGUMENT; one naming an unknown subscription NOT_FOUND, a QUEUE one
+// FAILED_PRECONDITION; nothing is stored by any of them.
+#[tokio::test]
+async fn bad_fences_are_refused_with_clear_codes_and_store_nothing() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut seen = observer(&client, "bad-fence-seen", "bad.>").await;
+    let mut worker = client
+        .subscribe(open("work", pb::DeliveryMode::Queue, "g", &["work.x"]))
+        .await
+        .unwrap();
+    worker.confirmed().await;
+    for carriage in CARRIAGES {
+        assert_code(
+            send(&client.1, carriage, fenced("bad.a", "x", "", 1)).await,
+            Code::InvalidArgument,
+            "fence.subscription_id is required",
+        );
+        assert_code(
+            send(&client.1, carriage, fenced("bad.a", "x", "sched", 0)).await,
+            Code::InvalidArgument,
+            "fence.epoch must be",
+        );
+        let unknown = send(&client.1, carriage, fenced("bad.a", "x", "nobody", 3)).await;
+        let queue = send(&client.1, carriage, fenced("bad.a", "x", "work", 3)).await;
+        if GATEWAYS {
+            assert_code(unknown, Code::Unimplemented, "not taken in cluster mode");
+            assert_code(queue, Code::Unimplemented, "not taken in cluster mode");
+        } else {
+            assert_code(unknown, Code::NotFound, "\"nobody\" not found");
+            assert_code(queue, Code::FailedPrecondition, "is QUEUE");
+        }
+    }
+    client.publish("bad.end", "end").await;
+    assert_eq!(
+        seen.message().await.payload.as_ref(),
+        b"end",
+        "nothing else was stored"
+    );
+}
