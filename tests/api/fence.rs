@@ -259,3 +259,75 @@ async fn bad_fences_are_refused_with_clear_codes_and_store_nothing() {
         "nothing else was stored"
     );
 }
+
+// docs/semantics.md#fenced-publish "Every carriage": each message of a batch or stream is
+// checked on its own. A batch stops at its stale-fenced message (what came before is stored);
+// a stream answers it in its place and goes on, with an unfenced message to the same topic
+// right after it stored.
+#[tokio::test]
+async fn each_message_of_a_batch_or_stream_is_checked_on_its_own() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut seen = observer(&client, "mixed-seen", "mixed.>").await;
+    let mut first = client.subscribe(singleton("mixed")).await.unwrap();
+    let c1 = first.confirmed().await;
+    let mut second = client.subscribe(singleton("mixed")).await.unwrap();
+    drop(first);
+    let c2 = second.confirmed().await;
+    let plain = |payload: &str| pb::PublishRequest {
+        fence: None,
+        ..fenced("mixed.a", payload, "", 0)
+    };
+
+    let batch = within(client.1.clone().publish_batch(pb::PublishBatchRequest {
+        messages: vec![
+            fenced("mixed.a", "b-ok", "mixed", c2.epoch),
+            fenced("mixed.a", "b-stale", "mixed", c1.epoch),
+            plain("b-after"),
+        ],
+    }))
+    .await;
+    let stream = async {
+        let answers: Vec<pb::PublishStreamResponse> =
+            within(client.1.clone().publish_stream(tokio_stream::iter(vec![
+                fenced("mixed.a", "s-ok", "mixed", c2.epoch),
+                fenced("mixed.a", "s-stale", "mixed", c1.epoch),
+                plain("s-after"),
+                fenced("mixed.a", "s-ok-again", "mixed", c2.epoch),
+            ])))
+            .await
+            .unwrap()
+            .into_inner()
+            .map(|answer| answer.unwrap())
+            .collect()
+            .await;
+        answers.iter().map(|a| a.code).collect::<Vec<_>>()
+    };
+    use tokio_stream::StreamExt;
+    let codes = within(stream).await;
+    if GATEWAYS {
+        assert_code(batch, Code::Unimplemented, "not taken in cluster mode");
+        let unimplemented = Code::Unimplemented as i32;
+        assert_eq!(codes, [unimplemented, unimplemented, 0, unimplemented]);
+    } else {
+        assert_code(batch, Code::FailedPrecondition, "the active epoch is");
+        let refused = Code::FailedPrecondition as i32;
+        assert_eq!(codes, [0, refused, 0, 0]);
+    }
+    client.publish("mixed.end", "end").await;
+    let mut payloads = Vec::new();
+    loop {
+        let message = seen.message().await;
+        seen.ack(message.system_id).await;
+        if message.payload.as_ref() == b"end" {
+            break;
+        }
+        payloads.push(String::from_utf8(message.payload.to_vec()).unwrap());
+    }
+    let expected: &[&str] = if GATEWAYS {
+        &["s-after"]
+    } else {
+        &["b-ok", "s-ok", "s-after", "s-ok-again"]
+    };
+    assert_eq!(payloads, expected);
+}
