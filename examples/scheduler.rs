@@ -21,25 +21,34 @@
 //! exist yet counts as empty. Each run's line is written in one `write`, so a replica killed
 //! mid-run leaves a whole line or none.
 //!
+//! With `--emit TOPIC`, each run also publishes `epoch=E run=K` to TOPIC (for workers
+//! subscribed to it), fenced by the leader's epoch (docs/semantics.md#fenced-publish): the
+//! broker stores it only while this replica leads, so a deposed leader's late run reaches no
+//! worker.
+//!
 //! The election's subscription id is `scheduler` (topic `election.scheduler`): the Python
 //! example `clients/python/examples/scheduler.py` joins the same line and writes the same store.
 //!
 //! Flags: `--server URL` (default `http://127.0.0.1:50051`, env `TINYBROKER_SERVER`),
 //! `--group NAME` (default `scheduler`), `--every-ms N` (default 1000), `--store PATH`
-//! (optional), `--token TOKEN` (env `TINYBROKER_AUTH_TOKEN`), `--help`.
+//! (optional), `--emit TOPIC` (optional), `--token TOKEN` (env `TINYBROKER_AUTH_TOKEN`),
+//! `--help`.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
-use tinybroker::client::{Client, ClientOptions, SubscriptionOptions};
+use tinybroker::client::{Client, ClientOptions, Error, Message, SubscriptionOptions};
 
 const USAGE: &str = "\
-usage: scheduler [--server URL] [--group NAME] [--every-ms N] [--store PATH] [--token TOKEN]
+usage: scheduler [--server URL] [--group NAME] [--every-ms N] [--store PATH] [--emit TOPIC]
+                 [--token TOKEN]
 
   --server URL    broker URL (default http://127.0.0.1:50051, env TINYBROKER_SERVER)
   --group NAME    consumer group of the replicas (default scheduler); the election's
                   subscription id is `scheduler`, on the topic election.scheduler
   --every-ms N    run the job every N ms while leading (default 1000)
   --store PATH    append `epoch=E run=K` to PATH, fenced by the epoch (optional)
+  --emit TOPIC    publish `epoch=E run=K` to TOPIC each run, fenced by the epoch: the broker
+                  stores it only while this replica leads (optional)
   --token TOKEN   bearer token (env TINYBROKER_AUTH_TOKEN)
   --help          print this and exit
 ";
@@ -49,6 +58,7 @@ struct Args {
     group: String,
     every: Duration,
     store: Option<PathBuf>,
+    emit: Option<String>,
     token: Option<String>,
 }
 
@@ -65,6 +75,7 @@ fn parse_args(flags: Vec<String>) -> Result<Parsed, String> {
         group: "scheduler".into(),
         every: Duration::from_millis(1000),
         store: None,
+        emit: None,
         token: std::env::var("TINYBROKER_AUTH_TOKEN").ok(),
     };
     let mut it = flags.into_iter();
@@ -82,6 +93,7 @@ fn parse_args(flags: Vec<String>) -> Result<Parsed, String> {
                 );
             }
             "--store" => args.store = Some(value()?.into()),
+            "--emit" => args.emit = Some(value()?),
             "--token" => args.token = Some(value()?),
             other => return Err(format!("unknown flag {other:?} (see --help)")),
         }
@@ -270,6 +282,22 @@ async fn schedule(args: Args) -> ExitCode {
                             println!("failed epoch={epoch} run={run}: {error} (trying again)");
                         }
                         Some(Ok(())) | None => println!("epoch={epoch} run={run}"),
+                    }
+                    if let Some(topic) = &args.emit {
+                        let line = format!("epoch={epoch} run={run}");
+                        match leadership.publish(Message::new(topic.clone(), line)).await {
+                            Ok(_) => println!("emitted epoch={epoch} run={run}"),
+                            Err(Error::FailedPrecondition(error)) => {
+                                // The broker's fence: another epoch leads. Stop, as above.
+                                println!("refused emit epoch={epoch} run={run}: {error}");
+                                let lost = (&mut lost).await;
+                                println!("lost epoch={epoch}: {}", lost.cause);
+                                break;
+                            }
+                            Err(error) => {
+                                println!("failed emit epoch={epoch} run={run}: {error} (trying again)");
+                            }
+                        }
                     }
                 }
             }

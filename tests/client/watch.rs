@@ -6,7 +6,9 @@ use std::{
     process::{Command, Stdio},
 };
 
-use tinybroker::client::{Client, Error, LeaderState, LeadershipWatch, SubscriptionOptions};
+use tinybroker::client::{
+    Client, Error, LeaderState, LeadershipWatch, Message, SubscriptionOptions,
+};
 
 use crate::harness::{TestServer, within};
 
@@ -132,4 +134,61 @@ async fn status_watch_prints_the_leaders_metadata() {
     assert_eq!(json["active_member_id"], leader.member_id());
     assert_eq!(json["epoch"], leader.epoch());
     assert_eq!(json["metadata"], "host a, port 1");
+}
+
+// docs/semantics.md#fenced-publish: `Leadership::publish` is stored while the leadership
+// lasts; once the leader closed and the standby leads, the old epoch's publish (by
+// `Message::fenced`, as a deposed leader that woke up late would send it) is refused
+// FAILED_PRECONDITION, and the new leader's `fence`d batch is stored. A worker sees exactly
+// the stored runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_fenced_publishes_stop_with_its_leadership() {
+    let server = TestServer::start().await;
+    let client = within(Client::connect(format!("http://{}", server.addr)))
+        .await
+        .unwrap();
+    let mut worker =
+        within(client.subscribe(SubscriptionOptions::broadcast("workers", ["runs.>"])))
+            .await
+            .unwrap();
+    let options = SubscriptionOptions::singleton("cron", "replicas", ["election.cron"]);
+    let first = within(client.elect("cron", "replicas")).await.unwrap();
+    let second = tokio::spawn({
+        let client = client.clone();
+        async move { client.elect_with(options, |_| {}).await }
+    });
+    within(first.publish(Message::new("runs.job", "first-1")))
+        .await
+        .unwrap();
+    let deposed = first.epoch();
+    within(first.close()).await.unwrap();
+    let second = within(second).await.unwrap().unwrap();
+    assert!(second.epoch() > deposed);
+
+    let late =
+        within(client.publish(Message::new("runs.job", "late").fenced("cron", deposed))).await;
+    match late {
+        Err(Error::FailedPrecondition(message)) => assert!(
+            message.contains(&format!("the active epoch is {}", second.epoch())),
+            "{message}"
+        ),
+        other => panic!("a deposed epoch's publish was not refused: {other:?}"),
+    }
+    let batch = [
+        second.fence(Message::new("runs.job", "second-1")),
+        second.fence(Message::new("runs.job", "second-2")),
+    ];
+    within(client.publish_batch(batch)).await.unwrap();
+
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let delivery = within(worker.next_delivery())
+            .await
+            .expect("the worker's stream ended")
+            .unwrap();
+        seen.push(String::from_utf8(delivery.payload.to_vec()).unwrap());
+        delivery.ack().unwrap();
+    }
+    assert_eq!(seen, ["first-1", "second-1", "second-2"]);
+    drop(second);
 }
