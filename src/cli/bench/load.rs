@@ -307,11 +307,18 @@ pub(super) fn payload(bytes: usize, start: Instant) -> bytes::Bytes {
 /// Publishes `common.messages` messages with up to `common.pipeline` unanswered at once.
 async fn publish(mut client: Client, common: &Common, start: Instant) -> Result<(), String> {
     let topic = format!("{}.work", run_prefix());
+    // Held open for the whole run: the publisher leads while it publishes.
+    let (fence, _leading) = if common.fenced {
+        let (fence, stream) = lead(&mut client).await?;
+        (Some(fence), Some(stream))
+    } else {
+        (None, None)
+    };
     let request = |start| pb::PublishRequest {
         topic: topic.clone(),
         payload: payload(common.payload_bytes, start),
         headers: Default::default(),
-        fence: None,
+        fence: fence.clone(),
     };
     let pipeline = common.pipeline.max(1);
     match common.publish {
@@ -525,6 +532,42 @@ fn count_ack(
 
 /// The topic prefix of this bench run: its own, so that a run against a long-lived broker
 /// (`--server`) neither feeds nor is fed by the subscriptions earlier runs left to idle out.
+/// Joins a singleton subscription of the run's own (on a topic nobody publishes to) and waits
+/// for its confirmation: the fence every publish of a `--fenced` run names, and the stream
+/// that keeps it leading.
+async fn lead(
+    client: &mut Client,
+) -> Result<(pb::PublishFence, tonic::Streaming<pb::SubscriptionFrame>), String> {
+    let id = format!("{}-fence", run_prefix());
+    let mut stream = client
+        .subscribe(pb::OpenSubscription {
+            subscription_id: id.clone(),
+            topic_patterns: vec![format!("{}.fence-election", run_prefix())],
+            mode: DeliveryMode::Singleton.into(),
+            consumer_group: "bench".into(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("joining the fence's election: {e}"))?
+        .into_inner();
+    loop {
+        match stream.next().await {
+            Some(Ok(pb::SubscriptionFrame {
+                frame: Some(Frame::Confirmation(c)),
+            })) => {
+                let fence = pb::PublishFence {
+                    subscription_id: id,
+                    epoch: c.epoch,
+                };
+                return Ok((fence, stream));
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(format!("the fence's election: {e}")),
+            None => return Err("the fence's election ended before it led".into()),
+        }
+    }
+}
+
 fn run_prefix() -> String {
     format!("bench.run{}", std::process::id())
 }

@@ -106,6 +106,11 @@ pub struct Common {
     /// Publishes in flight at once (unary: concurrent requests; stream: unanswered messages).
     #[arg(long, global = true, default_value_t = 256)]
     pipeline: usize,
+    /// w1 and w3: the publisher first leads a singleton subscription of its own and fences
+    /// every publish with its epoch (docs/semantics.md#fenced-publish): what the check costs
+    /// against a plain run. Embedded broker only (gateways refuse fenced publishes).
+    #[arg(long, global = true, conflicts_with_all = ["nats", "nats_core"])]
+    fenced: bool,
 }
 
 /// One run's figures: printed as a summary and as one JSON line.

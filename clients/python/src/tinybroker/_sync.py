@@ -465,6 +465,15 @@ class Leadership:
         `tinybroker.aio.Leadership.proclaim`)."""
         self._loop.run(self._leader.proclaim(metadata), timeout)
 
+    def fence(self, message: Message) -> Message:
+        """`message`, fenced by this leadership (see `tinybroker.aio.Leadership.fence`)."""
+        return self._leader.fence(message)
+
+    def publish(self, message: Message, *, timeout: Optional[float] = None) -> Published:
+        """Publishes `message` fenced by this leadership (see
+        `tinybroker.aio.Leadership.publish`)."""
+        return self._loop.run(self._leader.publish(message), timeout)
+
     def wait_lost(self, timeout: Optional[float] = None) -> Optional[aio.Lost]:
         """Waits up to `timeout` seconds for leadership to be lost: returns the `Lost` (its
         `cause` tells a resignation from an outage), or None if still leading."""

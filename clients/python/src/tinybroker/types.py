@@ -72,17 +72,33 @@ def _payload(payload: Payload) -> bytes:
 
 @dataclass(frozen=True)
 class Message:
-    """A message to publish. A `str` payload is sent as UTF-8."""
+    """A message to publish. A `str` payload is sent as UTF-8. `fence`, when set, is
+    `(subscription_id, epoch)`: the broker stores the message only while that epoch leads that
+    SINGLETON subscription (docs/semantics.md#fenced-publish); `fenced()` sets it."""
 
     topic: str
     payload: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)
+    fence: Optional[tuple[str, int]] = None
 
     def __init__(
-        self, topic: str, payload: Payload = b"", headers: Optional[Mapping[str, str]] = None
+        self,
+        topic: str,
+        payload: Payload = b"",
+        headers: Optional[Mapping[str, str]] = None,
+        fence: Optional[tuple[str, int]] = None,
     ) -> None:
         if not isinstance(topic, str):
             raise InvalidArgumentError(f"a topic is a str, not {type(topic).__name__}")
+        if fence is not None and not (
+            isinstance(fence, tuple)
+            and len(fence) == 2
+            and isinstance(fence[0], str)
+            and isinstance(fence[1], int)
+            and not isinstance(fence[1], bool)
+        ):
+            raise InvalidArgumentError("a fence is a (subscription_id: str, epoch: int) pair")
+        object.__setattr__(self, "fence", fence)
         object.__setattr__(self, "topic", topic)
         object.__setattr__(self, "payload", _payload(payload))
         try:
@@ -92,7 +108,13 @@ class Message:
 
     def header(self, key: str, value: str) -> Message:
         """A copy with one more header."""
-        return Message(self.topic, self.payload, {**self.headers, key: value})
+        return Message(self.topic, self.payload, {**self.headers, key: value}, self.fence)
+
+    def fenced(self, subscription_id: str, epoch: int) -> Message:
+        """A copy fenced by `epoch` of SINGLETON subscription `subscription_id`: stored only
+        while that epoch leads, else refused with `FailedPreconditionError` naming the epoch
+        now (docs/semantics.md#fenced-publish)."""
+        return Message(self.topic, self.payload, self.headers, (subscription_id, epoch))
 
     def _to_pb(self) -> pb.PublishRequest:
         from .v1 import broker_pb2 as pb
@@ -101,7 +123,12 @@ class Message:
             if not isinstance(key, str) or not isinstance(value, str):
                 raise InvalidArgumentError("header keys and values are str")
         try:
-            return pb.PublishRequest(topic=self.topic, payload=self.payload, headers=self.headers)
+            request = pb.PublishRequest(
+                topic=self.topic, payload=self.payload, headers=self.headers
+            )
+            if self.fence is not None:
+                request.fence.subscription_id, request.fence.epoch = self.fence
+            return request
         except (TypeError, ValueError) as error:
             raise InvalidArgumentError(f"bad message: {error}") from None
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import TinybrokerError, UnavailableError
 from ..events import Active, Delivery, Refused, Standby
+from ..types import Message, Published
 from ._subscription import Subscription
 
 if TYPE_CHECKING:
@@ -123,6 +124,19 @@ class Leadership:
         is gone, `InvalidArgumentError` over 1024 bytes, `ResourceExhaustedError` when a
         cluster line's metadata is full (docs/semantics.md#member-metadata)."""
         await self._client.proclaim(self.subscription_id, self._member_id, self._epoch, metadata)
+
+    def fence(self, message: Message) -> Message:
+        """`message`, fenced by this leadership (for `publish_batch` and publisher streams):
+        the broker stores it only while this epoch leads (docs/semantics.md#fenced-publish)."""
+        return message.fenced(self.subscription_id, self._epoch)
+
+    async def publish(self, message: Message) -> Published:
+        """Publishes `message` fenced by this leadership: stored only while this epoch is the
+        subscription's active epoch, checked by the broker as it stores it, so a deposed
+        leader's late publish reaches nobody. Raises `FailedPreconditionError` once another
+        epoch leads (or none does), naming it; through gateways (not yet taken there) the
+        status is UNIMPLEMENTED (docs/semantics.md#fenced-publish)."""
+        return await self._client.publish(self.fence(message))
 
     @property
     def refused_settlements(self) -> int:
