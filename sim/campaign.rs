@@ -103,6 +103,9 @@ pub fn run(seed: u64) -> Outcome {
     }
     let mut world = World::new(&Setup { ack_free, ..setup });
     let mut windows = Rng::new(seed ^ 0x0bde_2f10_77a1);
+    // Fenced side effects, from their own stream too: half the singleton seeds' replicas
+    // publish one per message processed, also late, after abandoning their stream.
+    let mut effects = Rng::new(seed ^ 0x00fe_0ced_e77e);
     let replicas = rng.range(2, 4);
     let mut names = Vec::new();
     for i in 0..replicas {
@@ -126,6 +129,7 @@ pub fn run(seed: u64) -> Outcome {
                 1 => Carriage::Stream,
                 _ => Carriage::Fenced,
             },
+            fenced_effects: mode == DeliveryMode::Singleton && effects.range(0, 2) == 0,
         };
         let name = format!("r{i}");
         world.replica(&name, behaviour);

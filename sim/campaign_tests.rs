@@ -113,7 +113,7 @@ fn seeds_to_catch(bug: PlantedBug, max: u64) -> Option<u64> {
     None
 }
 
-const BUGS: [PlantedBug; 8] = [
+const BUGS: [PlantedBug; 9] = [
     PlantedBug::PromoteNewestStandby,
     PlantedBug::ForgetRedelivery,
     PlantedBug::TwoActiveMembers,
@@ -122,6 +122,7 @@ const BUGS: [PlantedBug; 8] = [
     PlantedBug::RequeueNewestFirst,
     PlantedBug::CountersRestartAtZero,
     PlantedBug::WatchReportsStaleEpoch,
+    PlantedBug::FenceAcceptsDeposedEpoch,
 ];
 
 // The checker has teeth: each planted bug is caught within a few seeds, and the report names the

@@ -20,6 +20,9 @@
 //! waiting, so the active member gets messages in publish order with redeliveries first, also
 //! right after a promotion, with nacks and windows above 1.
 //!
+//! It checks every fenced publish (docs/semantics.md#fenced-publish): it passes exactly when
+//! its epoch is the active member's at that instant.
+//!
 //! It also checks the ack fence (an accepted ack that named a member comes from the holder; one
 //! that named none arrived on the holder's connection) and the core's own bookkeeping (`Subscription::check_invariants`). Violations are collected, not panicked on,
 //! so the driver can report the seed.
@@ -182,6 +185,10 @@ impl Checker {
                 format!("m{member} placed {position} in the cluster's line")
             }
             Input::HandBack { ids, .. } => format!("hand back {ids:?}"),
+            Input::Fence { epoch, passed } => format!(
+                "publish fenced by epoch {epoch} {}",
+                if *passed { "passed" } else { "refused" }
+            ),
         }
     }
 }
@@ -309,6 +316,17 @@ impl Observer for Checker {
             | Input::Evict
             | Input::Activate { .. }
             | Input::PlaceInLine { .. } => {}
+            // docs/semantics.md#fenced-publish: a fenced publish passes exactly when its epoch
+            // is the active member's, as this model knows it at the same instant.
+            Input::Fence { epoch, passed } => {
+                let active_epoch = (!m.active.is_empty()).then_some(m.last_epoch);
+                if *passed != (active_epoch == Some(*epoch)) {
+                    violations.push(format!(
+                        "fenced publish: epoch {epoch} {} while the active epoch is {active_epoch:?}",
+                        if *passed { "passed" } else { "was refused" }
+                    ));
+                }
+            }
             Input::HandBack { ids, .. } => {
                 for id in ids {
                     m.outstanding.remove(id);

@@ -70,6 +70,10 @@ pub struct Behaviour {
     pub window: u32,
     /// How it acks and nacks.
     pub carriage: Carriage,
+    /// SINGLETON: after each message it processed, it publishes a side effect fenced by the
+    /// epoch it got the message with (docs/semantics.md#fenced-publish), also after it abandoned
+    /// its stream, as a deposed leader that wakes up late does.
+    pub fenced_effects: bool,
 }
 
 impl Behaviour {
@@ -82,6 +86,7 @@ impl Behaviour {
             start_after: Duration::ZERO,
             window: 1,
             carriage: Carriage::Fenced,
+            fenced_effects: false,
         }
     }
 
@@ -645,6 +650,9 @@ async fn replica(
                         tokio::time::sleep(process).await;
                         let late = settle(&mut client, None, carriage, &sub, id, false).await;
                         record_ack(&name, &sub, id.0, late, &trace, &seen);
+                        if behaviour.fenced_effects {
+                            fenced_effect(&mut client, &name, &sub, id.0, m.epoch, &trace).await;
+                        }
                         break "abandoned".to_string();
                     }
                     tokio::time::sleep(process).await;
@@ -660,6 +668,10 @@ async fn replica(
                             let result =
                                 settle(&mut client, Some(&joined), carriage, &sub, id, false).await;
                             record_ack(&name, &sub, id.0, result, &trace, &seen);
+                            if behaviour.fenced_effects {
+                                fenced_effect(&mut client, &name, &sub, id.0, m.epoch, &trace)
+                                    .await;
+                            }
                         }
                     }
                 }
@@ -679,6 +691,37 @@ async fn replica(
         tokio::time::sleep(Duration::from_millis(300)).await;
         client = connect_retrying(&name, &trace).await;
     }
+}
+
+/// The side effect of processing `#id`: a publish fenced by `epoch` of `sub`, to a topic no
+/// subscription matches. The checker holds the broker's answer to the fence
+/// (docs/semantics.md#fenced-publish); here it is only traced.
+async fn fenced_effect(
+    client: &mut BrokerClient<Channel>,
+    name: &str,
+    sub: &str,
+    id: u64,
+    epoch: u64,
+    trace: &Trace,
+) {
+    let result = client
+        .publish(pb::PublishRequest {
+            topic: format!("effects.{name}"),
+            payload: format!("effect of #{id}").into_bytes().into(),
+            headers: Default::default(),
+            fence: Some(pb::PublishFence {
+                subscription_id: sub.to_string(),
+                epoch,
+            }),
+        })
+        .await;
+    let said = match result {
+        Ok(_) => "stored".to_string(),
+        Err(status) => format!("{:?}", status.code()),
+    };
+    trace.line(format!(
+        "{name}: effect of #{id} fenced by epoch {epoch} -> {said}"
+    ));
 }
 
 fn outcome(result: &Option<Result<(), tonic::Status>>) -> String {

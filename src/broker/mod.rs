@@ -286,6 +286,19 @@ impl Broker {
         }
     }
 
+    /// Reports a fenced publish's check to the observer (it changes nothing, so it has no
+    /// effects).
+    fn observe_fence(&self, subscription: &crate::core::Subscription, epoch: Epoch, passed: bool) {
+        if let Some(observer) = &self.inner.observer {
+            observer.observe(&Observation {
+                now: self.inner.clock.now(),
+                subscription,
+                input: &Input::Fence { epoch, passed },
+                effects: &[],
+            });
+        }
+    }
+
     /// Reports an input to the observer, then carries out its effects.
     fn apply(
         &self,

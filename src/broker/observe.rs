@@ -81,6 +81,16 @@ pub enum Input {
         /// delivery carries.
         carry: Vec<(SystemId, u32)>,
     },
+    /// A publish fenced by this SINGLETON subscription's `epoch` was checked
+    /// (docs/semantics.md#fenced-publish), under this subscription's lock: `passed` when the
+    /// epoch was the active one, so the publish went on to be stored (or refused for another
+    /// reason, a full queue); otherwise it was refused, nothing stored.
+    Fence {
+        /// The epoch the publish named.
+        epoch: Epoch,
+        /// Whether the check let it through.
+        passed: bool,
+    },
     /// Drop-oldest: the broker's drop-oldest pool had no room for another subscription's
     /// publish, so this subscription dropped its oldest messages (the effects) to make it
     /// (docs/semantics.md#memory-budget).

@@ -46,7 +46,7 @@ impl Broker {
             let (mut states, fenced) = lock_matching(&catalog, draft.topic(), draft.fence())?;
             // Checked while the fence's lock is held, through the store: no promotion falls
             // between (docs/semantics.md#fenced-publish).
-            fenced.check(&states, draft.fence()).and_then(|()| {
+            fenced.check(self, &states, draft.fence()).and_then(|()| {
                 let now_ms = self.inner.clock.unix_millis();
                 self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
             })
@@ -95,7 +95,7 @@ impl Broker {
                     // (it then waits for them to end the subscriptions' outlets).
                     let published = self
                         .check_running()
-                        .and_then(|()| fenced.check(&states, draft.fence()))
+                        .and_then(|()| fenced.check(self, &states, draft.fence()))
                         .and_then(|()| {
                             self.publish_locked(&catalog, &mut states, draft, now_ms, &mut dead)
                         });
@@ -449,8 +449,14 @@ enum Fenced<'a> {
 }
 
 impl Fenced<'_> {
-    /// Whether `fence` lets a publish be stored now (docs/semantics.md#fenced-publish).
-    fn check(&self, states: &[Locked], fence: Option<&PublishFence>) -> Result<(), Error> {
+    /// Whether `fence` lets a publish be stored now (docs/semantics.md#fenced-publish),
+    /// reported to `broker`'s observer as an [`Input::Fence`].
+    fn check(
+        &self,
+        broker: &Broker,
+        states: &[Locked],
+        fence: Option<&PublishFence>,
+    ) -> Result<(), Error> {
         let state = match self {
             Fenced::No => return Ok(()),
             Fenced::Matched(at) => &states[*at],
@@ -459,6 +465,8 @@ impl Fenced<'_> {
         let Some(fence) = fence else {
             return Ok(());
         };
-        state.core.check_fence(fence.epoch)
+        let checked = state.core.check_fence(fence.epoch);
+        broker.observe_fence(&state.core, fence.epoch, checked.is_ok());
+        checked
     }
 }
