@@ -55,6 +55,10 @@ struct SubscriptionView {
     overflow: String,
     epoch: u64,
     active_member_id: Option<u64>,
+    /// The active member's metadata (docs/semantics.md#member-metadata); through gateways
+    /// shown at every gateway, the member's own or not.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    active_metadata: String,
     queued_messages: u64,
     queued_bytes: u64,
     in_flight: u64,
@@ -118,6 +122,7 @@ impl From<SubscriptionInfo> for SubscriptionView {
             overflow: info.overflow.to_string(),
             epoch: info.epoch,
             active_member_id: info.active_member_id,
+            active_metadata: info.active_metadata,
             queued_messages: info.queued_messages,
             queued_bytes: info.queued_bytes,
             in_flight: info.in_flight,
@@ -405,7 +410,12 @@ fn detail(s: &SubscriptionView) -> String {
     out.push_str(&format!(
         "  epoch {}, active member {}, queued {} messages ({} bytes), in flight {}\n",
         s.epoch,
-        s.active_member_id.map_or("none".into(), |m| m.to_string()),
+        match (s.active_member_id, s.active_metadata.as_str()) {
+            (None, _) => "none".to_string(),
+            (Some(m), "") => m.to_string(),
+            // Quoted: the member's own text.
+            (Some(m), metadata) => format!("{m} (metadata {metadata:?})"),
+        },
         s.queued_messages,
         s.queued_bytes,
         s.in_flight

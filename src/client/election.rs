@@ -138,11 +138,12 @@ impl Leadership {
 
     /// Replaces the metadata watchers and `DescribeSubscription` show for this leader (an
     /// address, a host name; at most 1024 bytes): the first thing to do after promotion when
-    /// the address is only known then. Answered once every gateway's watchers can see it.
+    /// the address is only known then. Answered once the metadata is in place (through
+    /// gateways: once the cluster's line holds it, which every gateway's watch then follows).
     ///
     /// # Errors
-    /// [`Error::FailedPrecondition`] once this leadership is over (another member or epoch is
-    /// active), [`Error::NotFound`] once the member is gone, [`Error::InvalidArgument`] for
+    /// [`Error::NotFound`] once this leadership is over (leadership ends only with the member,
+    /// so a deposed leader is gone), [`Error::InvalidArgument`] for
     /// metadata over 1024 bytes, [`Error::ResourceExhausted`] when a cluster line's metadata is
     /// full (docs/semantics.md#member-metadata).
     pub async fn proclaim(&self, metadata: impl Into<String>) -> Result<()> {

@@ -87,6 +87,12 @@ pub const MAX_CARRY: usize = 1024;
 /// NATS servers' `max_payload` (docs/semantics.md#cluster-metadata).
 pub const MAX_LINE_METADATA: usize = 64 * 1024;
 
+/// Most bytes a line's value may encode to, whatever its members' metadata (escaped in JSON,
+/// a control character takes six bytes) and however many gateways added members at once:
+/// half of NATS's default `max_payload`, so a write of the line is never refused for its size.
+/// Members this gateway would add past it are left out and ended ([`EndStatus::LineFull`]).
+pub const MAX_LINE_BYTES: usize = 512 * 1024;
+
 /// Timing. `lease` is `--gateway-lease`.
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
@@ -150,6 +156,9 @@ pub enum Proclaimed {
 pub enum EndStatus {
     /// The gateway lost its lease, or the cluster removed the member: the client rejoins.
     Unavailable,
+    /// The line's value would pass [`MAX_LINE_BYTES`] with this member in it (joins at several
+    /// gateways at once passed [`MAX_LINE_METADATA`] together): it never entered the line.
+    LineFull,
 }
 
 /// What the shell does to a local member.
@@ -990,6 +999,11 @@ impl Coordinator {
                     })
                     .collect(),
             };
+            let mut v = v;
+            self.trim_to_fit(sub, &mut v, &[]);
+            if v.line.is_empty() {
+                return;
+            }
             let bytes = encode(&v);
             self.issue(now, key, Op::Create(bytes), Some(v));
             return;
@@ -1060,7 +1074,7 @@ impl Coordinator {
                 (!meta.is_empty()).then(|| (uid, meta.to_string()))
             })
             .collect();
-        let next = SubValue {
+        let mut next = SubValue {
             line,
             active,
             epoch,
@@ -1069,11 +1083,47 @@ impl Coordinator {
             took_over,
             meta,
         };
+        self.trim_to_fit(sub, &mut next, &current.line);
         if next.line.is_empty() {
             self.issue(now, key, Op::Delete(revision), None);
         } else if next != current {
             let bytes = encode(&next);
             self.issue(now, key, Op::Update(bytes, revision), Some(next));
+        }
+    }
+}
+
+impl Coordinator {
+    /// Leaves out of `next` the members this gateway would add to the line (not in `before`),
+    /// newest first, while its value encodes to more than [`MAX_LINE_BYTES`]; each is
+    /// forgotten and ended ([`EndStatus::LineFull`]). Members already in the line stay.
+    fn trim_to_fit(&mut self, sub: &str, next: &mut SubValue, before: &[MemberUid]) {
+        let me = self.me;
+        while encode(next).len() > MAX_LINE_BYTES {
+            let Some(at) = next
+                .line
+                .iter()
+                .rposition(|uid| uid.gateway == me && !before.contains(uid))
+            else {
+                tracing::warn!(
+                    subscription = sub,
+                    "a singleton's line encodes to more than {MAX_LINE_BYTES} bytes with only members already in it"
+                );
+                return;
+            };
+            let uid = next.line.remove(at);
+            next.meta.retain(|(u, _)| *u != uid);
+            if next.active == Some(uid) {
+                next.active = next.line.first().copied();
+            }
+            if let Some(members) = self.local.get_mut(sub) {
+                members.retain(|m| m.id != uid.member);
+            }
+            self.effects.push_back(Effect::End {
+                subscription: sub.to_string(),
+                member: uid.member,
+                status: EndStatus::LineFull,
+            });
         }
     }
 }

@@ -988,3 +988,70 @@ fn a_line_holds_at_most_max_line_metadata_bytes() {
     );
     assert!(c.metadata_room("jobs", 1019));
 }
+
+// docs/semantics.md#cluster-metadata: joins at several gateways at once may pass
+// MAX_LINE_METADATA together, each gateway checking its own copy; the value a gateway writes
+// still never encodes to more than MAX_LINE_BYTES: its newest members that would pass it are
+// left out and ended (LineFull), those already in the line stay.
+#[test]
+fn a_lines_value_never_passes_max_line_bytes() {
+    let mut c = active_with("");
+    // Another gateway's members carry metadata of control characters (six bytes each in
+    // JSON): 80 of 1 KiB, past the bound on their own once escaped... but in the line already.
+    let heavy = "\u{1}".repeat(1024);
+    let theirs = SubValue {
+        line: std::iter::once(uid(7, 1))
+            .chain((1..=60).map(|m| uid(8, m)))
+            .collect(),
+        active: Some(uid(7, 1)),
+        epoch: 5,
+        carry: Vec::new(),
+        promoted: false,
+        took_over: false,
+        meta: (1..=60).map(|m| (uid(8, m), heavy.clone())).collect(),
+    };
+    see_line(&mut c, ms(6), &theirs, 7);
+    drain(&mut c);
+    // This gateway's view said there was room for each (it checks raw bytes).
+    for member in 2..=40 {
+        c.member_joined_with(ms(7), "jobs", member, heavy.clone());
+    }
+    // Each write succeeds; the next one adds who is left.
+    let mut effects = Vec::new();
+    let mut next = None;
+    for revision in 8..100 {
+        let (cmds, more) = drain(&mut c);
+        effects.extend(more);
+        let Some(cmd) = cmds.last() else { break };
+        let Op::Update(bytes, _) = &cmd.op else {
+            panic!("{cmd:?}")
+        };
+        assert!(
+            bytes.len() <= MAX_LINE_BYTES,
+            "{} bytes written",
+            bytes.len()
+        );
+        next = Some(value(cmd));
+        c.write_result(ms(8), cmd.id, Ok(revision));
+    }
+    let next = next.expect("a write of the line");
+    let ended: Vec<u64> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::End {
+                member,
+                status: EndStatus::LineFull,
+                ..
+            } => Some(*member),
+            _ => None,
+        })
+        .collect();
+    assert!(!ended.is_empty(), "some joins had to be left out");
+    for member in &ended {
+        assert!(!next.line.contains(&uid(7, *member)), "{member} left out");
+    }
+    // The newest are the ones left out; everything already in the line stays.
+    assert_eq!(ended.iter().max(), Some(&40));
+    assert!(theirs.line.iter().all(|u| next.line.contains(u)));
+    assert_eq!(next.active, Some(uid(7, 1)));
+}

@@ -62,6 +62,7 @@ async fn status_shows_members_in_promotion_order_with_the_active_one() {
     assert_eq!(cron["mode"], "SINGLETON");
     assert_eq!(cron["epoch"], leader.epoch());
     assert_eq!(cron["active_member_id"], leader.member_id());
+    assert_eq!(cron["active_metadata"], "host-a:9000");
     let members = cron["members"].as_array().unwrap();
     assert_eq!(members.len(), 2);
     assert_eq!(members[0]["member_id"], leader.member_id());
@@ -82,6 +83,7 @@ async fn status_shows_members_in_promotion_order_with_the_active_one() {
         (&1.into(), &1.into())
     );
     assert_eq!(work["counters"]["enqueued"], 2);
+    assert!(work.get("active_metadata").is_none(), "{work}");
 
     let out = tinybroker(vec!["status".into(), "--server".into(), url.clone()]).await;
     assert!(out.status.success());
@@ -109,6 +111,13 @@ async fn status_shows_members_in_promotion_order_with_the_active_one() {
     assert!(detail.contains("standby"), "{detail}");
     assert!(detail.contains("METADATA"), "{detail}");
     assert!(detail.contains("\"host-a:9000\""), "{detail}");
+    assert!(
+        detail.contains(&format!(
+            "active member {} (metadata \"host-a:9000\")",
+            leader.member_id()
+        )),
+        "{detail}"
+    );
 
     let out = tinybroker(vec![
         "status".into(),

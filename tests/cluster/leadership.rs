@@ -226,3 +226,115 @@ async fn a_lines_metadata_is_bounded_and_a_refused_proclamation_changes_nothing(
     within(async { while frames.message().await.unwrap().unwrap().metadata != "small" {} }).await;
     drop(standbys);
 }
+
+// docs/semantics.md#cluster-metadata: joins racing at two gateways each pass the gateway's own
+// check of the 64 KiB bound, so together they may carry more; metadata of control characters
+// (six bytes each in the line's JSON) makes the line's value larger still. The line stays
+// writable: a join its gateway cannot fit is refused RESOURCE_EXHAUSTED, never answered and then
+// left out, and when the leader leaves one of the joined members is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_racing_at_two_gateways_never_make_the_line_unwritable() {
+    let (cluster, a, b) = crate::two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let join = || pb::OpenSubscription {
+        metadata: "\u{1}".repeat(1024),
+        ..singleton("racing")
+    };
+    let mut leader = on_a.subscribe(singleton("racing")).await.unwrap();
+    let first = leader.confirmed().await;
+    let joins: Vec<_> = (0..150)
+        .map(|i| {
+            let at = if i % 2 == 0 {
+                on_a.clone()
+            } else {
+                on_b.clone()
+            };
+            let request = join();
+            tokio::spawn(async move { at.subscribe(request).await })
+        })
+        .collect();
+    let mut joined = Vec::new();
+    let mut refused = 0;
+    for join in joins {
+        match join.await.unwrap() {
+            Ok(member) => joined.push(member),
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "150 KiB of metadata cannot all fit");
+    assert!(!joined.is_empty());
+    let mut frames = watch(&on_b.0, "racing").await;
+    until_active(&mut frames, first.member_id).await;
+    drop(leader);
+    let promoted = within(async {
+        loop {
+            let frame = frames.message().await.unwrap().expect("watch ended");
+            if frame.active_member_id != 0 && frame.active_member_id != first.member_id {
+                return frame;
+            }
+        }
+    })
+    .await;
+    assert!(promoted.epoch > first.epoch);
+    assert_eq!(promoted.metadata, "\u{1}".repeat(1024));
+    // The line as the bucket holds it: within the bound on its encoded size.
+    let nats = async_nats::connect(cluster.client_url(0)).await.unwrap();
+    let kv = async_nats::jetstream::new(nats)
+        .get_key_value("tinybroker-coordination")
+        .await
+        .unwrap();
+    let line = kv.get("sub.racing").await.unwrap().expect("the line");
+    assert!(
+        line.len() <= tinybroker::cluster::coordinator::MAX_LINE_BYTES,
+        "the line's value is {} bytes",
+        line.len()
+    );
+    drop(joined);
+}
+
+// docs/semantics.md#member-metadata: proclamations of one member that overlap are each
+// answered once the line holds the latest; the line ends with one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_proclamations_of_one_member_are_all_answered() {
+    let (_cluster, a, b) = crate::two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("chatty")).await.unwrap();
+    let confirmed = leader.confirmed().await;
+    for round in 0..5 {
+        let values: Vec<String> = (0..4).map(|i| format!("r{round}-{i}")).collect();
+        let calls: Vec<_> = values
+            .iter()
+            .enumerate()
+            .map(|(i, metadata)| {
+                let mut at = if i % 2 == 0 {
+                    on_a.0.clone()
+                } else {
+                    on_b.0.clone()
+                };
+                let request = pb::ProclaimRequest {
+                    subscription_id: "chatty".into(),
+                    member_id: confirmed.member_id,
+                    epoch: confirmed.epoch,
+                    metadata: metadata.clone(),
+                };
+                tokio::spawn(async move { at.proclaim(request).await })
+            })
+            .collect();
+        for call in calls {
+            within(call).await.unwrap().unwrap_or_else(|status| {
+                panic!("round {round}: a valid proclamation was refused: {status:?}")
+            });
+        }
+        // Gateway B's copy of the bucket catches up to one of them.
+        within(async {
+            while !values.contains(&on_b.describe("chatty").await.unwrap().active_metadata) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    }
+    drop(leader);
+}

@@ -33,7 +33,7 @@ use crate::{
     broker::{LeadershipWatch, Upstream},
     cluster::{
         backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
-        coordinator::{Command, Config, Coordinator, Effect, Op, Proclaimed, RequestId},
+        coordinator::{Command, Config, Coordinator, Effect, EndStatus, Op, Proclaimed, RequestId},
         nats::NatsBackplane,
         values::GatewayId,
     },
@@ -79,6 +79,11 @@ pub(super) struct Handle {
 /// Joins waiting for their place in the line, or proclamations for the line to hold them:
 /// each answered once, by its member.
 type Waiting = BTreeMap<(Arc<str>, MemberId), oneshot::Sender<Result<(), Error>>>;
+
+/// Proclamations waiting for the line to hold them, by member: several of one member may
+/// overlap, and the line holding the latest answers every one of them (the earlier ones were
+/// replaced by the member itself).
+type Proclaiming = BTreeMap<(Arc<str>, MemberId), Vec<oneshot::Sender<Result<(), Error>>>>;
 
 /// The ids of the gateways holding a lease (`lease.<id>` keys), kept from the coordination
 /// bucket's watch; `None` until the watch has delivered.
@@ -282,7 +287,7 @@ async fn run(
         // member was ended, and its stream says so).
         let mut joining: Waiting = BTreeMap::new();
         // Proclamations to answer once the line holds them; dropped with the incarnation.
-        let mut proclaiming: Waiting = BTreeMap::new();
+        let mut proclaiming: Proclaiming = BTreeMap::new();
         loop {
             // The gate first: a lease that ended closes it before its members are ended, one
             // renewed opens it before an activation goes out.
@@ -344,7 +349,7 @@ async fn run(
                     Some(Input::Proclaim(sub, member, metadata, done)) => {
                         match coordinator.proclaim(now(), &sub, member, metadata.to_string()) {
                             Proclaimed::Taken => {
-                                proclaiming.insert((sub, member), done);
+                                proclaiming.entry((sub, member)).or_default().push(done);
                             }
                             // Gone: the closed channel says so.
                             Proclaimed::NotHere => {}
@@ -414,7 +419,7 @@ fn carry_out(
     backplane: &NatsBackplane,
     broker: &Upstream,
     writes: &mut JoinSet<(RequestId, String, Result<Revision, KvError>)>,
-    (joining, proclaiming): (&mut Waiting, &mut Waiting),
+    (joining, proclaiming): (&mut Waiting, &mut Proclaiming),
 ) {
     while let Some(Command { id, key, op }) = coordinator.poll_command() {
         let backplane = backplane.clone();
@@ -441,7 +446,10 @@ fn carry_out(
                 subscription,
                 member,
             } => {
-                if let Some(done) = proclaiming.remove(&(Arc::from(subscription), member)) {
+                for done in proclaiming
+                    .remove(&(Arc::from(subscription), member))
+                    .unwrap_or_default()
+                {
                     let _ = done.send(Ok(()));
                 }
             }
@@ -472,12 +480,23 @@ fn carry_out(
             Effect::End {
                 subscription,
                 member,
-                ..
+                status,
             } => {
                 let key = (Arc::from(subscription.as_str()), member);
-                joining.remove(&key);
+                let in_line = joining.remove(&key);
                 proclaiming.remove(&key);
-                end_member(broker, &subscription, member);
+                match status {
+                    EndStatus::Unavailable => end_member(broker, &subscription, member),
+                    EndStatus::LineFull => {
+                        // Joins at several gateways at once filled the line together
+                        // (docs/semantics.md#cluster-metadata): this one never entered it.
+                        let error = line_full(&subscription);
+                        if let Some(in_line) = in_line {
+                            let _ = in_line.send(Err(error.clone()));
+                        }
+                        broker.end_member(&subscription, member, &error);
+                    }
+                }
             }
         }
     }
@@ -490,6 +509,17 @@ fn no_room(subscription: &str, bytes: usize) -> Error {
         format!(
             "subscription {subscription:?}'s line holds too much member metadata to take {bytes} bytes more: in cluster mode a singleton's members together carry at most {} bytes (the line is one value of the coordination bucket); use less metadata",
             crate::cluster::coordinator::MAX_LINE_METADATA
+        ),
+    )
+}
+
+/// A line whose value would pass its size bound with this member (docs/semantics.md#cluster-metadata).
+fn line_full(subscription: &str) -> Error {
+    Error::cluster(
+        crate::core::ErrorKind::ResourceExhausted,
+        format!(
+            "subscription {subscription:?}'s line is full: with this member its value in the coordination bucket would pass {} bytes (members joining at several gateways at once carried too much metadata together); the member did not join: use less metadata",
+            crate::cluster::coordinator::MAX_LINE_BYTES
         ),
     )
 }
