@@ -333,7 +333,27 @@ pub fn requests(data: &[u8]) {
                 if let Ok(request) = pb::PublishRequest::decode(bytes)
                     && let Ok(draft) = service::draft(request, &limits)
                 {
-                    let _ = broker.publish(draft);
+                    // docs/semantics.md#fenced-publish: stored only with the active epoch (one
+                    // thread here, so nothing is promoted between the look and the publish).
+                    let fence = draft.fence().cloned();
+                    let leading = fence.as_ref().map(|f| {
+                        broker.describe(&f.subscription_id).ok().is_some_and(|v| {
+                            v.spec.mode == Mode::Singleton
+                                && v.members.iter().any(|m| m.active)
+                                && v.epoch == f.epoch
+                        })
+                    });
+                    let stored = broker.publish(draft);
+                    if let Some(leading) = leading {
+                        assert!(
+                            !stored.is_ok() || leading,
+                            "a publish fenced by {fence:?} was stored while that epoch did not lead"
+                        );
+                        assert!(
+                            !leading || !matches!(stored, Err(Error::Fenced { .. })),
+                            "a publish fenced by the active epoch was refused: {stored:?}"
+                        );
+                    }
                 }
             }
             1 => {
