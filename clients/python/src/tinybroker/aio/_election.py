@@ -121,8 +121,9 @@ class Leadership:
         host name; at most 1024 bytes): the first thing to do after promotion when the address
         is only known then. Returns once the metadata is in place (through gateways: once the
         cluster's line holds it). Raises `NotFoundError` once this leadership is over (a deposed
-        leader's member is gone), `InvalidArgumentError` over 1024 bytes, `ResourceExhaustedError` when a
-        cluster line's metadata is full (docs/semantics.md#member-metadata)."""
+        leader's member is gone), `InvalidArgumentError` over 1024 bytes,
+        `ResourceExhaustedError` when a cluster line's metadata is full
+        (docs/semantics.md#member-metadata)."""
         await self._client.proclaim(self.subscription_id, self._member_id, self._epoch, metadata)
 
     def fence(self, message: Message) -> Message:
