@@ -346,7 +346,7 @@ pub fn requests(data: &[u8]) {
                     let stored = broker.publish(draft);
                     if let Some(leading) = leading {
                         assert!(
-                            !stored.is_ok() || leading,
+                            stored.is_err() || leading,
                             "a publish fenced by {fence:?} was stored while that epoch did not lead"
                         );
                         assert!(
