@@ -46,6 +46,7 @@ fn window(n: u32) -> MemberOptions {
     MemberOptions {
         max_in_flight: n,
         notify_standby: false,
+        priority: 0,
     }
 }
 

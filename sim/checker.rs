@@ -3,7 +3,11 @@
 //!
 //! 1. a singleton subscription has at most one active member, and exactly one whenever it has
 //!    any member;
-//! 2. promotion follows join order (the confirmed member is always the earliest-joined);
+//! 2. promotion follows the line (the confirmed member is always the first in line: highest
+//!    priority, then join order, a member that handed over at the back of its priority,
+//!    docs/semantics.md#priority), and a member steps down only at a message boundary (it holds
+//!    nothing when it goes on standby, unless its hand-over timeout passed and what it held
+//!    was withdrawn, docs/semantics.md#hand-over);
 //! 3. no message is lost: every queued message is acked, in flight, queued, or counted as
 //!    dropped/dead-lettered/expired;
 //! 4. a message is in flight to at most one member at a time;
@@ -34,15 +38,19 @@ use std::{
 
 use tinybroker::{
     broker::{ConnectionId, Input, Observation, Observer},
-    core::{Effect, MemberId, Mode, SystemId},
+    core::{Effect, MemberId, Mode, StepDownCause, SystemId},
 };
 
 use crate::trace::Trace;
 
 #[derive(Default)]
 struct SubModel {
-    /// Live members in join order.
+    /// Live members in line order: priority, highest first, then join order.
     members: Vec<MemberId>,
+    /// Each live member's priority.
+    priority: BTreeMap<MemberId, u32>,
+    /// The step-down in progress: its member, and whether it is a hand-over.
+    stepping: Option<(MemberId, bool)>,
     active: BTreeSet<MemberId>,
     last_epoch: u64,
     holder: BTreeMap<SystemId, MemberId>,
@@ -75,6 +83,19 @@ struct State {
 pub struct Checker {
     state: Mutex<State>,
     trace: Trace,
+}
+
+impl SubModel {
+    /// Puts `member` in line behind every member of its priority or higher.
+    fn line_up(&mut self, member: MemberId) {
+        let priority = self.priority.get(&member).copied().unwrap_or(0);
+        let at = self
+            .members
+            .iter()
+            .position(|m| self.priority.get(m).copied().unwrap_or(0) < priority)
+            .unwrap_or(self.members.len());
+        self.members.insert(at, member);
+    }
 }
 
 impl Checker {
@@ -132,6 +153,8 @@ impl Checker {
             let held = std::mem::take(&mut m.outstanding);
             m.lost_in_crash.extend(held);
             m.members.clear();
+            m.priority.clear();
+            m.stepping = None;
             m.active.clear();
             m.holder.clear();
             m.connection.clear();
@@ -146,7 +169,11 @@ impl Checker {
 
     fn describe(input: &Input) -> String {
         match input {
-            Input::Join { member, .. } => format!("join m{member}"),
+            Input::Join {
+                member, priority, ..
+            } => format!("join m{member} priority {priority}"),
+            Input::HandOver { member, seq } => format!("hand-over of m{member} (step-down {seq})"),
+            Input::StepDownOverdue { seq } => format!("step-down {seq} overdue"),
             Input::Leave { member } => format!("leave m{member}"),
             Input::Enqueue { system_id } => format!("enqueue #{system_id}"),
             Input::Ack {
@@ -256,7 +283,11 @@ impl Observer for Checker {
         let m = state.subs.entry(id.clone()).or_default();
 
         match o.input {
-            Input::Join { member, connection } => {
+            Input::Join {
+                member,
+                connection,
+                priority,
+            } => {
                 // Join order, and never a member id handed out before (also by a broker before a
                 // restart).
                 if *member <= m.last_member {
@@ -266,11 +297,16 @@ impl Observer for Checker {
                     ));
                 }
                 m.last_member = m.last_member.max(*member);
-                m.members.push(*member);
+                m.priority.insert(*member, *priority);
+                m.line_up(*member);
                 m.connection.insert(*member, *connection);
             }
             Input::Leave { member } => {
                 m.members.retain(|x| x != member);
+                m.priority.remove(member);
+                if m.stepping.is_some_and(|(s, _)| s == *member) {
+                    m.stepping = None;
+                }
                 m.connection.remove(member);
                 m.active.remove(member);
                 m.holder.retain(|_, h| h != member);
@@ -315,7 +351,9 @@ impl Observer for Checker {
             | Input::Nack { .. }
             | Input::Evict
             | Input::Activate { .. }
-            | Input::PlaceInLine { .. } => {}
+            | Input::PlaceInLine { .. }
+            | Input::HandOver { .. }
+            | Input::StepDownOverdue { .. } => {}
             // docs/semantics.md#fenced-publish: a fenced publish passes exactly when its epoch
             // is the active member's, as this model knows it at the same instant.
             Input::Fence { epoch, passed } => {
@@ -357,9 +395,9 @@ impl Observer for Checker {
                                 m.active
                             ));
                         }
-                        if m.members.first() != Some(member) {
+                        if m.members.first() != Some(member) && !sub.is_arbitrated() {
                             violations.push(format!(
-                                "invariant 2: m{member} promoted but join order is {:?}",
+                                "invariant 2: m{member} promoted but the line is {:?}",
                                 m.members
                             ));
                         }
@@ -409,12 +447,61 @@ impl Observer for Checker {
                     m.outstanding.remove(&message.system_id());
                     m.holder.remove(&message.system_id());
                 }
+                Effect::SteppingDown { member, seq, cause } => {
+                    lines.push(format!(
+                        "broker {id}: m{member} steps down ({cause:?}, step-down {seq})"
+                    ));
+                    if !m.active.contains(member) {
+                        violations.push(format!("m{member} steps down but is not active"));
+                    }
+                    m.stepping = Some((*member, *cause == StepDownCause::HandOver));
+                }
+                Effect::SteppedDown {
+                    member,
+                    epoch,
+                    position,
+                } => {
+                    lines.push(format!(
+                        "broker {id}: m{member} stepped down from epoch {epoch}, standby position {position}"
+                    ));
+                    // docs/semantics.md#priority: only at a message boundary.
+                    let held: Vec<SystemId> = m
+                        .holder
+                        .iter()
+                        .filter(|(_, h)| *h == member)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    if !held.is_empty() {
+                        violations.push(format!(
+                            "m{member} stepped down while it still holds {held:?}: a takeover mid-message"
+                        ));
+                    }
+                    m.active.remove(member);
+                    let handover = match m.stepping.take() {
+                        Some((stepping, handover)) if stepping == *member => handover,
+                        other => {
+                            violations.push(format!(
+                                "m{member} stepped down without stepping down first ({other:?})"
+                            ));
+                            false
+                        }
+                    };
+                    if handover {
+                        // To the back of its priority.
+                        m.members.retain(|x| x != member);
+                        m.line_up(*member);
+                    }
+                }
                 Effect::Withdraw { member, system_id } => {
                     lines.push(format!("broker {id}: withdraw #{system_id} from m{member}"));
                     if m.holder.get(system_id) != Some(member) {
                         violations.push(format!(
                             "withdrew #{system_id} from m{member}, which does not hold it"
                         ));
+                    }
+                    if matches!(o.input, Input::StepDownOverdue { .. }) {
+                        // Back to the queue, for the successor: no longer in flight.
+                        m.holder.remove(system_id);
                     }
                 }
                 Effect::Dropped { system_id, reason } => {

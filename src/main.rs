@@ -29,6 +29,10 @@ enum Command {
     /// Delete a subscription no member is joined to (its settings and queued messages), so its
     /// id can be joined again with new settings.
     Delete(cli::client::Delete),
+    /// Ask a SINGLETON subscription's active member to step down at a message boundary; the
+    /// first standby in line takes over.
+    #[command(name = "handover")]
+    HandOver(cli::client::HandOver),
     /// Show subscriptions, members in promotion order, epochs, depths and counters.
     Status(cli::status::Status),
     /// Load generator: runs workload w1 (work queue), w2 (singleton failover) or w3 (fan-out).
@@ -62,6 +66,9 @@ fn main() -> ExitCode {
                 }
             }),
             Command::Delete(args) => cli::client::delete(args).await.map(|()| ExitCode::SUCCESS),
+            Command::HandOver(args) => cli::client::hand_over(args)
+                .await
+                .map(|()| ExitCode::SUCCESS),
             Command::Status(args) => cli::status::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Bench(args) => cli::bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BenchReplica(args) => {

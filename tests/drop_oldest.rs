@@ -49,6 +49,7 @@ fn request(id: &str, spec: SubscriptionSpec, window: u32) -> OpenRequest {
         member: MemberOptions {
             max_in_flight: window,
             notify_standby: false,
+            priority: 0,
         },
         metadata: std::sync::Arc::from(""),
     }
@@ -169,6 +170,7 @@ fn drop_oldest_drops_the_queue_head_or_the_longest_waiting_frame_whichever_is_ol
     };
     let window = |n| MemberOptions {
         max_in_flight: n,
+        priority: 0,
         notify_standby: false,
     };
     let (a, _) = s.join(&spec, window(2)).unwrap();

@@ -2,7 +2,9 @@
 //! leaves, publishes, acks (good, stale, unknown), nacks, releases, time passing and broker restarts (the
 //! wall clock passed in, moved forward or set back), over all three modes and various windows and
 //! limits, and cluster mode's arbitrated singletons (activation by the cluster with its epoch,
-//! queued messages handed back upstream), applied both to the core and to a small reference
+//! queued messages handed back upstream), and SINGLETON priorities and hand-overs
+//! (docs/semantics.md#priority, docs/semantics.md#hand-over: step-downs at a message boundary,
+//! their deadlines, stale ones), applied both to the core and to a small reference
 //! model written independently here. After every step the effects, the inspection view (counts, bytes,
 //! members, counters) must be identical and the invariants must hold. proptest shrinks a failure
 //! to a short sequence.
@@ -24,6 +26,15 @@ enum Op {
         window: u32,
         /// It asks for a standby notice (`notify_standby`).
         notify: bool,
+        /// Its priority (docs/semantics.md#priority).
+        priority: u32,
+    },
+    /// A `HandOver` request (docs/semantics.md#hand-over).
+    HandOver,
+    /// The shell's hand-over deadline passed, for the step-down in progress, or (`stale`) for
+    /// one long over.
+    StepDownOverdue {
+        stale: bool,
     },
     Leave {
         pick: usize,
@@ -75,7 +86,10 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         // Window 0 is taken as 1.
-        3 => (0u32..=3, any::<bool>()).prop_map(|(window, notify)| Op::Join { window, notify }),
+        3 => (0u32..=3, any::<bool>(), prop_oneof![3 => Just(0u32), 1 => 1u32..3])
+            .prop_map(|(window, notify, priority)| Op::Join { window, notify, priority }),
+        1 => Just(Op::HandOver),
+        1 => any::<bool>().prop_map(|stale| Op::StepDownOverdue { stale }),
         2 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
         4 => Just(Op::Publish),
         1 => Just(Op::PublishInternal),
@@ -166,6 +180,8 @@ enum Seen {
     Retired(u64),
     Standby(u64, u32),
     Withdrawn(u64, u64),
+    SteppingDown(u64, u64),
+    SteppedDown(u64, u64, u32),
 }
 
 fn project(effects: &[Effect]) -> Vec<Seen> {
@@ -183,6 +199,12 @@ fn project(effects: &[Effect]) -> Vec<Seen> {
             Effect::Withdraw { member, system_id } => Seen::Withdrawn(*member, *system_id),
             Effect::DeadLetter { message, .. } => Seen::Retired(message.system_id()),
             Effect::Standby { member, position } => Seen::Standby(*member, *position),
+            Effect::SteppingDown { member, seq, .. } => Seen::SteppingDown(*member, *seq),
+            Effect::SteppedDown {
+                member,
+                epoch,
+                position,
+            } => Seen::SteppedDown(*member, *epoch, *position),
         })
         .collect()
 }
@@ -195,6 +217,11 @@ struct RefMember {
     held: Vec<u64>,
     /// It released a message: it is sent nothing more (docs/semantics.md#releases).
     draining: bool,
+    priority: u32,
+    /// Its place among its priority: given in join order, and anew when it hands over.
+    ticket: u64,
+    /// Stepping down: it is sent nothing more (docs/semantics.md#hand-over).
+    yielding: bool,
 }
 
 /// The reference: the rules of docs/semantics.md#subscriptions, docs/semantics.md#delivery and docs/semantics.md#singleton written as plainly as possible.
@@ -211,6 +238,11 @@ struct Model {
     epoch: u64,
     idle_since: Option<Duration>,
     counters: Counters,
+    last_ticket: u64,
+    /// The step-down in progress: its member, its number, and whether it is a hand-over
+    /// (else a takeover by priority).
+    stepping: Option<(u64, u64, bool)>,
+    step_downs: u64,
 }
 
 const IDLE: Duration = Duration::from_secs(30);
@@ -232,7 +264,121 @@ impl Model {
             epoch: unix_micros,
             idle_since: Some(now),
             counters: Counters::default(),
+            last_ticket: 0,
+            stepping: None,
+            step_downs: 0,
         }
+    }
+
+    /// Member indexes in line order: highest priority first, then by ticket.
+    fn line(&self) -> Vec<usize> {
+        let mut line: Vec<usize> = (0..self.members.len()).collect();
+        line.sort_by_key(|&i| {
+            let m = &self.members[i];
+            (std::cmp::Reverse(m.priority), m.ticket)
+        });
+        line
+    }
+
+    /// Standby `i`'s place: 1 + the standbys ahead of it in line.
+    fn standby_position(&self, i: usize) -> u32 {
+        let ahead = self
+            .line()
+            .into_iter()
+            .take_while(|&j| j != i)
+            .filter(|&j| self.members[j].epoch.is_none())
+            .count();
+        ahead as u32 + 1
+    }
+
+    /// Who takes over from active member `a`: the first other member in line, if it outranks
+    /// `a` (a takeover) or has its priority at least (a hand-over).
+    fn successor(&self, a: usize, handover: bool) -> Option<usize> {
+        let first = self.line().into_iter().find(|&j| j != a)?;
+        let (theirs, ours) = (self.members[first].priority, self.members[a].priority);
+        (theirs > ours || (handover && theirs == ours)).then_some(first)
+    }
+
+    fn begin_step_down(&mut self, a: usize, handover: bool, out: &mut Vec<Seen>) {
+        self.members[a].yielding = true;
+        self.step_downs += 1;
+        self.stepping = Some((self.members[a].id, self.step_downs, handover));
+        out.push(Seen::SteppingDown(self.members[a].id, self.step_downs));
+    }
+
+    /// A step-down in progress is called off without a successor, completes once its member
+    /// holds nothing.
+    fn settle_step_down(&mut self, out: &mut Vec<Seen>) {
+        let Some((id, _, handover)) = self.stepping else {
+            return;
+        };
+        let Some(a) = self.members.iter().position(|m| m.id == id) else {
+            self.stepping = None;
+            return;
+        };
+        let Some(s) = self.successor(a, handover) else {
+            self.members[a].yielding = false;
+            self.stepping = None;
+            return;
+        };
+        if !self.members[a].held.is_empty() {
+            return;
+        }
+        self.stepping = None;
+        let epoch = self.members[a].epoch.take().unwrap();
+        self.members[a].yielding = false;
+        if handover {
+            self.last_ticket += 1;
+            self.members[a].ticket = self.last_ticket;
+        }
+        self.counters.handovers += 1;
+        self.epoch += 1;
+        self.members[s].epoch = Some(self.epoch);
+        self.counters.promotions += 1;
+        out.push(Seen::SteppedDown(id, epoch, self.standby_position(a)));
+        out.push(Seen::Confirm(self.members[s].id, self.epoch));
+    }
+
+    /// `HandOver`: the step-down it begins (or the one in progress), or `Err` when refused.
+    fn hand_over(&mut self) -> Result<((u64, u64), Vec<Seen>), ()> {
+        if self.setup.mode != Mode::Singleton || self.arbitrated() {
+            return Err(());
+        }
+        if let Some((id, seq, _)) = self.stepping {
+            return Ok(((id, seq), vec![]));
+        }
+        let a = self.members.iter().position(|m| m.epoch.is_some()).ok_or(())?;
+        self.successor(a, true).ok_or(())?;
+        let mut out = Vec::new();
+        self.begin_step_down(a, true, &mut out);
+        let step = (self.members[a].id, self.step_downs);
+        self.dispatch(&mut out);
+        Ok((step, out))
+    }
+
+    /// The deadline of step-down `seq` passed: what its member holds goes to the queue.
+    fn step_down_overdue(&mut self, seq: u64) -> Vec<Seen> {
+        let mut out = Vec::new();
+        let Some((id, _, handover)) = self.stepping.filter(|(_, s, _)| *s == seq) else {
+            return out;
+        };
+        let a = self.members.iter().position(|m| m.id == id).unwrap();
+        if self.successor(a, handover).is_some() {
+            let mut held = std::mem::take(&mut self.members[a].held);
+            held.sort_unstable();
+            if !held.is_empty() {
+                self.counters.handovers_overdue += 1;
+            }
+            for sid in &held {
+                out.push(Seen::Withdrawn(id, *sid));
+            }
+            for sid in held.iter().rev() {
+                let attempt = self.attempt.remove(sid).unwrap();
+                self.give_back(*sid, attempt, &mut out);
+            }
+        }
+        self.dispatch(&mut out);
+        out
     }
 
     fn arbitrated(&self) -> bool {
@@ -359,7 +505,9 @@ impl Model {
     }
 
     fn target(&self) -> Option<usize> {
-        let has_space = |m: &RefMember| m.epoch.is_some() && !m.draining && m.held.len() < m.window;
+        let has_space = |m: &RefMember| {
+            m.epoch.is_some() && !m.draining && !m.yielding && m.held.len() < m.window
+        };
         match self.setup.mode {
             // Arbitrated: whoever the cluster made active, wherever it stands in the local line.
             Mode::Singleton if self.arbitrated() => self
@@ -367,9 +515,13 @@ impl Model {
                 .iter()
                 .position(|m| m.epoch.is_some())
                 .filter(|&i| has_space(&self.members[i])),
-            Mode::Singleton | Mode::Broadcast => {
-                self.members.first().filter(|m| has_space(m)).map(|_| 0)
-            }
+            // Whoever is active: the first in line, or the one stepping down.
+            Mode::Singleton => self
+                .members
+                .iter()
+                .position(|m| m.epoch.is_some())
+                .filter(|&i| has_space(&self.members[i])),
+            Mode::Broadcast => self.members.first().filter(|m| has_space(m)).map(|_| 0),
             Mode::Queue => {
                 let after = self.members.iter().position(|m| m.id > self.last_served);
                 let order: Vec<usize> = match after {
@@ -382,6 +534,7 @@ impl Model {
     }
 
     fn dispatch(&mut self, out: &mut Vec<Seen>) {
+        self.settle_step_down(out);
         while !self.queue.is_empty() {
             let Some(i) = self.target() else { return };
             let (sid, attempt) = self.queue.pop_front().unwrap();
@@ -395,13 +548,14 @@ impl Model {
         }
     }
 
-    fn join(&mut self, window: u32, notify: bool) -> Result<Vec<Seen>, ()> {
+    fn join(&mut self, window: u32, notify: bool, priority: u32) -> Result<Vec<Seen>, ()> {
         if (self.setup.mode == Mode::Broadcast && !self.members.is_empty())
             || self.members.len() >= self.setup.max_members
         {
             return Err(());
         }
         self.last_member += 1;
+        self.last_ticket += 1;
         let mut out = Vec::new();
         let mut member = RefMember {
             id: self.last_member,
@@ -410,16 +564,33 @@ impl Model {
             epoch: None,
             held: vec![],
             draining: false,
+            priority,
+            ticket: self.last_ticket,
+            yielding: false,
         };
-        if self.setup.mode != Mode::Singleton || (self.members.is_empty() && !self.arbitrated()) {
+        let standby = self.setup.mode == Mode::Singleton
+            && (!self.members.is_empty() || self.arbitrated());
+        if !standby {
             self.epoch += 1;
             member.epoch = Some(self.epoch);
             out.push(Seen::Confirm(member.id, self.epoch));
-        } else if self.setup.mode == Mode::Singleton && notify && !self.arbitrated() {
-            // docs/semantics.md#singleton: its place is the number of members ahead of it.
-            out.push(Seen::Standby(member.id, self.members.len() as u32));
         }
         self.members.push(member);
+        let i = self.members.len() - 1;
+        if standby && !self.arbitrated() {
+            // docs/semantics.md#singleton: its place is 1 + the standbys ahead of it in line.
+            if notify {
+                out.push(Seen::Standby(self.members[i].id, self.standby_position(i)));
+            }
+            // docs/semantics.md#priority: it outranks the active member, which steps down.
+            let active = self.members.iter().position(|m| m.epoch.is_some());
+            if let Some(a) = active
+                && self.stepping.is_none()
+                && priority > self.members[a].priority
+            {
+                self.begin_step_down(a, false, &mut out);
+            }
+        }
         self.idle_since = None;
         self.dispatch(&mut out);
         Ok(out)
@@ -428,6 +599,9 @@ impl Model {
     fn leave(&mut self, i: usize, now: Duration) -> Vec<Seen> {
         let mut out = Vec::new();
         let mut m = self.members.remove(i);
+        if self.stepping.is_some_and(|(id, _, _)| id == m.id) {
+            self.stepping = None;
+        }
         // docs/semantics.md#redelivery-order: back at the head in publish order (ids are publish order), whatever order
         // nacks and redeliveries left them in.
         m.held.sort_unstable();
@@ -440,10 +614,12 @@ impl Model {
             && !self.members.is_empty()
             && !self.arbitrated()
         {
+            // The first in line.
+            let first = self.line()[0];
             self.epoch += 1;
-            self.members[0].epoch = Some(self.epoch);
+            self.members[first].epoch = Some(self.epoch);
             self.counters.promotions += 1;
-            out.push(Seen::Confirm(self.members[0].id, self.epoch));
+            out.push(Seen::Confirm(self.members[first].id, self.epoch));
         }
         if self.members.is_empty() {
             self.idle_since = Some(now);
@@ -581,12 +757,20 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         history.saw_ids(&model, next_sid);
         let (got, want): (Vec<Seen>, Vec<Seen>) = match op {
-            Op::Join { window, notify } => {
+            Op::Join {
+                window,
+                notify,
+                priority,
+            } => {
                 let options = MemberOptions {
                     max_in_flight: window,
                     notify_standby: notify,
+                    priority,
                 };
-                match (core.join(&spec, options), model.join(window, notify)) {
+                match (
+                    core.join(&spec, options),
+                    model.join(window, notify, priority),
+                ) {
                     (Ok((_, fx)), Ok(want)) => (project(&fx), want),
                     (Err(_), Err(())) => (vec![], vec![]),
                     (got, want) => {
@@ -595,6 +779,28 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         )));
                     }
                 }
+            }
+            Op::HandOver => match (core.hand_over(), model.hand_over()) {
+                (Ok((step, fx)), Ok((want_step, want))) => {
+                    prop_assert_eq!((step.member, step.seq), want_step, "hand-over's step-down");
+                    (project(&fx), want)
+                }
+                (Err(_), Err(())) => (vec![], vec![]),
+                (got, want) => {
+                    return Err(TestCaseError::fail(format!(
+                        "hand-over: core {got:?}, model {want:?}"
+                    )));
+                }
+            },
+            Op::StepDownOverdue { stale } => {
+                let seq = match (stale, model.stepping) {
+                    (false, Some((_, seq, _))) => seq,
+                    _ => model.step_downs.saturating_sub(1),
+                };
+                (
+                    project(&core.step_down_overdue(seq)),
+                    model.step_down_overdue(seq),
+                )
             }
             Op::Leave { pick } => {
                 if model.members.is_empty() {
@@ -820,21 +1026,24 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     i.in_flight,
                     i.max_in_flight,
                     i.position,
+                    i.priority,
                 )
             })
             .collect();
+        let line = model.line();
         let model_infos: Vec<_> = model
             .members
             .iter()
             .enumerate()
-            .map(|(position, m)| {
+            .map(|(i, m)| {
                 (
                     m.id,
                     m.epoch.is_some(),
                     m.epoch.unwrap_or(0),
                     m.held.len() as u32,
                     m.window as u32,
-                    position as u32,
+                    line.iter().position(|&j| j == i).unwrap() as u32,
+                    m.priority,
                 )
             })
             .collect();
@@ -879,6 +1088,7 @@ fn reference_model_catches_every_planted_bug() {
         PlantedBug::AckIgnoresFence,
         PlantedBug::RequeueNewestFirst,
         PlantedBug::CountersRestartAtZero,
+        PlantedBug::TakeOverMidMessage,
     ] {
         plant(Some(bug));
         let mut runner = TestRunner::new(Config {

@@ -121,6 +121,7 @@ pub fn group_state_machine(data: &[u8]) {
                 let options = MemberOptions {
                     max_in_flight: u32::from(window % 4),
                     notify_standby: notify,
+                    priority: 0,
                 };
                 match sub.join(&spec, options) {
                     Ok((member, fx)) => {

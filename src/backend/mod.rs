@@ -20,7 +20,7 @@ pub use embedded::Run;
 
 use crate::{
     broker::{
-        BatchError, Broker, BrokerStats, ConnectionId, Deleted, Description, Fence,
+        BatchError, Broker, BrokerStats, ConnectionId, Deleted, Description, Fence, HandedOver,
         LeadershipWatch, MemberStream, Published,
     },
     cluster::gateway::{Gateway, Pipeline},
@@ -178,6 +178,23 @@ impl Backend {
                 )
                 .map(|_| ()),
             Backend::Gateway(gateway) => gateway.proclaim(proclamation).await,
+        }
+    }
+
+    /// Asks the active member of a SINGLETON subscription to hand over
+    /// (docs/semantics.md#hand-over), and waits until it did, or its refusal.
+    ///
+    /// # Errors
+    /// [`Broker::hand_over`]'s refusals, and theirs once it ran; [`Error::ShuttingDown`] when
+    /// the broker stopped meanwhile; at a gateway, of kind unimplemented
+    /// (docs/semantics.md#cluster-priority-and-hand-over).
+    pub async fn hand_over(&self, subscription_id: &str) -> Result<HandedOver, Error> {
+        match self {
+            Backend::Embedded(broker) => {
+                let wait = broker.hand_over(subscription_id)?;
+                wait.await.map_err(|_| Error::ShuttingDown)?
+            }
+            Backend::Gateway(gateway) => gateway.hand_over(subscription_id),
         }
     }
 

@@ -37,12 +37,12 @@ impl IdleSchedule {
         }
     }
 
-    fn earliest(&self) -> Option<Duration> {
+    pub(super) fn earliest(&self) -> Option<Duration> {
         self.by_deadline.first().map(|(deadline, _)| *deadline)
     }
 
     /// Takes out every entry due at `now`.
-    fn take_due(&mut self, now: Duration) -> Vec<u64> {
+    pub(super) fn take_due(&mut self, now: Duration) -> Vec<u64> {
         let mut due = Vec::new();
         while let Some(&(deadline, key)) = self.by_deadline.first() {
             if deadline > now {
@@ -63,9 +63,14 @@ impl IdleSchedule {
 }
 
 impl Broker {
-    /// The earliest moment some member-less subscription expires.
+    /// The earliest moment some member-less subscription expires, or some step-down's
+    /// deadline passes (docs/semantics.md#hand-over).
     fn next_expiry(&self) -> Option<Duration> {
-        lock(&self.inner.idle).earliest()
+        let idle = lock(&self.inner.idle).earliest();
+        match (idle, self.next_handover_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Removes every subscription that has been without members for its idle time as of now.
@@ -100,8 +105,9 @@ impl Broker {
         removed
     }
 
-    /// Runs idle expiry until the broker shuts down: sleeps until the next deadline or until a
-    /// subscription loses its last member, whichever comes first.
+    /// Runs idle expiry and hand-over deadlines until the broker shuts down: sleeps until the
+    /// next deadline or until a subscription loses its last member (or a step-down begins),
+    /// whichever comes first.
     pub async fn run_expiry(self) {
         loop {
             if self.inner.shutting_down.load(Ordering::Acquire) {
@@ -118,6 +124,7 @@ impl Broker {
                 None => self.inner.expiry_wake.notified().await,
             }
             self.expire_idle();
+            self.overdue_handovers();
         }
     }
 }

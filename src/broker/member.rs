@@ -48,6 +48,9 @@ pub enum Outbound {
         member_id: MemberId,
         /// Place in line.
         position: u32,
+        /// The epoch it held when it was active until now and stepped down
+        /// (docs/semantics.md#hand-over); 0 otherwise.
+        stepped_down_epoch: Epoch,
     },
     /// A delivered message.
     Message {
@@ -189,6 +192,9 @@ pub(crate) struct SubState {
     /// since when (ms since the Unix epoch, by the broker's clock; 0 before any).
     pub(crate) leader: Option<crate::core::MemberId>,
     pub(crate) leader_since_ms: u64,
+    /// The step-down in progress, as the shell follows it (docs/semantics.md#hand-over): its
+    /// `seq`, and who waits for its outcome.
+    pub(crate) step_down: Option<super::handover::Following>,
 }
 
 /// The redeliveries a gateway that took over from a dead one waits for ([`SubState::owed`]).
@@ -282,6 +288,7 @@ impl SubState {
             leadership: None,
             leader: None,
             leader_since_ms: 0,
+            step_down: None,
         }
     }
 
@@ -518,8 +525,29 @@ impl SubState {
                             subscription_id,
                             member_id: member,
                             position,
+                            stepped_down_epoch: 0,
                         },
                     );
+                }
+                Effect::SteppedDown {
+                    member,
+                    epoch,
+                    position,
+                } => {
+                    let subscription_id = self.core.id().clone();
+                    tracing::info!(subscription = %subscription_id, member, epoch, "active member stepped down");
+                    self.send(
+                        member,
+                        Outbound::Standby {
+                            subscription_id,
+                            member_id: member,
+                            position,
+                            stepped_down_epoch: epoch,
+                        },
+                    );
+                }
+                Effect::SteppingDown { member, cause, .. } => {
+                    tracing::info!(subscription = %self.core.id(), member, ?cause, "active member stepping down");
                 }
                 Effect::Deliver {
                     member,

@@ -9,6 +9,7 @@
 
 mod delete;
 mod expiry;
+mod handover;
 mod leadership;
 mod logs;
 mod member;
@@ -22,6 +23,7 @@ mod view;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 pub use delete::Deleted;
+pub use handover::{HandOverWait, HandedOver};
 pub use leadership::{Leadership, LeadershipWatch};
 pub(crate) use logs::refused_join;
 pub use member::{
@@ -89,6 +91,8 @@ struct Inner {
     /// Member-less subscriptions by deadline. Updated under the subscription's lock (so a join
     /// and a leave cannot reorder their updates); a leaf lock, never held while taking another.
     idle: Mutex<expiry::IdleSchedule>,
+    /// Step-downs in progress by deadline (docs/semantics.md#hand-over); a leaf lock too.
+    handover_deadlines: Mutex<expiry::IdleSchedule>,
     observer: Option<Arc<dyn Observer>>,
     timings: std::sync::OnceLock<Arc<dyn Timings>>,
     /// A gateway's lease check for arbitrated singletons: while it says no, their deliveries
@@ -277,6 +281,7 @@ impl Broker {
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
                 idle: Mutex::new(expiry::IdleSchedule::default()),
+                handover_deadlines: Mutex::new(expiry::IdleSchedule::default()),
                 observer,
                 timings: std::sync::OnceLock::new(),
                 singleton_gate: std::sync::OnceLock::new(),
@@ -341,11 +346,15 @@ impl Broker {
             effects.retain(|e| !matches!(e, Effect::Deliver { .. }));
         }
         // Only a member joining, leaving or being made active changes who leads: publishes,
-        // acks and nacks (the hot path) skip all of this.
+        // acks and nacks (the hot path) skip all of this, unless a step-down is in progress,
+        // which any of them may complete (docs/semantics.md#hand-over).
         let membership = !matches!(
             input,
             Input::Enqueue { .. } | Input::Ack { .. } | Input::Nack { .. }
-        );
+        ) || state.step_down.is_some();
+        if membership {
+            self.follow_step_down(state, effects);
+        }
         // A singleton's leader changes with a confirmation, or when it leaves with no one to
         // follow it: when, by the clock read then, is what a watch says since
         // (docs/semantics.md#watching-leadership).
@@ -369,6 +378,9 @@ impl Broker {
         state.apply(effects, dead, shared);
         if leads_anew {
             state.refresh_leadership();
+        }
+        if membership {
+            self.end_step_down(state);
         }
         self.account(state);
     }
@@ -586,7 +598,11 @@ impl Broker {
             state.attach(member, connection, request.metadata.clone());
             self.apply(
                 &mut state,
-                Input::Join { member, connection },
+                Input::Join {
+                    member,
+                    connection,
+                    priority: request.member.priority,
+                },
                 effects,
                 &mut dead,
             );

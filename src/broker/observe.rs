@@ -19,6 +19,8 @@ pub enum Input {
         member: MemberId,
         /// The connection its stream runs on, when the transport tells it.
         connection: Option<ConnectionId>,
+        /// Its priority (docs/semantics.md#priority): where in the line it stands.
+        priority: u32,
     },
     /// A member's stream ended.
     Leave {
@@ -56,6 +58,20 @@ pub enum Input {
         /// Whether it was a release: a nack that keeps the attempt within its bound
         /// (docs/semantics.md#releases).
         release: bool,
+    },
+    /// A `HandOver` request: the active `member` steps down, as step-down `seq`
+    /// (docs/semantics.md#hand-over).
+    HandOver {
+        /// The active member.
+        member: MemberId,
+        /// The step-down (an earlier one in progress, when there was one).
+        seq: u64,
+    },
+    /// The hand-over timeout of step-down `seq` passed: what its member still holds goes to
+    /// its successor.
+    StepDownOverdue {
+        /// The step-down.
+        seq: u64,
     },
     /// Cluster mode: the cluster made this member of an arbitrated singleton active.
     Activate {

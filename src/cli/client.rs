@@ -157,6 +157,32 @@ pub async fn delete(args: Delete) -> Result<(), String> {
     }
 }
 
+#[derive(Args)]
+pub struct HandOver {
+    #[command(flatten)]
+    connection: Connection,
+    /// SINGLETON subscription whose active member should hand over (docs/semantics.md#hand-over).
+    id: String,
+}
+
+/// `tinybroker handover ID`: asks the active member to step down at a message boundary and
+/// prints who took over, or why no one did.
+pub async fn hand_over(args: HandOver) -> Result<(), String> {
+    let client = args.connection.client().await?;
+    let id = &args.id;
+    match client.hand_over(id).await {
+        Ok(done) => {
+            println!(
+                "subscription {id:?}: member {} (epoch {}) handed over to member {} (epoch {})",
+                done.previous_member_id, done.previous_epoch, done.member_id, done.epoch
+            );
+            Ok(())
+        }
+        Err(client::Error::NotFound(why)) => Err(format!("no subscription {id:?}: {why}")),
+        Err(e) => Err(format!("subscription {id:?} did not hand over: {e}")),
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
     Broadcast,
@@ -189,6 +215,10 @@ pub struct Subscribe {
     /// Ask to be told when on standby, and the place in line.
     #[arg(long)]
     notify_standby: bool,
+    /// Singleton: this member's priority; a higher one takes over from the active member at a
+    /// message boundary (docs/semantics.md#priority).
+    #[arg(long, default_value_t = 0)]
+    priority: u32,
     /// Hold messages instead of acking them (to watch redelivery on failover).
     #[arg(long)]
     no_ack: bool,
@@ -217,7 +247,8 @@ pub async fn subscribe(args: Subscribe) -> Result<SubscribeEnd, String> {
     }
     .max_in_flight(args.max_in_flight)
     .max_delivery_attempts(args.max_delivery_attempts)
-    .notify_standby(args.notify_standby);
+    .notify_standby(args.notify_standby)
+    .priority(args.priority);
     if !args.dead_letter_topic.is_empty() {
         options = options.dead_letter_topic(args.dead_letter_topic);
     }
@@ -259,6 +290,14 @@ pub async fn subscribe(args: Subscribe) -> Result<SubscribeEnd, String> {
                 position,
             } => println!(
                 "standby subscription={} member={member_id} position={position}",
+                args.id
+            ),
+            Event::SteppedDown {
+                member_id,
+                epoch,
+                position,
+            } => println!(
+                "stepped down subscription={} member={member_id} epoch={epoch} ended; standby position={position}",
                 args.id
             ),
             Event::Delivery(m) => {

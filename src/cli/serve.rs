@@ -58,6 +58,11 @@ pub struct Serve {
     /// How long a subscription without members keeps its queue (e.g. 300s, 10m).
     #[arg(long, env = "TINYBROKER_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
+    /// How long a SINGLETON's active member that hands over (HandOver, or a member of higher
+    /// priority joined) has to settle what it holds before its successor gets it as on a
+    /// failover (e.g. 10s, 1m).
+    #[arg(long, env = "TINYBROKER_HANDOVER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    handover_timeout: Duration,
     /// HTTP/2 keepalive ping interval; 0s disables keepalive.
     #[arg(long, env = "TINYBROKER_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     keepalive_interval: Duration,
@@ -181,6 +186,7 @@ impl Serve {
             max_memory_bytes: self.max_memory_bytes,
             drop_oldest_memory_percent: self.drop_oldest_memory_percent,
             max_wildcard_shapes: self.max_wildcard_shapes,
+            handover_timeout: self.handover_timeout,
             ..Limits::default()
         };
         let one =

@@ -35,6 +35,19 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// one fills its outlet and queue and then drops the oldest, counted as `dropped_overflow`.
 pub const MAX_BUFFERED_MESSAGES: usize = 64;
 
+/// A hand-over that happened ([`Client::hand_over`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedOver {
+    /// The member that stepped down.
+    pub previous_member_id: u64,
+    /// The epoch it held.
+    pub previous_epoch: u64,
+    /// The member now active.
+    pub member_id: u64,
+    /// Its epoch.
+    pub epoch: u64,
+}
+
 /// Why a [`Leadership`] ended.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("leadership of epoch {epoch} lost: {cause}")]
@@ -58,6 +71,12 @@ pub enum LostCause {
     /// [`Error::Unavailable`].
     #[error("{0}")]
     Ended(Error),
+    /// The broker asked this leader to step down and it did, at a message boundary: a
+    /// hand-over was requested, or a member of higher priority joined
+    /// (docs/semantics.md#hand-over). The member's stream is closed, so it leaves the line;
+    /// join again to stand in line.
+    #[error("stepped down: the leadership was handed over")]
+    HandedOver,
 }
 
 /// This replica is the active member of a singleton subscription. Leave with
@@ -333,6 +352,15 @@ impl Reader {
                     refused.fetch_add(system_ids.len().max(1) as u64, Ordering::Relaxed);
                     tracing::warn!(?system_ids, %error, "settlement refused");
                 }
+                Some(Ok(Event::SteppedDown { .. })) => {
+                    let _ = lost.send(Some(Lost {
+                        epoch,
+                        cause: LostCause::HandedOver,
+                    }));
+                    // Dropping the stream leaves the line: a Leadership that ended is not
+                    // confirmed again.
+                    return;
+                }
                 Some(Ok(Event::Active { .. } | Event::Standby { .. })) => {}
                 Some(Err(error)) => break error,
                 None => break Error::Unavailable("the broker ended the member's stream".into()),
@@ -437,6 +465,32 @@ impl Client {
             })
             .await?;
         Ok(())
+    }
+
+    /// Asks the active member of SINGLETON subscription `subscription_id` to hand over at a
+    /// message boundary, and answers once it did (docs/semantics.md#hand-over): the active
+    /// member settles what it holds (within the broker's hand-over timeout), steps down, and
+    /// the first standby in line is promoted.
+    ///
+    /// # Errors
+    /// [`Error::FailedPrecondition`] with no active member or no standby to take over,
+    /// [`Error::NotFound`] for an unknown subscription, [`Error::Other`] with
+    /// `Code::Unimplemented` at a gateway.
+    pub async fn hand_over(&self, subscription_id: &str) -> Result<HandedOver> {
+        let reply = self
+            .raw
+            .clone()
+            .hand_over(pb::HandOverRequest {
+                subscription_id: subscription_id.into(),
+            })
+            .await?
+            .into_inner();
+        Ok(HandedOver {
+            previous_member_id: reply.previous_member_id,
+            previous_epoch: reply.previous_epoch,
+            member_id: reply.member_id,
+            epoch: reply.epoch,
+        })
     }
 
     /// One attempt: join and wait for the confirmation. The error says whether it had joined.

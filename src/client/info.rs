@@ -22,11 +22,13 @@ pub struct MemberInfo {
     pub in_flight: u32,
     /// Its window.
     pub max_in_flight: u32,
-    /// Place in join order, 0 = earliest.
+    /// Place in line, 0 = first: priority order, highest first, then join order.
     pub position: u32,
     /// What it declared on joining or last proclaimed, empty if nothing (SINGLETON only;
     /// docs/semantics.md#member-metadata).
     pub metadata: String,
+    /// Its priority (SINGLETON only; docs/semantics.md#priority).
+    pub priority: u32,
 }
 
 /// One subscription as the broker describes it.
@@ -175,6 +177,7 @@ impl TryFrom<pb::SubscriptionInfo> for SubscriptionInfo {
                 max_in_flight: m.max_in_flight,
                 position: m.position,
                 metadata: m.metadata,
+                priority: m.priority,
             })
             .collect();
         members.sort_by_key(|m| m.position);
@@ -205,6 +208,8 @@ impl TryFrom<pb::SubscriptionInfo> for SubscriptionInfo {
                 promotions: c.promotions,
                 stale_acks: c.stale_acks,
                 dropped_overflow: c.dropped_overflow,
+                handovers: c.handovers,
+                handovers_overdue: c.handovers_overdue,
             },
             max_delivery_attempts: info.max_delivery_attempts,
             dead_letter_topic: (!info.dead_letter_topic.is_empty())

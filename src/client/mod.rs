@@ -52,7 +52,7 @@ use tonic::{
 };
 
 pub use crate::core::{AckMode, Mode, Overflow};
-pub use election::{Leadership, Lost, LostCause, MAX_BUFFERED_MESSAGES};
+pub use election::{HandedOver, Leadership, Lost, LostCause, MAX_BUFFERED_MESSAGES};
 pub use error::{Error, Result};
 pub use info::{BrokerCounters, Counters, Listing, MemberInfo, SubscriptionInfo, UpstreamBacklog};
 pub use options::SubscriptionOptions;

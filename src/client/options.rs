@@ -30,6 +30,9 @@ pub struct SubscriptionOptions {
     /// Singleton only: what watchers of the leadership see while this member leads (for
     /// example its address), at most 1024 bytes; empty for none.
     pub metadata: String,
+    /// Singleton only: this member's priority (docs/semantics.md#priority); 0, the default,
+    /// for every member keeps join order.
+    pub priority: u32,
 }
 
 impl SubscriptionOptions {
@@ -51,6 +54,7 @@ impl SubscriptionOptions {
             ack_mode: AckMode::Explicit,
             overflow: None,
             metadata: String::new(),
+            priority: 0,
         }
     }
 
@@ -122,6 +126,14 @@ impl SubscriptionOptions {
         self
     }
 
+    /// Sets this member's priority (singleton only; docs/semantics.md#priority): it takes over
+    /// from an active member of lower priority once that one has settled what it holds.
+    #[must_use]
+    pub fn priority(mut self, priority: u32) -> Self {
+        self.priority = priority;
+        self
+    }
+
     /// Sets the overflow policy.
     #[must_use]
     pub fn overflow(mut self, overflow: Overflow) -> Self {
@@ -156,6 +168,7 @@ impl SubscriptionOptions {
             }
             .into(),
             metadata: self.metadata.clone(),
+            priority: self.priority,
         }
     }
 }

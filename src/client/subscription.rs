@@ -111,6 +111,17 @@ pub enum Event {
         /// 1 = next to be promoted.
         position: u32,
     },
+    /// Singleton: this member was active and stepped down (a hand-over, or a member of higher
+    /// priority took over; docs/semantics.md#hand-over): `epoch` has ended, and the member waits
+    /// in line on standby at `position` (1 = next), confirmed again with a new epoch if promoted.
+    SteppedDown {
+        /// This member's id.
+        member_id: u64,
+        /// The epoch that ended.
+        epoch: u64,
+        /// 1 = next to be promoted.
+        position: u32,
+    },
     /// A message.
     Delivery(Delivery),
     /// Acks or nacks sent on this stream were refused and changed nothing. The broker
@@ -278,6 +289,14 @@ impl Subscription {
                     Event::Active {
                         member_id: c.member_id,
                         epoch: c.epoch,
+                    }
+                }
+                Some(Frame::Standby(s)) if s.stepped_down_epoch != 0 => {
+                    self.active = false;
+                    Event::SteppedDown {
+                        member_id: s.member_id,
+                        epoch: s.stepped_down_epoch,
+                        position: s.position,
                     }
                 }
                 Some(Frame::Standby(s)) => {

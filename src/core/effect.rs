@@ -23,6 +23,29 @@ pub enum Effect {
         /// Its place in line.
         position: u32,
     },
+    /// A SINGLETON's active member steps down at a message boundary (docs/semantics.md#hand-over):
+    /// it is sent nothing more, and once what it holds is settled it goes on standby and the
+    /// next in line is promoted. The shell gives it until its hand-over deadline, then calls
+    /// [`Subscription::step_down_overdue`](super::Subscription::step_down_overdue) with `seq`.
+    SteppingDown {
+        /// The active member stepping down.
+        member: MemberId,
+        /// Names this step-down (a later one has a higher `seq`).
+        seq: u64,
+        /// Why.
+        cause: StepDownCause,
+    },
+    /// The active member stepped down: it is on standby now, at `position` (1 = next), and
+    /// `epoch`, the one it held, has ended. A [`Confirm`](Effect::Confirm) of its successor
+    /// follows.
+    SteppedDown {
+        /// The member now on standby.
+        member: MemberId,
+        /// The epoch it held.
+        epoch: Epoch,
+        /// Its place in line.
+        position: u32,
+    },
     /// Send `message` to `member`.
     Deliver {
         /// The receiving member.
@@ -58,6 +81,15 @@ pub enum Effect {
         /// Why.
         reason: DropReason,
     },
+}
+
+/// Why a SINGLETON's active member steps down (docs/semantics.md#hand-over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepDownCause {
+    /// A member of higher priority joined (docs/semantics.md#priority).
+    Priority,
+    /// A `HandOver` request.
+    HandOver,
 }
 
 /// What a client's settlement of a delivered message asks for.
@@ -115,4 +147,10 @@ pub struct Counters {
     pub stale_acks: u64,
     /// Messages dropped by the drop-oldest overflow policy.
     pub dropped_overflow: u64,
+    /// Active members that stepped down to a successor (a hand-over or a higher-priority
+    /// takeover, docs/semantics.md#hand-over); each also counts in `promotions`.
+    pub handovers: u64,
+    /// Of those, the ones whose deadline passed with messages still in flight, which went back
+    /// to the queue for the successor.
+    pub handovers_overdue: u64,
 }

@@ -106,6 +106,15 @@ pub enum Error {
         /// Whether a member is active (with `current`).
         active: bool,
     },
+    /// A hand-over cannot happen (docs/semantics.md#hand-over): no member is active, no standby
+    /// could take over, or it did not happen (the standbys left meanwhile).
+    #[error("hand-over of subscription {subscription:?} refused: {reason}; nothing changed")]
+    HandOverRefused {
+        /// The subscription named.
+        subscription: String,
+        /// Why, in words.
+        reason: String,
+    },
     /// A watched subscription expired (no member within its idle timeout) or was deleted.
     #[error(
         "subscription {0:?} expired or was deleted: there is no leadership left to watch; watch again once a member joins it"
@@ -366,6 +375,7 @@ impl Error {
             | Error::NotSingleton { .. }
             | Error::NotActive { .. }
             | Error::Fenced { .. }
+            | Error::HandOverRefused { .. }
             | Error::MembersJoined { .. } => ErrorKind::FailedPrecondition,
             Error::BroadcastTaken(_) => ErrorKind::AlreadyExists,
             Error::SubscriptionNotFound(_)

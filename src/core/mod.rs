@@ -40,7 +40,7 @@ pub use spec::{
 };
 pub use subscription::{
     Counters, DropReason, Effect, Epoch, Floors, MemberId, MemberInfo, QueueLimits, Settlement,
-    Subscription,
+    StepDown, StepDownCause, Subscription,
 };
 pub use topic::{Pattern, Topic};
 

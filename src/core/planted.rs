@@ -51,6 +51,11 @@ pub enum PlantedBug {
     /// deposed leader's late publish gets through (breaks docs/semantics.md#fenced-publish).
     /// Planted in `core::subscription::Subscription::check_fence`.
     FenceAcceptsDeposedEpoch,
+    /// A higher-priority member takes over while the active member still holds messages: the
+    /// step-down completes at once, and a member on standby holds in-flight messages (breaks
+    /// docs/semantics.md#priority: "only at a message boundary"). Planted in
+    /// `core::subscription::Subscription::settle_step_down`.
+    TakeOverMidMessage,
 }
 
 #[cfg(feature = "planted-bugs")]

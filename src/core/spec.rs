@@ -154,6 +154,11 @@ pub struct MemberOptions {
     pub max_in_flight: u32,
     /// Singleton only: send a standby notice with the place in line on joining.
     pub notify_standby: bool,
+    /// Singleton only: the member's priority (docs/semantics.md#priority). The line is in
+    /// priority order, highest first, then join order; a member of higher priority than the
+    /// active one takes over at a message boundary. 0 (the default) for every member keeps
+    /// plain join order.
+    pub priority: u32,
 }
 
 impl Default for MemberOptions {
@@ -161,6 +166,7 @@ impl Default for MemberOptions {
         Self {
             max_in_flight: 1,
             notify_standby: false,
+            priority: 0,
         }
     }
 }
@@ -236,6 +242,10 @@ pub struct Limits {
     ///
     /// [`PatternIndex::walk_bound`]: crate::core::PatternIndex::walk_bound
     pub max_wildcard_shapes: usize,
+    /// How long a SINGLETON's active member that steps down (a hand-over, or a takeover by a
+    /// member of higher priority) has to settle what it holds; past it, what it still holds
+    /// goes to its successor as on a failover (docs/semantics.md#hand-over).
+    pub handover_timeout: Duration,
 }
 
 impl Limits {
@@ -276,6 +286,7 @@ impl Default for Limits {
             // `users.*.deleted` with it, have two: `x.*` and `x.*.x`); a walk at the limit
             // visits at most 512 + 33 nodes, about 10 µs.
             max_wildcard_shapes: 512,
+            handover_timeout: Duration::from_secs(10),
         }
     }
 }

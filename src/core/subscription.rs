@@ -35,7 +35,7 @@ pub use super::cost::{
     MEMBER_OVERHEAD, MESSAGE_OVERHEAD, PATTERN_OVERHEAD, SUBSCRIPTION_OVERHEAD, pattern_cost,
     subscription_cost,
 };
-pub use super::effect::{Counters, DropReason, Effect, Settlement};
+pub use super::effect::{Counters, DropReason, Effect, Settlement, StepDownCause};
 
 /// Where a new subscription starts numbering: above the broker run's [`IdFloor`](super::IdFloor)
 /// and, for one recreated under an id used before, above its predecessor, so that epochs and
@@ -79,6 +79,12 @@ struct Member {
     /// Set by its first accepted release: the member is leaving, so it is sent nothing more
     /// (docs/semantics.md#releases). It keeps what it holds and may settle it.
     draining: bool,
+    /// Its place in the line among members of its priority: lower is earlier. Given on
+    /// joining, in join order, and anew when it hands over (to the back of its priority).
+    ticket: u64,
+    /// Set while this active member steps down (docs/semantics.md#hand-over): it is sent
+    /// nothing more, and settles what it holds.
+    yielding: bool,
 }
 
 impl Member {
@@ -88,8 +94,27 @@ impl Member {
 
     /// Active and not leaving: it may be sent messages.
     fn takes_more(&self) -> bool {
-        self.epoch.is_some() && !self.draining
+        self.epoch.is_some() && !self.draining && !self.yielding
     }
+
+    /// Its key in [`Subscription::line`].
+    fn place(&self) -> LinePlace {
+        (std::cmp::Reverse(self.options.priority), self.ticket)
+    }
+}
+
+/// A member's key in the line: higher priority first, then ticket (join) order.
+type LinePlace = (std::cmp::Reverse<u32>, u64);
+
+/// An active member stepping down (docs/semantics.md#hand-over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepDown {
+    /// The active member stepping down.
+    pub member: MemberId,
+    /// Names this step-down, for its deadline.
+    pub seq: u64,
+    /// Why.
+    pub cause: StepDownCause,
 }
 
 /// A message delivered to a member and not yet settled.
@@ -116,8 +141,11 @@ pub struct MemberInfo {
     pub in_flight: u32,
     /// Its window.
     pub max_in_flight: u32,
-    /// Place in join order, 0 = earliest.
+    /// Place in line, 0 = first: priority order, highest first, then join order (with no
+    /// priorities, join order; a member that handed over goes to the back of its priority).
     pub position: u32,
+    /// Its priority (docs/semantics.md#priority).
+    pub priority: u32,
 }
 
 /// One subscription: its members and its queue.
@@ -128,6 +156,16 @@ pub struct Subscription {
     limits: QueueLimits,
     /// Keyed by member id, which increases in join order: the first entry joined earliest.
     members: BTreeMap<MemberId, Member>,
+    /// Every member by its place in line (singleton: whom a promotion picks), first first.
+    line: BTreeMap<LinePlace, MemberId>,
+    /// The last ticket given ([`Member::ticket`]).
+    last_ticket: u64,
+    /// A singleton's active member, when this core chooses it (not arbitrated).
+    active: Option<MemberId>,
+    /// The active member's step-down in progress, if any (docs/semantics.md#hand-over).
+    stepping_down: Option<StepDown>,
+    /// The last step-down's `seq`.
+    step_downs: u64,
     queue: Queue,
     /// What members hold when they ack; empty in an ack-free subscription, whose members
     /// keep theirs ([`Member::unwritten`]).
@@ -166,6 +204,11 @@ impl Subscription {
             spec,
             limits,
             members: BTreeMap::new(),
+            line: BTreeMap::new(),
+            last_ticket: 0,
+            active: None,
+            stepping_down: None,
+            step_downs: 0,
             queue: Queue::default(),
             in_flight: BTreeMap::new(),
             unwritten: 0,
@@ -224,7 +267,7 @@ impl Subscription {
                 mode: self.spec.mode,
             });
         }
-        let active = self.members.values().find_map(|m| m.epoch);
+        let active = self.active_epoch();
         let stale =
             planted(PlantedBug::FenceAcceptsDeposedEpoch) && active.is_some_and(|a| epoch + 1 == a);
         if active == Some(epoch) || stale {
@@ -376,18 +419,32 @@ impl Subscription {
 
     /// Inspection view of its members, in join order.
     pub fn member_infos(&self) -> Vec<MemberInfo> {
+        let positions: BTreeMap<MemberId, u32> = self
+            .line
+            .values()
+            .enumerate()
+            .map(|(position, id)| (*id, position as u32))
+            .collect();
         self.members
             .iter()
-            .enumerate()
-            .map(|(position, (id, m))| MemberInfo {
+            .map(|(id, m)| MemberInfo {
                 member_id: *id,
                 active: m.epoch.is_some(),
                 epoch: m.epoch.unwrap_or(0),
                 in_flight: m.in_flight,
                 max_in_flight: m.options.max_in_flight,
-                position: position as u32,
+                position: positions.get(id).copied().unwrap_or(0),
+                priority: m.options.priority,
             })
             .collect()
+    }
+
+    /// The active member's epoch, if a member is active.
+    fn active_epoch(&self) -> Option<Epoch> {
+        match self.active {
+            Some(id) => self.members.get(&id).and_then(|m| m.epoch),
+            None => self.members.values().find_map(|m| m.epoch),
+        }
     }
 
     // ---- inputs ----
@@ -429,6 +486,7 @@ impl Subscription {
         self.last_member_id += 1;
         let id = self.last_member_id;
         let ahead = self.members.len();
+        self.last_ticket += 1;
         let mut member = Member {
             options: MemberOptions {
                 max_in_flight: options.max_in_flight.max(1),
@@ -438,26 +496,38 @@ impl Subscription {
             in_flight: 0,
             unwritten: VecDeque::new(),
             draining: false,
+            ticket: self.last_ticket,
+            yielding: false,
         };
+        let place = member.place();
         let mut out = Vec::new();
         let second_active = planted(PlantedBug::TwoActiveMembers) && ahead == 1;
-        if self.spec.mode == Mode::Singleton && (ahead > 0 || self.arbitrated) && !second_active {
-            // An arbitrated member's place is in the cluster's line, not known here.
-            if options.notify_standby && !self.arbitrated {
-                out.push(Effect::Standby {
-                    member: id,
-                    position: ahead as u32,
-                });
-            }
-        } else {
+        let standby =
+            self.spec.mode == Mode::Singleton && (ahead > 0 || self.arbitrated) && !second_active;
+        if !standby {
             self.epoch += 1;
             member.epoch = Some(self.epoch);
+            if self.spec.mode == Mode::Singleton {
+                self.active = Some(id);
+            }
             out.push(Effect::Confirm {
                 member: id,
                 epoch: self.epoch,
             });
         }
         self.members.insert(id, member);
+        self.line.insert(place, id);
+        if standby && !self.arbitrated {
+            // An arbitrated member's place is in the cluster's line, not known here.
+            if options.notify_standby {
+                let position = self.standby_position(id);
+                out.push(Effect::Standby {
+                    member: id,
+                    position,
+                });
+            }
+            self.outranks_active(id, &mut out);
+        }
         self.idle_since = None;
         self.dispatch(&mut out);
         Ok((id, out))
@@ -471,6 +541,16 @@ impl Subscription {
         let Some(member) = self.members.remove(&member_id) else {
             return out;
         };
+        self.line.remove(&member.place());
+        if self
+            .stepping_down
+            .is_some_and(|step| step.member == member_id)
+        {
+            self.stepping_down = None;
+        }
+        if self.active == Some(member_id) {
+            self.active = None;
+        }
         // They go back in publish order (ascending id), not delivery order: after a nack and
         // its redelivery the member may hold 2 then 1, and the next active member must still
         // get 1 first (docs/semantics.md#redelivery-order). Pushing to the front in reverse puts the lowest id at the head.
@@ -512,18 +592,12 @@ impl Subscription {
         if self.spec.mode == Mode::Singleton && member.epoch.is_some() && !self.arbitrated {
             // Promotion looks at the first entry only: its cost does not grow with the standbys.
             let next = if planted(PlantedBug::PromoteNewestStandby) {
-                self.members.iter_mut().next_back()
+                self.line.values().next_back()
             } else {
-                self.members.iter_mut().next()
+                self.line.values().next()
             };
-            if let Some((&next_id, next)) = next {
-                self.epoch += 1;
-                next.epoch = Some(self.epoch);
-                self.counters.promotions += 1;
-                out.push(Effect::Confirm {
-                    member: next_id,
-                    epoch: self.epoch,
-                });
+            if let Some(&next_id) = next {
+                self.promote(next_id, &mut out);
             }
         }
         if self.members.is_empty() {
@@ -882,6 +956,9 @@ impl Subscription {
 
     /// Delivers from the head of the queue while some active member has window space.
     fn dispatch(&mut self, out: &mut Vec<Effect>) {
+        if self.stepping_down.is_some() {
+            self.settle_step_down(out);
+        }
         while !self.queue.is_empty() {
             let Some(member_id) = self.next_target() else {
                 return;
@@ -933,8 +1010,13 @@ impl Subscription {
                 .iter()
                 .find(|(_, m)| m.epoch.is_some())
                 .and_then(with_space),
-            // The first member is the only one that can be active.
-            Mode::Singleton | Mode::Broadcast => self.members.iter().next().and_then(with_space),
+            // The one member this core made active.
+            Mode::Singleton => self
+                .active
+                .and_then(|id| self.members.get_key_value(&id))
+                .and_then(with_space),
+            // A broadcast subscription has one member.
+            Mode::Broadcast => self.members.iter().next().and_then(with_space),
             // Round robin over members with space, starting after the one served last.
             Mode::Queue => self
                 .members
@@ -953,6 +1035,8 @@ mod arbitrated;
 mod check;
 #[path = "subscription_drop_oldest.rs"]
 mod drop_oldest;
+#[path = "subscription_step_down.rs"]
+mod step_down;
 
 #[cfg(test)]
 #[path = "subscription_tests.rs"]

@@ -60,7 +60,7 @@ fn checker_rejects_each_kind_of_broken_bookkeeping() {
                 member(s, a).epoch = None;
                 member(s, b).epoch = Some(9);
             },
-            "active member 2 is not the earliest-joined 1",
+            "active member 2 is not the first in line, 1",
         ),
         (
             busy_queue,
@@ -152,7 +152,7 @@ mod planted_bugs {
         assert_eq!(confirms(&fx), [(ids[2], 2)]);
         assert_eq!(
             s.check_invariants(),
-            Err("active member 3 is not the earliest-joined 2".to_string())
+            Err("active member 3 is not the first in line, 2".to_string())
         );
     }
 

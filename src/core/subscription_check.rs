@@ -20,13 +20,40 @@ impl Subscription {
             if !self.arbitrated && !self.members.is_empty() && active.len() != 1 {
                 return Err("members but no active member".into());
             }
-            if let (Some(first), Some(active)) = (self.members.keys().next(), active.first())
+            // The active member is the first in line (priority, then join order), except
+            // while it steps down to a successor (docs/semantics.md#hand-over).
+            if let (Some(first), Some(active)) = (self.line.values().next(), active.first())
                 && !self.arbitrated
-                && first != active
             {
-                return Err(format!(
-                    "active member {active} is not the earliest-joined {first}"
-                ));
+                match self.stepping_down {
+                    Some(step) if step.member != *active => {
+                        return Err(format!(
+                            "member {} steps down but member {active} is active",
+                            step.member
+                        ));
+                    }
+                    None if first != active => {
+                        return Err(format!(
+                            "active member {active} is not the first in line, {first}"
+                        ));
+                    }
+                    _ => {}
+                }
+                if self.active != Some(*active) {
+                    return Err(format!(
+                        "member {active} is active but the core names {:?}",
+                        self.active
+                    ));
+                }
+            }
+            // In flight to the active member only: a member on standby holds nothing
+            // (docs/semantics.md#priority, a takeover only at a message boundary).
+            if let Some((id, _)) = self
+                .members
+                .iter()
+                .find(|(_, m)| m.epoch.is_none() && m.in_flight > 0)
+            {
+                return Err(format!("member {id}, on standby, holds in-flight messages"));
             }
         } else if active.len() != self.members.len() {
             return Err("a non-singleton member is not active".into());
@@ -126,6 +153,14 @@ impl Subscription {
                 "in_flight_bytes {} but in-flight messages add up to {in_flight_bytes}",
                 self.in_flight_bytes
             ));
+        }
+        if self.line.len() != self.members.len()
+            || self
+                .line
+                .iter()
+                .any(|(place, id)| self.members.get(id).map(Member::place) != Some(*place))
+        {
+            return Err("the line does not match the members".into());
         }
         Ok(())
     }

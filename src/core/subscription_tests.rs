@@ -51,6 +51,7 @@ fn window(n: u32) -> MemberOptions {
     MemberOptions {
         max_in_flight: n,
         notify_standby: false,
+        priority: 0,
     }
 }
 
@@ -210,6 +211,7 @@ fn standby_notice_only_when_asked() {
     let ask = MemberOptions {
         max_in_flight: 1,
         notify_standby: true,
+        priority: 0,
     };
     let (b, fx) = s.join(&spec, ask).unwrap();
     assert_eq!(
@@ -875,3 +877,6 @@ fn released_messages_reach_the_next_singleton_member_in_publish_order() {
     );
     s.check_invariants().unwrap();
 }
+
+#[path = "subscription_step_down_tests.rs"]
+mod step_down;

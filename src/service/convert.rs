@@ -69,6 +69,7 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
                 max_in_flight: m.max_in_flight,
                 position: m.position,
                 metadata: metadata_of(m.member_id),
+                priority: m.priority,
             })
             .collect(),
         active_member_id,
@@ -91,6 +92,8 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
             promotions: c.promotions,
             stale_acks: c.stale_acks,
             dropped_overflow: c.dropped_overflow,
+            handovers: c.handovers,
+            handovers_overdue: c.handovers_overdue,
         }),
         max_delivery_attempts: view.spec.max_delivery_attempts,
         dead_letter_topic: view

@@ -33,10 +33,12 @@ pub fn frame(outbound: Outbound) -> Result<pb::SubscriptionFrame, Status> {
             subscription_id,
             member_id,
             position,
+            stepped_down_epoch,
         } => Frame::Standby(pb::StandbyNotice {
             subscription_id: subscription_id.to_string(),
             member_id,
             position,
+            stepped_down_epoch,
         }),
         Outbound::Message {
             message,

@@ -268,6 +268,27 @@ impl pb::broker_server::Broker for BrokerService {
         Ok(Response::new(pb::ProclaimResponse {}))
     }
 
+    async fn hand_over(
+        &self,
+        request: Request<pb::HandOverRequest>,
+    ) -> Result<Response<pb::HandOverResponse>, Status> {
+        // docs/semantics.md#hand-over
+        let request = request.into_inner();
+        validate::check_subscription_id(&request.subscription_id, self.backend.limits())
+            .map_err(|e| status(&e))?;
+        let done = self
+            .backend
+            .hand_over(&request.subscription_id)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::HandOverResponse {
+            previous_member_id: done.previous_member,
+            previous_epoch: done.previous_epoch,
+            member_id: done.member,
+            epoch: done.epoch,
+        }))
+    }
+
     async fn list_subscriptions(
         &self,
         request: Request<pb::ListSubscriptionsRequest>,

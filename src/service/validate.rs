@@ -237,6 +237,11 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
             "notify_standby only applies to DELIVERY_MODE_SINGLETON",
         ));
     }
+    if request.priority > 0 && mode != Mode::Singleton {
+        return Err(invalid(
+            "priority only applies to DELIVERY_MODE_SINGLETON (it orders the line of standbys)",
+        ));
+    }
     check_metadata(&request.metadata)?;
     if !request.metadata.is_empty() && mode != Mode::Singleton {
         return Err(invalid(
@@ -301,6 +306,7 @@ pub fn open_request(request: pb::OpenSubscription, limits: &Limits) -> Result<Op
         member: MemberOptions {
             max_in_flight,
             notify_standby: request.notify_standby,
+            priority: request.priority,
         },
         metadata: std::sync::Arc::from(request.metadata),
     })

@@ -25,6 +25,15 @@ impl Gateway {
         connection: Option<ConnectionId>,
     ) -> Result<MemberStream, Error> {
         let singleton = request.spec.mode == Mode::Singleton;
+        if request.member.priority > 0 {
+            return Err(Error::cluster(
+                crate::core::ErrorKind::Unimplemented,
+                format!(
+                    "a member with a priority (here {}) is not taken in cluster mode yet: the cluster's line keeps join order only; join without one (docs/semantics.md#cluster-priority-and-hand-over)",
+                    request.member.priority
+                ),
+            ));
+        }
         // Counted as under way until its member is in the local broker, and waits while a
         // delete holds the id (docs/semantics.md#deleting): it finds the old consumer or none.
         let _joining = self.inner.holds.enter(&request.subscription_id).await;

@@ -386,3 +386,18 @@ impl Leaders {
         self.lines.clear();
     }
 }
+
+impl Gateway {
+    /// `HandOver` through a gateway: refused (docs/semantics.md#cluster-priority-and-hand-over).
+    ///
+    /// # Errors
+    /// Always, of kind [`ErrorKind::Unimplemented`].
+    pub fn hand_over(&self, subscription_id: &str) -> Result<crate::broker::HandedOver, Error> {
+        Err(Error::cluster(
+            ErrorKind::Unimplemented,
+            format!(
+                "a hand-over of subscription {subscription_id:?} is not taken in cluster mode yet: the cluster's line has no step-down at a message boundary; nothing changed (docs/semantics.md#cluster-priority-and-hand-over)"
+            ),
+        ))
+    }
+}
