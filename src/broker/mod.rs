@@ -209,6 +209,8 @@ pub struct SubscriptionView {
     /// SINGLETON: the metadata of its members that have any
     /// (docs/semantics.md#member-metadata).
     pub metadata: std::collections::BTreeMap<MemberId, Arc<str>>,
+    /// SINGLETON: the active member while it steps down (docs/semantics.md#hand-over).
+    pub stepping_down: Option<MemberId>,
 }
 
 /// Broker-wide counters.
@@ -923,6 +925,7 @@ fn view(state: &SubState, now: Duration) -> SubscriptionView {
         counters: *core.counters(),
         expires_in: core.expires_at().map(|at| at.saturating_sub(now)),
         metadata: state.metadata(),
+        stepping_down: core.stepping_down().map(|step| step.member),
     }
 }
 

@@ -54,6 +54,7 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
         None => String::new(),
     };
     pb::SubscriptionInfo {
+        stepping_down_member_id: view.stepping_down.unwrap_or(0),
         subscription_id: view.subscription_id.to_string(),
         mode: mode_to_pb(view.spec.mode).into(),
         consumer_group: view.spec.consumer_group,

@@ -22,6 +22,7 @@ mod bench;
 mod delete;
 mod delivery;
 mod fence;
+mod handover;
 mod leadership;
 mod lifecycle;
 mod logs;

@@ -18,6 +18,8 @@ pub(crate) mod delete;
 mod delivery;
 #[path = "../api/fence.rs"]
 mod fence;
+#[path = "../api/handover.rs"]
+mod handover;
 #[path = "../api/leadership.rs"]
 mod leadership;
 #[allow(

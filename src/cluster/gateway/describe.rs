@@ -132,6 +132,7 @@ impl Gateway {
                 counters: Default::default(),
                 expires_in: None,
                 metadata: Default::default(),
+                stepping_down: None,
             })
         };
         if singleton {

@@ -1,0 +1,267 @@
+//! Priority and hand-over over the wire (docs/semantics.md#priority, docs/semantics.md#hand-over):
+//! an active SINGLETON member steps down only at a message boundary, when a member of higher
+//! priority joins or a `HandOver` asks it to: it is sent nothing more, and once it acked what
+//! it holds it is told it stepped down (a StandbyNotice with `stepped_down_epoch`) and the first
+//! standby in line is confirmed with a higher epoch. Nothing is delivered twice. Through
+//! gateways both are refused UNIMPLEMENTED, changing nothing
+//! (docs/semantics.md#cluster-priority-and-hand-over).
+
+use tinybroker::pb::{self, subscription_frame::Frame};
+use tonic::{Code, Status};
+
+use crate::harness::*;
+
+fn ranked(id: &str, priority: u32) -> pb::OpenSubscription {
+    pb::OpenSubscription {
+        priority,
+        ..singleton(id)
+    }
+}
+
+async fn hand_over(client: &Client, id: &str) -> Result<pb::HandOverResponse, Status> {
+    within(client.0.clone().hand_over(pb::HandOverRequest {
+        subscription_id: id.into(),
+    }))
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// Awaits the subscription's `stepping_down_member_id` becoming `member`.
+async fn stepping_down(client: &Client, id: &str, member: u64) {
+    within(async {
+        while client.describe(id).await.unwrap().stepping_down_member_id != member {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+/// The next frame must tell `member` it stepped down from `epoch`.
+async fn told_stepped_down(member: &mut Member, epoch: u64) -> pb::StandbyNotice {
+    match member.frame().await {
+        Frame::Standby(notice) => {
+            assert_eq!(notice.stepped_down_epoch, epoch, "{notice:?}");
+            assert_eq!(notice.member_id, member.member_id);
+            notice
+        }
+        other => panic!("expected the step-down notice, got {other:?}"),
+    }
+}
+
+// docs/semantics.md#hand-over: the hand-over waits for the message in flight; meanwhile the
+// active member gets nothing new; its ack completes it: it is told, the standby is confirmed
+// with the next epoch and gets the next message as a first delivery, and the request answers
+// with both members and epochs.
+#[tokio::test]
+async fn a_hand_over_waits_for_the_message_in_flight_and_redelivers_nothing() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut first = client.subscribe(singleton("ho")).await.unwrap();
+    let c1 = first.confirmed().await;
+    let mut second = client.subscribe(singleton("ho")).await.unwrap();
+    client.publish("jobs.a", "m1").await;
+    let m1 = first.message().await;
+    if GATEWAYS {
+        assert_code(
+            hand_over(&client, "ho").await,
+            Code::Unimplemented,
+            "not taken in cluster mode",
+        );
+        // Nothing changed: the leader goes on.
+        first.ack(m1.system_id).await;
+        client.publish("jobs.a", "m2").await;
+        assert_eq!(first.message().await.payload.as_ref(), b"m2");
+        return;
+    }
+    let request = {
+        let client = client.clone();
+        tokio::spawn(async move { hand_over(&client, "ho").await })
+    };
+    stepping_down(&client, "ho", c1.member_id).await;
+    client.publish("jobs.a", "m2").await;
+    assert!(!request.is_finished(), "answered before the message was acked");
+    first.ack(m1.system_id).await;
+    let done = within(request).await.unwrap().unwrap();
+    told_stepped_down(&mut first, c1.epoch).await;
+    let c2 = second.confirmed().await;
+    assert_next_epoch(c1.epoch, c2.epoch);
+    assert_eq!(
+        (
+            done.previous_member_id,
+            done.previous_epoch,
+            done.member_id,
+            done.epoch
+        ),
+        (c1.member_id, c1.epoch, c2.member_id, c2.epoch)
+    );
+    let m2 = second.message().await;
+    assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
+    let info = client.describe("ho").await.unwrap();
+    let counters = info.counters.unwrap();
+    assert_eq!(
+        (counters.redelivered, counters.handovers, counters.promotions),
+        (0, 1, 1)
+    );
+    assert_eq!(info.stepping_down_member_id, 0);
+    // The member that stepped down waits in line, behind no one: it follows the new leader.
+    drop(second);
+    let again = first.confirmed().await;
+    assert_next_epoch(c2.epoch, again.epoch);
+}
+
+// docs/semantics.md#priority: a member of higher priority takes over only once the active
+// member acked what it holds, and the member it displaced stays in line; an equal priority
+// keeps join order.
+#[tokio::test]
+async fn a_higher_priority_member_takes_over_at_a_message_boundary() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let mut low = client.subscribe(ranked("prio", 0)).await.unwrap();
+    let c1 = low.confirmed().await;
+    if GATEWAYS {
+        assert_code(
+            client.subscribe(ranked("prio", 5)).await.map(|_| ()),
+            Code::Unimplemented,
+            "priority",
+        );
+        return;
+    }
+    client.publish("jobs.a", "m1").await;
+    let m1 = low.message().await;
+    let mut high = client.subscribe(ranked("prio", 5)).await.unwrap();
+    stepping_down(&client, "prio", c1.member_id).await;
+    client.publish("jobs.a", "m2").await;
+    // A second member of the same priority as the leader-to-be waits behind it.
+    let mut peer = client.subscribe(ranked("prio", 5)).await.unwrap();
+    low.ack(m1.system_id).await;
+    let notice = told_stepped_down(&mut low, c1.epoch).await;
+    assert_eq!(notice.position, 2, "behind the peer of higher priority");
+    let c2 = high.confirmed().await;
+    assert_next_epoch(c1.epoch, c2.epoch);
+    let m2 = high.message().await;
+    assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
+    // In join order: the displaced leader last in line, the new one first, its peer next.
+    let info = client.describe("prio").await.unwrap();
+    let line: Vec<(u32, u32)> = info
+        .members
+        .iter()
+        .map(|m| (m.priority, m.position))
+        .collect();
+    assert_eq!(line, [(0, 2), (5, 0), (5, 1)]);
+    assert_eq!(info.members[1].member_id, c2.member_id);
+    drop(high);
+    peer.confirmed().await;
+}
+
+embedded_only! {
+    // docs/semantics.md#hand-over: past the hand-over timeout, what the member still holds
+    // goes to its successor as on a failover (attempt 2); the old member's late ack is refused,
+    // and nothing is in flight to both.
+    #[tokio::test]
+    async fn an_overdue_hand_over_gives_what_is_in_flight_to_the_successor() {
+        let config = tinybroker::server::ServerConfig {
+            limits: tinybroker::core::Limits {
+                handover_timeout: std::time::Duration::from_millis(200),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let server = TestServer::with_config(config).await;
+        let client = server.client().await;
+        let mut first = client.subscribe(singleton("late")).await.unwrap();
+        let c1 = first.confirmed().await;
+        let mut second = client.subscribe(singleton("late")).await.unwrap();
+        client.publish("jobs.a", "m1").await;
+        let m1 = first.message().await;
+        let done = hand_over(&client, "late").await.unwrap();
+        told_stepped_down(&mut first, c1.epoch).await;
+        let c2 = second.confirmed().await;
+        assert_eq!((done.member_id, done.epoch), (c2.member_id, c2.epoch));
+        let again = second.message().await;
+        assert_eq!((again.system_id, again.delivery_attempt), (m1.system_id, 2));
+        assert_code(
+            client.ack("late", c1.member_id, m1.system_id).await,
+            Code::FailedPrecondition,
+            "stale",
+        );
+        let counters = client.describe("late").await.unwrap().counters.unwrap();
+        assert_eq!((counters.handovers, counters.handovers_overdue), (1, 1));
+        second.ack(again.system_id).await;
+    }
+
+    // docs/semantics.md#watching-leadership: a watcher sees the hand-over as a change of
+    // leader with a higher epoch.
+    #[tokio::test]
+    async fn a_watcher_sees_the_hand_over() {
+        let server = TestServer::start().await;
+        let client = server.client().await;
+        let mut first = client.subscribe(singleton("seen")).await.unwrap();
+        let c1 = first.confirmed().await;
+        let mut second = client.subscribe(singleton("seen")).await.unwrap();
+        let mut frames = within(client.0.clone().watch_leadership(pb::WatchLeadershipRequest {
+            subscription_id: "seen".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+        let now = within(frames.message()).await.unwrap().unwrap();
+        assert_eq!((now.active_member_id, now.epoch), (c1.member_id, c1.epoch));
+        hand_over(&client, "seen").await.unwrap();
+        let c2 = second.confirmed().await;
+        let next = within(frames.message()).await.unwrap().unwrap();
+        assert_eq!((next.active_member_id, next.epoch), (c2.member_id, c2.epoch));
+    }
+}
+
+// docs/semantics.md#hand-over: refusals name the reason and change nothing.
+#[tokio::test]
+async fn hand_overs_that_cannot_happen_are_refused() {
+    let server = TestServer::start().await;
+    let client = server.client().await;
+    let (code, missing) = if GATEWAYS {
+        (Code::Unimplemented, "not taken in cluster mode")
+    } else {
+        (Code::NotFound, "not found")
+    };
+    assert_code(hand_over(&client, "nobody").await, code, missing);
+    assert_code(
+        hand_over(&client, "").await,
+        Code::InvalidArgument,
+        "subscription_id is required",
+    );
+    let mut alone = client.subscribe(singleton("alone")).await.unwrap();
+    let c = alone.confirmed().await;
+    let mut queue = client
+        .subscribe(open("q", pb::DeliveryMode::Queue, "g", &["q.>"]))
+        .await
+        .unwrap();
+    queue.confirmed().await;
+    if GATEWAYS {
+        assert_code(hand_over(&client, "alone").await, code, missing);
+    } else {
+        assert_code(
+            hand_over(&client, "alone").await,
+            Code::FailedPrecondition,
+            "no standby",
+        );
+        assert_code(
+            hand_over(&client, "q").await,
+            Code::FailedPrecondition,
+            "only a SINGLETON",
+        );
+    }
+    assert_code(
+        client
+            .subscribe(pb::OpenSubscription {
+                priority: 1,
+                ..open("q2", pb::DeliveryMode::Queue, "g", &["q.>"])
+            })
+            .await
+            .map(|_| ()),
+        Code::InvalidArgument,
+        "priority only applies to DELIVERY_MODE_SINGLETON",
+    );
+    // Still the leader, with its epoch.
+    let info = client.describe("alone").await.unwrap();
+    assert_eq!((info.active_member_id, info.epoch), (c.member_id, c.epoch));
+}
