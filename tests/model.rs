@@ -347,7 +347,11 @@ impl Model {
         if let Some((id, seq, _)) = self.stepping {
             return Ok(((id, seq), vec![]));
         }
-        let a = self.members.iter().position(|m| m.epoch.is_some()).ok_or(())?;
+        let a = self
+            .members
+            .iter()
+            .position(|m| m.epoch.is_some())
+            .ok_or(())?;
         self.successor(a, true).ok_or(())?;
         let mut out = Vec::new();
         self.begin_step_down(a, true, &mut out);
@@ -568,8 +572,8 @@ impl Model {
             ticket: self.last_ticket,
             yielding: false,
         };
-        let standby = self.setup.mode == Mode::Singleton
-            && (!self.members.is_empty() || self.arbitrated());
+        let standby =
+            self.setup.mode == Mode::Singleton && (!self.members.is_empty() || self.arbitrated());
         if !standby {
             self.epoch += 1;
             member.epoch = Some(self.epoch);

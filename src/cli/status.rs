@@ -59,6 +59,9 @@ struct SubscriptionView {
     /// shown at every gateway, the member's own or not.
     #[serde(skip_serializing_if = "String::is_empty")]
     active_metadata: String,
+    /// The active member while it steps down (docs/semantics.md#hand-over).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stepping_down_member_id: Option<u64>,
     queued_messages: u64,
     queued_bytes: u64,
     in_flight: u64,
@@ -68,7 +71,7 @@ struct SubscriptionView {
     /// Cluster mode: the subscription's JetStream consumer.
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream: Option<UpstreamView>,
-    /// In promotion order: the earliest joined first.
+    /// In promotion order: the first in line (highest priority, then earliest joined) first.
     members: Vec<MemberView>,
     counters: CountersView,
 }
@@ -91,6 +94,8 @@ struct MemberView {
     max_in_flight: u32,
     /// What it declared on joining or last proclaimed; empty if nothing.
     metadata: String,
+    /// Its priority (docs/semantics.md#priority).
+    priority: u32,
 }
 
 #[derive(Serialize, Default)]
@@ -108,6 +113,8 @@ struct CountersView {
     dropped_overflow: u64,
     promotions: u64,
     stale_acks: u64,
+    handovers: u64,
+    handovers_overdue: u64,
 }
 
 impl From<SubscriptionInfo> for SubscriptionView {
@@ -123,6 +130,7 @@ impl From<SubscriptionInfo> for SubscriptionView {
             epoch: info.epoch,
             active_member_id: info.active_member_id,
             active_metadata: info.active_metadata,
+            stepping_down_member_id: info.stepping_down_member_id,
             queued_messages: info.queued_messages,
             queued_bytes: info.queued_bytes,
             in_flight: info.in_flight,
@@ -147,6 +155,7 @@ impl From<SubscriptionInfo> for SubscriptionView {
                     in_flight: m.in_flight,
                     max_in_flight: m.max_in_flight,
                     metadata: m.metadata,
+                    priority: m.priority,
                 })
                 .collect(),
             counters: CountersView {
@@ -163,6 +172,8 @@ impl From<SubscriptionInfo> for SubscriptionView {
                 dropped_overflow: c.dropped_overflow,
                 promotions: c.promotions,
                 stale_acks: c.stale_acks,
+                handovers: c.handovers,
+                handovers_overdue: c.handovers_overdue,
             },
         }
     }
@@ -445,27 +456,31 @@ fn detail(s: &SubscriptionView) -> String {
     }
     if !s.members.is_empty() {
         out.push_str("  members, in promotion order:\n");
-        let mut rows = vec![
-            [
-                "    POSITION",
-                "MEMBER",
-                "STATE",
-                "EPOCH",
-                "IN FLIGHT",
-                "WINDOW",
-                "METADATA",
-            ]
-            .map(String::from)
-            .to_vec(),
-        ];
+        // The priority column only when some member has one (docs/semantics.md#priority).
+        let ranked = s.members.iter().any(|m| m.priority > 0);
+        let mut header = [
+            "    POSITION",
+            "MEMBER",
+            "STATE",
+            "EPOCH",
+            "IN FLIGHT",
+            "WINDOW",
+            "METADATA",
+        ]
+        .map(String::from)
+        .to_vec();
+        if ranked {
+            header.insert(2, "PRIORITY".into());
+        }
+        let mut rows = vec![header];
         for m in &s.members {
-            rows.push(vec![
+            let mut row = vec![
                 format!("    {}", m.position),
                 m.member_id.to_string(),
-                if m.active {
-                    "active".into()
-                } else {
-                    "standby".into()
+                match (m.active, s.stepping_down_member_id == Some(m.member_id)) {
+                    (true, true) => "stepping down".into(),
+                    (true, false) => "active".into(),
+                    (false, _) => "standby".into(),
                 },
                 if m.active {
                     m.epoch.to_string()
@@ -480,7 +495,11 @@ fn detail(s: &SubscriptionView) -> String {
                 } else {
                     format!("{:?}", m.metadata)
                 },
-            ]);
+            ];
+            if ranked {
+                row.insert(2, m.priority.to_string());
+            }
+            rows.push(row);
         }
         out.push_str(&table(&rows));
     }
@@ -501,5 +520,11 @@ fn detail(s: &SubscriptionView) -> String {
         c.dropped_full,
         c.dropped_overflow
     ));
+    if c.handovers > 0 {
+        out.push_str(&format!(
+            "            handovers {} (overdue {})\n",
+            c.handovers, c.handovers_overdue
+        ));
+    }
     out
 }

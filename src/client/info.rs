@@ -42,12 +42,15 @@ pub struct SubscriptionInfo {
     pub consumer_group: String,
     /// Topic patterns.
     pub patterns: Vec<String>,
-    /// Members in promotion (join) order: the earliest joined first.
+    /// Members in promotion order: the first in line (highest priority, then earliest joined) first.
     pub members: Vec<MemberInfo>,
     /// The active member in singleton mode; `None` in the other modes, or with no member.
     pub active_member_id: Option<u64>,
     /// The active member's metadata in singleton mode; empty with none active or none declared.
     pub active_metadata: String,
+    /// Singleton: the active member while it steps down (a hand-over, or a member of higher
+    /// priority joined; docs/semantics.md#hand-over).
+    pub stepping_down_member_id: Option<u64>,
     /// Highest epoch handed out on this subscription.
     pub epoch: u64,
     /// Messages waiting in the queue.
@@ -190,6 +193,8 @@ impl TryFrom<pb::SubscriptionInfo> for SubscriptionInfo {
             members,
             active_member_id: (info.active_member_id != 0).then_some(info.active_member_id),
             active_metadata: info.active_metadata,
+            stepping_down_member_id: (info.stepping_down_member_id != 0)
+                .then_some(info.stepping_down_member_id),
             epoch: info.epoch,
             queued_messages: info.queued_messages,
             queued_bytes: info.queued_bytes,

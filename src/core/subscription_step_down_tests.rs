@@ -81,8 +81,7 @@ fn equal_priority_keeps_join_order() {
     assert_eq!(stepped_down(&fx), [(a, 1, 1)]);
     assert_eq!(confirms(&fx), [(c, 2)]);
     let infos = s.member_infos();
-    let positions: Vec<(MemberId, u32)> =
-        infos.iter().map(|i| (i.member_id, i.position)).collect();
+    let positions: Vec<(MemberId, u32)> = infos.iter().map(|i| (i.member_id, i.position)).collect();
     assert_eq!(positions, [(a, 1), (a + 1, 2), (c, 0)]);
 }
 
@@ -95,10 +94,18 @@ fn a_hand_over_promotes_the_next_in_line_and_queues_the_leader_behind_its_peers(
     let (c, _) = join(&mut s);
     let (step, fx) = s.hand_over().unwrap();
     assert_eq!((step.member, step.cause), (a, StepDownCause::HandOver));
-    assert_eq!(stepped_down(&fx), [(a, 1, 2)], "behind c, the other standby");
+    assert_eq!(
+        stepped_down(&fx),
+        [(a, 1, 2)],
+        "behind c, the other standby"
+    );
     assert_eq!(confirms(&fx), [(b, 2)]);
     s.check_invariants().unwrap();
-    assert_eq!(confirms(&s.leave(b, NOW)), [(c, 3)], "c joined before a's hand-over");
+    assert_eq!(
+        confirms(&s.leave(b, NOW)),
+        [(c, 3)],
+        "c joined before a's hand-over"
+    );
 }
 
 // Refusals change nothing: no standby, an active member that outranks every standby, another
@@ -137,7 +144,10 @@ fn an_overdue_hand_over_gives_what_is_in_flight_to_the_successor() {
     s.nack(Some(a), 1).unwrap();
     let (step, fx) = s.hand_over().unwrap();
     assert!(stepped_down(&fx).is_empty());
-    assert!(s.step_down_overdue(step.seq + 1).is_empty(), "another step-down");
+    assert!(
+        s.step_down_overdue(step.seq + 1).is_empty(),
+        "another step-down"
+    );
     let fx = s.step_down_overdue(step.seq);
     let withdrawn: Vec<SystemId> = fx
         .iter()

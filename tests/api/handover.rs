@@ -79,7 +79,10 @@ async fn a_hand_over_waits_for_the_message_in_flight_and_redelivers_nothing() {
     };
     stepping_down(&client, "ho", c1.member_id).await;
     client.publish("jobs.a", "m2").await;
-    assert!(!request.is_finished(), "answered before the message was acked");
+    assert!(
+        !request.is_finished(),
+        "answered before the message was acked"
+    );
     first.ack(m1.system_id).await;
     let done = within(request).await.unwrap().unwrap();
     told_stepped_down(&mut first, c1.epoch).await;
@@ -99,7 +102,11 @@ async fn a_hand_over_waits_for_the_message_in_flight_and_redelivers_nothing() {
     let info = client.describe("ho").await.unwrap();
     let counters = info.counters.unwrap();
     assert_eq!(
-        (counters.redelivered, counters.handovers, counters.promotions),
+        (
+            counters.redelivered,
+            counters.handovers,
+            counters.promotions
+        ),
         (0, 1, 1)
     );
     assert_eq!(info.stepping_down_member_id, 0);

@@ -135,3 +135,65 @@ async fn resigning_is_told_apart_from_losing_the_broker() {
         "{lost}"
     );
 }
+
+// docs/semantics.md#hand-over: `Client::hand_over` ends a leadership at a message boundary: the
+// leader settles its message, then its Leadership is lost as handed over (it leaves the line),
+// and the standby leads with a higher epoch; the request answers with both.
+#[tokio::test]
+async fn a_hand_over_ends_the_leadership_once_its_message_is_settled() {
+    let server = TestServer::start().await;
+    let client = connect(&server).await;
+    let options = SubscriptionOptions::singleton("job", "replicas", ["job.>"]);
+    let mut first = within(client.elect_with(options.clone(), |_| {}))
+        .await
+        .unwrap();
+    let standby = {
+        let client = client.clone();
+        let options = options.clone();
+        tokio::spawn(async move { client.elect_with(options, |_| {}).await })
+    };
+    within(async {
+        while client.describe("job").await.unwrap().members.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    within(client.publish(Message::new("job.run", "1")))
+        .await
+        .unwrap();
+    let message = within(first.next_message()).await.unwrap();
+    let lost = first.lost();
+    let request = {
+        let client = client.clone();
+        tokio::spawn(async move { client.hand_over("job").await })
+    };
+    within(async {
+        while client
+            .describe("job")
+            .await
+            .unwrap()
+            .stepping_down_member_id
+            != Some(first.member_id())
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(!first.is_lost(), "lost before its message was settled");
+    message.ack().unwrap();
+    let lost = within(lost).await;
+    assert!(matches!(lost.cause, LostCause::HandedOver), "{lost}");
+    let second = within(standby).await.unwrap().unwrap();
+    assert!(second.epoch() > first.epoch());
+    let done = within(request).await.unwrap().unwrap();
+    assert_eq!(
+        (done.previous_epoch, done.member_id, done.epoch),
+        (first.epoch(), second.member_id(), second.epoch())
+    );
+    within(async {
+        while client.describe("job").await.unwrap().members.len() != 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}

@@ -144,3 +144,78 @@ async fn status_says_plainly_when_the_broker_cannot_be_reached() {
         "{stderr}"
     );
 }
+
+// docs/semantics.md#hand-over: `tinybroker handover ID` steps the leader down and names who
+// took over; `status` shows the priorities and who steps down; a refusal exits non-zero with
+// the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handover_hands_the_lead_to_the_next_in_line_and_status_shows_the_line() {
+    let server = TestServer::start().await;
+    let url = format!("http://{}", server.addr);
+    let client = within(Client::connect(url.clone())).await.unwrap();
+    let options = SubscriptionOptions::singleton("cron", "replicas", ["cron.*"]).priority(2);
+    let leader = within(client.elect_with(options.clone(), |_| {}))
+        .await
+        .unwrap();
+    let other = client.clone();
+    let standby = tokio::spawn(async move { other.elect_with(options, |_| {}).await });
+    within(async {
+        while client.describe("cron").await.unwrap().members.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let out = tinybroker(vec![
+        "status".into(),
+        "--server".into(),
+        url.clone(),
+        "cron".into(),
+    ])
+    .await;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("PRIORITY"), "{table}");
+
+    let lost = leader.lost();
+    let out = tinybroker(vec![
+        "handover".into(),
+        "--server".into(),
+        url.clone(),
+        "cron".into(),
+    ])
+    .await;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let successor = within(standby).await.unwrap().unwrap();
+    assert!(
+        printed.contains(&format!(
+            "member {} (epoch {}) handed over to member {} (epoch {})",
+            leader.member_id(),
+            leader.epoch(),
+            successor.member_id(),
+            successor.epoch()
+        )),
+        "{printed}"
+    );
+    within(lost).await;
+    // The old leader's Leadership left the line: no one to hand over to now.
+    within(async {
+        while client.describe("cron").await.unwrap().members.len() != 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let out = tinybroker(vec![
+        "handover".into(),
+        "--server".into(),
+        url,
+        "cron".into(),
+    ])
+    .await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no standby to hand over to"), "{stderr}");
+}
