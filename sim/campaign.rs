@@ -101,6 +101,16 @@ pub fn run(seed: u64) -> Outcome {
         setup.drop_oldest = true;
         setup.limits.max_queue_messages = carriages.range(2, 6);
     }
+    // Priorities and hand-overs (docs/semantics.md#priority, docs/semantics.md#hand-over),
+    // from their own stream too: one singleton seed in three gives its replicas priorities 0
+    // to 2, one in two has an operator asking for hand-overs, with a 400 ms hand-over timeout
+    // that slow replicas overrun.
+    let mut leadership = Rng::new(seed ^ 0x9a10_7e11_ca5e);
+    let ranked = mode == DeliveryMode::Singleton && leadership.range(0, 2) == 0;
+    let handing_over = mode == DeliveryMode::Singleton && leadership.range(0, 1) == 0;
+    if handing_over {
+        setup.limits.handover_timeout = ms(400);
+    }
     let mut world = World::new(&Setup { ack_free, ..setup });
     let mut windows = Rng::new(seed ^ 0x0bde_2f10_77a1);
     // Fenced side effects, from their own stream too: half the singleton seeds' replicas
@@ -130,6 +140,11 @@ pub fn run(seed: u64) -> Outcome {
                 _ => Carriage::Fenced,
             },
             fenced_effects: mode == DeliveryMode::Singleton && effects.range(0, 2) == 0,
+            priority: if ranked {
+                leadership.range(0, 2) as u32
+            } else {
+                0
+            },
         };
         let name = format!("r{i}");
         world.replica(&name, behaviour);
@@ -140,6 +155,9 @@ pub fn run(seed: u64) -> Outcome {
     // activation the broker made, with rising epochs.
     if mode == DeliveryMode::Singleton {
         world.watcher("watcher");
+    }
+    if handing_over {
+        world.operator("operator", leadership.next_u64(), FAULT_PHASE);
     }
     // One seed in three publishes in bursts of 2 to 16 on `PublishStream` (from its own
     // stream, so older seeds keep their schedules): the broker publishes each burst as runs.

@@ -113,7 +113,7 @@ fn seeds_to_catch(bug: PlantedBug, max: u64) -> Option<u64> {
     None
 }
 
-const BUGS: [PlantedBug; 9] = [
+const BUGS: [PlantedBug; 10] = [
     PlantedBug::PromoteNewestStandby,
     PlantedBug::ForgetRedelivery,
     PlantedBug::TwoActiveMembers,
@@ -123,6 +123,7 @@ const BUGS: [PlantedBug; 9] = [
     PlantedBug::CountersRestartAtZero,
     PlantedBug::WatchReportsStaleEpoch,
     PlantedBug::FenceAcceptsDeposedEpoch,
+    PlantedBug::TakeOverMidMessage,
 ];
 
 // The checker has teeth: each planted bug is caught within a few seeds, and the report names the

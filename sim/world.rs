@@ -74,6 +74,9 @@ pub struct Behaviour {
     /// epoch it got the message with (docs/semantics.md#fenced-publish), also after it abandoned
     /// its stream, as a deposed leader that wakes up late does.
     pub fenced_effects: bool,
+    /// SINGLETON: its priority (docs/semantics.md#priority): one that outranks the leader
+    /// takes over at a message boundary when it joins.
+    pub priority: u32,
 }
 
 impl Behaviour {
@@ -87,6 +90,7 @@ impl Behaviour {
             window: 1,
             carriage: Carriage::Fenced,
             fenced_effects: false,
+            priority: 0,
         }
     }
 
@@ -259,6 +263,7 @@ impl World {
                 "replicas".into()
             },
             max_in_flight: behaviour.window,
+            priority: behaviour.priority,
             ack_mode: if self.ack_free {
                 pb::AckMode::None
             } else {
@@ -283,6 +288,17 @@ impl World {
                 trace.clone(),
                 seen.clone(),
             )
+        });
+    }
+
+    /// Adds an operator host that asks the singleton subscription's leader to hand over
+    /// (docs/semantics.md#hand-over) every 0.3 to 2 s of simulated time, as drawn from
+    /// `seed`, until `until`; it traces each answer.
+    pub fn operator(&mut self, name: &str, seed: u64, until: Duration) {
+        let trace = self.trace.clone();
+        let host = name.to_string();
+        self.sim.host(name, move || {
+            operator(host.clone(), seed, until, trace.clone())
         });
     }
 
@@ -675,6 +691,19 @@ async fn replica(
                         }
                     }
                 }
+                Some(Frame::Standby(s)) if s.stepped_down_epoch != 0 => {
+                    // docs/semantics.md#hand-over: it stays in line, on standby.
+                    trace.line(format!(
+                        "{name}: stepped down from epoch {}, standby position {}",
+                        s.stepped_down_epoch, s.position
+                    ));
+                    if s.stepped_down_epoch != last_epoch {
+                        seen.borrow_mut().violations.push(format!(
+                            "{name} stepped down from epoch {} but was confirmed with {last_epoch}",
+                            s.stepped_down_epoch
+                        ));
+                    }
+                }
                 Some(Frame::Standby(s)) => {
                     trace.line(format!("{name}: standby position {}", s.position))
                 }
@@ -879,6 +908,47 @@ async fn burst_publisher(
         tokio::time::sleep(pause).await;
     }
     trace.line("publisher: done");
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// The operator: asks for a hand-over of "report" now and then until `until`.
+async fn operator(
+    name: String,
+    seed: u64,
+    until: Duration,
+    trace: Trace,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut rng = Rng::new(seed);
+    let started = tokio::time::Instant::now();
+    let mut client = connect_retrying(&name, &trace).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(rng.range(300, 2000))).await;
+        if started.elapsed() >= until {
+            break;
+        }
+        let answer = client
+            .hand_over(pb::HandOverRequest {
+                subscription_id: "report".into(),
+            })
+            .await;
+        match answer {
+            Ok(done) => {
+                let done = done.into_inner();
+                trace.line(format!(
+                    "{name}: hand-over m{} epoch {} -> m{} epoch {}",
+                    done.previous_member_id, done.previous_epoch, done.member_id, done.epoch
+                ));
+            }
+            Err(status) => {
+                trace.line(format!("{name}: hand-over refused: {:?}", status.code()));
+                if status.code() == tonic::Code::Unavailable {
+                    client = connect_retrying(&name, &trace).await;
+                }
+            }
+        }
+    }
+    trace.line(format!("{name}: done"));
     std::future::pending::<()>().await;
     Ok(())
 }

@@ -60,12 +60,18 @@ impl Subscription {
         }
         // docs/semantics.md#redelivery-order singleton order, as a state property: the queue is in id (publish) order
         // and everything in flight comes before it, so each delivery is the lowest id waiting.
-        // A member that released (docs/semantics.md#releases) is sent nothing more: what it
-        // still holds may come after what it gave back, and goes back in order when it leaves.
+        // A member that released (docs/semantics.md#releases) or steps down
+        // (docs/semantics.md#hand-over) is sent nothing more: what it still holds may come
+        // after what it gave back, and goes back in order when it leaves or its hand-over is
+        // overdue.
         if self.spec.mode == Mode::Singleton {
             let ids: Vec<SystemId> = self
                 .in_flight_ids()
-                .filter(|(_, holder)| self.members.get(holder).is_some_and(|m| !m.draining))
+                .filter(|(_, holder)| {
+                    self.members
+                        .get(holder)
+                        .is_some_and(|m| !m.draining && !m.yielding)
+                })
                 .map(|(id, _)| id)
                 .chain(self.queued_ids())
                 .collect();
