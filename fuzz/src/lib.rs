@@ -55,6 +55,17 @@ enum Op {
         member: Option<u8>,
         pick: u8,
     },
+    /// docs/semantics.md#priority: a member that may outrank the active one.
+    JoinRanked {
+        window: u8,
+        priority: u8,
+    },
+    /// docs/semantics.md#hand-over: a `HandOver` request.
+    HandOver,
+    /// The shell's hand-over deadline, for the step-down in progress or (`stale`) an older one.
+    StepDownOverdue {
+        stale: bool,
+    },
 }
 
 /// The wall clock at the first run's start, in microseconds since the Unix epoch.
@@ -132,6 +143,54 @@ pub fn group_state_machine(data: &[u8]) {
                     Err(e) => panic!("unexpected join error: {e}"),
                 }
             }
+            Op::JoinRanked { window, priority } => {
+                let options = MemberOptions {
+                    max_in_flight: u32::from(window % 4),
+                    notify_standby: true,
+                    priority: u32::from(priority % 3),
+                };
+                let active = sub.active_members().next();
+                match sub.join(&spec, options) {
+                    Ok((member, fx)) => {
+                        members.push(member);
+                        // A takeover begins only from a member that outranks the active one,
+                        // and never completes holding a message.
+                        if fx.iter().any(|e| matches!(e, Effect::SteppingDown { .. })) {
+                            assert!(active.is_some() && mode == Mode::Singleton, "{fx:?}");
+                        }
+                        fx
+                    }
+                    Err(Error::BroadcastTaken(_) | Error::TooManyMembers { .. }) => vec![],
+                    Err(e) => panic!("unexpected join error: {e}"),
+                }
+            }
+            Op::HandOver => {
+                let before = (sub.active_members().next(), sub.epoch());
+                match sub.hand_over() {
+                    Ok((step, fx)) => {
+                        assert_eq!(Some(step.member), before.0, "the active member steps down");
+                        fx
+                    }
+                    Err(Error::HandOverRefused { .. } | Error::NotSingleton { .. }) => {
+                        assert_eq!(
+                            before,
+                            (sub.active_members().next(), sub.epoch()),
+                            "a refused hand-over changed the leadership"
+                        );
+                        vec![]
+                    }
+                    Err(e) => panic!("unexpected hand-over error: {e}"),
+                }
+            }
+            Op::StepDownOverdue { stale } => match (sub.stepping_down(), stale) {
+                (Some(step), false) => sub.step_down_overdue(step.seq),
+                (Some(step), true) => {
+                    let fx = sub.step_down_overdue(step.seq.wrapping_sub(1));
+                    assert!(fx.is_empty(), "a stale deadline acted: {fx:?}");
+                    fx
+                }
+                (None, _) => sub.step_down_overdue(1),
+            },
             Op::Leave { pick } if !members.is_empty() => {
                 let member = members.remove(usize::from(pick) % members.len());
                 sub.leave(member, now)
@@ -223,13 +282,25 @@ pub fn group_state_machine(data: &[u8]) {
                 vec![]
             }
         };
-        for effect in &effects {
+        for (at, effect) in effects.iter().enumerate() {
             if let Effect::Confirm { epoch, .. } = effect {
                 assert!(
                     *epoch > last_epoch,
                     "epoch went from {last_epoch} to {epoch}"
                 );
                 last_epoch = *epoch;
+            }
+            // docs/semantics.md#hand-over: a step-down ends the epoch it held and the next
+            // effect confirms its successor.
+            if let Effect::SteppedDown { epoch, .. } = effect {
+                assert_eq!(
+                    *epoch, last_epoch,
+                    "stepped down from an epoch not the last"
+                );
+                assert!(
+                    matches!(effects.get(at + 1), Some(Effect::Confirm { .. })),
+                    "a step-down without a successor: {effects:?}"
+                );
             }
         }
         // docs/semantics.md#restart-identity across restarts: a run that started past every id the earlier runs handed out
