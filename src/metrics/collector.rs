@@ -58,7 +58,7 @@ const SUBSCRIPTION_GAUGES: [(&str, &str, Field); 5] = [
 ];
 
 /// Per-subscription counters (`_total` is appended by the encoder).
-const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 10] = [
+const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 11] = [
     ("enqueued", "Messages queued.", |v| v.counters.enqueued),
     ("delivered", "Deliveries, first or repeated.", |v| {
         v.counters.delivered
@@ -92,6 +92,11 @@ const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 10] = [
         "stale_acks",
         "Fenced acks or nacks refused because the member no longer held the message.",
         |v| v.counters.stale_acks,
+    ),
+    (
+        "handovers",
+        "Active members that stepped down to a successor (a hand-over or a takeover by priority).",
+        |v| v.counters.handovers,
     ),
 ];
 
