@@ -154,8 +154,11 @@ impl Broker {
                 let Some(seq) = state.step_down.as_ref().map(|f| f.seq) else {
                     continue;
                 };
+                let overdue = state.core.counters().handovers_overdue;
                 let effects = state.core.step_down_overdue(seq);
-                tracing::warn!(subscription = %state.core.id(), "hand-over timeout passed: what the active member still holds goes to its successor");
+                if state.core.counters().handovers_overdue > overdue {
+                    tracing::warn!(subscription = %state.core.id(), timeout = ?self.inner.limits.handover_timeout, "hand-over timeout passed: what the active member still holds goes to its successor, as on a failover");
+                }
                 self.apply(
                     &mut state,
                     Input::StepDownOverdue { seq },
