@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 use super::{Broker, DeadLetters, Input, member::SubState};
 use crate::{
     core::{Effect, Epoch, Error, MemberId},
-    sync::{lock, read},
+    sync::{Ordering, lock, read},
 };
 
 /// A hand-over that happened: who stepped down, who followed.
@@ -45,6 +45,7 @@ impl Broker {
     /// [`Error::SubscriptionNotFound`], [`Error::NotSingleton`], or [`Error::HandOverRefused`]
     /// (no active member, no standby of its priority or higher); nothing changes then.
     pub fn hand_over(&self, subscription_id: &str) -> Result<HandOverWait, Error> {
+        self.check_running()?;
         self.with_subscription(subscription_id, |state, dead| {
             let epoch = state.core.epoch();
             let (step, effects) = state.core.hand_over()?;
@@ -107,8 +108,11 @@ impl Broker {
         let active = state.core.active_members().next();
         let epoch = state.core.epoch();
         let subscription = state.core.id().to_string();
+        // Members leave en masse as the broker stops: a promotion then is no hand-over.
+        let stopping = self.inner.shutting_down.load(Ordering::Acquire);
         for (previous_member, previous_epoch, answer) in following.waiters {
             let outcome = match active {
+                _ if stopping => Err(Error::ShuttingDown),
                 Some(member) if member != previous_member => Ok(HandedOver {
                     previous_member,
                     previous_epoch,

@@ -272,3 +272,89 @@ async fn hand_overs_that_cannot_happen_are_refused() {
     let info = client.describe("alone").await.unwrap();
     assert_eq!((info.active_member_id, info.epoch), (c.member_id, c.epoch));
 }
+
+embedded_only! {
+    // docs/semantics.md#hand-over: two requests for one hand-over both get its outcome; one
+    // whose active member leaves meanwhile answers with the promotion that followed.
+    #[tokio::test]
+    async fn concurrent_requests_share_one_hand_over_and_a_leave_completes_it() {
+        let server = TestServer::start().await;
+        let client = server.client().await;
+        let mut first = client.subscribe(singleton("twice")).await.unwrap();
+        let c1 = first.confirmed().await;
+        let mut second = client.subscribe(singleton("twice")).await.unwrap();
+        client.publish("jobs.a", "m1").await;
+        let m1 = first.message().await;
+        let ask = || {
+            let client = client.clone();
+            tokio::spawn(async move { hand_over(&client, "twice").await })
+        };
+        let (a, b) = (ask(), ask());
+        stepping_down(&client, "twice", c1.member_id).await;
+        first.ack(m1.system_id).await;
+        told_stepped_down(&mut first, c1.epoch).await;
+        let c2 = second.confirmed().await;
+        for answer in [a, b] {
+            let done = within(answer).await.unwrap().unwrap();
+            assert_eq!((done.previous_member_id, done.member_id), (c1.member_id, c2.member_id));
+        }
+        assert_eq!(client.describe("twice").await.unwrap().counters.unwrap().handovers, 1);
+
+        // Now `second` leads with a message in flight and `first` waits behind it.
+        client.publish("jobs.a", "m2").await;
+        let m2 = second.message().await;
+        let request = ask();
+        stepping_down(&client, "twice", c2.member_id).await;
+        drop(second);
+        let done = within(request).await.unwrap().unwrap();
+        let c3 = first.confirmed().await;
+        assert_eq!((done.member_id, done.epoch), (c3.member_id, c3.epoch));
+        // What the leaver held comes first, as on any failover.
+        let again = first.message().await;
+        assert_eq!((again.system_id, again.delivery_attempt), (m2.system_id, 2));
+    }
+
+    // docs/semantics.md#hand-over: an ack-free singleton's member settles by having its frames
+    // written, so its hand-over completes as soon as its stream wrote what it held.
+    #[tokio::test]
+    async fn an_ack_free_leader_hands_over_once_its_frames_are_written() {
+        let server = TestServer::start().await;
+        let client = server.client().await;
+        let ack_free = |id: &str| pb::OpenSubscription {
+            ack_mode: pb::AckMode::None.into(),
+            ..singleton(id)
+        };
+        let mut first = client.subscribe(ack_free("feed")).await.unwrap();
+        let c1 = first.confirmed().await;
+        let mut second = client.subscribe(ack_free("feed")).await.unwrap();
+        client.publish("jobs.a", "m1").await;
+        assert_eq!(first.message().await.payload.as_ref(), b"m1");
+        let done = hand_over(&client, "feed").await.unwrap();
+        told_stepped_down(&mut first, c1.epoch).await;
+        let c2 = second.confirmed().await;
+        assert_eq!((done.member_id, done.epoch), (c2.member_id, c2.epoch));
+        client.publish("jobs.a", "m2").await;
+        let m2 = second.message().await;
+        assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
+    }
+
+    // A shutdown answers a hand-over still waiting with UNAVAILABLE.
+    #[tokio::test]
+    async fn a_shutdown_answers_a_waiting_hand_over() {
+        let server = TestServer::start().await;
+        let client = server.client().await;
+        let mut first = client.subscribe(singleton("stop")).await.unwrap();
+        let c1 = first.confirmed().await;
+        let _second = client.subscribe(singleton("stop")).await.unwrap();
+        client.publish("jobs.a", "m1").await;
+        first.message().await;
+        let request = {
+            let client = client.clone();
+            tokio::spawn(async move { hand_over(&client, "stop").await })
+        };
+        stepping_down(&client, "stop", c1.member_id).await;
+        within(server.stop()).await.unwrap();
+        let answer = within(request).await.unwrap();
+        assert_eq!(answer.unwrap_err().code(), Code::Unavailable);
+    }
+}
