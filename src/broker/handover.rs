@@ -42,8 +42,10 @@ impl Broker {
     /// hand-over timeout passed.
     ///
     /// # Errors
-    /// [`Error::SubscriptionNotFound`], [`Error::NotSingleton`], or [`Error::HandOverRefused`]
-    /// (no active member, no standby of its priority or higher); nothing changes then.
+    /// [`Error::ShuttingDown`], [`Error::SubscriptionNotFound`], [`Error::NotSingleton`], or
+    /// [`Error::HandOverRefused`] (no active member, no standby of its priority or higher);
+    /// nothing changes then. The receiver may get [`Error::HandOverRefused`] (the standbys
+    /// left) or [`Error::ShuttingDown`] later.
     pub fn hand_over(&self, subscription_id: &str) -> Result<HandOverWait, Error> {
         self.check_running()?;
         self.with_subscription(subscription_id, |state, dead| {
