@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::{Broker, member::SubState};
-use crate::core::{Epoch, Error, MemberId, Mode, planted::PlantedBug};
+use crate::core::{Epoch, Error, MemberId, planted::PlantedBug};
 
 /// A singleton subscription's leadership at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,13 +118,7 @@ impl Broker {
         metadata: Arc<str>,
     ) -> Result<Arc<str>, Error> {
         self.with_subscription(subscription_id, |state, _| {
-            let mode = state.core.spec().mode;
-            if mode != Mode::Singleton {
-                return Err(Error::NotSingleton {
-                    subscription: subscription_id.to_string(),
-                    mode,
-                });
-            }
+            state.core.require_singleton()?;
             let Some(info) = state
                 .core
                 .member_infos()
@@ -180,13 +174,7 @@ impl Broker {
     pub fn watch_leadership(&self, subscription_id: &str) -> Result<LeadershipWatch, Error> {
         let now_ms = self.inner.clock.unix_millis();
         self.with_subscription(subscription_id, |state, _| {
-            let mode = state.core.spec().mode;
-            if mode != Mode::Singleton {
-                return Err(Error::NotSingleton {
-                    subscription: subscription_id.to_string(),
-                    mode,
-                });
-            }
+            state.core.require_singleton()?;
             if let Some(sender) = &state.leadership {
                 return Ok(sender.subscribe());
             }

@@ -261,12 +261,7 @@ impl Subscription {
     /// # Errors
     /// [`Error::NotSingleton`], or [`Error::Fenced`] naming the epoch now.
     pub fn check_fence(&self, epoch: Epoch) -> Result<(), Error> {
-        if self.spec.mode != Mode::Singleton {
-            return Err(Error::NotSingleton {
-                subscription: self.id.to_string(),
-                mode: self.spec.mode,
-            });
-        }
+        self.require_singleton()?;
         let active = self.active_epoch();
         let stale =
             planted(PlantedBug::FenceAcceptsDeposedEpoch) && active.is_some_and(|a| epoch + 1 == a);
@@ -278,6 +273,21 @@ impl Subscription {
             epoch,
             current: active.unwrap_or_else(|| self.epoch()),
             active: active.is_some(),
+        })
+    }
+
+    /// Checks that this is a SINGLETON subscription, the only mode with an active member to
+    /// watch, proclaim, fence a publish with or hand over.
+    ///
+    /// # Errors
+    /// [`Error::NotSingleton`] naming its mode.
+    pub fn require_singleton(&self) -> Result<(), Error> {
+        if self.spec.mode == Mode::Singleton {
+            return Ok(());
+        }
+        Err(Error::NotSingleton {
+            subscription: self.id.to_string(),
+            mode: self.spec.mode,
         })
     }
 

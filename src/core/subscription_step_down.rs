@@ -92,12 +92,7 @@ impl Subscription {
     /// or an active member that outranks every standby (it would take over again at once);
     /// nothing changes then.
     pub fn hand_over(&mut self) -> Result<(StepDown, Vec<Effect>), Error> {
-        if self.spec.mode != Mode::Singleton {
-            return Err(Error::NotSingleton {
-                subscription: self.id.to_string(),
-                mode: self.spec.mode,
-            });
-        }
+        self.require_singleton()?;
         let refused = |reason: String| Error::HandOverRefused {
             subscription: self.id.to_string(),
             reason,
