@@ -32,8 +32,12 @@ pub(crate) struct Following {
     /// The core's name for it.
     seq: u64,
     /// Requests waiting for its outcome: the member stepping down, its epoch, the answer.
-    waiters: Vec<(MemberId, Epoch, oneshot::Sender<Result<HandedOver, Error>>)>,
+    waiters: Vec<Waiter>,
 }
+
+/// A request waiting for a hand-over's outcome: the member stepping down, its epoch, and where
+/// the answer goes.
+type Waiter = (MemberId, Epoch, oneshot::Sender<Result<HandedOver, Error>>);
 
 impl Broker {
     /// Asks the active member of SINGLETON subscription `subscription_id` to hand over
