@@ -517,34 +517,14 @@ impl SubState {
                         },
                     );
                 }
-                Effect::Standby { member, position } => {
-                    let subscription_id = self.core.id().clone();
-                    self.send(
-                        member,
-                        Outbound::Standby {
-                            subscription_id,
-                            member_id: member,
-                            position,
-                            stepped_down_epoch: 0,
-                        },
-                    );
-                }
+                Effect::Standby { member, position } => self.send_standby(member, position, 0),
                 Effect::SteppedDown {
                     member,
                     epoch,
                     position,
                 } => {
-                    let subscription_id = self.core.id().clone();
-                    tracing::info!(subscription = %subscription_id, member, epoch, "active member stepped down");
-                    self.send(
-                        member,
-                        Outbound::Standby {
-                            subscription_id,
-                            member_id: member,
-                            position,
-                            stepped_down_epoch: epoch,
-                        },
-                    );
+                    tracing::info!(subscription = %self.core.id(), member, epoch, "active member stepped down");
+                    self.send_standby(member, position, epoch);
                 }
                 Effect::SteppingDown { member, cause, .. } => {
                     tracing::info!(subscription = %self.core.id(), member, ?cause, "active member stepping down");
@@ -615,6 +595,21 @@ impl SubState {
 
     /// Takes the frame of `system_id` out of `member`'s outlet (the core dropped it before the
     /// stream wrote it). It is the outlet's oldest message frame, so the scan is short.
+    /// A standby notice to `member`: at `position`, after stepping down from
+    /// `stepped_down_epoch` (0 when it was not active).
+    fn send_standby(&mut self, member: MemberId, position: u32, stepped_down_epoch: Epoch) {
+        let subscription_id = self.core.id().clone();
+        self.send(
+            member,
+            Outbound::Standby {
+                subscription_id,
+                member_id: member,
+                position,
+                stepped_down_epoch,
+            },
+        );
+    }
+
     fn withdraw(&mut self, member: MemberId, system_id: SystemId) {
         let Some(outlet) = self.outlets.get_mut(&member) else {
             return;

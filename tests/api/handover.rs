@@ -48,6 +48,34 @@ async fn told_stepped_down(member: &mut Member, epoch: u64) -> pb::StandbyNotice
     }
 }
 
+/// A leader of `id` holding one message, `m1`, and a standby behind it.
+struct Holding {
+    leader: Member,
+    confirmed: pb::Confirmation,
+    standby: Member,
+    message: pb::DeliveredMessage,
+}
+
+async fn holding(client: &Client, id: &str) -> Holding {
+    let mut leader = client.subscribe(singleton(id)).await.unwrap();
+    let confirmed = leader.confirmed().await;
+    let standby = client.subscribe(singleton(id)).await.unwrap();
+    client.publish("jobs.a", "m1").await;
+    let message = leader.message().await;
+    Holding {
+        leader,
+        confirmed,
+        standby,
+        message,
+    }
+}
+
+/// A `HandOver` of `id` running on its own task.
+fn ask(client: &Client, id: &str) -> tokio::task::JoinHandle<Result<pb::HandOverResponse, Status>> {
+    let (client, id) = (client.clone(), id.to_string());
+    tokio::spawn(async move { hand_over(&client, &id).await })
+}
+
 // docs/semantics.md#hand-over: the hand-over waits for the message in flight; meanwhile the
 // active member gets nothing new; its ack completes it: it is told, the standby is confirmed
 // with the next epoch and gets the next message as a first delivery, and the request answers
@@ -56,11 +84,12 @@ async fn told_stepped_down(member: &mut Member, epoch: u64) -> pb::StandbyNotice
 async fn a_hand_over_waits_for_the_message_in_flight_and_redelivers_nothing() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut first = client.subscribe(singleton("ho")).await.unwrap();
-    let c1 = first.confirmed().await;
-    let mut second = client.subscribe(singleton("ho")).await.unwrap();
-    client.publish("jobs.a", "m1").await;
-    let m1 = first.message().await;
+    let Holding {
+        leader: mut first,
+        confirmed: c1,
+        standby: mut second,
+        message: m1,
+    } = holding(&client, "ho").await;
     if GATEWAYS {
         assert_code(
             hand_over(&client, "ho").await,
@@ -73,10 +102,7 @@ async fn a_hand_over_waits_for_the_message_in_flight_and_redelivers_nothing() {
         assert_eq!(first.message().await.payload.as_ref(), b"m2");
         return;
     }
-    let request = {
-        let client = client.clone();
-        tokio::spawn(async move { hand_over(&client, "ho").await })
-    };
+    let request = ask(&client, "ho");
     stepping_down(&client, "ho", c1.member_id).await;
     client.publish("jobs.a", "m2").await;
     assert!(
@@ -175,11 +201,12 @@ embedded_only! {
         };
         let server = TestServer::with_config(config).await;
         let client = server.client().await;
-        let mut first = client.subscribe(singleton("late")).await.unwrap();
-        let c1 = first.confirmed().await;
-        let mut second = client.subscribe(singleton("late")).await.unwrap();
-        client.publish("jobs.a", "m1").await;
-        let m1 = first.message().await;
+        let Holding {
+            leader: mut first,
+            confirmed: c1,
+            standby: mut second,
+            message: m1,
+        } = holding(&client, "late").await;
         let done = hand_over(&client, "late").await.unwrap();
         told_stepped_down(&mut first, c1.epoch).await;
         let c2 = second.confirmed().await;
@@ -280,16 +307,13 @@ embedded_only! {
     async fn concurrent_requests_share_one_hand_over_and_a_leave_completes_it() {
         let server = TestServer::start().await;
         let client = server.client().await;
-        let mut first = client.subscribe(singleton("twice")).await.unwrap();
-        let c1 = first.confirmed().await;
-        let mut second = client.subscribe(singleton("twice")).await.unwrap();
-        client.publish("jobs.a", "m1").await;
-        let m1 = first.message().await;
-        let ask = || {
-            let client = client.clone();
-            tokio::spawn(async move { hand_over(&client, "twice").await })
-        };
-        let (a, b) = (ask(), ask());
+        let Holding {
+            leader: mut first,
+            confirmed: c1,
+            standby: mut second,
+            message: m1,
+        } = holding(&client, "twice").await;
+        let (a, b) = (ask(&client, "twice"), ask(&client, "twice"));
         stepping_down(&client, "twice", c1.member_id).await;
         first.ack(m1.system_id).await;
         told_stepped_down(&mut first, c1.epoch).await;
@@ -303,7 +327,7 @@ embedded_only! {
         // Now `second` leads with a message in flight and `first` waits behind it.
         client.publish("jobs.a", "m2").await;
         let m2 = second.message().await;
-        let request = ask();
+        let request = ask(&client, "twice");
         stepping_down(&client, "twice", c2.member_id).await;
         drop(second);
         let done = within(request).await.unwrap().unwrap();
@@ -343,15 +367,14 @@ embedded_only! {
     async fn a_shutdown_answers_a_waiting_hand_over() {
         let server = TestServer::start().await;
         let client = server.client().await;
-        let mut first = client.subscribe(singleton("stop")).await.unwrap();
-        let c1 = first.confirmed().await;
-        let _second = client.subscribe(singleton("stop")).await.unwrap();
-        client.publish("jobs.a", "m1").await;
-        first.message().await;
-        let request = {
-            let client = client.clone();
-            tokio::spawn(async move { hand_over(&client, "stop").await })
-        };
+        // Both streams stay open (bound) until the shutdown ends them.
+        let Holding {
+            leader: _first,
+            confirmed: c1,
+            standby: _second,
+            ..
+        } = holding(&client, "stop").await;
+        let request = ask(&client, "stop");
         stepping_down(&client, "stop", c1.member_id).await;
         within(server.stop()).await.unwrap();
         let answer = within(request).await.unwrap();

@@ -145,9 +145,23 @@ async fn status_says_plainly_when_the_broker_cannot_be_reached() {
     );
 }
 
+/// Waits until subscription `id` has `n` members.
+async fn until_members(client: &Client, id: &str, n: usize) {
+    within(async {
+        while client.describe(id).await.unwrap().members.len() != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+/// `tinybroker COMMAND --server URL ID`.
+async fn on_subscription(command: &str, url: &str, id: &str) -> Output {
+    tinybroker([command, "--server", url, id].map(String::from).to_vec()).await
+}
+
 // docs/semantics.md#hand-over: `tinybroker handover ID` steps the leader down and names who
-// took over; `status` shows the priorities and who steps down; a refusal exits non-zero with
-// the reason.
+// took over; `status` shows the priorities; a refusal exits non-zero with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handover_hands_the_lead_to_the_next_in_line_and_status_shows_the_line() {
     let server = TestServer::start().await;
@@ -159,30 +173,13 @@ async fn handover_hands_the_lead_to_the_next_in_line_and_status_shows_the_line()
         .unwrap();
     let other = client.clone();
     let standby = tokio::spawn(async move { other.elect_with(options, |_| {}).await });
-    within(async {
-        while client.describe("cron").await.unwrap().members.len() < 2 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    let out = tinybroker(vec![
-        "status".into(),
-        "--server".into(),
-        url.clone(),
-        "cron".into(),
-    ])
-    .await;
+    until_members(&client, "cron", 2).await;
+    let out = on_subscription("status", &url, "cron").await;
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("PRIORITY"), "{table}");
 
     let lost = leader.lost();
-    let out = tinybroker(vec![
-        "handover".into(),
-        "--server".into(),
-        url.clone(),
-        "cron".into(),
-    ])
-    .await;
+    let out = on_subscription("handover", &url, "cron").await;
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -202,19 +199,8 @@ async fn handover_hands_the_lead_to_the_next_in_line_and_status_shows_the_line()
     );
     within(lost).await;
     // The old leader's Leadership left the line: no one to hand over to now.
-    within(async {
-        while client.describe("cron").await.unwrap().members.len() != 1 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    let out = tinybroker(vec![
-        "handover".into(),
-        "--server".into(),
-        url,
-        "cron".into(),
-    ])
-    .await;
+    until_members(&client, "cron", 1).await;
+    let out = on_subscription("handover", &url, "cron").await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no standby to hand over to"), "{stderr}");
