@@ -345,6 +345,8 @@ impl Model {
             return Err(());
         }
         if let Some((id, seq, _)) = self.stepping {
+            // A takeover in progress becomes a hand-over.
+            self.stepping = Some((id, seq, true));
             return Ok(((id, seq), vec![]));
         }
         let a = self

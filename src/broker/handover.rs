@@ -21,6 +21,9 @@ pub struct HandedOver {
     pub member: MemberId,
     /// Its epoch.
     pub epoch: Epoch,
+    /// The member asked to step down left before it settled what it held: its successor took
+    /// over as on any failover (what it held is redelivered).
+    pub failed_over: bool,
 }
 
 /// The outcome of a [`Broker::hand_over`], once it is known.
@@ -117,6 +120,7 @@ impl Broker {
         // Members leave en masse as the broker stops: a promotion then is no hand-over.
         let stopping = self.inner.shutting_down.load(Ordering::Acquire);
         for (previous_member, previous_epoch, answer) in following.waiters {
+            let left = !state.core.is_member(previous_member);
             let outcome = match active {
                 _ if stopping => Err(Error::ShuttingDown),
                 Some(member) if member != previous_member => Ok(HandedOver {
@@ -124,6 +128,7 @@ impl Broker {
                     previous_epoch,
                     member,
                     epoch,
+                    failed_over: left,
                 }),
                 Some(_) => Err(Error::HandOverRefused {
                     subscription: subscription.clone(),

@@ -46,6 +46,9 @@ pub struct HandedOver {
     pub member_id: u64,
     /// Its epoch.
     pub epoch: u64,
+    /// The member asked to step down left before it settled what it held: its successor took
+    /// over as on any failover (what it held is redelivered).
+    pub failed_over: bool,
 }
 
 /// Why a [`Leadership`] ended.
@@ -257,6 +260,9 @@ impl Leadership {
     /// resolves with [`LostCause::Resigned`] as it starts. Messages not taken are redelivered
     /// to the next leader.
     ///
+    /// After a hand-over ([`LostCause::HandedOver`]) it answers `Ok` at once: the leader
+    /// settled what it held before it stepped down, and its stream is closed.
+    ///
     /// # Errors
     /// As [`Subscription::close`]; [`LostCause::Ended`]'s error when leadership was lost
     /// before (queued settlements may not have been applied).
@@ -270,6 +276,14 @@ impl Leadership {
             Some(LostCause::Ended(error)) => error,
             _ => Error::Unavailable("the leader's stream had already ended".into()),
         };
+        // A leader that handed over settled everything it held before it stepped down, and
+        // its stream is closed already: nothing is left to close.
+        if matches!(
+            self.lost.borrow().as_ref().map(|l| &l.cause),
+            Some(LostCause::HandedOver)
+        ) {
+            return Ok(());
+        }
         if !asked {
             return Err(ended());
         }
@@ -490,6 +504,7 @@ impl Client {
             previous_epoch: reply.previous_epoch,
             member_id: reply.member_id,
             epoch: reply.epoch,
+            failed_over: reply.failed_over,
         })
     }
 

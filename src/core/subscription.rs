@@ -291,6 +291,11 @@ impl Subscription {
         })
     }
 
+    /// Whether `member` is a member (active or standby).
+    pub fn is_member(&self, member: MemberId) -> bool {
+        self.members.contains_key(&member)
+    }
+
     /// Number of members, active or standby.
     pub fn member_count(&self) -> usize {
         self.members.len()

@@ -85,7 +85,8 @@ impl Subscription {
     /// more, and once it holds nothing (or the shell's deadline passes,
     /// [`step_down_overdue`](Self::step_down_overdue)) it goes on standby, at the back of its
     /// priority, and the first standby in line, of its priority or higher, is promoted. A
-    /// step-down already in progress is the answer to a second request.
+    /// step-down already in progress is the answer to a second request (a takeover by
+    /// priority in progress becomes a hand-over).
     ///
     /// # Errors
     /// [`Error::NotSingleton`]; [`Error::HandOverRefused`] with no active member, no standby,
@@ -102,7 +103,12 @@ impl Subscription {
                 "the cluster's coordinator chooses this subscription's active member".into(),
             ));
         }
-        if let Some(step) = self.stepping_down {
+        if let Some(mut step) = self.stepping_down {
+            // A takeover by priority in progress becomes the hand-over asked for: any standby
+            // of the active member's priority or higher may follow, and the member goes to the
+            // back of its priority.
+            step.cause = StepDownCause::HandOver;
+            self.stepping_down = Some(step);
             return Ok((step, Vec::new()));
         }
         let Some(active) = self.active else {

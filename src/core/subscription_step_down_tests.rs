@@ -203,3 +203,22 @@ fn planted_take_over_mid_message_is_caught() {
     let caught = s.check_invariants().unwrap_err();
     assert!(caught.contains("on standby, holds in-flight"), "{caught}");
 }
+
+// A hand-over asked for while a takeover by priority is in progress becomes a hand-over: if the
+// newcomer leaves, a standby of the active member's priority still takes over.
+#[test]
+fn a_hand_over_during_a_takeover_outlives_the_newcomer() {
+    let mut s = sub(Mode::Singleton);
+    let (a, _) = join_as(&mut s, member(0, 1));
+    let (b, _) = join_as(&mut s, member(0, 1));
+    s.enqueue(msg(1));
+    let (c, _) = join_as(&mut s, member(5, 1));
+    let (step, _) = s.hand_over().unwrap();
+    assert_eq!((step.member, step.cause), (a, StepDownCause::HandOver));
+    assert!(s.leave(c, NOW).is_empty());
+    assert!(s.stepping_down().is_some(), "b may still take over");
+    let fx = s.ack(Some(a), 1).unwrap();
+    assert_eq!(stepped_down(&fx), [(a, 1, 1)]);
+    assert_eq!(confirms(&fx), [(b, 2)]);
+    s.check_invariants().unwrap();
+}

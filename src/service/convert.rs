@@ -53,15 +53,17 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
         None if active_member_id != 0 => metadata_of(active_member_id),
         None => String::new(),
     };
+    // In line order (a stable sort: members of one place, at a gateway, in join order).
+    let mut in_line: Vec<&crate::core::MemberInfo> = view.members.iter().collect();
+    in_line.sort_by_key(|m| m.position);
     pb::SubscriptionInfo {
         stepping_down_member_id: view.stepping_down.unwrap_or(0),
         subscription_id: view.subscription_id.to_string(),
         mode: mode_to_pb(view.spec.mode).into(),
         consumer_group: view.spec.consumer_group,
         topic_patterns: view.spec.patterns.iter().map(|p| p.to_string()).collect(),
-        members: view
-            .members
-            .iter()
+        members: in_line
+            .into_iter()
             .map(|m| pb::MemberInfo {
                 member_id: m.member_id,
                 active: m.active,

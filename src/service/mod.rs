@@ -286,6 +286,7 @@ impl pb::broker_server::Broker for BrokerService {
             previous_epoch: done.previous_epoch,
             member_id: done.member,
             epoch: done.epoch,
+            failed_over: done.failed_over,
         }))
     }
 

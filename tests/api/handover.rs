@@ -173,15 +173,16 @@ async fn a_higher_priority_member_takes_over_at_a_message_boundary() {
     assert_next_epoch(c1.epoch, c2.epoch);
     let m2 = high.message().await;
     assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
-    // In join order: the displaced leader last in line, the new one first, its peer next.
+    // In line order: the new leader, its peer, then the displaced leader.
     let info = client.describe("prio").await.unwrap();
     let line: Vec<(u32, u32)> = info
         .members
         .iter()
         .map(|m| (m.priority, m.position))
         .collect();
-    assert_eq!(line, [(0, 2), (5, 0), (5, 1)]);
-    assert_eq!(info.members[1].member_id, c2.member_id);
+    assert_eq!(line, [(5, 0), (5, 1), (0, 2)]);
+    assert_eq!(info.members[0].member_id, c2.member_id);
+    assert_eq!(info.members[2].member_id, c1.member_id);
     drop(high);
     peer.confirmed().await;
 }
@@ -320,7 +321,10 @@ embedded_only! {
         let c2 = second.confirmed().await;
         for answer in [a, b] {
             let done = within(answer).await.unwrap().unwrap();
-            assert_eq!((done.previous_member_id, done.member_id), (c1.member_id, c2.member_id));
+            assert_eq!(
+                (done.previous_member_id, done.member_id, done.failed_over),
+                (c1.member_id, c2.member_id, false)
+            );
         }
         assert_eq!(client.describe("twice").await.unwrap().counters.unwrap().handovers, 1);
 
@@ -332,7 +336,12 @@ embedded_only! {
         drop(second);
         let done = within(request).await.unwrap().unwrap();
         let c3 = first.confirmed().await;
-        assert_eq!((done.member_id, done.epoch), (c3.member_id, c3.epoch));
+        assert_eq!(
+            (done.member_id, done.epoch, done.failed_over),
+            (c3.member_id, c3.epoch, true)
+        );
+        let counters = client.describe("twice").await.unwrap().counters.unwrap();
+        assert_eq!(counters.handovers, 1, "a failover is not a hand-over");
         // What the leaver held comes first, as on any failover.
         let again = first.message().await;
         assert_eq!((again.system_id, again.delivery_attempt), (m2.system_id, 2));

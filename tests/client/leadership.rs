@@ -187,9 +187,16 @@ async fn a_hand_over_ends_the_leadership_once_its_message_is_settled() {
     assert!(second.epoch() > first.epoch());
     let done = within(request).await.unwrap().unwrap();
     assert_eq!(
-        (done.previous_epoch, done.member_id, done.epoch),
-        (first.epoch(), second.member_id(), second.epoch())
+        (
+            done.previous_epoch,
+            done.member_id,
+            done.epoch,
+            done.failed_over
+        ),
+        (first.epoch(), second.member_id(), second.epoch(), false)
     );
+    // Nothing is left to close: it settled what it held before it stepped down.
+    within(first.close()).await.unwrap();
     within(async {
         while client.describe("job").await.unwrap().members.len() != 1 {
             tokio::task::yield_now().await;
