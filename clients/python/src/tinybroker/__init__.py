@@ -33,12 +33,13 @@ from .errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from .events import Active, Delivery, Event, Refused, Standby
+from .events import Active, Delivery, Event, Refused, Standby, SteppedDown
 from .types import (
     AckMode,
     Activation,
     BrokerCounters,
     Counters,
+    HandedOver,
     LeaderState,
     Listing,
     MemberInfo,
@@ -67,6 +68,7 @@ __all__ = [
     "Delivery",
     "Event",
     "FailedPreconditionError",
+    "HandedOver",
     "InvalidArgumentError",
     "LeaderState",
     "Leadership",
@@ -85,6 +87,7 @@ __all__ = [
     "Refused",
     "ResourceExhaustedError",
     "Standby",
+    "SteppedDown",
     "SubscriptionInfo",
     "SubscriptionOptions",
     "Subscription",

@@ -21,6 +21,7 @@ from .errors import TinybrokerError
 from .events import Delivery, Event
 from .types import (
     Activation,
+    HandedOver,
     LeaderState,
     Listing,
     Message,
@@ -210,15 +211,19 @@ class Client:
         group: str,
         on_standby: Optional[Callable[[int], None]] = None,
         *,
+        priority: int = 0,
         timeout: Optional[float] = None,
     ) -> Leadership:
         """Waits in line and returns once this replica leads (see
         `tinybroker.aio.Client.elect`: the same settings as the Rust client's `elect`, and a
-        rejoin with backoff while the broker is away). `on_standby` runs on the client's loop
-        thread. With `timeout`, raises `TimeoutError` and leaves the line."""
+        rejoin with backoff while the broker is away; `priority` orders the line). `on_standby`
+        runs on the client's loop thread. With `timeout`, raises `TimeoutError` and leaves the
+        line."""
         return Leadership(
             self._loop,
-            self._loop.run(self._client.elect(subscription_id, group, on_standby), timeout),
+            self._loop.run(
+                self._client.elect(subscription_id, group, on_standby, priority=priority), timeout
+            ),
         )
 
     def elect_with(
@@ -238,21 +243,30 @@ class Client:
         subscription_id: str,
         group: str,
         on_standby: Optional[Callable[[int], None]] = None,
+        *,
+        priority: int = 0,
     ) -> Iterator[Leadership]:
-        """Every leadership this replica gets, one after the other, forever::
+        """Every leadership this replica gets, one after the other, forever (each lost,
+        resigned or handed over, then elected again with `priority`)::
 
         for leader in client.leaderships("report", "reporters"):
             while not leader.wait_lost(timeout=60):
                 run_the_job(leader.epoch)
         """
         while True:
-            leader = self.elect(subscription_id, group, on_standby)
+            leader = self.elect(subscription_id, group, on_standby, priority=priority)
             try:
                 yield leader
             finally:
                 if not leader.is_lost:
                     with contextlib.suppress(TinybrokerError):
                         leader.close()
+
+    def hand_over(self, subscription_id: str, *, timeout: Optional[float] = None) -> HandedOver:
+        """Has the active member of a SINGLETON subscription hand over at a message boundary and
+        returns who took over (see `tinybroker.aio.Client.hand_over`). `timeout` bounds the
+        wait: the hand-over itself goes on (a `TimeoutError` here does not call it off)."""
+        return self._loop.run(self._client.hand_over(subscription_id), timeout)
 
     # --- inspection ------------------------------------------------------------------------
 
@@ -476,7 +490,7 @@ class Leadership:
 
     def wait_lost(self, timeout: Optional[float] = None) -> Optional[aio.Lost]:
         """Waits up to `timeout` seconds for leadership to be lost: returns the `Lost` (its
-        `cause` tells a resignation from an outage), or None if still leading."""
+        `cause` tells a resignation from an outage or a hand-over), or None if still leading."""
         if self._lost_event.wait(timeout):
             return self._lost
         return None

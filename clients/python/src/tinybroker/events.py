@@ -1,4 +1,5 @@
-"""What a subscription stream carries: deliveries, activation, standby notices, refusals."""
+"""What a subscription stream carries: deliveries, activation, standby and step-down notices,
+refusals."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Callable, Optional, Union
 
 from .errors import InvalidArgumentError, TinybrokerError
 
-__all__ = ["Active", "Delivery", "Event", "Refused", "Standby"]
+__all__ = ["Active", "Delivery", "Event", "Refused", "Standby", "SteppedDown"]
 
 #: Queues one settlement (nack?, system_id) for the member's stream; raises when it has ended.
 SettleFn = Callable[[bool, int], None]
@@ -76,6 +77,21 @@ class Standby:
 
 
 @dataclass(frozen=True)
+class SteppedDown:
+    """Singleton: this member was active and stepped down at a message boundary (a
+    `Client.hand_over`, or a member of higher priority took over; docs/semantics.md#hand-over):
+    `epoch` has ended, and the member waits in line on standby at `position` (1 = next), confirmed
+    again with a new epoch (an `Active` event) if it is promoted. Sent whether or not the member
+    asked for standby notices; not a `Standby`."""
+
+    member_id: int
+    #: The epoch that ended.
+    epoch: int
+    #: 1 = next to be promoted.
+    position: int
+
+
+@dataclass(frozen=True)
 class Refused:
     """Acks or nacks sent on this stream were refused and changed nothing. `error` is the
     exception a unary call would have raised (`NotFoundError`, `FailedPreconditionError`...).
@@ -90,4 +106,4 @@ class Refused:
     release: bool = False
 
 
-Event = Union[Active, Standby, Delivery, Refused]
+Event = Union[Active, Standby, SteppedDown, Delivery, Refused]

@@ -21,6 +21,7 @@ __all__ = [
     "Activation",
     "BrokerCounters",
     "Counters",
+    "HandedOver",
     "LeaderState",
     "Listing",
     "MemberInfo",
@@ -41,7 +42,8 @@ class Mode(enum.Enum):
     BROADCAST = 1
     #: Competing consumers: each message goes to exactly one member.
     QUEUE = 2
-    #: One active member; the others wait on standby, promoted in join order.
+    #: One active member; the others wait on standby, promoted in line order (priority, highest
+    #: first, then join order).
     SINGLETON = 3
 
 
@@ -186,6 +188,11 @@ class SubscriptionOptions:
     #: a host name), at most 1024 bytes of UTF-8; a leader can change it with `proclaim`
     #: (docs/semantics.md#member-metadata).
     metadata: str = ""
+    #: Singleton only: this member's priority, an int in [0, 2^32); 0, the default, for every
+    #: member keeps join order. The line is in priority order, highest first, then join order,
+    #: and a member of higher priority than the active one takes over at a message boundary
+    #: (docs/semantics.md#priority). Gateways refuse one above 0 (UNIMPLEMENTED).
+    priority: int = 0
 
     @classmethod
     def broadcast(
@@ -230,11 +237,14 @@ class SubscriptionOptions:
         ack_mode: Optional[AckMode] = None,
         overflow: Optional[Overflow] = None,
         metadata: Optional[str] = None,
+        priority: Optional[int] = None,
     ) -> SubscriptionOptions:
         """A copy with the given settings changed."""
         out = self
         if metadata is not None:
             out = replace(out, metadata=metadata)
+        if priority is not None:
+            out = replace(out, priority=priority)
         if max_in_flight is not None:
             out = replace(out, max_in_flight=max_in_flight)
         if max_delivery_attempts is not None:
@@ -259,7 +269,7 @@ class SubscriptionOptions:
     def _to_pb(self) -> pb.OpenSubscription:
         from .v1 import broker_pb2 as pb
 
-        for name in ("max_in_flight", "max_delivery_attempts"):
+        for name in ("max_in_flight", "max_delivery_attempts", "priority"):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value < 2**32:
                 raise InvalidArgumentError(f"{name} is an int in [0, 2^32), not {value!r}")
@@ -288,6 +298,7 @@ class SubscriptionOptions:
             ack_mode=_any(self.ack_mode.value),
             overflow=overflow,
             metadata=self.metadata,
+            priority=self.priority,
         )
 
 
@@ -316,10 +327,12 @@ class MemberInfo:
     epoch: int
     in_flight: int
     max_in_flight: int
-    #: Place in the join order, 0 = earliest.
+    #: Place in line, 0 = first: priority order, highest first, then join order.
     position: int
     #: What it declared on joining or last proclaimed; empty if nothing (singleton only).
     metadata: str = ""
+    #: Its priority (`SubscriptionOptions.priority`; singleton only).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -338,6 +351,12 @@ class Counters:
     dropped_overflow: int = 0
     #: Releases accepted: messages given back unworked (docs/semantics.md#releases).
     released: int = 0
+    #: Active members that stepped down to a successor (a hand-over or a higher-priority
+    #: takeover); each also counts in `promotions` (docs/semantics.md#hand-over).
+    handovers: int = 0
+    #: Of those, the ones whose hand-over timeout passed with messages in flight, which went to
+    #: the successor as on a failover.
+    handovers_overdue: int = 0
 
 
 @dataclass(frozen=True)
@@ -358,7 +377,7 @@ class SubscriptionInfo:
     mode: Mode
     consumer_group: str
     patterns: tuple[str, ...]
-    #: In promotion (join) order.
+    #: In line order (`MemberInfo.position`: priority, highest first, then join order).
     members: tuple[MemberInfo, ...]
     #: The active member in singleton mode; None otherwise or with no member.
     active_member_id: Optional[int]
@@ -378,6 +397,10 @@ class SubscriptionInfo:
     upstream: Optional[UpstreamBacklog]
     #: The active member's metadata in singleton mode; empty with none active or none declared.
     active_metadata: str = ""
+    #: Singleton: the active member while it steps down (a hand-over, or a member of higher
+    #: priority joined): it is sent nothing more until it settled what it holds; None otherwise
+    #: (docs/semantics.md#hand-over).
+    stepping_down_member_id: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -411,6 +434,20 @@ class Listing:
 
     subscriptions: tuple[SubscriptionInfo, ...]
     broker: BrokerCounters
+
+
+@dataclass(frozen=True)
+class HandedOver:
+    """A hand-over that happened (`Client.hand_over`; docs/semantics.md#hand-over)."""
+
+    #: The member that stepped down.
+    previous_member_id: int
+    #: The epoch it held.
+    previous_epoch: int
+    #: The member now active.
+    member_id: int
+    #: Its epoch, higher than `previous_epoch`.
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -476,6 +513,7 @@ def _info_from_pb(info: pb.SubscriptionInfo) -> SubscriptionInfo:
                 m.max_in_flight,
                 m.position,
                 m.metadata,
+                m.priority,
             )
             for m in info.members
         ),
@@ -498,6 +536,8 @@ def _info_from_pb(info: pb.SubscriptionInfo) -> SubscriptionInfo:
             c.stale_acks,
             c.dropped_overflow,
             c.released,
+            c.handovers,
+            c.handovers_overdue,
         ),
         max_delivery_attempts=info.max_delivery_attempts,
         dead_letter_topic=info.dead_letter_topic or None,
@@ -513,6 +553,7 @@ def _info_from_pb(info: pb.SubscriptionInfo) -> SubscriptionInfo:
         if info.HasField("upstream")
         else None,
         active_metadata=info.active_metadata,
+        stepping_down_member_id=info.stepping_down_member_id or None,
     )
 
 

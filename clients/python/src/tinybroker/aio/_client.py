@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..events import Active, Standby
 from ..types import (
+    HandedOver,
     Listing,
     Message,
     Mode,
@@ -320,17 +321,24 @@ class Client:
         subscription_id: str,
         group: str,
         on_standby: Optional[Callable[[int], None]] = None,
+        *,
+        priority: int = 0,
     ) -> Leadership:
         """Joins the line for leadership of `subscription_id` among the replicas of `group`
         and resolves when this replica leads. The settings are exactly the Rust client's
         `elect()`: `SubscriptionOptions.election(subscription_id, group)`, so Python and Rust
         replicas share one line. `on_standby(position)` hears the place in line (1 = next).
+        `priority` is this replica's place in the line's order (`SubscriptionOptions.priority`:
+        one above the leader's takes over from it at a message boundary, and the leader's
+        `lost()` says HANDED_OVER; docs/semantics.md#priority).
         If the stream fails while waiting (the broker restarts, the connection drops) the
         replica rejoins the end of the line, backing off from 50 ms to 2 s. Raises only
         refusals a retry would repeat (`RefusedError`: settings that differ, a bad id, a
-        token, a limit)."""
+        token, a limit; `InvalidArgumentError` for a bad priority, and a gateway's
+        UNIMPLEMENTED for one above 0)."""
         return await self.elect_with(
-            SubscriptionOptions.election(subscription_id, group), on_standby
+            SubscriptionOptions.election(subscription_id, group).with_(priority=priority),
+            on_standby,
         )
 
     async def elect_with(
@@ -373,22 +381,45 @@ class Client:
         subscription_id: str,
         group: str,
         on_standby: Optional[Callable[[int], None]] = None,
+        *,
+        priority: int = 0,
     ) -> AsyncIterator[Leadership]:
-        """Every leadership this replica gets, one after the other, forever: elects, yields
-        the leadership, and once the loop body is done with it (typically: it was lost) steps
-        down if needed and joins the line again. The shortest correct scheduler::
+        """Every leadership this replica gets, one after the other, forever: elects (with
+        `priority`, as `elect`), yields the leadership, and once the loop body is done with it
+        (typically: it was lost, resigned, or handed over) steps down if needed and joins the
+        line again. The shortest correct scheduler::
 
             async for leader in client.leaderships("report", "reporters"):
                 await run_until_lost(leader)
         """
         while True:
-            leader = await self.elect(subscription_id, group, on_standby)
+            leader = await self.elect(subscription_id, group, on_standby, priority=priority)
             try:
                 yield leader
             finally:
                 if not leader.is_lost:
                     with contextlib.suppress(TinybrokerError):
                         await leader.close()
+
+    async def hand_over(self, subscription_id: str) -> HandedOver:
+        """Asks the active member of SINGLETON subscription `subscription_id` to hand over at a
+        message boundary, and returns once it did (docs/semantics.md#hand-over): the active
+        member is sent nothing more, settles what it holds (within the broker's
+        `--handover-timeout`, past which what it still holds goes to its successor with
+        `attempt` + 1), steps down to the back of its priority in line (its stream gets a
+        `SteppedDown`; a `Leadership` is lost with `LostCause.HANDED_OVER` and leaves the
+        line), and the first standby in line is promoted with a higher epoch. Raises
+        `FailedPreconditionError` with no active member, no standby of the active member's
+        priority or higher, when the standbys left meanwhile, or for a subscription not
+        SINGLETON; `NotFoundError` for an unknown id, `InvalidArgumentError` for a malformed
+        one; through gateways (not taken there yet) a `RefusedError` with code UNIMPLEMENTED."""
+        reply = await self._unary(
+            self._stub.HandOver,
+            _build(pb.HandOverRequest, subscription_id=subscription_id),
+        )
+        return HandedOver(
+            reply.previous_member_id, reply.previous_epoch, reply.member_id, reply.epoch
+        )
 
     # --- inspection ------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import TinybrokerError, UnavailableError
-from ..events import Active, Delivery, Refused, Standby
+from ..events import Active, Delivery, Refused, Standby, SteppedDown
 from ..types import Message, Published
 from ._subscription import Subscription
 
@@ -48,6 +48,11 @@ class LostCause(enum.Enum):
     #: The member's stream ended: the broker went away or shut down, the connection's
     #: keepalive failed, or the stream was reset (UNAVAILABLE on the wire). `Lost.error` says.
     ENDED = "ended"
+    #: The broker asked this leader to step down and it did, at a message boundary: a hand-over
+    #: was requested (`Client.hand_over`), or a member of higher priority joined
+    #: (docs/semantics.md#hand-over). The member's stream is closed, so it leaves the line;
+    #: elect again to stand in line (`leaderships()` does).
+    HANDED_OVER = "handed over"
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,17 @@ class Lost:
     def resigned(self) -> bool:
         return self.cause is LostCause.RESIGNED
 
+    @property
+    def handed_over(self) -> bool:
+        return self.cause is LostCause.HANDED_OVER
+
     def __str__(self) -> str:
-        why = "resigned" if self.error is None else str(self.error)
+        if self.error is not None:
+            why = str(self.error)
+        elif self.cause is LostCause.HANDED_OVER:
+            why = "stepped down: the leadership was handed over"
+        else:
+            why = "resigned"
         return f"leadership of epoch {self.epoch} lost: {why}"
 
 
@@ -149,8 +163,10 @@ class Leadership:
 
     async def lost(self) -> Lost:
         """Resolves the moment leadership is lost: the stream ended (`LostCause.ENDED`, with
-        the error), or this replica stepped down (`LostCause.RESIGNED`). Stop the job when it
-        does. Safe to cancel and to await from many tasks."""
+        the error), this replica stepped down (`LostCause.RESIGNED`), or the broker had it hand
+        over at a message boundary (`LostCause.HANDED_OVER`: a `Client.hand_over`, or a member
+        of higher priority joined; it has left the line). Stop the job when it does. Safe to
+        cancel and to await from many tasks."""
         return await asyncio.shield(self._lost)
 
     def on_lost(self, callback: Callable[[Lost], None]) -> None:
@@ -188,7 +204,8 @@ class Leadership:
         """Steps down once the broker has applied every settlement queued so far; `lost()`
         resolves with RESIGNED as it starts. Messages not taken are redelivered to the next
         leader. Raises the error that ended the stream if leadership was lost before (queued
-        settlements may not have been applied), or the first settlement refused meanwhile."""
+        settlements may not have been applied), or the first settlement refused meanwhile;
+        returns at once after a hand-over (the member has already left)."""
         if self._lost.done() and not self._closing:
             lost = self._lost.result()
             if lost.error is not None:
@@ -268,8 +285,15 @@ class Leadership:
                     )
                     if self._closing and refused is None:
                         refused = event.error
-                elif isinstance(event, (Active, Standby)):
-                    pass
+                elif isinstance(event, SteppedDown) and not self._closing:
+                    # Handed over at a message boundary: the broker saw every ack of this
+                    # epoch (or gave what was still held to the successor). Leaving the line
+                    # as the Rust client does: a Leadership that ended is not confirmed again.
+                    self._set_lost(Lost(self._epoch, LostCause.HANDED_OVER))
+                    sub._cancel()
+                    break
+                elif isinstance(event, (Active, Standby, SteppedDown)):
+                    pass  # a step-down while closing: the close reads the stream to its end
         except TinybrokerError as error:
             failure = error
         finally:

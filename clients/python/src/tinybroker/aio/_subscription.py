@@ -14,7 +14,7 @@ import grpc
 import grpc.aio
 
 from ..errors import TinybrokerError, UnavailableError, error_from_code, error_from_rpc
-from ..events import Active, Delivery, Event, Refused, SettleFn, Standby
+from ..events import Active, Delivery, Event, Refused, SettleFn, Standby, SteppedDown
 from ..types import AckMode, Activation, SubscriptionOptions, _any, _timestamp
 from ..v1 import broker_pb2 as pb
 
@@ -116,7 +116,8 @@ class Subscription:
 
     @property
     def epoch(self) -> int:
-        """This member's epoch, 0 until it is active."""
+        """This member's epoch, 0 until it is active (after a `SteppedDown`, the epoch that
+        ended until it is promoted again; `is_active` tells)."""
         return self._epoch
 
     @property
@@ -200,10 +201,10 @@ class Subscription:
         self._interrupt.set()
 
     async def next_event(self) -> Optional[Event]:
-        """The next event: `Active`, `Standby`, `Delivery` or `Refused`; None once the stream
-        has ended cleanly (or after `interrupt()`). Raises the error that ended the stream
-        (`UnavailableError` when the broker shut down or the connection failed); nothing
-        follows it."""
+        """The next event: `Active`, `Standby`, `SteppedDown`, `Delivery` or `Refused`; None
+        once the stream has ended cleanly (or after `interrupt()`). Raises the error that ended
+        the stream (`UnavailableError` when the broker shut down or the connection failed);
+        nothing follows it."""
         return await self._next_event(True)
 
     async def _next_event(self, interruptible: bool) -> Optional[Event]:
@@ -244,6 +245,11 @@ class Subscription:
             return Active(c.member_id, c.epoch)
         if kind == "standby":
             s = frame.standby
+            if s.stepped_down_epoch:
+                # This member was active: its epoch ended, and it waits in line again
+                # (docs/semantics.md#hand-over). `epoch` keeps the one that ended.
+                self._active = False
+                return SteppedDown(s.member_id, s.stepped_down_epoch, s.position)
             self._member_id = s.member_id
             return Standby(s.member_id, s.position)
         if kind == "message":
