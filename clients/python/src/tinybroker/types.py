@@ -504,18 +504,25 @@ def _info_from_pb(info: pb.SubscriptionInfo) -> SubscriptionInfo:
         mode=mode,
         consumer_group=info.consumer_group,
         patterns=tuple(info.topic_patterns),
+        # In line order, as the Rust client: the broker lists them in join order, which a
+        # priority or a hand-over makes differ from the line's.
         members=tuple(
-            MemberInfo(
-                m.member_id,
-                m.active,
-                m.epoch,
-                m.in_flight,
-                m.max_in_flight,
-                m.position,
-                m.metadata,
-                m.priority,
+            sorted(
+                (
+                    MemberInfo(
+                        m.member_id,
+                        m.active,
+                        m.epoch,
+                        m.in_flight,
+                        m.max_in_flight,
+                        m.position,
+                        m.metadata,
+                        m.priority,
+                    )
+                    for m in info.members
+                ),
+                key=lambda m: m.position,
             )
-            for m in info.members
         ),
         active_member_id=info.active_member_id or None,
         epoch=info.epoch,
