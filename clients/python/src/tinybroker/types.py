@@ -448,6 +448,9 @@ class HandedOver:
     member_id: int
     #: Its epoch, higher than `previous_epoch`.
     epoch: int
+    #: The member asked to step down left before it settled what it held: its successor took
+    #: over as on any failover (what it held is redelivered).
+    failed_over: bool = False
 
 
 @dataclass(frozen=True)

@@ -418,7 +418,11 @@ class Client:
             _build(pb.HandOverRequest, subscription_id=subscription_id),
         )
         return HandedOver(
-            reply.previous_member_id, reply.previous_epoch, reply.member_id, reply.epoch
+            reply.previous_member_id,
+            reply.previous_epoch,
+            reply.member_id,
+            reply.epoch,
+            reply.failed_over,
         )
 
     # --- inspection ------------------------------------------------------------------------
