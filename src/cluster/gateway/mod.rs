@@ -416,8 +416,9 @@ impl Gateway {
     /// [`Error::InvalidArgument`] naming both limits; `UNIMPLEMENTED` for a fenced publish.
     pub fn check_size(&self, draft: &Draft) -> Result<(), Error> {
         let shared = &self.inner.shared;
+        // Not counted as a rejected publish: that counter is for full queues, and the embedded
+        // broker does not count a refused fence either.
         if let Some(fence) = draft.fence() {
-            shared.broker.count_rejected_publish();
             return Err(Error::cluster(
                 crate::core::ErrorKind::Unimplemented,
                 format!(
