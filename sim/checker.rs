@@ -171,7 +171,8 @@ impl Checker {
         match input {
             Input::Join {
                 member, priority, ..
-            } => format!("join m{member} priority {priority}"),
+            } if *priority > 0 => format!("join m{member} priority {priority}"),
+            Input::Join { member, .. } => format!("join m{member}"),
             Input::HandOver { member, seq } => format!("hand-over of m{member} (step-down {seq})"),
             Input::StepDownOverdue { seq } => format!("step-down {seq} overdue"),
             Input::Leave { member } => format!("leave m{member}"),
@@ -352,8 +353,16 @@ impl Observer for Checker {
             | Input::Evict
             | Input::Activate { .. }
             | Input::PlaceInLine { .. }
-            | Input::HandOver { .. }
             | Input::StepDownOverdue { .. } => {}
+            // docs/semantics.md#hand-over: a hand-over asked for during a takeover by priority
+            // makes it a hand-over (its member goes to the back of its priority).
+            Input::HandOver { member, .. } => {
+                if let Some((stepping, handover)) = &mut m.stepping
+                    && stepping == member
+                {
+                    *handover = true;
+                }
+            }
             // docs/semantics.md#fenced-publish: a fenced publish passes exactly when its epoch
             // is the active member's, as this model knows it at the same instant.
             Input::Fence { epoch, passed } => {
