@@ -67,6 +67,17 @@ fn campaign_random_seeds_hold_every_invariant() {
             .filter(|o| o.mode == tinybroker::pb::DeliveryMode::Broadcast)
             .count(),
     );
+    // docs/semantics.md#hand-over: how much of it the seeds exercised.
+    let (mut priority, mut handover, mut overdue) = (0, 0, 0);
+    for outcome in &outcomes {
+        let trace = outcome.trace.render();
+        priority += trace.matches("steps down (Priority").count();
+        handover += trace.matches("steps down (HandOver").count();
+        overdue += trace.matches("overdue").count();
+    }
+    println!(
+        "step-downs begun: {priority} by priority, {handover} by hand-over; {overdue} overdue"
+    );
     fail_on(&outcomes);
 }
 
