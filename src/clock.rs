@@ -57,7 +57,11 @@ impl Clock for TokioClock {
         &self,
         deadline: Duration,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(tokio::time::sleep_until(self.origin + deadline))
+        // A deadline past what an Instant can hold (a timeout of centuries) never comes.
+        match self.origin.checked_add(deadline) {
+            Some(at) => Box::pin(tokio::time::sleep_until(at)),
+            None => Box::pin(std::future::pending()),
+        }
     }
 }
 

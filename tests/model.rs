@@ -327,6 +327,7 @@ impl Model {
         self.stepping = None;
         let epoch = self.members[a].epoch.take().unwrap();
         self.members[a].yielding = false;
+        self.members[a].draining = false;
         if handover {
             self.last_ticket += 1;
             self.members[a].ticket = self.last_ticket;
@@ -652,7 +653,10 @@ impl Model {
             // release at the same attempt counts, as a nack. Its member takes no more.
             Settlement::Release => {
                 self.counters.released += 1;
-                self.members[i].draining = true;
+                // Not when it steps down: it is sent nothing more already.
+                if !self.members[i].yielding {
+                    self.members[i].draining = true;
+                }
                 if self.released.contains(&sid) {
                     self.give_back(sid, attempt, &mut out);
                 } else {

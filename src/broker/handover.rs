@@ -85,7 +85,12 @@ impl Broker {
     pub(super) fn follow_step_down(&self, state: &mut SubState, effects: &[Effect]) {
         for effect in effects {
             if let Effect::SteppingDown { seq, .. } = effect {
-                let deadline = self.inner.clock.now() + self.inner.limits.handover_timeout;
+                // Saturating: a timeout of centuries is a deadline that never comes.
+                let deadline = self
+                    .inner
+                    .clock
+                    .now()
+                    .saturating_add(self.inner.limits.handover_timeout);
                 lock(&self.inner.handover_deadlines).set(state.key, deadline);
                 match &mut state.step_down {
                     Some(following) if following.seq == *seq => {}

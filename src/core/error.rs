@@ -54,7 +54,7 @@ pub enum Error {
     SubscriptionNotFound(String),
     /// Leadership is watched on a subscription of another mode than SINGLETON.
     #[error(
-        "subscription {subscription:?} is {mode}: only a SINGLETON subscription has an active member to watch, proclaim or fence a publish with"
+        "subscription {subscription:?} is {mode}: only a SINGLETON subscription has an active member to watch, proclaim, fence a publish with or hand over"
     )]
     NotSingleton {
         /// The subscription named.

@@ -424,7 +424,7 @@ impl Subscription {
     /// When this subscription expires, if it has no members.
     pub fn expires_at(&self) -> Option<Duration> {
         self.idle_since
-            .map(|since| since + self.limits.idle_timeout)
+            .map(|since| since.saturating_add(self.limits.idle_timeout))
     }
 
     /// Whether it has had no members for its idle timeout as of `now`.
@@ -816,7 +816,11 @@ impl Subscription {
     ) -> Result<Vec<Effect>, Error> {
         let record = self.take_in_flight(member, system_id)?;
         self.counters.released += 1;
-        if let Some(holder) = self.members.get_mut(&record.member) {
+        // A member stepping down is sent nothing more already, and may give back what it
+        // prefetched to hand over sooner: that is no sign it leaves (docs/semantics.md#hand-over).
+        if let Some(holder) = self.members.get_mut(&record.member)
+            && !holder.yielding
+        {
             holder.draining = true;
         }
         let mut out = Vec::new();

@@ -182,6 +182,9 @@ impl Subscription {
         self.stepping_down = None;
         let epoch = member.epoch.take().unwrap_or(0);
         member.yielding = false;
+        // A standby holds nothing: what a release said about it ("send it nothing more") is
+        // spent, and it is served again if it is promoted again.
+        member.draining = false;
         if step.cause == StepDownCause::HandOver {
             let before = member.place();
             self.last_ticket += 1;

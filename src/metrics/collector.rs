@@ -58,7 +58,7 @@ const SUBSCRIPTION_GAUGES: [(&str, &str, Field); 5] = [
 ];
 
 /// Per-subscription counters (`_total` is appended by the encoder).
-const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 11] = [
+const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 12] = [
     ("enqueued", "Messages queued.", |v| v.counters.enqueued),
     ("delivered", "Deliveries, first or repeated.", |v| {
         v.counters.delivered
@@ -97,6 +97,11 @@ const SUBSCRIPTION_COUNTERS: [(&str, &str, Field); 11] = [
         "handovers",
         "Active members that stepped down to a successor (a hand-over or a takeover by priority).",
         |v| v.counters.handovers,
+    ),
+    (
+        "handovers_overdue",
+        "Of those, the ones whose hand-over timeout passed with messages in flight, which went to the successor.",
+        |v| v.counters.handovers_overdue,
     ),
 ];
 

@@ -390,3 +390,96 @@ embedded_only! {
         assert_eq!(answer.unwrap_err().code(), Code::Unavailable);
     }
 }
+
+embedded_only! {
+    fn windowed(id: &str, window: u32) -> pb::OpenSubscription {
+        pb::OpenSubscription {
+            max_in_flight: window,
+            ..singleton(id)
+        }
+    }
+
+    // docs/semantics.md#hand-over: a leader that gives back what it prefetched while stepping
+    // down is a standby like any other afterwards: promoted again, it is served.
+    #[tokio::test]
+    async fn a_leader_that_released_while_stepping_down_is_served_when_promoted_again() {
+        let server = TestServer::start().await;
+        let client = server.client().await;
+        let mut first = client.subscribe_via(Carriage::Stream, windowed("rel", 2)).await.unwrap();
+        let c1 = first.confirmed().await;
+        let mut second = client.subscribe_via(Carriage::Stream, windowed("rel", 2)).await.unwrap();
+        let m1 = client.publish("jobs.a", "m1").await.system_id;
+        assert_eq!(first.message().await.system_id, m1);
+        let request = ask(&client, "rel");
+        stepping_down(&client, "rel", c1.member_id).await;
+        first.release(&[m1]).await;
+        within(request).await.unwrap().unwrap();
+        told_stepped_down(&mut first, c1.epoch).await;
+        second.confirmed().await;
+        let got = second.message().await;
+        assert_eq!((got.system_id, got.delivery_attempt), (m1, 1), "released: same attempt");
+        second.ack(m1).await;
+        drop(second);
+        first.confirmed().await;
+        let m2 = client.publish("jobs.a", "m2").await.system_id;
+        assert_eq!(first.message().await.system_id, m2);
+    }
+
+    // docs/semantics.md#priority: a takeover called off after the leader released a message
+    // leaves it serving, the released message first.
+    #[tokio::test]
+    async fn a_leader_that_released_during_a_called_off_takeover_is_served_again() {
+        let server = TestServer::start().await;
+        let client = server.client().await;
+        let mut leader = client.subscribe_via(Carriage::Stream, windowed("call", 2)).await.unwrap();
+        let c = leader.confirmed().await;
+        let m1 = client.publish("jobs.a", "m1").await.system_id;
+        let m2 = client.publish("jobs.a", "m2").await.system_id;
+        leader.message().await;
+        leader.message().await;
+        let newcomer = client.subscribe(ranked("call", 5)).await.unwrap();
+        stepping_down(&client, "call", c.member_id).await;
+        leader.release(&[m2]).await;
+        drop(newcomer);
+        stepping_down(&client, "call", 0).await;
+        let again = leader.message().await;
+        assert_eq!((again.system_id, again.delivery_attempt), (m2, 1));
+        leader.ack(m1).await;
+        leader.ack(m2).await;
+    }
+
+    // A hand-over timeout of centuries is a deadline that never comes: the hand-over completes
+    // on the leader's ack, and the broker's other deadlines go on (it does not panic).
+    #[tokio::test]
+    async fn a_hand_over_timeout_of_centuries_never_comes() {
+        let config = tinybroker::server::ServerConfig {
+            limits: tinybroker::core::Limits {
+                handover_timeout: std::time::Duration::MAX,
+                idle_timeout: std::time::Duration::from_millis(50),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let server = TestServer::with_config(config).await;
+        let client = server.client().await;
+        let Holding {
+            leader: first,
+            confirmed: c1,
+            standby: mut second,
+            message: m1,
+        } = holding(&client, "long").await;
+        let request = ask(&client, "long");
+        stepping_down(&client, "long", c1.member_id).await;
+        first.ack(m1.system_id).await;
+        within(request).await.unwrap().unwrap();
+        second.confirmed().await;
+        drop((first, second));
+        // Idle expiry, driven by the same task, still runs.
+        within(async {
+            while client.describe("long").await.is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+    }
+}
