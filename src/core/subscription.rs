@@ -1,13 +1,15 @@
-//! One subscription's state machine: members in join order, the shared queue, per-member windows,
+//! One subscription's state machine: members in line (join order, or priority then join
+//! order), the shared queue, per-member windows,
 //! in-flight records, epochs and counters (docs/semantics.md#subscriptions, docs/semantics.md#delivery and docs/semantics.md#singleton).
 //!
 //! This file is the state machine's inputs and the internals they share (over 600 lines for
 //! that reason: they are one machine); its effect and counter types are in `core::effect`, the
-//! memory-cost model in `core::cost`, and cluster mode's inputs, drop-oldest and the invariant
-//! checks in `subscription_arbitrated.rs`, `subscription_drop_oldest.rs` and
-//! `subscription_check.rs`.
+//! memory-cost model in `core::cost`, and cluster mode's inputs, drop-oldest, step-downs
+//! (priority and hand-over) and the invariant checks in `subscription_arbitrated.rs`,
+//! `subscription_drop_oldest.rs`, `subscription_step_down.rs` and `subscription_check.rs`.
 //!
-//! Inputs are the `join`, `leave`, `enqueue`, `ack`, `nack` and `release` methods; each returns the ordered
+//! Inputs are the `join`, `leave`, `enqueue`, `ack`, `nack`, `release`, `hand_over` and
+//! `step_down_overdue` methods; each returns the ordered
 //! [`Effect`]s the shell must carry out, in order, before the next input. Time only enters as a
 //! `now` argument (time since the broker started).
 
@@ -487,8 +489,9 @@ impl Subscription {
         Ok(())
     }
 
-    /// Adds a member at the back of the line. It becomes active at once unless this is a
-    /// singleton subscription that already has an active member.
+    /// Adds a member at the back of the line (of its priority). It becomes active at once
+    /// unless this is a singleton subscription that already has an active member; one that
+    /// outranks the active member makes it step down (docs/semantics.md#priority).
     ///
     /// # Errors
     /// As [`check_join`](Self::check_join); nothing changes then.
@@ -550,7 +553,8 @@ impl Subscription {
 
     /// Removes a member (its stream ended, for any reason). Its in-flight messages return to the
     /// head of the queue in their original order; if it was the singleton's active member, the
-    /// earliest-joined standby is promoted. Unknown members are ignored.
+    /// first standby in line is promoted (and a step-down of it is over). Unknown members are
+    /// ignored.
     pub fn leave(&mut self, member_id: MemberId, now: Duration) -> Vec<Effect> {
         let mut out = Vec::new();
         let Some(member) = self.members.remove(&member_id) else {
