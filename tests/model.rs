@@ -1040,7 +1040,7 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
             .flat_map(|m| m.held.iter().map(move |s| (*s, m.id)))
             .collect();
         prop_assert_eq!(holders, model_holders);
-        // Same inspection view: counts, bytes, members in join order, counters.
+        // Same inspection view: counts, bytes, members in line order, counters.
         prop_assert_eq!(core.queued(), model.queue.len());
         prop_assert_eq!(core.in_flight(), model.attempt.len());
         prop_assert_eq!(core.queued_bytes(), model.queued_bytes());
@@ -1060,19 +1060,19 @@ fn run(setup: Setup, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 )
             })
             .collect();
-        let line = model.line();
         let model_infos: Vec<_> = model
-            .members
-            .iter()
+            .line()
+            .into_iter()
             .enumerate()
-            .map(|(i, m)| {
+            .map(|(position, i)| {
+                let m = &model.members[i];
                 (
                     m.id,
                     m.epoch.is_some(),
                     m.epoch.unwrap_or(0),
                     m.held.len() as u32,
                     m.window as u32,
-                    line.iter().position(|&j| j == i).unwrap() as u32,
+                    position as u32,
                     m.priority,
                 )
             })

@@ -1,7 +1,7 @@
 //! Idle expiry: a subscription whose last member left keeps its queue for `idle_timeout`, then
 //! is removed and its remaining messages are counted as expired (docs/semantics.md#idle-expiry).
 //!
-//! Deadlines are data: a subscription that loses its last member enters the [`IdleSchedule`]
+//! Deadlines are data: a subscription that loses its last member enters the [`Deadlines`]
 //! under its own lock, and one that gains a member leaves it the same way. The expiry task
 //! sleeps until the earliest deadline and takes the catalog's write lock only when one is due,
 //! so member churn costs a schedule update, never a scan of every subscription.
@@ -14,14 +14,15 @@ use std::{
 use super::Broker;
 use crate::sync::{Ordering, lock, write};
 
-/// When each member-less subscription expires, by catalog key.
+/// Deadlines by catalog key: when each member-less subscription expires, or (a second
+/// schedule) when each step-down's hand-over timeout passes.
 #[derive(Debug, Default)]
-pub(super) struct IdleSchedule {
+pub(super) struct Deadlines {
     by_deadline: BTreeSet<(Duration, u64)>,
     deadline_of: BTreeMap<u64, Duration>,
 }
 
-impl IdleSchedule {
+impl Deadlines {
     /// `key` expires at `deadline` (replacing any earlier entry).
     pub(super) fn set(&mut self, key: u64, deadline: Duration) {
         if let Some(old) = self.deadline_of.insert(key, deadline) {
@@ -138,7 +139,7 @@ mod tests {
     #[test]
     fn schedule_takes_due_keys_in_deadline_order() {
         let s = |secs| Duration::from_secs(secs);
-        let mut schedule = IdleSchedule::default();
+        let mut schedule = Deadlines::default();
         schedule.set(1, s(30));
         schedule.set(2, s(10));
         schedule.set(3, s(20));

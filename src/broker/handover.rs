@@ -109,13 +109,8 @@ impl Broker {
     /// After an input, while a step-down is followed: once the core has ended it (completed,
     /// called off, or its member left), its waiters get the outcome.
     pub(super) fn end_step_down(&self, state: &mut SubState) {
-        let Some(following) = &state.step_down else {
-            return;
-        };
-        if state.core.stepping_down().map(|step| step.seq) == Some(following.seq) {
-            return;
-        }
-        let Some(following) = state.step_down.take() else {
+        let seq = state.core.stepping_down().map(|step| step.seq);
+        let Some(following) = state.step_down.take_if(|f| Some(f.seq) != seq) else {
             return;
         };
         lock(&self.inner.handover_deadlines).remove(state.key);

@@ -593,8 +593,6 @@ impl SubState {
         }
     }
 
-    /// Takes the frame of `system_id` out of `member`'s outlet (the core dropped it before the
-    /// stream wrote it). It is the outlet's oldest message frame, so the scan is short.
     /// A standby notice to `member`: at `position`, after stepping down from
     /// `stepped_down_epoch` (0 when it was not active).
     fn send_standby(&mut self, member: MemberId, position: u32, stepped_down_epoch: Epoch) {
@@ -610,6 +608,8 @@ impl SubState {
         );
     }
 
+    /// Takes the frame of `system_id` out of `member`'s outlet (the core dropped it before the
+    /// stream wrote it). It is the outlet's oldest message frame, so the scan is short.
     fn withdraw(&mut self, member: MemberId, system_id: SystemId) {
         let Some(outlet) = self.outlets.get_mut(&member) else {
             return;

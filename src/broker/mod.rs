@@ -90,9 +90,9 @@ struct Inner {
     expiry_wake: tokio::sync::Notify,
     /// Member-less subscriptions by deadline. Updated under the subscription's lock (so a join
     /// and a leave cannot reorder their updates); a leaf lock, never held while taking another.
-    idle: Mutex<expiry::IdleSchedule>,
+    idle: Mutex<expiry::Deadlines>,
     /// Step-downs in progress by deadline (docs/semantics.md#hand-over); a leaf lock too.
-    handover_deadlines: Mutex<expiry::IdleSchedule>,
+    handover_deadlines: Mutex<expiry::Deadlines>,
     observer: Option<Arc<dyn Observer>>,
     timings: std::sync::OnceLock<Arc<dyn Timings>>,
     /// A gateway's lease check for arbitrated singletons: while it says no, their deliveries
@@ -282,8 +282,8 @@ impl Broker {
                 evict_cursor: AtomicU64::new(0),
                 counters: AtomicCounters::default(),
                 expiry_wake: tokio::sync::Notify::new(),
-                idle: Mutex::new(expiry::IdleSchedule::default()),
-                handover_deadlines: Mutex::new(expiry::IdleSchedule::default()),
+                idle: Mutex::new(expiry::Deadlines::default()),
+                handover_deadlines: Mutex::new(expiry::Deadlines::default()),
                 observer,
                 timings: std::sync::OnceLock::new(),
                 singleton_gate: std::sync::OnceLock::new(),

@@ -434,23 +434,19 @@ impl Subscription {
         self.expires_at().is_some_and(|at| now >= at)
     }
 
-    /// Inspection view of its members, in join order.
+    /// Inspection view of its members, in line order (priority, then join order; at a gateway, the local join order: the cluster line places them).
     pub fn member_infos(&self) -> Vec<MemberInfo> {
-        let positions: BTreeMap<MemberId, u32> = self
-            .line
+        self.line
             .values()
             .enumerate()
-            .map(|(position, id)| (*id, position as u32))
-            .collect();
-        self.members
-            .iter()
-            .map(|(id, m)| MemberInfo {
-                member_id: *id,
+            .filter_map(|(position, id)| Some((position, *id, self.members.get(id)?)))
+            .map(|(position, id, m)| MemberInfo {
+                member_id: id,
                 active: m.epoch.is_some(),
                 epoch: m.epoch.unwrap_or(0),
                 in_flight: m.in_flight,
                 max_in_flight: m.options.max_in_flight,
-                position: positions.get(id).copied().unwrap_or(0),
+                position: position as u32,
                 priority: m.options.priority,
             })
             .collect()

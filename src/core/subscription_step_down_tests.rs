@@ -81,7 +81,9 @@ fn equal_priority_keeps_join_order() {
     assert_eq!(stepped_down(&fx), [(a, 1, 1)]);
     assert_eq!(confirms(&fx), [(c, 2)]);
     let infos = s.member_infos();
-    let positions: Vec<(MemberId, u32)> = infos.iter().map(|i| (i.member_id, i.position)).collect();
+    let mut positions: Vec<(MemberId, u32)> =
+        infos.iter().map(|i| (i.member_id, i.position)).collect();
+    positions.sort_unstable();
     assert_eq!(positions, [(a, 1), (a + 1, 2), (c, 0)]);
 }
 
