@@ -51,6 +51,9 @@ const SYNCS: usize = 2;
 /// How soon a consumer count the last listing disagreed with is listed again.
 const RELIST_AFTER: Duration = Duration::from_secs(1);
 
+/// How many more syncs a publish's count tries when the one covering it found no answer.
+const RECOUNTS: u32 = 2;
+
 /// The most subscriptions a gateway's registry indexes.
 pub(super) const MAX_SUBSCRIPTIONS: usize = 100_000;
 
@@ -302,11 +305,30 @@ impl Registry {
     /// The `queued_for` of a publish of `topic` admitted as `count`, at its answer: from the
     /// copy as it is if it was current then and still is (an announcement may have come
     /// meanwhile, or the lease lapsed), else after a sync begun once it was sent (or now).
+    ///
+    /// A sync that found no answer (the gateway's connection was moving off a dead node, or
+    /// the stream's leader was being elected) does not count: the publish was stored since, so
+    /// JetStream answers now, and a sync begun now is tried, up to [`RECOUNTS`] times, before
+    /// the copy answers as it is (logged).
     pub(super) async fn queued_for(&self, count: Count, topic: &Topic) -> u32 {
-        match count {
-            Count::Now if self.current() => {}
-            Count::Now => self.synced(self.ticket()).await,
-            Count::After(ticket) => self.synced(ticket).await,
+        let ticket = match count {
+            Count::Now if self.current() => return self.matching(topic),
+            Count::Now => self.ticket(),
+            Count::After(ticket) => ticket,
+        };
+        self.synced(ticket).await;
+        let mut recounts = 0;
+        while self.succeeded.load(Ordering::SeqCst) < ticket {
+            if recounts == RECOUNTS {
+                tracing::warn!(
+                    %topic,
+                    "no sync of the subscriptions succeeded after this publish: its queued_for counts this gateway's last copy"
+                );
+                break;
+            }
+            recounts += 1;
+            // Covers `ticket` too, if it succeeds: it is later.
+            self.synced(self.ticket()).await;
         }
         self.matching(topic)
     }
