@@ -348,7 +348,13 @@ impl Gateway {
                 )
             })?;
             match deleted {
-                Ok(_) => removed += 1,
+                Ok(_) => {
+                    removed += 1;
+                    if info.name == names::consumer_name(crate::core::Mode::Singleton, id, "") {
+                        // Its fence records are of no use now.
+                        self.inner.shared.fences.deleted(id);
+                    }
+                }
                 // Gone meanwhile (another delete of it, or its inactivity threshold ran out):
                 // nothing left to delete, and not this delete's to count.
                 Err(error)

@@ -62,6 +62,7 @@ mod bridge;
 mod config;
 mod delete;
 mod describe;
+mod fence;
 mod forward;
 mod headers;
 mod join;
@@ -112,6 +113,8 @@ struct Shared {
     patience: Duration,
     /// Every subscription in the cluster: what `queued_for` counts.
     registry: Arc<registry::Registry>,
+    /// The fence records: written at activations, read by fenced publishes.
+    fences: Arc<fence::Fences>,
 }
 
 /// A running gateway: cheap to clone.
@@ -274,10 +277,12 @@ impl Gateway {
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
         let (registry, registry_task) =
             registry::Registry::start(&client, stream.clone(), connects).await?;
+        let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));
         let (singletons, coordination) = singleton::spawn(
             backplane.clone(),
             broker.clone(),
             singleton::config(config.lease),
+            fences.clone(),
         );
         let incarnation = singletons.incarnation();
         let announcements = announce::serve(
@@ -316,6 +321,7 @@ impl Gateway {
             ids: publish::MessageIds::new(),
             patience,
             registry,
+            fences,
         });
         let responder = forward::serve(
             &client,
@@ -404,29 +410,23 @@ impl Gateway {
     /// [`Error::StreamFull`], [`Error::Unavailable`] when JetStream does not confirm.
     pub async fn publish(&self, draft: Draft) -> Result<Published, Error> {
         self.check_size(&draft)?;
-        publish::publish(&self.inner.shared, draft).await
+        let shared = &self.inner.shared;
+        match draft.fence().cloned() {
+            // Stored only while the fence's epoch is the active one
+            // (docs/semantics.md#cluster-fenced-publish).
+            Some(fence) => shared.fences.publish(shared, draft, &fence).await,
+            None => publish::publish(shared, draft).await,
+        }
     }
 
     /// Refuses a message larger than this gateway takes from clients (counted as a rejected
     /// publish): one that fits NATS's `max_payload` with room for the headers a dead letter
-    /// adds, so a message the gateway took can always be dead-lettered. Refuses a fenced
-    /// publish too (docs/semantics.md#cluster-fenced-publish).
+    /// adds, so a message the gateway took can always be dead-lettered.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming both limits; `UNIMPLEMENTED` for a fenced publish.
+    /// [`Error::InvalidArgument`] naming both limits.
     pub fn check_size(&self, draft: &Draft) -> Result<(), Error> {
         let shared = &self.inner.shared;
-        // Not counted as a rejected publish: that counter is for full queues, and the embedded
-        // broker does not count a refused fence either.
-        if let Some(fence) = draft.fence() {
-            return Err(Error::cluster(
-                crate::core::ErrorKind::Unimplemented,
-                format!(
-                    "a publish fenced by subscription {:?}'s epoch is not taken in cluster mode yet: the gateways cannot yet check the epoch and store the message as one step, and a fence checked apart from the store would let a deposed leader's publish through; nothing was stored (docs/semantics.md#cluster-fenced-publish)",
-                    fence.subscription_id
-                ),
-            ));
-        }
         let size = draft.envelope().size() + draft.payload().len();
         if size <= shared.largest_message {
             return Ok(());

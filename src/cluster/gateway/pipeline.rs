@@ -106,10 +106,15 @@ impl Pipeline {
                 let size = draft.size();
                 let gateway = self.gateway.clone();
                 self.slot_bytes += size;
-                self.slots.push_back((
-                    Slot::Sending(Box::pin(async move { gateway.send(draft).await })),
-                    size,
-                ));
+                let slot = if draft.fence().is_some() {
+                    // Checked as JetStream stores it (docs/semantics.md#cluster-fenced-publish):
+                    // published alone, once every publish before it was answered, and nothing
+                    // after it is read until it is answered.
+                    Slot::Again(Box::pin(async move { gateway.publish(draft).await }))
+                } else {
+                    Slot::Sending(Box::pin(async move { gateway.send(draft).await }))
+                };
+                self.slots.push_back((slot, size));
             }
             Err(error) => self.slots.push_back((Slot::Ready(Err(error)), 0)),
         }

@@ -24,7 +24,7 @@ use async_nats::jetstream::{
     publish::PublishAck,
 };
 
-use super::{DEAD_LETTER_OF, Shared, names, nats_headers, registry::Count, unavailable};
+use super::{DEAD_LETTER_OF, Shared, fence, names, nats_headers, registry::Count, unavailable};
 use crate::{
     broker::{BatchError, Published},
     core::{Draft, Error, ErrorKind},
@@ -91,12 +91,39 @@ pub struct Resend {
     /// JetStream may have stored it (its answer did not come in time), as opposed to "no
     /// responders" (no server took it).
     maybe_stored: bool,
+    /// The fence record it must find (a fenced publish).
+    expect: Option<Expect>,
+}
+
+/// What a fenced publish expects (docs/semantics.md#cluster-fenced-publish): JetStream stores
+/// it only while the last message of the fence subject `subject` is at `sequence`.
+#[derive(Debug, Clone)]
+pub(super) struct Expect {
+    pub(super) subject: String,
+    pub(super) sequence: u64,
+}
+
+/// Why a fenced publish was not stored.
+#[derive(Debug)]
+pub(super) enum Expected {
+    /// The fence subject's last record is no longer the one expected.
+    Moved,
+    /// Anything else, as a client would be told.
+    Failed(Error),
 }
 
 impl Resend {
     /// Sends it again, with the same id.
     async fn send(self, shared: &Arc<Shared>) -> Result<Sent, Error> {
-        send_with(shared, self.draft, self.id, self.dead_letter_of, false).await
+        send_with(
+            shared,
+            self.draft,
+            self.id,
+            self.dead_letter_of,
+            false,
+            self.expect,
+        )
+        .await
     }
 
     /// Sends it again until JetStream confirms it, for up to `patience` from now.
@@ -135,6 +162,8 @@ pub struct Sent {
     ack: Ack,
     /// How its `queued_for` is counted (none for a dead letter, whose count nobody reads).
     count: Option<Count>,
+    /// The fence record it must find (a fenced publish).
+    expect: Option<Expect>,
 }
 
 /// Where a sent publish's confirmation comes from. A `PublishAckFuture` holds one of the
@@ -163,6 +192,9 @@ pub enum Unconfirmed {
     Again(Resend),
     /// A refusal, or a failure after which it must not be sent again.
     Failed(Error),
+    /// A fenced publish's expectation was not met (JetStream's error code), nothing stored;
+    /// carried here to be sent again when the code says a later try can pass.
+    Expectation(u64, Resend),
 }
 
 impl Sent {
@@ -197,6 +229,7 @@ impl Sent {
                     id: self.id,
                     dead_letter_of: self.dead_letter_of,
                     maybe_stored: $maybe_stored,
+                    expect: self.expect,
                 }))
             };
         }
@@ -229,6 +262,25 @@ impl Sent {
                 ) =>
             {
                 again!(true)
+            }
+            Err(error)
+                if self.expect.is_some()
+                    && matches!(
+                        fence::jetstream_code(&error),
+                        Some(fence::WRONG_LAST_SEQUENCE | fence::EXPECTATION_BUSY)
+                    ) =>
+            {
+                let code = fence::jetstream_code(&error).unwrap_or_default();
+                Err(Unconfirmed::Expectation(
+                    code,
+                    Resend {
+                        draft: self.draft,
+                        id: self.id,
+                        dead_letter_of: self.dead_letter_of,
+                        maybe_stored: false,
+                        expect: self.expect,
+                    },
+                ))
             }
             // A refusal first: JetStream answers a full stream with a 503 too.
             Err(error) => match refused(&self.shared, &error, count_refusal) {
@@ -299,17 +351,20 @@ impl Unconfirmed {
                 "JetStream did not confirm the publish in time (the stream's leader may be moving, or a NATS server stopped answering); it may have been stored, once (message id {id})"
             )),
             Unconfirmed::Failed(error) => error,
+            Unconfirmed::Expectation(code, _) => Error::Unavailable(format!(
+                "JetStream refused the fenced publish's expectation (error {code}); nothing was stored"
+            )),
         }
     }
 }
 
 pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Error> {
-    send_with(shared, draft, shared.ids.next(), None, false).await
+    send_with(shared, draft, shared.ids.next(), None, false, None).await
 }
 
 /// [`send`] for a `PublishStream`'s pipeline, which awaits its confirmations in order.
 pub(super) async fn send_streamed(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Error> {
-    send_with(shared, draft, shared.ids.next(), None, true).await
+    send_with(shared, draft, shared.ids.next(), None, true, None).await
 }
 
 /// [`send`] with message id `id`, for a dead letter with the subscription it came from
@@ -320,6 +375,7 @@ async fn send_with(
     id: String,
     dead_letter_of: Option<String>,
     awaited_in_order: bool,
+    expect: Option<Expect>,
 ) -> Result<Sent, Error> {
     let count = dead_letter_of.is_none().then(|| shared.registry.admit());
     let subject = names::subject(&shared.prefix, draft.topic().as_str());
@@ -328,6 +384,13 @@ async fn send_with(
         headers.insert(DEAD_LETTER_OF, subscription.as_str());
     }
     headers.insert(MSG_ID, id.as_str());
+    if let Some(expect) = &expect {
+        headers.insert(
+            fence::EXPECTED_SEQUENCE,
+            expect.sequence.to_string().as_str(),
+        );
+        headers.insert(fence::EXPECTED_SUBJECT, expect.subject.as_str());
+    }
     let ack = shared
         .js
         .publish_with_headers(subject, headers, draft.payload_bytes())
@@ -341,6 +404,7 @@ async fn send_with(
         draft,
         id,
         dead_letter_of,
+        expect,
         ack: if awaited_in_order {
             Ack::Here(ack)
         } else {
@@ -356,6 +420,42 @@ pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Publis
     let deadline = tokio::time::Instant::now() + shared.patience;
     let sent = send(shared, draft).await?;
     confirmed_by(shared, sent, deadline).await
+}
+
+/// Publishes a fenced message that JetStream stores only as `expect` says, sent again with its
+/// id until JetStream confirms or refuses it, for up to the gateway's patience. A refusal
+/// because another expectation of the subject was being stored (nothing stored) is tried
+/// again too.
+///
+/// # Errors
+/// [`Expected::Moved`] when the record moved; otherwise what [`publish`] gets.
+pub(super) async fn publish_expecting(
+    shared: &Arc<Shared>,
+    draft: Draft,
+    expect: Expect,
+) -> Result<Published, Expected> {
+    let deadline = tokio::time::Instant::now() + shared.patience;
+    let mut sent = send_with(shared, draft, shared.ids.next(), None, false, Some(expect))
+        .await
+        .map_err(Expected::Failed)?;
+    let mut delay = Duration::from_millis(1);
+    loop {
+        let resend = match sent.confirm(true).await {
+            Ok(published) => return Ok(published),
+            Err(Unconfirmed::Expectation(fence::WRONG_LAST_SEQUENCE, _)) => {
+                return Err(Expected::Moved);
+            }
+            Err(Unconfirmed::Expectation(_, resend) | Unconfirmed::Again(resend))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                resend
+            }
+            Err(unconfirmed) => return Err(Expected::Failed(unconfirmed.error())),
+        };
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(200));
+        sent = resend.send(shared).await.map_err(Expected::Failed)?;
+    }
 }
 
 /// Waits for `sent`'s confirmation, sending it again with its id until JetStream confirms it
@@ -375,7 +475,7 @@ async fn confirmed_by(
                 )
                 .await
         }
-        Err(Unconfirmed::Failed(error)) => Err(error),
+        Err(unconfirmed) => Err(unconfirmed.error()),
     }
 }
 
@@ -390,7 +490,15 @@ pub(super) async fn publish_dead_letter(
 ) -> Result<Published, Error> {
     let deadline = tokio::time::Instant::now() + DEAD_LETTER_PATIENCE;
     let id = dead_letter_id(dead_letter_of, sequence);
-    let sent = send_with(shared, draft, id, Some(dead_letter_of.to_string()), false).await?;
+    let sent = send_with(
+        shared,
+        draft,
+        id,
+        Some(dead_letter_of.to_string()),
+        false,
+        None,
+    )
+    .await?;
     confirmed_by(shared, sent, deadline).await
 }
 
@@ -409,6 +517,9 @@ pub(super) async fn publish_batch(
     shared: &Arc<Shared>,
     drafts: Vec<Draft>,
 ) -> Result<Vec<Published>, BatchError> {
+    if drafts.iter().any(|draft| draft.fence().is_some()) {
+        return publish_one_by_one(shared, drafts).await;
+    }
     let mut sent = Vec::with_capacity(drafts.len());
     let mut refused_to_send = None;
     for draft in drafts {
@@ -436,7 +547,9 @@ pub(super) async fn publish_batch(
             match outcome {
                 Ok(p) => published.push(p),
                 Err(Unconfirmed::Again(resend)) => again.push(resend),
-                Err(Unconfirmed::Failed(error)) => refused = Some(error),
+                Err(unconfirmed @ (Unconfirmed::Failed(_) | Unconfirmed::Expectation(..))) => {
+                    refused = Some(unconfirmed.error());
+                }
             }
             continue;
         }
@@ -449,6 +562,8 @@ pub(super) async fn publish_batch(
             Err(Unconfirmed::Failed(error)) => {
                 uncertain_after |= error.kind() == ErrorKind::Unavailable;
             }
+            // Fenced publishes are not sent in batches (`publish_batch` sends them one by one).
+            Err(Unconfirmed::Expectation(..)) => {}
         }
     }
     let later = |error: Error| -> Error {
@@ -491,4 +606,28 @@ pub(super) async fn publish_batch(
         Some(error) => refusal(published, error),
         None => Ok(published),
     }
+}
+
+/// A batch with a fenced message: each message published and confirmed before the next is
+/// sent (a fenced one is checked as JetStream stores it, which a pipelined message after it
+/// would not wait for), stopping at the first refusal.
+///
+/// # Errors
+/// The messages confirmed before the first refusal, and that refusal.
+async fn publish_one_by_one(
+    shared: &Arc<Shared>,
+    drafts: Vec<Draft>,
+) -> Result<Vec<Published>, BatchError> {
+    let mut published = Vec::with_capacity(drafts.len());
+    for draft in drafts {
+        let outcome = match draft.fence().cloned() {
+            Some(fence) => shared.fences.publish(shared, draft, &fence).await,
+            None => publish(shared, draft).await,
+        };
+        match outcome {
+            Ok(one) => published.push(one),
+            Err(error) => return Err(BatchError { published, error }),
+        }
+    }
+    Ok(published)
 }

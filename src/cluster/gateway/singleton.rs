@@ -28,7 +28,11 @@ use tokio::{
 };
 use tokio_stream::StreamExt;
 
-use super::{leadership::Leaders, lease::LeaseGate};
+use super::{
+    fence::{Fences, Record},
+    leadership::Leaders,
+    lease::LeaseGate,
+};
 use crate::{
     broker::{LeadershipWatch, Upstream},
     cluster::{
@@ -62,6 +66,8 @@ enum Input {
     Left(Arc<str>, MemberId, Vec<(u64, u32)>),
     /// Someone watches the subscription's leadership: told its state now, then each change.
     Watch(Arc<str>, oneshot::Sender<LeadershipWatch>),
+    /// The fence record of an activation's epoch is stored: the member may be activated.
+    Recorded(Arc<str>, MemberId, crate::broker::Activation),
 }
 
 /// The gateway's line to its coordinator shell: cheap to clone.
@@ -195,6 +201,7 @@ pub(super) fn spawn(
     backplane: NatsBackplane,
     broker: Upstream,
     config: Config,
+    fences: Arc<Fences>,
 ) -> (Handle, tokio::task::JoinHandle<()>) {
     let (inputs, rx) = mpsc::unbounded_channel();
     let current_id = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -213,6 +220,11 @@ pub(super) fn spawn(
             lease: lease.clone(),
             current_id: current_id.clone(),
             leased: leased.clone(),
+        },
+        Recording {
+            fences,
+            inputs: inputs.clone(),
+            lease: lease.clone(),
         },
     ));
     (
@@ -252,6 +264,56 @@ struct Views {
     leased: Leased,
 }
 
+/// What writing fence records takes (docs/semantics.md#cluster-fenced-publish): an activation
+/// waits for its epoch's record, and an emptied line's epoch is recorded as ended.
+#[derive(Clone)]
+struct Recording {
+    fences: Arc<Fences>,
+    /// The shell's own inputs: a stored record comes back as [`Input::Recorded`].
+    inputs: mpsc::UnboundedSender<Input>,
+    lease: Arc<LeaseGate>,
+}
+
+impl Recording {
+    /// Writes the record of `activation`'s epoch, then asks the shell to activate `member`
+    /// (given up once this gateway's lease is not valid: it activates nobody then).
+    fn activate(
+        &self,
+        subscription: String,
+        member: MemberId,
+        activation: crate::broker::Activation,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let lease = this.lease.clone();
+            let wanted = Record::active(activation.epoch);
+            if this
+                .fences
+                .record(&subscription, wanted, || lease.valid().is_some())
+                .await
+            {
+                let _ =
+                    this.inputs
+                        .send(Input::Recorded(Arc::from(subscription), member, activation));
+            }
+        });
+    }
+
+    /// Records that `epoch` of `subscription` ended: its line was emptied by this gateway's
+    /// write (given up once this gateway's lease is not valid).
+    fn ended(&self, subscription: String, epoch: u64) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let lease = this.lease.clone();
+            this.fences
+                .record(&subscription, Record::ended(epoch), || {
+                    lease.valid().is_some()
+                })
+                .await;
+        });
+    }
+}
+
 async fn run(
     backplane: NatsBackplane,
     broker: Upstream,
@@ -259,6 +321,7 @@ async fn run(
     mut inputs: mpsc::UnboundedReceiver<Input>,
     start: tokio::time::Instant,
     views: Views,
+    recording: Recording,
 ) {
     let Views {
         lease,
@@ -298,6 +361,7 @@ async fn run(
                 &broker,
                 &mut writes,
                 (&mut joining, &mut proclaiming),
+                &recording,
             );
             if coordinator.is_fenced() {
                 // Its view of the bucket is not current: every watch here ends UNAVAILABLE.
@@ -366,6 +430,22 @@ async fn run(
                     Some(Input::Watch(sub, reply)) => {
                         let _ = reply.send(leaders.watch(&coordinator, sub));
                     }
+                    Some(Input::Recorded(sub, member, activation)) => {
+                        // Still the line's active member with that epoch, under this
+                        // incarnation's lease (an ended or deposed member is not activated).
+                        let me = crate::cluster::values::MemberUid { gateway: coordinator.id(), member };
+                        let current = coordinator
+                            .line(&sub)
+                            .is_some_and(|v| v.active == Some(me) && v.epoch == activation.epoch);
+                        if current && coordinator.may_act(now()) {
+                            if let Err(error) = broker.activate(&sub, member, activation) {
+                                // It left meanwhile: its leaving is on its way to the coordinator.
+                                tracing::debug!(subscription = %sub, member, %error, "could not activate a member");
+                            }
+                        } else {
+                            tracing::debug!(subscription = %sub, member, "a member's fence record came after it lost its place");
+                        }
+                    }
                     None => return,
                 },
                 opened = async { opening.as_mut()?.await.into() }, if opening.is_some() => {
@@ -420,15 +500,30 @@ fn carry_out(
     broker: &Upstream,
     writes: &mut JoinSet<(RequestId, String, Result<Revision, KvError>)>,
     (joining, proclaiming): (&mut Waiting, &mut Proclaiming),
+    recording: &Recording,
 ) {
     while let Some(Command { id, key, op }) = coordinator.poll_command() {
         let backplane = backplane.clone();
+        // A line this write empties: its epoch ends (docs/semantics.md#cluster-fenced-publish).
+        let ending = match &op {
+            Op::Delete(_) => key
+                .strip_prefix("sub.")
+                .and_then(|sub| Some((sub.to_string(), coordinator.line(sub)?.epoch))),
+            _ => None,
+        };
+        let recording = recording.clone();
         writes.spawn(async move {
             let result = match op {
                 Op::Create(value) => backplane.create(&key, value).await,
                 Op::Update(value, expected) => backplane.update(&key, value, expected).await,
                 Op::Delete(expected) => backplane.delete(&key, expected).await,
             };
+            if result.is_ok()
+                && let Some((subscription, epoch)) = ending
+                && epoch != 0
+            {
+                recording.ended(subscription, epoch);
+            }
             (id, key, result)
         });
     }
@@ -467,10 +562,9 @@ fn carry_out(
                     promoted,
                     took_over,
                 };
-                if let Err(error) = broker.activate(&subscription, member, activation) {
-                    // It left meanwhile: its leaving is on its way to the coordinator.
-                    tracing::debug!(%subscription, member, %error, "could not activate a member");
-                }
+                // Its epoch's fence record first (docs/semantics.md#cluster-fenced-publish):
+                // activated by Input::Recorded once JetStream stored it.
+                recording.activate(subscription, member, activation);
             }
             Effect::Standby {
                 subscription,

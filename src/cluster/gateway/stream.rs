@@ -8,7 +8,7 @@ use async_nats::jetstream::{
     stream::{DiscardPolicy, RetentionPolicy, StorageType},
 };
 
-use super::GatewayConfig;
+use super::{GatewayConfig, fence};
 
 /// How long a starting gateway waits for its NATS server to route publishes to the stream.
 const STREAM_PATIENCE: Duration = Duration::from_secs(10);
@@ -44,7 +44,8 @@ pub(super) async fn ensure_stream(
     config: &GatewayConfig,
 ) -> Result<jetstream::stream::Stream, String> {
     let subjects = format!("{}.>", config.stream);
-    if let Ok(stream) = js.get_stream(&config.stream).await {
+    let fences = fence::subjects(&config.stream);
+    if let Ok(mut stream) = js.get_stream(&config.stream).await {
         let existing = &stream.cached_info().config;
         if !existing.subjects.contains(&subjects) {
             return Err(format!(
@@ -52,6 +53,23 @@ pub(super) async fn ensure_stream(
                 config.stream
             ));
         }
+        if !existing.subjects.contains(&fences) {
+            // Made before fenced publishes worked in cluster mode: its fence subjects added.
+            let mut updated = existing.clone();
+            updated.subjects.push(fences.clone());
+            js.update_stream(&updated).await.map_err(|e| {
+                format!(
+                    "JetStream stream {} exists without the fence subjects {fences}, and adding them was refused: {e}",
+                    config.stream
+                )
+            })?;
+            stream = js
+                .get_stream(&config.stream)
+                .await
+                .map_err(|e| format!("JetStream stream {}: {e}", config.stream))?;
+        }
+        keep_fences(&stream).await?;
+        let existing = &stream.cached_info().config;
         if existing.max_messages < 0 && existing.max_bytes < 0 {
             tracing::warn!(
                 stream = %config.stream,
@@ -88,7 +106,7 @@ pub(super) async fn ensure_stream(
     for &replicas in tries {
         let stream_config = jetstream::stream::Config {
             name: config.stream.clone(),
-            subjects: vec![subjects.clone()],
+            subjects: vec![subjects.clone(), fences.clone()],
             retention: RetentionPolicy::Interest,
             storage: StorageType::File,
             num_replicas: replicas,
@@ -102,7 +120,10 @@ pub(super) async fn ensure_stream(
             ..Default::default()
         };
         match js.get_or_create_stream(stream_config).await {
-            Ok(stream) => return Ok(stream),
+            Ok(stream) => {
+                keep_fences(&stream).await?;
+                return Ok(stream);
+            }
             Err(error) => last = error.to_string(),
         }
     }
@@ -110,4 +131,30 @@ pub(super) async fn ensure_stream(
         "JetStream refused the stream {}: {last}",
         config.stream
     ))
+}
+
+/// The consumer that keeps the stream's fence records (docs/cluster.md#fenced-publishes):
+/// nobody reads it, and under the stream's interest retention a message no consumer has
+/// pending is removed at once.
+async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<(), String> {
+    let name = &stream.cached_info().config.name;
+    let config = jetstream::consumer::pull::Config {
+        durable_name: Some(fence::CONSUMER.to_string()),
+        filter_subject: fence::subjects(name),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        description: Some(
+            "tinybroker: keeps the fence records of SINGLETON subscriptions; never read".into(),
+        ),
+        ..Default::default()
+    };
+    stream
+        .get_or_create_consumer(fence::CONSUMER, config)
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "JetStream refused the consumer {} of stream {name}: {e}",
+                fence::CONSUMER
+            )
+        })
 }

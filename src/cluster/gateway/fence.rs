@@ -1,0 +1,455 @@
+//! Fenced publishes through gateways (docs/semantics.md#cluster-fenced-publish).
+//!
+//! Every SINGLETON subscription has a fence subject in the stream,
+//! `$TBFENCE.<stream>.<its consumer's name>`, outside the topics' `<stream>.>`, so no
+//! subscription's consumer ever brings its messages. Its last message, the *record*, says the
+//! subscription's epoch and whether a member is active with it:
+//! - the gateway that activates a member writes the record of its epoch first, and activates
+//!   the member only once JetStream stored it ([`Fences::record`]);
+//! - the gateway whose write empties a line records that its epoch ended.
+//!
+//! Records on a subject only rise (by epoch, then active before ended): each write names, in
+//! `Nats-Expected-Last-Subject-Sequence`, the record it read, and a writer that reads a record
+//! at or above its own writes nothing. The record it replaced is deleted after it.
+//!
+//! A fenced publish carries `Nats-Expected-Last-Subject-Sequence` with the sequence of its
+//! epoch's record and `Nats-Expected-Last-Subject-Sequence-Subject` naming the fence subject:
+//! JetStream stores it only while that record is the subject's last, in the same step as the
+//! store. So once a member was made active with a later epoch (its record written first), no
+//! publish fenced by an earlier one is stored, whichever gateway it comes through.
+//!
+//! The records are kept by one consumer of the stream ([`CONSUMER`]) that nobody reads: the
+//! stream's interest retention keeps a message only while some consumer has it pending.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use async_nats::jetstream;
+
+use super::{Shared, names, publish};
+use crate::{
+    broker::Published,
+    core::{Draft, Error, Mode, PublishFence},
+};
+
+/// The consumer that keeps the fence records (never read; tinybroker's consumers are named
+/// `tb-q-…` and `tb-b-…`, so no subscription's name is this).
+pub(super) const CONSUMER: &str = "tb-fences";
+
+/// JetStream's header: the expected last sequence of a subject.
+pub(super) const EXPECTED_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+
+/// JetStream's header (nats-server 2.11 and later): the subject `EXPECTED_SEQUENCE` is about,
+/// when it is not the message's own.
+pub(super) const EXPECTED_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
+
+/// JetStream's "wrong last sequence": the expected record is no longer the subject's last.
+pub(super) const WRONG_LAST_SEQUENCE: u64 = 10071;
+
+/// JetStream's refusal of an expected last subject sequence while another message naming that
+/// subject is still being stored (a replicated stream checks one at a time): nothing was
+/// stored, and a later try can pass.
+pub(super) const EXPECTATION_BUSY: u64 = 10164;
+
+/// JetStream's "maximum messages exceeded" and "maximum bytes exceeded" (discard new).
+const STREAM_FULL: [u64; 2] = [10077, 10047];
+
+/// How long a request about a record waits for JetStream (its API requests would otherwise
+/// wait the NATS client's request timeout, 10 s).
+const PATIENCE: Duration = Duration::from_secs(2);
+
+/// At most this many fence subjects' last records are kept in memory (then forgotten all at
+/// once: a record not known is read from JetStream).
+const MAX_KNOWN: usize = 4096;
+
+/// The fence subjects of stream `stream`.
+pub(super) fn subjects(stream: &str) -> String {
+    format!("$TBFENCE.{stream}.>")
+}
+
+/// The fence subject of SINGLETON subscription `subscription` in stream `stream`.
+pub(super) fn subject(stream: &str, subscription: &str) -> String {
+    format!(
+        "$TBFENCE.{stream}.{}",
+        names::consumer_name(Mode::Singleton, subscription, "")
+    )
+}
+
+/// What a fence record says: an epoch, and whether it ended (no member is active with it).
+/// Ordered as records rise: by epoch, then active before ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Record {
+    pub(super) epoch: u64,
+    pub(super) ended: bool,
+}
+
+impl Record {
+    /// A member is active with `epoch`.
+    pub(super) fn active(epoch: u64) -> Self {
+        Self {
+            epoch,
+            ended: false,
+        }
+    }
+
+    /// `epoch` ended with no member active after it.
+    pub(super) fn ended(epoch: u64) -> Self {
+        Self { epoch, ended: true }
+    }
+
+    fn encode(self) -> String {
+        let state = if self.ended { "ended" } else { "active" };
+        format!("{state} {}", self.epoch)
+    }
+
+    fn decode(payload: &[u8]) -> Option<Self> {
+        let (state, epoch) = std::str::from_utf8(payload).ok()?.split_once(' ')?;
+        let ended = match state {
+            "active" => false,
+            "ended" => true,
+            _ => return None,
+        };
+        Some(Self {
+            epoch: epoch.parse().ok()?,
+            ended,
+        })
+    }
+}
+
+/// A gateway's fence records: written at activations and emptied lines, read by fenced
+/// publishes.
+pub(super) struct Fences {
+    js: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    name: String,
+    /// The last record this gateway read or wrote on each fence subject, with its sequence:
+    /// a fenced publish names it without reading it again (JetStream refuses it if it moved).
+    known: Mutex<HashMap<String, (u64, Record)>>,
+    /// One fenced publish at a time per fence subject at this gateway: a replicated stream
+    /// refuses a second expectation of one subject while the first is being stored.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Fences {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fences")
+            .field("stream", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fences {
+    pub(super) fn new(js: jetstream::Context, stream: jetstream::stream::Stream) -> Self {
+        let name = stream.cached_info().config.name.clone();
+        Self {
+            js,
+            stream,
+            name,
+            known: Mutex::default(),
+            turns: Mutex::default(),
+        }
+    }
+
+    /// Writes `wanted` as `subscription`'s record, unless a record at or above it is there
+    /// already. Returns `true` once one is, `false` if `still` turned false first (it is asked
+    /// before every try). Tries again after a failure, 5 ms doubling to 200 ms.
+    pub(super) async fn record(
+        &self,
+        subscription: &str,
+        wanted: Record,
+        still: impl Fn() -> bool,
+    ) -> bool {
+        let subject = subject(&self.name, subscription);
+        let mut delay = Duration::from_millis(5);
+        loop {
+            if !still() {
+                return false;
+            }
+            match self.try_record(&subject, wanted).await {
+                Ok(true) => return true,
+                // Another writer moved the record meanwhile: read it again.
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::debug!(%subscription, ?wanted, %error, "a fence record was not written; trying again");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// One try of [`Fences::record`]: `Ok(true)` when a record at or above `wanted` is the
+    /// subject's last, `Ok(false)` when the last moved under it (or the stream was full and
+    /// the old record was deleted to make room).
+    async fn try_record(&self, subject: &str, wanted: Record) -> Result<bool, String> {
+        let last = self.read(subject).await?;
+        if let Some((_, record)) = last
+            && record >= wanted
+        {
+            return Ok(true);
+        }
+        let expected = last.map_or(0, |(sequence, _)| sequence);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(EXPECTED_SEQUENCE, expected.to_string().as_str());
+        let sent = self
+            .js
+            .publish_with_headers(subject.to_string(), headers, wanted.encode().into())
+            .await
+            .map_err(|e| e.to_string())?;
+        match sent.await {
+            Ok(ack) => {
+                self.remember(subject, ack.sequence, wanted);
+                if expected != 0 {
+                    // The replaced record: nothing names it any more.
+                    let stream = self.stream.clone();
+                    tokio::spawn(async move {
+                        let _ = stream.delete_message(expected).await;
+                    });
+                }
+                Ok(true)
+            }
+            Err(error) => match jetstream_code(&error) {
+                Some(WRONG_LAST_SEQUENCE) => Ok(false),
+                Some(code) if STREAM_FULL.contains(&code) && expected != 0 => {
+                    // A full stream (discard new) takes no new record, and nobody may be
+                    // active meanwhile: the replaced record makes the room. A record at or
+                    // above this one written meanwhile is never deleted (it would not be the
+                    // one read); until this one is written, no fenced publish passes.
+                    tokio::time::timeout(PATIENCE, self.stream.delete_message(expected))
+                        .await
+                        .map_err(|_| "the full stream's old fence record: no answer".to_string())?
+                        .map_err(|e| format!("the full stream's old fence record: {e}"))?;
+                    Ok(false)
+                }
+                _ => Err(error.to_string()),
+            },
+        }
+    }
+
+    /// The last record of `subject` from the stream's leader, remembered.
+    async fn read(&self, subject: &str) -> Result<Option<(u64, Record)>, String> {
+        let read = tokio::time::timeout(
+            PATIENCE,
+            self.stream.get_last_raw_message_by_subject(subject),
+        )
+        .await
+        .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
+        match read {
+            Ok(message) => {
+                let record = Record::decode(&message.payload).ok_or_else(|| {
+                    format!(
+                        "the fence record {} on {subject} is unreadable",
+                        message.sequence
+                    )
+                })?;
+                self.remember(subject, message.sequence, record);
+                Ok(Some((message.sequence, record)))
+            }
+            Err(error)
+                if error.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                self.forget(subject);
+                Ok(None)
+            }
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    fn remember(&self, subject: &str, sequence: u64, record: Record) {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        // Never back: a slower read may end after a newer write.
+        if known.get(subject).is_some_and(|&(at, _)| at > sequence) {
+            return;
+        }
+        if known.len() >= MAX_KNOWN && !known.contains_key(subject) {
+            known.clear();
+        }
+        known.insert(subject.to_string(), (sequence, record));
+    }
+
+    fn forget(&self, subject: &str) {
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(subject);
+    }
+
+    fn turn(&self, subject: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        // Turns nobody holds or waits for go.
+        if turns.len() >= MAX_KNOWN {
+            turns.retain(|_, turn| Arc::strong_count(turn) > 1);
+        }
+        turns.entry(subject.to_string()).or_default().clone()
+    }
+
+    /// Removes a deleted subscription's records (best effort: a record left behind says an
+    /// ended epoch, and a fenced publish naming it is refused all the same).
+    pub(super) fn deleted(&self, subscription: &str) {
+        let subject = subject(&self.name, subscription);
+        self.forget(&subject);
+        let stream = self.stream.clone();
+        tokio::spawn(async move {
+            if let Err(error) = stream.purge().filter(subject.clone()).await {
+                tracing::debug!(%subject, %error, "a deleted subscription's fence records stay");
+            }
+        });
+    }
+
+    /// Publishes `draft`, fenced by `fence`: stored only while the record of the fence's
+    /// epoch, active, is the fence subject's last; otherwise refused naming the record there.
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] for another epoch (or one that ended), [`Error::SubscriptionNotFound`]
+    /// or [`Error::NotSingleton`] for a fence naming no SINGLETON subscription, and what any
+    /// publish may get.
+    pub(super) async fn publish(
+        &self,
+        shared: &Arc<Shared>,
+        draft: Draft,
+        fence: &PublishFence,
+    ) -> Result<Published, Error> {
+        let subject = subject(&self.name, &fence.subscription_id);
+        let turn = self.turn(&subject);
+        let _turn = turn.lock().await;
+        let wanted = Record::active(fence.epoch);
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&subject)
+            .copied();
+        let (sequence, record) = match known {
+            Some((sequence, record)) if record == wanted => (sequence, record),
+            _ => match self.read(&subject).await.map_err(unavailable)? {
+                Some(found) => found,
+                None => return Err(self.no_record(shared, fence).await),
+            },
+        };
+        if record != wanted {
+            return Err(self.refusal(shared, fence, record).await);
+        }
+        let expect = publish::Expect {
+            subject: subject.clone(),
+            sequence,
+        };
+        match publish::publish_expecting(shared, draft, expect).await {
+            Err(publish::Expected::Moved) => {
+                // A later record came: say which.
+                let now = self.read(&subject).await.map_err(unavailable)?;
+                Err(match now {
+                    Some((_, record)) => self.refusal(shared, fence, record).await,
+                    None => self.no_record(shared, fence).await,
+                })
+            }
+            Err(publish::Expected::Failed(error)) => Err(error),
+            Ok(published) => Ok(published),
+        }
+    }
+
+    /// The refusal of a fence whose epoch is not the record's active one.
+    async fn refusal(&self, shared: &Arc<Shared>, fence: &PublishFence, record: Record) -> Error {
+        if record.ended
+            && let Some(refusal) = self.not_singleton(shared, &fence.subscription_id).await
+        {
+            // Ended, and deleted or expired since.
+            return refusal;
+        }
+        Error::Fenced {
+            subscription: fence.subscription_id.to_string(),
+            epoch: fence.epoch,
+            current: record.epoch,
+            active: !record.ended,
+        }
+    }
+
+    /// The refusal of a fence whose subscription has no record: no SINGLETON subscription of
+    /// that id, or one no member was ever made active in.
+    async fn no_record(&self, shared: &Arc<Shared>, fence: &PublishFence) -> Error {
+        self.not_singleton(shared, &fence.subscription_id)
+            .await
+            .unwrap_or_else(|| Error::Fenced {
+                subscription: fence.subscription_id.to_string(),
+                epoch: fence.epoch,
+                current: 0,
+                active: false,
+            })
+    }
+
+    /// Why `subscription` is not a SINGLETON subscription of this cluster, if it is not: none of
+    /// that id ([`Error::SubscriptionNotFound`]) or one of another mode ([`Error::NotSingleton`]).
+    async fn not_singleton(&self, shared: &Arc<Shared>, subscription: &str) -> Option<Error> {
+        use jetstream::context::ConsumerInfoErrorKind;
+        let name = names::consumer_name(Mode::Singleton, subscription, "");
+        let info = tokio::time::timeout(PATIENCE, self.stream.consumer_info(&name)).await;
+        match info {
+            Ok(Ok(info)) => match names::recorded(&info.config.metadata) {
+                Ok((id, spec)) if id == subscription && spec.mode == Mode::Singleton => None,
+                Ok((id, spec)) if id == subscription => Some(Error::NotSingleton {
+                    subscription: subscription.to_string(),
+                    mode: spec.mode,
+                }),
+                _ => Some(Error::SubscriptionNotFound(subscription.to_string())),
+            },
+            Ok(Err(error)) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => {
+                // A BROADCAST subscription's consumers are per gateway: the registry knows them.
+                shared.registry.refresh().await;
+                Some(if shared.registry.exists(subscription) {
+                    Error::NotSingleton {
+                        subscription: subscription.to_string(),
+                        mode: Mode::Broadcast,
+                    }
+                } else {
+                    Error::SubscriptionNotFound(subscription.to_string())
+                })
+            }
+            Ok(Err(error)) => Some(unavailable(error.to_string())),
+            Err(_) => Some(unavailable(format!("no answer within {PATIENCE:?}"))),
+        }
+    }
+}
+
+fn unavailable(why: String) -> Error {
+    Error::Unavailable(format!(
+        "the fence's record could not be read from JetStream ({why}); nothing was stored: try again"
+    ))
+}
+
+/// The JetStream error code of a publish's refusal, if JetStream refused it.
+pub(super) fn jetstream_code(error: &jetstream::context::PublishError) -> Option<u64> {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<jetstream::Error>())
+        .map(|error| error.error_code().0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_rise_by_epoch_then_active_before_ended() {
+        assert!(Record::active(3) < Record::ended(3));
+        assert!(Record::ended(3) < Record::active(4));
+        for record in [Record::active(7), Record::ended(u64::MAX)] {
+            assert_eq!(Record::decode(record.encode().as_bytes()), Some(record));
+        }
+        for bad in ["", "active", "active x", "gone 3", "active 3 4"] {
+            assert_eq!(Record::decode(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fence_subjects_sit_outside_the_topics() {
+        let subject = subject("tb", "jobs.leader");
+        assert!(subject.starts_with("$TBFENCE.tb."), "{subject}");
+        assert_eq!(names::topic_of("tb", &subject), None);
+        assert_eq!(
+            subject.split('.').count(),
+            3,
+            "one token for the id: {subject}"
+        );
+    }
+}
