@@ -45,6 +45,10 @@ use crate::{backplane::Model, cluster_checker::ClusterChecker, rng::Rng};
 #[path = "cluster_shell.rs"]
 mod shell;
 
+/// The driver's model of fence records and fenced publishes.
+#[path = "cluster_fence.rs"]
+mod fence;
+
 /// The lease (`--gateway-lease`) in the simulation.
 pub const LEASE: Duration = Duration::from_millis(900);
 /// The drift bound the coordinators assume; the simulated clocks stay within it.
@@ -84,6 +88,15 @@ enum Ev {
     Pulse,
     Act(usize, GatewayId),
     Resume(usize, GatewayId),
+    /// The gateway sends a fence record write (subscription, epoch, ended), for the member to
+    /// activate once it is stored.
+    Record(usize, GatewayId, String, u64, bool, Option<u64>),
+    /// A record write reaches the stream.
+    RecordStored(usize, GatewayId, String, u64, bool, Option<u64>),
+    /// The gateway hears its record was stored: (subscription, member, epoch).
+    Recorded(usize, GatewayId, String, u64, u64),
+    /// A fenced publish reaches the stream: (subscription, publisher, epoch).
+    Fenced(String, MemberUid, u64),
 }
 
 struct Gateway {
@@ -146,6 +159,7 @@ pub struct ClusterWorld {
     rng: Rng,
     /// Deletions learned from refusals by gateway incarnations that are gone.
     learned_by_gone: u64,
+    fences: fence::Fences,
     pub checker: ClusterChecker,
 }
 
@@ -181,6 +195,7 @@ impl ClusterWorld {
             observer,
             rng: Rng::new(seed),
             learned_by_gone: 0,
+            fences: fence::Fences::new(seed),
             checker: ClusterChecker::default(),
         };
         let rho = u64::from(MAX_DRIFT_PERCENT) * 10_000;
@@ -294,12 +309,7 @@ impl ClusterWorld {
                         member,
                         epoch,
                         ..
-                    } => {
-                        let uid = g.uid(member);
-                        g.active.insert(member, subscription.clone());
-                        self.checker
-                            .activated(self.now(), &subscription, uid, epoch);
-                    }
+                    } => self.activation(slot, id, subscription, member, epoch),
                     Effect::InLine {
                         subscription,
                         member,
@@ -456,12 +466,27 @@ impl ClusterWorld {
                 }
             }
             Ev::Resume(slot, id) => self.resume(slot, id),
+            Ev::Record(slot, id, sub, epoch, ended, member) => {
+                if self.current(slot, id) {
+                    self.send_record(slot, id, sub, (epoch, ended), member);
+                }
+            }
+            Ev::RecordStored(slot, id, sub, epoch, ended, member) => {
+                self.record_stored(slot, id, sub, (epoch, ended), member);
+            }
+            Ev::Recorded(slot, id, sub, member, epoch) => {
+                self.recorded(slot, id, sub, member, epoch);
+                self.pump(slot);
+            }
+            Ev::Fenced(sub, uid, epoch) => self.fenced_arrives(&sub, uid, epoch),
             Ev::Apply(id, cmd) => {
                 // Sent is sent: a crashed gateway's request still reaches the store.
                 let client = self.model.client(id.0);
                 // What the write replaces, for check (f) (read by a client never cut off).
                 let before = match &cmd.op {
-                    Op::Update(..) if cmd.key.starts_with("sub.") => self.read_sub(&cmd.key),
+                    Op::Update(..) | Op::Delete(_) if cmd.key.starts_with("sub.") => {
+                        self.read_sub(&cmd.key)
+                    }
                     _ => None,
                 };
                 let slot = self.gateways.iter().position(|g| g.id == id);
@@ -477,12 +502,13 @@ impl ClusterWorld {
                     self.at(self.now + lat, Ev::Answer(slot, id, cmd.id, Err(e)));
                     return;
                 }
+                let deleting = matches!(cmd.op, Op::Delete(_));
                 let result = match cmd.op {
                     Op::Create(v) => poll_now(&mut client.create(&cmd.key, v)),
                     Op::Update(v, r) => {
                         let written = poll_now(&mut client.update(&cmd.key, v.clone(), r));
-                        if let (Ok(_), Some(before)) = (&written, before) {
-                            self.check_hand_over(&cmd.key, id, &before, &v);
+                        if let (Ok(_), Some(before)) = (&written, &before) {
+                            self.check_hand_over(&cmd.key, id, before, &v);
                         }
                         written
                     }
@@ -490,6 +516,14 @@ impl ClusterWorld {
                 };
                 if let Some(slot) = self.gateways.iter().position(|g| g.id == id) {
                     let lat = self.latency();
+                    let emptied = deleting && result.is_ok();
+                    if let (true, Some(before)) = (emptied, &before)
+                        && before.epoch != 0
+                    {
+                        // The shell records the ended epoch once the delete's answer is in.
+                        let sub = cmd.key.trim_start_matches("sub.").to_string();
+                        self.line_emptied(slot, id, &sub, before.epoch, lat);
+                    }
                     self.at(self.now + lat, Ev::Answer(slot, id, cmd.id, result));
                 }
                 self.pump_watches();

@@ -26,6 +26,8 @@ pub struct ClusterOutcome {
     pub hand_overs: (u64, u64),
     /// Acts (deliveries and acks) check (g) saw.
     pub acts: u64,
+    /// Fenced publishes check (i) saw: (stored, refused).
+    pub fenced: (u64, u64),
     pub trace: Trace,
 }
 
@@ -110,6 +112,7 @@ pub fn run(seed: u64) -> ClusterOutcome {
         deletions_learned: world.deletions_learned(),
         hand_overs: world.checker.hand_overs,
         acts: world.checker.acts,
+        fenced: world.fenced(),
         trace: world.checker.trace.clone(),
     }
 }

@@ -22,7 +22,9 @@
 //!     valid (before the true time its lease ends) and while the backplane names that member
 //!     active: never after it was frozen past its lease and others promoted;
 //! (h) join order: a member whose join was answered before another's join arrived (on any
-//!     gateway) stands ahead of it in every line that holds both.
+//!     gateway) stands ahead of it in every line that holds both;
+//! (i) fenced publish (docs/semantics.md#cluster-fenced-publish): a publish fenced by epoch E
+//!     is stored only if no member was confirmed with an epoch above E before it was stored.
 //!
 //! A frozen gateway's members count, for (b) and (c), only until its lease ends: from then on
 //! it acts no more (check (g)), though it ends their streams only once it resumes.
@@ -57,6 +59,8 @@ pub struct ClusterChecker {
     pub hand_overs: (u64, u64),
     /// Acts (deliveries, acks) check (g) saw.
     pub acts: u64,
+    /// Fenced publishes check (i) saw.
+    pub fenced: u64,
     /// Members of frozen gateways, with the true time their gateway's lease ends.
     lapse: BTreeMap<MemberUid, Duration>,
     /// Members whose joins were answered and that are still live, per subscription.
@@ -209,6 +213,21 @@ impl ClusterChecker {
         s.open.insert(uid, (at, epoch));
         for f in found {
             self.violation(at, f);
+        }
+    }
+
+    /// A publish fenced by `uid`'s `epoch` reached the stream and was `stored` or refused (i).
+    pub fn fenced(&mut self, at: Duration, sub: &str, uid: MemberUid, epoch: u64, stored: bool) {
+        self.fenced += 1;
+        let last = self.subs.get(sub).map_or(0, |s| s.last_epoch);
+        if stored && last > epoch {
+            self.violation(
+                at,
+                format!(
+                    "(i) {sub}: a publish fenced by {}'s epoch {epoch} was stored after epoch {last} was confirmed",
+                    m(uid)
+                ),
+            );
         }
     }
 

@@ -17,7 +17,9 @@ impl Ev {
             | Ev::Timeout(slot, id, _)
             | Ev::Watched(slot, id, _)
             | Ev::Tick(slot, id, _)
-            | Ev::Act(slot, id) => Some((*slot, *id)),
+            | Ev::Act(slot, id)
+            | Ev::Record(slot, id, ..)
+            | Ev::Recorded(slot, id, ..) => Some((*slot, *id)),
             _ => None,
         }
     }
@@ -32,6 +34,7 @@ impl ClusterWorld {
                 self.at(self.now, Ev::Act(slot, id));
             }
         }
+        self.publish_fenced();
         self.at(self.now + ns(ACT_EVERY), Ev::Pulse);
     }
 

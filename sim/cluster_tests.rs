@@ -58,8 +58,10 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
     let taken_over: u64 = outcomes.iter().map(|o| o.hand_overs.0).sum();
     let clean: u64 = outcomes.iter().map(|o| o.hand_overs.1).sum();
     let acts: u64 = outcomes.iter().map(|o| o.acts).sum();
+    let stored: u64 = outcomes.iter().map(|o| o.fenced.0).sum();
+    let refused: u64 = outcomes.iter().map(|o| o.fenced.1).sum();
     println!(
-        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease",
+        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease, fenced publishes: {stored} stored, {refused} refused",
         outcomes.len(),
         started.elapsed()
     );
@@ -73,6 +75,11 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
             "in {count} seeds, no watch skipped an expired deletion"
         );
         assert!(acts > 0, "in {count} seeds, no gateway acted");
+        // Check (i) sees deposed leaders' fenced publishes refused, and leaders' stored.
+        assert!(
+            stored > 0 && refused > 0,
+            "in {count} seeds, fenced publishes: {stored} stored, {refused} refused"
+        );
         // Check (f) sees both kinds of hand-over.
         assert!(
             taken_over > 0 && clean > 0,
@@ -397,4 +404,32 @@ fn cluster_campaign_catches_joins_answered_without_a_lease() {
         "{bug:?} was not caught in {} seeds",
         seeds.len()
     );
+}
+
+// docs/semantics.md#cluster-fenced-publish, check (i): a gateway frozen past its lease holds
+// the leader, whose client goes on publishing fenced side effects; the standby elsewhere is
+// confirmed only after its epoch's record is stored, so none of the deposed leader's is stored
+// after that. Confirming before the record (the planted bug) lets some through, and the
+// campaign says so.
+#[test]
+fn cluster_a_deposed_leaders_fenced_publishes_stop_at_its_successors_record() {
+    use std::time::Duration;
+    let (violations, _) = frozen_active_gateway(None, Duration::from_secs(2));
+    assert!(violations.is_empty(), "{violations:#?}");
+    let bug = PlantedBug::ActivateBeforeFenceRecord;
+    let seeds: Vec<u64> = (0..60).collect();
+    let outcomes = run_many(&seeds, Some(bug));
+    let caught: Vec<&ClusterOutcome> = outcomes
+        .iter()
+        .filter(|o| o.violations.iter().any(|v| v.contains("(i)")))
+        .collect();
+    println!(
+        "{bug:?}: caught by {} of {} seeds",
+        caught.len(),
+        seeds.len()
+    );
+    let first = caught
+        .first()
+        .unwrap_or_else(|| panic!("{bug:?} was not caught in {} seeds", seeds.len()));
+    println!("{}", first.report());
 }

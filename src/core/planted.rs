@@ -56,6 +56,11 @@ pub enum PlantedBug {
     /// docs/semantics.md#priority: "only at a message boundary"). Planted in
     /// `core::subscription::Subscription::settle_step_down`.
     TakeOverMidMessage,
+    /// Cluster mode: a gateway confirms a member active before the fence record of its epoch
+    /// is stored, so a deposed leader's fenced publish can be stored after its successor was
+    /// confirmed (breaks docs/semantics.md#cluster-fenced-publish). Planted in the cluster
+    /// simulation's model of the gateway's activation (`sim/cluster_fence.rs`).
+    ActivateBeforeFenceRecord,
 }
 
 #[cfg(feature = "planted-bugs")]

@@ -256,6 +256,7 @@ impl Gateway {
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
         await_stream(&js, &config.stream).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} answers publishes", config.stream);
+        stream::keep_fences(&stream).await?;
         let id = format!(
             "{:x}{:x}",
             broker.id_floor().unix_micros(),

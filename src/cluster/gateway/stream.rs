@@ -68,7 +68,6 @@ pub(super) async fn ensure_stream(
                 .await
                 .map_err(|e| format!("JetStream stream {}: {e}", config.stream))?;
         }
-        keep_fences(&stream).await?;
         let existing = &stream.cached_info().config;
         if existing.max_messages < 0 && existing.max_bytes < 0 {
             tracing::warn!(
@@ -120,10 +119,7 @@ pub(super) async fn ensure_stream(
             ..Default::default()
         };
         match js.get_or_create_stream(stream_config).await {
-            Ok(stream) => {
-                keep_fences(&stream).await?;
-                return Ok(stream);
-            }
+            Ok(stream) => return Ok(stream),
             Err(error) => last = error.to_string(),
         }
     }
@@ -133,10 +129,11 @@ pub(super) async fn ensure_stream(
     ))
 }
 
-/// The consumer that keeps the stream's fence records (docs/cluster.md#fenced-publishes):
-/// nobody reads it, and under the stream's interest retention a message no consumer has
-/// pending is removed at once.
-async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<(), String> {
+/// Makes the consumer that keeps the stream's fence records (docs/cluster.md#fenced-publishes),
+/// if missing: nobody reads it, and under the stream's interest retention a message no
+/// consumer has pending is removed at once. Tried for up to [`STREAM_PATIENCE`]: right after
+/// the stream is made (several gateways starting together), its leader may not answer yet.
+pub(super) async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<(), String> {
     let name = &stream.cached_info().config.name;
     let config = jetstream::consumer::pull::Config {
         durable_name: Some(fence::CONSUMER.to_string()),
@@ -147,14 +144,27 @@ async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<(), String> {
         ),
         ..Default::default()
     };
-    stream
-        .get_or_create_consumer(fence::CONSUMER, config)
-        .await
-        .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "JetStream refused the consumer {} of stream {name}: {e}",
+    let deadline = tokio::time::Instant::now() + STREAM_PATIENCE;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let made = tokio::time::timeout(
+            Duration::from_secs(2),
+            stream.get_or_create_consumer(fence::CONSUMER, config.clone()),
+        )
+        .await;
+        let error = match made {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => "no answer within 2s".to_string(),
+        };
+        if tokio::time::Instant::now() + delay > deadline {
+            return Err(format!(
+                "JetStream did not make the consumer {} of stream {name} within {STREAM_PATIENCE:?}: {error}",
                 fence::CONSUMER
-            )
-        })
+            ));
+        }
+        tracing::debug!(%error, "the fence records' consumer is not made yet; trying again");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
 }

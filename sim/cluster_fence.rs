@@ -1,0 +1,233 @@
+//! The cluster world's model of fence records and fenced publishes
+//! (`src/cluster/gateway/fence.rs`, docs/semantics.md#cluster-fenced-publish):
+//!
+//! - **records**: the gateway holding a member the coordinator makes active writes the record
+//!   of its epoch ([`Ev::Record`], taken by the gateway only while its lease is valid, as the
+//!   shell asks before every try), which reaches the stream one latency later and raises the
+//!   subscription's record there ([`Ev::RecordStored`]: records only rise, as the real write's
+//!   expected sequence makes them); one latency after that the gateway hears of it
+//!   ([`Ev::Recorded`]) and activates the member only if the line still makes it active with
+//!   that epoch under a valid lease. A gateway whose write deleted an emptied line records that
+//!   its epoch ended, once the delete's answer reached it.
+//! - **fenced publishes**: every member confirmed active is a client that publishes a fenced
+//!   side effect with its epoch about every other pulse, through any gateway, while it leads
+//!   and for [`LATE`] after it lost its place (a deposed leader's late side effects, its
+//!   gateway frozen or not). Each reaches the stream one latency later ([`Ev::Fenced`]) and is
+//!   stored exactly when the subscription's record there is that epoch, active.
+//!
+//! The checker's (i) holds every stored one to "no member was confirmed with a later epoch
+//! before it was stored". Latencies and the publishers' draws come from a stream of their own.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use tinybroker::cluster::coordinator::{GatewayId, MemberUid};
+
+use super::{ClusterWorld, Ev, LEASE, ns, planted};
+use crate::rng::Rng;
+
+/// How long a member goes on publishing fenced side effects after it lost its place.
+pub(super) const LATE: Duration = Duration::from_millis(2 * LEASE.as_millis() as u64);
+
+/// The stream's fence records and the fenced publishers.
+pub(super) struct Fences {
+    /// Per subscription: its record in the stream, (epoch, ended).
+    records: BTreeMap<String, (u64, bool)>,
+    /// Members confirmed active that publish fenced side effects: their subscription, epoch,
+    /// and since when they no longer lead (true time), once they do not.
+    publishers: BTreeMap<MemberUid, (String, u64, Option<u64>)>,
+    rng: Rng,
+    /// Fenced publishes stored and refused.
+    counts: (u64, u64),
+}
+
+impl Fences {
+    pub(super) fn new(seed: u64) -> Self {
+        Self {
+            records: BTreeMap::new(),
+            publishers: BTreeMap::new(),
+            rng: Rng::new(seed ^ 0xfe4c_e5ee),
+            counts: (0, 0),
+        }
+    }
+
+    fn latency(&mut self) -> u64 {
+        ns(Duration::from_micros(self.rng.range(500, 15_000)))
+    }
+}
+
+impl ClusterWorld {
+    /// Fenced publishes the stream took: (stored, refused).
+    pub fn fenced(&self) -> (u64, u64) {
+        self.fences.counts
+    }
+
+    /// The coordinator made `member` of the gateway in `slot` active with `epoch`: its record
+    /// first, the activation once the gateway hears it was stored.
+    pub(super) fn activation(
+        &mut self,
+        slot: usize,
+        id: GatewayId,
+        sub: String,
+        member: u64,
+        epoch: u64,
+    ) {
+        use tinybroker::core::planted::PlantedBug;
+        if planted(PlantedBug::ActivateBeforeFenceRecord) {
+            // Confirmed at once, its record written after: a deposed leader's fenced publish
+            // can be stored after the successor was confirmed.
+            self.activate(slot, &sub, member, epoch);
+            let lat = self.fences.latency();
+            self.at(
+                self.now + lat,
+                Ev::Record(slot, id, sub, epoch, false, None),
+            );
+            return;
+        }
+        let lat = self.fences.latency();
+        self.at(
+            self.now + lat,
+            Ev::Record(slot, id, sub, epoch, false, Some(member)),
+        );
+    }
+
+    /// Confirms `member` active with `epoch`.
+    fn activate(&mut self, slot: usize, sub: &str, member: u64, epoch: u64) {
+        let g = &mut self.gateways[slot];
+        let uid = g.uid(member);
+        g.active.insert(member, sub.to_string());
+        self.checker.activated(self.now(), sub, uid, epoch);
+        self.fences
+            .publishers
+            .insert(uid, (sub.to_string(), epoch, None));
+    }
+
+    /// A gateway's write deleted `sub`'s emptied line (its answer arrives now + `after`): the
+    /// gateway records that `epoch` ended.
+    pub(super) fn line_emptied(
+        &mut self,
+        slot: usize,
+        id: GatewayId,
+        sub: &str,
+        epoch: u64,
+        after: u64,
+    ) {
+        self.at(
+            self.now + after,
+            Ev::Record(slot, id, sub.to_string(), epoch, true, None),
+        );
+    }
+
+    /// The gateway in `slot` sends a record write, if its lease is valid now.
+    pub(super) fn send_record(
+        &mut self,
+        slot: usize,
+        id: GatewayId,
+        sub: String,
+        (epoch, ended): (u64, bool),
+        member: Option<u64>,
+    ) {
+        let g = &self.gateways[slot];
+        let Some(coord) = g.coord.as_ref() else {
+            return;
+        };
+        if !coord.may_act(g.local(self.now)) {
+            // The shell gives up a record once its lease is not valid.
+            return;
+        }
+        let lat = self.fences.latency();
+        self.at(
+            self.now + lat,
+            Ev::RecordStored(slot, id, sub, epoch, ended, member),
+        );
+    }
+
+    /// A record write reaches the stream: it raises the subscription's record (or finds one
+    /// at or above it), and the writer hears of it one latency later.
+    pub(super) fn record_stored(
+        &mut self,
+        slot: usize,
+        id: GatewayId,
+        sub: String,
+        (epoch, ended): (u64, bool),
+        member: Option<u64>,
+    ) {
+        let record = self.fences.records.entry(sub.clone()).or_insert((0, true));
+        if (epoch, ended) > *record {
+            *record = (epoch, ended);
+            self.trace(format!(
+                "fence record of {sub}: {} {epoch}",
+                if ended { "ended" } else { "active" }
+            ));
+        }
+        if let Some(member) = member {
+            let lat = self.fences.latency();
+            self.at(self.now + lat, Ev::Recorded(slot, id, sub, member, epoch));
+        }
+    }
+
+    /// The gateway hears its record was stored: it activates the member if the line still
+    /// makes it active with that epoch and its lease is valid.
+    pub(super) fn recorded(
+        &mut self,
+        slot: usize,
+        id: GatewayId,
+        sub: String,
+        member: u64,
+        epoch: u64,
+    ) {
+        if !self.current(slot, id) {
+            return;
+        }
+        let g = &self.gateways[slot];
+        let Some(coord) = g.coord.as_ref() else {
+            return;
+        };
+        let uid = g.uid(member);
+        let still = coord
+            .line(&sub)
+            .is_some_and(|v| v.active == Some(uid) && v.epoch == epoch);
+        if still && coord.may_act(g.local(self.now)) && g.members.contains_key(&member) {
+            self.activate(slot, &sub, member, epoch);
+        }
+    }
+
+    /// Each pulse: the fenced publishers send (about every other pulse each), and those that
+    /// lost their place longer than [`LATE`] ago stop.
+    pub(super) fn publish_fenced(&mut self) {
+        let now = self.now;
+        let leading: Vec<MemberUid> = self
+            .gateways
+            .iter()
+            .filter(|g| g.coord.is_some())
+            .flat_map(|g| g.active.keys().map(|m| g.uid(*m)))
+            .collect();
+        let mut sends = Vec::new();
+        self.fences.publishers.retain(|uid, (sub, epoch, lost)| {
+            if lost.is_none() && !leading.contains(uid) {
+                *lost = Some(now);
+            }
+            if lost.is_some_and(|at| now > at + ns(LATE)) {
+                return false;
+            }
+            sends.push((sub.clone(), *uid, *epoch));
+            true
+        });
+        for (sub, uid, epoch) in sends {
+            if self.fences.rng.range(0, 1) == 0 {
+                let lat = self.fences.latency();
+                self.at(now + lat, Ev::Fenced(sub, uid, epoch));
+            }
+        }
+    }
+
+    /// A fenced publish reaches the stream: stored exactly when the record is its epoch, active.
+    pub(super) fn fenced_arrives(&mut self, sub: &str, uid: MemberUid, epoch: u64) {
+        let stored = self.fences.records.get(sub) == Some(&(epoch, false));
+        if stored {
+            self.fences.counts.0 += 1;
+        } else {
+            self.fences.counts.1 += 1;
+        }
+        self.checker.fenced(self.now(), sub, uid, epoch, stored);
+    }
+}
