@@ -439,15 +439,27 @@ pub(super) async fn publish_expecting(
         .await
         .map_err(Expected::Failed)?;
     let mut delay = Duration::from_millis(1);
+    // Whether an earlier try may have been stored (its answer did not come in time).
+    let mut uncertain = false;
     loop {
         let resend = match sent.confirm(true).await {
             Ok(published) => return Ok(published),
+            // A stream with one replica checks the expectation before the message id: a try
+            // stored earlier is not recognised once the record moved.
+            Err(Unconfirmed::Expectation(fence::WRONG_LAST_SEQUENCE, resend)) if uncertain => {
+                return Err(Expected::Failed(Error::Unavailable(format!(
+                    "JetStream did not confirm the fenced publish in time, and the fence's epoch has ended since: it may have been stored, once, while the epoch was active (message id {})",
+                    resend.id
+                ))));
+            }
             Err(Unconfirmed::Expectation(fence::WRONG_LAST_SEQUENCE, _)) => {
                 return Err(Expected::Moved);
             }
-            Err(Unconfirmed::Expectation(_, resend) | Unconfirmed::Again(resend))
-                if tokio::time::Instant::now() < deadline =>
-            {
+            Err(Unconfirmed::Again(resend)) if tokio::time::Instant::now() < deadline => {
+                uncertain |= resend.maybe_stored;
+                resend
+            }
+            Err(Unconfirmed::Expectation(_, resend)) if tokio::time::Instant::now() < deadline => {
                 resend
             }
             Err(unconfirmed) => return Err(Expected::Failed(unconfirmed.error())),
