@@ -70,6 +70,40 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
     );
 }
 
+// docs/performance.md: `--fenced` through gateways fences every publish with the publisher's
+// own leadership (docs/semantics.md#cluster-fenced-publish); every one is stored, and JetStream
+// alone is not run (it has no fence to compare with).
+#[tokio::test]
+async fn bench_with_nats_fenced_runs_through_gateways_only() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let output = binary::run_client(
+        [
+            "bench",
+            "--nats",
+            &urls,
+            "--messages",
+            "200",
+            "--fenced",
+            "w1",
+            "--window",
+            "4",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let reports = reports(&output.stdout);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0]["deployment"], "gateways", "{}", reports[0]);
+    assert_eq!(reports[0]["messages"], 200, "{}", reports[0]);
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("not run with --fenced"),
+        "{output:?}"
+    );
+}
+
 #[tokio::test]
 async fn bench_with_nats_refuses_what_it_does_not_run() {
     let output = binary::run_client(
