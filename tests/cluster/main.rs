@@ -29,6 +29,7 @@ mod bench;
 mod delete;
 mod describe;
 mod faults;
+mod fence_review;
 mod leadership;
 mod lease;
 mod limits;

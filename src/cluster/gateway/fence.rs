@@ -29,10 +29,10 @@ use std::{
 
 use async_nats::jetstream;
 
-use super::{Shared, names, publish};
+use super::{Shared, lease::LeaseGate, names, publish};
 use crate::{
-    broker::Published,
-    core::{Draft, Error, Mode, PublishFence},
+    broker::{Activation, BatchError, Published},
+    core::{Draft, Error, MemberId, Mode, PublishFence},
 };
 
 /// The consumer that keeps the fence records (never read; tinybroker's consumers are named
@@ -410,6 +410,88 @@ impl Fences {
             Err(_) => Some(unavailable(format!("no answer within {PATIENCE:?}"))),
         }
     }
+}
+
+/// Called once the record of an activation's epoch is stored: the shell activates the member
+/// if the line still makes it active with that epoch.
+type OnRecorded = Arc<dyn Fn(Arc<str>, MemberId, Activation) + Send + Sync>;
+
+/// What the singleton shell writes fence records with: an activation waits for its epoch's
+/// record, and an emptied line's epoch is recorded as ended. Each is given up once this
+/// gateway's lease is not valid (it activates nobody then).
+#[derive(Clone)]
+pub(super) struct Recording {
+    fences: Arc<Fences>,
+    lease: Arc<LeaseGate>,
+    on_recorded: OnRecorded,
+}
+
+impl Recording {
+    pub(super) fn new(
+        fences: Arc<Fences>,
+        lease: Arc<LeaseGate>,
+        on_recorded: impl Fn(Arc<str>, MemberId, Activation) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            fences,
+            lease,
+            on_recorded: Arc::new(on_recorded),
+        }
+    }
+
+    /// Writes the record of `activation`'s epoch, then hands the activation back.
+    pub(super) fn activate(&self, subscription: String, member: MemberId, activation: Activation) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let lease = this.lease.clone();
+            let wanted = Record::active(activation.epoch);
+            if this
+                .fences
+                .record(&subscription, wanted, || lease.valid().is_some())
+                .await
+            {
+                (this.on_recorded)(Arc::from(subscription), member, activation);
+            }
+        });
+    }
+
+    /// Records that `epoch` of `subscription` ended: its line was emptied by this gateway's
+    /// write.
+    pub(super) fn ended(&self, subscription: String, epoch: u64) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let lease = this.lease.clone();
+            this.fences
+                .record(&subscription, Record::ended(epoch), || {
+                    lease.valid().is_some()
+                })
+                .await;
+        });
+    }
+}
+
+/// A batch with a fenced message: each message published and confirmed before the next is
+/// sent (a fenced one is checked as JetStream stores it, which a pipelined message after it
+/// would not wait for), stopping at the first refusal.
+///
+/// # Errors
+/// The messages confirmed before the first refusal, and that refusal.
+pub(super) async fn publish_one_by_one(
+    shared: &Arc<Shared>,
+    drafts: Vec<Draft>,
+) -> Result<Vec<Published>, BatchError> {
+    let mut published = Vec::with_capacity(drafts.len());
+    for draft in drafts {
+        let outcome = match draft.fence().cloned() {
+            Some(fence) => shared.fences.publish(shared, draft, &fence).await,
+            None => publish::publish(shared, draft).await,
+        };
+        match outcome {
+            Ok(one) => published.push(one),
+            Err(error) => return Err(BatchError { published, error }),
+        }
+    }
+    Ok(published)
 }
 
 fn unavailable(why: String) -> Error {

@@ -530,7 +530,7 @@ pub(super) async fn publish_batch(
     drafts: Vec<Draft>,
 ) -> Result<Vec<Published>, BatchError> {
     if drafts.iter().any(|draft| draft.fence().is_some()) {
-        return publish_one_by_one(shared, drafts).await;
+        return super::fence::publish_one_by_one(shared, drafts).await;
     }
     let mut sent = Vec::with_capacity(drafts.len());
     let mut refused_to_send = None;
@@ -618,28 +618,4 @@ pub(super) async fn publish_batch(
         Some(error) => refusal(published, error),
         None => Ok(published),
     }
-}
-
-/// A batch with a fenced message: each message published and confirmed before the next is
-/// sent (a fenced one is checked as JetStream stores it, which a pipelined message after it
-/// would not wait for), stopping at the first refusal.
-///
-/// # Errors
-/// The messages confirmed before the first refusal, and that refusal.
-async fn publish_one_by_one(
-    shared: &Arc<Shared>,
-    drafts: Vec<Draft>,
-) -> Result<Vec<Published>, BatchError> {
-    let mut published = Vec::with_capacity(drafts.len());
-    for draft in drafts {
-        let outcome = match draft.fence().cloned() {
-            Some(fence) => shared.fences.publish(shared, draft, &fence).await,
-            None => publish(shared, draft).await,
-        };
-        match outcome {
-            Ok(one) => published.push(one),
-            Err(error) => return Err(BatchError { published, error }),
-        }
-    }
-    Ok(published)
 }

@@ -29,7 +29,7 @@ use tokio::{
 use tokio_stream::StreamExt;
 
 use super::{
-    fence::{Fences, Record},
+    fence::{Fences, Recording},
     leadership::Leaders,
     lease::LeaseGate,
 };
@@ -221,11 +221,12 @@ pub(super) fn spawn(
             current_id: current_id.clone(),
             leased: leased.clone(),
         },
-        Recording {
-            fences,
-            inputs: inputs.clone(),
-            lease: lease.clone(),
-        },
+        Recording::new(fences, lease.clone(), {
+            let inputs = inputs.clone();
+            move |subscription, member, activation| {
+                let _ = inputs.send(Input::Recorded(subscription, member, activation));
+            }
+        }),
     ));
     (
         Handle {
@@ -262,56 +263,6 @@ struct Views {
     lease: Arc<LeaseGate>,
     current_id: Arc<std::sync::atomic::AtomicU64>,
     leased: Leased,
-}
-
-/// What writing fence records takes (docs/semantics.md#cluster-fenced-publish): an activation
-/// waits for its epoch's record, and an emptied line's epoch is recorded as ended.
-#[derive(Clone)]
-struct Recording {
-    fences: Arc<Fences>,
-    /// The shell's own inputs: a stored record comes back as [`Input::Recorded`].
-    inputs: mpsc::UnboundedSender<Input>,
-    lease: Arc<LeaseGate>,
-}
-
-impl Recording {
-    /// Writes the record of `activation`'s epoch, then asks the shell to activate `member`
-    /// (given up once this gateway's lease is not valid: it activates nobody then).
-    fn activate(
-        &self,
-        subscription: String,
-        member: MemberId,
-        activation: crate::broker::Activation,
-    ) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            let lease = this.lease.clone();
-            let wanted = Record::active(activation.epoch);
-            if this
-                .fences
-                .record(&subscription, wanted, || lease.valid().is_some())
-                .await
-            {
-                let _ =
-                    this.inputs
-                        .send(Input::Recorded(Arc::from(subscription), member, activation));
-            }
-        });
-    }
-
-    /// Records that `epoch` of `subscription` ended: its line was emptied by this gateway's
-    /// write (given up once this gateway's lease is not valid).
-    fn ended(&self, subscription: String, epoch: u64) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            let lease = this.lease.clone();
-            this.fences
-                .record(&subscription, Record::ended(epoch), || {
-                    lease.valid().is_some()
-                })
-                .await;
-        });
-    }
 }
 
 async fn run(
