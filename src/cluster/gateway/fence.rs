@@ -22,8 +22,11 @@
 //! stream's interest retention keeps a message only while some consumer has it pending.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -119,6 +122,16 @@ impl Record {
     }
 }
 
+/// What one try of writing a record found.
+enum Tried {
+    /// A record at or above the one wanted is the subject's last.
+    Done,
+    /// The last record moved under the write: read it again.
+    Moved,
+    /// The stream is full: the record below the one wanted is gone, none written.
+    Full,
+}
+
 /// A gateway's fence records: written at activations and emptied lines, read by fenced
 /// publishes.
 pub(super) struct Fences {
@@ -131,6 +144,8 @@ pub(super) struct Fences {
     /// One fenced publish at a time per fence subject at this gateway: a replicated stream
     /// refuses a second expectation of one subject while the first is being stored.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Records this gateway wrote that a full stream refused, still waiting for room.
+    pending: Mutex<HashMap<String, Record>>,
 }
 
 impl std::fmt::Debug for Fences {
@@ -150,17 +165,24 @@ impl Fences {
             name,
             known: Mutex::default(),
             turns: Mutex::default(),
+            pending: Mutex::default(),
         }
     }
 
-    /// Writes `wanted` as `subscription`'s record, unless a record at or above it is there
-    /// already. Returns `true` once one is, `false` if `still` turned false first (it is asked
-    /// before every try). Tries again after a failure, 5 ms doubling to 200 ms.
+    /// Moves `subscription`'s fence to `wanted`: writes it as the record, unless a record at
+    /// or above it is there already. Returns `true` once no record below `wanted` is left to
+    /// pass a fenced publish, `false` if `still` turned false first (it is asked before every
+    /// try). Tries again after a failure, 5 ms doubling to 200 ms.
+    ///
+    /// A full stream (discard new) takes no new record: then the record below `wanted` is
+    /// deleted instead, so no fenced publish of the subscription passes (`true`), and the write
+    /// goes on in the background, every second at most, until it is stored, a record at or
+    /// above it is, or `still` turns false. A promotion so never waits for room in the stream.
     pub(super) async fn record(
-        &self,
+        self: &Arc<Self>,
         subscription: &str,
         wanted: Record,
-        still: impl Fn() -> bool,
+        still: impl Fn() -> bool + Send + Sync + 'static,
     ) -> bool {
         let subject = subject(&self.name, subscription);
         let mut delay = Duration::from_millis(5);
@@ -168,10 +190,19 @@ impl Fences {
             if !still() {
                 return false;
             }
-            match self.try_record(&subject, wanted).await {
-                Ok(true) => return true,
+            match self.try_record(&subject, wanted, &still).await {
+                Ok(Tried::Done) => return true,
                 // Another writer moved the record meanwhile: read it again.
-                Ok(false) => {}
+                Ok(Tried::Moved) => {}
+                Ok(Tried::Full) => {
+                    tracing::warn!(%subscription, ?wanted, "the stream is full: the fence record waits for room, and until it is stored no publish fenced by this subscription is taken");
+                    self.pending(&subject, Some(wanted));
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        this.record_when_room(&subject, wanted, still).await;
+                    });
+                    return true;
+                }
                 Err(error) => {
                     tracing::debug!(%subscription, ?wanted, %error, "a fence record was not written; trying again");
                     tokio::time::sleep(delay).await;
@@ -181,15 +212,59 @@ impl Fences {
         }
     }
 
-    /// One try of [`Fences::record`]: `Ok(true)` when a record at or above `wanted` is the
-    /// subject's last, `Ok(false)` when the last moved under it (or the stream was full and
-    /// the old record was deleted to make room).
-    async fn try_record(&self, subject: &str, wanted: Record) -> Result<bool, String> {
+    /// [`Fences::record`]'s write that a full stream refused, tried again every second at most.
+    async fn record_when_room(
+        &self,
+        subject: &str,
+        wanted: Record,
+        still: impl Fn() -> bool + Send + Sync,
+    ) {
+        let mut delay = Duration::from_millis(50);
+        while still() {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+            match self.try_record(subject, wanted, &still).await {
+                Ok(Tried::Done) => {
+                    tracing::info!(%subject, ?wanted, "the fence record that waited for room is stored");
+                    break;
+                }
+                Ok(Tried::Moved) => delay = Duration::from_millis(5),
+                Ok(Tried::Full) | Err(_) => {}
+            }
+        }
+        self.pending(subject, None);
+    }
+
+    /// Notes (or forgets) that `subject`'s record `wanted` waits for room in the stream.
+    fn pending(&self, subject: &str, wanted: Option<Record>) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        match wanted {
+            Some(wanted) if pending.len() < MAX_KNOWN => {
+                pending.insert(subject.to_string(), wanted);
+            }
+            Some(_) => {}
+            None => {
+                pending.remove(subject);
+            }
+        }
+    }
+
+    /// One try of [`Fences::record`].
+    async fn try_record(
+        &self,
+        subject: &str,
+        wanted: Record,
+        still: &(dyn Fn() -> bool + Send + Sync),
+    ) -> Result<Tried, String> {
         let last = self.read(subject).await?;
         if let Some((_, record)) = last
             && record >= wanted
         {
-            return Ok(true);
+            return Ok(Tried::Done);
+        }
+        // Asked again after the read, which may have taken a while: the write follows at once.
+        if !still() {
+            return Err("given up".into());
         }
         let expected = last.map_or(0, |(sequence, _)| sequence);
         let mut headers = async_nats::HeaderMap::new();
@@ -209,23 +284,32 @@ impl Fences {
                         let _ = stream.delete_message(expected).await;
                     });
                 }
-                Ok(true)
+                Ok(Tried::Done)
             }
             Err(error) => match jetstream_code(&error) {
-                Some(WRONG_LAST_SEQUENCE) => Ok(false),
-                Some(code) if STREAM_FULL.contains(&code) && expected != 0 => {
-                    // A full stream (discard new) takes no new record, and nobody may be
-                    // active meanwhile: the replaced record makes the room. A record at or
-                    // above this one written meanwhile is never deleted (it would not be the
-                    // one read); until this one is written, no fenced publish passes.
-                    tokio::time::timeout(PATIENCE, self.stream.delete_message(expected))
-                        .await
-                        .map_err(|_| "the full stream's old fence record: no answer".to_string())?
-                        .map_err(|e| format!("the full stream's old fence record: {e}"))?;
-                    Ok(false)
+                Some(WRONG_LAST_SEQUENCE) => Ok(Tried::Moved),
+                Some(code) if STREAM_FULL.contains(&code) => {
+                    if expected != 0 {
+                        // The record below `wanted` goes, so that none passes. A record at or
+                        // above it written meanwhile is never deleted (it would not be the one
+                        // read).
+                        self.delete(expected).await?;
+                        self.forget(subject);
+                    }
+                    Ok(Tried::Full)
                 }
                 _ => Err(error.to_string()),
             },
+        }
+    }
+
+    /// Deletes the record at `sequence`: done once it is gone (also if it was already).
+    async fn delete(&self, sequence: u64) -> Result<(), String> {
+        match tokio::time::timeout(PATIENCE, self.stream.delete_message(sequence)).await {
+            Err(_) => Err(format!("the old fence record {sequence}: no answer")),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) if error.to_string().contains("no message found") => Ok(()),
+            Ok(Err(error)) => Err(format!("the old fence record {sequence}: {error}")),
         }
     }
 
@@ -369,6 +453,19 @@ impl Fences {
     /// The refusal of a fence whose subscription has no record: no SINGLETON subscription of
     /// that id, or one no member was ever made active in.
     async fn no_record(&self, shared: &Arc<Shared>, fence: &PublishFence) -> Error {
+        let subject = subject(&self.name, &fence.subscription_id);
+        let waiting = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&subject)
+            .copied();
+        if waiting == Some(Record::active(fence.epoch)) {
+            return Error::Unavailable(format!(
+                "epoch {} of subscription {:?} began while the stream was full: its fence record waits for room, and no publish it fences is taken until then; nothing was stored: try again",
+                fence.epoch, fence.subscription_id
+            ));
+        }
         self.not_singleton(shared, &fence.subscription_id)
             .await
             .unwrap_or_else(|| Error::Fenced {
@@ -416,14 +513,22 @@ impl Fences {
 /// if the line still makes it active with that epoch.
 type OnRecorded = Arc<dyn Fn(Arc<str>, MemberId, Activation) + Send + Sync>;
 
+/// Per local member (subscription, member id) whose activation's record is being written:
+/// whether it still may be.
+type Live = BTreeMap<(String, MemberId), Arc<AtomicBool>>;
+
 /// What the singleton shell writes fence records with: an activation waits for its epoch's
 /// record, and an emptied line's epoch is recorded as ended. Each is given up once this
-/// gateway's lease is not valid (it activates nobody then).
+/// gateway's lease is not valid (it activates nobody then); an activation's also once its
+/// member left or was ended ([`Recording::lost`]), so a write that a full stream held back
+/// never lands after its member's successor was made active.
 #[derive(Clone)]
 pub(super) struct Recording {
     fences: Arc<Fences>,
     lease: Arc<LeaseGate>,
     on_recorded: OnRecorded,
+    /// Per local member whose activation's record is being written: whether it still may be.
+    live: Arc<Mutex<Live>>,
 }
 
 impl Recording {
@@ -436,23 +541,51 @@ impl Recording {
             fences,
             lease,
             on_recorded: Arc::new(on_recorded),
+            live: Arc::default(),
         }
     }
 
     /// Writes the record of `activation`'s epoch, then hands the activation back.
     pub(super) fn activate(&self, subscription: String, member: MemberId, activation: Activation) {
+        let live = Arc::new(AtomicBool::new(true));
+        let earlier = self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((subscription.clone(), member), live.clone());
+        if let Some(earlier) = earlier {
+            earlier.store(false, Ordering::SeqCst);
+        }
         let this = self.clone();
         tokio::spawn(async move {
             let lease = this.lease.clone();
             let wanted = Record::active(activation.epoch);
-            if this
-                .fences
-                .record(&subscription, wanted, || lease.valid().is_some())
-                .await
-            {
+            let still = move || live.load(Ordering::SeqCst) && lease.valid().is_some();
+            if this.fences.record(&subscription, wanted, still).await {
                 (this.on_recorded)(Arc::from(subscription), member, activation);
             }
         });
+    }
+
+    /// `member` of `subscription` left or was ended: its activation's record is written no
+    /// more.
+    pub(super) fn lost(&self, subscription: &str, member: MemberId) {
+        if let Some(live) = self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(subscription.to_string(), member))
+        {
+            live.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Every member here was ended (the lease lapsed).
+    pub(super) fn lost_all(&self) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, flag) in std::mem::take(&mut *live) {
+            flag.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Records that `epoch` of `subscription` ended: its line was emptied by this gateway's
@@ -462,7 +595,7 @@ impl Recording {
         tokio::spawn(async move {
             let lease = this.lease.clone();
             this.fences
-                .record(&subscription, Record::ended(epoch), || {
+                .record(&subscription, Record::ended(epoch), move || {
                     lease.valid().is_some()
                 })
                 .await;

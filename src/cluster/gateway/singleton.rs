@@ -315,8 +315,10 @@ async fn run(
                 &recording,
             );
             if coordinator.is_fenced() {
-                // Its view of the bucket is not current: every watch here ends UNAVAILABLE.
+                // Its view of the bucket is not current: every watch here ends UNAVAILABLE,
+                // and no record of an activation here is written any more.
                 leaders.cut_off();
+                recording.lost_all();
                 if coordinator.was_leased() {
                     tracing::error!(
                         gateway = id.0,
@@ -374,6 +376,7 @@ async fn run(
                         }
                     }
                     Some(Input::Left(sub, member, carry)) => {
+                        recording.lost(&sub, member);
                         joining.remove(&(sub.clone(), member));
                         proclaiming.remove(&(sub.clone(), member));
                         coordinator.member_left_carrying(now(), &sub, member, carry);
@@ -527,6 +530,7 @@ fn carry_out(
                 member,
                 status,
             } => {
+                recording.lost(&subscription, member);
                 let key = (Arc::from(subscription.as_str()), member);
                 let in_line = joining.remove(&key);
                 proclaiming.remove(&key);
