@@ -88,13 +88,13 @@ enum Ev {
     Pulse,
     Act(usize, GatewayId),
     Resume(usize, GatewayId),
-    /// The gateway sends a fence record write (subscription, epoch, ended), for the member to
-    /// activate once it is stored.
-    Record(usize, GatewayId, String, u64, bool, Option<u64>),
+    /// The gateway sends a fence record write.
+    Record(usize, GatewayId, fence::Write),
     /// A record write reaches the stream.
-    RecordStored(usize, GatewayId, String, u64, bool, Option<u64>),
-    /// The gateway hears its record was stored: (subscription, member, epoch).
-    Recorded(usize, GatewayId, String, u64, u64),
+    RecordStored(usize, GatewayId, fence::Write),
+    /// The gateway hears what became of its write: stored (or a record at or above it was
+    /// there), or refused by a full stream after the record below it was deleted (`true`).
+    Recorded(usize, GatewayId, fence::Write, bool),
     /// A fenced publish reaches the stream: (subscription, publisher, epoch).
     Fenced(String, MemberUid, u64),
 }
@@ -466,16 +466,14 @@ impl ClusterWorld {
                 }
             }
             Ev::Resume(slot, id) => self.resume(slot, id),
-            Ev::Record(slot, id, sub, epoch, ended, member) => {
+            Ev::Record(slot, id, write) => {
                 if self.current(slot, id) {
-                    self.send_record(slot, id, sub, (epoch, ended), member);
+                    self.send_record(slot, id, write);
                 }
             }
-            Ev::RecordStored(slot, id, sub, epoch, ended, member) => {
-                self.record_stored(slot, id, sub, (epoch, ended), member);
-            }
-            Ev::Recorded(slot, id, sub, member, epoch) => {
-                self.recorded(slot, id, sub, member, epoch);
+            Ev::RecordStored(slot, id, write) => self.record_stored(slot, id, write),
+            Ev::Recorded(slot, id, write, full) => {
+                self.recorded(slot, id, write, full);
                 self.pump(slot);
             }
             Ev::Fenced(sub, uid, epoch) => self.fenced_arrives(&sub, uid, epoch),

@@ -26,8 +26,9 @@ pub struct ClusterOutcome {
     pub hand_overs: (u64, u64),
     /// Acts (deliveries and acks) check (g) saw.
     pub acts: u64,
-    /// Fenced publishes check (i) saw: (stored, refused).
-    pub fenced: (u64, u64),
+    /// Fenced publishes check (i) saw: (stored, refused), and record writes a full stream
+    /// refused.
+    pub fenced: (u64, u64, u64),
     pub trace: Trace,
 }
 

@@ -9,6 +9,11 @@
 //!   ([`Ev::Recorded`]) and activates the member only if the line still makes it active with
 //!   that epoch under a valid lease. A gateway whose write deleted an emptied line records that
 //!   its epoch ended, once the delete's answer reached it.
+//! - **a full stream**: in a third of the seeds, a record write that would raise the record is
+//!   refused as full half the time (drawn per write); the stream then deletes the record below
+//!   it (no record passes a fenced publish), the gateway confirms the member all the same, and
+//!   writes again in the background every 50 ms to 1 s while its lease is valid and, for an
+//!   activation, while the member is still active there.
 //! - **fenced publishes**: every member confirmed active is a client that publishes a fenced
 //!   side effect with its epoch about every other pulse, through any gateway, while it leads
 //!   and for [`LATE`] after it lost its place (a deposed leader's late side effects, its
@@ -28,25 +33,42 @@ use crate::rng::Rng;
 /// How long a member goes on publishing fenced side effects after it lost its place.
 pub(super) const LATE: Duration = Duration::from_millis(2 * LEASE.as_millis() as u64);
 
+/// A record write: the subscription, the record (epoch, ended), the member to confirm once
+/// it is stored (an activation), and whether it is a background retry after a full stream
+/// (its member already confirmed).
+#[derive(Debug, Clone)]
+pub(super) struct Write {
+    sub: String,
+    epoch: u64,
+    ended: bool,
+    member: Option<u64>,
+    background: bool,
+}
+
 /// The stream's fence records and the fenced publishers.
 pub(super) struct Fences {
-    /// Per subscription: its record in the stream, (epoch, ended).
+    /// Per subscription: its record in the stream, (epoch, ended); none once deleted.
     records: BTreeMap<String, (u64, bool)>,
     /// Members confirmed active that publish fenced side effects: their subscription, epoch,
     /// and since when they no longer lead (true time), once they do not.
     publishers: BTreeMap<MemberUid, (String, u64, Option<u64>)>,
     rng: Rng,
-    /// Fenced publishes stored and refused.
-    counts: (u64, u64),
+    /// Whether this seed's stream is full at times (record writes refused half the time).
+    fills: bool,
+    /// Fenced publishes stored and refused, and record writes a full stream refused.
+    counts: (u64, u64, u64),
 }
 
 impl Fences {
     pub(super) fn new(seed: u64) -> Self {
+        let mut rng = Rng::new(seed ^ 0xfe4c_e5ee);
+        let fills = rng.range(0, 2) == 0;
         Self {
             records: BTreeMap::new(),
             publishers: BTreeMap::new(),
-            rng: Rng::new(seed ^ 0xfe4c_e5ee),
-            counts: (0, 0),
+            rng,
+            fills,
+            counts: (0, 0, 0),
         }
     }
 
@@ -56,8 +78,8 @@ impl Fences {
 }
 
 impl ClusterWorld {
-    /// Fenced publishes the stream took: (stored, refused).
-    pub fn fenced(&self) -> (u64, u64) {
+    /// Fenced publishes the stream took: (stored, refused, record writes refused as full).
+    pub fn fenced(&self) -> (u64, u64, u64) {
         self.fences.counts
     }
 
@@ -72,22 +94,27 @@ impl ClusterWorld {
         epoch: u64,
     ) {
         use tinybroker::core::planted::PlantedBug;
+        let write = Write {
+            sub,
+            epoch,
+            ended: false,
+            member: Some(member),
+            background: false,
+        };
         if planted(PlantedBug::ActivateBeforeFenceRecord) {
             // Confirmed at once, its record written after: a deposed leader's fenced publish
             // can be stored after the successor was confirmed.
-            self.activate(slot, &sub, member, epoch);
+            self.activate(slot, &write.sub, member, epoch);
             let lat = self.fences.latency();
-            self.at(
-                self.now + lat,
-                Ev::Record(slot, id, sub, epoch, false, None),
-            );
+            let write = Write {
+                background: true,
+                ..write
+            };
+            self.at(self.now + lat, Ev::Record(slot, id, write));
             return;
         }
         let lat = self.fences.latency();
-        self.at(
-            self.now + lat,
-            Ev::Record(slot, id, sub, epoch, false, Some(member)),
-        );
+        self.at(self.now + lat, Ev::Record(slot, id, write));
     }
 
     /// Confirms `member` active with `epoch`.
@@ -111,83 +138,98 @@ impl ClusterWorld {
         epoch: u64,
         after: u64,
     ) {
-        self.at(
-            self.now + after,
-            Ev::Record(slot, id, sub.to_string(), epoch, true, None),
-        );
+        let write = Write {
+            sub: sub.to_string(),
+            epoch,
+            ended: true,
+            member: None,
+            background: false,
+        };
+        self.at(self.now + after, Ev::Record(slot, id, write));
     }
 
-    /// The gateway in `slot` sends a record write, if its lease is valid now.
-    pub(super) fn send_record(
-        &mut self,
-        slot: usize,
-        id: GatewayId,
-        sub: String,
-        (epoch, ended): (u64, bool),
-        member: Option<u64>,
-    ) {
+    /// Whether the gateway in `slot` may still write `write`: its lease is valid now and, for
+    /// an activation's, its member was not ended or gone since.
+    fn may_write(&self, slot: usize, write: &Write) -> bool {
         let g = &self.gateways[slot];
         let Some(coord) = g.coord.as_ref() else {
-            return;
+            return false;
         };
-        if !coord.may_act(g.local(self.now)) {
-            // The shell gives up a record once its lease is not valid.
+        let live = match write.member {
+            Some(member) if write.background => g.active.get(&member) == Some(&write.sub),
+            Some(member) => g.members.get(&member) == Some(&write.sub),
+            None => true,
+        };
+        live && coord.may_act(g.local(self.now))
+    }
+
+    /// The gateway in `slot` sends a record write, if it still may.
+    pub(super) fn send_record(&mut self, slot: usize, id: GatewayId, write: Write) {
+        if !self.may_write(slot, &write) {
+            // The shell gives up a record once its lease is not valid or its member is gone.
             return;
         }
         let lat = self.fences.latency();
-        self.at(
-            self.now + lat,
-            Ev::RecordStored(slot, id, sub, epoch, ended, member),
-        );
+        self.at(self.now + lat, Ev::RecordStored(slot, id, write));
     }
 
     /// A record write reaches the stream: it raises the subscription's record (or finds one
-    /// at or above it), and the writer hears of it one latency later.
-    pub(super) fn record_stored(
-        &mut self,
-        slot: usize,
-        id: GatewayId,
-        sub: String,
-        (epoch, ended): (u64, bool),
-        member: Option<u64>,
-    ) {
-        let record = self.fences.records.entry(sub.clone()).or_insert((0, true));
-        if (epoch, ended) > *record {
-            *record = (epoch, ended);
+    /// at or above it), or a full stream refuses it and deletes the record below it; the
+    /// writer hears of it one latency later.
+    pub(super) fn record_stored(&mut self, slot: usize, id: GatewayId, write: Write) {
+        let wanted = (write.epoch, write.ended);
+        let current = self.fences.records.get(&write.sub).copied();
+        let full = current.is_none_or(|c| wanted > c)
+            && self.fences.fills
+            && self.fences.rng.range(0, 1) == 0;
+        if full {
+            self.fences.counts.2 += 1;
+            if self.fences.records.remove(&write.sub).is_some() {
+                self.trace(format!("fence record of {}: deleted (full)", write.sub));
+            }
+        } else if current.is_none_or(|c| wanted > c) {
+            self.fences.records.insert(write.sub.clone(), wanted);
             self.trace(format!(
-                "fence record of {sub}: {} {epoch}",
-                if ended { "ended" } else { "active" }
+                "fence record of {}: {} {}",
+                write.sub,
+                if write.ended { "ended" } else { "active" },
+                write.epoch
             ));
         }
-        if let Some(member) = member {
-            let lat = self.fences.latency();
-            self.at(self.now + lat, Ev::Recorded(slot, id, sub, member, epoch));
-        }
+        let lat = self.fences.latency();
+        self.at(self.now + lat, Ev::Recorded(slot, id, write, full));
     }
 
-    /// The gateway hears its record was stored: it activates the member if the line still
-    /// makes it active with that epoch and its lease is valid.
-    pub(super) fn recorded(
-        &mut self,
-        slot: usize,
-        id: GatewayId,
-        sub: String,
-        member: u64,
-        epoch: u64,
-    ) {
+    /// The gateway hears what became of its write. An activation's member is confirmed if the
+    /// line still makes it active with that epoch and its lease is valid; after a full stream,
+    /// the write goes on in the background.
+    pub(super) fn recorded(&mut self, slot: usize, id: GatewayId, write: Write, full: bool) {
         if !self.current(slot, id) {
             return;
         }
-        let g = &self.gateways[slot];
-        let Some(coord) = g.coord.as_ref() else {
-            return;
-        };
-        let uid = g.uid(member);
-        let still = coord
-            .line(&sub)
-            .is_some_and(|v| v.active == Some(uid) && v.epoch == epoch);
-        if still && coord.may_act(g.local(self.now)) && g.members.contains_key(&member) {
-            self.activate(slot, &sub, member, epoch);
+        if let Some(member) = write.member
+            && !write.background
+        {
+            let g = &self.gateways[slot];
+            let Some(coord) = g.coord.as_ref() else {
+                return;
+            };
+            let uid = g.uid(member);
+            let still = coord
+                .line(&write.sub)
+                .is_some_and(|v| v.active == Some(uid) && v.epoch == write.epoch);
+            if !(still && coord.may_act(g.local(self.now)) && g.members.contains_key(&member)) {
+                return;
+            }
+            self.activate(slot, &write.sub, member, write.epoch);
+        }
+        if full {
+            let after = ns(Duration::from_millis(self.fences.rng.range(50, 1_000)));
+            let write = Write {
+                background: true,
+                ..write
+            };
+            self.at(self.now + after, Ev::Record(slot, id, write));
         }
     }
 

@@ -60,8 +60,9 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
     let acts: u64 = outcomes.iter().map(|o| o.acts).sum();
     let stored: u64 = outcomes.iter().map(|o| o.fenced.0).sum();
     let refused: u64 = outcomes.iter().map(|o| o.fenced.1).sum();
+    let full: u64 = outcomes.iter().map(|o| o.fenced.2).sum();
     println!(
-        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease, fenced publishes: {stored} stored, {refused} refused",
+        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease, fenced publishes: {stored} stored, {refused} refused, {full} record writes refused by a full stream",
         outcomes.len(),
         started.elapsed()
     );
@@ -77,8 +78,8 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
         assert!(acts > 0, "in {count} seeds, no gateway acted");
         // Check (i) sees deposed leaders' fenced publishes refused, and leaders' stored.
         assert!(
-            stored > 0 && refused > 0,
-            "in {count} seeds, fenced publishes: {stored} stored, {refused} refused"
+            stored > 0 && refused > 0 && full > 0,
+            "in {count} seeds, fenced publishes: {stored} stored, {refused} refused; {full} record writes refused as full"
         );
         // Check (f) sees both kinds of hand-over.
         assert!(

@@ -113,3 +113,47 @@ async fn a_standby_is_confirmed_on_a_full_stream_while_publishers_race_for_the_r
     }
     assert!(confirmation.epoch > 0);
 }
+
+// A SINGLETON subscription that expires (no member within the idle timeout; JetStream removes
+// its consumer) keeps its fence record in the stream for good: only `DeleteSubscription`
+// purges it (`Fences::deleted`), and `tb-fences` keeps it under interest retention. Each
+// expired SINGLETON id then holds one message of the stream's `--nats-max-messages` forever.
+// Observed (/tmp/review/a9_expire.py): 30 SINGLETON ids joined once and expired; `List` shows
+// none, the stream holds 30 messages, all on `$TBFENCE.<stream>.>`.
+#[tokio::test]
+async fn an_expired_singletons_fence_record_does_not_stay_in_the_stream() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let a = gateway_with(
+        GatewayConfig {
+            idle_timeout: std::time::Duration::from_secs(1),
+            ..GatewayConfig::new(&urls[0])
+        },
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let on_a = a.client().await;
+    for n in 0..5 {
+        let mut member = on_a.subscribe(singleton(&format!("job-{n}"))).await.unwrap();
+        member.confirmed().await;
+    }
+    // Every member gone; the consumers expire after the idle timeout.
+    let client = async_nats::connect(&urls[2]).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream("tinybroker").await.unwrap();
+    within(async {
+        loop {
+            if on_a.list().await.subscriptions.is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let messages = stream.info().await.unwrap().state.messages;
+    assert_eq!(
+        messages, 0,
+        "no subscription is left, yet the stream holds {messages} message(s) (fence records)"
+    );
+}
