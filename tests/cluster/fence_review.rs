@@ -134,7 +134,10 @@ async fn an_expired_singletons_fence_record_does_not_stay_in_the_stream() {
     .await;
     let on_a = a.client().await;
     for n in 0..5 {
-        let mut member = on_a.subscribe(singleton(&format!("job-{n}"))).await.unwrap();
+        let mut member = on_a
+            .subscribe(singleton(&format!("job-{n}")))
+            .await
+            .unwrap();
         member.confirmed().await;
     }
     // Every member gone; the consumers expire after the idle timeout.
