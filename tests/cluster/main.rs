@@ -29,7 +29,7 @@ mod bench;
 mod delete;
 mod describe;
 mod faults;
-mod fence_review;
+mod fence;
 mod leadership;
 mod lease;
 mod limits;

@@ -350,10 +350,8 @@ impl Gateway {
             match deleted {
                 Ok(_) => {
                     removed += 1;
-                    if info.name == names::consumer_name(crate::core::Mode::Singleton, id, "") {
-                        // Its fence records are of no use now.
-                        self.inner.shared.fences.deleted(id);
-                    }
+                    // Its fence record is of no use now (also done on JetStream's advisory).
+                    self.inner.shared.fences.gone(&info.name);
                 }
                 // Gone meanwhile (another delete of it, or its inactivity threshold ran out):
                 // nothing left to delete, and not this delete's to count.

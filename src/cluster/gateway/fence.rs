@@ -144,8 +144,6 @@ pub(super) struct Fences {
     /// One fenced publish at a time per fence subject at this gateway: a replicated stream
     /// refuses a second expectation of one subject while the first is being stored.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Records this gateway wrote that a full stream refused, still waiting for room.
-    pending: Mutex<HashMap<String, Record>>,
 }
 
 impl std::fmt::Debug for Fences {
@@ -165,7 +163,6 @@ impl Fences {
             name,
             known: Mutex::default(),
             turns: Mutex::default(),
-            pending: Mutex::default(),
         }
     }
 
@@ -175,13 +172,16 @@ impl Fences {
     /// try). Tries again after a failure, 5 ms doubling to 200 ms.
     ///
     /// A full stream (discard new) takes no new record: then the record below `wanted` is
-    /// deleted instead, so no fenced publish of the subscription passes (`true`), and the write
-    /// goes on in the background, every second at most, until it is stored, a record at or
-    /// above it is, or `still` turns false. A promotion so never waits for room in the stream.
+    /// deleted instead, so no fenced publish of the subscription passes (`true`), and, when
+    /// `then_when_room`, the write goes on in the background, every second at most, until it
+    /// is stored, a record at or above it is, or `still` turns false. A promotion so never
+    /// waits for room in the stream. (An ended epoch needs no record written later: with none,
+    /// nothing passes either.)
     pub(super) async fn record(
         self: &Arc<Self>,
         subscription: &str,
         wanted: Record,
+        then_when_room: bool,
         still: impl Fn() -> bool + Send + Sync + 'static,
     ) -> bool {
         let subject = subject(&self.name, subscription);
@@ -194,15 +194,15 @@ impl Fences {
                 Ok(Tried::Done) => return true,
                 // Another writer moved the record meanwhile: read it again.
                 Ok(Tried::Moved) => {}
-                Ok(Tried::Full) => {
+                Ok(Tried::Full) if then_when_room => {
                     tracing::warn!(%subscription, ?wanted, "the stream is full: the fence record waits for room, and until it is stored no publish fenced by this subscription is taken");
-                    self.pending(&subject, Some(wanted));
                     let this = self.clone();
                     tokio::spawn(async move {
                         this.record_when_room(&subject, wanted, still).await;
                     });
                     return true;
                 }
+                Ok(Tried::Full) => return true,
                 Err(error) => {
                     tracing::debug!(%subscription, ?wanted, %error, "a fence record was not written; trying again");
                     tokio::time::sleep(delay).await;
@@ -230,21 +230,6 @@ impl Fences {
                 }
                 Ok(Tried::Moved) => delay = Duration::from_millis(5),
                 Ok(Tried::Full) | Err(_) => {}
-            }
-        }
-        self.pending(subject, None);
-    }
-
-    /// Notes (or forgets) that `subject`'s record `wanted` waits for room in the stream.
-    fn pending(&self, subject: &str, wanted: Option<Record>) {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        match wanted {
-            Some(wanted) if pending.len() < MAX_KNOWN => {
-                pending.insert(subject.to_string(), wanted);
-            }
-            Some(_) => {}
-            None => {
-                pending.remove(subject);
             }
         }
     }
@@ -370,17 +355,53 @@ impl Fences {
         turns.entry(subject.to_string()).or_default().clone()
     }
 
-    /// Removes a deleted subscription's records (best effort: a record left behind says an
-    /// ended epoch, and a fenced publish naming it is refused all the same).
-    pub(super) fn deleted(&self, subscription: &str) {
-        let subject = subject(&self.name, subscription);
-        self.forget(&subject);
-        let stream = self.stream.clone();
+    /// The consumer `consumer` was deleted (`DeleteSubscription`, or JetStream removed it after
+    /// its idle timeout): its subscription's last record, if it says its epoch ended, is
+    /// deleted, so records do not outlive their subscriptions. One that says a member is
+    /// active stays: it is a new subscription's of that id (made again meanwhile). Either
+    /// way nothing passes that did not before: with no record no fenced publish passes.
+    pub(super) fn gone(self: &Arc<Self>, consumer: &str) {
+        if !consumer.starts_with("tb-q-") {
+            return;
+        }
+        let subject = format!("$TBFENCE.{}.{consumer}", self.name);
+        let this = self.clone();
         tokio::spawn(async move {
-            if let Err(error) = stream.purge().filter(subject.clone()).await {
-                tracing::debug!(%subject, %error, "a deleted subscription's fence records stay");
+            match this.read(&subject).await {
+                Ok(Some((sequence, record))) if record.ended => {
+                    if let Err(error) = this.delete(sequence).await {
+                        tracing::debug!(%subject, %error, "a gone subscription's fence record stays");
+                    }
+                    this.forget(&subject);
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%subject, %error, "a gone subscription's fence record stays");
+                }
             }
         });
+    }
+
+    /// Follows the stream's consumer deletions ([`Fences::gone`]) until `client` closes.
+    pub(super) async fn follow_deletions(
+        self: Arc<Self>,
+        client: async_nats::Client,
+    ) -> Result<tokio::task::JoinHandle<()>, String> {
+        use tokio_stream::StreamExt;
+        let mut deleted = client
+            .subscribe(format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.DELETED.{}.*",
+                self.name
+            ))
+            .await
+            .map_err(|e| format!("cannot watch the stream's consumer deletions: {e}"))?;
+        Ok(tokio::spawn(async move {
+            while let Some(advisory) = deleted.next().await {
+                if let Some(consumer) = advisory.subject.as_str().rsplit('.').next() {
+                    self.gone(consumer);
+                }
+            }
+        }))
     }
 
     /// Publishes `draft`, fenced by `fence`: stored only while the record of the fence's
@@ -450,30 +471,37 @@ impl Fences {
         }
     }
 
-    /// The refusal of a fence whose subscription has no record: no SINGLETON subscription of
-    /// that id, or one no member was ever made active in.
+    /// The refusal of a fence whose subscription has no record: its line (this gateway's
+    /// copy) names the epoch now; with no line, no SINGLETON subscription of that id, or one
+    /// no member leads.
     async fn no_record(&self, shared: &Arc<Shared>, fence: &PublishFence) -> Error {
-        let subject = subject(&self.name, &fence.subscription_id);
-        let waiting = self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&subject)
-            .copied();
-        if waiting == Some(Record::active(fence.epoch)) {
-            return Error::Unavailable(format!(
-                "epoch {} of subscription {:?} began while the stream was full: its fence record waits for room, and no publish it fences is taken until then; nothing was stored: try again",
-                fence.epoch, fence.subscription_id
-            ));
-        }
-        self.not_singleton(shared, &fence.subscription_id)
-            .await
-            .unwrap_or_else(|| Error::Fenced {
+        // The line names the epoch now: a member confirmed while the stream was full has no
+        // record until there is room.
+        let line = match &shared.singletons {
+            Some(singletons) => singletons.line(fence.subscription_id.clone()).await,
+            None => None,
+        };
+        match line {
+            Some((true, epoch)) if epoch == fence.epoch => Error::Unavailable(format!(
+                "epoch {epoch} of subscription {:?} leads, but its fence record is not stored yet (the stream was full when it began: it is written once there is room); no publish it fences is taken until then; nothing was stored: try again",
+                fence.subscription_id
+            )),
+            Some((active, current)) => Error::Fenced {
                 subscription: fence.subscription_id.to_string(),
                 epoch: fence.epoch,
-                current: 0,
-                active: false,
-            })
+                current,
+                active,
+            },
+            None => self
+                .not_singleton(shared, &fence.subscription_id)
+                .await
+                .unwrap_or_else(|| Error::Fenced {
+                    subscription: fence.subscription_id.to_string(),
+                    epoch: fence.epoch,
+                    current: 0,
+                    active: false,
+                }),
+        }
     }
 
     /// Why `subscription` is not a SINGLETON subscription of this cluster, if it is not: none of
@@ -561,7 +589,7 @@ impl Recording {
             let lease = this.lease.clone();
             let wanted = Record::active(activation.epoch);
             let still = move || live.load(Ordering::SeqCst) && lease.valid().is_some();
-            if this.fences.record(&subscription, wanted, still).await {
+            if this.fences.record(&subscription, wanted, true, still).await {
                 (this.on_recorded)(Arc::from(subscription), member, activation);
             }
         });
@@ -595,7 +623,7 @@ impl Recording {
         tokio::spawn(async move {
             let lease = this.lease.clone();
             this.fences
-                .record(&subscription, Record::ended(epoch), move || {
+                .record(&subscription, Record::ended(epoch), false, move || {
                     lease.valid().is_some()
                 })
                 .await;

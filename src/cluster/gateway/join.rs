@@ -241,6 +241,23 @@ impl Gateway {
                     let recorded = check(consumer.cached_info())?;
                     return Ok((consumer, recorded, Announce::IfNew(name)));
                 }
+                // "Temporarily unavailable" (a leader being elected, a node gone) or no
+                // answer: the join may be tried again; anything else is a refusal.
+                let for_now = matches!(
+                    error.kind(),
+                    async_nats::jetstream::stream::ConsumerCreateStrictErrorKind::TimedOut
+                        | async_nats::jetstream::stream::ConsumerCreateStrictErrorKind::Request
+                ) || matches!(
+                    error.kind(),
+                    async_nats::jetstream::stream::ConsumerCreateStrictErrorKind::JetStream(ref e)
+                        if e.code() == 503 || e.error_code().0 == JETSTREAM_UNAVAILABLE
+                );
+                if for_now {
+                    return Err(Error::Unavailable(format!(
+                        "JetStream could not make the consumer of subscription {:?} now ({error}); nothing changed: join again",
+                        request.subscription_id
+                    )));
+                }
                 Err(refused(format!(
                     "JetStream refused the consumer of subscription {:?}: {error}",
                     request.subscription_id
@@ -249,6 +266,9 @@ impl Gateway {
         }
     }
 }
+
+/// JetStream's "temporarily unavailable" (its meta leader or the stream's being elected).
+const JETSTREAM_UNAVAILABLE: u64 = 10008;
 
 /// Whether the subscription's JetStream consumer expects acks: for acked subscriptions, and
 /// for ack-free singletons too, whose gateway acks a message once it is written to the active

@@ -139,6 +139,8 @@ struct Inner {
     coordination: tokio::task::JoinHandle<()>,
     /// Keeps the registry up to date.
     registry_task: tokio::task::JoinHandle<()>,
+    /// Removes the ended fence records of deleted consumers (`fence`).
+    fence_task: tokio::task::JoinHandle<()>,
     /// The coordination bucket, read by `describe` for a singleton's line.
     backplane: crate::cluster::nats::NatsBackplane,
     /// Ids held for a delete here, and joins under way (`delete`).
@@ -171,6 +173,7 @@ impl Drop for Inner {
         self.deletes.abort();
         self.announcements.abort();
         self.registry_task.abort();
+        self.fence_task.abort();
     }
 }
 
@@ -279,6 +282,7 @@ impl Gateway {
         let (registry, registry_task) =
             registry::Registry::start(&client, stream.clone(), connects).await?;
         let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));
+        let fence_task = fences.clone().follow_deletions(client.clone()).await?;
         let (singletons, coordination) = singleton::spawn(
             backplane.clone(),
             broker.clone(),
@@ -369,6 +373,7 @@ impl Gateway {
                 gone_routes: forward::GoneRoutes::default(),
                 coordination,
                 registry_task,
+                fence_task,
                 backplane,
                 holds,
                 deletes,

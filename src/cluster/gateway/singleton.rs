@@ -68,6 +68,8 @@ enum Input {
     Watch(Arc<str>, oneshot::Sender<LeadershipWatch>),
     /// The fence record of an activation's epoch is stored: the member may be activated.
     Recorded(Arc<str>, MemberId, crate::broker::Activation),
+    /// What this gateway's copy of the line says: whether a member is active, and the epoch.
+    Line(Arc<str>, oneshot::Sender<Option<(bool, u64)>>),
 }
 
 /// The gateway's line to its coordinator shell: cheap to clone.
@@ -191,6 +193,14 @@ impl Handle {
     }
 
     /// This gateway's incarnation now (the id its lease is kept under).
+    /// Whether this gateway's copy of `subscription`'s line has an active member, and its
+    /// epoch; `None` with no line (or no coordination).
+    pub(super) async fn line(&self, subscription: Arc<str>) -> Option<(bool, u64)> {
+        let (reply, answer) = oneshot::channel();
+        let _ = self.inputs.send(Input::Line(subscription, reply));
+        answer.await.ok().flatten()
+    }
+
     pub(super) fn incarnation(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.current_id.clone()
     }
@@ -383,6 +393,10 @@ async fn run(
                     }
                     Some(Input::Watch(sub, reply)) => {
                         let _ = reply.send(leaders.watch(&coordinator, sub));
+                    }
+                    Some(Input::Line(sub, reply)) => {
+                        let line = coordinator.line(&sub).map(|v| (v.active.is_some(), v.epoch));
+                        let _ = reply.send(line);
                     }
                     Some(Input::Recorded(sub, member, activation)) => {
                         // Still the line's active member with that epoch, under this

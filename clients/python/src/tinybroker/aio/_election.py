@@ -149,8 +149,9 @@ class Leadership:
         """Publishes `message` fenced by this leadership: stored only while this epoch is the
         subscription's active epoch, checked by the broker as it stores it, so a deposed
         leader's late publish reaches nobody. Raises `FailedPreconditionError` once another
-        epoch leads (or none does), naming it; through gateways (not yet taken there) the
-        status is UNIMPLEMENTED (docs/semantics.md#fenced-publish)."""
+        epoch leads (or none does), naming it (docs/semantics.md#fenced-publish); through
+        gateways, `UnavailableError` while this epoch's fence record waits for room in a full
+        stream (docs/semantics.md#cluster-fenced-publish)."""
         return await self._client.publish(self.fence(message))
 
     @property

@@ -1,0 +1,257 @@
+//! Fence records through gateways (docs/semantics.md#cluster-fenced-publish,
+//! docs/cluster.md#fenced-publishes) where the stream is full or subscriptions go: a member's
+//! activation waits for its epoch's fence record, so a full stream (discard new), which takes
+//! no record, must not keep a SINGLETON subscription without a leader, nor tell the leader it
+//! was deposed; and records do not outlive their subscriptions.
+
+use std::sync::Arc;
+
+use tinybroker::{clock::TokioClock, cluster::gateway::GatewayConfig};
+use tonic::Code;
+
+use crate::{NatsCluster, assert_code, gateway, gateway_with, harness::singleton, queue, within};
+
+/// A cluster whose stream the first gateway created holding at most `max_messages` messages;
+/// the second gateway binds it.
+async fn bounded(max_messages: i64) -> (NatsCluster, crate::TestServer, crate::TestServer) {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let a = gateway_with(
+        GatewayConfig {
+            max_messages,
+            ..GatewayConfig::new(&urls[0])
+        },
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let b = gateway(&urls[1]).await;
+    (cluster, a, b)
+}
+
+/// Publishes through `client` until the stream refuses one as full.
+async fn fill(client: &crate::harness::Client) {
+    within(async {
+        loop {
+            match client.try_publish("orders.new", b"fill".to_vec()).await {
+                Ok(_) => {}
+                Err(status) => {
+                    assert_code(
+                        Err::<(), _>(status),
+                        Code::ResourceExhausted,
+                        "max_msgs (--nats-max-messages",
+                    );
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+}
+
+// A new SINGLETON subscription's first member joins while the stream is full: no record can be
+// stored, and none is there to pass a fenced publish, so the member is confirmed all the same
+// (a review found it never confirmed while the stream stayed full).
+#[tokio::test]
+async fn a_new_singletons_first_member_is_confirmed_on_a_full_stream() {
+    let (_cluster, a, b) = bounded(3).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    // A QUEUE subscription that takes one message and holds the rest: the stream fills.
+    let mut holder = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    holder.confirmed().await;
+    fill(&on_b).await;
+
+    let mut first = on_a.subscribe(singleton("fresh")).await.unwrap();
+    let confirmation = within(first.confirmed()).await;
+    assert!(confirmation.epoch > 0);
+}
+
+// An existing SINGLETON subscription (its record stored) on a full stream while plain
+// publishers keep retrying their refused publishes, taking any room that appears: the leader
+// leaves, and the standby is confirmed once the old record is deleted (no fenced publish
+// passes then), not once its own record is stored (a review found every such promotion stuck
+// while publishers kept the stream full).
+#[tokio::test]
+async fn a_standby_is_confirmed_on_a_full_stream_while_publishers_race_for_the_room() {
+    let (_cluster, a, b) = bounded(4).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("sched")).await.unwrap();
+    leader.confirmed().await;
+    let mut standby = on_b.subscribe(singleton("sched")).await.unwrap();
+    let mut holder = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    holder.confirmed().await;
+    fill(&on_b).await;
+
+    // Publishers retrying whatever is refused, as a producer facing a full stream does.
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let mut client = on_b.1.clone();
+            tokio::spawn(async move {
+                loop {
+                    let _ = client
+                        .publish(tinybroker::pb::PublishRequest {
+                            topic: "orders.new".into(),
+                            payload: b"race".to_vec().into(),
+                            headers: Default::default(),
+                            fence: None,
+                        })
+                        .await;
+                }
+            })
+        })
+        .collect();
+    drop(leader);
+    // Fails here ("timed out waiting for an event", from `confirmed`'s own 10 s bound).
+    let confirmation = standby.confirmed().await;
+    for racer in &racers {
+        racer.abort();
+    }
+    assert!(confirmation.epoch > 0);
+}
+
+// A SINGLETON subscription that expires (no member within the idle timeout; JetStream removes
+// its consumer) leaves no fence record behind: its ended record is deleted on JetStream's
+// advisory, so it does not hold a message of the stream's limits for good.
+#[tokio::test]
+async fn an_expired_singletons_fence_record_does_not_stay_in_the_stream() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let a = gateway_with(
+        GatewayConfig {
+            idle_timeout: std::time::Duration::from_secs(1),
+            ..GatewayConfig::new(&urls[0])
+        },
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let on_a = a.client().await;
+    for n in 0..5 {
+        let mut member = on_a
+            .subscribe(singleton(&format!("job-{n}")))
+            .await
+            .unwrap();
+        member.confirmed().await;
+    }
+    // Every member gone; the consumers expire after the idle timeout.
+    let client = async_nats::connect(&urls[2]).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream("tinybroker").await.unwrap();
+    within(async {
+        loop {
+            if on_a.list().await.subscriptions.is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    empties(&mut stream).await;
+}
+
+/// Waits until the stream holds no message (every subscription gone, so no fence record).
+async fn empties(stream: &mut async_nats::jetstream::stream::Stream) {
+    let mut messages = u64::MAX;
+    let emptied = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            messages = stream.info().await.unwrap().state.messages;
+            if messages == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        emptied.is_ok(),
+        "no subscription is left, yet the stream holds {messages} message(s) (fence records)"
+    );
+}
+
+// On a full stream, a SINGLETON subscription's member joins and leaves, and the subscription is
+// deleted: an ended epoch's record that a full stream refused is not written later (with no
+// record nothing passes either), so once there is room no record of a deleted subscription
+// appears (a review found one written for each, for good, and each line emptied on a full
+// stream retried every second for as long as the gateway's lease lasted).
+#[tokio::test]
+async fn a_deleted_singletons_ended_record_is_not_written_after_the_delete() {
+    let (cluster, a, _b) = bounded(3).await;
+    let on_a = a.client().await;
+    let mut holder = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    holder.confirmed().await;
+    fill(&on_a).await;
+    for n in 0..3 {
+        let id = format!("gone-{n}");
+        let mut member = on_a.subscribe(singleton(&id)).await.unwrap();
+        member.confirmed().await;
+        drop(member);
+        within(async {
+            loop {
+                match crate::api::delete::delete(&on_a, &id).await {
+                    Err(status) if status.code() == Code::FailedPrecondition => {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    other => return other.unwrap(),
+                }
+            }
+        })
+        .await;
+    }
+    // Room: the holder leaves and its subscription (and backlog) is deleted.
+    drop(holder);
+    within(async {
+        loop {
+            match crate::api::delete::delete(&on_a, "orders").await {
+                Err(status) if status.code() == Code::FailedPrecondition => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                other => return other.unwrap(),
+            }
+        }
+    })
+    .await;
+    assert!(on_a.list().await.subscriptions.is_empty());
+    let client = async_nats::connect(&cluster.client_urls()[2])
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream("tinybroker").await.unwrap();
+    empties(&mut stream).await;
+}
+
+// A standby promoted on a full stream is confirmed before its fence record is stored (the
+// record below is deleted, the write waits for room). Meanwhile its own fenced publishes are
+// refused UNAVAILABLE ("try again") through every gateway, never FAILED_PRECONDITION, which is
+// what a deposed leader is told (docs/semantics.md#fenced-publish; a review found it told so
+// through every gateway but the one writing the record).
+#[tokio::test]
+async fn the_current_leaders_fenced_publish_is_not_refused_as_deposed_while_its_record_waits_for_room()
+ {
+    let (_cluster, a, b) = bounded(3).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("sched")).await.unwrap();
+    leader.confirmed().await;
+    let mut standby = on_b.subscribe(singleton("sched")).await.unwrap();
+    let mut holder = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    holder.confirmed().await;
+    fill(&on_b).await;
+    drop(leader);
+    let promoted = standby.confirmed().await;
+    for (gateway, client) in [("the leader's", &on_b), ("the other", &on_a)] {
+        let answer = within(client.1.clone().publish(tinybroker::pb::PublishRequest {
+            topic: "jobs.run".into(),
+            payload: b"by-the-leader".to_vec().into(),
+            headers: Default::default(),
+            fence: Some(tinybroker::pb::PublishFence {
+                subscription_id: "sched".into(),
+                epoch: promoted.epoch,
+            }),
+        }))
+        .await;
+        let status = answer.expect_err("no room for it in a full stream");
+        assert_eq!(
+            status.code(),
+            Code::Unavailable,
+            "through {gateway} gateway, the confirmed leader (epoch {}): {status:?}",
+            promoted.epoch
+        );
+    }
+}
