@@ -247,6 +247,11 @@ impl Fences {
         {
             return Ok(Tried::Done);
         }
+        if last.is_none() && wanted.ended {
+            // With no record nothing passes already; one written now could outlive its
+            // subscription (deleted meanwhile, its record removed).
+            return Ok(Tried::Done);
+        }
         // Asked again after the read, which may have taken a while: the write follows at once.
         if !still() {
             return Err("given up".into());
@@ -263,10 +268,11 @@ impl Fences {
             Ok(ack) => {
                 self.remember(subject, ack.sequence, wanted);
                 if expected != 0 {
-                    // The replaced record: nothing names it any more.
+                    // The replaced record, and any older one left behind: nothing names them.
                     let stream = self.stream.clone();
+                    let subject = subject.to_string();
                     tokio::spawn(async move {
-                        let _ = stream.delete_message(expected).await;
+                        let _ = purge_through(&stream, &subject, expected).await;
                     });
                 }
                 Ok(Tried::Done)
@@ -275,26 +281,17 @@ impl Fences {
                 Some(WRONG_LAST_SEQUENCE) => Ok(Tried::Moved),
                 Some(code) if STREAM_FULL.contains(&code) => {
                     if expected != 0 {
-                        // The record below `wanted` goes, so that none passes. A record at or
-                        // above it written meanwhile is never deleted (it would not be the one
-                        // read).
-                        self.delete(expected).await?;
+                        // The record below `wanted` goes, so that none passes, and with it any
+                        // older one a lost clean-up left behind (which would be the last
+                        // again). A record at or above it written meanwhile is never removed:
+                        // it comes after the one read.
+                        purge_through(&self.stream, subject, expected).await?;
                         self.forget(subject);
                     }
                     Ok(Tried::Full)
                 }
                 _ => Err(error.to_string()),
             },
-        }
-    }
-
-    /// Deletes the record at `sequence`: done once it is gone (also if it was already).
-    async fn delete(&self, sequence: u64) -> Result<(), String> {
-        match tokio::time::timeout(PATIENCE, self.stream.delete_message(sequence)).await {
-            Err(_) => Err(format!("the old fence record {sequence}: no answer")),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(error)) if error.to_string().contains("no message found") => Ok(()),
-            Ok(Err(error)) => Err(format!("the old fence record {sequence}: {error}")),
         }
     }
 
@@ -365,21 +362,38 @@ impl Fences {
             return;
         }
         let subject = format!("$TBFENCE.{}.{consumer}", self.name);
+        let consumer = consumer.to_string();
         let this = self.clone();
         tokio::spawn(async move {
-            match this.read(&subject).await {
-                Ok(Some((sequence, record))) if record.ended => {
-                    if let Err(error) = this.delete(sequence).await {
-                        tracing::debug!(%subject, %error, "a gone subscription's fence record stays");
+            let outcome = match this.read(&subject).await {
+                Ok(Some((sequence, record))) => {
+                    // An active record stays if its subscription lives (made again
+                    // meanwhile); one whose consumer is gone is left over from the line's
+                    // last epoch (its end not recorded yet, or never).
+                    let orphan = record.ended || !this.consumer_exists(&consumer).await;
+                    if orphan {
+                        this.forget(&subject);
+                        purge_through(&this.stream, &subject, sequence).await
+                    } else {
+                        Ok(())
                     }
-                    this.forget(&subject);
                 }
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::debug!(%subject, %error, "a gone subscription's fence record stays");
-                }
+                Ok(None) => Ok(()),
+                Err(error) => Err(error),
+            };
+            if let Err(error) = outcome {
+                tracing::debug!(%subject, %error, "a gone subscription's fence record stays");
             }
         });
+    }
+
+    /// Whether the consumer `name` exists (taken as existing when JetStream does not say).
+    async fn consumer_exists(&self, name: &str) -> bool {
+        use jetstream::context::ConsumerInfoErrorKind;
+        !matches!(
+            tokio::time::timeout(PATIENCE, self.stream.consumer_info(name)).await,
+            Ok(Err(error)) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound)
+        )
     }
 
     /// Follows the stream's consumer deletions ([`Fences::gone`]) until `client` closes.
@@ -659,6 +673,24 @@ fn unavailable(why: String) -> Error {
     Error::Unavailable(format!(
         "the fence's record could not be read from JetStream ({why}); nothing was stored: try again"
     ))
+}
+
+/// Removes every message of `subject` up to and including `sequence` (records a newer one
+/// replaced, never one after it).
+async fn purge_through(
+    stream: &jetstream::stream::Stream,
+    subject: &str,
+    sequence: u64,
+) -> Result<(), String> {
+    let purge = stream
+        .purge()
+        .filter(subject.to_string())
+        .sequence(sequence + 1);
+    match tokio::time::timeout(PATIENCE, purge.into_future()).await {
+        Err(_) => Err(format!("the old fence records of {subject}: no answer")),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(format!("the old fence records of {subject}: {error}")),
+    }
 }
 
 /// The JetStream error code of a publish's refusal, if JetStream refused it.

@@ -192,7 +192,6 @@ impl Handle {
         })
     }
 
-    /// This gateway's incarnation now (the id its lease is kept under).
     /// Whether this gateway's copy of `subscription`'s line has an active member, and its
     /// epoch; `None` with no line (or no coordination).
     pub(super) async fn line(&self, subscription: Arc<str>) -> Option<(bool, u64)> {
@@ -201,6 +200,7 @@ impl Handle {
         answer.await.ok().flatten()
     }
 
+    /// This gateway's incarnation now (the id its lease is kept under).
     pub(super) fn incarnation(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.current_id.clone()
     }
