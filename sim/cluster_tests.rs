@@ -327,12 +327,17 @@ fn cluster_a_gateway_frozen_past_its_lease_delivers_and_acks_nothing_when_it_res
 // past its lease.
 #[test]
 fn cluster_campaign_catches_a_gateway_that_skips_its_lease_check() {
-    let bug = PlantedBug::GatewaySkipsLeaseCheck;
+    campaign_catches(PlantedBug::GatewaySkipsLeaseCheck, "(g)");
+}
+
+/// Runs 60 campaign seeds with `bug` planted: some seed's violations name `check`; prints how
+/// many caught it and the first one's report.
+fn campaign_catches(bug: PlantedBug, check: &str) {
     let seeds: Vec<u64> = (0..60).collect();
     let outcomes = run_many(&seeds, Some(bug));
     let caught: Vec<&ClusterOutcome> = outcomes
         .iter()
-        .filter(|o| o.violations.iter().any(|v| v.contains("(g)")))
+        .filter(|o| o.violations.iter().any(|v| v.contains(check)))
         .collect();
     println!(
         "{bug:?}: caught by {} of {} seeds",
@@ -417,20 +422,5 @@ fn cluster_a_deposed_leaders_fenced_publishes_stop_at_its_successors_record() {
     use std::time::Duration;
     let (violations, _) = frozen_active_gateway(None, Duration::from_secs(2));
     assert!(violations.is_empty(), "{violations:#?}");
-    let bug = PlantedBug::ActivateBeforeFenceRecord;
-    let seeds: Vec<u64> = (0..60).collect();
-    let outcomes = run_many(&seeds, Some(bug));
-    let caught: Vec<&ClusterOutcome> = outcomes
-        .iter()
-        .filter(|o| o.violations.iter().any(|v| v.contains("(i)")))
-        .collect();
-    println!(
-        "{bug:?}: caught by {} of {} seeds",
-        caught.len(),
-        seeds.len()
-    );
-    let first = caught
-        .first()
-        .unwrap_or_else(|| panic!("{bug:?} was not caught in {} seeds", seeds.len()));
-    println!("{}", first.report());
+    campaign_catches(PlantedBug::ActivateBeforeFenceRecord, "(i)");
 }

@@ -14,6 +14,16 @@ fn reports(stdout: &[u8]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Runs the client with `args`, which must succeed with one report: that report, and the
+/// output.
+async fn one_report(args: &[&str]) -> (serde_json::Value, std::process::Output) {
+    let output = binary::run_client(args.iter().map(|a| a.to_string()).collect()).await;
+    assert!(output.status.success(), "{output:?}");
+    let mut reports = reports(&output.stdout);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    (reports.remove(0), output)
+}
+
 #[tokio::test]
 async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() {
     let cluster = NatsCluster::start(3).await;
@@ -77,27 +87,20 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
 async fn bench_with_nats_fenced_runs_through_gateways_only() {
     let cluster = NatsCluster::start(3).await;
     let urls = cluster.client_urls().join(",");
-    let output = binary::run_client(
-        [
-            "bench",
-            "--nats",
-            &urls,
-            "--messages",
-            "200",
-            "--fenced",
-            "w1",
-            "--window",
-            "4",
-        ]
-        .map(String::from)
-        .to_vec(),
-    )
+    let (report, output) = one_report(&[
+        "bench",
+        "--nats",
+        &urls,
+        "--messages",
+        "200",
+        "--fenced",
+        "w1",
+        "--window",
+        "4",
+    ])
     .await;
-    assert!(output.status.success(), "{output:?}");
-    let reports = reports(&output.stdout);
-    assert_eq!(reports.len(), 1, "{reports:?}");
-    assert_eq!(reports[0]["deployment"], "gateways", "{}", reports[0]);
-    assert_eq!(reports[0]["messages"], 200, "{}", reports[0]);
+    assert_eq!(report["deployment"], "gateways", "{report}");
+    assert_eq!(report["messages"], 200, "{report}");
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("not run with --fenced"),
         "{output:?}"
@@ -193,25 +196,18 @@ async fn bench_with_nats_runs_w2_across_gateways() {
 async fn bench_with_nats_core_runs_w3_and_accounts_for_every_delivery() {
     let cluster = NatsCluster::start(1).await;
     let url = cluster.client_urls()[0].clone();
-    let output = binary::run_client(
-        [
-            "bench",
-            "--nats-core",
-            &url,
-            "--messages",
-            "500",
-            "w3",
-            "--subscribers",
-            "3",
-        ]
-        .map(String::from)
-        .to_vec(),
-    )
+    let (report, _) = one_report(&[
+        "bench",
+        "--nats-core",
+        &url,
+        "--messages",
+        "500",
+        "w3",
+        "--subscribers",
+        "3",
+    ])
     .await;
-    assert!(output.status.success(), "{output:?}");
-    let reports = reports(&output.stdout);
-    assert_eq!(reports.len(), 1, "{reports:?}");
-    let r = &reports[0];
+    let r = &report;
     assert_eq!(r["workload"], "w3", "{r}");
     assert_eq!(r["deployment"], "nats-core", "{r}");
     assert_eq!(r["messages"], 500, "{r}");

@@ -28,6 +28,38 @@ async fn bounded(max_messages: i64) -> (NatsCluster, crate::TestServer, crate::T
     (cluster, a, b)
 }
 
+/// A SINGLETON leader ("sched") at the first gateway, its standby at the second, and a QUEUE
+/// member ("orders", window 1) holding what the stream then fills with, to `max_messages`.
+struct FullStream {
+    _cluster: NatsCluster,
+    _gateways: (crate::TestServer, crate::TestServer),
+    on_a: crate::harness::Client,
+    on_b: crate::harness::Client,
+    leader: crate::harness::Member,
+    standby: crate::harness::Member,
+    _holder: crate::harness::Member,
+}
+
+async fn leader_and_standby_on_a_full_stream(max_messages: i64) -> FullStream {
+    let (cluster, a, b) = bounded(max_messages).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("sched")).await.unwrap();
+    leader.confirmed().await;
+    let standby = on_b.subscribe(singleton("sched")).await.unwrap();
+    let mut holder = on_a.subscribe(queue("orders", 1)).await.unwrap();
+    holder.confirmed().await;
+    fill(&on_b).await;
+    FullStream {
+        _cluster: cluster,
+        _gateways: (a, b),
+        on_a,
+        on_b,
+        leader,
+        standby,
+        _holder: holder,
+    }
+}
+
 /// Publishes through `client` until the stream refuses one as full.
 async fn fill(client: &crate::harness::Client) {
     within(async {
@@ -72,14 +104,16 @@ async fn a_new_singletons_first_member_is_confirmed_on_a_full_stream() {
 // while publishers kept the stream full).
 #[tokio::test]
 async fn a_standby_is_confirmed_on_a_full_stream_while_publishers_race_for_the_room() {
-    let (_cluster, a, b) = bounded(4).await;
-    let (on_a, on_b) = (a.client().await, b.client().await);
-    let mut leader = on_a.subscribe(singleton("sched")).await.unwrap();
-    leader.confirmed().await;
-    let mut standby = on_b.subscribe(singleton("sched")).await.unwrap();
-    let mut holder = on_a.subscribe(queue("orders", 1)).await.unwrap();
-    holder.confirmed().await;
-    fill(&on_b).await;
+    // Every field bound: what a `..` left out would be dropped here (the cluster with it).
+    let FullStream {
+        _cluster,
+        _gateways,
+        on_a: _,
+        on_b,
+        leader,
+        mut standby,
+        _holder,
+    } = leader_and_standby_on_a_full_stream(4).await;
 
     // Publishers retrying whatever is refused, as a producer facing a full stream does.
     let racers: Vec<_> = (0..8)
@@ -225,14 +259,15 @@ async fn a_deleted_singletons_ended_record_is_not_written_after_the_delete() {
 #[tokio::test]
 async fn the_current_leaders_fenced_publish_is_not_refused_as_deposed_while_its_record_waits_for_room()
  {
-    let (_cluster, a, b) = bounded(3).await;
-    let (on_a, on_b) = (a.client().await, b.client().await);
-    let mut leader = on_a.subscribe(singleton("sched")).await.unwrap();
-    leader.confirmed().await;
-    let mut standby = on_b.subscribe(singleton("sched")).await.unwrap();
-    let mut holder = on_a.subscribe(queue("orders", 1)).await.unwrap();
-    holder.confirmed().await;
-    fill(&on_b).await;
+    let FullStream {
+        _cluster,
+        _gateways,
+        on_a,
+        on_b,
+        leader,
+        mut standby,
+        _holder,
+    } = leader_and_standby_on_a_full_stream(3).await;
     drop(leader);
     let promoted = standby.confirmed().await;
     for (gateway, client) in [("the leader's", &on_b), ("the other", &on_a)] {
