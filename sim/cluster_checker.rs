@@ -59,8 +59,6 @@ pub struct ClusterChecker {
     pub hand_overs: (u64, u64),
     /// Acts (deliveries, acks) check (g) saw.
     pub acts: u64,
-    /// Fenced publishes check (i) saw.
-    pub fenced: u64,
     /// Members of frozen gateways, with the true time their gateway's lease ends.
     lapse: BTreeMap<MemberUid, Duration>,
     /// Members whose joins were answered and that are still live, per subscription.
@@ -218,7 +216,6 @@ impl ClusterChecker {
 
     /// A publish fenced by `uid`'s `epoch` reached the stream and was `stored` or refused (i).
     pub fn fenced(&mut self, at: Duration, sub: &str, uid: MemberUid, epoch: u64, stored: bool) {
-        self.fenced += 1;
         let last = self.subs.get(sub).map_or(0, |s| s.last_epoch);
         if stored && last > epoch {
             self.violation(

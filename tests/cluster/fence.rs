@@ -290,3 +290,105 @@ async fn the_current_leaders_fenced_publish_is_not_refused_as_deposed_while_its_
         );
     }
 }
+
+/// A publish of `payload` to `topic` through `client`, fenced by `subscription`'s `epoch`.
+async fn fenced(
+    client: &crate::harness::Client,
+    topic: &str,
+    payload: &str,
+    subscription: &str,
+    epoch: u64,
+) -> Result<tinybroker::pb::PublishResponse, tonic::Status> {
+    within(client.1.clone().publish(tinybroker::pb::PublishRequest {
+        topic: topic.into(),
+        payload: payload.as_bytes().to_vec().into(),
+        headers: Default::default(),
+        fence: Some(tinybroker::pb::PublishFence {
+            subscription_id: subscription.into(),
+            epoch,
+        }),
+    }))
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+// docs/semantics.md#cluster-fenced-publish, with processes: the leader's gateway is stopped
+// (SIGSTOP) past its 1 s lease and the standby at the other gateway is promoted. From the
+// standby's confirmation on, a publish fenced by the deposed epoch is refused naming the new
+// one, through the other gateway and, once resumed, through the paused one; the new epoch's
+// are stored through both. An observer sees exactly what was stored, in order. Three rounds.
+#[tokio::test]
+async fn a_paused_gateways_deposed_leader_is_fenced_out_through_every_gateway() {
+    use crate::{faults::gateway_process, harness::open, lease::signal};
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let lease = ["--gateway-lease", "1s"];
+    let (paused, on_paused) = gateway_process(&urls, &lease).await;
+    let (_other, on_other) = gateway_process(&urls, &lease).await;
+    let pid = paused.child.id();
+    let mut seen = on_other
+        .subscribe(open(
+            "fence-seen",
+            tinybroker::pb::DeliveryMode::Broadcast,
+            "",
+            &["side.>"],
+        ))
+        .await
+        .unwrap();
+    seen.confirmed().await;
+    for round in 0..3 {
+        let id = format!("paused-fence{round}");
+        let mut old = on_paused.subscribe(singleton(&id)).await.unwrap();
+        let deposed = old.confirmed().await.epoch;
+        let mut new = on_other.subscribe(singleton(&id)).await.unwrap();
+        fenced(&on_other, "side.run", &format!("old{round}"), &id, deposed)
+            .await
+            .expect("the leader's fenced publish, before the pause");
+
+        signal(pid, "-STOP");
+        let promoted = within(new.confirmed()).await.epoch;
+        assert!(promoted > deposed, "{promoted} after {deposed}");
+        let late = fenced(&on_other, "side.run", "late", &id, deposed).await;
+        crate::assert_code(
+            late,
+            Code::FailedPrecondition,
+            &format!("the active epoch is {promoted}"),
+        );
+        fenced(&on_other, "side.run", &format!("new{round}"), &id, promoted)
+            .await
+            .expect("the new leader's fenced publish");
+        signal(pid, "-CONT");
+        // The resumed gateway reads the record as it is now: the old epoch refused there too.
+        let late = fenced(&on_paused, "side.run", "late", &id, deposed).await;
+        crate::assert_code(
+            late,
+            Code::FailedPrecondition,
+            &format!("the active epoch is {promoted}"),
+        );
+        fenced(
+            &on_paused,
+            "side.run",
+            &format!("again{round}"),
+            &id,
+            promoted,
+        )
+        .await
+        .expect("the new leader's fenced publish through the resumed gateway");
+        drop(old);
+        drop(new);
+    }
+    on_other.publish("side.end", "end").await;
+    let mut payloads = Vec::new();
+    loop {
+        let message = seen.message().await;
+        seen.ack(message.system_id).await;
+        if message.payload.as_ref() == b"end" {
+            break;
+        }
+        payloads.push(String::from_utf8(message.payload.to_vec()).unwrap());
+    }
+    let expected: Vec<String> = (0..3)
+        .flat_map(|r| [format!("old{r}"), format!("new{r}"), format!("again{r}")])
+        .collect();
+    assert_eq!(payloads, expected, "nothing refused was stored");
+}

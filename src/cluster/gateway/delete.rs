@@ -348,11 +348,8 @@ impl Gateway {
                 )
             })?;
             match deleted {
-                Ok(_) => {
-                    removed += 1;
-                    // Its fence record is of no use now (also done on JetStream's advisory).
-                    self.inner.shared.fences.gone(&info.name);
-                }
+                // Its fence record goes on JetStream's advisory of the deletion (`fence`).
+                Ok(_) => removed += 1,
                 // Gone meanwhile (another delete of it, or its inactivity threshold ran out):
                 // nothing left to delete, and not this delete's to count.
                 Err(error)

@@ -7,7 +7,7 @@
 //! own; elsewhere it is found in the registry (the first by name when gateways each have one
 //! of that id) and described from it as well.
 
-use async_nats::jetstream::{consumer, context::ConsumerInfoErrorKind};
+use async_nats::jetstream::{self, consumer, context::ConsumerInfoErrorKind};
 
 use super::{Gateway, names};
 use crate::{
@@ -197,23 +197,32 @@ impl Gateway {
             .inspect_err(|_| tracing::debug!(subscription = id, "no consumer info"))
     }
 
-    /// The consumer named `name`, as the servers report it now.
-    ///
-    /// # Errors
-    /// Why the servers did not answer.
+    /// The consumer named `name`, as the servers report it now ([`named_consumer`]).
     async fn named_consumer(&self, name: &str) -> Result<Option<consumer::Info>, String> {
-        // JetStream's API requests wait the NATS client's request timeout (10 s), not the
-        // context's: bound this one as an ack forwarded to another gateway is.
-        let info = tokio::time::timeout(PATIENCE, self.inner.stream.consumer_info(name))
-            .await
-            .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
-        match info {
-            Ok(info) => Ok(Some(info)),
-            Err(error) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => Ok(None),
-            Err(error) => {
-                tracing::debug!(consumer = %name, %error, "no consumer info");
-                Err(error.to_string())
-            }
+        named_consumer(&self.inner.stream, name).await
+    }
+}
+
+/// The consumer named `name` of `stream`, as the servers report it now; `None` when there is
+/// none.
+///
+/// # Errors
+/// Why the servers did not answer.
+pub(super) async fn named_consumer(
+    stream: &jetstream::stream::Stream,
+    name: &str,
+) -> Result<Option<consumer::Info>, String> {
+    // JetStream's API requests wait the NATS client's request timeout (10 s), not the
+    // context's: bound this one as an ack forwarded to another gateway is.
+    let info = tokio::time::timeout(PATIENCE, stream.consumer_info(name))
+        .await
+        .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
+    match info {
+        Ok(info) => Ok(Some(info)),
+        Err(error) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => Ok(None),
+        Err(error) => {
+            tracing::debug!(consumer = %name, %error, "no consumer info");
+            Err(error.to_string())
         }
     }
 }

@@ -10,7 +10,7 @@
 //!
 //! Records on a subject only rise (by epoch, then active before ended): each write names, in
 //! `Nats-Expected-Last-Subject-Sequence`, the record it read, and a writer that reads a record
-//! at or above its own writes nothing. The record it replaced is deleted after it.
+//! at or above its own writes nothing. The records it replaced are purged after it.
 //!
 //! A fenced publish carries `Nats-Expected-Last-Subject-Sequence` with the sequence of its
 //! epoch's record and `Nats-Expected-Last-Subject-Sequence-Subject` naming the fence subject:
@@ -32,7 +32,13 @@ use std::{
 
 use async_nats::jetstream;
 
-use super::{Shared, lease::LeaseGate, names, publish};
+use super::{
+    Shared,
+    describe::named_consumer,
+    lease::LeaseGate,
+    names,
+    publish::{self, jetstream_code},
+};
 use crate::{
     broker::{Activation, BatchError, Published},
     core::{Draft, Error, MemberId, Mode, PublishFence},
@@ -75,10 +81,15 @@ pub(super) fn subjects(stream: &str) -> String {
 
 /// The fence subject of SINGLETON subscription `subscription` in stream `stream`.
 pub(super) fn subject(stream: &str, subscription: &str) -> String {
-    format!(
-        "$TBFENCE.{stream}.{}",
-        names::consumer_name(Mode::Singleton, subscription, "")
+    subject_of(
+        stream,
+        &names::consumer_name(Mode::Singleton, subscription, ""),
     )
+}
+
+/// The fence subject of the subscription whose consumer is `consumer`.
+fn subject_of(stream: &str, consumer: &str) -> String {
+    format!("$TBFENCE.{stream}.{consumer}")
 }
 
 /// What a fence record says: an epoch, and whether it ended (no member is active with it).
@@ -172,16 +183,15 @@ impl Fences {
     /// try). Tries again after a failure, 5 ms doubling to 200 ms.
     ///
     /// A full stream (discard new) takes no new record: then the record below `wanted` is
-    /// deleted instead, so no fenced publish of the subscription passes (`true`), and, when
-    /// `then_when_room`, the write goes on in the background, every second at most, until it
-    /// is stored, a record at or above it is, or `still` turns false. A promotion so never
-    /// waits for room in the stream. (An ended epoch needs no record written later: with none,
+    /// removed instead, so no fenced publish of the subscription passes (`true`), and an
+    /// active record's write goes on in the background, every second at most, until it is
+    /// stored, a record at or above it is, or `still` turns false. A promotion so never waits
+    /// for room in the stream. (An ended epoch needs no record written later: with none,
     /// nothing passes either.)
     pub(super) async fn record(
         self: &Arc<Self>,
         subscription: &str,
         wanted: Record,
-        then_when_room: bool,
         still: impl Fn() -> bool + Send + Sync + 'static,
     ) -> bool {
         let subject = subject(&self.name, subscription);
@@ -194,7 +204,7 @@ impl Fences {
                 Ok(Tried::Done) => return true,
                 // Another writer moved the record meanwhile: read it again.
                 Ok(Tried::Moved) => {}
-                Ok(Tried::Full) if then_when_room => {
+                Ok(Tried::Full) if !wanted.ended => {
                     tracing::warn!(%subscription, ?wanted, "the stream is full: the fence record waits for room, and until it is stored no publish fenced by this subscription is taken");
                     let this = self.clone();
                     tokio::spawn(async move {
@@ -357,11 +367,11 @@ impl Fences {
     /// deleted, so records do not outlive their subscriptions. One that says a member is
     /// active stays: it is a new subscription's of that id (made again meanwhile). Either
     /// way nothing passes that did not before: with no record no fenced publish passes.
-    pub(super) fn gone(self: &Arc<Self>, consumer: &str) {
+    fn gone(self: &Arc<Self>, consumer: &str) {
         if !consumer.starts_with("tb-q-") {
             return;
         }
-        let subject = format!("$TBFENCE.{}.{consumer}", self.name);
+        let subject = subject_of(&self.name, consumer);
         let consumer = consumer.to_string();
         let this = self.clone();
         tokio::spawn(async move {
@@ -389,11 +399,7 @@ impl Fences {
 
     /// Whether the consumer `name` exists (taken as existing when JetStream does not say).
     async fn consumer_exists(&self, name: &str) -> bool {
-        use jetstream::context::ConsumerInfoErrorKind;
-        !matches!(
-            tokio::time::timeout(PATIENCE, self.stream.consumer_info(name)).await,
-            Ok(Err(error)) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound)
-        )
+        !matches!(named_consumer(&self.stream, name).await, Ok(None))
     }
 
     /// Follows the stream's consumer deletions ([`Fences::gone`]) until `client` closes.
@@ -521,11 +527,9 @@ impl Fences {
     /// Why `subscription` is not a SINGLETON subscription of this cluster, if it is not: none of
     /// that id ([`Error::SubscriptionNotFound`]) or one of another mode ([`Error::NotSingleton`]).
     async fn not_singleton(&self, shared: &Arc<Shared>, subscription: &str) -> Option<Error> {
-        use jetstream::context::ConsumerInfoErrorKind;
         let name = names::consumer_name(Mode::Singleton, subscription, "");
-        let info = tokio::time::timeout(PATIENCE, self.stream.consumer_info(&name)).await;
-        match info {
-            Ok(Ok(info)) => match names::recorded(&info.config.metadata) {
+        match named_consumer(&self.stream, &name).await {
+            Ok(Some(info)) => match names::recorded(&info.config.metadata) {
                 Ok((id, spec)) if id == subscription && spec.mode == Mode::Singleton => None,
                 Ok((id, spec)) if id == subscription => Some(Error::NotSingleton {
                     subscription: subscription.to_string(),
@@ -533,7 +537,7 @@ impl Fences {
                 }),
                 _ => Some(Error::SubscriptionNotFound(subscription.to_string())),
             },
-            Ok(Err(error)) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => {
+            Ok(None) => {
                 // A BROADCAST subscription's consumers are per gateway: the registry knows them.
                 shared.registry.refresh().await;
                 Some(if shared.registry.exists(subscription) {
@@ -545,8 +549,7 @@ impl Fences {
                     Error::SubscriptionNotFound(subscription.to_string())
                 })
             }
-            Ok(Err(error)) => Some(unavailable(error.to_string())),
-            Err(_) => Some(unavailable(format!("no answer within {PATIENCE:?}"))),
+            Err(error) => Some(unavailable(error)),
         }
     }
 }
@@ -603,7 +606,7 @@ impl Recording {
             let lease = this.lease.clone();
             let wanted = Record::active(activation.epoch);
             let still = move || live.load(Ordering::SeqCst) && lease.valid().is_some();
-            if this.fences.record(&subscription, wanted, true, still).await {
+            if this.fences.record(&subscription, wanted, still).await {
                 (this.on_recorded)(Arc::from(subscription), member, activation);
             }
         });
@@ -637,7 +640,7 @@ impl Recording {
         tokio::spawn(async move {
             let lease = this.lease.clone();
             this.fences
-                .record(&subscription, Record::ended(epoch), false, move || {
+                .record(&subscription, Record::ended(epoch), move || {
                     lease.valid().is_some()
                 })
                 .await;
@@ -691,13 +694,6 @@ async fn purge_through(
         Ok(Ok(_)) => Ok(()),
         Ok(Err(error)) => Err(format!("the old fence records of {subject}: {error}")),
     }
-}
-
-/// The JetStream error code of a publish's refusal, if JetStream refused it.
-pub(super) fn jetstream_code(error: &jetstream::context::PublishError) -> Option<u64> {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<jetstream::Error>())
-        .map(|error| error.error_code().0)
 }
 
 #[cfg(test)]

@@ -232,38 +232,48 @@ impl Gateway {
             metadata: names::metadata(&request.subscription_id, spec),
             ..Default::default()
         };
-        let created = stream.create_consumer_strict(config).await;
-        match created {
-            Ok(consumer) => Ok((consumer, spec.clone(), Announce::Made)),
-            Err(error) => {
-                // Another gateway may have created it first, with other settings.
-                if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
-                    let recorded = check(consumer.cached_info())?;
-                    return Ok((consumer, recorded, Announce::IfNew(name)));
-                }
-                // "Temporarily unavailable" (a leader being elected, a node gone) or no
-                // answer: the join may be tried again; anything else is a refusal.
-                let for_now = matches!(
-                    error.kind(),
-                    async_nats::jetstream::stream::ConsumerCreateStrictErrorKind::TimedOut
-                        | async_nats::jetstream::stream::ConsumerCreateStrictErrorKind::Request
-                ) || matches!(
-                    error.kind(),
-                    async_nats::jetstream::stream::ConsumerCreateStrictErrorKind::JetStream(ref e)
-                        if e.code() == 503 || e.error_code().0 == JETSTREAM_UNAVAILABLE
-                );
-                if for_now {
-                    return Err(Error::Unavailable(format!(
-                        "JetStream could not make the consumer of subscription {:?} now ({error}); nothing changed: join again",
-                        request.subscription_id
-                    )));
-                }
-                Err(refused(format!(
+        // JetStream "temporarily unavailable" (a leader being elected, a node gone) or not
+        // answering is waited out, as publishes wait for an election (docs/semantics.md#cluster-durability).
+        let deadline = tokio::time::Instant::now() + JOIN_LEASE_PATIENCE;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let error = match stream.create_consumer_strict(config.clone()).await {
+                Ok(consumer) => return Ok((consumer, spec.clone(), Announce::Made)),
+                Err(error) => error,
+            };
+            // Another gateway may have created it first, with other settings.
+            if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
+                let recorded = check(consumer.cached_info())?;
+                return Ok((consumer, recorded, Announce::IfNew(name)));
+            }
+            if !for_now(&error) {
+                return Err(refused(format!(
                     "JetStream refused the consumer of subscription {:?}: {error}",
                     request.subscription_id
-                )))
+                )));
             }
+            if tokio::time::Instant::now() + delay > deadline {
+                return Err(Error::Unavailable(format!(
+                    "JetStream could not make the consumer of subscription {:?} within {JOIN_LEASE_PATIENCE:?} ({error}); nothing changed: join again",
+                    request.subscription_id
+                )));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
         }
+    }
+}
+
+/// Whether JetStream could not make a consumer only for now: "temporarily unavailable" (its
+/// meta leader or the stream's being elected), a 503, or no answer.
+fn for_now(error: &async_nats::jetstream::stream::ConsumerCreateStrictError) -> bool {
+    use async_nats::jetstream::stream::ConsumerCreateStrictErrorKind as Kind;
+    match error.kind() {
+        Kind::TimedOut | Kind::Request => true,
+        Kind::JetStream(error) => {
+            error.code() == 503 || error.error_code().0 == JETSTREAM_UNAVAILABLE
+        }
+        _ => false,
     }
 }
 

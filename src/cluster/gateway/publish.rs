@@ -221,17 +221,32 @@ impl Sent {
                 }
             },
         };
-        // A macro, not a closure: the success arm still reads the draft's topic.
-        macro_rules! again {
+        // Macros, not closures: the success arm still reads the draft's topic.
+        macro_rules! resend {
             ($maybe_stored:expr) => {
-                Err(Unconfirmed::Again(Resend {
+                Resend {
                     draft: self.draft,
                     id: self.id,
                     dead_letter_of: self.dead_letter_of,
                     maybe_stored: $maybe_stored,
                     expect: self.expect,
-                }))
+                }
             };
+        }
+        macro_rules! again {
+            ($maybe_stored:expr) => {
+                Err(Unconfirmed::Again(resend!($maybe_stored)))
+            };
+        }
+        // A fenced publish's expectation not met (nothing stored): its code says what next.
+        let expectation = match &outcome {
+            Err(error) if self.expect.is_some() => jetstream_code(error).filter(|code| {
+                [fence::WRONG_LAST_SEQUENCE, fence::EXPECTATION_BUSY].contains(code)
+            }),
+            _ => None,
+        };
+        if let Some(code) = expectation {
+            return Err(Unconfirmed::Expectation(code, resend!(false)));
         }
         match outcome {
             Ok(ack) => {
@@ -263,25 +278,6 @@ impl Sent {
             {
                 again!(true)
             }
-            Err(error)
-                if self.expect.is_some()
-                    && matches!(
-                        fence::jetstream_code(&error),
-                        Some(fence::WRONG_LAST_SEQUENCE | fence::EXPECTATION_BUSY)
-                    ) =>
-            {
-                let code = fence::jetstream_code(&error).unwrap_or_default();
-                Err(Unconfirmed::Expectation(
-                    code,
-                    Resend {
-                        draft: self.draft,
-                        id: self.id,
-                        dead_letter_of: self.dead_letter_of,
-                        maybe_stored: false,
-                        expect: self.expect,
-                    },
-                ))
-            }
             // A refusal first: JetStream answers a full stream with a 503 too.
             Err(error) => match refused(&self.shared, &error, count_refusal) {
                 Some(refusal) => Err(Unconfirmed::Failed(refusal)),
@@ -298,9 +294,18 @@ impl Sent {
 /// Whether JetStream answered "unavailable for now" (503: its cluster or the stream's leader
 /// is not ready), which a later try can get past.
 fn unavailable_for_now(error: &PublishError) -> bool {
+    jetstream_error(error).is_some_and(|error| error.code() == 503)
+}
+
+/// What JetStream answered, when it refused a publish.
+fn jetstream_error(error: &PublishError) -> Option<&async_nats::jetstream::Error> {
     std::error::Error::source(error)
         .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
-        .is_some_and(|error| error.code() == 503)
+}
+
+/// JetStream's error code, when it refused a publish.
+pub(super) fn jetstream_code(error: &PublishError) -> Option<u64> {
+    jetstream_error(error).map(|error| error.error_code().0)
 }
 
 /// The refusal of a publish JetStream refused for a reason the client can act on: the stream

@@ -476,10 +476,11 @@ fn carry_out(
         let ending = match &op {
             Op::Delete(_) => key
                 .strip_prefix("sub.")
-                .and_then(|sub| Some((sub.to_string(), coordinator.line(sub)?.epoch))),
+                .and_then(|sub| Some((sub.to_string(), coordinator.line(sub)?.epoch)))
+                .filter(|&(_, epoch)| epoch != 0)
+                .map(|ended| (recording.clone(), ended)),
             _ => None,
         };
-        let recording = recording.clone();
         writes.spawn(async move {
             let result = match op {
                 Op::Create(value) => backplane.create(&key, value).await,
@@ -487,8 +488,7 @@ fn carry_out(
                 Op::Delete(expected) => backplane.delete(&key, expected).await,
             };
             if result.is_ok()
-                && let Some((subscription, epoch)) = ending
-                && epoch != 0
+                && let Some((recording, (subscription, epoch))) = ending
             {
                 recording.ended(subscription, epoch);
             }
