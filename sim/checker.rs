@@ -213,6 +213,15 @@ impl Checker {
                 format!("m{member} placed {position} in the cluster's line")
             }
             Input::HandBack { ids, .. } => format!("hand back {ids:?}"),
+            Input::StepDown { member, cause } => {
+                format!("the cluster asks m{member} to step down ({cause:?})")
+            }
+            Input::CallOffStepDown { member } => {
+                format!("the cluster calls off m{member}'s step-down")
+            }
+            Input::SteppedDown { member } => {
+                format!("the cluster's line moved past m{member}")
+            }
             Input::Fence { epoch, passed } => format!(
                 "publish fenced by epoch {epoch} {}",
                 if *passed { "passed" } else { "refused" }
@@ -353,7 +362,14 @@ impl Observer for Checker {
             | Input::Evict
             | Input::Activate { .. }
             | Input::PlaceInLine { .. }
-            | Input::StepDownOverdue { .. } => {}
+            | Input::StepDownOverdue { .. }
+            | Input::StepDown { .. }
+            | Input::SteppedDown { .. } => {}
+            Input::CallOffStepDown { member } => {
+                if m.stepping.is_some_and(|(s, _)| s == *member) {
+                    m.stepping = None;
+                }
+            }
             // docs/semantics.md#hand-over: a hand-over asked for during a takeover by priority
             // makes it a hand-over (its member goes to the back of its priority).
             Input::HandOver { member, .. } => {

@@ -335,6 +335,40 @@ impl ClusterWorld {
                     }
                     // The simulation proclaims nothing.
                     Effect::Proclaimed { .. } => {}
+                    // docs/semantics.md#cluster-priority-and-hand-over: the member is sent
+                    // nothing more and settles at once (the model holds no messages); its
+                    // active period ends there.
+                    Effect::StepDown {
+                        subscription,
+                        member,
+                        ..
+                    } => {
+                        let uid = g.uid(member);
+                        g.active.remove(&member);
+                        self.checker.yielded(self.now(), &subscription, uid);
+                        self.deliver(slot, |c, now| {
+                            c.member_yielded(now, &subscription, member, Vec::new());
+                        });
+                    }
+                    Effect::CallOffStepDown {
+                        subscription,
+                        member,
+                    } => {
+                        let uid = g.uid(member);
+                        if g.members.contains_key(&member) {
+                            g.active.insert(member, subscription.clone());
+                            self.checker.resumed(self.now(), &subscription, uid);
+                        }
+                    }
+                    Effect::SteppedDown {
+                        subscription,
+                        member,
+                        position,
+                    } => {
+                        let uid = g.uid(member);
+                        self.checker
+                            .standby(self.now(), &subscription, uid, position);
+                    }
                 }
                 continue;
             }

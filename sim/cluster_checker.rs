@@ -48,6 +48,9 @@ struct SubTruth {
     alive: BTreeSet<MemberUid>,
     /// The backplane's latest value.
     kv: SubValue,
+    /// Members that settled a step-down and wait for the line to move past them, with their
+    /// active period.
+    yielded: BTreeMap<MemberUid, (Duration, u64)>,
 }
 
 #[derive(Default)]
@@ -65,6 +68,8 @@ pub struct ClusterChecker {
     answered: BTreeMap<String, BTreeSet<u64>>,
     /// Per member: the members answered before its join arrived (h).
     behind: BTreeMap<u64, BTreeSet<u64>>,
+    /// Members that stepped down once: they stand behind later joins of their priority (h).
+    stepped_down: BTreeSet<u64>,
     pub trace: Trace,
 }
 
@@ -111,6 +116,7 @@ impl ClusterChecker {
         let s = self.subs.entry(sub).or_default();
         s.alive.remove(&uid);
         s.open.remove(&uid);
+        s.yielded.remove(&uid);
     }
 
     /// A join for `sub` arrived at a gateway (h): every member answered before stands ahead.
@@ -214,6 +220,53 @@ impl ClusterChecker {
         }
     }
 
+    /// `uid`, active, settled its step-down (docs/semantics.md#cluster-priority-and-hand-over):
+    /// it is sent nothing more, so its active period ends here; the line may move past it.
+    pub fn yielded(&mut self, at: Duration, sub: &str, uid: MemberUid) {
+        self.trace.at(at, format!("{sub}: {} YIELDED", m(uid)));
+        let s = self.subs.entry(sub.to_string()).or_default();
+        if let Some(period) = s.open.remove(&uid) {
+            s.yielded.insert(uid, period);
+        }
+    }
+
+    /// `uid`'s step-down was called off: it is active again, with its epoch, unless the line
+    /// moved past it meanwhile or another member was confirmed.
+    pub fn resumed(&mut self, at: Duration, sub: &str, uid: MemberUid) {
+        self.trace.at(at, format!("{sub}: {} RESUMES", m(uid)));
+        let s = self.subs.entry(sub.to_string()).or_default();
+        let Some((since, epoch)) = s.yielded.remove(&uid) else {
+            return;
+        };
+        let mut found = Vec::new();
+        if epoch < s.last_epoch {
+            found.push(format!(
+                "(a) {sub}: {} resumes with epoch {epoch} after epoch {} was confirmed",
+                m(uid),
+                s.last_epoch
+            ));
+        }
+        if s.kv.active != Some(uid) || s.kv.epoch != epoch {
+            found.push(format!(
+                "(c) {sub}: {} resumes but the backplane's active member is {:?} epoch {}",
+                m(uid),
+                s.kv.active.map(m),
+                s.kv.epoch
+            ));
+        }
+        if let Some(other) = s.open.keys().next() {
+            found.push(format!(
+                "(b) {sub}: {} resumes while {} is active",
+                m(uid),
+                m(*other)
+            ));
+        }
+        s.open.insert(uid, (since, epoch));
+        for f in found {
+            self.violation(at, f);
+        }
+    }
+
     /// A publish fenced by `uid`'s `epoch` reached the stream and was `stored` or refused (i).
     pub fn fenced(&mut self, at: Duration, sub: &str, uid: MemberUid, epoch: u64, stored: bool) {
         let last = self.subs.get(sub).map_or(0, |s| s.last_epoch);
@@ -308,22 +361,53 @@ impl ClusterChecker {
         let s = self.subs.entry(sub.to_string()).or_default();
         let old = std::mem::replace(&mut s.kv, new.clone());
         let mut found = Vec::new();
+        // A step-down (docs/semantics.md#cluster-priority-and-hand-over): the active member
+        // stays in the line, another becomes active. Only once it settled (j).
+        let stepped = old
+            .active
+            .filter(|a| new.line.contains(a) && new.active != Some(*a));
+        if let Some(a) = stepped
+            && !s.yielded.contains_key(&a)
+        {
+            found.push(format!(
+                "(j) {sub}: the line moved past {} before it settled its step-down",
+                m(a)
+            ));
+        }
+        // The members both lines hold keep their order, but the one that stepped down; a new
+        // member enters behind the standbys of its priority or higher, so the newcomers may
+        // stand anywhere behind the active member, with the standbys in priority order.
         let kept_new: Vec<MemberUid> = new
             .line
             .iter()
             .copied()
-            .filter(|u| old.line.contains(u))
+            .filter(|u| old.line.contains(u) && Some(*u) != stepped)
             .collect();
         let kept_old: Vec<MemberUid> = old
             .line
             .iter()
             .copied()
-            .filter(|u| new.line.contains(u))
+            .filter(|u| new.line.contains(u) && Some(*u) != stepped)
             .collect();
-        if kept_new != kept_old || new.line[..kept_new.len()] != kept_new[..] {
+        let prioritised = !new.prio.is_empty() || !old.prio.is_empty() || stepped.is_some();
+        let appended_at_back =
+            kept_new.is_empty() || new.line[..kept_new.len()] == kept_new[..];
+        if kept_new != kept_old || (!prioritised && !appended_at_back) {
             found.push(format!(
                 "(c) {sub}: line reordered from [{}] to [{}]",
                 ms_list(&old.line),
+                ms_list(&new.line)
+            ));
+        }
+        let standbys: Vec<u32> = new
+            .line
+            .iter()
+            .filter(|u| Some(**u) != new.active)
+            .map(|u| new.priority_of(*u))
+            .collect();
+        if standbys.windows(2).any(|w| w[0] < w[1]) {
+            found.push(format!(
+                "(c) {sub}: standbys out of priority order in [{}] ({standbys:?})",
                 ms_list(&new.line)
             ));
         }
@@ -350,10 +434,16 @@ impl ClusterChecker {
                 ));
             }
         }
+        if let Some(a) = stepped {
+            self.stepped_down.insert(a.member);
+        }
         for (i, y) in new.line.iter().enumerate() {
             for x in self.behind.get(&y.member).into_iter().flatten() {
+                // A higher priority stands ahead, and a member that handed over went behind.
                 if let Some(j) = new.line.iter().position(|u| u.member == *x)
                     && j > i
+                    && new.priority_of(*y) <= new.priority_of(new.line[j])
+                    && !self.stepped_down.contains(x)
                 {
                     found.push(format!(
                         "(h) {sub}: {} stands ahead of m{x}, whose join was answered before it arrived: [{}]",

@@ -186,15 +186,15 @@ impl Backend {
     ///
     /// # Errors
     /// [`Broker::hand_over`]'s refusals, and theirs once it ran; [`Error::ShuttingDown`] when
-    /// the broker stopped meanwhile; at a gateway, of kind unimplemented
-    /// (docs/semantics.md#cluster-priority-and-hand-over).
+    /// the broker stopped meanwhile; at a gateway, [`Error::Unavailable`] when the outcome
+    /// could not be seen (docs/semantics.md#cluster-priority-and-hand-over).
     pub async fn hand_over(&self, subscription_id: &str) -> Result<HandedOver, Error> {
         match self {
             Backend::Embedded(broker) => {
                 let wait = broker.hand_over(subscription_id)?;
                 wait.await.map_err(|_| Error::ShuttingDown)?
             }
-            Backend::Gateway(gateway) => gateway.hand_over(subscription_id),
+            Backend::Gateway(gateway) => gateway.hand_over(subscription_id).await,
         }
     }
 

@@ -80,6 +80,25 @@ pub enum Input {
         /// Its epoch, from the cluster.
         epoch: Epoch,
     },
+    /// Cluster mode: the cluster's coordinator asks this arbitrated singleton's active member
+    /// to step down at a message boundary (docs/semantics.md#cluster-priority-and-hand-over).
+    StepDown {
+        /// The active member.
+        member: MemberId,
+        /// Why.
+        cause: crate::core::StepDownCause,
+    },
+    /// Cluster mode: the coordinator called off this member's step-down (no successor left).
+    CallOffStepDown {
+        /// The member, active still.
+        member: MemberId,
+    },
+    /// Cluster mode: the cluster's line moved past this member, which stepped down: it is on
+    /// standby now.
+    SteppedDown {
+        /// The member.
+        member: MemberId,
+    },
     /// Cluster mode: the cluster's line places this standby of an arbitrated singleton at
     /// `position` (1 = next).
     PlaceInLine {

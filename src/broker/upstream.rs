@@ -201,6 +201,53 @@ impl Upstream {
         let _ = result;
     }
 
+    /// The cluster's coordinator asks `member`, this gateway's active member of arbitrated
+    /// singleton `subscription_id`, to step down at a message boundary
+    /// (docs/semantics.md#cluster-priority-and-hand-over): it is sent nothing more and settles
+    /// what it holds, within the hand-over timeout. Returns whether it is stepping down (false:
+    /// it left, or is no longer active here).
+    pub fn step_down(
+        &self,
+        subscription_id: &str,
+        member: MemberId,
+        cause: crate::core::StepDownCause,
+    ) -> bool {
+        self.with_subscription(subscription_id, |state, dead| {
+            let (_, effects) = state.core.step_down(member, cause)?;
+            tracing::info!(subscription = %state.core.id(), member, ?cause, "the cluster asks the active member to step down");
+            self.apply(state, Input::StepDown { member, cause }, effects, dead);
+            Ok(())
+        })
+        .is_ok()
+    }
+
+    /// The coordinator calls off `member`'s step-down (no successor is left): it is sent
+    /// messages again.
+    pub fn call_off_step_down(&self, subscription_id: &str, member: MemberId) {
+        let result = self.with_subscription(subscription_id, |state, dead| {
+            let effects = state.core.call_off_step_down(member);
+            tracing::info!(subscription = %state.core.id(), member, "step-down called off: no successor left");
+            self.apply(state, Input::CallOffStepDown { member }, effects, dead);
+            Ok(())
+        });
+        // Gone meanwhile: nothing to call off.
+        let _ = result;
+    }
+
+    /// The cluster's line moved past `member`, which stepped down: it goes on standby here,
+    /// told so with the epoch it held and its place in the line.
+    pub fn stepped_down(&self, subscription_id: &str, member: MemberId, position: u32) {
+        let result = self.with_subscription(subscription_id, |state, dead| {
+            let effects = state.core.stepped_down(member, position);
+            if !effects.is_empty() {
+                self.apply(state, Input::SteppedDown { member }, effects, dead);
+            }
+            Ok(())
+        });
+        // Gone meanwhile: nobody to tell.
+        let _ = result;
+    }
+
     /// Ends `member`'s stream with `error` and removes it at once, as if its stream had closed:
     /// what it held goes back to the queue and it acts no more. Nothing happens when it is not
     /// a member here (it left meanwhile).
@@ -231,6 +278,16 @@ impl Upstream {
         });
         // Gone meanwhile: nothing to end.
         let _ = result;
+    }
+
+    /// The member of `subscription_id` whose step-down, asked by the cluster, has settled
+    /// (it holds nothing), if any.
+    pub fn settled_step_down(&self, subscription_id: &str) -> Option<MemberId> {
+        self.with_subscription(subscription_id, |state, _| {
+            Ok(state.core.settled_step_down().map(|step| step.member))
+        })
+        .ok()
+        .flatten()
     }
 
     /// Whether `subscription_id` has an active member here.

@@ -76,7 +76,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::backplane::{KvError, Revision};
-pub use super::values::{GatewayId, MemberUid, SubValue, lease_key, sub_key};
+pub use super::values::{GatewayId, MemberUid, StepDownCause, SubValue, lease_key, sub_key};
+use super::values::standby_place;
 use crate::core::planted::{PlantedBug, active as planted};
 
 /// Most given-back messages whose attempts one promotion carries ([`SubValue::carry`]).
@@ -207,6 +208,34 @@ pub enum Effect {
         /// Members ahead of it in the line when it entered.
         position: u32,
     },
+    /// The line asks the member, active here, to step down at a message boundary
+    /// (docs/semantics.md#cluster-priority-and-hand-over): send it nothing more; once it holds
+    /// nothing and what waits here went back, tell [`Coordinator::member_yielded`].
+    StepDown {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
+        /// Why.
+        cause: StepDownCause,
+    },
+    /// The member's step-down is off (no successor is left in the line): it goes on.
+    CallOffStepDown {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
+    },
+    /// The line moved past the member, which stepped down: it is on standby at `position`
+    /// (1 = next), and its epoch has ended.
+    SteppedDown {
+        /// The subscription.
+        subscription: String,
+        /// The local member id.
+        member: u64,
+        /// Its place among the standbys.
+        position: u32,
+    },
     /// End the member's stream with this status; the coordinator has forgotten it.
     End {
         /// The subscription.
@@ -228,6 +257,12 @@ struct Local {
     metadata: String,
     /// A proclamation waits for the line to hold `metadata`.
     proclaiming: bool,
+    /// Its priority (docs/semantics.md#priority).
+    priority: u32,
+    /// Asked to step down ([`Effect::StepDown`]), and why.
+    stepping: Option<StepDownCause>,
+    /// Stepping down, it holds nothing and what waited here went back: the line may move.
+    yielded: bool,
 }
 
 /// What this gateway knows of another's lease.
@@ -299,6 +334,8 @@ pub struct Coordinator {
     watched: Revision,
     /// Attempts to hand to the next active member, per subscription, until written.
     carry: BTreeMap<String, Carry>,
+    /// Hand-overs asked here and not yet in the line: the epoch each asks to end.
+    asked: BTreeMap<String, u64>,
 }
 
 impl Coordinator {
@@ -324,6 +361,7 @@ impl Coordinator {
             deletions_learned: 0,
             watched: 0,
             carry: BTreeMap::new(),
+            asked: BTreeMap::new(),
         };
         c.step(now);
         c
@@ -377,17 +415,18 @@ impl Coordinator {
 
     /// A member opened a singleton stream on this gateway; it waits for [`Effect::Activate`].
     pub fn member_joined(&mut self, now: Duration, subscription: &str, member: u64) {
-        self.member_joined_with(now, subscription, member, String::new());
+        self.member_joined_with(now, subscription, member, String::new(), 0);
     }
 
-    /// As [`Coordinator::member_joined`], for a member with metadata: the line carries it
-    /// ([`SubValue::meta`]).
+    /// As [`Coordinator::member_joined`], for a member with metadata and a priority: the line
+    /// carries them ([`SubValue::meta`], [`SubValue::prio`]).
     pub fn member_joined_with(
         &mut self,
         now: Duration,
         subscription: &str,
         member: u64,
         metadata: String,
+        priority: u32,
     ) {
         if self.fenced {
             self.effects.push_back(Effect::End {
@@ -406,8 +445,75 @@ impl Coordinator {
                 activated: false,
                 metadata,
                 proclaiming: false,
+                priority,
+                stepping: None,
+                yielded: false,
             });
         self.step(now);
+    }
+
+    /// Local member `member`, stepping down ([`Effect::StepDown`]), holds nothing, and what
+    /// this gateway held went back (`carry`, as for [`Coordinator::member_left_carrying`]):
+    /// the line moves to its successor, and [`Effect::SteppedDown`] follows once it did.
+    pub fn member_yielded(
+        &mut self,
+        now: Duration,
+        subscription: &str,
+        member: u64,
+        carry: Vec<(u64, u32)>,
+    ) {
+        let Some(local) = self
+            .local
+            .get_mut(subscription)
+            .and_then(|members| members.iter_mut().find(|m| m.id == member))
+        else {
+            return;
+        };
+        if local.stepping.is_none() {
+            return;
+        }
+        local.yielded = true;
+        if !carry.is_empty() {
+            let mut carry = carry;
+            carry.truncate(MAX_CARRY);
+            let active = self.subs.get(subscription).and_then(|(v, _)| v.active);
+            self.carry
+                .insert(subscription.to_string(), Carry { carry, active });
+        }
+        self.step(now);
+    }
+
+    /// A `HandOver` of `subscription` asked at this gateway
+    /// (docs/semantics.md#cluster-priority-and-hand-over): the line will ask its active member
+    /// to step down. Returns the active member and the epoch the hand-over ends.
+    ///
+    /// # Errors
+    /// Why it is refused, as this gateway's copy of the line says: no active member, no
+    /// standby, or only standbys of lower priority.
+    pub fn hand_over(&mut self, now: Duration, subscription: &str) -> Result<(MemberUid, u64), String> {
+        let Some((v, _)) = self.subs.get(subscription) else {
+            return Err("it has no active member".into());
+        };
+        let Some(active) = v.active else {
+            return Err("it has no active member".into());
+        };
+        if v.successor(StepDownCause::HandOver).is_none() {
+            return Err(if v.line.len() <= 1 {
+                format!("active member {} has no standby to hand over to", active.member)
+            } else {
+                format!(
+                    "active member {} has priority {}, above every standby's: it would take over again at once",
+                    active.member,
+                    v.priority_of(active)
+                )
+            });
+        }
+        let epoch = v.epoch;
+        if v.hand_over != epoch {
+            self.asked.insert(subscription.to_string(), epoch);
+            self.step(now);
+        }
+        Ok((active, epoch))
     }
 
     /// Whether `subscription`'s line has room for `more` bytes of metadata within
@@ -672,6 +778,23 @@ impl Coordinator {
         self.subs.get(sub).map(|(value, _)| value)
     }
 
+    /// Whether local member `member` may be made active with `epoch` now: the line names it
+    /// active with that epoch and it has not stepped down meanwhile (an activation waits for
+    /// its fence record).
+    pub fn still_active(&self, sub: &str, member: u64, epoch: u64) -> bool {
+        let me = MemberUid {
+            gateway: self.me,
+            member,
+        };
+        self.line(sub)
+            .is_some_and(|v| v.active == Some(me) && v.epoch == epoch)
+            && self
+                .local
+                .get(sub)
+                .and_then(|ms| ms.iter().find(|m| m.id == member))
+                .is_some_and(|m| !m.yielded)
+    }
+
     fn revision_of(&self, key: &str) -> Revision {
         if let Some(sub) = key.strip_prefix("sub.") {
             return self.subs.get(sub).map_or(0, |(_, r)| *r);
@@ -699,6 +822,14 @@ impl Coordinator {
             self.carry.remove(sub);
         }
         if newer {
+            // A hand-over asked here is in the line, or its epoch is over.
+            if self
+                .asked
+                .get(sub)
+                .is_some_and(|&epoch| v.hand_over == epoch || v.epoch != epoch || v.active.is_none())
+            {
+                self.asked.remove(sub);
+            }
             self.subs.insert(sub.to_string(), (v, revision));
             let key = sub_key(sub);
             if let Some(Block::Conflict(r)) = self.blocks.get(&key)
@@ -716,6 +847,7 @@ impl Coordinator {
         }
         self.subs.remove(sub);
         self.carry.remove(sub);
+        self.asked.remove(sub);
         let key = sub_key(sub);
         if let Some(Block::Conflict(r)) = self.blocks.get(&key)
             && revision > *r
@@ -902,6 +1034,19 @@ impl Coordinator {
                 };
                 let in_line = v.line.contains(&uid);
                 let is_active = v.active == Some(uid);
+                if m.activated && !is_active && in_line && m.stepping.is_some() {
+                    // Its step-down moved the line past it: on standby, still a member.
+                    m.activated = false;
+                    m.stepping = None;
+                    m.yielded = false;
+                    let ahead = v.line.iter().position(|u| *u == uid).unwrap_or(1);
+                    self.effects.push_back(Effect::SteppedDown {
+                        subscription: sub.clone(),
+                        member: m.id,
+                        position: u32::try_from(ahead).unwrap_or(u32::MAX),
+                    });
+                    return true;
+                }
                 if (m.seen_in_line && !in_line) || (m.activated && !is_active) {
                     // Removed or deposed by another gateway: it lost its place.
                     self.effects.push_back(Effect::End {
@@ -935,6 +1080,30 @@ impl Coordinator {
                         subscription: sub.clone(),
                         member: m.id,
                     });
+                }
+                // Active here: a step-down begins, changes its cause, or is called off as the
+                // line says (docs/semantics.md#cluster-priority-and-hand-over).
+                if is_active && m.activated {
+                    match (m.stepping, v.step_down_cause()) {
+                        (None, Some(cause)) => {
+                            m.stepping = Some(cause);
+                            self.effects.push_back(Effect::StepDown {
+                                subscription: sub.clone(),
+                                member: m.id,
+                                cause,
+                            });
+                        }
+                        (Some(_), None) => {
+                            m.stepping = None;
+                            m.yielded = false;
+                            self.effects.push_back(Effect::CallOffStepDown {
+                                subscription: sub.clone(),
+                                member: m.id,
+                            });
+                        }
+                        (Some(_), Some(cause)) => m.stepping = Some(cause),
+                        (None, None) => {}
+                    }
                 }
                 if is_active && !m.activated && may_activate {
                     m.activated = true;
@@ -970,18 +1139,34 @@ impl Coordinator {
                 .and_then(|ms| ms.iter().find(|m| m.id == member))
                 .map_or("", |m| m.metadata.as_str())
         };
+        let priority_of = |member: u64| {
+            self.local
+                .get(sub)
+                .and_then(|ms| ms.iter().find(|m| m.id == member))
+                .map_or(0, |m| m.priority)
+        };
         let Some((current, revision)) = self.subs.get(sub).cloned() else {
             if wanted.is_empty() {
                 return;
             }
+            let mut line: Vec<MemberUid> = Vec::with_capacity(wanted.len());
+            for &member in &wanted {
+                let uid = MemberUid {
+                    gateway: me,
+                    member,
+                };
+                let at = standby_place(&line, None, priority_of(member), true, |u| {
+                    priority_of(u.member)
+                });
+                line.insert(at, uid);
+            }
+            let prio = line
+                .iter()
+                .filter(|u| priority_of(u.member) > 0)
+                .map(|u| (*u, priority_of(u.member)))
+                .collect();
             let v = SubValue {
-                line: wanted
-                    .iter()
-                    .map(|&member| MemberUid {
-                        gateway: me,
-                        member,
-                    })
-                    .collect(),
+                line,
                 active: None,
                 epoch: 0,
                 carry: Vec::new(),
@@ -998,6 +1183,8 @@ impl Coordinator {
                         (uid, metadata_of(member).to_string())
                     })
                     .collect(),
+                prio,
+                hand_over: 0,
             };
             let mut v = v;
             self.trim_to_fit(sub, &mut v, &[]);
@@ -1020,19 +1207,69 @@ impl Coordinator {
                 }
             })
             .collect();
+        // Each member's priority as its gateway gives it.
+        let prio_of = |uid: MemberUid| {
+            if uid.gateway == me {
+                priority_of(uid.member)
+            } else {
+                current.priority_of(uid)
+            }
+        };
+        let kept_active = current.active.filter(|a| line.contains(a));
         for &member in &wanted {
             let uid = MemberUid {
                 gateway: me,
                 member,
             };
             // A member once seen in the line and now gone was removed by others: not re-added
-            // (local_effects ended it); only new ones are appended.
+            // (local_effects ended it); only new ones enter, behind the standbys of their
+            // priority or higher (docs/semantics.md#priority).
             if !current.line.contains(&uid) && !line.contains(&uid) {
-                line.push(uid);
+                let at = standby_place(&line, kept_active, priority_of(member), true, prio_of);
+                line.insert(at, uid);
             }
         }
-        let (active, epoch) = match current.active {
-            Some(a) if line.contains(&a) => (Some(a), current.epoch),
+        // This gateway's active member stepped down and holds nothing: the line moves to its
+        // successor, and it stands among the standbys (a hand-over: behind those of its
+        // priority; displaced by a higher one: first among its priority).
+        let yielded = kept_active.and_then(|a| {
+            let m = self
+                .local
+                .get(sub)?
+                .iter()
+                .find(|m| a.gateway == me && m.id == a.member && m.yielded)?;
+            let cause = m.stepping?;
+            let view = SubValue {
+                line: line.clone(),
+                active: Some(a),
+                epoch: current.epoch,
+                hand_over: current.hand_over,
+                prio: line
+                    .iter()
+                    .map(|&u| (u, prio_of(u)))
+                    .filter(|(_, p)| *p > 0)
+                    .collect(),
+                ..SubValue::default()
+            };
+            view.successor(cause).map(|_| (a, cause))
+        });
+        if let Some((stepping, cause)) = yielded {
+            line.retain(|u| *u != stepping);
+            let at = standby_place(
+                &line,
+                line.first().copied(),
+                prio_of(stepping),
+                cause == StepDownCause::HandOver,
+                prio_of,
+            );
+            line.insert(at, stepping);
+            // The successor was the first standby: first now.
+            let first = line.iter().position(|u| *u != stepping).unwrap_or(0);
+            let successor = line.remove(first);
+            line.insert(0, successor);
+        }
+        let (active, epoch) = match kept_active {
+            Some(a) if yielded.is_none() => (Some(a), current.epoch),
             _ => match line.first() {
                 Some(first) => (Some(*first), revision),
                 None => (None, current.epoch),
@@ -1074,6 +1311,14 @@ impl Coordinator {
                 (!meta.is_empty()).then(|| (uid, meta.to_string()))
             })
             .collect();
+        let prio = line
+            .iter()
+            .map(|&uid| (uid, prio_of(uid)))
+            .filter(|(_, p)| *p > 0)
+            .collect();
+        // A hand-over asked here marks the line's epoch; the mark goes once that epoch is over
+        // or no standby could take over (docs/semantics.md#cluster-priority-and-hand-over).
+        let asked = self.asked.get(sub).copied().filter(|&e| e == current.epoch);
         let mut next = SubValue {
             line,
             active,
@@ -1082,7 +1327,15 @@ impl Coordinator {
             promoted,
             took_over,
             meta,
+            prio,
+            hand_over: asked.unwrap_or(current.hand_over),
         };
+        if next.hand_over != 0
+            && (next.hand_over != next.epoch
+                || next.successor(StepDownCause::HandOver).is_none())
+        {
+            next.hand_over = 0;
+        }
         self.trim_to_fit(sub, &mut next, &current.line);
         if next.line.is_empty() {
             self.issue(now, key, Op::Delete(revision), None);
@@ -1113,6 +1366,7 @@ impl Coordinator {
             };
             let uid = next.line.remove(at);
             next.meta.retain(|(u, _)| *u != uid);
+            next.prio.retain(|(u, _)| *u != uid);
             if next.active == Some(uid) {
                 next.active = next.line.first().copied();
             }
@@ -1135,3 +1389,7 @@ fn encode(v: &SubValue) -> Bytes {
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "coordinator_step_down_tests.rs"]
+mod step_down_tests;

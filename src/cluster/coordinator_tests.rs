@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use super::*;
 
-fn ms(n: u64) -> Duration {
+pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn config() -> Config {
+pub(super) fn config() -> Config {
     Config {
         lease: ms(900),
         max_drift_percent: 10,
@@ -17,7 +17,7 @@ fn config() -> Config {
     }
 }
 
-fn drain(c: &mut Coordinator) -> (Vec<Command>, Vec<Effect>) {
+pub(super) fn drain(c: &mut Coordinator) -> (Vec<Command>, Vec<Effect>) {
     let mut cmds = Vec::new();
     while let Some(x) = c.poll_command() {
         cmds.push(x);
@@ -64,13 +64,15 @@ fn a_member_is_reported_in_the_line_once_a_value_holds_it() {
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(6), &v, 9);
     assert_eq!(in_line(&mut c), vec![2], "member 1 is not reported again");
 }
 
 /// A gateway whose lease create succeeded at `t=0`, with revision 1.
-fn leased() -> Coordinator {
+pub(super) fn leased() -> Coordinator {
     let mut c = Coordinator::new(GatewayId(7), config(), ms(0));
     let (cmds, _) = drain(&mut c);
     assert_eq!(cmds.len(), 1);
@@ -81,7 +83,7 @@ fn leased() -> Coordinator {
     c
 }
 
-fn value(cmd: &Command) -> SubValue {
+pub(super) fn value(cmd: &Command) -> SubValue {
     match &cmd.op {
         Op::Create(b) | Op::Update(b, _) => serde_json::from_slice(b).unwrap(),
         Op::Delete(_) => panic!("not a write of a value"),
@@ -89,7 +91,7 @@ fn value(cmd: &Command) -> SubValue {
 }
 
 /// The watch shows `line` as "jobs"'s value at `revision`.
-fn see_line(c: &mut Coordinator, at: Duration, line: &SubValue, revision: Revision) {
+pub(super) fn see_line(c: &mut Coordinator, at: Duration, line: &SubValue, revision: Revision) {
     c.backplane_changed(
         at,
         "sub.jobs",
@@ -111,7 +113,7 @@ fn members_1_and_2_in(line: &SubValue) -> Coordinator {
     c
 }
 
-fn uid(g: u64, m: u64) -> MemberUid {
+pub(super) fn uid(g: u64, m: u64) -> MemberUid {
     MemberUid {
         gateway: GatewayId(g),
         member: m,
@@ -204,6 +206,8 @@ fn clean_close_of_the_active_member_promotes_the_next_in_line_in_one_write() {
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     c.member_joined(ms(3), "jobs", 1);
     c.member_joined(ms(3), "jobs", 2);
@@ -283,6 +287,8 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(11), &v, 9);
     c.write_result(ms(11), creates[0].id, Err(KvError::Exists { current: 9 }));
@@ -421,6 +427,8 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(4), &theirs, 5);
     c.backplane_changed(ms(4), "sub.jobs", None, 6);
@@ -452,6 +460,8 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3), (42, 2)]);
@@ -506,6 +516,8 @@ fn a_line_whose_deletion_expired_unseen_is_created_again_on_a_refusal_naming_no_
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(4), &theirs, 5);
     // The line emptied and its deletion expired while this watch lagged: it never arrives.
@@ -562,6 +574,8 @@ fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_n
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     c.member_joined(ms(10), "jobs", 1);
     let (creates, _) = drain(&mut c);
@@ -653,6 +667,8 @@ fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member(
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     let mut c = members_1_and_2_in(&before);
     // 7:1's stream closes; this gateway's write (removing it) races gateway 8's, which took
@@ -668,6 +684,8 @@ fn a_take_over_whose_member_left_before_its_activation_promotes_the_next_member(
         promoted: true,
         took_over: true,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(6), &taken_over, 10);
     c.write_result(
@@ -722,6 +740,8 @@ fn a_join_appended_after_a_take_over_keeps_it_marked() {
         promoted: true,
         took_over: true,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(3), &taken_over, 10);
     c.member_joined(ms(4), "jobs", 1);
@@ -783,6 +803,8 @@ fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     let mut c = members_1_and_2_in(&v);
     // Leaving together: 2 (a standby) first, with the carry, then 1 (the active member).
@@ -822,6 +844,8 @@ fn a_carry_whose_promotion_landed_unconfirmed_rides_with_no_later_one() {
         promoted: false,
         took_over: false,
         meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3)]);
@@ -865,7 +889,7 @@ fn a_carry_whose_promotion_landed_unconfirmed_rides_with_no_later_one() {
 /// line at revision 6.
 fn active_with(metadata: &str) -> Coordinator {
     let mut c = leased();
-    c.member_joined_with(ms(3), "jobs", 1, metadata.to_string());
+    c.member_joined_with(ms(3), "jobs", 1, metadata.to_string(), 0);
     let (cmds, _) = drain(&mut c);
     assert_eq!(value(&cmds[0]).meta_of(uid(7, 1)), metadata);
     c.write_result(ms(4), cmds[0].id, Ok(5));
@@ -889,11 +913,13 @@ fn each_gateway_writes_its_own_members_metadata_and_keeps_the_others() {
         promoted: false,
         took_over: false,
         meta: vec![(uid(7, 1), "a:1".into()), (uid(8, 4), "b:4".into())],
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(6), &theirs, 7);
     let (cmds, _) = drain(&mut c);
     assert!(cmds.is_empty(), "nothing to change: {cmds:?}");
-    c.member_joined_with(ms(7), "jobs", 2, String::new());
+    c.member_joined_with(ms(7), "jobs", 2, String::new(), 0);
     let (cmds, _) = drain(&mut c);
     let next = value(&cmds[0]);
     assert_eq!(next.line, vec![uid(7, 1), uid(8, 4), uid(7, 2)]);
@@ -968,7 +994,7 @@ fn a_proclamation_is_answered_once_the_line_holds_it() {
 fn a_line_holds_at_most_max_line_metadata_bytes() {
     let mut c = active_with(&"a".repeat(1000));
     for member in 2..=64 {
-        c.member_joined_with(ms(6), "jobs", member, "b".repeat(1024));
+        c.member_joined_with(ms(6), "jobs", member, "b".repeat(1024), 0);
     }
     let room = MAX_LINE_METADATA - 1000 - 63 * 1024;
     assert!(c.metadata_room("jobs", room));
@@ -1009,12 +1035,14 @@ fn a_lines_value_never_passes_max_line_bytes() {
         promoted: false,
         took_over: false,
         meta: (1..=60).map(|m| (uid(8, m), heavy.clone())).collect(),
+        prio: Vec::new(),
+        hand_over: 0,
     };
     see_line(&mut c, ms(6), &theirs, 7);
     drain(&mut c);
     // This gateway's view said there was room for each (it checks raw bytes).
     for member in 2..=40 {
-        c.member_joined_with(ms(7), "jobs", member, heavy.clone());
+        c.member_joined_with(ms(7), "jobs", member, heavy.clone(), 0);
     }
     // Each write succeeds; the next one adds who is left.
     let mut effects = Vec::new();

@@ -46,7 +46,24 @@ pub struct SubValue {
     /// (docs/semantics.md#member-metadata): each written by its member's gateway.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub meta: Vec<(MemberUid, String)>,
+    /// The priorities of the line's members that have one above 0, in line order
+    /// (docs/semantics.md#priority): each written by its member's gateway. The standbys stand
+    /// in priority order, highest first, then join order; the active member stands first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prio: Vec<(MemberUid, u32)>,
+    /// The epoch a `HandOver` asked to end (0: none): the active member's gateway steps it
+    /// down while it is the line's epoch and a standby of its priority or higher is in line
+    /// (docs/semantics.md#cluster-priority-and-hand-over).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hand_over: u64,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Why an active member steps down (docs/semantics.md#hand-over).
+pub use crate::core::StepDownCause;
 
 impl SubValue {
     /// `member`'s metadata in this value (empty if none).
@@ -60,6 +77,41 @@ impl SubValue {
     /// The active member's metadata (empty if none, or none is active).
     pub fn active_meta(&self) -> &str {
         self.active.map_or("", |a| self.meta_of(a))
+    }
+
+    /// `member`'s priority in this value (0 if none).
+    pub fn priority_of(&self, member: MemberUid) -> u32 {
+        self.prio
+            .iter()
+            .find(|(m, _)| *m == member)
+            .map_or(0, |(_, p)| *p)
+    }
+
+    /// The active member's successor by `cause`: the first standby in line, if it outranks
+    /// the active member (a takeover by priority) or is of its priority or higher (a
+    /// hand-over).
+    pub fn successor(&self, cause: StepDownCause) -> Option<MemberUid> {
+        let active = self.active?;
+        let first = *self.line.iter().find(|m| **m != active)?;
+        let (theirs, ours) = (self.priority_of(first), self.priority_of(active));
+        let takes_over = match cause {
+            StepDownCause::Priority => theirs > ours,
+            StepDownCause::HandOver => theirs >= ours,
+        };
+        takes_over.then_some(first)
+    }
+
+    /// Why the active member must step down now, if it must: a hand-over asked for its
+    /// epoch with a standby of its priority or higher, or a standby that outranks it.
+    pub fn step_down_cause(&self) -> Option<StepDownCause> {
+        if self.hand_over != 0
+            && self.hand_over == self.epoch
+            && self.successor(StepDownCause::HandOver).is_some()
+        {
+            return Some(StepDownCause::HandOver);
+        }
+        self.successor(StepDownCause::Priority)
+            .map(|_| StepDownCause::Priority)
     }
 
     /// The bytes of metadata this value holds.
@@ -76,4 +128,23 @@ pub fn sub_key(subscription: &str) -> String {
 /// The key of a gateway's lease.
 pub fn lease_key(gateway: GatewayId) -> String {
     format!("lease.{}", gateway.0)
+}
+
+/// Where a standby of priority `priority` enters `line` (whose members' priorities `of`
+/// gives), skipping `active` (first, whatever its priority): behind every standby of a
+/// higher priority, and behind those of its own too when `behind_equals` (a join, a
+/// hand-over), ahead of them otherwise (the member a takeover by priority displaced: first
+/// among its priority).
+pub fn standby_place(
+    line: &[MemberUid],
+    active: Option<MemberUid>,
+    priority: u32,
+    behind_equals: bool,
+    of: impl Fn(MemberUid) -> u32,
+) -> usize {
+    line.iter()
+        .rposition(|&m| {
+            Some(m) == active || of(m) > priority || (behind_equals && of(m) == priority)
+        })
+        .map_or(0, |at| at + 1)
 }

@@ -91,4 +91,102 @@ impl Subscription {
         }
         taken
     }
+
+    /// Cluster mode: the cluster's coordinator asks active member `member_id` of this
+    /// arbitrated singleton to step down at a message boundary
+    /// (docs/semantics.md#cluster-priority-and-hand-over): it is sent nothing more, and settles
+    /// what it holds. Here it never completes by itself: once it holds nothing
+    /// ([`Subscription::settled_step_down`]) the gateway gives back what waits here and the
+    /// coordinator moves the line, then [`Subscription::stepped_down`] puts it on standby, or
+    /// [`Subscription::call_off_step_down`] lets it go on. A step-down of it in progress is the
+    /// answer (empty effects).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the subscription is not arbitrated, or `member_id` is
+    /// not its active member; nothing changes then.
+    pub fn step_down(
+        &mut self,
+        member_id: MemberId,
+        cause: StepDownCause,
+    ) -> Result<(StepDown, Vec<Effect>), Error> {
+        let active = self.members.get(&member_id).is_some_and(|m| m.epoch.is_some());
+        if !self.arbitrated || !active {
+            return Err(Error::InvalidArgument(format!(
+                "subscription {:?} has no arbitrated active member {member_id} to step down",
+                self.id
+            )));
+        }
+        if let Some(step) = self.stepping_down {
+            if step.member == member_id {
+                return Ok((step, Vec::new()));
+            }
+            self.stepping_down = None;
+        }
+        let mut out = Vec::new();
+        let Some(step) = self.begin_step_down(member_id, cause, &mut out) else {
+            unreachable!("the member was found above");
+        };
+        self.dispatch(&mut out);
+        Ok((step, out))
+    }
+
+    /// The arbitrated step-down in progress once its member holds nothing: the cluster may move
+    /// the line.
+    pub fn settled_step_down(&self) -> Option<StepDown> {
+        let step = self.stepping_down.filter(|_| self.arbitrated)?;
+        (self.members.get(&step.member)?.in_flight == 0).then_some(step)
+    }
+
+    /// Cluster mode: the coordinator calls off `member_id`'s step-down (no successor is left):
+    /// it is sent messages again. Nothing happens when it is not stepping down.
+    pub fn call_off_step_down(&mut self, member_id: MemberId) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if self.stepping_down.is_none_or(|step| step.member != member_id) {
+            return out;
+        }
+        self.stepping_down = None;
+        if let Some(member) = self.members.get_mut(&member_id) {
+            member.yielding = false;
+        }
+        self.dispatch(&mut out);
+        out
+    }
+
+    /// Cluster mode: the cluster's line moved past `member_id` (it stepped down, and its
+    /// successor follows at whichever gateway): it goes on standby, told so with the epoch it
+    /// held and its place in the cluster's line (1 = next). What it still holds, if anything,
+    /// goes back to the queue first. Nothing happens when it is not active here.
+    pub fn stepped_down(&mut self, member_id: MemberId, position: u32) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if !self.arbitrated || self.members.get(&member_id).is_none_or(|m| m.epoch.is_none()) {
+            return out;
+        }
+        if self.stepping_down.is_some_and(|step| step.member == member_id) {
+            self.stepping_down = None;
+        }
+        let returning = self.take_back(member_id);
+        for record in &returning {
+            out.push(Effect::Withdraw {
+                member: member_id,
+                system_id: record.message.system_id(),
+            });
+        }
+        for record in returning.into_iter().rev() {
+            self.in_flight_bytes -= record.message.size() as u64;
+            self.give_back(record.message, record.attempt, &mut out);
+        }
+        let Some(member) = self.members.get_mut(&member_id) else {
+            return out;
+        };
+        let epoch = member.epoch.take().unwrap_or(0);
+        member.yielding = false;
+        member.draining = false;
+        self.counters.handovers += 1;
+        out.push(Effect::SteppedDown {
+            member: member_id,
+            epoch,
+            position: position.max(1),
+        });
+        out
+    }
 }

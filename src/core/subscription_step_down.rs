@@ -57,13 +57,18 @@ impl Subscription {
         };
         if let (Some(new), Some(active)) = (priority(Some(joined)), priority(self.active))
             && new > active
+            && let Some(member) = self.active
         {
-            self.begin_step_down(StepDownCause::Priority, out);
+            self.begin_step_down(member, StepDownCause::Priority, out);
         }
     }
 
-    fn begin_step_down(&mut self, cause: StepDownCause, out: &mut Vec<Effect>) -> Option<StepDown> {
-        let member_id = self.active?;
+    pub(super) fn begin_step_down(
+        &mut self,
+        member_id: MemberId,
+        cause: StepDownCause,
+        out: &mut Vec<Effect>,
+    ) -> Option<StepDown> {
         let member = self.members.get_mut(&member_id)?;
         member.yielding = true;
         self.step_downs += 1;
@@ -126,7 +131,7 @@ impl Subscription {
             return Err(refused(reason));
         }
         let mut out = Vec::new();
-        let Some(step) = self.begin_step_down(StepDownCause::HandOver, &mut out) else {
+        let Some(step) = self.begin_step_down(active, StepDownCause::HandOver, &mut out) else {
             unreachable!("an active member was found above");
         };
         self.dispatch(&mut out);
@@ -152,6 +157,11 @@ impl Subscription {
         let Some(step) = self.stepping_down else {
             return;
         };
+        // The cluster's coordinator completes or calls off an arbitrated one
+        // (docs/semantics.md#cluster-priority-and-hand-over).
+        if self.arbitrated {
+            return;
+        }
         let Some(member) = self.members.get(&step.member) else {
             self.stepping_down = None;
             return;
@@ -217,7 +227,8 @@ impl Subscription {
         let Some(step) = self.stepping_down.filter(|step| step.seq == seq) else {
             return out;
         };
-        if self.successor(step.member, step.cause).is_some() {
+        // An arbitrated one's successor may be at another gateway: the coordinator knows it.
+        if self.arbitrated || self.successor(step.member, step.cause).is_some() {
             let returning = self.take_back(step.member);
             if !returning.is_empty() {
                 self.counters.handovers_overdue += 1;
@@ -239,7 +250,7 @@ impl Subscription {
     }
 
     /// Takes every in-flight record of member `id` out, in id order.
-    fn take_back(&mut self, id: MemberId) -> Vec<InFlight> {
+    pub(super) fn take_back(&mut self, id: MemberId) -> Vec<InFlight> {
         let Some(member) = self.members.get_mut(&id) else {
             return Vec::new();
         };

@@ -69,6 +69,10 @@ pub(super) enum Event {
     /// to JetStream before the coordinator hears of it, so the next active member, on any
     /// gateway, gets it first.
     Left(MemberId),
+    /// The active member of an arbitrated singleton, stepping down, holds nothing
+    /// (docs/semantics.md#cluster-priority-and-hand-over): what the gateway holds goes back
+    /// to JetStream, as when it leaves, before the coordinator moves the line past it.
+    Yielded(MemberId),
     /// The local subscription expired (its last member left) or the gateway stops: give back
     /// everything held and stop.
     Stop,
@@ -108,6 +112,9 @@ pub(super) struct Bridge {
     pub(super) pull_expires: Duration,
     /// Singleton members that left while a pull was open, for [`Bridge::vacate`].
     pub(super) leaving: Vec<MemberId>,
+    /// Singleton members whose step-down settled while a pull was open, for
+    /// [`Bridge::vacate`].
+    pub(super) yielding: Vec<MemberId>,
     /// Whether the subscription is a singleton (arbitrated here): its pulls run to their end.
     pub(super) singleton: bool,
     /// What the local subscription handed back, collected by the router: taken when no active
@@ -147,8 +154,16 @@ async fn pause(pause: Option<Duration>) {
 enum Flow {
     Go,
     Stop,
-    /// A singleton member left: once no pull is open, [`Bridge::vacate`].
-    Vacated(MemberId),
+    /// A singleton member left, or settled its step-down: once no pull is open,
+    /// [`Bridge::vacate`].
+    Vacated(Vacating),
+}
+
+/// Why a singleton member vacates its place here.
+#[derive(Debug, Clone, Copy)]
+enum Vacating {
+    Left(MemberId),
+    Yielded(MemberId),
 }
 
 impl Bridge {
@@ -203,8 +218,8 @@ impl Bridge {
                     () = pause(recount) => {}
                     event = self.events.recv() => match self.handle(event).await {
                         Flow::Stop => break,
-                        Flow::Vacated(member) => {
-                            self.leaving.push(member);
+                        Flow::Vacated(why) => {
+                            self.note(why);
                             self.vacate().await;
                         }
                         Flow::Go => {}
@@ -231,8 +246,8 @@ impl Bridge {
                         tokio::select! {
                             event = self.events.recv() => match self.handle(event).await {
                                 Flow::Stop => break 'pulling,
-                                Flow::Vacated(member) => {
-                                    self.leaving.push(member);
+                                Flow::Vacated(why) => {
+                                    self.note(why);
                                     self.vacate().await;
                                 }
                                 Flow::Go => {}
@@ -266,7 +281,7 @@ impl Bridge {
                         // dropped, and only what was in transit comes back late (ack wait).
                         Flow::Stop if self.singleton || self.ahead.on() => stopping = true,
                         Flow::Stop => break 'pulling,
-                        Flow::Vacated(member) => self.leaving.push(member),
+                        Flow::Vacated(why) => self.note(why),
                         // An ack may have made room for what was read ahead.
                         Flow::Go => self.drain_ahead().await,
                     },
@@ -277,7 +292,7 @@ impl Bridge {
                     _ = progress.tick() => self.progress().await,
                 }
             }
-            if !self.leaving.is_empty() {
+            if !self.leaving.is_empty() || !self.yielding.is_empty() {
                 self.vacate().await;
             }
             if stopping {
@@ -378,10 +393,18 @@ impl Bridge {
     /// in stream order: JetStream does not always redeliver naked messages in the order they
     /// were naked, and the promoted gateway holds what comes ahead of a carried one still
     /// missing.
+    ///
+    /// A member whose step-down settled vacates the same way, while it is still the one
+    /// stepping down: its successor, on any gateway, gets what waited here first.
     async fn vacate(&mut self) {
         let leaving = std::mem::take(&mut self.leaving);
+        let broker = &self.shared.broker;
+        let yielding: Vec<MemberId> = std::mem::take(&mut self.yielding)
+            .into_iter()
+            .filter(|&member| broker.settled_step_down(&self.subscription) == Some(member))
+            .collect();
         let mut carry = Vec::new();
-        if !self.shared.broker.has_active(&self.subscription) {
+        if !yielding.is_empty() || !broker.has_active(&self.subscription) {
             // What is queued here goes back: handed back now, or already when the subscription
             // expired with its last member. Either way the router collected it, under the
             // subscription's lock, before this call returns.
@@ -423,7 +446,15 @@ impl Bridge {
             carry = carried.into_iter().collect();
         }
         if let Some(singletons) = &self.shared.singletons {
-            // The carry rides with the first leave: the one whose promotion follows.
+            // The carry rides with the step-down, else with the first leave: the one whose
+            // promotion follows.
+            for member in yielding {
+                singletons.yielded(
+                    self.subscription.clone(),
+                    member,
+                    std::mem::take(&mut carry),
+                );
+            }
             for member in leaving {
                 singletons.left(
                     self.subscription.clone(),
@@ -438,7 +469,8 @@ impl Bridge {
         let (sequence, kind) = match event {
             Some(Event::Acked(sequence)) => (sequence, AckKind::Ack),
             Some(Event::Dropped(sequence)) => (sequence, AckKind::Term),
-            Some(Event::Left(member)) => return Flow::Vacated(member),
+            Some(Event::Left(member)) => return Flow::Vacated(Vacating::Left(member)),
+            Some(Event::Yielded(member)) => return Flow::Vacated(Vacating::Yielded(member)),
             Some(Event::DeadLettered(sequence, draft)) => {
                 self.dead_letter(sequence, draft).await;
                 return Flow::Go;
@@ -449,6 +481,14 @@ impl Bridge {
             self.settle(sequence, reply, kind).await;
         }
         Flow::Go
+    }
+
+    /// Notes a member vacating, for [`Bridge::vacate`].
+    fn note(&mut self, why: Vacating) {
+        match why {
+            Vacating::Left(member) => self.leaving.push(member),
+            Vacating::Yielded(member) => self.yielding.push(member),
+        }
     }
 
     /// Sends an ack or a term to JetStream and has it confirmed ([`Confirming`]).

@@ -25,15 +25,6 @@ impl Gateway {
         connection: Option<ConnectionId>,
     ) -> Result<MemberStream, Error> {
         let singleton = request.spec.mode == Mode::Singleton;
-        if request.member.priority > 0 {
-            return Err(Error::cluster(
-                crate::core::ErrorKind::Unimplemented,
-                format!(
-                    "a member with a priority (here {}) is not taken in cluster mode yet: the cluster's line keeps join order only; join without one (docs/semantics.md#cluster-priority-and-hand-over)",
-                    request.member.priority
-                ),
-            ));
-        }
         // Counted as under way until its member is in the local broker, and waits while a
         // delete holds the id (docs/semantics.md#deleting): it finds the old consumer or none.
         let _joining = self.inner.holds.enter(&request.subscription_id).await;
@@ -110,6 +101,7 @@ impl Gateway {
                     bridge::PULL_EXPIRES
                 },
                 leaving: Vec::new(),
+                yielding: Vec::new(),
                 singleton,
                 handed_back,
                 incarnation: None,
@@ -141,7 +133,7 @@ impl Gateway {
                 subscription.clone(),
                 member.member_id(),
                 incarnation,
-                request.metadata.clone(),
+                (request.metadata.clone(), request.member.priority),
             );
             // Answered once the member is in the line: a member joining anywhere after this
             // answer stands behind it. Bounded: NATS slow to answer leaves it waiting on

@@ -388,16 +388,52 @@ impl Leaders {
 }
 
 impl Gateway {
-    /// `HandOver` through a gateway: refused (docs/semantics.md#cluster-priority-and-hand-over).
+    /// `HandOver` through a gateway (docs/semantics.md#cluster-priority-and-hand-over): the
+    /// line, at whichever gateway holds the active member, asks it to step down at a message
+    /// boundary; answered once this gateway's copy of the line shows the outcome.
     ///
     /// # Errors
-    /// Always, of kind [`ErrorKind::Unimplemented`].
-    pub fn hand_over(&self, subscription_id: &str) -> Result<crate::broker::HandedOver, Error> {
-        Err(Error::cluster(
-            ErrorKind::Unimplemented,
-            format!(
-                "a hand-over of subscription {subscription_id:?} is not taken in cluster mode yet: the cluster's line has no step-down at a message boundary; nothing changed (docs/semantics.md#cluster-priority-and-hand-over)"
-            ),
-        ))
+    /// A refusal of kind not found when no gateway has the subscription,
+    /// [`Error::NotSingleton`], [`Error::HandOverRefused`], and [`Error::Unavailable`] when
+    /// this gateway holds no lease, or the outcome did not show within the hand-over timeout
+    /// and a margin.
+    pub async fn hand_over(
+        &self,
+        subscription_id: &str,
+    ) -> Result<crate::broker::HandedOver, Error> {
+        let mode = self.describe(subscription_id).await?.view.spec.mode;
+        if mode != Mode::Singleton {
+            return Err(Error::NotSingleton {
+                subscription: subscription_id.to_string(),
+                mode,
+            });
+        }
+        let Some(singletons) = &self.inner.shared.singletons else {
+            return Err(Error::Unavailable(
+                "this gateway runs no singleton coordination".into(),
+            ));
+        };
+        // Without a lease its copy of the lines may be behind (as for a watch).
+        let patience = super::join::JOIN_LEASE_PATIENCE;
+        if singletons.lease().wait_valid(patience).await.is_none() {
+            return Err(Error::Unavailable(format!(
+                "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {patience:?}): ask another gateway, or retry"
+            )));
+        }
+        // The active member's gateway completes it within its hand-over timeout; the line's
+        // writes and the watch take a little more.
+        let bound = self
+            .inner
+            .shared
+            .broker
+            .limits()
+            .handover_timeout
+            .saturating_add(patience);
+        match tokio::time::timeout(bound, singletons.hand_over(Arc::from(subscription_id))).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::Unavailable(format!(
+                "the hand-over of subscription {subscription_id:?} did not show in the cluster's line within {bound:?}; it may yet happen: watch its leadership"
+            ))),
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, PoisonError, RwLock,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -27,6 +27,8 @@ struct Link {
     live: Arc<AtomicBool>,
     /// What the local subscription handed back (see [`Bridge::handed_back`]).
     handed_back: HandedBack,
+    /// The last step-down whose member was reported settled ([`Event::Yielded`]): once each.
+    yielded: AtomicU64,
 }
 
 /// Routes the local broker's decisions to the bridge of each subscription. It is the broker's
@@ -84,6 +86,7 @@ impl Router {
                 wake: wake.clone(),
                 live: live.clone(),
                 handed_back: handed_back.clone(),
+                yielded: AtomicU64::new(0),
             },
         );
         Attach::New {
@@ -108,7 +111,14 @@ impl Observer for Router {
     fn observe(&self, observation: &Observation<'_>) {
         let id = observation.subscription.id();
         let arbitrated = observation.subscription.is_arbitrated();
-        let relevant = matches!(
+        // A step-down in progress (docs/semantics.md#cluster-priority-and-hand-over): any input
+        // may settle its member's last message.
+        let settled = observation
+            .subscription
+            .stepping_down()
+            .and_then(|_| observation.subscription.settled_step_down());
+        let relevant = settled.is_some()
+            || matches!(
             observation.input,
             Input::Ack { accepted: true, .. } | Input::Expire { .. } | Input::Delete { .. }
         ) || (arbitrated
@@ -182,6 +192,11 @@ impl Observer for Router {
             && arbitrated
         {
             let _ = link.events.send(Event::Left(*member));
+        }
+        if let Some(step) = settled
+            && link.yielded.swap(step.seq, Ordering::AcqRel) != step.seq
+        {
+            let _ = link.events.send(Event::Yielded(step.member));
         }
     }
 }

@@ -34,12 +34,12 @@ use super::{
     lease::LeaseGate,
 };
 use crate::{
-    broker::{LeadershipWatch, Upstream},
+    broker::{HandedOver, LeadershipWatch, Upstream},
     cluster::{
         backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
         coordinator::{Command, Config, Coordinator, Effect, EndStatus, Op, Proclaimed, RequestId},
         nats::NatsBackplane,
-        values::GatewayId,
+        values::{GatewayId, MemberUid, StepDownCause},
     },
     core::{Error, MemberId},
 };
@@ -47,13 +47,13 @@ use crate::{
 /// What the gateway tells the coordinator.
 #[derive(Debug)]
 enum Input {
-    /// A member joined while incarnation `.2`'s lease was valid, with metadata `.3`; `.4` is
-    /// told once it is in the line (or why it cannot be).
+    /// A member joined while incarnation `.2`'s lease was valid, with metadata and priority
+    /// `.3`; `.4` is told once it is in the line (or why it cannot be).
     Joined(
         Arc<str>,
         MemberId,
         u64,
-        Arc<str>,
+        (Arc<str>, u32),
         oneshot::Sender<Result<(), Error>>,
     ),
     /// A local active member replaces its metadata; told once the line holds it.
@@ -64,6 +64,11 @@ enum Input {
         oneshot::Sender<Result<(), Error>>,
     ),
     Left(Arc<str>, MemberId, Vec<(u64, u32)>),
+    /// A local member stepping down holds nothing, and what waited here went back (with these
+    /// attempts): the line may move past it.
+    Yielded(Arc<str>, MemberId, Vec<(u64, u32)>),
+    /// A `HandOver`: told the outcome once the line shows it.
+    HandOver(Arc<str>, oneshot::Sender<Result<HandedOver, Error>>),
     /// Someone watches the subscription's leadership: told its state now, then each change.
     Watch(Arc<str>, oneshot::Sender<LeadershipWatch>),
     /// The fence record of an activation's epoch is stored: the member may be activated.
@@ -139,17 +144,47 @@ impl Handle {
         subscription: Arc<str>,
         member: MemberId,
         incarnation: u64,
-        metadata: Arc<str>,
+        (metadata, priority): (Arc<str>, u32),
     ) -> oneshot::Receiver<Result<(), Error>> {
         let (in_line, told) = oneshot::channel();
         let _ = self.inputs.send(Input::Joined(
             subscription,
             member,
             incarnation,
-            metadata,
+            (metadata, priority),
             in_line,
         ));
         told
+    }
+
+    /// Local member `member`, stepping down, holds nothing, and what this gateway held went
+    /// back; `carry` as for [`Handle::left`].
+    pub(super) fn yielded(
+        &self,
+        subscription: Arc<str>,
+        member: MemberId,
+        carry: Vec<(u64, u32)>,
+    ) {
+        let _ = self
+            .inputs
+            .send(Input::Yielded(subscription, member, carry));
+    }
+
+    /// Asks `subscription`'s active member, at whichever gateway, to hand over
+    /// (docs/semantics.md#cluster-priority-and-hand-over); resolves with the outcome once this
+    /// gateway's copy of the line shows it.
+    ///
+    /// # Errors
+    /// [`Error::HandOverRefused`] as the line says; [`Error::Unavailable`] when the shell
+    /// stopped, or this gateway lost its lease, before the outcome was known.
+    pub(super) async fn hand_over(&self, subscription: Arc<str>) -> Result<HandedOver, Error> {
+        let (reply, answer) = oneshot::channel();
+        let _ = self.inputs.send(Input::HandOver(subscription.clone(), reply));
+        answer.await.unwrap_or_else(|_| {
+            Err(Error::Unavailable(format!(
+                "this gateway lost its place in the cluster before the hand-over of subscription {subscription:?} was seen; it may yet happen: watch its leadership"
+            )))
+        })
     }
 
     /// Local active member `member` replaces its metadata in the line
@@ -312,11 +347,16 @@ async fn run(
         let mut joining: Waiting = BTreeMap::new();
         // Proclamations to answer once the line holds them; dropped with the incarnation.
         let mut proclaiming: Proclaiming = BTreeMap::new();
+        // Hand-overs to answer once the line shows their outcome; dropped with the
+        // incarnation (they are answered UNAVAILABLE).
+        let mut handing_over: Vec<HandOverWaiter> = Vec::new();
         loop {
+            handing_over.retain_mut(|waiter| !waiter.answered(&coordinator));
             // The gate first: a lease that ended closes it before its members are ended, one
             // renewed opens it before an activation goes out.
             lease.publish(incarnation, coordinator.lease_valid_until());
             carry_out(
+                now(),
                 &mut coordinator,
                 &backplane,
                 &broker,
@@ -361,14 +401,14 @@ async fn run(
                 biased;
                 () = sleep_until(deadline) => coordinator.tick(now()),
                 input = inputs.recv() => match input {
-                    Some(Input::Joined(sub, member, admitted, metadata, in_line)) if admitted == incarnation => {
+                    Some(Input::Joined(sub, member, admitted, (metadata, priority), in_line)) if admitted == incarnation => {
                         // A line is one value of the bucket: its metadata is bounded
                         // (docs/semantics.md#cluster-metadata).
                         if !coordinator.metadata_room(&sub, metadata.len()) {
                             let _ = in_line.send(Err(no_room(&sub, metadata.len())));
                             continue;
                         }
-                        coordinator.member_joined_with(now(), &sub, member, metadata.to_string());
+                        coordinator.member_joined_with(now(), &sub, member, metadata.to_string(), priority);
                         joining.insert((sub, member), in_line);
                     }
                     // Admitted under a lease that has ended since: its place would come late.
@@ -391,6 +431,17 @@ async fn run(
                         proclaiming.remove(&(sub.clone(), member));
                         coordinator.member_left_carrying(now(), &sub, member, carry);
                     }
+                    Some(Input::Yielded(sub, member, carry)) => {
+                        coordinator.member_yielded(now(), &sub, member, carry);
+                    }
+                    Some(Input::HandOver(sub, reply)) => {
+                        match coordinator.hand_over(now(), &sub) {
+                            Ok((previous, epoch)) => handing_over.push(HandOverWaiter { subscription: sub, previous, epoch, reply }),
+                            Err(reason) => {
+                                let _ = reply.send(Err(Error::HandOverRefused { subscription: sub.to_string(), reason }));
+                            }
+                        }
+                    }
                     Some(Input::Watch(sub, reply)) => {
                         let _ = reply.send(leaders.watch(&coordinator, sub));
                     }
@@ -401,10 +452,7 @@ async fn run(
                     Some(Input::Recorded(sub, member, activation)) => {
                         // Still the line's active member with that epoch, under this
                         // incarnation's lease (an ended or deposed member is not activated).
-                        let me = crate::cluster::values::MemberUid { gateway: coordinator.id(), member };
-                        let current = coordinator
-                            .line(&sub)
-                            .is_some_and(|v| v.active == Some(me) && v.epoch == activation.epoch);
+                        let current = coordinator.still_active(&sub, member, activation.epoch);
                         if current && coordinator.may_act(now()) {
                             if let Err(error) = broker.activate(&sub, member, activation) {
                                 // It left meanwhile: its leaving is on its way to the coordinator.
@@ -463,6 +511,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 /// Runs the coordinator's writes and applies its effects to the local broker.
 fn carry_out(
+    now: Duration,
     coordinator: &mut Coordinator,
     backplane: &NatsBackplane,
     broker: &Upstream,
@@ -539,6 +588,25 @@ fn carry_out(
                 member,
                 position,
             } => broker.place_in_line(&subscription, member, position),
+            Effect::StepDown {
+                subscription,
+                member,
+                cause,
+            } => {
+                // Not active here yet (its fence record is on its way): it holds nothing.
+                if !broker.step_down(&subscription, member, cause) {
+                    coordinator.member_yielded(now, &subscription, member, Vec::new());
+                }
+            }
+            Effect::CallOffStepDown {
+                subscription,
+                member,
+            } => broker.call_off_step_down(&subscription, member),
+            Effect::SteppedDown {
+                subscription,
+                member,
+                position,
+            } => broker.stepped_down(&subscription, member, position),
             Effect::End {
                 subscription,
                 member,
@@ -562,6 +630,64 @@ fn carry_out(
                 }
             }
         }
+    }
+}
+
+/// A `HandOver` waiting for its outcome in the line: the member asked to step down and the
+/// epoch it held.
+struct HandOverWaiter {
+    subscription: Arc<str>,
+    previous: MemberUid,
+    epoch: u64,
+    reply: oneshot::Sender<Result<HandedOver, Error>>,
+}
+
+impl HandOverWaiter {
+    /// Answers it if this gateway's copy of the line shows the outcome
+    /// (docs/semantics.md#hand-over): its member stepped down (or left) and another is
+    /// active, or no standby that could take over is left. Returns whether it was answered.
+    fn answered(&mut self, coordinator: &Coordinator) -> bool {
+        if self.reply.is_closed() {
+            return true;
+        }
+        let previous = self.previous.member;
+        let refused = |reason: String| {
+            Err(Error::HandOverRefused {
+                subscription: self.subscription.to_string(),
+                reason,
+            })
+        };
+        let outcome = match coordinator.line(&self.subscription) {
+            None => refused(format!(
+                "active member {previous} left with no standby to take over"
+            )),
+            Some(v) if v.active == Some(self.previous) && v.epoch == self.epoch => {
+                if v.successor(StepDownCause::HandOver).is_some() {
+                    return false;
+                }
+                refused(format!(
+                    "the standbys that could take over left before active member {previous} had settled what it held, so it stays active"
+                ))
+            }
+            Some(v) => match v.active {
+                Some(member) => Ok(HandedOver {
+                    previous_member: previous,
+                    previous_epoch: self.epoch,
+                    member: member.member,
+                    epoch: v.epoch,
+                    failed_over: !v.line.contains(&self.previous),
+                }),
+                // Promoted in the write that follows.
+                None if !v.line.is_empty() => return false,
+                None => refused(format!(
+                    "active member {previous} left with no standby to take over"
+                )),
+            },
+        };
+        let (answer, _) = oneshot::channel();
+        let reply = std::mem::replace(&mut self.reply, answer);
+        let _ = reply.send(outcome);
+        true
     }
 }
 
