@@ -480,6 +480,11 @@ impl Broker {
         self.inner.id_floor
     }
 
+    /// Whether the broker is shutting down (its member streams end).
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::Acquire)
+    }
+
     fn check_running(&self) -> Result<(), Error> {
         if self.inner.shutting_down.load(Ordering::Acquire) {
             return Err(Error::ShuttingDown);

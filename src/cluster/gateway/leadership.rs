@@ -429,7 +429,11 @@ impl Gateway {
             .limits()
             .handover_timeout
             .saturating_add(patience);
+        let broker = &self.inner.shared.broker;
         match tokio::time::timeout(bound, singletons.hand_over(Arc::from(subscription_id))).await {
+            // A shutdown ends the members' streams, which the line then shows: that is no
+            // outcome of the request (as embedded, UNAVAILABLE).
+            Ok(_) if broker.is_shutting_down() => Err(Error::ShuttingDown),
             Ok(outcome) => outcome,
             Err(_) => Err(Error::Unavailable(format!(
                 "the hand-over of subscription {subscription_id:?} did not show in the cluster's line within {bound:?}; it may yet happen: watch its leadership"
