@@ -30,6 +30,7 @@ mod delete;
 mod describe;
 mod faults;
 mod fence;
+mod handover;
 mod leadership;
 mod lease;
 mod limits;

@@ -1,0 +1,203 @@
+//! Priority and hand-over across gateways (docs/semantics.md#cluster-priority-and-hand-over):
+//! the active member at one gateway steps down at a message boundary to a member at another,
+//! whichever gateway the `HandOver` reached; past the hand-over timeout what it held goes to
+//! its successor there as on a failover.
+
+use std::{sync::Arc, time::Duration};
+
+use tinybroker::{
+    clock::TokioClock,
+    cluster::gateway::GatewayConfig,
+    pb::{self, subscription_frame::Frame},
+    server::ServerConfig,
+};
+use tonic::Code;
+
+use crate::{
+    NatsCluster,
+    harness::{Client, Member, TestServer, assert_code, assert_next_epoch, singleton, within},
+};
+
+/// Two gateways with this hand-over timeout, over a fresh three-node cluster.
+async fn two(handover_timeout: Duration) -> (NatsCluster, TestServer, TestServer) {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let server = || ServerConfig {
+        limits: tinybroker::core::Limits {
+            handover_timeout,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let clock = || -> Arc<dyn tinybroker::clock::Clock> { Arc::new(TokioClock::new()) };
+    let a = crate::serve_gateway(server(), GatewayConfig::new(&urls[0]), clock()).await;
+    let b = crate::serve_gateway(server(), GatewayConfig::new(&urls[1]), clock()).await;
+    (cluster, a, b)
+}
+
+fn ranked(id: &str, priority: u32) -> pb::OpenSubscription {
+    pb::OpenSubscription {
+        priority,
+        ..singleton(id)
+    }
+}
+
+fn ask(
+    at: &Client,
+    id: &str,
+) -> tokio::task::JoinHandle<Result<pb::HandOverResponse, tonic::Status>> {
+    let (mut client, id) = (at.0.clone(), id.to_string());
+    tokio::spawn(async move {
+        client
+            .hand_over(pb::HandOverRequest {
+                subscription_id: id,
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    })
+}
+
+/// Awaits `at`'s describe naming `member` as stepping down.
+async fn stepping_down(at: &Client, id: &str, member: u64) {
+    within(async {
+        while at.describe(id).await.unwrap().stepping_down_member_id != member {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+async fn told_stepped_down(member: &mut Member, epoch: u64) -> pb::StandbyNotice {
+    match member.frame().await {
+        Frame::Standby(notice) => {
+            assert_eq!(notice.stepped_down_epoch, epoch, "{notice:?}");
+            notice
+        }
+        other => panic!("expected the step-down notice, got {other:?}"),
+    }
+}
+
+// A hand-over asked at the gateway holding the standby waits for the leader's message in
+// flight at the other; meanwhile nothing new reaches the leader; then the standby is confirmed
+// with a higher epoch and gets what was published meanwhile as first deliveries.
+#[tokio::test]
+async fn a_hand_over_asked_at_another_gateway_waits_for_the_leaders_ack() {
+    let (_cluster, a, b) = two(Duration::from_secs(10)).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("ho")).await.unwrap();
+    let c1 = leader.confirmed().await;
+    let mut standby = on_b.subscribe(singleton("ho")).await.unwrap();
+    on_b.publish("jobs.a", "m1").await;
+    let m1 = leader.message().await;
+    let request = ask(&on_b, "ho");
+    stepping_down(&on_a, "ho", c1.member_id).await;
+    on_b.publish("jobs.a", "m2").await;
+    assert!(!request.is_finished(), "answered before the leader acked");
+    leader.ack(m1.system_id).await;
+    let done = within(request).await.unwrap().unwrap();
+    told_stepped_down(&mut leader, c1.epoch).await;
+    let c2 = standby.confirmed().await;
+    assert_next_epoch(c1.epoch, c2.epoch);
+    assert_eq!(
+        (
+            done.previous_member_id,
+            done.previous_epoch,
+            done.member_id,
+            done.epoch,
+            done.failed_over
+        ),
+        (c1.member_id, c1.epoch, c2.member_id, c2.epoch, false)
+    );
+    let m2 = standby.message().await;
+    assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
+    let counters = on_a.describe("ho").await.unwrap().counters.unwrap();
+    assert_eq!(counters.handovers, 1);
+    // The member that stepped down is next: it follows when the new leader leaves.
+    drop(standby);
+    let again = leader.confirmed().await;
+    assert_next_epoch(c2.epoch, again.epoch);
+}
+
+// A member of higher priority joining at another gateway takes over only once the leader
+// acked what it holds; the leader stays in line, first among its priority.
+#[tokio::test]
+async fn a_higher_priority_join_at_another_gateway_takes_over_at_a_message_boundary() {
+    let (_cluster, a, b) = two(Duration::from_secs(10)).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut low = on_a.subscribe(singleton("prio")).await.unwrap();
+    let c1 = low.confirmed().await;
+    let mut peer = on_a.subscribe(singleton("prio")).await.unwrap();
+    on_b.publish("jobs.a", "m1").await;
+    let m1 = low.message().await;
+    let mut high = on_b.subscribe(ranked("prio", 5)).await.unwrap();
+    stepping_down(&on_a, "prio", c1.member_id).await;
+    on_b.publish("jobs.a", "m2").await;
+    low.ack(m1.system_id).await;
+    let notice = told_stepped_down(&mut low, c1.epoch).await;
+    assert_eq!(notice.position, 1, "first among its priority, ahead of its peer");
+    let c2 = high.confirmed().await;
+    assert_next_epoch(c1.epoch, c2.epoch);
+    let m2 = high.message().await;
+    assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
+    drop(high);
+    let c3 = low.confirmed().await;
+    assert_next_epoch(c2.epoch, c3.epoch);
+    // The peer never led.
+    drop(low);
+    peer.confirmed().await;
+}
+
+// Past the hand-over timeout, what the leader still holds goes to its successor at the other
+// gateway as on a failover (attempt 2), and the leader's late ack is refused.
+#[tokio::test]
+async fn an_overdue_hand_over_gives_the_message_in_flight_to_the_successor_elsewhere() {
+    let (_cluster, a, b) = two(Duration::from_millis(300)).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("late")).await.unwrap();
+    let c1 = leader.confirmed().await;
+    let mut standby = on_b.subscribe(singleton("late")).await.unwrap();
+    on_b.publish("jobs.a", "m1").await;
+    let m1 = leader.message().await;
+    let done = within(ask(&on_b, "late")).await.unwrap().unwrap();
+    told_stepped_down(&mut leader, c1.epoch).await;
+    let c2 = standby.confirmed().await;
+    assert_eq!((done.member_id, done.epoch), (c2.member_id, c2.epoch));
+    let again = standby.message().await;
+    assert_eq!((again.system_id, again.delivery_attempt), (m1.system_id, 2));
+    assert_code(
+        on_a.ack("late", c1.member_id, m1.system_id).await,
+        Code::NotFound,
+        "not in flight",
+    );
+    let counters = on_a.describe("late").await.unwrap().counters.unwrap();
+    assert_eq!((counters.handovers, counters.handovers_overdue), (1, 1));
+    standby.ack(again.system_id).await;
+}
+
+// A hand-over whose only standby leaves before the leader settled is refused, and the leader
+// goes on being served.
+#[tokio::test]
+async fn a_hand_over_whose_standby_leaves_is_refused_and_the_leader_goes_on() {
+    let (_cluster, a, b) = two(Duration::from_secs(10)).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("off")).await.unwrap();
+    let c1 = leader.confirmed().await;
+    let standby = on_b.subscribe(singleton("off")).await.unwrap();
+    on_b.publish("jobs.a", "m1").await;
+    let m1 = leader.message().await;
+    let request = ask(&on_b, "off");
+    stepping_down(&on_a, "off", c1.member_id).await;
+    on_b.publish("jobs.a", "m2").await;
+    drop(standby);
+    assert_code(
+        within(request).await.unwrap(),
+        Code::FailedPrecondition,
+        "stays active",
+    );
+    stepping_down(&on_a, "off", 0).await;
+    leader.ack(m1.system_id).await;
+    let m2 = leader.message().await;
+    assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
+    let info = on_b.describe("off").await.unwrap();
+    assert_eq!((info.active_member_id, info.epoch), (c1.member_id, c1.epoch));
+}
