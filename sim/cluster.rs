@@ -97,6 +97,9 @@ enum Ev {
     Recorded(usize, GatewayId, fence::Write, bool),
     /// A fenced publish reaches the stream: (subscription, publisher, epoch).
     Fenced(String, MemberUid, u64),
+    /// A member stepping down settled what it held (docs/semantics.md#cluster-priority-and-hand-over):
+    /// (subscription, member).
+    Yield(usize, GatewayId, String, u64),
 }
 
 struct Gateway {
@@ -123,6 +126,8 @@ struct Gateway {
     pausing: bool,
     /// Its next lease create fails unanswered (no responders): drawn per seed at start.
     fail_create: bool,
+    /// Local members asked to step down that have not settled yet.
+    stepping: std::collections::BTreeSet<u64>,
 }
 
 impl Gateway {
@@ -160,6 +165,8 @@ pub struct ClusterWorld {
     /// Deletions learned from refusals by gateway incarnations that are gone.
     learned_by_gone: u64,
     fences: fence::Fences,
+    /// Members' priorities (docs/semantics.md#priority): those not here have 0.
+    priority: BTreeMap<u64, u32>,
     pub checker: ClusterChecker,
 }
 
@@ -196,6 +203,7 @@ impl ClusterWorld {
             rng: Rng::new(seed),
             learned_by_gone: 0,
             fences: fence::Fences::new(seed),
+            priority: BTreeMap::new(),
             checker: ClusterChecker::default(),
         };
         let rho = u64::from(MAX_DRIFT_PERCENT) * 10_000;
@@ -221,6 +229,7 @@ impl ClusterWorld {
                 active: BTreeMap::new(),
                 frozen: None,
                 waiting: Vec::new(),
+                stepping: Default::default(),
                 pausing: false,
                 fail_create: false,
             });
@@ -335,31 +344,15 @@ impl ClusterWorld {
                     }
                     // The simulation proclaims nothing.
                     Effect::Proclaimed { .. } => {}
-                    // docs/semantics.md#cluster-priority-and-hand-over: the member is sent
-                    // nothing more and settles at once (the model holds no messages); its
-                    // active period ends there.
                     Effect::StepDown {
                         subscription,
                         member,
                         ..
-                    } => {
-                        let uid = g.uid(member);
-                        g.active.remove(&member);
-                        self.checker.yielded(self.now(), &subscription, uid);
-                        self.deliver(slot, |c, now| {
-                            c.member_yielded(now, &subscription, member, Vec::new());
-                        });
-                    }
+                    } => self.step_down(slot, subscription, member),
                     Effect::CallOffStepDown {
                         subscription,
                         member,
-                    } => {
-                        let uid = g.uid(member);
-                        if g.members.contains_key(&member) {
-                            g.active.insert(member, subscription.clone());
-                            self.checker.resumed(self.now(), &subscription, uid);
-                        }
-                    }
+                    } => self.call_off(slot, &subscription, member),
                     Effect::SteppedDown {
                         subscription,
                         member,
@@ -401,7 +394,8 @@ impl ClusterWorld {
                 };
                 self.checker
                     .joined(Duration::from_nanos(self.now), &sub, uid);
-                coord.member_joined(local, &sub, member);
+                let priority = self.priority.get(&member).copied().unwrap_or(0);
+                coord.member_joined_with(local, &sub, member, String::new(), priority);
                 continue;
             }
             let deadline = coord
@@ -511,6 +505,11 @@ impl ClusterWorld {
                 self.pump(slot);
             }
             Ev::Fenced(sub, uid, epoch) => self.fenced_arrives(&sub, uid, epoch),
+            Ev::Yield(slot, id, sub, member) => {
+                if self.current(slot, id) {
+                    self.settled(slot, sub, member);
+                }
+            }
             Ev::Apply(id, cmd) => {
                 // Sent is sent: a crashed gateway's request still reaches the store.
                 let client = self.model.client(id.0);

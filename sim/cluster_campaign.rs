@@ -26,6 +26,8 @@ pub struct ClusterOutcome {
     pub hand_overs: (u64, u64),
     /// Acts (deliveries and acks) check (g) saw.
     pub acts: u64,
+    /// Step-downs (by priority or hand-over) whose member settled, check (j).
+    pub step_downs: u64,
     /// Fenced publishes check (i) saw: (stored, refused), and record writes a full stream
     /// refused.
     pub fenced: (u64, u64, u64),
@@ -61,6 +63,9 @@ pub fn run(seed: u64) -> ClusterOutcome {
     let gateways = rng.range(2, 4) as usize;
     let subs: Vec<String> = (0..rng.range(1, 2)).map(|i| format!("s{i}")).collect();
     let mut world = ClusterWorld::new(seed ^ 0xc1a5_7e12, gateways);
+    // A third of the seeds join with priorities and ask for hand-overs
+    // (docs/semantics.md#cluster-priority-and-hand-over).
+    let ranked = rng.range(0, 2) == 0;
     let mut t = Duration::from_millis(100);
     while t < FAULT_PHASE {
         t += Duration::from_millis(rng.range(20, 400));
@@ -70,7 +75,16 @@ pub fn run(seed: u64) -> ClusterOutcome {
         match rng.range(0, 19) {
             0..=7 if live.contains(&slot) => {
                 let sub = subs[rng.range(0, subs.len() as u64 - 1) as usize].clone();
-                world.join(slot, &sub);
+                if ranked {
+                    world.join_ranked(slot, &sub, rng.range(0, 3) as u32);
+                } else {
+                    world.join(slot, &sub);
+                }
+            }
+            // A hand-over asked at any gateway.
+            17 if ranked && live.contains(&slot) => {
+                let sub = subs[rng.range(0, subs.len() as u64 - 1) as usize].clone();
+                world.hand_over(slot, &sub);
             }
             8..=12 => world.close_one(rng.next_u64()),
             13 if live.len() > 1 => {
@@ -113,6 +127,7 @@ pub fn run(seed: u64) -> ClusterOutcome {
         deletions_learned: world.deletions_learned(),
         hand_overs: world.checker.hand_overs,
         acts: world.checker.acts,
+        step_downs: world.checker.step_downs,
         fenced: world.fenced(),
         trace: world.checker.trace.clone(),
     }

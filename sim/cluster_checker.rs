@@ -50,7 +50,7 @@ struct SubTruth {
     kv: SubValue,
     /// Members that settled a step-down and wait for the line to move past them, with their
     /// active period.
-    yielded: BTreeMap<MemberUid, (Duration, u64)>,
+    yielded: BTreeMap<MemberUid, Option<(Duration, u64)>>,
 }
 
 #[derive(Default)]
@@ -70,6 +70,10 @@ pub struct ClusterChecker {
     behind: BTreeMap<u64, BTreeSet<u64>>,
     /// Members that stepped down once: they stand behind later joins of their priority (h).
     stepped_down: BTreeSet<u64>,
+    /// The priority each member joined with, when above 0 (c).
+    priority: BTreeMap<u64, u32>,
+    /// Step-downs whose member settled (j).
+    pub step_downs: u64,
     pub trace: Trace,
 }
 
@@ -116,7 +120,10 @@ impl ClusterChecker {
         let s = self.subs.entry(sub).or_default();
         s.alive.remove(&uid);
         s.open.remove(&uid);
-        s.yielded.remove(&uid);
+        // Settled, then gone: the line may still move past it by the write in flight.
+        if let Some(period) = s.yielded.get_mut(&uid) {
+            *period = None;
+        }
     }
 
     /// A join for `sub` arrived at a gateway (h): every member answered before stands ahead.
@@ -220,14 +227,22 @@ impl ClusterChecker {
         }
     }
 
+    /// Member `member` joins with `priority` (docs/semantics.md#priority).
+    pub fn ranked(&mut self, member: u64, priority: u32) {
+        if priority > 0 {
+            self.priority.insert(member, priority);
+        }
+    }
+
     /// `uid`, active, settled its step-down (docs/semantics.md#cluster-priority-and-hand-over):
     /// it is sent nothing more, so its active period ends here; the line may move past it.
     pub fn yielded(&mut self, at: Duration, sub: &str, uid: MemberUid) {
         self.trace.at(at, format!("{sub}: {} YIELDED", m(uid)));
+        self.step_downs += 1;
         let s = self.subs.entry(sub.to_string()).or_default();
-        if let Some(period) = s.open.remove(&uid) {
-            s.yielded.insert(uid, period);
-        }
+        // One not confirmed yet (its fence record on its way) settles at once.
+        let period = s.open.remove(&uid);
+        s.yielded.insert(uid, period);
     }
 
     /// `uid`'s step-down was called off: it is active again, with its epoch, unless the line
@@ -235,9 +250,12 @@ impl ClusterChecker {
     pub fn resumed(&mut self, at: Duration, sub: &str, uid: MemberUid) {
         self.trace.at(at, format!("{sub}: {} RESUMES", m(uid)));
         let s = self.subs.entry(sub.to_string()).or_default();
-        let Some((since, epoch)) = s.yielded.remove(&uid) else {
+        let Some(Some((since, epoch))) = s.yielded.remove(&uid) else {
             return;
         };
+        if s.open.contains_key(&uid) {
+            return;
+        }
         let mut found = Vec::new();
         if epoch < s.last_epoch {
             found.push(format!(
@@ -306,11 +324,14 @@ impl ClusterChecker {
                 m(uid),
                 ms_list(&s.kv.line)
             )),
-            Some(now) if position == 0 || (position as usize) < now => found.push(format!(
-                "(e) {sub}: {} told place {position}, but it stands at {now} in [{}]",
-                m(uid),
-                ms_list(&s.kv.line)
-            )),
+            // A member of higher priority may have entered ahead of it since.
+            Some(now) if position == 0 || ((position as usize) < now && s.kv.prio.is_empty()) => {
+                found.push(format!(
+                    "(e) {sub}: {} told place {position}, but it stands at {now} in [{}]",
+                    m(uid),
+                    ms_list(&s.kv.line)
+                ));
+            }
             Some(_) => {}
         }
         for f in found {
@@ -367,7 +388,7 @@ impl ClusterChecker {
             .active
             .filter(|a| new.line.contains(a) && new.active != Some(*a));
         if let Some(a) = stepped
-            && !s.yielded.contains_key(&a)
+            && s.yielded.remove(&a).is_none()
         {
             found.push(format!(
                 "(j) {sub}: the line moved past {} before it settled its step-down",
@@ -390,8 +411,7 @@ impl ClusterChecker {
             .filter(|u| new.line.contains(u) && Some(*u) != stepped)
             .collect();
         let prioritised = !new.prio.is_empty() || !old.prio.is_empty() || stepped.is_some();
-        let appended_at_back =
-            kept_new.is_empty() || new.line[..kept_new.len()] == kept_new[..];
+        let appended_at_back = kept_new.is_empty() || new.line[..kept_new.len()] == kept_new[..];
         if kept_new != kept_old || (!prioritised && !appended_at_back) {
             found.push(format!(
                 "(c) {sub}: line reordered from [{}] to [{}]",
@@ -405,6 +425,16 @@ impl ClusterChecker {
             .filter(|u| Some(**u) != new.active)
             .map(|u| new.priority_of(*u))
             .collect();
+        for u in &new.line {
+            let joined = self.priority.get(&u.member).copied().unwrap_or(0);
+            if new.priority_of(*u) != joined {
+                found.push(format!(
+                    "(c) {sub}: {} stands with priority {} in the line, joined with {joined}",
+                    m(*u),
+                    new.priority_of(*u)
+                ));
+            }
+        }
         if standbys.windows(2).any(|w| w[0] < w[1]) {
             found.push(format!(
                 "(c) {sub}: standbys out of priority order in [{}] ({standbys:?})",

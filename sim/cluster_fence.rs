@@ -214,10 +214,8 @@ impl ClusterWorld {
             let Some(coord) = g.coord.as_ref() else {
                 return;
             };
-            let uid = g.uid(member);
-            let still = coord
-                .line(&write.sub)
-                .is_some_and(|v| v.active == Some(uid) && v.epoch == write.epoch);
+            // As the shell: still the line's active member with that epoch, not stepped down.
+            let still = coord.still_active(&write.sub, member, write.epoch);
             if !(still && coord.may_act(g.local(self.now)) && g.members.contains_key(&member)) {
                 return;
             }

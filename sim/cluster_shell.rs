@@ -19,7 +19,8 @@ impl Ev {
             | Ev::Tick(slot, id, _)
             | Ev::Act(slot, id)
             | Ev::Record(slot, id, ..)
-            | Ev::Recorded(slot, id, ..) => Some((*slot, *id)),
+            | Ev::Recorded(slot, id, ..)
+            | Ev::Yield(slot, id, ..) => Some((*slot, *id)),
             _ => None,
         }
     }
@@ -151,5 +152,81 @@ impl ClusterWorld {
             self.pump(slot);
         }
         member
+    }
+
+    /// As [`ClusterWorld::join`], with a priority (docs/semantics.md#priority).
+    pub fn join_ranked(&mut self, slot: usize, sub: &str, priority: u32) -> u64 {
+        let member = self.next_member;
+        if priority > 0 {
+            self.priority.insert(member, priority);
+        }
+        self.checker.ranked(member, priority);
+        self.join(slot, sub)
+    }
+
+    /// A `HandOver` of `sub` reaches the gateway in `slot` (docs/semantics.md#cluster-priority-and-hand-over):
+    /// refused or marked in the line, as its copy of the line says.
+    pub fn hand_over(&mut self, slot: usize, sub: &str) {
+        if self.gateways[slot].frozen.is_some() {
+            return;
+        }
+        let mut asked = None;
+        self.deliver(slot, |c, now| asked = Some(c.hand_over(now, sub)));
+        if let Some(Ok((member, epoch))) = asked {
+            self.trace(format!(
+                "slot {slot}: hand-over of {sub} asked: g{}/m{} epoch {epoch}",
+                member.gateway.0, member.member
+            ));
+        }
+    }
+
+    /// The coordinator asks `member` to step down: the local core sends it nothing more, and
+    /// it settles what it holds a moment later (as long as a message's ack takes), or at once
+    /// when it was not active here yet (its fence record on its way).
+    pub(super) fn step_down(&mut self, slot: usize, sub: String, member: u64) {
+        let g = &mut self.gateways[slot];
+        g.stepping.insert(member);
+        let id = g.id;
+        if !g.active.contains_key(&member) {
+            self.settled(slot, sub, member);
+            return;
+        }
+        let after = ns(Duration::from_millis(self.rng.range(0, 200)));
+        self.at(self.now + after, Ev::Yield(slot, id, sub, member));
+    }
+
+    /// `member`, stepping down, holds nothing: it acts no more, and the coordinator hears of it.
+    pub(super) fn settled(&mut self, slot: usize, sub: String, member: u64) {
+        use tinybroker::core::planted::PlantedBug;
+        let g = &mut self.gateways[slot];
+        if !g.stepping.remove(&member) || !g.members.contains_key(&member) {
+            return;
+        }
+        let uid = g.uid(member);
+        if !planted(PlantedBug::StepDownBeforeSettled) {
+            // (With the bug, the coordinator moved the line at once and the member acts on.)
+            g.active.remove(&member);
+            self.checker.yielded(self.now(), &sub, uid);
+        }
+        self.deliver(slot, |c, now| {
+            c.member_yielded(now, &sub, member, Vec::new())
+        });
+    }
+
+    /// The coordinator calls `member`'s step-down off: it is served again.
+    pub(super) fn call_off(&mut self, slot: usize, sub: &str, member: u64) {
+        let g = &mut self.gateways[slot];
+        g.stepping.remove(&member);
+        if !g.members.contains_key(&member) {
+            return;
+        }
+        let uid = g.uid(member);
+        if g.coord
+            .as_ref()
+            .is_some_and(|c| c.line(sub).is_some_and(|v| v.active == Some(uid)))
+        {
+            g.active.insert(member, sub.to_string());
+            self.checker.resumed(self.now(), sub, uid);
+        }
     }
 }

@@ -61,8 +61,9 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
     let stored: u64 = outcomes.iter().map(|o| o.fenced.0).sum();
     let refused: u64 = outcomes.iter().map(|o| o.fenced.1).sum();
     let full: u64 = outcomes.iter().map(|o| o.fenced.2).sum();
+    let step_downs: u64 = outcomes.iter().map(|o| o.step_downs).sum();
     println!(
-        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease, fenced publishes: {stored} stored, {refused} refused, {full} record writes refused by a full stream",
+        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease, fenced publishes: {stored} stored, {refused} refused, {full} record writes refused by a full stream, {step_downs} step-downs settled (priority or hand-over)",
         outcomes.len(),
         started.elapsed()
     );
@@ -81,6 +82,8 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
             stored > 0 && refused > 0 && full > 0,
             "in {count} seeds, fenced publishes: {stored} stored, {refused} refused; {full} record writes refused as full"
         );
+        // Check (j) sees step-downs (priorities and hand-overs are drawn).
+        assert!(step_downs > 0, "in {count} seeds, no member stepped down");
         // Check (f) sees both kinds of hand-over.
         assert!(
             taken_over > 0 && clean > 0,
@@ -423,4 +426,11 @@ fn cluster_a_deposed_leaders_fenced_publishes_stop_at_its_successors_record() {
     let (violations, _) = frozen_active_gateway(None, Duration::from_secs(2));
     assert!(violations.is_empty(), "{violations:#?}");
     campaign_catches(PlantedBug::ActivateBeforeFenceRecord, "(i)");
+}
+
+// docs/semantics.md#cluster-priority-and-hand-over, check (j): a gateway that moves the line
+// past its active member as soon as it asks it to step down, not once it settled, is caught.
+#[test]
+fn cluster_campaign_catches_a_step_down_before_the_member_settled() {
+    campaign_catches(PlantedBug::StepDownBeforeSettled, "(j)");
 }

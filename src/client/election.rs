@@ -488,8 +488,8 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::FailedPrecondition`] with no active member or no standby to take over,
-    /// [`Error::NotFound`] for an unknown subscription, [`Error::Other`] with
-    /// `Code::Unimplemented` at a gateway.
+    /// [`Error::NotFound`] for an unknown subscription; at a gateway, [`Error::Unavailable`]
+    /// when it could not see the outcome (docs/semantics.md#cluster-priority-and-hand-over).
     pub async fn hand_over(&self, subscription_id: &str) -> Result<HandedOver> {
         let reply = self
             .raw

@@ -76,8 +76,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::backplane::{KvError, Revision};
-pub use super::values::{GatewayId, MemberUid, StepDownCause, SubValue, lease_key, sub_key};
 use super::values::standby_place;
+pub use super::values::{GatewayId, MemberUid, StepDownCause, SubValue, lease_key, sub_key};
 use crate::core::planted::{PlantedBug, active as planted};
 
 /// Most given-back messages whose attempts one promotion carries ([`SubValue::carry`]).
@@ -490,7 +490,11 @@ impl Coordinator {
     /// # Errors
     /// Why it is refused, as this gateway's copy of the line says: no active member, no
     /// standby, or only standbys of lower priority.
-    pub fn hand_over(&mut self, now: Duration, subscription: &str) -> Result<(MemberUid, u64), String> {
+    pub fn hand_over(
+        &mut self,
+        now: Duration,
+        subscription: &str,
+    ) -> Result<(MemberUid, u64), String> {
         let Some((v, _)) = self.subs.get(subscription) else {
             return Err("it has no active member".into());
         };
@@ -499,7 +503,10 @@ impl Coordinator {
         };
         if v.successor(StepDownCause::HandOver).is_none() {
             return Err(if v.line.len() <= 1 {
-                format!("active member {} has no standby to hand over to", active.member)
+                format!(
+                    "active member {} has no standby to hand over to",
+                    active.member
+                )
             } else {
                 format!(
                     "active member {} has priority {}, above every standby's: it would take over again at once",
@@ -823,11 +830,9 @@ impl Coordinator {
         }
         if newer {
             // A hand-over asked here is in the line, or its epoch is over.
-            if self
-                .asked
-                .get(sub)
-                .is_some_and(|&epoch| v.hand_over == epoch || v.epoch != epoch || v.active.is_none())
-            {
+            if self.asked.get(sub).is_some_and(|&epoch| {
+                v.hand_over == epoch || v.epoch != epoch || v.active.is_none()
+            }) {
                 self.asked.remove(sub);
             }
             self.subs.insert(sub.to_string(), (v, revision));
@@ -1087,6 +1092,7 @@ impl Coordinator {
                     match (m.stepping, v.step_down_cause()) {
                         (None, Some(cause)) => {
                             m.stepping = Some(cause);
+                            m.yielded = planted(PlantedBug::StepDownBeforeSettled);
                             self.effects.push_back(Effect::StepDown {
                                 subscription: sub.clone(),
                                 member: m.id,
@@ -1331,8 +1337,7 @@ impl Coordinator {
             hand_over: asked.unwrap_or(current.hand_over),
         };
         if next.hand_over != 0
-            && (next.hand_over != next.epoch
-                || next.successor(StepDownCause::HandOver).is_none())
+            && (next.hand_over != next.epoch || next.successor(StepDownCause::HandOver).is_none())
         {
             next.hand_over = 0;
         }

@@ -150,12 +150,20 @@ fn a_hand_over_is_marked_in_the_line_and_the_member_goes_behind_the_standbys_of_
         20,
         &[(uid(7, 1), 1), (uid(9, 2), 1)],
     );
-    asking.backplane_changed(ms(2), "sub.jobs", Some(&serde_json::to_vec(&v).unwrap()), 20);
+    asking.backplane_changed(
+        ms(2),
+        "sub.jobs",
+        Some(&serde_json::to_vec(&v).unwrap()),
+        20,
+    );
     assert_eq!(asking.hand_over(ms(3), "jobs"), Ok((uid(7, 1), 20)));
     let (cmds, _) = drain(&mut asking);
     let marked = value(&cmds[0]);
     assert_eq!(marked.hand_over, 20);
-    assert_eq!((marked.line.clone(), marked.active), (v.line.clone(), v.active));
+    assert_eq!(
+        (marked.line.clone(), marked.active),
+        (v.line.clone(), v.active)
+    );
 
     // At gateway 7, holding the active member.
     let mut c = active_here(1, &v);
@@ -173,7 +181,10 @@ fn a_hand_over_is_marked_in_the_line_and_the_member_goes_behind_the_standbys_of_
     let (cmds, _) = drain(&mut c);
     let moved = value(&cmds[0]);
     assert_eq!(moved.line, vec![uid(9, 2), uid(7, 1), uid(9, 3)]);
-    assert_eq!((moved.active, moved.epoch, moved.hand_over), (Some(uid(9, 2)), 21, 0));
+    assert_eq!(
+        (moved.active, moved.epoch, moved.hand_over),
+        (Some(uid(9, 2)), 21, 0)
+    );
 }
 
 #[test]

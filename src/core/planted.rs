@@ -61,6 +61,12 @@ pub enum PlantedBug {
     /// confirmed (breaks docs/semantics.md#cluster-fenced-publish). Planted in the cluster
     /// simulation's model of the gateway's activation (`sim/cluster_fence.rs`).
     ActivateBeforeFenceRecord,
+    /// Cluster mode: a gateway moves the line past its active member as soon as it asks it to
+    /// step down, not once it settled what it holds, so its successor is confirmed while it
+    /// still works (breaks docs/semantics.md#cluster-priority-and-hand-over: "at a message
+    /// boundary"). Planted in `cluster::coordinator` (and the simulation's model of the
+    /// member, which then acts on).
+    StepDownBeforeSettled,
 }
 
 #[cfg(feature = "planted-bugs")]

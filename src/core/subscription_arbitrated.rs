@@ -109,7 +109,10 @@ impl Subscription {
         member_id: MemberId,
         cause: StepDownCause,
     ) -> Result<(StepDown, Vec<Effect>), Error> {
-        let active = self.members.get(&member_id).is_some_and(|m| m.epoch.is_some());
+        let active = self
+            .members
+            .get(&member_id)
+            .is_some_and(|m| m.epoch.is_some());
         if !self.arbitrated || !active {
             return Err(Error::InvalidArgument(format!(
                 "subscription {:?} has no arbitrated active member {member_id} to step down",
@@ -141,7 +144,10 @@ impl Subscription {
     /// it is sent messages again. Nothing happens when it is not stepping down.
     pub fn call_off_step_down(&mut self, member_id: MemberId) -> Vec<Effect> {
         let mut out = Vec::new();
-        if self.stepping_down.is_none_or(|step| step.member != member_id) {
+        if self
+            .stepping_down
+            .is_none_or(|step| step.member != member_id)
+        {
             return out;
         }
         self.stepping_down = None;
@@ -158,10 +164,18 @@ impl Subscription {
     /// goes back to the queue first. Nothing happens when it is not active here.
     pub fn stepped_down(&mut self, member_id: MemberId, position: u32) -> Vec<Effect> {
         let mut out = Vec::new();
-        if !self.arbitrated || self.members.get(&member_id).is_none_or(|m| m.epoch.is_none()) {
+        if !self.arbitrated
+            || self
+                .members
+                .get(&member_id)
+                .is_none_or(|m| m.epoch.is_none())
+        {
             return out;
         }
-        if self.stepping_down.is_some_and(|step| step.member == member_id) {
+        if self
+            .stepping_down
+            .is_some_and(|step| step.member == member_id)
+        {
             self.stepping_down = None;
         }
         let returning = self.take_back(member_id);

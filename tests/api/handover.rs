@@ -212,9 +212,14 @@ async fn a_watcher_sees_the_hand_over() {
     let mut first = client.subscribe(singleton("seen")).await.unwrap();
     let c1 = first.confirmed().await;
     let mut second = client.subscribe(singleton("seen")).await.unwrap();
-    let mut frames = within(client.0.clone().watch_leadership(pb::WatchLeadershipRequest {
-        subscription_id: "seen".into(),
-    }))
+    let mut frames = within(
+        client
+            .0
+            .clone()
+            .watch_leadership(pb::WatchLeadershipRequest {
+                subscription_id: "seen".into(),
+            }),
+    )
     .await
     .unwrap()
     .into_inner();
@@ -223,7 +228,10 @@ async fn a_watcher_sees_the_hand_over() {
     hand_over(&client, "seen").await.unwrap();
     let c2 = second.confirmed().await;
     let next = within(frames.message()).await.unwrap().unwrap();
-    assert_eq!((next.active_member_id, next.epoch), (c2.member_id, c2.epoch));
+    assert_eq!(
+        (next.active_member_id, next.epoch),
+        (c2.member_id, c2.epoch)
+    );
 }
 
 // docs/semantics.md#hand-over: refusals name the reason and change nothing.
@@ -298,7 +306,16 @@ async fn concurrent_requests_share_one_hand_over_and_a_leave_completes_it() {
             (c1.member_id, c2.member_id, false)
         );
     }
-    assert_eq!(client.describe("twice").await.unwrap().counters.unwrap().handovers, 1);
+    assert_eq!(
+        client
+            .describe("twice")
+            .await
+            .unwrap()
+            .counters
+            .unwrap()
+            .handovers,
+        1
+    );
 
     // Now `second` leads with a message in flight and `first` waits behind it.
     client.publish("jobs.a", "m2").await;
@@ -375,9 +392,15 @@ fn windowed(id: &str, window: u32) -> pb::OpenSubscription {
 async fn a_leader_that_released_while_stepping_down_is_served_when_promoted_again() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut first = client.subscribe_via(Carriage::Stream, windowed("rel", 2)).await.unwrap();
+    let mut first = client
+        .subscribe_via(Carriage::Stream, windowed("rel", 2))
+        .await
+        .unwrap();
     let c1 = first.confirmed().await;
-    let mut second = client.subscribe_via(Carriage::Stream, windowed("rel", 2)).await.unwrap();
+    let mut second = client
+        .subscribe_via(Carriage::Stream, windowed("rel", 2))
+        .await
+        .unwrap();
     let m1 = client.publish("jobs.a", "m1").await.system_id;
     assert_eq!(first.message().await.system_id, m1);
     let request = ask(&client, "rel");
@@ -387,7 +410,11 @@ async fn a_leader_that_released_while_stepping_down_is_served_when_promoted_agai
     told_stepped_down(&mut first, c1.epoch).await;
     second.confirmed().await;
     let got = second.message().await;
-    assert_eq!((got.system_id, got.delivery_attempt), (m1, 1), "released: same attempt");
+    assert_eq!(
+        (got.system_id, got.delivery_attempt),
+        (m1, 1),
+        "released: same attempt"
+    );
     second.ack(m1).await;
     drop(second);
     first.confirmed().await;
@@ -401,7 +428,10 @@ async fn a_leader_that_released_while_stepping_down_is_served_when_promoted_agai
 async fn a_leader_that_released_during_a_called_off_takeover_is_served_again() {
     let server = TestServer::start().await;
     let client = server.client().await;
-    let mut leader = client.subscribe_via(Carriage::Stream, windowed("call", 2)).await.unwrap();
+    let mut leader = client
+        .subscribe_via(Carriage::Stream, windowed("call", 2))
+        .await
+        .unwrap();
     let c = leader.confirmed().await;
     let m1 = client.publish("jobs.a", "m1").await.system_id;
     let m2 = client.publish("jobs.a", "m2").await.system_id;

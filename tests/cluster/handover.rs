@@ -134,7 +134,10 @@ async fn a_higher_priority_join_at_another_gateway_takes_over_at_a_message_bound
     on_b.publish("jobs.a", "m2").await;
     low.ack(m1.system_id).await;
     let notice = told_stepped_down(&mut low, c1.epoch).await;
-    assert_eq!(notice.position, 1, "first among its priority, ahead of its peer");
+    assert_eq!(
+        notice.position, 1,
+        "first among its priority, ahead of its peer"
+    );
     let c2 = high.confirmed().await;
     assert_next_epoch(c1.epoch, c2.epoch);
     let m2 = high.message().await;
@@ -199,5 +202,8 @@ async fn a_hand_over_whose_standby_leaves_is_refused_and_the_leader_goes_on() {
     let m2 = leader.message().await;
     assert_eq!((m2.payload.as_ref(), m2.delivery_attempt), (&b"m2"[..], 1));
     let info = on_b.describe("off").await.unwrap();
-    assert_eq!((info.active_member_id, info.epoch), (c1.member_id, c1.epoch));
+    assert_eq!(
+        (info.active_member_id, info.epoch),
+        (c1.member_id, c1.epoch)
+    );
 }

@@ -119,13 +119,14 @@ impl Observer for Router {
             .and_then(|_| observation.subscription.settled_step_down());
         let relevant = settled.is_some()
             || matches!(
-            observation.input,
-            Input::Ack { accepted: true, .. } | Input::Expire { .. } | Input::Delete { .. }
-        ) || (arbitrated
-            && matches!(
                 observation.input,
-                Input::Leave { .. } | Input::Activate { .. } | Input::HandBack { .. }
-            ))
+                Input::Ack { accepted: true, .. } | Input::Expire { .. } | Input::Delete { .. }
+            )
+            || (arbitrated
+                && matches!(
+                    observation.input,
+                    Input::Leave { .. } | Input::Activate { .. } | Input::HandBack { .. }
+                ))
             || observation
                 .effects
                 .iter()

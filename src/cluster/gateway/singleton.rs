@@ -159,12 +159,7 @@ impl Handle {
 
     /// Local member `member`, stepping down, holds nothing, and what this gateway held went
     /// back; `carry` as for [`Handle::left`].
-    pub(super) fn yielded(
-        &self,
-        subscription: Arc<str>,
-        member: MemberId,
-        carry: Vec<(u64, u32)>,
-    ) {
+    pub(super) fn yielded(&self, subscription: Arc<str>, member: MemberId, carry: Vec<(u64, u32)>) {
         let _ = self
             .inputs
             .send(Input::Yielded(subscription, member, carry));
@@ -179,7 +174,9 @@ impl Handle {
     /// stopped, or this gateway lost its lease, before the outcome was known.
     pub(super) async fn hand_over(&self, subscription: Arc<str>) -> Result<HandedOver, Error> {
         let (reply, answer) = oneshot::channel();
-        let _ = self.inputs.send(Input::HandOver(subscription.clone(), reply));
+        let _ = self
+            .inputs
+            .send(Input::HandOver(subscription.clone(), reply));
         answer.await.unwrap_or_else(|_| {
             Err(Error::Unavailable(format!(
                 "this gateway lost its place in the cluster before the hand-over of subscription {subscription:?} was seen; it may yet happen: watch its leadership"

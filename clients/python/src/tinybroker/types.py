@@ -191,7 +191,7 @@ class SubscriptionOptions:
     #: Singleton only: this member's priority, an int in [0, 2^32); 0, the default, for every
     #: member keeps join order. The line is in priority order, highest first, then join order,
     #: and a member of higher priority than the active one takes over at a message boundary
-    #: (docs/semantics.md#priority). Gateways refuse one above 0 (UNIMPLEMENTED).
+    #: (docs/semantics.md#priority), across gateways too.
     priority: int = 0
 
     @classmethod

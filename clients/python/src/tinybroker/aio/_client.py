@@ -334,8 +334,7 @@ class Client:
         If the stream fails while waiting (the broker restarts, the connection drops) the
         replica rejoins the end of the line, backing off from 50 ms to 2 s. Raises only
         refusals a retry would repeat (`RefusedError`: settings that differ, a bad id, a
-        token, a limit; `InvalidArgumentError` for a bad priority, and a gateway's
-        UNIMPLEMENTED for one above 0)."""
+        token, a limit; `InvalidArgumentError` for a bad priority)."""
         return await self.elect_with(
             SubscriptionOptions.election(subscription_id, group).with_(priority=priority),
             on_standby,
@@ -412,7 +411,8 @@ class Client:
         `FailedPreconditionError` with no active member, no standby of the active member's
         priority or higher, when the standbys left meanwhile, or for a subscription not
         SINGLETON; `NotFoundError` for an unknown id, `InvalidArgumentError` for a malformed
-        one; through gateways (not taken there yet) a `RefusedError` with code UNIMPLEMENTED."""
+        one; through gateways also `UnavailableError` when the answering gateway could not see
+        the outcome (it may still happen)."""
         reply = await self._unary(
             self._stub.HandOver,
             _build(pb.HandOverRequest, subscription_id=subscription_id),
