@@ -66,9 +66,15 @@
 //! fence, and the subscription's bridge pulls for it from the JetStream consumer; what a
 //! leaving gateway gave back rides with the promotion as its carry ([`SubValue::carry`]).
 //!
-//! This file is one state machine, longer than the rest (about 900 lines): its lease and line
-//! handling share the pending writes, the blocks and the local members, and the safety argument
-//! above reads against the whole of it.
+//! # Priorities and hand-overs
+//! The line stands in priority order behind its active member; the gateway holding the active
+//! member steps it down at a message boundary when the line asks for it, and moves the line
+//! past it once it settled (`coordinator_step_down.rs`,
+//! docs/semantics.md#cluster-priority-and-hand-over).
+//!
+//! This file is one state machine, longer than the rest (about 1,300 lines): its lease and
+//! line handling share the pending writes, the blocks and the local members, and the safety
+//! argument above reads against the whole of it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -452,77 +458,6 @@ impl Coordinator {
         self.step(now);
     }
 
-    /// Local member `member`, stepping down ([`Effect::StepDown`]), holds nothing, and what
-    /// this gateway held went back (`carry`, as for [`Coordinator::member_left_carrying`]):
-    /// the line moves to its successor, and [`Effect::SteppedDown`] follows once it did.
-    pub fn member_yielded(
-        &mut self,
-        now: Duration,
-        subscription: &str,
-        member: u64,
-        carry: Vec<(u64, u32)>,
-    ) {
-        let Some(local) = self
-            .local
-            .get_mut(subscription)
-            .and_then(|members| members.iter_mut().find(|m| m.id == member))
-        else {
-            return;
-        };
-        if local.stepping.is_none() {
-            return;
-        }
-        local.yielded = true;
-        if !carry.is_empty() {
-            let mut carry = carry;
-            carry.truncate(MAX_CARRY);
-            let active = self.subs.get(subscription).and_then(|(v, _)| v.active);
-            self.carry
-                .insert(subscription.to_string(), Carry { carry, active });
-        }
-        self.step(now);
-    }
-
-    /// A `HandOver` of `subscription` asked at this gateway
-    /// (docs/semantics.md#cluster-priority-and-hand-over): the line will ask its active member
-    /// to step down. Returns the active member and the epoch the hand-over ends.
-    ///
-    /// # Errors
-    /// Why it is refused, as this gateway's copy of the line says: no active member, no
-    /// standby, or only standbys of lower priority.
-    pub fn hand_over(
-        &mut self,
-        now: Duration,
-        subscription: &str,
-    ) -> Result<(MemberUid, u64), String> {
-        let Some((v, _)) = self.subs.get(subscription) else {
-            return Err("it has no active member".into());
-        };
-        let Some(active) = v.active else {
-            return Err("it has no active member".into());
-        };
-        if v.successor(StepDownCause::HandOver).is_none() {
-            return Err(if v.line.len() <= 1 {
-                format!(
-                    "active member {} has no standby to hand over to",
-                    active.member
-                )
-            } else {
-                format!(
-                    "active member {} has priority {}, above every standby's: it would take over again at once",
-                    active.member,
-                    v.priority_of(active)
-                )
-            });
-        }
-        let epoch = v.epoch;
-        if v.hand_over != epoch {
-            self.asked.insert(subscription.to_string(), epoch);
-            self.step(now);
-        }
-        Ok((active, epoch))
-    }
-
     /// Whether `subscription`'s line has room for `more` bytes of metadata within
     /// [`MAX_LINE_METADATA`]: the other gateways' members' as the value holds them, and this
     /// gateway's members' as it will write them.
@@ -783,23 +718,6 @@ impl Coordinator {
     /// deleted), for a watch of its leadership.
     pub fn line(&self, sub: &str) -> Option<&SubValue> {
         self.subs.get(sub).map(|(value, _)| value)
-    }
-
-    /// Whether local member `member` may be made active with `epoch` now: the line names it
-    /// active with that epoch and it has not stepped down meanwhile (an activation waits for
-    /// its fence record).
-    pub fn still_active(&self, sub: &str, member: u64, epoch: u64) -> bool {
-        let me = MemberUid {
-            gateway: self.me,
-            member,
-        };
-        self.line(sub)
-            .is_some_and(|v| v.active == Some(me) && v.epoch == epoch)
-            && self
-                .local
-                .get(sub)
-                .and_then(|ms| ms.iter().find(|m| m.id == member))
-                .is_some_and(|m| !m.yielded)
     }
 
     fn revision_of(&self, key: &str) -> Revision {
@@ -1236,43 +1154,10 @@ impl Coordinator {
             }
         }
         // This gateway's active member stepped down and holds nothing: the line moves to its
-        // successor, and it stands among the standbys (a hand-over: behind those of its
-        // priority; displaced by a higher one: first among its priority).
-        let yielded = kept_active.and_then(|a| {
-            let m = self
-                .local
-                .get(sub)?
-                .iter()
-                .find(|m| a.gateway == me && m.id == a.member && m.yielded)?;
-            let cause = m.stepping?;
-            let view = SubValue {
-                line: line.clone(),
-                active: Some(a),
-                epoch: current.epoch,
-                hand_over: current.hand_over,
-                prio: line
-                    .iter()
-                    .map(|&u| (u, prio_of(u)))
-                    .filter(|(_, p)| *p > 0)
-                    .collect(),
-                ..SubValue::default()
-            };
-            view.successor(cause).map(|_| (a, cause))
-        });
+        // successor (docs/semantics.md#cluster-priority-and-hand-over).
+        let yielded = self.yielded_in(sub, &current, &line, kept_active, &prio_of);
         if let Some((stepping, cause)) = yielded {
-            line.retain(|u| *u != stepping);
-            let at = standby_place(
-                &line,
-                line.first().copied(),
-                prio_of(stepping),
-                cause == StepDownCause::HandOver,
-                prio_of,
-            );
-            line.insert(at, stepping);
-            // The successor was the first standby: first now.
-            let first = line.iter().position(|u| *u != stepping).unwrap_or(0);
-            let successor = line.remove(first);
-            line.insert(0, successor);
+            super::values::step_past(&mut line, stepping, cause, prio_of);
         }
         let (active, epoch) = match kept_active {
             Some(a) if yielded.is_none() => (Some(a), current.epoch),
@@ -1390,6 +1275,9 @@ impl Coordinator {
 fn encode(v: &SubValue) -> Bytes {
     Bytes::from(serde_json::to_vec(v).unwrap_or_default())
 }
+
+#[path = "coordinator_step_down.rs"]
+mod step_down;
 
 #[cfg(test)]
 #[path = "coordinator_tests.rs"]

@@ -148,3 +148,23 @@ pub fn standby_place(
         })
         .map_or(0, |at| at + 1)
 }
+
+/// Moves `line` past its first member `stepping`, which stepped down for `cause`: its
+/// successor, the first standby, stands first, and it stands among the standbys behind those
+/// of its priority (a hand-over) or first among them (displaced by a higher priority).
+pub fn step_past(
+    line: &mut Vec<MemberUid>,
+    stepping: MemberUid,
+    cause: StepDownCause,
+    of: impl Fn(MemberUid) -> u32,
+) {
+    line.retain(|u| *u != stepping);
+    let at = standby_place(
+        line,
+        line.first().copied(),
+        of(stepping),
+        cause == StepDownCause::HandOver,
+        of,
+    );
+    line.insert(at, stepping);
+}

@@ -64,6 +64,7 @@ mod delete;
 mod describe;
 mod fence;
 mod forward;
+mod handover;
 mod headers;
 mod join;
 mod leadership;

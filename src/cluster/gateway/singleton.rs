@@ -30,6 +30,7 @@ use tokio_stream::StreamExt;
 
 use super::{
     fence::{Fences, Recording},
+    handover::HandOverWaiter,
     leadership::Leaders,
     lease::LeaseGate,
 };
@@ -39,7 +40,7 @@ use crate::{
         backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
         coordinator::{Command, Config, Coordinator, Effect, EndStatus, Op, Proclaimed, RequestId},
         nats::NatsBackplane,
-        values::{GatewayId, MemberUid, StepDownCause},
+        values::GatewayId,
     },
     core::{Error, MemberId},
 };
@@ -433,7 +434,7 @@ async fn run(
                     }
                     Some(Input::HandOver(sub, reply)) => {
                         match coordinator.hand_over(now(), &sub) {
-                            Ok((previous, epoch)) => handing_over.push(HandOverWaiter { subscription: sub, previous, epoch, reply }),
+                            Ok((previous, epoch)) => handing_over.push(HandOverWaiter::new(sub, previous, epoch, reply)),
                             Err(reason) => {
                                 let _ = reply.send(Err(Error::HandOverRefused { subscription: sub.to_string(), reason }));
                             }
@@ -627,64 +628,6 @@ fn carry_out(
                 }
             }
         }
-    }
-}
-
-/// A `HandOver` waiting for its outcome in the line: the member asked to step down and the
-/// epoch it held.
-struct HandOverWaiter {
-    subscription: Arc<str>,
-    previous: MemberUid,
-    epoch: u64,
-    reply: oneshot::Sender<Result<HandedOver, Error>>,
-}
-
-impl HandOverWaiter {
-    /// Answers it if this gateway's copy of the line shows the outcome
-    /// (docs/semantics.md#hand-over): its member stepped down (or left) and another is
-    /// active, or no standby that could take over is left. Returns whether it was answered.
-    fn answered(&mut self, coordinator: &Coordinator) -> bool {
-        if self.reply.is_closed() {
-            return true;
-        }
-        let previous = self.previous.member;
-        let refused = |reason: String| {
-            Err(Error::HandOverRefused {
-                subscription: self.subscription.to_string(),
-                reason,
-            })
-        };
-        let outcome = match coordinator.line(&self.subscription) {
-            None => refused(format!(
-                "active member {previous} left with no standby to take over"
-            )),
-            Some(v) if v.active == Some(self.previous) && v.epoch == self.epoch => {
-                if v.successor(StepDownCause::HandOver).is_some() {
-                    return false;
-                }
-                refused(format!(
-                    "the standbys that could take over left before active member {previous} had settled what it held, so it stays active"
-                ))
-            }
-            Some(v) => match v.active {
-                Some(member) => Ok(HandedOver {
-                    previous_member: previous,
-                    previous_epoch: self.epoch,
-                    member: member.member,
-                    epoch: v.epoch,
-                    failed_over: !v.line.contains(&self.previous),
-                }),
-                // Promoted in the write that follows.
-                None if !v.line.is_empty() => return false,
-                None => refused(format!(
-                    "active member {previous} left with no standby to take over"
-                )),
-            },
-        };
-        let (answer, _) = oneshot::channel();
-        let reply = std::mem::replace(&mut self.reply, answer);
-        let _ = reply.send(outcome);
-        true
     }
 }
 
