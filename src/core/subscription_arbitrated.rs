@@ -161,16 +161,19 @@ impl Subscription {
     /// Cluster mode: the cluster's line moved past `member_id` (it stepped down, and its
     /// successor follows at whichever gateway): it goes on standby, told so with the epoch it
     /// held and its place in the cluster's line (1 = next). What it still holds, if anything,
-    /// goes back to the queue first. Nothing happens when it is not active here.
+    /// goes back to the queue first. One the cluster never made active here (its activation
+    /// was on its way) is told its place as any standby ([`Subscription::place_in_line`]).
     pub fn stepped_down(&mut self, member_id: MemberId, position: u32) -> Vec<Effect> {
         let mut out = Vec::new();
-        if !self.arbitrated
-            || self
-                .members
-                .get(&member_id)
-                .is_none_or(|m| m.epoch.is_none())
-        {
+        if !self.arbitrated {
             return out;
+        }
+        if self
+            .members
+            .get(&member_id)
+            .is_none_or(|m| m.epoch.is_none())
+        {
+            return self.place_in_line(member_id, position);
         }
         if self
             .stepping_down

@@ -224,3 +224,76 @@ fn a_hand_over_during_a_takeover_outlives_the_newcomer() {
     assert_eq!(confirms(&fx), [(b, 2)]);
     s.check_invariants().unwrap();
 }
+
+// docs/semantics.md#cluster-priority-and-hand-over: an arbitrated singleton's step-down is the
+// cluster's: the member is sent nothing more, reports settled once it holds nothing, and goes on
+// standby only when the coordinator says the line moved past it; nothing is promoted here.
+#[test]
+fn an_arbitrated_step_down_settles_and_waits_for_the_cluster() {
+    let mut s = sub(Mode::Singleton);
+    s.arbitrate();
+    let (a, _) = join_as(&mut s, member(0, 2));
+    let (b, _) = join_as(&mut s, member(0, 2));
+    s.activate(a, 40, false).unwrap();
+    s.enqueue(msg(1));
+    assert!(matches!(
+        s.step_down(b, StepDownCause::HandOver),
+        Err(Error::InvalidArgument(_))
+    ));
+    let (step, fx) = s.step_down(a, StepDownCause::Priority).unwrap();
+    assert_eq!(stepping_down(&fx), Some(step.seq));
+    assert_eq!(s.settled_step_down(), None, "it holds #1");
+    assert!(delivered(&s.enqueue(msg(2))).is_empty(), "nothing new");
+    let fx = s.ack(Some(a), 1).unwrap();
+    assert!(
+        confirms(&fx).is_empty() && stepped_down(&fx).is_empty(),
+        "{fx:?}"
+    );
+    assert_eq!(s.settled_step_down().map(|s| s.member), Some(a));
+    // A second ask of the same member is the same step-down.
+    assert_eq!(
+        s.step_down(a, StepDownCause::HandOver).unwrap().0.seq,
+        step.seq
+    );
+    let fx = s.stepped_down(a, 2);
+    assert_eq!(stepped_down(&fx), [(a, 40, 2)]);
+    assert_eq!(
+        s.active_members().count(),
+        0,
+        "the cluster confirms the successor"
+    );
+    assert_eq!(s.counters().handovers, 1);
+    assert_eq!(
+        s.queued_ids().collect::<Vec<_>>(),
+        [2],
+        "waits here to go back"
+    );
+    s.check_invariants().unwrap();
+}
+
+// A called-off arbitrated step-down serves the member again; one past its deadline takes back
+// what the member holds, and the member then reports settled.
+#[test]
+fn an_arbitrated_step_down_is_called_off_or_taken_back_when_overdue() {
+    let mut s = sub(Mode::Singleton);
+    s.arbitrate();
+    let (a, _) = join_as(&mut s, member(0, 1));
+    s.activate(a, 7, false).unwrap();
+    s.enqueue(msg(1));
+    s.step_down(a, StepDownCause::HandOver).unwrap();
+    s.enqueue(msg(2));
+    s.ack(Some(a), 1).unwrap();
+    let fx = s.call_off_step_down(a);
+    assert_eq!(delivered(&fx), [(a, 2, 1, 7)], "served again");
+    let (step, _) = s.step_down(a, StepDownCause::HandOver).unwrap();
+    assert_eq!(s.settled_step_down(), None);
+    let fx = s.step_down_overdue(step.seq);
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Withdraw { system_id: 2, .. })),
+        "{fx:?}"
+    );
+    assert_eq!(s.settled_step_down().map(|s| s.member), Some(a));
+    assert_eq!(s.counters().handovers_overdue, 1);
+    s.check_invariants().unwrap();
+}
