@@ -79,6 +79,8 @@ pub(super) struct HandOverWaiter {
     previous: MemberUid,
     epoch: u64,
     reply: oneshot::Sender<Result<HandedOver, Error>>,
+    /// This gateway's copy of the line has shown the hand-over mark for `epoch`.
+    marked: bool,
 }
 
 impl HandOverWaiter {
@@ -93,6 +95,7 @@ impl HandOverWaiter {
             previous,
             epoch,
             reply,
+            marked: false,
         }
     }
 
@@ -115,7 +118,11 @@ impl HandOverWaiter {
                 "active member {previous} left with no standby to take over"
             )),
             Some(v) if v.active == Some(self.previous) && v.epoch == self.epoch => {
-                if v.successor(StepDownCause::HandOver).is_some() {
+                // Once marked, a mark gone is the step-down called off (its standbys left,
+                // even if another joined since).
+                self.marked |= v.hand_over == self.epoch;
+                let called_off = self.marked && v.hand_over != self.epoch;
+                if v.successor(StepDownCause::HandOver).is_some() && !called_off {
                     return false;
                 }
                 refused(format!(
