@@ -1004,8 +1004,20 @@ impl Coordinator {
                         member: m.id,
                     });
                 }
-                // Active here: a step-down begins, changes its cause, or is called off as the
-                // line says (docs/semantics.md#cluster-priority-and-hand-over).
+                if is_active && !m.activated && may_activate {
+                    m.activated = true;
+                    self.effects.push_back(Effect::Activate {
+                        subscription: sub.clone(),
+                        member: m.id,
+                        epoch: v.epoch,
+                        carry: v.carry.clone(),
+                        promoted: v.promoted,
+                        took_over: v.took_over,
+                    });
+                }
+                // Active here (its activation may still wait for its fence record): a step-down
+                // begins, changes its cause, or is called off as the line says
+                // (docs/semantics.md#cluster-priority-and-hand-over).
                 if is_active && m.activated {
                     match (m.stepping, v.step_down_cause()) {
                         (None, Some(cause)) => {
@@ -1028,17 +1040,6 @@ impl Coordinator {
                         (Some(_), Some(cause)) => m.stepping = Some(cause),
                         (None, None) => {}
                     }
-                }
-                if is_active && !m.activated && may_activate {
-                    m.activated = true;
-                    self.effects.push_back(Effect::Activate {
-                        subscription: sub.clone(),
-                        member: m.id,
-                        epoch: v.epoch,
-                        carry: v.carry.clone(),
-                        promoted: v.promoted,
-                        took_over: v.took_over,
-                    });
                 }
                 true
             });
