@@ -1227,6 +1227,11 @@ impl Coordinator {
         {
             next.hand_over = 0;
         }
+        // A hand-over asked here that cannot be is over: it is not marked again later, when
+        // another standby joins.
+        if asked.is_some() && next.hand_over == 0 {
+            self.asked.remove(sub);
+        }
         self.trim_to_fit(sub, &mut next, &current.line);
         if next.line.is_empty() {
             self.issue(now, key, Op::Delete(revision), None);

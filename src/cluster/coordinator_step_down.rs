@@ -128,4 +128,13 @@ impl Coordinator {
         };
         view.successor(cause).map(|_| (a, cause))
     }
+
+    /// The `HandOver` of `subscription`'s `epoch` asked here was answered refused (this
+    /// gateway's copy of the line showed no standby that could take over): it is not marked in
+    /// the line any more, also when a standby joins later.
+    pub fn withdraw_hand_over(&mut self, subscription: &str, epoch: u64) {
+        if self.asked.get(subscription) == Some(&epoch) {
+            self.asked.remove(subscription);
+        }
+    }
 }

@@ -233,3 +233,58 @@ fn a_mark_whose_standbys_left_is_cleared_by_the_next_write() {
         "a standby of lower priority cannot take over"
     );
 }
+
+/// Gateway 8, leased, holding no member, whose copy of the line is `v` at revision 20.
+fn asking(v: &SubValue) -> Coordinator {
+    let mut c = Coordinator::new(GatewayId(8), config(), ms(0));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(1), cmds[0].id, Ok(1));
+    c.backplane_changed(ms(2), "sub.jobs", Some(&serde_json::to_vec(v).unwrap()), 20);
+    c
+}
+
+// A hand-over whose standby left before its mark was written is over: a standby joining here
+// later is not taken as a reason to mark it again (an adversarial review's finding).
+#[test]
+fn a_hand_over_whose_standby_left_before_its_mark_is_not_marked_when_another_joins() {
+    let v = line(&[uid(9, 1), uid(9, 2)], 20, &[]);
+    // The mark's write loses to the standby's leave: retried, it finds no standby.
+    let mut c = asking(&v);
+    assert!(c.hand_over(ms(3), "jobs").is_ok());
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(value(&cmds[0]).hand_over, 20);
+    see_line(&mut c, ms(4), &line(&[uid(9, 1)], 20, &[]), 21);
+    c.write_result(
+        ms(5),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 20,
+            current: 21,
+        }),
+    );
+    let (cmds, _) = drain(&mut c);
+    assert!(cmds.is_empty(), "nothing to mark: {cmds:?}");
+    c.member_joined(ms(6), "jobs", 5);
+    let (cmds, _) = drain(&mut c);
+    let joined = value(&cmds[0]);
+    assert_eq!(joined.line, vec![uid(9, 1), uid(8, 5)]);
+    assert_eq!(joined.hand_over, 0, "the refused hand-over is not marked");
+
+    // Answered refused (the shell's waiter) while the mark's write waits: withdrawn.
+    let mut c = asking(&v);
+    assert!(c.hand_over(ms(3), "jobs").is_ok());
+    let (cmds, _) = drain(&mut c);
+    see_line(&mut c, ms(4), &line(&[uid(9, 1)], 20, &[]), 21);
+    c.withdraw_hand_over("jobs", 20);
+    c.member_joined(ms(5), "jobs", 5);
+    c.write_result(
+        ms(6),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 20,
+            current: 21,
+        }),
+    );
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(value(&cmds[0]).hand_over, 0, "withdrawn: {cmds:?}");
+}

@@ -207,3 +207,127 @@ async fn a_hand_over_whose_standby_leaves_is_refused_and_the_leader_goes_on() {
         (c1.member_id, c1.epoch)
     );
 }
+
+/// Two gateways with a 30 s lease: their bridges' keep-alive tick (a third of the ack wait,
+/// bounded by the lease) is 5 s, far above what a prompt answer takes.
+async fn two_with_long_lease() -> (NatsCluster, TestServer, TestServer) {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let clock = || -> Arc<dyn tinybroker::clock::Clock> { Arc::new(TokioClock::new()) };
+    let config = |url: &str| GatewayConfig {
+        lease: Duration::from_secs(30),
+        ..GatewayConfig::new(url)
+    };
+    let a = crate::serve_gateway(ServerConfig::default(), config(&urls[0]), clock()).await;
+    let b = crate::serve_gateway(ServerConfig::default(), config(&urls[1]), clock()).await;
+    (cluster, a, b)
+}
+
+/// Asserts `member` is sent nothing for `quiet` (nothing is due to it).
+async fn sent_nothing(member: &mut Member, quiet: Duration) {
+    if let Ok(frame) = tokio::time::timeout(quiet, member.frame()).await {
+        panic!("sent {frame:?} when nothing was due to it");
+    }
+}
+
+fn windowed(id: &str, priority: u32) -> pb::OpenSubscription {
+    pb::OpenSubscription {
+        max_in_flight: 4,
+        ..ranked(id, priority)
+    }
+}
+
+// A step-down called off (the standby that could take over left) serves the leader again at
+// once, also what was published while it stepped down and stayed in JetStream: its gateway
+// pulls again when the call-off comes, not at its next keep-alive tick (an adversarial review's
+// finding: 4.6 s late with a 30 s lease).
+#[tokio::test]
+async fn a_called_off_step_down_serves_the_leader_again_at_once() {
+    let (_cluster, a, b) = two_with_long_lease().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    for (round, by_priority) in [(0, false), (1, true)] {
+        let id = format!("resume{round}");
+        let mut leader = on_a.subscribe(windowed(&id, 0)).await.unwrap();
+        let c = leader.confirmed().await;
+        on_b.publish("jobs.a", "m1").await;
+        let m1 = leader.message().await;
+        let (successor, request) = if by_priority {
+            (on_b.subscribe(windowed(&id, 5)).await.unwrap(), None)
+        } else {
+            let standby = on_b.subscribe(windowed(&id, 0)).await.unwrap();
+            (standby, Some(ask(&on_b, &id)))
+        };
+        stepping_down(&on_a, &id, c.member_id).await;
+        on_b.publish("jobs.a", "m2").await;
+        sent_nothing(&mut leader, Duration::from_millis(300)).await;
+        // Published well after the pull open when the step-down began ended (15 ms).
+        on_b.publish("jobs.a", "m3").await;
+        sent_nothing(&mut leader, Duration::from_millis(100)).await;
+        drop(successor);
+        let resumed = tokio::time::Instant::now();
+        let got: Vec<Vec<u8>> = within(async {
+            vec![
+                leader.message().await.payload.to_vec(),
+                leader.message().await.payload.to_vec(),
+            ]
+        })
+        .await;
+        let took = resumed.elapsed();
+        assert_eq!(got, [b"m2".to_vec(), b"m3".to_vec()]);
+        assert!(
+            took < Duration::from_secs(2),
+            "served again {took:?} after the call-off (by priority: {by_priority})"
+        );
+        if let Some(request) = request {
+            assert_code(
+                within(request).await.unwrap(),
+                Code::FailedPrecondition,
+                "stays active",
+            );
+        }
+        leader.ack(m1.system_id).await;
+    }
+}
+
+// A HandOver refused because its standby left as it was asked stays refused: a standby that
+// joins afterwards does not make the leader step down (an adversarial review's finding: the
+// refused request was marked in the line later).
+#[tokio::test]
+async fn a_refused_hand_over_stays_refused_when_a_standby_joins_later() {
+    let (_cluster, a, b) = two(Duration::from_secs(10)).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut refused = 0;
+    for round in 0..12 {
+        let id = format!("refused{round}");
+        let mut leader = on_a.subscribe(singleton(&id)).await.unwrap();
+        let c = leader.confirmed().await;
+        // Its standby at the gateway asked, in the line before the request.
+        let mut standby = on_b
+            .subscribe(pb::OpenSubscription {
+                notify_standby: true,
+                ..singleton(&id)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(standby.frame().await, Frame::Standby(_)));
+        let request = ask(&on_b, &id);
+        drop(standby);
+        if within(request).await.unwrap().is_ok() {
+            // The step-down came first (the leader held nothing): a fair outcome.
+            continue;
+        }
+        refused += 1;
+        let _later = on_b.subscribe(singleton(&id)).await.unwrap();
+        sent_nothing(&mut leader, Duration::from_millis(500)).await;
+        let info = on_a.describe(&id).await.unwrap();
+        assert_eq!(
+            (
+                info.active_member_id,
+                info.epoch,
+                info.stepping_down_member_id
+            ),
+            (c.member_id, c.epoch, 0)
+        );
+    }
+    assert!(refused > 0, "no request was refused in 12 rounds");
+}

@@ -102,7 +102,7 @@ impl HandOverWaiter {
     /// Answers it if this gateway's copy of the line shows the outcome
     /// (docs/semantics.md#hand-over): its member stepped down (or left) and another is
     /// active, or no standby that could take over is left. Returns whether it was answered.
-    pub(super) fn answered(&mut self, coordinator: &Coordinator) -> bool {
+    pub(super) fn answered(&mut self, coordinator: &mut Coordinator) -> bool {
         if self.reply.is_closed() {
             return true;
         }
@@ -144,6 +144,10 @@ impl HandOverWaiter {
                 )),
             },
         };
+        if outcome.is_err() {
+            // Refused: not marked later, when another standby joins.
+            coordinator.withdraw_hand_over(&self.subscription, self.epoch);
+        }
         let (answer, _) = oneshot::channel();
         let reply = std::mem::replace(&mut self.reply, answer);
         let _ = reply.send(outcome);

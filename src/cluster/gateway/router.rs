@@ -125,7 +125,10 @@ impl Observer for Router {
             || (arbitrated
                 && matches!(
                     observation.input,
-                    Input::Leave { .. } | Input::Activate { .. } | Input::HandBack { .. }
+                    Input::Leave { .. }
+                        | Input::Activate { .. }
+                        | Input::HandBack { .. }
+                        | Input::CallOffStepDown { .. }
                 ))
             || observation
                 .effects
@@ -148,8 +151,8 @@ impl Observer for Router {
         let Some(link) = links.get(id) else {
             return;
         };
-        if let Input::Activate { .. } = observation.input {
-            // The active member has window now: pull for it.
+        if let Input::Activate { .. } | Input::CallOffStepDown { .. } = observation.input {
+            // The active member has window now (again, once its step-down is off): pull for it.
             link.wake.notify_one();
         }
         if let Input::HandBack { carry, .. } = observation.input {

@@ -349,7 +349,7 @@ async fn run(
         // incarnation (they are answered UNAVAILABLE).
         let mut handing_over: Vec<HandOverWaiter> = Vec::new();
         loop {
-            handing_over.retain_mut(|waiter| !waiter.answered(&coordinator));
+            handing_over.retain_mut(|waiter| !waiter.answered(&mut coordinator));
             // The gate first: a lease that ended closes it before its members are ended, one
             // renewed opens it before an activation goes out.
             lease.publish(incarnation, coordinator.lease_valid_until());
