@@ -37,6 +37,7 @@ mod limits;
 mod node_faults;
 mod registry;
 mod singleton;
+mod singleton_acks;
 
 /// The API suite's deployment here: two gateways over a fresh three-node NATS cluster,
 /// subscribers on the first, publishers (and unary acks, forwarded) on the second.

@@ -305,8 +305,12 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
 /// Moves the leadership `leader` reports to `node` with `stepdown` requests (each asking for
 /// it as the preferred placement). Each read is bounded by a second: one sent while the
 /// leadership moves may go unanswered.
-async fn lead_on<F, Fut>(client: &async_nats::Client, stepdown: &str, node: usize, leader: F)
-where
+pub(crate) async fn lead_on<F, Fut>(
+    client: &async_nats::Client,
+    stepdown: &str,
+    node: usize,
+    leader: F,
+) where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Option<String>>,
 {

@@ -31,8 +31,9 @@ pub(super) const CONFIRM_ON_STOP: Duration = Duration::from_secs(2);
 ///
 /// A fire-and-forget ack in flight to a consumer leader that stops is lost, and JetStream
 /// redelivers the message after its ack wait: an acked message delivered again. Confirmed, it
-/// is sent again (to the consumer's next leader) until JetStream answers, for up to the
-/// consumer's ack wait; one still unanswered then is counted in `unconfirmed_acks`.
+/// is sent again (to the consumer's next leader) until JetStream answers, for up to
+/// `--nats-ack-wait`; one still unanswered then is counted in `unconfirmed_acks`. Meanwhile a
+/// redelivery of its message is acked again, not delivered.
 #[derive(Default)]
 pub(super) struct Confirming {
     pub(super) tasks: tokio::task::JoinSet<u64>,
@@ -44,6 +45,16 @@ impl Confirming {
     /// Forgets the confirmations that ended.
     pub(super) fn reap(&mut self) {
         while let Some(done) = self.tasks.try_join_next() {
+            if let Ok(sequence) = done {
+                self.ended(sequence);
+            }
+        }
+    }
+
+    /// Waits until every confirmation on its way ended: confirmed, past its patience, or past
+    /// the gateway's lease.
+    pub(super) async fn settle_all(&mut self) {
+        while let Some(done) = self.tasks.join_next().await {
             if let Ok(sequence) = done {
                 self.ended(sequence);
             }
@@ -103,7 +114,7 @@ pub(super) async fn confirm(
         };
         if tokio::time::Instant::now() >= deadline {
             shared.broker.count_unconfirmed_ack();
-            tracing::warn!(%subscription, sequence, ?kind, tries, %error, "JetStream did not confirm an ack within the consumer's ack wait; it may deliver the message again");
+            tracing::warn!(%subscription, sequence, ?kind, tries, %error, "JetStream did not confirm an ack within --nats-ack-wait; it may deliver the message again");
             return sequence;
         }
         // "No responders" (the consumer's leader moving) or a broken connection come at once:

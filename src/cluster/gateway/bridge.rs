@@ -95,6 +95,10 @@ pub(super) struct Bridge {
     pub(super) explicit: bool,
     /// How often held messages get progress acks: a third of the consumer's ack wait.
     pub(super) progress_every: Duration,
+    /// How long an ack (or term) is sent again until JetStream confirms it: `--nats-ack-wait`,
+    /// also for a singleton, whose consumer's ack wait is shorter (half the lease) but whose
+    /// consumer's next leader may take longer to elect (docs/semantics.md#cluster-ack-final).
+    pub(super) ack_patience: Duration,
     pub(super) events: mpsc::UnboundedReceiver<Event>,
     pub(super) wake: Arc<Notify>,
     /// Whether the local subscription this bridge was started for still exists (see `Link`).
@@ -405,6 +409,11 @@ impl Bridge {
             .collect();
         let mut carry = Vec::new();
         if !yielding.is_empty() || !broker.has_active(&self.subscription) {
+            // The acks this gateway's member sent first: until JetStream applied them, it would
+            // hand the acked messages to the next active member, on any gateway, again. They
+            // wait only while the consumer has no leader, when nobody can pull anyway
+            // (docs/semantics.md#cluster-ack-final).
+            self.confirming.settle_all().await;
             // What is queued here goes back: handed back now, or already when the subscription
             // expired with its last member. Either way the router collected it, under the
             // subscription's lock, before this call returns.
@@ -507,7 +516,7 @@ impl Bridge {
             reply,
             kind,
             sequence,
-            self.progress_every * 3,
+            self.ack_patience,
             self.lease_gate(),
         );
         self.confirming.tasks.spawn(confirmation);

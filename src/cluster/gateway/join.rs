@@ -87,6 +87,7 @@ impl Gateway {
                 consumer,
                 explicit: acked_upstream(spec),
                 progress_every: self.ack_wait(spec.mode) / 3,
+                ack_patience: self.inner.config.ack_wait,
                 events,
                 wake,
                 live,

@@ -1,0 +1,175 @@
+//! A singleton member's acks across the loss of the NATS node leading its JetStream consumer
+//! (docs/semantics.md#cluster-ack-final): a message the member acked is not delivered again,
+//! to it or, after a hand-over, to its successor at another gateway. A singleton consumer's
+//! ack wait is half the gateway lease (1.5 s here), shorter than the consumer's next leader
+//! takes to be elected (its Raft election timeout is 4 to 9 s): the gateway keeps sending an
+//! ack until JetStream confirms it, for up to `--nats-ack-wait`, and hands over only once its
+//! acks were confirmed.
+
+use std::{sync::Arc, time::Duration};
+
+use tinybroker::{
+    clock::TokioClock,
+    cluster::gateway::{GatewayConfig, names},
+    core::Mode,
+    pb,
+    server::ServerConfig,
+};
+
+use crate::{
+    harness::{Member, TestServer, singleton},
+    nats_server::NatsCluster,
+    node_faults::lead_on,
+};
+
+const ID: &str = "acked";
+/// Longest any one event of these tests may take (an election, an ack wait).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+async fn gateway(url: &str) -> TestServer {
+    let clock: Arc<dyn tinybroker::clock::Clock> = Arc::new(TokioClock::new());
+    crate::serve_gateway(ServerConfig::default(), GatewayConfig::new(url), clock).await
+}
+
+/// The stream's and the singleton consumer's leaders on `node`, the coordination bucket's on
+/// `bucket` (its loss would end every singleton member: docs/semantics.md#cluster-leases).
+async fn leaders(cluster: &NatsCluster, node: usize, bucket: usize) {
+    let admin = async_nats::connect(cluster.client_url(bucket))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(admin.clone());
+    for (stream, target) in [("tinybroker", node), ("KV_tinybroker-coordination", bucket)] {
+        let js = js.clone();
+        lead_on(
+            &admin,
+            &format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+            target,
+            || {
+                let js = js.clone();
+                async move {
+                    let mut s = js.get_stream(stream).await.ok()?;
+                    s.info().await.ok()?.cluster.as_ref()?.leader.clone()
+                }
+            },
+        )
+        .await;
+    }
+    let consumer = names::consumer_name(Mode::Singleton, ID, "");
+    lead_on(
+        &admin,
+        &format!("$JS.API.CONSUMER.LEADER.STEPDOWN.tinybroker.{consumer}"),
+        node,
+        || {
+            let (js, consumer) = (js.clone(), consumer.clone());
+            async move {
+                let stream = js.get_stream("tinybroker").await.ok()?;
+                let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+                    stream.get_consumer(&consumer).await.ok()?;
+                consumer.info().await.ok()?.cluster.as_ref()?.leader.clone()
+            }
+        },
+    )
+    .await;
+}
+
+/// The singleton consumer's messages delivered and not acked, as JetStream counts them.
+async fn ack_pending(url: &str) -> Option<u64> {
+    let client = async_nats::connect(url).await.ok()?;
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("tinybroker").await.ok()?;
+    let name = names::consumer_name(Mode::Singleton, ID, "");
+    let info = stream.consumer_info(&name).await.ok()?;
+    Some(info.num_ack_pending as u64)
+}
+
+/// Reads `member`'s messages, acking each, until `last` came and JetStream counts nothing
+/// pending; returns (payload, attempt) of each.
+async fn read_until_settled(
+    member: &mut Member,
+    at: &crate::harness::Client,
+    last: &[u8],
+    url: &str,
+) -> Vec<(String, u32)> {
+    let mut seen = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        let mut last_came = false;
+        loop {
+            if last_came && ack_pending(url).await == Some(0) {
+                return;
+            }
+            let next = tokio::time::timeout(Duration::from_millis(200), member.message()).await;
+            if let Ok(m) = next {
+                last_came |= m.payload.as_ref() == last;
+                seen.push((
+                    String::from_utf8_lossy(&m.payload).into_owned(),
+                    m.delivery_attempt,
+                ));
+                at.ack(ID, member.member_id, m.system_id).await.unwrap();
+            }
+        }
+    })
+    .await
+    .expect("the member's messages did not settle in JetStream");
+    seen
+}
+
+// With and without a hand-over, the NATS node leading the stream and the consumer (neither
+// gateway's) is killed while the leader holds four messages; the leader acks them during the
+// election. None of them is delivered again: to the leader, or to its successor at the other
+// gateway (an adversarial review saw all four again, attempt 2).
+#[tokio::test]
+async fn acks_made_while_the_consumers_leader_node_is_down_are_final() {
+    for hand_over in [false, true] {
+        let mut cluster = NatsCluster::start(3).await;
+        let urls = cluster.client_urls();
+        let (a, b) = (gateway(&urls[0]).await, gateway(&urls[1]).await);
+        let (on_a, on_b) = (a.client().await, b.client().await);
+        let window = |id: &str| pb::OpenSubscription {
+            max_in_flight: 4,
+            ..singleton(id)
+        };
+        let mut leader = on_a.subscribe(window(ID)).await.unwrap();
+        leader.confirmed().await;
+        let mut standby = on_b.subscribe(window(ID)).await.unwrap();
+        leaders(&cluster, 2, 0).await;
+        for i in 0..4 {
+            on_b.publish("jobs.a", &format!("m{i}")).await;
+        }
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(leader.message().await);
+        }
+        let request = hand_over.then(|| {
+            let mut client = on_b.0.clone();
+            tokio::spawn(async move {
+                client
+                    .hand_over(pb::HandOverRequest {
+                        subscription_id: ID.into(),
+                    })
+                    .await
+            })
+        });
+        cluster.kill(2);
+        for m in &held {
+            on_a.ack(ID, leader.member_id, m.system_id).await.unwrap();
+        }
+        let (member, at) = if let Some(request) = request {
+            tokio::time::timeout(PATIENCE, request)
+                .await
+                .expect("the hand-over was not answered")
+                .unwrap()
+                .unwrap();
+            standby.confirmed().await;
+            (&mut standby, &on_b)
+        } else {
+            (&mut leader, &on_a)
+        };
+        on_b.publish("jobs.a", "m4").await;
+        let seen = read_until_settled(member, at, b"m4", &urls[0]).await;
+        assert_eq!(
+            seen,
+            [("m4".to_string(), 1)],
+            "acked messages delivered again (hand-over: {hand_over})"
+        );
+    }
+}
