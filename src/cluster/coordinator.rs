@@ -373,6 +373,11 @@ impl Coordinator {
         c
     }
 
+    /// Its timing.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// This incarnation's id.
     pub fn id(&self) -> GatewayId {
         self.me
@@ -600,6 +605,16 @@ impl Coordinator {
                 Err(KvError::WrongRevision { current: 0, .. }) if p.expected != 0 => {
                     self.deletions_learned += 1;
                     self.fence();
+                }
+                // A value at another revision is this gateway's own: a renewal whose answer was
+                // lost (its try timed out while NATS elected the bucket's leader) landed. Renew
+                // from it at once; the lease is extended only by a confirmed renewal, from its
+                // own send time.
+                Err(KvError::WrongRevision { current, .. })
+                    if p.expected != 0 && current > self.own_revision.unwrap_or(0) =>
+                {
+                    self.own_revision = Some(current);
+                    self.next_renewal = now;
                 }
                 Err(_) => self.next_renewal = now + self.config.retry,
             }

@@ -1083,3 +1083,45 @@ fn a_lines_value_never_passes_max_line_bytes() {
     assert!(theirs.line.iter().all(|u| next.line.contains(u)));
     assert_eq!(next.active, Some(uid(7, 1)));
 }
+
+// docs/semantics.md#cluster-leases: a renewal whose answer was lost but which landed (its try
+// timed out while NATS elected the bucket's leader) is this gateway's own value: the next
+// renewal compare-and-sets from it at once, and the lease is extended only by that confirmed
+// renewal, from its send time.
+#[test]
+fn a_renewal_that_landed_unanswered_is_renewed_from() {
+    let mut c = leased();
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    assert!(matches!(cmds[0].op, Op::Update(_, 1)), "{cmds:?}");
+    c.write_result(
+        ms(450),
+        cmds[0].id,
+        Err(KvError::Unavailable("no answer".into())),
+    );
+    // The retry, against the revision it knew, finds the landed one.
+    c.tick(ms(500));
+    let (cmds, _) = drain(&mut c);
+    assert!(matches!(cmds[0].op, Op::Update(_, 1)), "{cmds:?}");
+    c.write_result(
+        ms(510),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 1,
+            current: 2,
+        }),
+    );
+    assert!(!c.is_fenced());
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        matches!(cmds[0].op, Op::Update(_, 2)),
+        "renewed from it at once: {cmds:?}"
+    );
+    assert_eq!(
+        c.lease_valid_until(),
+        Some(ms(900)),
+        "not extended by the lost one"
+    );
+    c.write_result(ms(520), cmds[0].id, Ok(3));
+    assert_eq!(c.lease_valid_until(), Some(ms(510 + 900)));
+}

@@ -173,3 +173,65 @@ async fn acks_made_while_the_consumers_leader_node_is_down_are_final() {
         );
     }
 }
+
+/// Kills the node leading the coordination bucket (neither gateway's) under gateways with
+/// `lease`; returns whether the singleton's leader kept its place once both gateways renewed
+/// their leases again.
+async fn bucket_leader_lost(lease: Duration) -> bool {
+    let mut cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let clock = || -> Arc<dyn tinybroker::clock::Clock> { Arc::new(TokioClock::new()) };
+    let config = |url: &str| GatewayConfig {
+        lease,
+        ..GatewayConfig::new(url)
+    };
+    let a = crate::serve_gateway(ServerConfig::default(), config(&urls[0]), clock()).await;
+    let b = crate::serve_gateway(ServerConfig::default(), config(&urls[1]), clock()).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton(ID)).await.unwrap();
+    let c = leader.confirmed().await;
+    let _standby = on_b.subscribe(singleton(ID)).await.unwrap();
+    leaders(&cluster, 0, 2).await;
+    // Both leases renewed after the kill: the bucket elected its next leader.
+    let watcher = async_nats::connect(cluster.client_url(0)).await.unwrap();
+    let kv = async_nats::jetstream::new(watcher)
+        .get_key_value("tinybroker-coordination")
+        .await
+        .unwrap();
+    let mut leases = kv.watch("lease.*").await.unwrap();
+    let killed = tokio::time::Instant::now();
+    cluster.kill(2);
+    use tokio_stream::StreamExt;
+    let mut renewed = std::collections::BTreeSet::new();
+    tokio::time::timeout(PATIENCE, async {
+        while renewed.len() < 2 {
+            if let Some(Ok(entry)) = leases.next().await
+                && entry.operation == async_nats::jetstream::kv::Operation::Put
+            {
+                renewed.insert(entry.key);
+            }
+        }
+    })
+    .await
+    .expect("no lease renewed after the kill");
+    eprintln!(
+        "lease {lease:?}: both leases renewed {:?} after the kill",
+        killed.elapsed()
+    );
+    // Ended with UNAVAILABLE, or still the leader with its epoch.
+    let ended = tokio::time::timeout(Duration::from_millis(200), leader.stream.message())
+        .await
+        .is_ok();
+    let info = on_b.describe(ID).await.unwrap();
+    !ended && (info.active_member_id, info.epoch) == (c.member_id, c.epoch)
+}
+
+// docs/semantics.md#cluster-leases: the NATS node leading the coordination bucket (neither
+// gateway's) is killed; with a lease longer than JetStream takes to elect the bucket's next
+// leader, the gateways renew again once it did, and the singleton's leader keeps its place and
+// its epoch. Before, a renewal sent during the election waited out the whole request timeout
+// (two requests of 5 s) and the lease lapsed, whatever its length.
+#[tokio::test]
+async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member() {
+    assert!(bucket_leader_lost(Duration::from_secs(15)).await);
+}

@@ -528,11 +528,30 @@ fn carry_out(
                 .map(|ended| (recording.clone(), ended)),
             _ => None,
         };
+        // A lease write is tried for a sixth of the lease at most: one that finds no answer
+        // while NATS elects the bucket's next leader is tried again, several times within the
+        // lease, instead of waiting out the whole request timeout (a landed one is found by the
+        // next try's compare-and-set).
+        let bound = key
+            .starts_with("lease.")
+            .then(|| coordinator.config().lease / 6);
         writes.spawn(async move {
-            let result = match op {
-                Op::Create(value) => backplane.create(&key, value).await,
-                Op::Update(value, expected) => backplane.update(&key, value, expected).await,
-                Op::Delete(expected) => backplane.delete(&key, expected).await,
+            let write = async {
+                match op {
+                    Op::Create(value) => backplane.create(&key, value).await,
+                    Op::Update(value, expected) => backplane.update(&key, value, expected).await,
+                    Op::Delete(expected) => backplane.delete(&key, expected).await,
+                }
+            };
+            let result = match bound {
+                Some(bound) => tokio::time::timeout(bound, write)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(KvError::Unavailable(format!(
+                            "no answer within {bound:?} (a sixth of the lease)"
+                        )))
+                    }),
+                None => write.await,
             };
             if result.is_ok()
                 && let Some((recording, (subscription, epoch))) = ending
