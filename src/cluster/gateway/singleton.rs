@@ -528,12 +528,12 @@ fn carry_out(
                 .map(|ended| (recording.clone(), ended)),
             _ => None,
         };
-        // A lease write is tried for a sixth of the lease at most: one that finds no answer
+        // A lease renewal is tried for a sixth of the lease at most: one that finds no answer
         // while NATS elects the bucket's next leader is tried again, several times within the
         // lease, instead of waiting out the whole request timeout (a landed one is found by the
-        // next try's compare-and-set).
-        let bound = key
-            .starts_with("lease.")
+        // next try's compare-and-set). A lease's create keeps the request timeout: one not
+        // confirmed costs a new incarnation.
+        let bound = (key.starts_with("lease.") && matches!(op, Op::Update(..)))
             .then(|| coordinator.config().lease / 6);
         writes.spawn(async move {
             let write = async {
