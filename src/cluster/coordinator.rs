@@ -324,6 +324,9 @@ pub struct Coordinator {
     own_revision: Option<Revision>,
     valid_until: Option<Duration>,
     renewal: Option<RequestId>,
+    /// Renewals given up on ([`Coordinator::write_slow`]) whose answer may still come: a late
+    /// success extends the lease from its own send time.
+    late_renewals: BTreeSet<RequestId>,
     next_renewal: Duration,
     fenced: bool,
     blocks: BTreeMap<String, Block>,
@@ -356,6 +359,7 @@ impl Coordinator {
             own_revision: None,
             valid_until: None,
             renewal: None,
+            late_renewals: BTreeSet::new(),
             next_renewal: now,
             fenced: false,
             blocks: BTreeMap::new(),
@@ -582,6 +586,25 @@ impl Coordinator {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
+        let late = self.late_renewals.remove(&id);
+        if late {
+            // A renewal given up on, answered after all: a success extends the lease from its
+            // own send time (it was sent then); a refusal naming no value is the deletion.
+            match result {
+                Ok(rev) => {
+                    self.own_revision = Some(self.own_revision.unwrap_or(0).max(rev));
+                    let until = p.sent + self.config.lease;
+                    self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
+                }
+                Err(KvError::WrongRevision { current: 0, .. }) => {
+                    self.deletions_learned += 1;
+                    self.fence();
+                }
+                Err(_) => {}
+            }
+            self.step(now);
+            return;
+        }
         if self.renewal == Some(id) {
             self.renewal = None;
             match result {
@@ -611,9 +634,9 @@ impl Coordinator {
                 // from it at once; the lease is extended only by a confirmed renewal, from its
                 // own send time.
                 Err(KvError::WrongRevision { current, .. })
-                    if p.expected != 0 && current > self.own_revision.unwrap_or(0) =>
+                    if p.expected != 0 && current > p.expected =>
                 {
-                    self.own_revision = Some(current);
+                    self.own_revision = Some(self.own_revision.unwrap_or(0).max(current));
                     self.next_renewal = now;
                 }
                 Err(_) => self.next_renewal = now + self.config.retry,
@@ -677,6 +700,19 @@ impl Coordinator {
             Some(b) => self.blocks.insert(p.key, b),
             None => self.blocks.remove(&p.key),
         };
+        self.step(now);
+    }
+
+    /// Write `id` has not been answered within the shell's bound for a lease renewal (a sixth of
+    /// the lease): when it is the renewal in flight, the next one goes out at once, and this
+    /// one's answer, if it still comes, is taken as a late one. Nothing happens otherwise.
+    pub fn write_slow(&mut self, now: Duration, id: RequestId) {
+        if self.renewal != Some(id) {
+            return;
+        }
+        self.renewal = None;
+        self.late_renewals.insert(id);
+        self.next_renewal = now;
         self.step(now);
     }
 

@@ -1125,3 +1125,44 @@ fn a_renewal_that_landed_unanswered_is_renewed_from() {
     c.write_result(ms(520), cmds[0].id, Ok(3));
     assert_eq!(c.lease_valid_until(), Some(ms(510 + 900)));
 }
+
+// docs/semantics.md#cluster-leases: a renewal not answered within the shell's bound is followed
+// by another at once; the slow one's late success still extends the lease from its own send
+// time, and the next one, refused by it, renews from it (a slow but healthy bucket does not
+// lapse the lease).
+#[test]
+fn a_slow_renewal_is_followed_by_another_and_still_counts_when_answered() {
+    let mut c = leased();
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    let slow = cmds[0].id;
+    c.write_slow(ms(450), slow);
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        matches!(cmds[0].op, Op::Update(_, 1)),
+        "another at once: {cmds:?}"
+    );
+    let next = cmds[0].id;
+    c.write_slow(ms(460), slow);
+    assert!(
+        drain(&mut c).0.is_empty(),
+        "not the renewal in flight: nothing more"
+    );
+    c.write_result(ms(700), slow, Ok(2));
+    assert_eq!(
+        c.lease_valid_until(),
+        Some(ms(300 + 900)),
+        "from its send time"
+    );
+    c.write_result(
+        ms(710),
+        next,
+        Err(KvError::WrongRevision {
+            expected: 1,
+            current: 2,
+        }),
+    );
+    let (cmds, _) = drain(&mut c);
+    assert!(matches!(cmds[0].op, Op::Update(_, 2)), "{cmds:?}");
+    assert!(!c.is_fenced());
+}

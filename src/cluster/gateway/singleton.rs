@@ -282,6 +282,9 @@ pub(super) fn spawn(
     )
 }
 
+/// The backplane writes under way, each answering with its request id and key.
+type Writes = JoinSet<(RequestId, String, Result<Revision, KvError>)>;
+
 /// How long a gateway whose lease create was not confirmed waits before its next incarnation.
 const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
 
@@ -339,7 +342,9 @@ async fn run(
         // lease's timer, renewals and members are served meanwhile, so a gateway whose lease
         // lapses while NATS is slow to answer still ends its members on time.
         let mut opening: Option<BoxFuture<'_, Result<Watch, KvError>>> = Some(backplane.watch(""));
-        let mut writes: JoinSet<(RequestId, String, Result<Revision, KvError>)> = JoinSet::new();
+        let mut writes: Writes = JoinSet::new();
+        // Renewals' deadlines (a sixth of the lease): one past it is followed by another.
+        let mut slow: JoinSet<RequestId> = JoinSet::new();
         // Joins to answer once their member is in the line; dropped with the incarnation (the
         // member was ended, and its stream says so).
         let mut joining: Waiting = BTreeMap::new();
@@ -358,7 +363,7 @@ async fn run(
                 &mut coordinator,
                 &backplane,
                 &broker,
-                &mut writes,
+                (&mut writes, &mut slow),
                 (&mut joining, &mut proclaiming),
                 &recording,
             );
@@ -485,6 +490,7 @@ async fn run(
                     Some(Err(error)) => tracing::warn!(%error, "the coordination watch lost contact; it resumes"),
                     None => watch = None,
                 },
+                Some(Ok(id)) = slow.join_next(), if !slow.is_empty() => coordinator.write_slow(now(), id),
                 Some(done) = writes.join_next(), if !writes.is_empty() => {
                     if let Ok((request, key, result)) = done {
                         if let Err(error) = &result
@@ -513,7 +519,7 @@ fn carry_out(
     coordinator: &mut Coordinator,
     backplane: &NatsBackplane,
     broker: &Upstream,
-    writes: &mut JoinSet<(RequestId, String, Result<Revision, KvError>)>,
+    (writes, slow): (&mut Writes, &mut JoinSet<RequestId>),
     (joining, proclaiming): (&mut Waiting, &mut Proclaiming),
     recording: &Recording,
 ) {
@@ -528,30 +534,22 @@ fn carry_out(
                 .map(|ended| (recording.clone(), ended)),
             _ => None,
         };
-        // A lease renewal is tried for a sixth of the lease at most: one that finds no answer
-        // while NATS elects the bucket's next leader is tried again, several times within the
-        // lease, instead of waiting out the whole request timeout (a landed one is found by the
-        // next try's compare-and-set). A lease's create keeps the request timeout: one not
-        // confirmed costs a new incarnation.
-        let bound = (key.starts_with("lease.") && matches!(op, Op::Update(..)))
-            .then(|| coordinator.config().lease / 6);
+        // A lease renewal not answered within a sixth of the lease is followed by another
+        // (Coordinator::write_slow), several within the lease, so the gateway renews as soon as
+        // NATS has elected the bucket's next leader; the slow one runs on, and its answer still
+        // counts when it comes.
+        if key.starts_with("lease.") && matches!(op, Op::Update(..)) {
+            let bound = coordinator.config().lease / 6;
+            slow.spawn(async move {
+                tokio::time::sleep(bound).await;
+                id
+            });
+        }
         writes.spawn(async move {
-            let write = async {
-                match op {
-                    Op::Create(value) => backplane.create(&key, value).await,
-                    Op::Update(value, expected) => backplane.update(&key, value, expected).await,
-                    Op::Delete(expected) => backplane.delete(&key, expected).await,
-                }
-            };
-            let result = match bound {
-                Some(bound) => tokio::time::timeout(bound, write)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(KvError::Unavailable(format!(
-                            "no answer within {bound:?} (a sixth of the lease)"
-                        )))
-                    }),
-                None => write.await,
+            let result = match op {
+                Op::Create(value) => backplane.create(&key, value).await,
+                Op::Update(value, expected) => backplane.update(&key, value, expected).await,
+                Op::Delete(expected) => backplane.delete(&key, expected).await,
             };
             if result.is_ok()
                 && let Some((recording, (subscription, epoch))) = ending
