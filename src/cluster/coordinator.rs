@@ -533,14 +533,7 @@ impl Coordinator {
         member: u64,
         carry: Vec<(u64, u32)>,
     ) {
-        if !carry.is_empty() {
-            let mut carry = carry;
-            // A value stays small: past this, attempts are JetStream's count (README).
-            carry.truncate(MAX_CARRY);
-            let active = self.subs.get(subscription).and_then(|(v, _)| v.active);
-            self.carry
-                .insert(subscription.to_string(), Carry { carry, active });
-        }
+        self.give_carry(subscription, carry);
         if let Some(members) = self.local.get_mut(subscription) {
             members.retain(|m| m.id != member);
             // Nothing is kept for a subscription without local members: ids come and go.
@@ -549,6 +542,19 @@ impl Coordinator {
             }
         }
         self.step(now);
+    }
+
+    /// Keeps what this gateway gave back for `subscription`, to ride with the promotion that
+    /// follows ([`SubValue::carry`]).
+    fn give_carry(&mut self, subscription: &str, mut carry: Vec<(u64, u32)>) {
+        if carry.is_empty() {
+            return;
+        }
+        // A value stays small: past this, attempts are JetStream's count (README).
+        carry.truncate(MAX_CARRY);
+        let active = self.subs.get(subscription).and_then(|(v, _)| v.active);
+        self.carry
+            .insert(subscription.to_string(), Carry { carry, active });
     }
 
     /// An entry from the watch of the whole bucket, in revision order.

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{Carry, Coordinator, MAX_CARRY, MemberUid, StepDownCause, SubValue};
+use super::{Coordinator, MemberUid, StepDownCause, SubValue};
 
 impl Coordinator {
     /// Local member `member`, stepping down ([`Effect::StepDown`]), holds nothing, and what
@@ -29,13 +29,7 @@ impl Coordinator {
             return;
         }
         local.yielded = true;
-        if !carry.is_empty() {
-            let mut carry = carry;
-            carry.truncate(MAX_CARRY);
-            let active = self.subs.get(subscription).and_then(|(v, _)| v.active);
-            self.carry
-                .insert(subscription.to_string(), Carry { carry, active });
-        }
+        self.give_carry(subscription, carry);
         self.step(now);
     }
 

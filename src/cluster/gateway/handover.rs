@@ -38,18 +38,11 @@ impl Gateway {
                 mode,
             });
         }
-        let Some(singletons) = &self.inner.shared.singletons else {
-            return Err(Error::Unavailable(
-                "this gateway runs no singleton coordination".into(),
-            ));
-        };
         // Without a lease its copy of the lines may be behind (as for a watch).
+        let singletons = self
+            .leased_singletons("ask another gateway, or retry")
+            .await?;
         let patience = super::join::JOIN_LEASE_PATIENCE;
-        if singletons.lease().wait_valid(patience).await.is_none() {
-            return Err(Error::Unavailable(format!(
-                "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {patience:?}): ask another gateway, or retry"
-            )));
-        }
         // The active member's gateway completes it within its hand-over timeout; the line's
         // writes and the watch take a little more.
         let bound = self

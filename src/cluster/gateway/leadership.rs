@@ -49,19 +49,13 @@ impl Gateway {
         if let Some(sender) = lock(&self.inner.watched).get(subscription_id) {
             return Ok(sender.subscribe());
         }
-        let Some(singletons) = &self.inner.shared.singletons else {
-            return Err(Error::Unavailable(
-                "this gateway runs no singleton coordination".into(),
-            ));
-        };
         // Without a lease its copy of the lines may be behind: it answers no watch then, as it
         // admits no singleton member (docs/semantics.md#watching-leadership).
-        let patience = super::join::JOIN_LEASE_PATIENCE;
-        if singletons.lease().wait_valid(patience).await.is_none() {
-            return Err(Error::Unavailable(format!(
-                "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {patience:?}): its view of the leadership may be behind; retry, or watch at another gateway"
-            )));
-        }
+        let singletons = self
+            .leased_singletons(
+                "its view of the leadership may be behind; retry, or watch at another gateway",
+            )
+            .await?;
         // The consumer's creation time tells the subscription from one deleted and made again
         // under its id.
         let created = match self.singleton_consumer(subscription_id).await {
@@ -99,6 +93,29 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// This gateway's singleton coordination once it holds a lease (waited for, bounded): its
+    /// copy of the lines may be behind without one. `why` ends the refusal's message.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] with no coordination, or no lease within the join's patience.
+    pub(super) async fn leased_singletons(
+        &self,
+        why: &str,
+    ) -> Result<&super::singleton::Handle, Error> {
+        let Some(singletons) = &self.inner.shared.singletons else {
+            return Err(Error::Unavailable(
+                "this gateway runs no singleton coordination".into(),
+            ));
+        };
+        let patience = super::join::JOIN_LEASE_PATIENCE;
+        if singletons.lease().wait_valid(patience).await.is_none() {
+            return Err(Error::Unavailable(format!(
+                "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {patience:?}): {why}"
+            )));
+        }
+        Ok(singletons)
+    }
+
     /// The active member replaces its metadata (docs/semantics.md#member-metadata): checked
     /// and answered by the gateway holding it (forwarded there from any other), once the
     /// cluster's line holds it.
