@@ -61,6 +61,8 @@ const MAX_DELETION_TTL: Duration = Duration::from_millis(2_000);
 const EXPIRING: &str = "sub.";
 /// How often a gateway hands messages to its active members or acks them.
 pub const ACT_EVERY: Duration = Duration::from_millis(20);
+/// How long a gateway whose lease lapsed keeps its members while it tries to renew.
+pub const LAPSE_PATIENCE: Duration = Duration::from_millis(1_500);
 /// The shell's pause before a new incarnation when the lease create was never confirmed.
 const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
 
@@ -74,6 +76,7 @@ fn config() -> Config {
         max_drift_percent: MAX_DRIFT_PERCENT,
         margin: Duration::from_millis(50),
         retry: Duration::from_millis(50),
+        lapse_patience: LAPSE_PATIENCE,
     }
 }
 

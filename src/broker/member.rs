@@ -451,6 +451,11 @@ impl SubState {
         }
     }
 
+    /// Whether `member`'s stream was ended (or it left).
+    pub(crate) fn ended(&self, member: MemberId) -> bool {
+        self.outlets.get(&member).is_none_or(|outlet| outlet.ended)
+    }
+
     /// Moves every frame waiting for `member` into `buf` (which the caller has emptied), or, when
     /// there is none, parks `waker` to be woken by the next one. Returns false once the stream
     /// is over: the member was detached, or its end frame was already taken.
@@ -645,14 +650,24 @@ pub struct MemberStream {
     /// them together), handed out one by one.
     taken: VecDeque<Outbound>,
     finished: bool,
+    /// A message frame waits for the gateway's lease ([`MemberStream::lease_lapsed`]): the
+    /// timer of the next look, and whether one waited (then the member's end is looked for
+    /// before it is written).
+    recheck: Option<Pin<Box<tokio::time::Sleep>>>,
+    waited: bool,
     guard: MemberGuard,
 }
+
+/// While a gateway's lease is lapsed, how often a member stream holding a message looks again.
+const LAPSE_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl MemberStream {
     pub(crate) fn new(broker: Broker, cell: Arc<SubCell>, member: MemberId) -> Self {
         Self {
             taken: VecDeque::new(),
             finished: false,
+            recheck: None,
+            waited: false,
             guard: MemberGuard {
                 broker,
                 cell,
@@ -698,20 +713,57 @@ impl MemberStream {
         !gate() && Locked::new(&self.guard.cell).core.is_arbitrated()
     }
 
+    /// Whether the broker ended this member (its end frame waits in the outlet, or it was
+    /// taken already).
+    fn member_ended(&self) -> bool {
+        self.finished
+            || self.taken.iter().any(|f| matches!(f, Outbound::End(_)))
+            || Locked::new(&self.guard.cell).ended(self.guard.member)
+    }
+
+    /// Drops the message frames taken: past the lease, for a member that was ended.
+    fn drop_messages(&mut self) {
+        self.taken
+            .retain(|f| !matches!(f, Outbound::Message { .. }));
+        self.waited = false;
+        self.recheck = None;
+    }
+
     fn poll_frame(&mut self, waker: Option<&Waker>) -> Poll<Option<Outbound>> {
         loop {
             // The frame about to be written is a message past the lease (a pause of the
-            // process is seen here): it is not written. Nor is any other taken: their messages
-            // stay in flight until the member is ended, which comes next, as `end_one` drops
-            // the frames it finds waiting.
-            if self
-                .taken
-                .iter()
-                .any(|f| matches!(f, Outbound::Message { .. }))
-                && self.lease_lapsed()
-            {
-                self.taken
-                    .retain(|f| !matches!(f, Outbound::Message { .. }));
+            // process is seen here): it is not written now. It waits, with those behind it,
+            // until the lease is renewed; if the member is ended meanwhile (its gateway's
+            // lease ended for good), they are dropped: they stay in flight in the core until
+            // then, and go back with the member (docs/semantics.md#cluster-lease-lapse).
+            let message_next = matches!(self.taken.front(), Some(Outbound::Message { .. }));
+            if message_next && self.lease_lapsed() {
+                if self.member_ended() {
+                    self.drop_messages();
+                    continue;
+                }
+                self.waited = true;
+                let Some(waker) = waker else {
+                    return Poll::Pending;
+                };
+                let timer = self
+                    .recheck
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(LAPSE_RECHECK)));
+                if timer
+                    .as_mut()
+                    .poll(&mut Context::from_waker(waker))
+                    .is_pending()
+                {
+                    return Poll::Pending;
+                }
+                self.recheck = None;
+                continue;
+            }
+            if message_next && std::mem::take(&mut self.waited) && self.member_ended() {
+                // The lease is valid again, but not for this member: it was ended while its
+                // messages waited (a new incarnation of the gateway's lease).
+                self.drop_messages();
+                continue;
             }
             if let Some(frame) = self.taken.pop_front() {
                 return Poll::Ready(Some(frame));

@@ -95,8 +95,8 @@ struct Inner {
     handover_deadlines: Mutex<expiry::Deadlines>,
     observer: Option<Arc<dyn Observer>>,
     timings: std::sync::OnceLock<Arc<dyn Timings>>,
-    /// A gateway's lease check for arbitrated singletons: while it says no, their deliveries
-    /// are not handed to member streams (`Upstream::gate_singleton_deliveries`).
+    /// A gateway's lease check for arbitrated singletons: while it says no, member streams
+    /// write none of their messages (`Upstream::gate_singleton_deliveries`).
     singleton_gate: std::sync::OnceLock<SingletonGate>,
     /// Where the last eviction from the drop-oldest pool stopped (a subscription key).
     evict_cursor: AtomicU64,
@@ -335,17 +335,6 @@ impl Broker {
                 input: &input,
                 effects,
             });
-        }
-        if let Some(gate) = self.inner.singleton_gate.get()
-            && state.core.is_arbitrated()
-            && effects.iter().any(|e| matches!(e, Effect::Deliver { .. }))
-            && !gate()
-        {
-            // Past this gateway's lease (a pause of the process is seen here, by the clock
-            // read now): the frame is not handed to the member. The coordinator ends the
-            // member at once; what the core counts in flight goes back with it, and
-            // JetStream redelivers it (docs/semantics.md#cluster-lease-checks).
-            effects.retain(|e| !matches!(e, Effect::Deliver { .. }));
         }
         // Only a member joining, leaving or being made active changes who leads: publishes,
         // acks and nacks (the hot path) skip all of this, unless a step-down is in progress,

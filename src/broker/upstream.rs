@@ -135,10 +135,11 @@ impl Upstream {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Installs the gateway's lease check (once): while `gate` says no, no arbitrated
-    /// singleton's message is handed to a member stream, whatever hands it (an injection, a
-    /// nack's redelivery, the next queued message after an ack). The core still counts it in
-    /// flight; the member is ended when the lease lapse is processed, and it goes back then.
+    /// Installs the gateway's lease check (once): while `gate` says no, no member stream of an
+    /// arbitrated singleton writes a message, whatever queued it (an injection, a nack's
+    /// redelivery, the next queued message after an ack): it waits, in order, and is written
+    /// once the gate says yes again (the lease renewed, docs/semantics.md#cluster-lease-lapse),
+    /// or dropped when the member is ended (the core counts it in flight; it goes back then).
     pub fn gate_singleton_deliveries(&self, gate: super::SingletonGate) {
         let _ = self.inner.singleton_gate.set(gate);
     }

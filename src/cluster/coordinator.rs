@@ -45,12 +45,18 @@
 //! Clocks may have any offset but run at a rate within `1 ± ρ` of true time (`max_drift_percent`
 //! = ρ; only durations measured on one clock are ever compared).
 //! - A gateway's lease is valid until `s + lease` on its own clock, where `s` is when it *sent*
-//!   the last renewal that succeeded. At that instant, unless renewed, it ends every member's
-//!   stream with `UNAVAILABLE` and fences itself for good (it activates nobody again). It activates
-//!   a member only while its lease is valid.
+//!   the last renewal that succeeded. It acts for a member (activates it; its shell hands it
+//!   messages and acks for it) only while its lease is valid. Past that instant, unrenewed, it
+//!   *lapses*: it acts for nobody and goes on renewing; a renewal confirmed ends the lapse
+//!   (the lease is valid again from that renewal's send time). It ends every member's stream
+//!   with `UNAVAILABLE` and fences itself for good (it activates nobody again) when it learns
+//!   that its lease was deleted, or once it has been lapsed for `lapse_patience`.
 //! - Another gateway that last observed a change of `lease.<g>` at `o` (its clock) deletes it, by
 //!   compare-and-set on the revision it saw, once `lease·(1+ρ)/(1−ρ) + margin` has passed on its
-//!   clock; only then (lease deleted) do gateways remove g's members and promote others.
+//!   clock; only then (lease deleted) do gateways remove g's members and promote others. It
+//!   counts that time only while its own writes are answered: after one of its writes went
+//!   unanswered (the bucket may have had no leader, for every gateway), `o` moves to the moment
+//!   its next write is answered. Moving `o` later only delays a deletion.
 //!
 //! Why two members are never active in overlapping periods: the renewal observed at `o` was sent
 //! at some true time `s ≤ o`; g stops acting at most `lease/(1−ρ)` true time after the send of its
@@ -58,7 +64,11 @@
 //! `(lease·(1+ρ)/(1−ρ) + margin)/(1+ρ) ≥ lease/(1−ρ)` true time after `o`. So g's members ended
 //! before the deletion, and every later activation follows the deletion. A renewal the observer
 //! did not see in time fails its compare-and-set against the deleted key: the deletion wins or
-//! loses atomically. A clean close promotes only after the leaving member's stream is closed.
+//! loses atomically. So does a lapsed gateway's renewal: if it is confirmed, no deletion came
+//! before it (a deletion compares against the revision it replaced), so nobody promoted past
+//! g's members, and g may act for them again; if a deletion came first, the renewal is refused
+//! (no value) and g fences. A clean close promotes only after the leaving member's stream is
+//! closed.
 //!
 //! # Messages
 //! Messages are not the coordinator's: [`Effect::Activate`] is where the gateway's shell
@@ -111,6 +121,10 @@ pub struct Config {
     pub margin: Duration,
     /// How long to wait before retrying a write that failed as unavailable.
     pub retry: Duration,
+    /// How long a gateway whose lease lapsed keeps its members (silent, acting for none of
+    /// them) while it tries to renew, before it ends them: a lease renewed meanwhile, which
+    /// no other gateway deleted, lets it act for them again (docs/semantics.md#cluster-lease-lapse).
+    pub lapse_patience: Duration,
 }
 
 impl Config {
@@ -328,6 +342,17 @@ pub struct Coordinator {
     /// success extends the lease from its own send time.
     late_renewals: BTreeSet<RequestId>,
     next_renewal: Duration,
+    /// The lease passed its end unrenewed: nothing is done for members until a renewal is
+    /// confirmed (then it resumes) or `lapse_patience` passes (then it fences).
+    lapsed: bool,
+    /// Lapses, and lapses that ended with a confirmed renewal.
+    lapses: u64,
+    resumes: u64,
+    /// A write of this gateway's went unanswered (or answered "unavailable") since its last
+    /// answered one: the bucket may have had no leader, for everyone, so other gateways'
+    /// silence is not counted until a write of its own is answered again, and then from that
+    /// moment (waiting longer before a deletion is always safe, see the module doc).
+    suspect: bool,
     fenced: bool,
     blocks: BTreeMap<String, Block>,
     pending: BTreeMap<RequestId, Pending>,
@@ -361,6 +386,10 @@ impl Coordinator {
             renewal: None,
             late_renewals: BTreeSet::new(),
             next_renewal: now,
+            lapsed: false,
+            lapses: 0,
+            resumes: 0,
+            suspect: false,
             fenced: false,
             blocks: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -390,6 +419,18 @@ impl Coordinator {
     /// Whether the gateway lost its lease: it has ended every member and does nothing more.
     pub fn is_fenced(&self) -> bool {
         self.fenced
+    }
+
+    /// Whether the lease passed its end unrenewed and the gateway waits for a renewal to act
+    /// again (docs/semantics.md#cluster-lease-lapse).
+    pub fn is_lapsed(&self) -> bool {
+        self.lapsed && !self.fenced
+    }
+
+    /// How many times the lease lapsed, and how many of those lapses a confirmed renewal
+    /// ended (the members kept).
+    pub fn lapses(&self) -> (u64, u64) {
+        (self.lapses, self.resumes)
     }
 
     /// Whether this incarnation ever held a confirmed lease (a create or renewal answered).
@@ -593,15 +634,17 @@ impl Coordinator {
             return;
         };
         let late = self.late_renewals.remove(&id);
+        let result = self.planted_resume(&p, result, late || self.renewal == Some(id));
+        if result.is_ok() {
+            self.answered(now);
+        } else if !result.as_ref().is_err_and(KvError::is_conflict) {
+            self.suspect = true;
+        }
         if late {
             // A renewal given up on, answered after all: a success extends the lease from its
             // own send time (it was sent then); a refusal naming no value is the deletion.
             match result {
-                Ok(rev) => {
-                    self.own_revision = Some(self.own_revision.unwrap_or(0).max(rev));
-                    let until = p.sent + self.config.lease;
-                    self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
-                }
+                Ok(rev) => self.renewed(now, rev, p.sent),
                 Err(KvError::WrongRevision { current: 0, .. }) => {
                     self.deletions_learned += 1;
                     self.fence();
@@ -615,9 +658,7 @@ impl Coordinator {
             self.renewal = None;
             match result {
                 Ok(rev) => {
-                    self.own_revision = Some(self.own_revision.unwrap_or(0).max(rev));
-                    let until = p.sent + self.config.lease;
-                    self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
+                    self.renewed(now, rev, p.sent);
                     self.next_renewal = p.sent + self.config.lease / 3;
                 }
                 // An incarnation creates its lease once. A create that was not confirmed may
@@ -718,6 +759,7 @@ impl Coordinator {
         }
         self.renewal = None;
         self.late_renewals.insert(id);
+        self.suspect = true;
         self.next_renewal = now;
         self.step(now);
     }
@@ -737,15 +779,22 @@ impl Coordinator {
             next.push(self.next_renewal);
         }
         if !planted(PlantedBug::GatewayActsAfterLeaseExpiry) {
-            next.extend(self.valid_until);
+            // Lapsed: the end of its patience is next.
+            let patience = if self.lapsed {
+                self.config.lapse_patience
+            } else {
+                Duration::ZERO
+            };
+            next.extend(self.valid_until.map(|until| until + patience));
         }
-        // Dead-gateway checks only once leased (before, nothing is written), and only for leases
-        // not already being deleted.
+        // Dead-gateway checks only once leased (before, nothing is written), only while this
+        // gateway's own writes are answered, and only for leases not already being deleted.
         let dead_after = self.config.dead_after();
         for (g, view) in &self.leases {
             if let LeaseView::Alive { observed, .. } = view
                 && *g != self.me
                 && self.valid_until.is_some()
+                && !self.suspect
                 && !self.blocks.contains_key(&lease_key(*g))
             {
                 next.push(*observed + dead_after);
@@ -857,7 +906,7 @@ impl Coordinator {
         if g == self.me {
             if alive {
                 self.own_revision = Some(self.own_revision.unwrap_or(0).max(revision));
-            } else {
+            } else if !(self.lapsed && planted(PlantedBug::LapseResumesOnAnyAnswer)) {
                 // Another gateway found this lease stale: whatever this clock says, stop.
                 self.fence();
             }
@@ -868,6 +917,45 @@ impl Coordinator {
         {
             self.blocks.remove(&key);
         }
+    }
+
+    /// A renewal sent at `sent` was confirmed at revision `rev`: the lease is valid until
+    /// `sent + lease`, and a lapse it ends is over.
+    fn renewed(&mut self, now: Duration, rev: Revision, sent: Duration) {
+        self.own_revision = Some(self.own_revision.unwrap_or(0).max(rev));
+        let until = sent + self.config.lease;
+        self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
+        if self.lapsed && self.valid_until.is_some_and(|u| now < u) {
+            self.lapsed = false;
+            self.resumes += 1;
+        }
+    }
+
+    /// A write of this gateway's was answered: the bucket answers again. After a time it did
+    /// not, other gateways' silence counts from now.
+    fn answered(&mut self, now: Duration) {
+        if !std::mem::take(&mut self.suspect) {
+            return;
+        }
+        for view in self.leases.values_mut() {
+            if let LeaseView::Alive { observed, .. } = view {
+                *observed = (*observed).max(now);
+            }
+        }
+    }
+
+    /// The planted [`PlantedBug::LapseResumesOnAnyAnswer`]: a lapsed gateway's renewal refused
+    /// is taken as confirmed.
+    fn planted_resume(
+        &self,
+        p: &Pending,
+        result: Result<Revision, KvError>,
+        renewal: bool,
+    ) -> Result<Revision, KvError> {
+        if renewal && self.lapsed && planted(PlantedBug::LapseResumesOnAnyAnswer) {
+            return result.or(Ok(p.expected + 1));
+        }
+        result
     }
 
     fn lease_valid(&self, now: Duration) -> bool {
@@ -943,8 +1031,19 @@ impl Coordinator {
             && now >= until
             && !planted(PlantedBug::GatewayActsAfterLeaseExpiry)
         {
-            self.fence();
-            return;
+            // Past the lease: act for nobody (the lease gate is closed), keep renewing. Others
+            // may delete the lease only by compare-and-set on the revision they saw, which a
+            // confirmed renewal replaces: so a renewal confirmed now means nobody did, and
+            // nobody promoted past these members (docs/semantics.md#cluster-lease-lapse).
+            if !self.lapsed {
+                self.lapsed = true;
+                self.lapses += 1;
+                self.suspect = true;
+            }
+            if now >= until + self.config.lapse_patience {
+                self.fence();
+                return;
+            }
         }
         self.renew(now);
         self.local_effects(now);

@@ -14,6 +14,7 @@ pub(super) fn config() -> Config {
         max_drift_percent: 10,
         margin: ms(50),
         retry: ms(50),
+        lapse_patience: ms(2_000),
     }
 }
 
@@ -158,17 +159,26 @@ fn first_join_creates_the_line_then_promotes_with_the_replaced_revision_as_epoch
     );
 }
 
-// docs/semantics.md#cluster-leases: a gateway that cannot renew ends its members' streams at its lease's end, measured
-// from the send of the last renewal that succeeded.
-#[test]
-fn unrenewed_lease_ends_every_member_at_send_time_plus_lease() {
+/// A leased gateway (t=0, revision 1) whose member 1 is active on "jobs" (epoch 5), its
+/// renewals answered up to 5 ms.
+fn active_member_1() -> Coordinator {
     let mut c = leased();
     c.member_joined(ms(3), "jobs", 1);
     let (cmds, _) = drain(&mut c);
     c.write_result(ms(4), cmds[0].id, Ok(5));
     let (cmds, _) = drain(&mut c);
     c.write_result(ms(5), cmds[0].id, Ok(6));
-    drain(&mut c);
+    let (_, effects) = drain(&mut c);
+    assert!(matches!(effects[..], [Effect::Activate { member: 1, .. }]));
+    c
+}
+
+// docs/semantics.md#cluster-lease-lapse: a gateway that cannot renew stops acting at its lease's
+// end, measured from the send of the last renewal that succeeded; it keeps its members (it acts
+// for none) while it tries to renew, and ends them once it has been lapsed for its patience.
+#[test]
+fn an_unrenewed_lease_lapses_at_send_time_plus_lease_and_ends_every_member_after_the_patience() {
+    let mut c = active_member_1();
     // Renewals from now on never answer.
     c.tick(ms(300));
     let (cmds, _) = drain(&mut c);
@@ -179,8 +189,16 @@ fn unrenewed_lease_ends_every_member_at_send_time_plus_lease() {
         "the lease ends 900 ms after the create was sent"
     );
     c.tick(ms(899));
-    assert!(!c.is_fenced());
+    assert!(c.may_act(ms(899)) && !c.is_lapsed());
     c.tick(ms(900));
+    assert!(!c.may_act(ms(900)), "acts for nobody past its lease");
+    assert!(c.is_lapsed() && !c.is_fenced());
+    let (_, effects) = drain(&mut c);
+    assert!(effects.is_empty(), "its member is kept: {effects:?}");
+    assert_eq!(c.poll_timeout(), Some(ms(900 + 2_000)), "the patience");
+    c.tick(ms(2_899));
+    assert!(!c.is_fenced());
+    c.tick(ms(2_900));
     assert!(c.is_fenced());
     let (cmds, effects) = drain(&mut c);
     assert!(cmds.is_empty());
@@ -191,6 +209,142 @@ fn unrenewed_lease_ends_every_member_at_send_time_plus_lease() {
             member: 1,
             status: EndStatus::Unavailable
         }]
+    );
+    assert_eq!(c.lapses(), (1, 0));
+}
+
+// docs/semantics.md#cluster-lease-lapse: a lapsed gateway's renewal confirmed (nobody deleted its
+// lease: a deletion compares against the revision it replaced) lets it act for its members
+// again, from that renewal's send time; nothing was ended, nothing activated again.
+#[test]
+fn a_lapsed_lease_renewed_keeps_every_member_and_acts_again() {
+    let mut c = active_member_1();
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    let first = cmds[0].id;
+    c.write_result(
+        ms(550),
+        first,
+        Err(KvError::Unavailable("no responders".into())),
+    );
+    // Retried while the bucket elects its leader, each renewal followed by another when
+    // unanswered for a sixth of the lease (the shell's bound): none answers.
+    let mut t = ms(550);
+    let mut last: Option<(RequestId, Duration)> = None;
+    while t < ms(1_600) {
+        t += ms(50);
+        c.tick(t);
+        if let Some((id, sent)) = last
+            && t >= sent + ms(150)
+        {
+            c.write_slow(t, id);
+        }
+        let (cmds, effects) = drain(&mut c);
+        assert!(effects.is_empty(), "{effects:?} at {t:?}");
+        if let Some(cmd) = cmds.into_iter().find(|c| c.key == "lease.7") {
+            assert!(matches!(cmd.op, Op::Update(_, 1)), "{cmd:?}");
+            last = Some((cmd.id, t));
+        }
+    }
+    assert!(c.is_lapsed() && !c.may_act(t));
+    // The bucket has a leader again: the renewal in flight is confirmed.
+    let (id, sent) = last.unwrap();
+    assert!(sent + ms(900) > t + ms(5));
+    c.write_result(t + ms(5), id, Ok(12));
+    assert!(!c.is_lapsed());
+    assert!(c.may_act(t + ms(5)), "acts for its member again");
+    assert!(c.lease_valid_until().is_some_and(|u| u >= sent + ms(900)));
+    let (cmds, effects) = drain(&mut c);
+    assert!(
+        effects.is_empty(),
+        "no end, no second activation: {effects:?}"
+    );
+    assert!(cmds.is_empty(), "{cmds:?}");
+    assert_eq!(c.lapses(), (1, 1));
+    let at = c.poll_timeout().unwrap();
+    c.tick(at);
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        matches!(cmds[0].op, Op::Update(_, 12)),
+        "renews from the confirmed revision: {cmds:?}"
+    );
+}
+
+// docs/semantics.md#cluster-lease-lapse: a lapsed gateway whose lease another gateway deleted
+// (the deletion came first) learns it from its renewal's refusal and ends its members: it never
+// acts again.
+#[test]
+fn a_lapsed_lease_deleted_meanwhile_ends_every_member_at_the_refusal() {
+    let mut c = active_member_1();
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    c.write_slow(ms(450), cmds[0].id);
+    let (cmds, _) = drain(&mut c);
+    c.tick(ms(1_000));
+    assert!(c.is_lapsed());
+    c.write_result(
+        ms(1_200),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 1,
+            current: 0,
+        }),
+    );
+    assert!(c.is_fenced() && !c.may_act(ms(1_200)));
+    let (_, effects) = drain(&mut c);
+    assert!(matches!(effects[..], [Effect::End { member: 1, .. }]));
+}
+
+// docs/semantics.md#cluster-lease-lapse: a gateway whose own writes go unanswered (the bucket
+// has no leader, for every gateway) does not count another gateway's silence meanwhile: its
+// wait before a deletion starts again when a write of its own is answered. So a gateway that
+// lapsed with it renews before anyone deletes its lease.
+#[test]
+fn another_gateways_silence_counts_only_while_this_gateways_writes_are_answered() {
+    let mut c = leased();
+    let mut rev = 100;
+    c.backplane_changed(ms(10), "lease.8", Some(b"{}"), 2);
+    let wait = config().dead_after();
+    // The bucket stops answering at 250 ms: the renewal at 300 ms is unanswered.
+    let cmds = tick_renewing(&mut c, ms(250), &mut rev);
+    assert!(cmds.is_empty());
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    c.write_slow(ms(450), cmds[0].id);
+    let mut t = ms(450);
+    while t < ms(10) + wait * 2 {
+        t += ms(50);
+        c.tick(t);
+        let (cmds, _) = drain(&mut c);
+        assert!(
+            cmds.iter().all(|c| c.key == "lease.7"),
+            "no deletion while its own writes go unanswered: {cmds:?} at {t:?}"
+        );
+        for cmd in cmds {
+            c.write_slow(t, cmd.id);
+        }
+    }
+    assert!(c.is_lapsed());
+    // Answered again: its renewal is confirmed, the other's wait starts from now.
+    let back = t;
+    let cmds = tick_renewing(&mut c, back + ms(1), &mut rev);
+    assert!(cmds.is_empty(), "{cmds:?}");
+    assert!(!c.is_lapsed());
+    let mut t = back + ms(1);
+    while t < back + ms(1) + wait - ms(1) {
+        t = (t + ms(50)).min(back + ms(1) + wait - ms(1));
+        let cmds = tick_renewing(&mut c, t, &mut rev);
+        assert!(
+            cmds.is_empty(),
+            "not before a whole wait from the answer: {cmds:?} at {t:?}"
+        );
+    }
+    let cmds = tick_renewing(&mut c, back + ms(1) + wait, &mut rev);
+    assert_eq!(
+        cmds.iter()
+            .map(|c| (c.key.as_str(), &c.op))
+            .collect::<Vec<_>>(),
+        vec![("lease.8", &Op::Delete(2))]
     );
 }
 

@@ -67,6 +67,11 @@ pub enum PlantedBug {
     /// boundary"). Planted in `cluster::coordinator` (and the simulation's model of the
     /// member, which then acts on).
     StepDownBeforeSettled,
+    /// Cluster mode: a gateway whose lease lapsed takes any answer to a renewal as its
+    /// confirmation, also the refusal that says its lease was deleted, and acts again for its
+    /// members though others promoted past them (breaks docs/semantics.md#cluster-lease-lapse).
+    /// Planted in `cluster::coordinator`.
+    LapseResumesOnAnyAnswer,
 }
 
 #[cfg(feature = "planted-bugs")]

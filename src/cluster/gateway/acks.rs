@@ -74,8 +74,9 @@ impl Confirming {
 /// Sends `kind` (an ack or a term) for stream message `sequence` on `reply` until JetStream
 /// answers, for up to `patience`; counts it in `unconfirmed_acks` when it never does. A
 /// singleton's (`gate`) is sent only while the gateway's lease is valid, checked before each
-/// try: past it nothing more is sent, and JetStream redelivers the message to the member the
-/// cluster promoted (its epoch higher).
+/// try: while it is lapsed the ack waits for its renewal, and once it ended for good nothing
+/// more is sent, and JetStream redelivers the message to the member the cluster promoted (its
+/// epoch higher).
 pub(super) async fn confirm(
     shared: Arc<Shared>,
     subscription: Arc<str>,
@@ -94,8 +95,23 @@ pub(super) async fn confirm(
                 Some(incarnation) => lease.valid_for(*incarnation),
                 None => lease.valid().is_some(),
             };
-            if !leased {
-                tracing::debug!(%subscription, sequence, ?kind, tries, "past this gateway's lease: the ack is not sent again; JetStream redelivers");
+            // Lapsed: it waits (within its patience) for the lease renewed in the same
+            // incarnation, which no other gateway took for dead
+            // (docs/semantics.md#cluster-lease-lapse). Ended for good: nothing is sent.
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let renewed = !leased
+                && match incarnation {
+                    Some(incarnation) => lease.wait_valid_for(*incarnation, remaining).await,
+                    None => lease.wait_valid(remaining).await.is_some(),
+                };
+            if !leased && !renewed {
+                if incarnation.is_some_and(|i| lease.incarnation() != i) {
+                    tracing::debug!(%subscription, sequence, ?kind, tries, "past this gateway's lease: the ack is not sent (again); JetStream redelivers to the member promoted");
+                } else {
+                    // Still lapsed past the patience: the member is about to be ended.
+                    shared.broker.count_unconfirmed_ack();
+                    tracing::warn!(%subscription, sequence, ?kind, tries, "this gateway's lease stayed lapsed for --nats-ack-wait: an ack was not sent; JetStream may deliver the message again");
+                }
                 return sequence;
             }
         }

@@ -321,14 +321,26 @@ impl Bridge {
         }
     }
 
-    /// Any mode but singleton: whether the lease is not the one under which the consumer was
-    /// last checked ([`Bridge::verify_consumer`]).
+    /// A singleton's: whether its held messages' incarnation is still the one named, so that
+    /// a lapsed lease may yet be renewed for them.
+    fn lapsed_in_incarnation(&self) -> bool {
+        match (&self.shared.singletons, self.incarnation) {
+            (Some(singletons), Some(incarnation)) if self.singleton => {
+                singletons.lease().incarnation() == incarnation
+            }
+            _ => false,
+        }
+    }
+
+    /// Any mode but singleton: whether the lease incarnation is not the one under which the
+    /// consumer was last checked ([`Bridge::verify_consumer`]). A lapse within one incarnation
+    /// needs no check: no other gateway took this one for dead (it would have deleted its
+    /// lease, which ends the incarnation), so none deleted the subscription past its members.
     fn lapsed_since_verified(&self) -> bool {
         match &self.shared.singletons {
-            Some(singletons) if !self.singleton && !self.consumer_gone => singletons
-                .lease()
-                .valid()
-                .is_none_or(|now| self.verified != Some(now)),
+            Some(singletons) if !self.singleton && !self.consumer_gone => {
+                self.verified != Some(singletons.lease().incarnation())
+            }
             _ => false,
         }
     }
@@ -526,7 +538,10 @@ impl Bridge {
     /// else sent as it is.
     async fn settle(&mut self, sequence: u64, reply: Subject, kind: AckKind) {
         self.confirming.reap();
-        if !self.leased() {
+        // An ack or a term while the lease is lapsed waits for its renewal in its confirmation
+        // task (docs/semantics.md#cluster-lease-lapse); anything else is not sent.
+        let waits = matches!(kind, AckKind::Ack | AckKind::Term) && self.lapsed_in_incarnation();
+        if !self.leased() && !waits {
             tracing::debug!(subscription = %self.subscription, sequence, ?kind, "past this gateway's lease: nothing sent to JetStream, which redelivers");
             return;
         }
@@ -656,28 +671,20 @@ impl Bridge {
         if self.singleton
             && let Some(singletons) = &self.shared.singletons
         {
-            match singletons.lease().valid() {
-                // Past the lease (a pause of the process ends here): not handed over, not
-                // answered; JetStream redelivers it after its ack wait.
-                None => {
-                    tracing::debug!(subscription = %self.subscription, "past this gateway's lease: a pulled message is not handed over");
-                    return;
-                }
-                // A new incarnation: what the bridge held under an earlier one is never
-                // answered now (its lease ended); JetStream redelivers it.
-                Some(incarnation) if self.incarnation != Some(incarnation) => {
-                    self.held.clear();
-                    self.refused.clear();
-                    self.incarnation = Some(incarnation);
-                }
-                Some(_) => {}
+            // A new incarnation: what the bridge held under an earlier one is never answered
+            // now (its lease ended); JetStream redelivers it. Within one incarnation, lapsed or
+            // not, the message goes to the local subscription: a member's stream writes nothing
+            // while the lease is not valid (docs/semantics.md#cluster-lease-checks), and what
+            // waits there is written if the lease is renewed, or dropped when the gateway ends
+            // the member (docs/semantics.md#cluster-lease-lapse).
+            let incarnation = singletons.lease().incarnation();
+            if self.incarnation != Some(incarnation) {
+                self.held.clear();
+                self.refused.clear();
+                self.incarnation = Some(incarnation);
             }
         } else if let Some(singletons) = &self.shared.singletons
-            && (self.consumer_gone
-                || singletons
-                    .lease()
-                    .valid()
-                    .is_none_or(|now| self.verified != Some(now)))
+            && (self.consumer_gone || self.verified != Some(singletons.lease().incarnation()))
         {
             // Any other mode: a gateway whose lease lapsed was taken for dead by the others,
             // which count none of its members, so the subscription may have been deleted (and

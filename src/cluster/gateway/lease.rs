@@ -51,11 +51,13 @@ impl LeaseGate {
         let until = until.map_or(0, |u| {
             u64::try_from(u.as_nanos()).unwrap_or(u64::MAX).max(1)
         });
+        let mut changed = false;
         if self.incarnation.load(Ordering::SeqCst) != incarnation {
             self.until.store(0, Ordering::SeqCst);
             self.incarnation.store(incarnation, Ordering::SeqCst);
+            changed = true;
         }
-        if self.until.swap(until, Ordering::SeqCst) != until {
+        if self.until.swap(until, Ordering::SeqCst) != until || changed {
             self.changed.notify_waiters();
         }
     }
@@ -73,6 +75,33 @@ impl LeaseGate {
     /// Whether incarnation `incarnation`'s lease is valid at this instant.
     pub(crate) fn valid_for(&self, incarnation: u64) -> bool {
         self.valid() == Some(incarnation)
+    }
+
+    /// The incarnation named now, whether or not its lease is valid (0: none yet). Within one
+    /// incarnation a lease that lapsed may be renewed (docs/semantics.md#cluster-lease-lapse);
+    /// a new one begins only once every member of the one before was ended.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::SeqCst)
+    }
+
+    /// Waits until incarnation `incarnation`'s lease is valid, for at most `within`: false if it
+    /// is not by then, or once another incarnation is named (its lease ended for good).
+    pub(crate) async fn wait_valid_for(&self, incarnation: u64, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.valid_for(incarnation) {
+                return true;
+            }
+            if self.incarnation() != incarnation {
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.valid_for(incarnation);
+            }
+        }
     }
 
     /// Waits until a lease is valid, for at most `within`: the incarnation, or `None`.
@@ -117,6 +146,38 @@ mod tests {
         gate.publish(2, Some(Duration::from_secs(5)));
         assert!(gate.valid_for(2));
         assert!(!gate.valid_for(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapsed_lease_renewed_in_its_incarnation_is_waited_for_and_a_new_incarnation_is_not()
+    {
+        let gate = std::sync::Arc::new(LeaseGate::new(Instant::now()));
+        gate.publish(1, Some(Duration::from_secs(1)));
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        assert!(!gate.valid_for(1), "lapsed");
+        assert_eq!(gate.incarnation(), 1);
+        // Renewed within the wait: the same incarnation's wait ends true.
+        let publisher = gate.clone();
+        let waiting = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.wait_valid_for(1, Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        publisher.publish(1, Some(Duration::from_secs(5)));
+        assert!(waiting.await.unwrap());
+        // Lapsed again, then a new incarnation is named: the old one's wait ends false at once.
+        tokio::time::advance(Duration::from_secs(4)).await;
+        let waiting = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.wait_valid_for(1, Duration::from_secs(10)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        publisher.publish(2, None);
+        let started = Instant::now();
+        assert!(!waiting.await.unwrap());
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // Never renewed: false at the bound.
+        assert!(!gate.wait_valid_for(2, Duration::from_millis(200)).await);
     }
 
     #[tokio::test(start_paused = true)]

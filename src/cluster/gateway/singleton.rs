@@ -285,6 +285,12 @@ pub(super) fn spawn(
 /// The backplane writes under way, each answering with its request id and key.
 type Writes = JoinSet<(RequestId, String, Result<Revision, KvError>)>;
 
+/// How long a gateway whose lease lapsed keeps its singleton members, acting for none of them,
+/// while it tries to renew (docs/semantics.md#cluster-lease-lapse): long enough for the
+/// coordination bucket to elect its next leader (JetStream's Raft election timeout is 4 to 9 s)
+/// after the loss or pause of the node leading it.
+pub const LAPSE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// How long a gateway whose lease create was not confirmed waits before its next incarnation.
 const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
 
@@ -353,6 +359,8 @@ async fn run(
         // Hand-overs to answer once the line shows their outcome; dropped with the
         // incarnation (they are answered UNAVAILABLE).
         let mut handing_over: Vec<HandOverWaiter> = Vec::new();
+        // Whether the lease is lapsed, as last logged.
+        let mut lapsed = false;
         loop {
             handing_over.retain_mut(|waiter| !waiter.answered(&mut coordinator));
             // The gate first: a lease that ended closes it before its members are ended, one
@@ -367,6 +375,21 @@ async fn run(
                 (&mut joining, &mut proclaiming),
                 &recording,
             );
+            if coordinator.is_lapsed() != lapsed {
+                lapsed = !lapsed;
+                if lapsed {
+                    tracing::warn!(
+                        gateway = id.0,
+                        patience = ?LAPSE_PATIENCE,
+                        "this gateway's cluster lease lapsed unrenewed (NATS not answering, or its coordination bucket electing a leader): its singleton members get nothing until it is renewed"
+                    );
+                } else {
+                    tracing::info!(
+                        gateway = id.0,
+                        "this gateway's cluster lease was renewed after a lapse: its singleton members go on"
+                    );
+                }
+            }
             if coordinator.is_fenced() {
                 // Its view of the bucket is not current: every watch here ends UNAVAILABLE,
                 // and no record of an activation here is written any more.
@@ -375,7 +398,7 @@ async fn run(
                 if coordinator.was_leased() {
                     tracing::error!(
                         gateway = id.0,
-                        "this gateway's cluster lease lapsed: its singleton members were ended with UNAVAILABLE; starting a new incarnation"
+                        "this gateway's cluster lease ended (deleted by another gateway that found it stale, or not renewed within the lapse patience): its singleton members were ended with UNAVAILABLE; starting a new incarnation"
                     );
                 } else {
                     // Never leased: its lease create was not confirmed (NATS unreachable or
@@ -690,5 +713,6 @@ pub fn config(lease: Duration) -> Config {
         max_drift_percent: 1,
         margin: (lease / 10).max(Duration::from_millis(100)),
         retry: (lease / 20).max(Duration::from_millis(50)),
+        lapse_patience: LAPSE_PATIENCE,
     }
 }
