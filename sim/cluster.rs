@@ -131,6 +131,9 @@ struct Gateway {
     fail_create: bool,
     /// Local members asked to step down that have not settled yet.
     stepping: std::collections::BTreeSet<u64>,
+    /// Activations whose fence record was stored while the lease was lapsed: (subscription,
+    /// member, epoch), confirmed once it is renewed (docs/semantics.md#cluster-lease-lapse).
+    deferred: Vec<(String, u64, u64)>,
 }
 
 impl Gateway {
@@ -167,6 +170,8 @@ pub struct ClusterWorld {
     rng: Rng,
     /// Deletions learned from refusals by gateway incarnations that are gone.
     learned_by_gone: u64,
+    /// Lapses of gateway leases, and those a renewal ended, by incarnations gone.
+    lapses_by_gone: (u64, u64),
     fences: fence::Fences,
     /// Members' priorities (docs/semantics.md#priority): those not here have 0.
     priority: BTreeMap<u64, u32>,
@@ -205,6 +210,7 @@ impl ClusterWorld {
             observer,
             rng: Rng::new(seed),
             learned_by_gone: 0,
+            lapses_by_gone: (0, 0),
             fences: fence::Fences::new(seed),
             priority: BTreeMap::new(),
             checker: ClusterChecker::default(),
@@ -233,6 +239,7 @@ impl ClusterWorld {
                 frozen: None,
                 waiting: Vec::new(),
                 stepping: Default::default(),
+                deferred: Vec::new(),
                 pausing: false,
                 fail_create: false,
             });
@@ -289,6 +296,7 @@ impl ClusterWorld {
         g.members.clear();
         g.active.clear();
         g.pending.clear();
+        g.deferred.clear();
         g.next_tick = None;
         g.pausing = false;
         let local = g.local(self.now);
@@ -371,6 +379,8 @@ impl ClusterWorld {
             if coord.is_fenced() {
                 let was_leased = coord.was_leased();
                 self.learned_by_gone += coord.deletions_learned();
+                let lapses = coord.lapses();
+                self.count_lapses(lapses);
                 self.trace(format!("slot {slot}: gateway g{} fenced itself", id.0));
                 if was_leased {
                     self.start(slot);
@@ -678,6 +688,23 @@ impl ClusterWorld {
         self.learned_by_gone + live
     }
 
+    /// Lapses of gateway leases in this run, and those a confirmed renewal ended (the
+    /// gateway went on with its members).
+    pub fn lapses(&self) -> (u64, u64) {
+        let (lapses, resumes) = self
+            .gateways
+            .iter()
+            .filter_map(|g| g.coord.as_ref())
+            .map(Coordinator::lapses)
+            .fold(self.lapses_by_gone, |(a, b), (c, d)| (a + c, b + d));
+        (lapses, resumes)
+    }
+
+    fn count_lapses(&mut self, (lapses, resumes): (u64, u64)) {
+        self.lapses_by_gone.0 += lapses;
+        self.lapses_by_gone.1 += resumes;
+    }
+
     /// Slots whose gateway runs (also one between incarnations, which takes joins).
     pub fn live_slots(&self) -> Vec<usize> {
         (0..self.gateways.len())
@@ -715,6 +742,7 @@ impl ClusterWorld {
             return;
         };
         self.learned_by_gone += gone.deletions_learned();
+        let lapses = gone.lapses();
         g.watch = None;
         g.frozen = None;
         g.waiting.clear();
@@ -725,6 +753,7 @@ impl ClusterWorld {
             "slot {slot}: gateway g{} CRASHES",
             self.gateways[slot].id.0
         ));
+        self.count_lapses(lapses);
         for uid in members {
             self.checker.ended(self.now(), uid, "gateway crashed");
         }

@@ -28,6 +28,9 @@ pub struct ClusterOutcome {
     pub acts: u64,
     /// Step-downs (by priority or hand-over) whose member settled, check (j).
     pub step_downs: u64,
+    /// Gateway leases that lapsed, and those of them a confirmed renewal ended (the gateway
+    /// went on with its members).
+    pub lapses: (u64, u64),
     /// Fenced publishes check (i) saw: (stored, refused), and record writes a full stream
     /// refused.
     pub fenced: (u64, u64, u64),
@@ -67,12 +70,21 @@ pub fn run(seed: u64) -> ClusterOutcome {
     // (docs/semantics.md#cluster-priority-and-hand-over).
     let ranked = rng.range(0, 2) == 0;
     let mut t = Duration::from_millis(100);
+    // A backplane outage under way (the coordination bucket electing its leader): when it
+    // ends, and the gateways it cut off.
+    let mut outage: Option<(Duration, Vec<usize>)> = None;
     while t < FAULT_PHASE {
         t += Duration::from_millis(rng.range(20, 400));
         world.run_until(t);
+        if outage.as_ref().is_some_and(|(until, _)| t >= *until) {
+            let (_, cut) = outage.take().unwrap_or_default();
+            for slot in cut {
+                world.heal(slot);
+            }
+        }
         let live = world.live_slots();
         let slot = rng.range(0, gateways as u64 - 1) as usize;
-        match rng.range(0, 19) {
+        match rng.range(0, 20) {
             0..=7 if live.contains(&slot) => {
                 let sub = subs[rng.range(0, subs.len() as u64 - 1) as usize].clone();
                 if ranked {
@@ -97,6 +109,19 @@ pub fn run(seed: u64) -> ClusterOutcome {
             19 if live.contains(&slot) => {
                 let frozen = Duration::from_millis(rng.range(100, 2_500));
                 world.freeze(slot, frozen);
+            }
+            // The backplane answers no gateway for a while (its leader lost: an election),
+            // often past the lease, sometimes past the lapse patience
+            // (docs/semantics.md#cluster-lease-lapse).
+            20 if outage.is_none() => {
+                let cut: Vec<usize> = (0..gateways)
+                    .filter(|s| !world.is_partitioned(*s))
+                    .collect();
+                for slot in &cut {
+                    world.partition(*slot);
+                }
+                let lasts = Duration::from_millis(rng.range(300, 2_500));
+                outage = Some((t + lasts, cut));
             }
             _ => {}
         }
@@ -128,6 +153,7 @@ pub fn run(seed: u64) -> ClusterOutcome {
         hand_overs: world.checker.hand_overs,
         acts: world.checker.acts,
         step_downs: world.checker.step_downs,
+        lapses: world.lapses(),
         fenced: world.fenced(),
         trace: world.checker.trace.clone(),
     }

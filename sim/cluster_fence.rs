@@ -118,6 +118,22 @@ impl ClusterWorld {
     }
 
     /// Confirms `member` active with `epoch`.
+    /// The activations deferred by a lapse, now that the lease is valid again: each confirmed if
+    /// its member still is the line's active member with that epoch.
+    pub(super) fn activate_deferred(&mut self, slot: usize) {
+        let deferred = std::mem::take(&mut self.gateways[slot].deferred);
+        for (sub, member, epoch) in deferred {
+            let g = &self.gateways[slot];
+            let still = g
+                .coord
+                .as_ref()
+                .is_some_and(|c| c.still_active(&sub, member, epoch));
+            if still && g.members.contains_key(&member) {
+                self.activate(slot, &sub, member, epoch);
+            }
+        }
+    }
+
     fn activate(&mut self, slot: usize, sub: &str, member: u64, epoch: u64) {
         let g = &mut self.gateways[slot];
         let uid = g.uid(member);
@@ -148,8 +164,9 @@ impl ClusterWorld {
         self.at(self.now + after, Ev::Record(slot, id, write));
     }
 
-    /// Whether the gateway in `slot` may still write `write`: its lease is valid now and, for
-    /// an activation's, its member was not ended or gone since.
+    /// Whether the gateway in `slot` may still write `write`: its incarnation goes on (its
+    /// lease valid, or lapsed and not ended) and, for an activation's, its member was not
+    /// ended or gone since.
     fn may_write(&self, slot: usize, write: &Write) -> bool {
         let g = &self.gateways[slot];
         let Some(coord) = g.coord.as_ref() else {
@@ -160,7 +177,9 @@ impl ClusterWorld {
             Some(member) => g.members.get(&member) == Some(&write.sub),
             None => true,
         };
-        live && coord.may_act(g.local(self.now))
+        // Lapsed, its lease may yet be renewed: the record is written (records only rise,
+        // and a member is confirmed only under a valid lease); once fenced, it is not.
+        live && !coord.is_fenced()
     }
 
     /// The gateway in `slot` sends a record write, if it still may.
@@ -216,10 +235,15 @@ impl ClusterWorld {
             };
             // As the shell: still the line's active member with that epoch, not stepped down.
             let still = coord.still_active(&write.sub, member, write.epoch);
-            if !(still && coord.may_act(g.local(self.now)) && g.members.contains_key(&member)) {
-                return;
+            let here = still && g.members.contains_key(&member);
+            if here && coord.may_act(g.local(self.now)) {
+                self.activate(slot, &write.sub, member, write.epoch);
+            } else if here && !coord.is_fenced() {
+                // Confirmed once the lease is renewed, if it still is the active member then.
+                self.gateways[slot]
+                    .deferred
+                    .push((write.sub.clone(), member, write.epoch));
             }
-            self.activate(slot, &write.sub, member, write.epoch);
         }
         if full {
             let after = ns(Duration::from_millis(self.fences.rng.range(50, 1_000)));

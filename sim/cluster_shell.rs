@@ -75,10 +75,24 @@ impl ClusterWorld {
             return;
         };
         let local = g.local(self.now);
+        let lease_ends = coord.lease_valid_until().map(|u| g.true_time(u));
+        let members: Vec<MemberUid> = g.members.keys().map(|m| g.uid(*m)).collect();
         if !coord.may_act(local) {
+            // Lapsed, unrenewed (docs/semantics.md#cluster-lease-lapse): it keeps its members
+            // and acts for none; they count, for (b) and (c), only until its lease's end.
+            if coord.is_lapsed() {
+                let ends = lease_ends.map_or(Duration::ZERO, Duration::from_nanos);
+                self.checker.froze(&members, ends);
+            }
             return;
         }
-        let lease_ends = coord.lease_valid_until().map(|u| g.true_time(u));
+        // Acting: renewed (also after a lapse), its members count again, and what a lapse
+        // deferred is confirmed.
+        self.checker.thawed(&members);
+        if !self.gateways[slot].deferred.is_empty() {
+            self.activate_deferred(slot);
+        }
+        let g = &self.gateways[slot];
         let acting: Vec<(String, MemberUid)> = g
             .active
             .iter()

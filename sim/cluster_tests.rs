@@ -62,8 +62,10 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
     let refused: u64 = outcomes.iter().map(|o| o.fenced.1).sum();
     let full: u64 = outcomes.iter().map(|o| o.fenced.2).sum();
     let step_downs: u64 = outcomes.iter().map(|o| o.step_downs).sum();
+    let lapses: u64 = outcomes.iter().map(|o| o.lapses.0).sum();
+    let resumed: u64 = outcomes.iter().map(|o| o.lapses.1).sum();
     println!(
-        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease, fenced publishes: {stored} stored, {refused} refused, {full} record writes refused by a full stream, {step_downs} step-downs settled (priority or hand-over)",
+        "cluster campaign: {} seeds in {:.1?}, {skipped} deliveries of expired deletions skipped, {learned} deletions learned from a refusal, hand-overs: {taken_over} from dead gateways, {clean} clean, {acts} deliveries and acks checked against the lease, fenced publishes: {stored} stored, {refused} refused, {full} record writes refused by a full stream, {step_downs} step-downs settled (priority or hand-over), {lapses} leases lapsed, {resumed} of them renewed with their members kept",
         outcomes.len(),
         started.elapsed()
     );
@@ -84,6 +86,11 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
         );
         // Check (j) sees step-downs (priorities and hand-overs are drawn).
         assert!(step_downs > 0, "in {count} seeds, no member stepped down");
+        // Lapsed leases both renewed (members kept) and ended (docs/semantics.md#cluster-lease-lapse).
+        assert!(
+            resumed > 0 && lapses > resumed,
+            "in {count} seeds, {lapses} leases lapsed, {resumed} renewed"
+        );
         // Check (f) sees both kinds of hand-over.
         assert!(
             taken_over > 0 && clean > 0,
@@ -433,4 +440,12 @@ fn cluster_a_deposed_leaders_fenced_publishes_stop_at_its_successors_record() {
 #[test]
 fn cluster_campaign_catches_a_step_down_before_the_member_settled() {
     campaign_catches(PlantedBug::StepDownBeforeSettled, "(j)");
+}
+
+// docs/semantics.md#cluster-lease-lapse: a lapsed gateway that takes any answer to its renewal
+// as a confirmation, also the refusal saying another gateway deleted its lease, acts again for
+// a member others promoted past: check (g) catches it.
+#[test]
+fn cluster_campaign_catches_a_lapsed_gateway_resuming_without_a_confirmed_renewal() {
+    campaign_catches(PlantedBug::LapseResumesOnAnyAnswer, "(g)");
 }

@@ -1113,6 +1113,21 @@ impl Coordinator {
                 };
                 let in_line = v.line.contains(&uid);
                 let is_active = v.active == Some(uid);
+                if !may_activate {
+                    // Lapsed (or not leased yet): the watch may be far behind, and nothing is
+                    // told to a member but that it lost its place (a member stepping down
+                    // keeps it); the rest waits for a valid lease.
+                    let deposed = m.activated && !is_active && m.stepping.is_none();
+                    if (m.seen_in_line && !in_line) || deposed {
+                        self.effects.push_back(Effect::End {
+                            subscription: sub.clone(),
+                            member: m.id,
+                            status: EndStatus::Unavailable,
+                        });
+                        return false;
+                    }
+                    return true;
+                }
                 if m.activated && !is_active && in_line && m.stepping.is_some() {
                     // Its step-down moved the line past it: on standby, still a member.
                     m.activated = false;

@@ -602,10 +602,13 @@ impl Recording {
             earlier.store(false, Ordering::SeqCst);
         }
         let this = self.clone();
+        // Written also while the lease is lapsed within this incarnation (records only rise,
+        // and the member is confirmed only under a valid lease); not once it ended for good.
+        let incarnation = self.lease.incarnation();
         tokio::spawn(async move {
             let lease = this.lease.clone();
             let wanted = Record::active(activation.epoch);
-            let still = move || live.load(Ordering::SeqCst) && lease.valid().is_some();
+            let still = move || live.load(Ordering::SeqCst) && lease.incarnation() == incarnation;
             if this.fences.record(&subscription, wanted, still).await {
                 (this.on_recorded)(Arc::from(subscription), member, activation);
             }

@@ -30,6 +30,9 @@ pub(crate) struct LeaseGate {
     incarnation: AtomicU64,
     /// Valid until this many nanoseconds after `start`; 0: not valid.
     until: AtomicU64,
+    /// Counts the times the lease became valid after it was not (a first lease, or one renewed
+    /// after a lapse): announcements may have been missed in between ([`LeaseGate::valid_term`]).
+    terms: AtomicU64,
     changed: Notify,
 }
 
@@ -40,6 +43,7 @@ impl LeaseGate {
             start,
             incarnation: AtomicU64::new(0),
             until: AtomicU64::new(0),
+            terms: AtomicU64::new(0),
             changed: Notify::new(),
         }
     }
@@ -51,7 +55,16 @@ impl LeaseGate {
         let until = until.map_or(0, |u| {
             u64::try_from(u.as_nanos()).unwrap_or(u64::MAX).max(1)
         });
+        let now = self.now_nanos();
         let mut changed = false;
+        let old = self.until.load(Ordering::SeqCst);
+        let was_valid =
+            old != 0 && now < old && self.incarnation.load(Ordering::SeqCst) == incarnation;
+        if !was_valid && until > now {
+            // Counted before it is published valid: a reader never sees the new lease with the
+            // old term.
+            self.terms.fetch_add(1, Ordering::SeqCst);
+        }
         if self.incarnation.load(Ordering::SeqCst) != incarnation {
             self.until.store(0, Ordering::SeqCst);
             self.incarnation.store(incarnation, Ordering::SeqCst);
@@ -62,11 +75,24 @@ impl LeaseGate {
         }
     }
 
+    fn now_nanos(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// While the lease is valid, the stretch of validity it belongs to: a new one begins with
+    /// every new incarnation and every renewal after a lapse (when this gateway may have
+    /// missed what others told the leased gateways). `None` while not valid.
+    pub(crate) fn valid_term(&self) -> Option<u64> {
+        let term = self.terms.load(Ordering::SeqCst);
+        self.valid()?;
+        (self.terms.load(Ordering::SeqCst) == term).then_some(term)
+    }
+
     /// The incarnation whose lease is valid at this instant, by the monotonic clock read now.
     pub(crate) fn valid(&self) -> Option<u64> {
         let incarnation = self.incarnation.load(Ordering::SeqCst);
         let until = self.until.load(Ordering::SeqCst);
-        let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = self.now_nanos();
         let in_time = now < until || planted(PlantedBug::GatewaySkipsLeaseCheck);
         (until != 0 && in_time && self.incarnation.load(Ordering::SeqCst) == incarnation)
             .then_some(incarnation)
@@ -135,6 +161,25 @@ mod tests {
         // A pause: the clock jumps past the lease, nobody publishes anything.
         tokio::time::advance(Duration::from_millis(1_001)).await;
         assert_eq!(gate.valid(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_renewed_after_a_lapse_begins_a_new_term_and_one_renewed_in_time_does_not() {
+        let gate = LeaseGate::new(Instant::now());
+        assert_eq!(gate.valid_term(), None);
+        gate.publish(1, Some(Duration::from_secs(1)));
+        let first = gate.valid_term().expect("valid");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        gate.publish(1, Some(Duration::from_millis(1_500)));
+        assert_eq!(gate.valid_term(), Some(first), "renewed in time");
+        // A pause past the lease, then a renewal: a new term, though nobody published between.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(gate.valid_term(), None);
+        gate.publish(1, Some(Duration::from_secs(4)));
+        let second = gate.valid_term().expect("renewed");
+        assert_ne!(second, first);
+        gate.publish(2, Some(Duration::from_secs(10)));
+        assert_ne!(gate.valid_term(), Some(second), "a new incarnation");
     }
 
     #[tokio::test(start_paused = true)]

@@ -148,7 +148,9 @@ pub(super) struct Registry {
     /// How often this gateway's NATS connection (re)connected: announcements sent while it was
     /// down were lost.
     connects: Arc<AtomicU64>,
-    /// The lease incarnation and connection count under which the last sync that ended began.
+    /// The lease's term (its incarnation, and every renewal after a lapse, begins a new one:
+    /// [`super::lease::LeaseGate::valid_term`]) and the connection count under which the last
+    /// sync that ended began.
     current_as_of: Mutex<Option<(u64, u64)>>,
     /// The last ticket a sync that brought the copy up to date covers.
     succeeded: AtomicU64,
@@ -241,10 +243,11 @@ impl Registry {
     }
 
     /// Whether the copy is up to date without a sync: the last sync began under the lease
-    /// incarnation valid now and on the NATS connection up now, so every announcement since
-    /// reached this gateway (announcers wait for every leased gateway's answer).
+    /// term valid now (no lapse since) and on the NATS connection up now, so every announcement
+    /// since reached this gateway (announcers wait for every leased gateway's answer, for as
+    /// long as its lease could last).
     pub(super) fn current(&self) -> bool {
-        let Some(incarnation) = self.lease.get().and_then(|lease| lease.valid()) else {
+        let Some(incarnation) = self.lease.get().and_then(|lease| lease.valid_term()) else {
             return false;
         };
         let connects = self.connects.load(Ordering::SeqCst);
@@ -382,7 +385,7 @@ impl Registry {
         let began_under = self
             .lease
             .get()
-            .and_then(|lease| lease.valid())
+            .and_then(|lease| lease.valid_term())
             .map(|incarnation| (incarnation, connects));
         let mut up_to_date = false;
         let marks = self.stale_marks.load(Ordering::SeqCst);
@@ -511,14 +514,22 @@ mod tests {
         registry.watch_lease(lease.clone());
         lease.publish(7, Some(Duration::from_secs(1)));
         assert!(!registry.current(), "never synced");
-        *registry.current_as_of.lock().unwrap() = Some((7, 1));
+        let term = lease.valid_term().unwrap();
+        *registry.current_as_of.lock().unwrap() = Some((term, 1));
         assert!(registry.current());
         connects.fetch_add(1, Ordering::SeqCst);
         assert!(!registry.current(), "the connection dropped since");
-        *registry.current_as_of.lock().unwrap() = Some((7, 2));
+        *registry.current_as_of.lock().unwrap() = Some((term, 2));
         assert!(registry.current());
         tokio::time::advance(Duration::from_millis(1_001)).await;
         assert!(!registry.current(), "the lease lapsed");
+        lease.publish(7, Some(Duration::from_secs(5)));
+        assert!(
+            !registry.current(),
+            "renewed after a lapse: announcements may have been missed"
+        );
+        *registry.current_as_of.lock().unwrap() = Some((lease.valid_term().unwrap(), 2));
+        assert!(registry.current());
         lease.publish(8, Some(Duration::from_secs(5)));
         assert!(
             !registry.current(),

@@ -361,8 +361,20 @@ async fn run(
         let mut handing_over: Vec<HandOverWaiter> = Vec::new();
         // Whether the lease is lapsed, as last logged.
         let mut lapsed = false;
+        // Activations whose fence record was stored while the lease was lapsed
+        // (docs/semantics.md#cluster-lease-lapse).
+        let mut deferred: Vec<(Arc<str>, MemberId, crate::broker::Activation)> = Vec::new();
         loop {
             handing_over.retain_mut(|waiter| !waiter.answered(&mut coordinator));
+            if !deferred.is_empty() && coordinator.may_act(now()) {
+                for (sub, member, activation) in std::mem::take(&mut deferred) {
+                    if coordinator.still_active(&sub, member, activation.epoch)
+                        && let Err(error) = broker.activate(&sub, member, activation)
+                    {
+                        tracing::debug!(subscription = %sub, member, %error, "could not activate a member");
+                    }
+                }
+            }
             // The gate first: a lease that ended closes it before its members are ended, one
             // renewed opens it before an activation goes out.
             lease.publish(incarnation, coordinator.lease_valid_until());
@@ -479,7 +491,10 @@ async fn run(
                         // Still the line's active member with that epoch, under this
                         // incarnation's lease (an ended or deposed member is not activated).
                         let current = coordinator.still_active(&sub, member, activation.epoch);
-                        if current && coordinator.may_act(now()) {
+                        if current && !coordinator.may_act(now()) && !coordinator.is_fenced() {
+                            // Lapsed: confirmed once the lease is renewed, if still current.
+                            deferred.push((sub, member, activation));
+                        } else if current && coordinator.may_act(now()) {
                             if let Err(error) = broker.activate(&sub, member, activation) {
                                 // It left meanwhile: its leaving is on its way to the coordinator.
                                 tracing::debug!(subscription = %sub, member, %error, "could not activate a member");
