@@ -119,6 +119,8 @@ struct AtomicCounters {
     subscriptions_deleted: AtomicU64,
     messages_deleted: AtomicU64,
     unconfirmed_acks: AtomicU64,
+    lease_lapses: AtomicU64,
+    lease_lapses_renewed: AtomicU64,
     /// Live members across all subscriptions (so listing need not lock every subscription).
     members: AtomicU64,
     /// The general pool: every subscription's footprint but the messages of drop-oldest ones
@@ -233,6 +235,11 @@ pub struct BrokerStats {
     /// Cluster mode: acks (and terms) JetStream did not confirm within the consumer's ack wait,
     /// or sent unconfirmed; 0 on the embedded broker.
     pub unconfirmed_acks: u64,
+    /// Cluster mode: times this gateway's lease lapsed unrenewed (its singleton members got
+    /// nothing meanwhile), and those a renewal ended with the members kept
+    /// (docs/semantics.md#cluster-lease-lapse); 0 on the embedded broker.
+    pub lease_lapses: u64,
+    pub lease_lapses_renewed: u64,
     /// Live subscriptions.
     pub subscriptions: u64,
     /// Members across them.
@@ -881,6 +888,8 @@ impl Broker {
             subscriptions_deleted: c.subscriptions_deleted.load(Ordering::Relaxed),
             messages_deleted: c.messages_deleted.load(Ordering::Relaxed),
             unconfirmed_acks: c.unconfirmed_acks.load(Ordering::Relaxed),
+            lease_lapses: c.lease_lapses.load(Ordering::Relaxed),
+            lease_lapses_renewed: c.lease_lapses_renewed.load(Ordering::Relaxed),
             subscriptions,
             members: c.members.load(Ordering::Relaxed),
             memory_accounted_bytes: general + drop_oldest,

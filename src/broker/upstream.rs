@@ -127,6 +127,17 @@ impl Upstream {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Counts a lapse of this gateway's cluster lease (`renewed`: one a renewal ended, the
+    /// members kept).
+    pub fn count_lease_lapse(&self, renewed: bool) {
+        let counter = if renewed {
+            &self.inner.counters.lease_lapses_renewed
+        } else {
+            &self.inner.counters.lease_lapses
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Counts an ack (or term) JetStream did not confirm: the message may come again.
     pub fn count_unconfirmed_ack(&self) {
         self.inner

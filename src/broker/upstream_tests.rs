@@ -1,6 +1,6 @@
 //! The gateway broker's upstream entry points, driven by hand on tokio's paused clock.
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
 use super::*;
 use crate::{
@@ -531,4 +531,70 @@ async fn a_singleton_that_expires_with_its_last_member_hands_back_what_it_queued
     );
     assert_eq!(broker.list().1.messages_expired, 0);
     assert!(broker.hand_back("s").is_empty(), "gone, nothing left");
+}
+
+/// A gateway's singleton "s" with window 4, its member active, behind a lease gate the test
+/// opens and closes.
+async fn gated() -> (Upstream, MemberStream, AtomicBool, Arc<AtomicBool>) {
+    let (broker, s, live) = promoted(4, Vec::new()).await;
+    let open = Arc::new(AtomicBool::new(true));
+    let gate = open.clone();
+    broker.gate_singleton_deliveries(Arc::new(move || gate.load(Ordering::SeqCst)));
+    (broker, s, live, open)
+}
+
+// docs/semantics.md#cluster-lease-lapse: while the gateway's lease is lapsed, a member's stream
+// writes none of its messages; they wait, in order, and are written once the lease is renewed.
+#[tokio::test(start_paused = true)]
+async fn messages_wait_while_the_lease_is_lapsed_and_are_written_in_order_once_renewed() {
+    let (broker, mut s, live, open) = gated().await;
+    broker.inject("s", message(1), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((1, 1)));
+    open.store(false, Ordering::SeqCst);
+    for id in [2, 3, 4] {
+        broker.inject("s", message(id), 1, &live).unwrap();
+    }
+    assert_eq!(
+        delivered(&mut s).await,
+        None,
+        "nothing written while lapsed"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(delivered(&mut s).await, None, "nor seconds later");
+    open.store(true, Ordering::SeqCst);
+    let mut got = Vec::new();
+    while let Some(d) = delivered(&mut s).await {
+        got.push(d);
+    }
+    assert_eq!(
+        got,
+        [(2, 1), (3, 1), (4, 1)],
+        "each once, in order, attempt 1"
+    );
+}
+
+// docs/semantics.md#cluster-lease-lapse: a member ended while its messages waited for the lease
+// (the gateway's lease ended for good) gets none of them, also once a lease (its gateway's
+// next incarnation's) is valid again: its stream ends.
+#[tokio::test(start_paused = true)]
+async fn messages_waiting_for_the_lease_are_dropped_when_the_member_is_ended() {
+    let (broker, mut s, live, open) = gated().await;
+    open.store(false, Ordering::SeqCst);
+    for id in [2, 3] {
+        broker.inject("s", message(id), 1, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, None);
+    let member = s.member_id();
+    broker.end_member("s", member, &Error::Unavailable("lease ended".into()));
+    open.store(true, Ordering::SeqCst);
+    match tokio::time::timeout(Duration::from_secs(1), s.next()).await {
+        Ok(Some(Outbound::End(Error::Unavailable(_)))) => {}
+        other => panic!("expected the end, got {other:?}"),
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), s.next())
+            .await
+            .is_ok_and(|f| f.is_none()),
+        "nothing after the end"
+    );
 }

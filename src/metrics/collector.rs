@@ -150,6 +150,16 @@ impl Collector for BrokerCollector {
                 "Cluster mode: acks JetStream did not confirm within the consumer's ack wait (their messages may come again).",
                 stats.unconfirmed_acks,
             ),
+            (
+                "tinybroker_gateway_lease_lapses",
+                "Cluster mode: times this gateway's lease lapsed unrenewed (its singleton members got nothing until it was renewed or they were ended).",
+                stats.lease_lapses,
+            ),
+            (
+                "tinybroker_gateway_lease_lapses_renewed",
+                "Cluster mode: lapses of this gateway's lease that a renewal ended, its singleton members kept.",
+                stats.lease_lapses_renewed,
+            ),
         ] {
             let counter = ConstCounter::new(value);
             counter.encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)?;

@@ -174,24 +174,27 @@ async fn acks_made_while_the_consumers_leader_node_is_down_are_final() {
     }
 }
 
-/// Kills the node leading the coordination bucket (neither gateway's) under gateways with
-/// `lease`; returns whether the singleton's leader kept its place once both gateways renewed
-/// their leases again.
-async fn bucket_leader_lost(lease: Duration) -> bool {
+// docs/semantics.md#cluster-lease-lapse: the NATS node leading the coordination bucket
+// (neither gateway's) is killed under the default 3 s lease, shorter than JetStream takes to
+// elect the bucket's next leader (4 to 9 s), so the gateways' leases lapse. The leader acks the
+// message it holds during the election, and messages are published meanwhile (the stream's
+// leader is not lost). Once the gateways renew, the singleton's leader is still the leader
+// with its epoch: it gets every message published meanwhile, in order, once each, and the one
+// it acked is not delivered again. Before, every gateway ended its singleton members with
+// UNAVAILABLE at the lapse.
+#[tokio::test]
+async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member() {
     let mut cluster = NatsCluster::start(3).await;
     let urls = cluster.client_urls();
-    let clock = || -> Arc<dyn tinybroker::clock::Clock> { Arc::new(TokioClock::new()) };
-    let config = |url: &str| GatewayConfig {
-        lease,
-        ..GatewayConfig::new(url)
-    };
-    let a = crate::serve_gateway(ServerConfig::default(), config(&urls[0]), clock()).await;
-    let b = crate::serve_gateway(ServerConfig::default(), config(&urls[1]), clock()).await;
+    let (a, b) = (gateway(&urls[0]).await, gateway(&urls[1]).await);
     let (on_a, on_b) = (a.client().await, b.client().await);
     let mut leader = on_a.subscribe(singleton(ID)).await.unwrap();
     let c = leader.confirmed().await;
-    let _standby = on_b.subscribe(singleton(ID)).await.unwrap();
+    let mut standby = on_b.subscribe(singleton(ID)).await.unwrap();
     leaders(&cluster, 0, 2).await;
+    on_b.publish("jobs.a", "m0").await;
+    let held = leader.message().await;
+    assert_eq!(held.payload.as_ref(), b"m0");
     // Both leases renewed after the kill: the bucket elected its next leader.
     let watcher = async_nats::connect(cluster.client_url(0)).await.unwrap();
     let kv = async_nats::jetstream::new(watcher)
@@ -201,37 +204,56 @@ async fn bucket_leader_lost(lease: Duration) -> bool {
     let mut leases = kv.watch("lease.*").await.unwrap();
     let killed = tokio::time::Instant::now();
     cluster.kill(2);
+    on_a.ack(ID, leader.member_id, held.system_id)
+        .await
+        .unwrap();
     use tokio_stream::StreamExt;
     let mut renewed = std::collections::BTreeSet::new();
+    let mut published = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(300));
     tokio::time::timeout(PATIENCE, async {
         while renewed.len() < 2 {
-            if let Some(Ok(entry)) = leases.next().await
-                && entry.operation == async_nats::jetstream::kv::Operation::Put
-            {
-                renewed.insert(entry.key);
+            tokio::select! {
+                entry = leases.next() => {
+                    if let Some(Ok(entry)) = entry
+                        && entry.operation == async_nats::jetstream::kv::Operation::Put
+                    {
+                        renewed.insert(entry.key);
+                    }
+                }
+                // Published through the gateway on standby's side, all through the election.
+                _ = tick.tick() => {
+                    let payload = format!("m{}", published.len() + 1);
+                    on_b.publish("jobs.a", &payload).await;
+                    published.push(payload);
+                }
             }
         }
     })
     .await
     .expect("no lease renewed after the kill");
+    let renewed_after = killed.elapsed();
     eprintln!(
-        "lease {lease:?}: both leases renewed {:?} after the kill",
-        killed.elapsed()
+        "both leases renewed {renewed_after:?} after the kill; {} published meanwhile",
+        published.len()
     );
-    // Ended with UNAVAILABLE, or still the leader with its epoch.
-    let ended = tokio::time::timeout(Duration::from_millis(200), leader.stream.message())
-        .await
-        .is_ok();
+    // Every message published meanwhile reaches the leader, in order, once each.
+    let mut got = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while got.len() < published.len() {
+            let m = leader.message().await;
+            assert_eq!(m.epoch, c.epoch, "the leader's epoch");
+            got.push(String::from_utf8_lossy(&m.payload).into_owned());
+            on_a.ack(ID, leader.member_id, m.system_id).await.unwrap();
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the leader got {got:?} of {published:?}"));
+    assert_eq!(got, published, "in order, once each, m0 (acked) not again");
     let info = on_b.describe(ID).await.unwrap();
-    !ended && (info.active_member_id, info.epoch) == (c.member_id, c.epoch)
-}
-
-// docs/semantics.md#cluster-leases: the NATS node leading the coordination bucket (neither
-// gateway's) is killed; with a lease longer than JetStream takes to elect the bucket's next
-// leader, the gateways renew again once it did, and the singleton's leader keeps its place and
-// its epoch. Before, a renewal sent during the election waited out the whole request timeout
-// (two requests of 5 s) and the lease lapsed, whatever its length.
-#[tokio::test]
-async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member() {
-    assert!(bucket_leader_lost(Duration::from_secs(15)).await);
+    assert_eq!((info.active_member_id, info.epoch), (c.member_id, c.epoch));
+    // Silent on standby (it asked for no standby notice).
+    if let Ok(frame) = tokio::time::timeout(Duration::from_millis(300), standby.frame()).await {
+        panic!("the standby got {frame:?}");
+    }
 }

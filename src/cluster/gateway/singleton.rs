@@ -359,8 +359,9 @@ async fn run(
         // Hand-overs to answer once the line shows their outcome; dropped with the
         // incarnation (they are answered UNAVAILABLE).
         let mut handing_over: Vec<HandOverWaiter> = Vec::new();
-        // Whether the lease is lapsed, as last logged.
+        // Whether the lease is lapsed, as last logged, and the lapses counted in the metrics.
         let mut lapsed = false;
+        let mut counted = (0, 0);
         // Activations whose fence record was stored while the lease was lapsed
         // (docs/semantics.md#cluster-lease-lapse).
         let mut deferred: Vec<(Arc<str>, MemberId, crate::broker::Activation)> = Vec::new();
@@ -387,6 +388,14 @@ async fn run(
                 (&mut joining, &mut proclaiming),
                 &recording,
             );
+            let (lapses, renewed) = coordinator.lapses();
+            for _ in counted.0..lapses {
+                broker.count_lease_lapse(false);
+            }
+            for _ in counted.1..renewed {
+                broker.count_lease_lapse(true);
+            }
+            counted = (lapses, renewed);
             if coordinator.is_lapsed() != lapsed {
                 lapsed = !lapsed;
                 if lapsed {
