@@ -38,6 +38,9 @@ use tinybroker::cluster::coordinator::{MemberUid, SubValue};
 
 use crate::trace::Trace;
 
+/// Violations recorded per seed, at most.
+const MAX_VIOLATIONS: usize = 100;
+
 #[derive(Default)]
 struct SubTruth {
     /// Highest epoch confirmed to a member.
@@ -91,6 +94,11 @@ impl ClusterChecker {
     }
 
     fn violation(&mut self, at: Duration, text: String) {
+        // The first ones tell; a planted bug that breaks a check on every act would otherwise
+        // fill memory.
+        if self.violations.len() >= MAX_VIOLATIONS {
+            return;
+        }
         self.trace.at(at, format!("VIOLATION {text}"));
         self.violations
             .push(format!("{:.3}s {text}", at.as_secs_f64()));

@@ -164,9 +164,8 @@ impl ClusterWorld {
         self.at(self.now + after, Ev::Record(slot, id, write));
     }
 
-    /// Whether the gateway in `slot` may still write `write`: its incarnation goes on (its
-    /// lease valid, or lapsed and not ended) and, for an activation's, its member was not
-    /// ended or gone since.
+    /// Whether the gateway in `slot` may still write `write`: its lease is valid now and, for
+    /// an activation's, its member was not ended or gone since.
     fn may_write(&self, slot: usize, write: &Write) -> bool {
         let g = &self.gateways[slot];
         let Some(coord) = g.coord.as_ref() else {
@@ -177,15 +176,35 @@ impl ClusterWorld {
             Some(member) => g.members.get(&member) == Some(&write.sub),
             None => true,
         };
-        // Lapsed, its lease may yet be renewed: the record is written (records only rise,
-        // and a member is confirmed only under a valid lease); once fenced, it is not.
-        live && !coord.is_fenced()
+        live && coord.may_act(g.local(self.now))
+    }
+
+    /// Whether the gateway in `slot` waits to write `write`: its lease is lapsed (not ended)
+    /// and its member is still there. The shell waits for the renewal, then writes.
+    fn waits_to_write(&self, slot: usize, write: &Write) -> bool {
+        let g = &self.gateways[slot];
+        let Some(coord) = g.coord.as_ref() else {
+            return false;
+        };
+        let live = match write.member {
+            Some(member) => g.members.get(&member) == Some(&write.sub),
+            None => true,
+        };
+        live && !write.background && !coord.is_fenced() && !coord.may_act(g.local(self.now))
     }
 
     /// The gateway in `slot` sends a record write, if it still may.
     pub(super) fn send_record(&mut self, slot: usize, id: GatewayId, write: Write) {
         if !self.may_write(slot, &write) {
-            // The shell gives up a record once its lease is not valid or its member is gone.
+            // Lapsed: tried again once renewed (the shell waits for it). The shell gives up a
+            // record once its lease ended for good or its member is gone, and a background
+            // retry (a full stream) once its lease is not valid.
+            if self.waits_to_write(slot, &write) {
+                self.at(
+                    self.now + ns(Duration::from_millis(50)),
+                    Ev::Record(slot, id, write),
+                );
+            }
             return;
         }
         let lat = self.fences.latency();

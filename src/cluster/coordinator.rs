@@ -54,9 +54,10 @@
 //! - Another gateway that last observed a change of `lease.<g>` at `o` (its clock) deletes it, by
 //!   compare-and-set on the revision it saw, once `lease·(1+ρ)/(1−ρ) + margin` has passed on its
 //!   clock; only then (lease deleted) do gateways remove g's members and promote others. It
-//!   counts that time only while its own writes are answered: after one of its writes went
-//!   unanswered (the bucket may have had no leader, for every gateway), `o` moves to the moment
-//!   its next write is answered. Moving `o` later only delays a deletion.
+//!   counts that time only while its own writes are answered: while one of its writes goes
+//!   unanswered (the bucket may have had no leader, for every gateway) it deletes nothing, and
+//!   when its next write is answered, `o` moves later by the time since that write was sent.
+//!   Moving `o` later only delays a deletion.
 //!
 //! Why two members are never active in overlapping periods: the renewal observed at `o` was sent
 //! at some true time `s ≤ o`; g stops acting at most `lease/(1−ρ)` true time after the send of its
@@ -348,11 +349,12 @@ pub struct Coordinator {
     /// Lapses, and lapses that ended with a confirmed renewal.
     lapses: u64,
     resumes: u64,
-    /// A write of this gateway's went unanswered (or answered "unavailable") since its last
-    /// answered one: the bucket may have had no leader, for everyone, so other gateways'
-    /// silence is not counted until a write of its own is answered again, and then from that
-    /// moment (waiting longer before a deletion is always safe, see the module doc).
-    suspect: bool,
+    /// Since when writes of this gateway's went unanswered (or answered "unavailable"), since
+    /// its last answered one: the bucket may have had no leader, for everyone, so other
+    /// gateways' silence over that time does not count. Nobody is taken for dead meanwhile,
+    /// and the next answered write moves every observation later by that time (waiting longer
+    /// before a deletion is always safe, see the module doc).
+    suspect: Option<Duration>,
     fenced: bool,
     blocks: BTreeMap<String, Block>,
     pending: BTreeMap<RequestId, Pending>,
@@ -389,7 +391,7 @@ impl Coordinator {
             lapsed: false,
             lapses: 0,
             resumes: 0,
-            suspect: false,
+            suspect: None,
             fenced: false,
             blocks: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -638,7 +640,7 @@ impl Coordinator {
         if result.is_ok() {
             self.answered(now);
         } else if !result.as_ref().is_err_and(KvError::is_conflict) {
-            self.suspect = true;
+            self.suspect_since(p.sent);
         }
         if late {
             // A renewal given up on, answered after all: a success extends the lease from its
@@ -759,7 +761,9 @@ impl Coordinator {
         }
         self.renewal = None;
         self.late_renewals.insert(id);
-        self.suspect = true;
+        if let Some(sent) = self.pending.get(&id).map(|p| p.sent) {
+            self.suspect_since(sent);
+        }
         self.next_renewal = now;
         self.step(now);
     }
@@ -787,14 +791,16 @@ impl Coordinator {
             };
             next.extend(self.valid_until.map(|until| until + patience));
         }
-        // Dead-gateway checks only once leased (before, nothing is written), only while this
-        // gateway's own writes are answered, and only for leases not already being deleted.
+        // Dead-gateway checks only once leased (before, nothing is written), only while the
+        // lease is valid (not lapsed) and this gateway's own writes are answered, and only for
+        // leases not already being deleted.
         let dead_after = self.config.dead_after();
         for (g, view) in &self.leases {
             if let LeaseView::Alive { observed, .. } = view
                 && *g != self.me
                 && self.valid_until.is_some()
-                && !self.suspect
+                && !self.lapsed
+                && self.suspect.is_none()
                 && !self.blocks.contains_key(&lease_key(*g))
             {
                 next.push(*observed + dead_after);
@@ -931,15 +937,21 @@ impl Coordinator {
         }
     }
 
-    /// A write of this gateway's was answered: the bucket answers again. After a time it did
-    /// not, other gateways' silence counts from now.
+    /// A write sent at `sent` went unanswered (or was answered "unavailable").
+    fn suspect_since(&mut self, sent: Duration) {
+        self.suspect = Some(self.suspect.map_or(sent, |since| since.min(sent)));
+    }
+
+    /// A write of this gateway's was answered: the bucket answers again. The time it did not
+    /// is not counted in other gateways' silence.
     fn answered(&mut self, now: Duration) {
-        if !std::mem::take(&mut self.suspect) {
+        let Some(since) = self.suspect.take() else {
             return;
-        }
+        };
+        let unanswered = now.saturating_sub(since);
         for view in self.leases.values_mut() {
             if let LeaseView::Alive { observed, .. } = view {
-                *observed = (*observed).max(now);
+                *observed += unanswered;
             }
         }
     }
@@ -1038,7 +1050,7 @@ impl Coordinator {
             if !self.lapsed {
                 self.lapsed = true;
                 self.lapses += 1;
-                self.suspect = true;
+                self.suspect_since(now);
             }
             if now >= until + self.config.lapse_patience {
                 self.fence();

@@ -270,6 +270,33 @@ fn a_lapsed_lease_renewed_keeps_every_member_and_acts_again() {
     );
 }
 
+// A renewal confirmed too late to make the lease valid again (sent more than a lease ago)
+// clears the suspicion but not the lapse: the gateway still takes nobody for dead, and its
+// timer is never due in the past (a past deadline would tick it without end).
+#[test]
+fn a_renewal_confirmed_too_late_leaves_the_lapse_and_no_timer_in_the_past() {
+    let mut c = leased();
+    c.backplane_changed(ms(10), "lease.8", Some(b"{}"), 2);
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    let old = cmds[0].id;
+    c.write_slow(ms(450), old);
+    drain(&mut c);
+    c.tick(ms(1_300));
+    assert!(c.is_lapsed());
+    // The renewal sent at 300 ms is confirmed at 1,400 ms: valid until 1,200 ms, past.
+    c.write_result(ms(1_400), old, Ok(5));
+    assert!(c.is_lapsed());
+    let next = c.poll_timeout().expect("a timer");
+    assert!(next >= ms(1_400), "due in the past: {next:?}");
+    c.tick(ms(1_400) + config().dead_after());
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        cmds.iter().all(|c| c.key != "lease.8"),
+        "no deletion while lapsed: {cmds:?}"
+    );
+}
+
 // docs/semantics.md#cluster-lease-lapse: a lapsed gateway whose lease another gateway deleted
 // (the deletion came first) learns it from its renewal's refusal and ends its members: it never
 // acts again.
@@ -296,9 +323,9 @@ fn a_lapsed_lease_deleted_meanwhile_ends_every_member_at_the_refusal() {
 }
 
 // docs/semantics.md#cluster-lease-lapse: a gateway whose own writes go unanswered (the bucket
-// has no leader, for every gateway) does not count another gateway's silence meanwhile: its
-// wait before a deletion starts again when a write of its own is answered. So a gateway that
-// lapsed with it renews before anyone deletes its lease.
+// has no leader, for every gateway) does not count another gateway's silence meanwhile: it
+// takes nobody for dead while they do, and the time they did not is left out of the wait. So a
+// gateway that lapsed with it renews before anyone deletes its lease.
 #[test]
 fn another_gateways_silence_counts_only_while_this_gateways_writes_are_answered() {
     let mut c = leased();
@@ -325,21 +352,24 @@ fn another_gateways_silence_counts_only_while_this_gateways_writes_are_answered(
         }
     }
     assert!(c.is_lapsed());
-    // Answered again: its renewal is confirmed, the other's wait starts from now.
-    let back = t;
-    let cmds = tick_renewing(&mut c, back + ms(1), &mut rev);
+    // Answered again: its renewal is confirmed; the time its writes went unanswered (from the
+    // send of the renewal at 300 ms) does not count in the other's silence.
+    let back = t + ms(1);
+    let cmds = tick_renewing(&mut c, back, &mut rev);
     assert!(cmds.is_empty(), "{cmds:?}");
     assert!(!c.is_lapsed());
-    let mut t = back + ms(1);
-    while t < back + ms(1) + wait - ms(1) {
-        t = (t + ms(50)).min(back + ms(1) + wait - ms(1));
+    let due = ms(10) + (back - ms(300)) + wait;
+    assert!(due > back + wait / 2, "{due:?}");
+    let mut t = back;
+    while t < due - ms(1) {
+        t = (t + ms(50)).min(due - ms(1));
         let cmds = tick_renewing(&mut c, t, &mut rev);
         assert!(
             cmds.is_empty(),
-            "not before a whole wait from the answer: {cmds:?} at {t:?}"
+            "not before its silence, unanswered time not counted, reached the wait: {cmds:?} at {t:?}"
         );
     }
-    let cmds = tick_renewing(&mut c, back + ms(1) + wait, &mut rev);
+    let cmds = tick_renewing(&mut c, due, &mut rev);
     assert_eq!(
         cmds.iter()
             .map(|c| (c.key.as_str(), &c.op))

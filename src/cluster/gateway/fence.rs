@@ -70,6 +70,10 @@ const STREAM_FULL: [u64; 2] = [10077, 10047];
 /// wait the NATS client's request timeout, 10 s).
 const PATIENCE: Duration = Duration::from_secs(2);
 
+/// How long an activation's record waits for a lapsed lease to be renewed: past the lapse
+/// patience the lease has ended (a new incarnation), which ends the wait sooner.
+const RECORD_LAPSE_WAIT: Duration = Duration::from_secs(15);
+
 /// At most this many fence subjects' last records are kept in memory (then forgotten all at
 /// once: a record not known is read from JetStream).
 const MAX_KNOWN: usize = 4096;
@@ -602,15 +606,28 @@ impl Recording {
             earlier.store(false, Ordering::SeqCst);
         }
         let this = self.clone();
-        // Written also while the lease is lapsed within this incarnation (records only rise,
-        // and the member is confirmed only under a valid lease); not once it ended for good.
+        // Written only under a valid lease, checked right before the write: a full stream
+        // deletes the record below the one it refused, so a deposed gateway's late write could
+        // lower it. While the lease is lapsed the write waits for its renewal, and is given up
+        // once the member is gone or the lease ended for good (a new incarnation): a member is
+        // confirmed only after its record (docs/semantics.md#cluster-lease-lapse).
         let incarnation = self.lease.incarnation();
         tokio::spawn(async move {
             let lease = this.lease.clone();
             let wanted = Record::active(activation.epoch);
-            let still = move || live.load(Ordering::SeqCst) && lease.incarnation() == incarnation;
-            if this.fences.record(&subscription, wanted, still).await {
-                (this.on_recorded)(Arc::from(subscription), member, activation);
+            loop {
+                let (live_now, lease_now) = (live.clone(), lease.clone());
+                let still =
+                    move || live_now.load(Ordering::SeqCst) && lease_now.valid_for(incarnation);
+                if this.fences.record(&subscription, wanted, still).await {
+                    (this.on_recorded)(Arc::from(subscription), member, activation);
+                    return;
+                }
+                if !live.load(Ordering::SeqCst)
+                    || !lease.wait_valid_for(incarnation, RECORD_LAPSE_WAIT).await
+                {
+                    return;
+                }
             }
         });
     }

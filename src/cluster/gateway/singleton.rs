@@ -399,6 +399,9 @@ async fn run(
             if coordinator.is_lapsed() != lapsed {
                 lapsed = !lapsed;
                 if lapsed {
+                    // Its view of the lines may fall behind from now on: every watch here ends
+                    // UNAVAILABLE (watch again, at any gateway), and new ones wait for a lease.
+                    leaders.cut_off();
                     tracing::warn!(
                         gateway = id.0,
                         patience = ?LAPSE_PATIENCE,
