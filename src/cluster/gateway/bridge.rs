@@ -309,8 +309,10 @@ impl Bridge {
     /// Whether this bridge may hand a message to a member or send JetStream an ack, nak or
     /// term now: always, but for a singleton only while this gateway's lease is valid for the
     /// incarnation its held messages were pulled under, by the clock read at this moment
-    /// (docs/semantics.md#cluster-lease-checks). Past it, nothing is sent: JetStream redelivers
-    /// after its ack wait, and the coordinator ends the members.
+    /// (docs/semantics.md#cluster-lease-checks). Past it, nothing is sent (an ack or term of
+    /// the same incarnation waits for the renewal in its confirmation task): JetStream
+    /// redelivers after its ack wait, if the lease ends for good and the coordinator ends the
+    /// members.
     fn leased(&self) -> bool {
         let (true, Some(singletons)) = (self.singleton, &self.shared.singletons) else {
             return true;
@@ -345,8 +347,8 @@ impl Bridge {
         }
     }
 
-    /// After this gateway's lease lapsed (see [`Bridge::inject`]): waits (bounded) for a
-    /// lease, then asks JetStream whether the consumer is still the one this bridge started
+    /// After this gateway's lease ended and a new incarnation began (see [`Bridge::inject`]):
+    /// waits (bounded) for a lease, then asks JetStream whether the consumer is still the one this bridge started
     /// with (same creation time). If it is, deliveries go on under the new lease. If it was
     /// deleted, or deleted and made again, every member here is ended with `NOT_FOUND` (they
     /// rejoin and find the subscription as it is now) and the bridge hands nothing more over
@@ -686,7 +688,8 @@ impl Bridge {
         } else if let Some(singletons) = &self.shared.singletons
             && (self.consumer_gone || self.verified != Some(singletons.lease().incarnation()))
         {
-            // Any other mode: a gateway whose lease lapsed was taken for dead by the others,
+            // Any other mode: a gateway whose lease ended (a new incarnation) was taken for
+            // dead by the others,
             // which count none of its members, so the subscription may have been deleted (and
             // made again, with other settings, under the same name) meanwhile
             // (docs/semantics.md#cluster-delete). Nothing is handed over until the bridge has

@@ -14,7 +14,7 @@
 //!    waits for an answer from every gateway holding a lease in the coordination bucket
 //!    (every live gateway has one), for [`ASK_PATIENCE`] at most.
 //! 2. A singleton's line in the bucket counts too (members whose gateway died stay in it until
-//!    their lease lapses).
+//!    its lease is deleted).
 //! 3. With no member anywhere, the consumer(s) of the id are deleted; what they still owed is
 //!    the answer's `discarded_messages`.
 //! 4. **Release**: every gateway drops its hold, and joins waiting there go on, finding no

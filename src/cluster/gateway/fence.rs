@@ -645,7 +645,7 @@ impl Recording {
         }
     }
 
-    /// Every member here was ended (the lease lapsed).
+    /// Every member here was ended (the lease ended for good).
     pub(super) fn lost_all(&self) {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         for (_, flag) in std::mem::take(&mut *live) {

@@ -9,7 +9,9 @@
 //! - When a member leaves, the bridge first gives back what this gateway held (when no active
 //!   member remains here), then tells the coordinator ([`Handle::left`]), whose write promotes
 //!   the next member in the line, on whichever gateway it is.
-//! - When this gateway's lease lapses, the coordinator ends every local member with
+//! - When this gateway's lease lapses, nothing is done for a singleton member until it is
+//!   renewed (docs/semantics.md#cluster-lease-lapse); when it ends for good (deleted by another
+//!   gateway, or lapsed for [`LAPSE_PATIENCE`]), the coordinator ends every local member with
 //!   `UNAVAILABLE` ([`Upstream::end_member`]) and fences itself; this shell then starts a new
 //!   incarnation, with a new gateway id, for members that join afterwards.
 //!
@@ -346,7 +348,7 @@ async fn run(
         let mut watch: Option<Watch> = None;
         // (Re)opening the watch is one more event of the loop, never a wait outside it: the
         // lease's timer, renewals and members are served meanwhile, so a gateway whose lease
-        // lapses while NATS is slow to answer still ends its members on time.
+        // lapses while NATS is slow to answer still stops acting, and ends its members, on time.
         let mut opening: Option<BoxFuture<'_, Result<Watch, KvError>>> = Some(backplane.watch(""));
         let mut writes: Writes = JoinSet::new();
         // Renewals' deadlines (a sixth of the lease): one past it is followed by another.
