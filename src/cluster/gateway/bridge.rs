@@ -670,37 +670,6 @@ impl Bridge {
 
     /// Hands one JetStream message to the local subscription.
     async fn inject(&mut self, message: async_nats::jetstream::Message) {
-        if self.singleton
-            && let Some(singletons) = &self.shared.singletons
-        {
-            // A new incarnation: what the bridge held under an earlier one is never answered
-            // now (its lease ended); JetStream redelivers it. Within one incarnation, lapsed or
-            // not, the message goes to the local subscription: a member's stream writes nothing
-            // while the lease is not valid (docs/semantics.md#cluster-lease-checks), and what
-            // waits there is written if the lease is renewed, or dropped when the gateway ends
-            // the member (docs/semantics.md#cluster-lease-lapse).
-            let incarnation = singletons.lease().incarnation();
-            if self.incarnation != Some(incarnation) {
-                self.held.clear();
-                self.refused.clear();
-                self.incarnation = Some(incarnation);
-            }
-        } else if let Some(singletons) = &self.shared.singletons
-            && (self.consumer_gone || self.verified != Some(singletons.lease().incarnation()))
-        {
-            // Any other mode: a gateway whose lease ended (a new incarnation) was taken for
-            // dead by the others,
-            // which count none of its members, so the subscription may have been deleted (and
-            // made again, with other settings, under the same name) meanwhile
-            // (docs/semantics.md#cluster-delete). Nothing is handed over until the bridge has
-            // made sure its consumer is the one its members joined: the message goes back at
-            // once.
-            if let Some(reply) = message.reply.clone() {
-                self.reply(reply, AckKind::Nak(None)).await;
-            }
-            self.await_lease = true;
-            return;
-        }
         let reply = message.reply.clone();
         let info = match message.info() {
             Ok(info) => (
@@ -717,6 +686,24 @@ impl Bridge {
             }
         };
         let (sequence, delivered, published_nanos) = info;
+        if self.singleton
+            && let Some(singletons) = &self.shared.singletons
+        {
+            // A new incarnation: what the bridge held under an earlier one is never answered
+            // now (its lease ended); JetStream redelivers it. Within one incarnation, lapsed or
+            // not, the message goes to the local subscription: a member's stream writes nothing
+            // while the lease is not valid (docs/semantics.md#cluster-lease-checks), and what
+            // waits there is written if the lease is renewed, or dropped when the gateway ends
+            // the member (docs/semantics.md#cluster-lease-lapse).
+            let incarnation = singletons.lease().incarnation();
+            if self.incarnation != Some(incarnation) {
+                self.held.clear();
+                self.refused.clear();
+                self.incarnation = Some(incarnation);
+            }
+        }
+        // First what this gateway already has of the message, whatever else holds it back: a
+        // redelivery of one it holds or acked is never given back (a nak would undo the ack).
         if self.explicit
             && let Some(reply) = &reply
             && let Some(held) = self.held.get_mut(&sequence)
@@ -735,6 +722,22 @@ impl Bridge {
             // delivered again; the ack goes again through the new subject.
             tracing::debug!(subscription = %self.subscription, sequence, "JetStream redelivered a message acked here; acking it again");
             self.confirm(sequence, reply.clone(), kind);
+            return;
+        }
+        if !self.singleton
+            && let Some(singletons) = &self.shared.singletons
+            && (self.consumer_gone || self.verified != Some(singletons.lease().incarnation()))
+        {
+            // Any other mode: a gateway whose lease ended (a new incarnation) was taken for
+            // dead by the others, which count none of its members, so the subscription may
+            // have been deleted (and made again, with other settings, under the same name)
+            // meanwhile (docs/semantics.md#cluster-delete). Nothing is handed over until the
+            // bridge has made sure its consumer is the one its members joined: the message
+            // goes back at once.
+            if let Some(reply) = reply {
+                self.reply(reply, AckKind::Nak(None)).await;
+            }
+            self.await_lease = true;
             return;
         }
         let own_dead_letter = message
