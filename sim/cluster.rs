@@ -103,6 +103,8 @@ enum Ev {
     /// A member stepping down settled what it held (docs/semantics.md#cluster-priority-and-hand-over):
     /// (subscription, member).
     Yield(usize, GatewayId, String, u64),
+    /// A lease renewal unanswered for a sixth of the lease (the shell's bound): request id.
+    Slow(usize, GatewayId, u64),
 }
 
 struct Gateway {
@@ -168,6 +170,8 @@ pub struct ClusterWorld {
     next_member: u64,
     observer: Watch,
     rng: Rng,
+    /// Every backplane write takes longer than the renewal bound (docs/semantics.md#cluster-lease-lapse).
+    slow_bucket: bool,
     /// Deletions learned from refusals by gateway incarnations that are gone.
     learned_by_gone: u64,
     /// Lapses of gateway leases, and those a renewal ended, by incarnations gone.
@@ -209,6 +213,9 @@ impl ClusterWorld {
             next_member: 1,
             observer,
             rng: Rng::new(seed),
+            // A fifth of the seeds: a bucket that answers every write, slowly. Drawn from its
+            // own stream, so the seed's workload and faults stay what they were.
+            slow_bucket: Rng::new(seed ^ 0x5105_b0c7).range(0, 4) == 0,
             learned_by_gone: 0,
             lapses_by_gone: (0, 0),
             fences: fence::Fences::new(seed),
@@ -273,6 +280,11 @@ impl ClusterWorld {
     }
 
     fn latency(&mut self) -> u64 {
+        if self.slow_bucket {
+            // Round trips of 160-240 ms: above the renewal bound (150 ms), within the request
+            // timeout (250 ms).
+            return ns(Duration::from_micros(self.rng.range(80_000, 120_000)));
+        }
         ns(Duration::from_micros(self.rng.range(500, 15_000)))
     }
 
@@ -317,9 +329,15 @@ impl ClusterWorld {
             if let Some(cmd) = coord.poll_command() {
                 g.pending.insert(cmd.id, ());
                 let req = cmd.id;
+                let renewal =
+                    cmd.key == format!("lease.{}", id.0) && matches!(cmd.op, Op::Update(..));
                 let lat = self.latency();
                 self.at(self.now + lat, Ev::Apply(id, cmd));
                 self.at(self.now + ns(REQUEST_TIMEOUT), Ev::Timeout(slot, id, req));
+                if renewal {
+                    // The shell's bound on a renewal: another follows one unanswered this long.
+                    self.at(self.now + ns(LEASE / 6), Ev::Slow(slot, id, req));
+                }
                 continue;
             }
             if let Some(effect) = coord.poll_effect() {
@@ -598,6 +616,11 @@ impl ClusterWorld {
                 if self.current(slot, id) && self.gateways[slot].next_tick == Some(t) {
                     self.gateways[slot].next_tick = None;
                     self.deliver(slot, |c, now| c.tick(now));
+                }
+            }
+            Ev::Slow(slot, id, req) => {
+                if self.current(slot, id) && self.gateways[slot].pending.contains_key(&req) {
+                    self.deliver(slot, |c, now| c.write_slow(now, req));
                 }
             }
             Ev::Restart(slot) => {

@@ -20,6 +20,7 @@ impl Ev {
             | Ev::Act(slot, id)
             | Ev::Record(slot, id, ..)
             | Ev::Recorded(slot, id, ..)
+            | Ev::Slow(slot, id, _)
             | Ev::Yield(slot, id, ..) => Some((*slot, *id)),
             _ => None,
         }

@@ -50,7 +50,8 @@ fn cluster_campaign_random_seeds_hold_every_invariant() {
         return;
     }
     let count = env_u64("TINYBROKER_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
-    let seeds: Vec<u64> = (0..count).collect();
+    let base = env_u64("TINYBROKER_SIM_SEED_BASE").unwrap_or(0);
+    let seeds: Vec<u64> = (base..base + count).collect();
     let started = Instant::now();
     let outcomes = run_many(&seeds, None);
     let skipped: u64 = outcomes.iter().map(|o| o.skipped_deletions).sum();

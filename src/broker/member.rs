@@ -650,11 +650,13 @@ pub struct MemberStream {
     /// them together), handed out one by one.
     taken: VecDeque<Outbound>,
     finished: bool,
-    /// A message frame waits for the gateway's lease ([`MemberStream::lease_lapsed`]): the
-    /// timer of the next look, and whether one waited (then the member's end is looked for
-    /// before it is written).
+    /// A message frame waits for the gateway's lease ([`MemberStream::lease_term`]): the timer
+    /// of the next look.
     recheck: Option<Pin<Box<tokio::time::Sleep>>>,
-    waited: bool,
+    /// The lease term the frames in `taken` were taken under (a gateway's arbitrated
+    /// singleton only): a message is written under another term only once the member is
+    /// known not to have been ended meanwhile.
+    taken_under: Option<u64>,
     guard: MemberGuard,
 }
 
@@ -667,7 +669,7 @@ impl MemberStream {
             taken: VecDeque::new(),
             finished: false,
             recheck: None,
-            waited: false,
+            taken_under: None,
             guard: MemberGuard {
                 broker,
                 cell,
@@ -703,14 +705,20 @@ impl MemberStream {
         }
     }
 
-    /// Whether this member's messages must not be written now: it is a member of an
-    /// arbitrated singleton, and its gateway's lease is not valid at this instant
-    /// (docs/semantics.md#cluster-lease-checks). Only a gateway's broker has the gate.
-    fn lease_lapsed(&self) -> bool {
-        let Some(gate) = self.guard.broker.inner.singleton_gate.get() else {
-            return false;
-        };
-        !gate() && Locked::new(&self.guard.cell).core.is_arbitrated()
+    /// Only a gateway's broker has the gate: the term of its lease valid at this instant
+    /// (`Some(None)`: not valid; docs/semantics.md#cluster-lease-checks), or `None` without a
+    /// gate.
+    fn lease_term(&self) -> Option<Option<u64>> {
+        self.guard
+            .broker
+            .inner
+            .singleton_gate
+            .get()
+            .map(|gate| gate())
+    }
+
+    fn arbitrated(&self) -> bool {
+        Locked::new(&self.guard.cell).core.is_arbitrated()
     }
 
     /// Whether the broker ended this member (its end frame waits in the outlet, or it was
@@ -725,7 +733,6 @@ impl MemberStream {
     fn drop_messages(&mut self) {
         self.taken
             .retain(|f| !matches!(f, Outbound::Message { .. }));
-        self.waited = false;
         self.recheck = None;
     }
 
@@ -737,12 +744,16 @@ impl MemberStream {
             // lease ended for good), they are dropped: they stay in flight in the core until
             // then, and go back with the member (docs/semantics.md#cluster-lease-lapse).
             let message_next = matches!(self.taken.front(), Some(Outbound::Message { .. }));
-            if message_next && self.lease_lapsed() {
+            let term = if message_next {
+                self.lease_term()
+            } else {
+                None
+            };
+            if term == Some(None) && self.arbitrated() {
                 if self.member_ended() {
                     self.drop_messages();
                     continue;
                 }
-                self.waited = true;
                 let Some(waker) = waker else {
                     return Poll::Pending;
                 };
@@ -759,11 +770,18 @@ impl MemberStream {
                 self.recheck = None;
                 continue;
             }
-            if message_next && std::mem::take(&mut self.waited) && self.member_ended() {
-                // The lease is valid again, but not for this member: it was ended while its
-                // messages waited (a new incarnation of the gateway's lease).
-                self.drop_messages();
-                continue;
+            if let Some(Some(now)) = term
+                && self.taken_under != Some(now)
+                && self.arbitrated()
+            {
+                // Taken under another term (before a lapse, or while one lasted): written only
+                // if the member was not ended meanwhile (its gateway's lease ended for good and
+                // a new incarnation's is valid now), even by a stream nobody polled meanwhile.
+                if self.member_ended() {
+                    self.drop_messages();
+                    continue;
+                }
+                self.taken_under = Some(now);
             }
             if let Some(frame) = self.taken.pop_front() {
                 return Poll::Ready(Some(frame));
@@ -778,6 +796,9 @@ impl MemberStream {
             } = &self.guard;
             if !broker.take_frames(cell, *member, &mut self.taken, waker) {
                 self.finished = true;
+            }
+            if let Some(gate) = broker.inner.singleton_gate.get() {
+                self.taken_under = gate();
             }
             if self.taken.is_empty() {
                 // Nothing taken: the waker is parked (or the stream is over).

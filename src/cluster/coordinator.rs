@@ -129,6 +129,13 @@ pub struct Config {
 }
 
 impl Config {
+    /// The most time one observation of another gateway's lease is moved later because this
+    /// gateway's own writes went unanswered: past it, a gateway lapsed that long has ended its
+    /// members whatever happened (the lapse patience, and the lease that preceded it).
+    pub fn most_unanswered(&self) -> Duration {
+        self.lapse_patience + self.lease
+    }
+
     /// How long another gateway waits, on its own clock, after the last observed renewal.
     pub fn dead_after(&self) -> Duration {
         let rho = u128::from(self.max_drift_percent.min(99));
@@ -274,6 +281,8 @@ struct Local {
     /// Seen in the line at least once: if it disappears, someone removed it.
     seen_in_line: bool,
     activated: bool,
+    /// The epoch it was activated with (when `activated`).
+    activated_epoch: u64,
     /// Its metadata, as the line must hold it.
     metadata: String,
     /// A proclamation waits for the line to hold `metadata`.
@@ -291,7 +300,10 @@ struct Local {
 enum LeaseView {
     Alive {
         revision: Revision,
+        /// When this gateway saw that revision, moved later by time its own writes went
+        /// unanswered since (`shifted` in all, at most [`Config::most_unanswered`]).
         observed: Duration,
+        shifted: Duration,
     },
     Deleted,
 }
@@ -355,6 +367,8 @@ pub struct Coordinator {
     /// and the next answered write moves every observation later by that time (waiting longer
     /// before a deletion is always safe, see the module doc).
     suspect: Option<Duration>,
+    /// When a write of this gateway's was last answered (a refusal too).
+    last_answer: Duration,
     fenced: bool,
     blocks: BTreeMap<String, Block>,
     pending: BTreeMap<RequestId, Pending>,
@@ -392,6 +406,7 @@ impl Coordinator {
             lapses: 0,
             resumes: 0,
             suspect: None,
+            last_answer: now,
             fenced: false,
             blocks: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -501,6 +516,7 @@ impl Coordinator {
                 id: member,
                 seen_in_line: false,
                 activated: false,
+                activated_epoch: 0,
                 metadata,
                 proclaiming: false,
                 priority,
@@ -637,9 +653,9 @@ impl Coordinator {
         };
         let late = self.late_renewals.remove(&id);
         let result = self.planted_resume(&p, result, late || self.renewal == Some(id));
-        if result.is_ok() {
+        if result.is_ok() || result.as_ref().is_err_and(KvError::is_conflict) {
             self.answered(now);
-        } else if !result.as_ref().is_err_and(KvError::is_conflict) {
+        } else {
             self.suspect_since(p.sent);
         }
         if late {
@@ -761,9 +777,9 @@ impl Coordinator {
         }
         self.renewal = None;
         self.late_renewals.insert(id);
-        if let Some(sent) = self.pending.get(&id).map(|p| p.sent) {
-            self.suspect_since(sent);
-        }
+        // Unanswered from now on: a bucket answering every write, slowly, is not taken for one
+        // that answers nothing.
+        self.suspect_since(now);
         self.next_renewal = now;
         self.step(now);
     }
@@ -904,6 +920,7 @@ impl Coordinator {
             LeaseView::Alive {
                 revision,
                 observed: now,
+                shifted: Duration::ZERO,
             }
         } else {
             LeaseView::Deleted
@@ -937,21 +954,31 @@ impl Coordinator {
         }
     }
 
-    /// A write sent at `sent` went unanswered (or was answered "unavailable").
+    /// A write sent at `sent` went unanswered (or was answered "unavailable"): the bucket
+    /// answered nothing since the later of its send and the last answer.
     fn suspect_since(&mut self, sent: Duration) {
-        self.suspect = Some(self.suspect.map_or(sent, |since| since.min(sent)));
+        let since = sent.max(self.last_answer);
+        self.suspect = Some(self.suspect.map_or(since, |s| s.min(since)));
     }
 
-    /// A write of this gateway's was answered: the bucket answers again. The time it did not
-    /// is not counted in other gateways' silence.
+    /// A write of this gateway's was answered (a refusal too): the bucket answers again. The
+    /// time it answered nothing is not counted in other gateways' silence, up to a bound in
+    /// all per observation: a bucket that answers, however slowly, lets a dead gateway be found.
     fn answered(&mut self, now: Duration) {
+        self.last_answer = self.last_answer.max(now);
         let Some(since) = self.suspect.take() else {
             return;
         };
         let unanswered = now.saturating_sub(since);
+        let most = self.config.most_unanswered();
         for view in self.leases.values_mut() {
-            if let LeaseView::Alive { observed, .. } = view {
-                *observed += unanswered;
+            if let LeaseView::Alive {
+                observed, shifted, ..
+            } = view
+            {
+                let add = unanswered.min(most.saturating_sub(*shifted));
+                *observed += add;
+                *shifted += add;
             }
         }
     }
@@ -1062,7 +1089,9 @@ impl Coordinator {
         if !self.lease_valid(now) {
             return;
         }
-        self.find_dead(now);
+        if self.suspect.is_none() {
+            self.find_dead(now);
+        }
         let subs: BTreeSet<String> = self.subs.keys().chain(self.local.keys()).cloned().collect();
         for sub in subs {
             self.reconcile(now, &sub);
@@ -1095,11 +1124,9 @@ impl Coordinator {
             .leases
             .iter()
             .filter_map(|(g, v)| match v {
-                LeaseView::Alive { revision, observed }
-                    if *g != self.me && now >= *observed + dead_after =>
-                {
-                    Some((*g, *revision))
-                }
+                LeaseView::Alive {
+                    revision, observed, ..
+                } if *g != self.me && now >= *observed + dead_after => Some((*g, *revision)),
                 _ => None,
             })
             .collect();
@@ -1139,6 +1166,30 @@ impl Coordinator {
                         return false;
                     }
                     return true;
+                }
+                if m.activated && is_active && v.epoch != m.activated_epoch {
+                    // Active under another epoch than the one it was activated with: the line
+                    // moved past it and back while this gateway saw none of the values between
+                    // (it was lapsed, or its watch skipped them).
+                    if m.stepping.is_none() {
+                        // It never stepped down here: deposed meanwhile, so it lost its place.
+                        self.effects.push_back(Effect::End {
+                            subscription: sub.clone(),
+                            member: m.id,
+                            status: EndStatus::Unavailable,
+                        });
+                        return false;
+                    }
+                    // Its step-down completed, then it was promoted again: on standby first,
+                    // then activated with the line's epoch below.
+                    m.activated = false;
+                    m.stepping = None;
+                    m.yielded = false;
+                    self.effects.push_back(Effect::SteppedDown {
+                        subscription: sub.clone(),
+                        member: m.id,
+                        position: 1,
+                    });
                 }
                 if m.activated && !is_active && in_line && m.stepping.is_some() {
                     // Its step-down moved the line past it: on standby, still a member.
@@ -1189,6 +1240,7 @@ impl Coordinator {
                 }
                 if is_active && !m.activated && may_activate {
                     m.activated = true;
+                    m.activated_epoch = v.epoch;
                     self.effects.push_back(Effect::Activate {
                         subscription: sub.clone(),
                         member: m.id,

@@ -288,3 +288,82 @@ fn a_hand_over_whose_standby_left_before_its_mark_is_not_marked_when_another_joi
     let (cmds, _) = drain(&mut c);
     assert_eq!(value(&cmds[0]).hand_over, 0, "withdrawn: {cmds:?}");
 }
+
+// docs/semantics.md#cluster-lease-lapse, from cluster campaign seed 4079 (check (j), found by a
+// review): a member that yielded
+// (its step-down settled) just before its gateway lapsed. While lapsed, the watch shows the line
+// move past it and then another gateway promote it again (its successor left). The lapsed branch
+// of `local_effects` skips every transition, so the member keeps `activated`, `stepping` and
+// `yielded` from the old step-down. Once the lease is renewed, the coordinator never emits the
+// Activate for the new epoch (it thinks the member is active already) and calls off a step-down
+// that was settled long ago: the line names member 1 active at epoch 22, its gateway never
+// activates it (nothing delivered, nobody else promoted), and a later step-down is taken as
+// settled at once from the stale `yielded`.
+#[test]
+fn a_member_promoted_again_while_its_gateway_was_lapsed_is_activated_once_renewed() {
+    let v = line(&[uid(7, 1), uid(9, 2)], 20, &[]);
+    let mut c = active_here(0, &v);
+    let outranked = line(&[uid(7, 1), uid(9, 5), uid(9, 2)], 20, &[(uid(9, 5), 3)]);
+    see_line(&mut c, ms(10), &outranked, 21);
+    drain(&mut c);
+    c.member_yielded(ms(20), "jobs", 1, Vec::new());
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1, "{cmds:?}");
+    let moved_write = cmds[0].id;
+    let moved = value(&cmds[0]);
+    // The renewal at 300 ms goes unanswered for now: the lease (valid until 900) lapses.
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    let renewal = cmds
+        .iter()
+        .find(|c| c.key == "lease.7")
+        .expect("a renewal")
+        .id;
+    c.tick(ms(900));
+    assert!(c.is_lapsed());
+    // While lapsed: its write lands, the watch shows it, then 9/5 leaves and gateway 9 promotes
+    // member 1 again (epoch 22).
+    c.write_result(ms(950), moved_write, Ok(22));
+    see_line(&mut c, ms(950), &moved, 22);
+    let again = SubValue {
+        promoted: true,
+        ..line(&[uid(7, 1), uid(9, 2)], 22, &[])
+    };
+    see_line(&mut c, ms(1_000), &again, 25);
+    let (_, effects) = drain(&mut c);
+    assert!(effects.is_empty(), "nothing while lapsed: {effects:?}");
+    // The renewal sent at 300 ms is confirmed: valid until 1,200 ms.
+    c.write_result(ms(1_100), renewal, Ok(30));
+    assert!(!c.is_lapsed() && c.may_act(ms(1_100)));
+    let (first, mut effects) = drain(&mut c);
+    // Seconds more, every renewal answered, the line unchanged: still never activated.
+    let mut rev = 30;
+    for cmd in first {
+        assert_eq!(cmd.key, "lease.7", "{cmd:?}");
+        rev += 1;
+        c.write_result(ms(1_100), cmd.id, Ok(rev));
+    }
+    let mut t = ms(1_100);
+    while t < ms(6_000) {
+        t += ms(50);
+        c.tick(t);
+        let (cmds, more) = drain(&mut c);
+        effects.extend(more);
+        for cmd in cmds {
+            assert_eq!(cmd.key, "lease.7", "{cmd:?}");
+            rev += 1;
+            c.write_result(t, cmd.id, Ok(rev));
+        }
+    }
+    assert!(
+        effects.iter().any(|e| matches!(
+            e,
+            Effect::Activate {
+                member: 1,
+                epoch: 22,
+                ..
+            }
+        )),
+        "member 1 is the line's active member at epoch 22 but is never activated: {effects:?}"
+    );
+}

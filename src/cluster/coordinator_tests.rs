@@ -352,13 +352,14 @@ fn another_gateways_silence_counts_only_while_this_gateways_writes_are_answered(
         }
     }
     assert!(c.is_lapsed());
-    // Answered again: its renewal is confirmed; the time its writes went unanswered (from the
-    // send of the renewal at 300 ms) does not count in the other's silence.
+    // Answered again: its renewal is confirmed; the time its writes went unanswered (from when
+    // the renewal sent at 300 ms was found slow, at 450 ms) does not count in the other's
+    // silence.
     let back = t + ms(1);
     let cmds = tick_renewing(&mut c, back, &mut rev);
     assert!(cmds.is_empty(), "{cmds:?}");
     assert!(!c.is_lapsed());
-    let due = ms(10) + (back - ms(300)) + wait;
+    let due = ms(10) + (back - ms(450)) + wait;
     assert!(due > back + wait / 2, "{due:?}");
     let mut t = back;
     while t < due - ms(1) {
@@ -1349,4 +1350,122 @@ fn a_slow_renewal_is_followed_by_another_and_still_counts_when_answered() {
     let (cmds, _) = drain(&mut c);
     assert!(matches!(cmds[0].op, Op::Update(_, 2)), "{cmds:?}");
     assert!(!c.is_fenced());
+}
+
+// docs/semantics.md#cluster-lease-lapse: a bucket that answers every write, but each in 200 ms
+// (more than the shell's renewal bound, a sixth of the 900 ms lease; well within the lease):
+// only time in which nothing was answered is left out of another gateway's silence, so a dead
+// gateway's lease (lease.8, never renewed after 10 ms) is deleted about on time. A review found
+// it never deleted: each slow renewal moved the observation later by its whole wait.
+#[test]
+fn a_consistently_slow_but_answering_bucket_still_finds_a_dead_gateway() {
+    slow_bucket_finds_a_dead_gateway(ms(200));
+}
+
+// The same with every write answered in 100 ms (under the bound).
+#[test]
+fn a_bucket_answering_within_the_bound_finds_a_dead_gateway() {
+    slow_bucket_finds_a_dead_gateway(ms(100));
+}
+
+fn slow_bucket_finds_a_dead_gateway(latency: Duration) {
+    let mut c = leased();
+    c.backplane_changed(ms(10), "lease.8", Some(b"{}"), 2);
+    let bound = config().lease / 6;
+    let mut lease7 = 1u64;
+    let mut next_rev = 100u64;
+    // (id, sent, op, slow reported)
+    let mut pending: Vec<(RequestId, Duration, Op, String, bool)> = Vec::new();
+    let mut deleted_at = None;
+    let mut t = ms(10);
+    while t < ms(20_000) && deleted_at.is_none() {
+        t += ms(10);
+        c.tick(t);
+        let (cmds, _) = drain(&mut c);
+        for cmd in cmds {
+            pending.push((cmd.id, t, cmd.op.clone(), cmd.key.clone(), false));
+        }
+        for p in pending.iter_mut() {
+            if !p.4 && t >= p.1 + bound {
+                p.4 = true;
+                c.write_slow(t, p.0);
+            }
+        }
+        let due: Vec<_> = pending
+            .iter()
+            .filter(|p| t >= p.1 + latency)
+            .cloned()
+            .collect();
+        pending.retain(|p| t < p.1 + latency);
+        for (id, _, op, key, _) in due {
+            let result = match (&op, key.as_str()) {
+                (Op::Update(_, expected), "lease.7") => {
+                    if *expected == lease7 {
+                        next_rev += 1;
+                        lease7 = next_rev;
+                        Ok(lease7)
+                    } else {
+                        Err(KvError::WrongRevision {
+                            expected: *expected,
+                            current: lease7,
+                        })
+                    }
+                }
+                (Op::Delete(2), "lease.8") => {
+                    deleted_at = Some(t);
+                    next_rev += 1;
+                    Ok(next_rev)
+                }
+                _ => {
+                    next_rev += 1;
+                    Ok(next_rev)
+                }
+            };
+            c.write_result(t, id, result);
+        }
+        assert!(
+            !c.is_fenced(),
+            "a healthy (slow) bucket fenced the gateway at {t:?}"
+        );
+    }
+    assert!(!c.is_lapsed(), "its renewals are answered within the lease");
+    let wait = config().dead_after();
+    let deleted_at = deleted_at.expect("lease.8 never deleted in 20 s");
+    assert!(
+        deleted_at <= ms(10) + wait + ms(1_000),
+        "lease.8 deleted only at {deleted_at:?} (wait {wait:?})"
+    );
+}
+
+// docs/semantics.md#cluster-lease-lapse: "while one of its writes goes unanswered it takes
+// nobody for dead", on any step (here a join, its lease still valid), not only on the
+// dead-gateway timer (a review found the deletion issued then).
+#[test]
+fn a_suspect_gateway_deletes_nobody_on_any_step() {
+    let mut c = leased();
+    c.backplane_changed(ms(10), "lease.8", Some(b"{}"), 2);
+    c.tick(ms(300));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(301), cmds[0].id, Ok(3));
+    assert_eq!(c.lease_valid_until(), Some(ms(1_200)));
+    // The bucket stops answering: the renewal at 600 ms is unanswered, so are the next ones.
+    c.tick(ms(600));
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(cmds.len(), 1);
+    let mut last = cmds[0].id;
+    for t in [750, 900, 1_050] {
+        c.write_slow(ms(t), last);
+        let (cmds, _) = drain(&mut c);
+        assert!(cmds.iter().all(|c| c.key == "lease.7"), "{cmds:?} at {t}");
+        last = cmds[0].id;
+    }
+    // 1,170 ms: past lease.8's wait (10 + 1,150), this gateway's lease still valid (1,200):
+    // a member joins here.
+    assert!(c.may_act(ms(1_170)));
+    c.member_joined(ms(1_170), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        cmds.iter().all(|c| c.key != "lease.8"),
+        "took lease.8 for dead while its own writes go unanswered: {cmds:?}"
+    );
 }

@@ -253,7 +253,7 @@ pub(super) fn spawn(
     let start = tokio::time::Instant::now();
     let lease = Arc::new(LeaseGate::new(start));
     let gate = lease.clone();
-    broker.gate_singleton_deliveries(Arc::new(move || gate.valid().is_some()));
+    broker.gate_singleton_deliveries(Arc::new(move || gate.valid_term()));
     let leased: Leased = Arc::default();
     let task = tokio::spawn(run(
         backplane,
