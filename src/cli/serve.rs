@@ -151,6 +151,14 @@ pub struct Serve {
     /// the lease plus a tenth). Between 300ms and 1h.
     #[arg(long, env = "TINYBROKER_GATEWAY_LEASE", default_value = "3s", value_parser = parse_lease)]
     gateway_lease: Duration,
+    /// Cluster mode: how long a gateway whose lease lapsed keeps its singleton members, silent
+    /// (nothing delivered, acks held), while it tries to renew; a renewal in time lets them go
+    /// on. 0 (the default) ends them at the lapse, before any other gateway can promote.
+    /// Longer survives the coordination bucket's leader election (4-9 s; 10s does), but a
+    /// member's open stream then no longer means it leads: another may be promoted meanwhile
+    /// if this gateway was cut off alone. At most 1h.
+    #[arg(long, env = "TINYBROKER_GATEWAY_LAPSE_PATIENCE", default_value = "0s", value_parser = parse_lapse_patience)]
+    gateway_lapse_patience: Duration,
     /// Log line format on stderr.
     #[arg(long, env = "TINYBROKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -264,6 +272,16 @@ fn parse_lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+fn parse_lapse_patience(text: &str) -> Result<Duration, String> {
+    let patience = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if patience > Duration::from_secs(3600) {
+        return Err(format!(
+            "{text}: the gateway lapse patience must be at most 1h"
+        ));
+    }
+    Ok(patience)
+}
+
 /// The listen backlog (the kernel caps it at `net.core.somaxconn`).
 const LISTEN_BACKLOG: u32 = 1024;
 
@@ -301,6 +319,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     idle_timeout: args.idle_timeout,
                     ack_wait: args.nats_ack_wait.max(Duration::from_secs(1)),
                     lease: args.gateway_lease,
+                    lapse_patience: args.gateway_lapse_patience,
                     max_messages: args.nats_max_messages,
                     max_bytes: args.nats_max_bytes,
                     publish_timeout: args.nats_publish_timeout,

@@ -174,42 +174,75 @@ async fn acks_made_while_the_consumers_leader_node_is_down_are_final() {
     }
 }
 
-// docs/semantics.md#cluster-lease-lapse: the NATS node leading the coordination bucket
-// (neither gateway's) is killed under the default 3 s lease, shorter than JetStream takes to
-// elect the bucket's next leader (4 to 9 s), so the gateways' leases lapse. The leader acks the
-// message it holds during the election, and messages are published meanwhile (the stream's
-// leader is not lost). Once the gateways renew, the singleton's leader is still the leader
-// with its epoch: it gets every message published meanwhile, in order, once each, and the one
-// it acked is not delivered again. Before, every gateway ended its singleton members with
-// UNAVAILABLE at the lapse.
+// docs/semantics.md#cluster-lease-lapse: gateways with `--gateway-lapse-patience 10s`. The NATS
+// node leading the coordination bucket (neither gateway's) is killed under the default 3 s
+// lease, shorter than JetStream takes to elect the bucket's next leader (4 to 9 s), so the
+// gateways' leases lapse: the leader's
+// gateway ends its leadership watch (UNAVAILABLE), which is how the test knows. The leader
+// (window 2) acks one message it holds *during* the lapse and keeps the other across it, and
+// messages are published all along (the stream's leader is not lost). Once the gateways renew
+// (the same leases: no new incarnation), the leader is still the leader with its epoch: it gets
+// every message published meanwhile, in order, once each; the two it held never come again,
+// and JetStream counts nothing pending once it acked everything. Before, every gateway ended
+// its singleton members with UNAVAILABLE at the lapse (as it still does with the default
+// patience, 0).
 #[tokio::test]
-async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member() {
+async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member_with_a_lapse_patience()
+ {
     let mut cluster = NatsCluster::start(3).await;
     let urls = cluster.client_urls();
-    let (a, b) = (gateway(&urls[0]).await, gateway(&urls[1]).await);
+    let patient = |url: &str| {
+        let clock: Arc<dyn tinybroker::clock::Clock> = Arc::new(TokioClock::new());
+        let config = GatewayConfig {
+            lapse_patience: Duration::from_secs(10),
+            ..GatewayConfig::new(url)
+        };
+        crate::serve_gateway(ServerConfig::default(), config, clock)
+    };
+    let (a, b) = (patient(&urls[0]).await, patient(&urls[1]).await);
     let (on_a, on_b) = (a.client().await, b.client().await);
-    let mut leader = on_a.subscribe(singleton(ID)).await.unwrap();
+    let mut request = singleton(ID);
+    request.max_in_flight = 2;
+    let mut leader = on_a.subscribe(request).await.unwrap();
     let c = leader.confirmed().await;
     let mut standby = on_b.subscribe(singleton(ID)).await.unwrap();
     leaders(&cluster, 0, 2).await;
     on_b.publish("jobs.a", "m0").await;
-    let held = leader.message().await;
-    assert_eq!(held.payload.as_ref(), b"m0");
-    // Both leases renewed after the kill: the bucket elected its next leader.
+    on_b.publish("jobs.a", "m1").await;
+    let (m0, m1) = (leader.message().await, leader.message().await);
+    assert_eq!(
+        (m0.payload.as_ref(), m1.payload.as_ref()),
+        (&b"m0"[..], &b"m1"[..])
+    );
+    let mut watch = on_a
+        .0
+        .clone()
+        .watch_leadership(pb::WatchLeadershipRequest {
+            subscription_id: ID.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     let watcher = async_nats::connect(cluster.client_url(0)).await.unwrap();
     let kv = async_nats::jetstream::new(watcher)
         .get_key_value("tinybroker-coordination")
         .await
         .unwrap();
+    use tokio_stream::StreamExt;
+    let mut keys = kv.keys().await.unwrap();
+    let mut held_leases = std::collections::BTreeSet::new();
+    while let Some(Ok(key)) = keys.next().await {
+        if key.starts_with("lease.") {
+            held_leases.insert(key);
+        }
+    }
+    assert_eq!(held_leases.len(), 2, "{held_leases:?}");
     let mut leases = kv.watch("lease.*").await.unwrap();
     let killed = tokio::time::Instant::now();
     cluster.kill(2);
-    on_a.ack(ID, leader.member_id, held.system_id)
-        .await
-        .unwrap();
-    use tokio_stream::StreamExt;
     let mut renewed = std::collections::BTreeSet::new();
     let mut published = Vec::new();
+    let mut lapsed = None;
     let mut tick = tokio::time::interval(Duration::from_millis(300));
     tokio::time::timeout(PATIENCE, async {
         while renewed.len() < 2 {
@@ -218,12 +251,26 @@ async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member(
                     if let Some(Ok(entry)) = entry
                         && entry.operation == async_nats::jetstream::kv::Operation::Put
                     {
+                        assert!(lapsed.is_some(), "a lease renewed {:?} after the kill, before the lapse", killed.elapsed());
+                        assert!(held_leases.contains(&entry.key), "a new incarnation's lease {}", entry.key);
                         renewed.insert(entry.key);
                     }
                 }
-                // Published through the gateway on standby's side, all through the election.
+                // The lapse ends the gateway's watches: the leader acks m0 then.
+                frame = watch.message(), if lapsed.is_none() => {
+                    match frame {
+                        Ok(Some(f)) => assert_eq!((f.active_member_id, f.epoch), (c.member_id, c.epoch)),
+                        Err(status) => {
+                            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                            lapsed = Some(killed.elapsed());
+                            on_a.ack(ID, leader.member_id, m0.system_id).await.unwrap();
+                        }
+                        Ok(None) => panic!("the watch ended without a status"),
+                    }
+                }
+                // Published through the other gateway, all through the election.
                 _ = tick.tick() => {
-                    let payload = format!("m{}", published.len() + 1);
+                    let payload = format!("p{}", published.len() + 1);
                     on_b.publish("jobs.a", &payload).await;
                     published.push(payload);
                 }
@@ -232,11 +279,12 @@ async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member(
     })
     .await
     .expect("no lease renewed after the kill");
-    let renewed_after = killed.elapsed();
     eprintln!(
-        "both leases renewed {renewed_after:?} after the kill; {} published meanwhile",
+        "lapsed {lapsed:?} and both leases renewed {:?} after the kill; {} published meanwhile",
+        killed.elapsed(),
         published.len()
     );
+    on_a.ack(ID, leader.member_id, m1.system_id).await.unwrap();
     // Every message published meanwhile reaches the leader, in order, once each.
     let mut got = Vec::new();
     tokio::time::timeout(PATIENCE, async {
@@ -249,10 +297,22 @@ async fn a_killed_node_leading_the_coordination_bucket_ends_no_singleton_member(
     })
     .await
     .unwrap_or_else(|_| panic!("the leader got {got:?} of {published:?}"));
-    assert_eq!(got, published, "in order, once each, m0 (acked) not again");
+    assert_eq!(got, published, "in order, once each, m0 and m1 not again");
     let info = on_b.describe(ID).await.unwrap();
     assert_eq!((info.active_member_id, info.epoch), (c.member_id, c.epoch));
-    // Silent on standby (it asked for no standby notice).
+    // Every ack applied by JetStream, the one made during the lapse included.
+    tokio::time::timeout(PATIENCE, async {
+        while ack_pending(&urls[0]).await != Some(0) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("JetStream still counts acks pending");
+    // Nothing more: to the leader (m0, m1 again) or to the standby (silent: it asked for no
+    // standby notice).
+    if let Ok(frame) = tokio::time::timeout(Duration::from_millis(500), leader.frame()).await {
+        panic!("the leader got {frame:?}");
+    }
     if let Ok(frame) = tokio::time::timeout(Duration::from_millis(300), standby.frame()).await {
         panic!("the standby got {frame:?}");
     }

@@ -138,9 +138,10 @@ impl Gateway {
             },
         };
         let me = self.inner.incarnation.load(Ordering::Relaxed);
-        let patience = super::singleton::config(self.inner.config.lease)
-            .dead_after()
-            .min(MAX_ANNOUNCE_PATIENCE);
+        let patience =
+            super::singleton::config(self.inner.config.lease, self.inner.config.lapse_patience)
+                .dead_after()
+                .min(MAX_ANNOUNCE_PATIENCE);
         expected.insert(me);
         let gathered = super::ask::gather(
             &self.inner.shared.client,

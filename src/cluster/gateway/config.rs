@@ -25,6 +25,11 @@ pub struct GatewayConfig {
     /// long plus a tenth. Singleton consumers wait half of it for an ack, so what a dead
     /// gateway held is redelivered before its successor is promoted.
     pub lease: Duration,
+    /// How long a gateway whose lease lapsed keeps its singleton members, silent, while it
+    /// tries to renew (`--gateway-lapse-patience`; docs/semantics.md#cluster-lease-lapse). 0
+    /// (the default): it ends them at the lapse, so a member's stream ends before any other
+    /// gateway can promote past it.
+    pub lapse_patience: Duration,
     /// Most messages the stream keeps, across every subscription's backlog, when the gateway
     /// creates it (`--nats-max-messages`); a publish past it is refused.
     pub max_messages: i64,
@@ -67,6 +72,7 @@ impl GatewayConfig {
             ack_wait: Duration::from_secs(30),
             forward_timeout: Duration::from_secs(2),
             lease: Duration::from_secs(3),
+            lapse_patience: Duration::ZERO,
             max_messages: DEFAULT_MAX_MESSAGES,
             max_bytes: DEFAULT_MAX_BYTES,
             publish_timeout: Duration::from_secs(30),

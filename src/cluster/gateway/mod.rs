@@ -287,7 +287,7 @@ impl Gateway {
         let (singletons, coordination) = singleton::spawn(
             backplane.clone(),
             broker.clone(),
-            singleton::config(config.lease),
+            singleton::config(config.lease, config.lapse_patience),
             fences.clone(),
         );
         let incarnation = singletons.incarnation();

@@ -11,7 +11,7 @@
 //!   the next member in the line, on whichever gateway it is.
 //! - When this gateway's lease lapses, nothing is done for a singleton member until it is
 //!   renewed (docs/semantics.md#cluster-lease-lapse); when it ends for good (deleted by another
-//!   gateway, or lapsed for [`LAPSE_PATIENCE`]), the coordinator ends every local member with
+//!   gateway, or lapsed for `--gateway-lapse-patience`, 0 by default), the coordinator ends every local member with
 //!   `UNAVAILABLE` ([`Upstream::end_member`]) and fences itself; this shell then starts a new
 //!   incarnation, with a new gateway id, for members that join afterwards.
 //!
@@ -287,12 +287,6 @@ pub(super) fn spawn(
 /// The backplane writes under way, each answering with its request id and key.
 type Writes = JoinSet<(RequestId, String, Result<Revision, KvError>)>;
 
-/// How long a gateway whose lease lapsed keeps its singleton members, acting for none of them,
-/// while it tries to renew (docs/semantics.md#cluster-lease-lapse): long enough for the
-/// coordination bucket to elect its next leader (JetStream's Raft election timeout is 4 to 9 s)
-/// after the loss or pause of the node leading it.
-pub const LAPSE_PATIENCE: Duration = Duration::from_secs(10);
-
 /// How long a gateway whose lease create was not confirmed waits before its next incarnation.
 const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
 
@@ -406,7 +400,7 @@ async fn run(
                     leaders.cut_off();
                     tracing::warn!(
                         gateway = id.0,
-                        patience = ?LAPSE_PATIENCE,
+                        patience = ?config.lapse_patience,
                         "this gateway's cluster lease lapsed unrenewed (NATS not answering, or its coordination bucket electing a leader): its singleton members get nothing until it is renewed"
                     );
                 } else {
@@ -736,12 +730,12 @@ fn end_member(broker: &Upstream, subscription: &str, member: MemberId) {
 /// Coordinator timing for a gateway lease of `lease`: renewals every third of it, a clock
 /// drift bound of 1 %, and a margin of a tenth of the lease (at least 100 ms) for timers and
 /// processing.
-pub fn config(lease: Duration) -> Config {
+pub fn config(lease: Duration, lapse_patience: Duration) -> Config {
     Config {
         lease,
         max_drift_percent: 1,
         margin: (lease / 10).max(Duration::from_millis(100)),
         retry: (lease / 20).max(Duration::from_millis(50)),
-        lapse_patience: LAPSE_PATIENCE,
+        lapse_patience,
     }
 }
