@@ -280,7 +280,14 @@ impl ClusterChecker {
                 s.kv.epoch
             ));
         }
-        if let Some(other) = s.open.keys().next() {
+        // A lapsed or frozen gateway's member counts only until its lease's end, as for an
+        // activation.
+        let lapse = &self.lapse;
+        if let Some(other) = s
+            .open
+            .keys()
+            .find(|u| lapse.get(u).is_none_or(|ends| at < *ends))
+        {
             found.push(format!(
                 "(b) {sub}: {} resumes while {} is active",
                 m(uid),
