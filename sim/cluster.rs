@@ -61,7 +61,8 @@ const MAX_DELETION_TTL: Duration = Duration::from_millis(2_000);
 const EXPIRING: &str = "sub.";
 /// How often a gateway hands messages to its active members or acks them.
 pub const ACT_EVERY: Duration = Duration::from_millis(20);
-/// How long a gateway whose lease lapsed keeps its members while it tries to renew.
+/// How long a gateway whose lease lapsed keeps its members while it tries to renew, in the
+/// seeds that set a patience.
 pub const LAPSE_PATIENCE: Duration = Duration::from_millis(1_500);
 /// The shell's pause before a new incarnation when the lease create was never confirmed.
 const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
@@ -70,13 +71,13 @@ fn planted(bug: tinybroker::core::planted::PlantedBug) -> bool {
     tinybroker::core::planted::is_planted(bug)
 }
 
-fn config() -> Config {
+fn config(lapse_patience: Duration) -> Config {
     Config {
         lease: LEASE,
         max_drift_percent: MAX_DRIFT_PERCENT,
         margin: Duration::from_millis(50),
         retry: Duration::from_millis(50),
-        lapse_patience: LAPSE_PATIENCE,
+        lapse_patience,
     }
 }
 
@@ -172,6 +173,8 @@ pub struct ClusterWorld {
     rng: Rng,
     /// Every backplane write takes longer than the renewal bound (docs/semantics.md#cluster-lease-lapse).
     slow_bucket: bool,
+    /// `--gateway-lapse-patience` of every gateway of this seed.
+    lapse_patience: Duration,
     /// Deletions learned from refusals by gateway incarnations that are gone.
     learned_by_gone: u64,
     /// Lapses of gateway leases, and those a renewal ended, by incarnations gone.
@@ -216,6 +219,13 @@ impl ClusterWorld {
             // A fifth of the seeds: a bucket that answers every write, slowly. Drawn from its
             // own stream, so the seed's workload and faults stay what they were.
             slow_bucket: Rng::new(seed ^ 0x5105_b0c7).range(0, 4) == 0,
+            // Half the seeds as production runs by default (members end at the lapse), half
+            // with a lapse patience.
+            lapse_patience: if Rng::new(seed ^ 0x1a95_e000).range(0, 1) == 0 {
+                Duration::ZERO
+            } else {
+                LAPSE_PATIENCE
+            },
             learned_by_gone: 0,
             lapses_by_gone: (0, 0),
             fences: fence::Fences::new(seed),
@@ -312,7 +322,7 @@ impl ClusterWorld {
         g.next_tick = None;
         g.pausing = false;
         let local = g.local(self.now);
-        g.coord = Some(Coordinator::new(id, config(), local));
+        g.coord = Some(Coordinator::new(id, config(self.lapse_patience), local));
         self.trace(format!("slot {slot}: gateway g{} starts", id.0));
         self.pump(slot);
         self.pump_watches();

@@ -32,7 +32,6 @@ pub use member::{
 };
 use member::{Locked, SubState};
 
-/// Whether a gateway may hand an arbitrated singleton's messages to members now (its lease).
 /// A gateway's lease check for arbitrated singletons: the term of its lease valid now, or
 /// `None` ([`crate::cluster`]'s lease gate).
 pub(crate) type SingletonGate = Arc<dyn Fn() -> Option<u64> + Send + Sync>;

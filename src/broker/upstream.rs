@@ -127,15 +127,16 @@ impl Upstream {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Counts a lapse of this gateway's cluster lease (`renewed`: one a renewal ended, the
-    /// members kept).
-    pub fn count_lease_lapse(&self, renewed: bool) {
-        let counter = if renewed {
-            &self.inner.counters.lease_lapses_renewed
-        } else {
-            &self.inner.counters.lease_lapses
-        };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// Counts `lapses` more lapses of this gateway's cluster lease, `renewed` of them ended by
+    /// a renewal (the members kept).
+    pub fn count_lease_lapses(&self, lapses: u64, renewed: u64) {
+        let counters = &self.inner.counters;
+        counters
+            .lease_lapses
+            .fetch_add(lapses, std::sync::atomic::Ordering::Relaxed);
+        counters
+            .lease_lapses_renewed
+            .fetch_add(renewed, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Counts an ack (or term) JetStream did not confirm: the message may come again.

@@ -213,6 +213,39 @@ fn an_unrenewed_lease_lapses_at_send_time_plus_lease_and_ends_every_member_after
     assert_eq!(c.lapses(), (1, 0));
 }
 
+// docs/semantics.md#cluster-leases: with no lapse patience (the default), a gateway that cannot
+// renew ends its members' streams at its lease's end, before any other gateway can promote.
+#[test]
+fn without_a_lapse_patience_an_unrenewed_lease_ends_every_member_at_its_end() {
+    let mut c = Coordinator::new(
+        GatewayId(7),
+        Config {
+            lapse_patience: Duration::ZERO,
+            ..config()
+        },
+        ms(0),
+    );
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(1), cmds[0].id, Ok(1));
+    c.member_joined(ms(3), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(4), cmds[0].id, Ok(5));
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(5), cmds[0].id, Ok(6));
+    drain(&mut c);
+    c.tick(ms(300));
+    drain(&mut c);
+    c.tick(ms(899));
+    assert!(!c.is_fenced());
+    c.tick(ms(900));
+    assert!(c.is_fenced(), "ended at the lease's end");
+    let (_, effects) = drain(&mut c);
+    assert!(
+        matches!(effects[..], [Effect::End { member: 1, .. }]),
+        "{effects:?}"
+    );
+}
+
 // docs/semantics.md#cluster-lease-lapse: a lapsed gateway's renewal confirmed (nobody deleted its
 // lease: a deletion compares against the revision it replaced) lets it act for its members
 // again, from that renewal's send time; nothing was ended, nothing activated again.

@@ -385,12 +385,7 @@ async fn run(
                 &recording,
             );
             let (lapses, renewed) = coordinator.lapses();
-            for _ in counted.0..lapses {
-                broker.count_lease_lapse(false);
-            }
-            for _ in counted.1..renewed {
-                broker.count_lease_lapse(true);
-            }
+            broker.count_lease_lapses(lapses - counted.0, renewed - counted.1);
             counted = (lapses, renewed);
             if coordinator.is_lapsed() != lapsed {
                 lapsed = !lapsed;
