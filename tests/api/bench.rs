@@ -22,6 +22,47 @@ async fn bench_against_a_broker_that_refuses_publishes_fails_and_says_why() {
     assert!(stderr.contains("refused"), "{stderr}");
 }
 
+// `--jetstream-batch` sets how JetStream alone publishes beside the gateways, at equal
+// guarantees: it needs `--jetstream-msg-ids` (and so `--nats`), and a batch of 2 to 1,000
+// messages (JetStream's largest atomic batch). Refused before anything starts.
+#[tokio::test]
+async fn bench_refuses_a_jetstream_batch_without_message_ids_or_out_of_range() {
+    for (args, says) in [
+        (
+            vec!["--nats", "nats://127.0.0.1:1", "--jetstream-batch", "64"],
+            "--jetstream-msg-ids",
+        ),
+        (
+            vec![
+                "--nats",
+                "nats://127.0.0.1:1",
+                "--jetstream-msg-ids",
+                "--jetstream-batch",
+                "1",
+            ],
+            "2..=1000",
+        ),
+        (
+            vec![
+                "--nats",
+                "nats://127.0.0.1:1",
+                "--jetstream-msg-ids",
+                "--jetstream-batch",
+                "1001",
+            ],
+            "2..=1000",
+        ),
+    ] {
+        let mut argv = vec!["bench".to_string()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        argv.push("w3".into());
+        let out = binary::run_client(argv).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
 // w2 on the embedded broker: every kill promotes the next replica, nothing is lost, and a
 // leadership watcher (docs/semantics.md#watching-leadership) is told of every promotion: its
 // gaps are reported beside the delivery gaps.

@@ -39,6 +39,25 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
             "--subscribers",
             "2",
         ],
+        // 300 messages: four whole batches of 64 and one of 44, committed by the last
+        // message; every one must reach both subscribers for the run to end.
+        vec![
+            "--jetstream-msg-ids",
+            "--jetstream-batch",
+            "64",
+            "w3",
+            "--ack-free",
+            "--subscribers",
+            "2",
+        ],
+        vec![
+            "--jetstream-msg-ids",
+            "--jetstream-batch",
+            "7",
+            "w1",
+            "--window",
+            "4",
+        ],
     ] {
         let mut args: Vec<String> = ["bench", "--nats", &urls, "--messages", "300"]
             .map(String::from)
@@ -52,7 +71,9 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
             .map(|r| r["deployment"].as_str().unwrap_or_default())
             .collect();
         // With message ids, JetStream alone is named for them: its publishes carry ids.
-        let alone = if workload.contains(&"--jetstream-msg-ids") {
+        let alone = if workload.contains(&"--jetstream-batch") {
+            "jetstream+batch-ids"
+        } else if workload.contains(&"--jetstream-msg-ids") {
             "jetstream+msg-ids"
         } else {
             "jetstream"

@@ -64,7 +64,7 @@ struct Bench {
 }
 
 impl Bench {
-    async fn create(urls: &str, workload: &str) -> Result<Self, String> {
+    async fn create(urls: &str, workload: &str, common: &Common) -> Result<Self, String> {
         let js = jetstream::new(connect(urls).await?);
         let name = format!("bench_js_{workload}_{}", std::process::id());
         let mut last = String::new();
@@ -78,11 +78,36 @@ impl Bench {
                 ..Default::default()
             };
             match js.create_stream(config).await {
+                Ok(stream) if common.jetstream_batch.is_some() => {
+                    let bench = Self { js, stream, name };
+                    bench.allow_atomic().await?;
+                    return Ok(bench);
+                }
                 Ok(stream) => return Ok(Self { js, stream, name }),
                 Err(error) => last = error.to_string(),
             }
         }
         Err(format!("JetStream refused the stream {name}: {last}"))
+    }
+
+    /// Turns on atomic batches (`allow_atomic`, nats-server 2.12 or later) on the bench's
+    /// stream, by a stream update: the client library this build uses writes no such field.
+    async fn allow_atomic(&self) -> Result<(), String> {
+        let mut config = serde_json::to_value(&self.stream.cached_info().config)
+            .map_err(|e| format!("the bench stream's config: {e}"))?;
+        config["allow_atomic"] = serde_json::Value::Bool(true);
+        let answer: serde_json::Value = self
+            .js
+            .request(format!("STREAM.UPDATE.{}", self.name), &config)
+            .await
+            .map_err(|e| format!("JetStream did not turn on atomic batches: {e}"))?;
+        if answer["config"]["allow_atomic"] == serde_json::Value::Bool(true) {
+            Ok(())
+        } else {
+            Err(format!(
+                "JetStream did not turn on atomic batches (--jetstream-batch needs nats-server 2.12 or later): {answer}"
+            ))
+        }
     }
 
     /// A new consumer, returned once a pull from this connection reaches it: its leader's
@@ -132,14 +157,45 @@ impl Bench {
         let began = Instant::now();
         let mut pending: VecDeque<PublishAckFuture> = VecDeque::new();
         let prefix = u64::from(std::process::id());
+        // Batches: each confirmation covers a whole batch, so fewer are awaited at once.
+        let per_ack = common.jetstream_batch.unwrap_or(1).max(1);
+        let in_flight = (common.pipeline as u64 / per_ack).max(1) as usize;
         for n in 0..common.messages {
-            if pending.len() >= common.pipeline.max(1)
+            if pending.len() >= in_flight
                 && let Some(ack) = pending.pop_front()
             {
                 ack.await
                     .map_err(|e| format!("publish not confirmed: {e}"))?;
             }
             let payload = load::payload(common.payload_bytes, start);
+            if let Some(size) = common.jetstream_batch {
+                // An atomic batch: numbered messages with the batch's id, the last one
+                // (or the run's last) commits it and carries its message id.
+                let (batch, position) = (n / size, n % size + 1);
+                let id = format!("{prefix:016x}.{batch:x}");
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Batch-Id", id.as_str());
+                headers.insert("Nats-Batch-Sequence", position.to_string().as_str());
+                if position == size || n + 1 == common.messages {
+                    headers.insert("Nats-Batch-Commit", "1");
+                    headers.insert("Nats-Msg-Id", id.as_str());
+                    let ack = self
+                        .js
+                        .publish_with_headers(subject.clone(), headers, payload)
+                        .await
+                        .map_err(|e| format!("publish refused: {e}"))?;
+                    pending.push_back(ack);
+                } else {
+                    // Answered only by the commit: a plain publish, in order on the same
+                    // connection.
+                    self.js
+                        .client()
+                        .publish_with_headers(subject.clone(), headers, payload)
+                        .await
+                        .map_err(|e| format!("publish refused: {e}"))?;
+                }
+                continue;
+            }
             let ack = if common.jetstream_msg_ids {
                 // As long as a gateway's ids: 16 hex digits, a dot, a hex counter.
                 let mut headers = async_nats::HeaderMap::new();
@@ -168,9 +224,12 @@ impl Bench {
 }
 
 /// The report's name for this side: `jetstream+msg-ids` when its publishes carry message ids
-/// (`--jetstream-msg-ids`).
+/// (`--jetstream-msg-ids`), `jetstream+batch-ids` when they go in atomic batches with one id
+/// each (`--jetstream-batch`).
 fn deployment(common: &Common) -> &'static str {
-    if common.jetstream_msg_ids {
+    if common.jetstream_batch.is_some() {
+        "jetstream+batch-ids"
+    } else if common.jetstream_msg_ids {
         "jetstream+msg-ids"
     } else {
         "jetstream"
@@ -302,7 +361,7 @@ async fn drive(
 /// `--consumers` × `--window` unacked messages among them (`max_ack_pending`), each puller's
 /// pull open ahead of its acks.
 pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Result<(), String> {
-    let bench = Bench::create(urls, "w1").await?;
+    let bench = Bench::create(urls, "w1", common).await?;
     let result = async {
         let consumer = bench
             .consumer(pull::Config {
@@ -353,7 +412,7 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
 /// consumer double-acking each (`max_ack_pending` `--window`) or, ack-free, a push consumer
 /// acking nothing.
 pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Result<(), String> {
-    let bench = Bench::create(urls, "w3").await?;
+    let bench = Bench::create(urls, "w3", common).await?;
     let result = async {
         let mut consumers = Vec::new();
         for n in 0..args.subscribers {

@@ -83,6 +83,12 @@ pub struct Common {
     /// gateway does so a publish sent again is stored once; JetStream's fastest idiom has none.
     #[arg(long, global = true, requires = "nats")]
     jetstream_msg_ids: bool,
+    /// With `--jetstream-msg-ids`: JetStream alone publishes in atomic batches of this many
+    /// messages (nats-server 2.12 or later; `allow_atomic` on the bench's stream), the id on
+    /// each batch's commit only: one id per batch still stores a batch sent again once, as
+    /// JetStream stores a batch all or nothing. What per-message ids cost, measured.
+    #[arg(long, global = true, requires = "jetstream_msg_ids", value_parser = clap::value_parser!(u64).range(2..=1000))]
+    jetstream_batch: Option<u64>,
     /// Bearer token, if the broker requires one.
     #[arg(
         long,
