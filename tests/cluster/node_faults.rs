@@ -32,6 +32,10 @@ const ACK_WAIT: &str = "15s";
 const PATIENCE: Duration = Duration::from_secs(60);
 /// Publishes confirmed before the fault, and after it ends, before the load stops.
 const CONFIRMED_AROUND_THE_FAULT: usize = 400;
+/// Publishes a streaming publisher sends at once, then awaits (the gateway sends the first
+/// alone and the others, read meanwhile, as one batch): about as many a second as two unary
+/// publishers, so the members keep up.
+const STREAMED: usize = 4;
 
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -181,7 +185,8 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
         .await;
     }
 
-    // Four publishers, two per gateway, each with payloads of its own.
+    // Four publishers, two per gateway, each with payloads of its own: two unary, two on a
+    // `PublishStream` (atomic batches, docs/cluster.md#atomic-batches).
     let stop = Arc::new(AtomicBool::new(false));
     let fault_began = Arc::new(Mutex::new(None::<Instant>));
     let (confirmed_tx, confirmed_rx) = watch::channel(0usize);
@@ -190,6 +195,17 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
     for (p, gateway) in [&on_a, &on_b, &on_a, &on_b].into_iter().enumerate() {
         let (mut gateway, seen, stop) = (gateway.clone(), seen.clone(), stop.clone());
         let (fault_began, confirmed_tx) = (fault_began.clone(), confirmed_tx.clone());
+        if p >= 2 {
+            publishers.push(tokio::spawn(stream_publisher(
+                p,
+                gateway,
+                seen,
+                stop,
+                fault_began,
+                confirmed_tx,
+            )));
+            continue;
+        }
         publishers.push(tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -273,7 +289,14 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
             .iter()
             .filter(|id| !seen.delivered.contains_key(id))
             .collect();
-        panic!("confirmed messages never delivered: {lost:?}")
+        panic!(
+            "{} confirmed messages never delivered ({} confirmed, {} delivered, {} failed), the first: {:?}",
+            lost.len(),
+            confirmed.len(),
+            seen.delivered.len(),
+            seen.failed.len(),
+            &lost[..lost.len().min(10)]
+        )
     });
     tokio::time::timeout(PATIENCE, async {
         loop {
@@ -300,6 +323,69 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
         }
     }
     std::mem::take(&mut *seen.lock().unwrap())
+}
+
+/// A publisher on one `PublishStream`, [`STREAMED`] publishes at a time, until `stop`;
+/// what it saw goes to `seen`, as the unary publishers' does.
+async fn stream_publisher(
+    p: usize,
+    mut gateway: BrokerClient<Channel>,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    fault_began: Arc<Mutex<Option<Instant>>>,
+    confirmed_tx: Arc<watch::Sender<usize>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::PublishRequest>(STREAMED);
+    let mut answers =
+        within(gateway.publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)))
+            .await
+            .unwrap()
+            .into_inner();
+    let mut sent: std::collections::VecDeque<(String, Instant)> = Default::default();
+    let mut n = 0u64;
+    loop {
+        if !stop.load(Ordering::Relaxed) && sent.is_empty() {
+            for _ in 0..STREAMED {
+                let payload = format!("p{p}-{n}");
+                n += 1;
+                let request = pb::PublishRequest {
+                    topic: "load.job".into(),
+                    payload: payload.clone().into_bytes().into(),
+                    headers: Default::default(),
+                    fence: None,
+                };
+                tx.send(request).await.unwrap();
+                sent.push_back((payload, Instant::now()));
+            }
+        }
+        let Some((payload, started)) = sent.pop_front() else {
+            return;
+        };
+        let answer = tokio::time::timeout(PATIENCE, answers.message()).await;
+        let took = started.elapsed();
+        let after = fault_began.lock().unwrap().is_some();
+        let mut seen = seen.lock().unwrap();
+        if after {
+            seen.longest_after = seen.longest_after.max(took);
+        } else {
+            seen.longest_before = seen.longest_before.max(took);
+        }
+        match answer {
+            Ok(Ok(Some(answer))) if answer.code == tonic::Code::Ok as i32 => {
+                seen.confirmed.insert(payload, answer.system_id);
+                confirmed_tx.send_replace(seen.confirmed.len());
+            }
+            Ok(Ok(Some(answer))) => seen.failed.push(format!(
+                "{payload} (streamed): code {} {}",
+                answer.code, answer.message
+            )),
+            other => {
+                seen.failed
+                    .push(format!("{payload} (streamed): the stream ended: {other:?}"));
+                return;
+            }
+        }
+    }
 }
 
 /// Moves the leadership `leader` reports to `node` with `stepdown` requests (each asking for

@@ -75,39 +75,25 @@ impl Bench {
                 retention: RetentionPolicy::Interest,
                 storage: StorageType::File,
                 num_replicas: replicas,
+                allow_atomic_publish: common.jetstream_batch.is_some(),
                 ..Default::default()
             };
             match js.create_stream(config).await {
-                Ok(stream) if common.jetstream_batch.is_some() => {
+                Ok(stream)
+                    if common.jetstream_batch.is_some()
+                        && !stream.cached_info().config.allow_atomic_publish =>
+                {
                     let bench = Self { js, stream, name };
-                    bench.allow_atomic().await?;
-                    return Ok(bench);
+                    bench.delete().await;
+                    return Err(
+                        "JetStream did not turn on atomic batches (--jetstream-batch needs nats-server 2.12 or later)".into(),
+                    );
                 }
                 Ok(stream) => return Ok(Self { js, stream, name }),
                 Err(error) => last = error.to_string(),
             }
         }
         Err(format!("JetStream refused the stream {name}: {last}"))
-    }
-
-    /// Turns on atomic batches (`allow_atomic`, nats-server 2.12 or later) on the bench's
-    /// stream, by a stream update: the client library this build uses writes no such field.
-    async fn allow_atomic(&self) -> Result<(), String> {
-        let mut config = serde_json::to_value(&self.stream.cached_info().config)
-            .map_err(|e| format!("the bench stream's config: {e}"))?;
-        config["allow_atomic"] = serde_json::Value::Bool(true);
-        let answer: serde_json::Value = self
-            .js
-            .request(format!("STREAM.UPDATE.{}", self.name), &config)
-            .await
-            .map_err(|e| format!("JetStream did not turn on atomic batches: {e}"))?;
-        if answer["config"]["allow_atomic"] == serde_json::Value::Bool(true) {
-            Ok(())
-        } else {
-            Err(format!(
-                "JetStream did not turn on atomic batches (--jetstream-batch needs nats-server 2.12 or later): {answer}"
-            ))
-        }
     }
 
     /// A new consumer, returned once a pull from this connection reaches it: its leader's

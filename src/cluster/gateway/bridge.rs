@@ -28,7 +28,6 @@ use super::{
     DEAD_LETTER_OF, Shared,
     acks::{CONFIRM_ON_STOP, Confirming, MAX_CONFIRMING},
     ahead::Ahead,
-    publish::MSG_ID,
 };
 use crate::core::{Draft, Envelope, Error, ErrorKind, Headers, MemberId, Message, Topic};
 
@@ -837,8 +836,10 @@ fn decode(
     if let Some(map) = &message.headers {
         for (name, values) in map.iter() {
             let name_text: &str = name.as_ref();
-            // The gateway's own headers: its dead-letter mark, and each publish's message id.
-            if name_text == DEAD_LETTER_OF || name_text.eq_ignore_ascii_case(MSG_ID) {
+            // The gateway's own headers: its dead-letter mark, and JetStream's (`Nats-`: each
+            // publish's message id, an atomic batch's id, place and commit). A client's header
+            // named so travels escaped.
+            if name_text == DEAD_LETTER_OF || is_jetstream_header(name_text) {
                 continue;
             }
             if let Some(value) = values.last() {
@@ -853,4 +854,12 @@ fn decode(
         Envelope::new(topic, headers),
         &message.payload,
     ))
+}
+
+/// Whether `name` is a header JetStream reads or writes (`Nats-…`, any case): never a
+/// client's, which travels escaped (`headers`).
+fn is_jetstream_header(name: &str) -> bool {
+    name.as_bytes()
+        .get(..5)
+        .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"nats-"))
 }

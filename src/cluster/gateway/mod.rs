@@ -58,6 +58,7 @@ mod acks;
 mod ahead;
 mod announce;
 mod ask;
+mod atomic;
 mod bridge;
 mod config;
 mod delete;
@@ -116,6 +117,8 @@ struct Shared {
     registry: Arc<registry::Registry>,
     /// The fence records: written at activations, read by fenced publishes.
     fences: Arc<fence::Fences>,
+    /// Whether the stream takes atomic batches ([`atomic`]).
+    batches: bool,
 }
 
 /// A running gateway: cheap to clone.
@@ -256,7 +259,9 @@ impl Gateway {
         let mut js = jetstream::ContextBuilder::new()
             .max_ack_inflight(publish::IN_FLIGHT)
             .build(client.clone());
-        let stream = ensure_stream(&js, &config).await?;
+        let mut stream = ensure_stream(&js, &config).await?;
+        let batches = stream::allow_atomic(&js, &mut stream).await
+            && std::env::var_os("TB_NO_BATCH").is_none();
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
         await_stream(&js, &config.stream).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} answers publishes", config.stream);
@@ -328,6 +333,7 @@ impl Gateway {
             patience,
             registry,
             fences,
+            batches,
         });
         let responder = forward::serve(
             &client,
@@ -463,6 +469,54 @@ impl Gateway {
     pub(super) async fn send(&self, draft: Draft) -> Result<publish::Sent, Error> {
         self.check_size(&draft)?;
         publish::send_streamed(&self.inner.shared, draft).await
+    }
+
+    /// Whether a `PublishStream` here groups its publishes into atomic batches.
+    pub(super) fn batches(&self) -> bool {
+        self.inner.shared.batches
+    }
+
+    /// Publishes drafts a `PublishStream` read together, none of them fenced: as one atomic
+    /// batch ([`atomic`]), a single one alone. One answer each, in order.
+    pub(super) async fn publish_grouped(
+        &self,
+        drafts: Vec<Draft>,
+    ) -> Vec<Result<Published, Error>> {
+        let shared = &self.inner.shared;
+        // Too large for NATS: refused here, the others published.
+        let mut refused: Vec<Option<Error>> = Vec::with_capacity(drafts.len());
+        let mut fit = Vec::with_capacity(drafts.len());
+        for draft in drafts {
+            match self.check_size(&draft) {
+                Ok(()) => {
+                    refused.push(None);
+                    fit.push(draft);
+                }
+                Err(error) => refused.push(Some(error)),
+            }
+        }
+        let mut answers = match fit.len() {
+            0 => Vec::new(),
+            1 => vec![publish::publish(shared, fit.remove(0)).await],
+            _ => {
+                atomic::Batch::new(shared, fit)
+                    .publish(shared.clone())
+                    .await
+            }
+        }
+        .into_iter();
+        refused
+            .into_iter()
+            .map(|refused| match refused {
+                Some(error) => Err(error),
+                None => answers.next().unwrap_or_else(|| {
+                    Err(Error::cluster(
+                        ErrorKind::Internal,
+                        "a batch came back with fewer answers than publishes",
+                    ))
+                }),
+            })
+            .collect()
     }
 
     /// Sends again, with its message id, a publish JetStream did not confirm, until it does

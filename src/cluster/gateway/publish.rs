@@ -66,7 +66,7 @@ impl MessageIds {
         }
     }
 
-    fn next(&self) -> String {
+    pub(super) fn next(&self) -> String {
         format!(
             "{}.{:x}",
             self.prefix,
@@ -293,7 +293,7 @@ impl Sent {
 
 /// Whether JetStream answered "unavailable for now" (503: its cluster or the stream's leader
 /// is not ready), which a later try can get past.
-fn unavailable_for_now(error: &PublishError) -> bool {
+pub(super) fn unavailable_for_now(error: &PublishError) -> bool {
     jetstream_error(error).is_some_and(|error| error.code() == 503)
 }
 
@@ -312,7 +312,7 @@ pub(super) fn jetstream_code(error: &PublishError) -> Option<u64> {
 /// is full (its `max_msgs` or `max_bytes`, with discard new), or the message is larger than
 /// the NATS servers take. Counted as a rejected publish when `count`. `None` for other
 /// failures.
-fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Error> {
+pub(super) fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Error> {
     let broker = &shared.broker;
     if error.kind() == PublishErrorKind::MaxPayloadExceeded {
         if count {

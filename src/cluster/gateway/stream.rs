@@ -129,6 +129,40 @@ pub(super) async fn ensure_stream(
     ))
 }
 
+/// Turns on atomic batches on the stream where they are off (nats-server 2.12 or later; a
+/// stream made by an earlier gateway has them off): a `PublishStream`'s waiting publishes then
+/// go to JetStream as one batch (docs/cluster.md#atomic-batches). Returns whether the stream
+/// takes them; servers that refuse the setting, or ignore it (before 2.12), leave single
+/// publishes, as before.
+pub(super) async fn allow_atomic(
+    js: &jetstream::Context,
+    stream: &mut jetstream::stream::Stream,
+) -> bool {
+    let config = &stream.cached_info().config;
+    if config.allow_atomic_publish {
+        return true;
+    }
+    let name = config.name.clone();
+    let mut updated = config.clone();
+    updated.allow_atomic_publish = true;
+    match js.update_stream(&updated).await {
+        Ok(info) if info.config.allow_atomic_publish => {
+            if let Ok(fresh) = js.get_stream(&name).await {
+                *stream = fresh;
+            }
+            true
+        }
+        Ok(_) => {
+            tracing::info!(stream = %name, "the NATS servers do not take atomic batches (nats-server before 2.12): publishes go to JetStream one by one");
+            false
+        }
+        Err(error) => {
+            tracing::warn!(stream = %name, %error, "JetStream refused to turn on atomic batches for the stream: publishes go to JetStream one by one");
+            false
+        }
+    }
+}
+
 /// Makes the consumer that keeps the stream's fence records (docs/cluster.md#fenced-publishes),
 /// if missing: nobody reads it, and under the stream's interest retention a message no
 /// consumer has pending is removed at once. Tried for up to [`STREAM_PATIENCE`]: right after
