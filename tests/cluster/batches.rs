@@ -156,3 +156,56 @@ async fn more_streams_than_open_batches_allowed_are_all_stored_once() {
     }
     assert!(ids.iter().all(|id| delivered.values().any(|d| d == id)));
 }
+
+// A message that passes the gateway's size check but that NATS does not carry once its
+// header is escaped (three bytes per byte) is refused alone with INVALID_ARGUMENT; inside a
+// batch it is refused the same, and the publishes around it are stored (the batch is published
+// one by one). Before, the batch was sent again until the patience ran out and every publish
+// in it, valid ones included, was UNAVAILABLE.
+#[tokio::test]
+async fn a_message_nats_does_not_carry_inside_a_batch_is_refused_alone() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let a = crate::gateway_with(
+        tinybroker::cluster::gateway::GatewayConfig {
+            publish_timeout: std::time::Duration::from_secs(5),
+            ..tinybroker::cluster::gateway::GatewayConfig::new(&urls[0])
+        },
+        std::sync::Arc::new(tinybroker::clock::TokioClock::new()),
+    )
+    .await;
+    let on_a = a.client().await;
+    let mut member = on_a.subscribe(queue("orders", 100)).await.unwrap();
+    member.confirmed().await;
+    // A leading space: escaped as %20 and each "é" as %C3%A9, over 15,000 bytes on the wire.
+    let headers: HashMap<String, String> =
+        [("h".to_string(), format!(" {}", "é".repeat(2500)))].into();
+    let big = pb::PublishRequest {
+        topic: "orders.new".into(),
+        payload: vec![b'x'; 1_040_000].into(),
+        headers,
+        fence: None,
+    };
+    let alone = within(on_a.1.clone().publish(big.clone())).await;
+    assert_eq!(
+        alone.map(|_| ()).map_err(|s| s.code()),
+        Err(Code::InvalidArgument)
+    );
+    let none = HashMap::new();
+    let requests = vec![
+        request(0, &none),
+        request(1, &none),
+        big,
+        request(3, &none),
+        request(4, &none),
+    ];
+    let answers = publish_stream(&on_a, requests).await;
+    let codes: Vec<i32> = answers.iter().map(|a| a.code).collect();
+    let (ok, invalid) = (Code::Ok as i32, Code::InvalidArgument as i32);
+    assert_eq!(codes, [ok, ok, invalid, ok, ok], "{answers:?}");
+    for n in [0, 1, 3, 4] {
+        let got = member.message().await;
+        assert_eq!(got.payload, n.to_string().as_bytes());
+        member.ack(got.system_id).await;
+    }
+}

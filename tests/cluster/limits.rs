@@ -10,7 +10,8 @@ use tinybroker::{clock::TokioClock, cluster::gateway::GatewayConfig, pb};
 use tonic::Code;
 
 use crate::{
-    NatsCluster, assert_code, gateway, gateway_with, harness::Member, publish_stream, queue, within,
+    NatsCluster, assert_code, gateway, gateway_with, harness::Member, node_faults::stream_led_by,
+    publish_stream, queue, within,
 };
 
 /// A cluster whose stream the first gateway created with these limits; the second binds it.
@@ -409,17 +410,7 @@ async fn a_join_is_answered_once_every_server_keeps_its_messages() {
         .await
         .unwrap();
     let js = async_nats::jetstream::new(nats.clone());
-    let stream_leader = || async {
-        let mut stream = js.get_stream("tinybroker").await.ok()?;
-        stream.info().await.ok()?.cluster.as_ref()?.leader.clone()
-    };
-    lead_on(
-        &nats,
-        "$JS.API.STREAM.LEADER.STEPDOWN.tinybroker",
-        lagging,
-        stream_leader,
-    )
-    .await;
+    stream_led_by(&nats, &js, lagging).await;
 
     cluster.pause(lagging);
     let mut join = tokio::spawn(async move {

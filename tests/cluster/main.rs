@@ -25,6 +25,7 @@ mod nats_server;
 
 mod ahead;
 mod api;
+mod batch_faults;
 mod batches;
 mod bench;
 mod delete;

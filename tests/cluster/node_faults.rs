@@ -159,17 +159,7 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
     // The stream's and the consumer's leader: the failing node, or another one.
     let leader = if leaders_on_it { doomed } else { 1 };
     {
-        let stream_leader = || async {
-            let mut stream = js.get_stream("tinybroker").await.ok()?;
-            stream.info().await.ok()?.cluster.as_ref()?.leader.clone()
-        };
-        lead_on(
-            &admin,
-            "$JS.API.STREAM.LEADER.STEPDOWN.tinybroker",
-            leader,
-            stream_leader,
-        )
-        .await;
+        stream_led_by(&admin, &js, leader).await;
         let consumer_leader = || async {
             let stream = js.get_stream("tinybroker").await.ok()?;
             let mut consumer: async_nats::jetstream::consumer::PullConsumer =
@@ -386,6 +376,25 @@ async fn stream_publisher(
             }
         }
     }
+}
+
+/// Moves the stream's leadership to `node` ([`lead_on`]), asking through `admin`.
+pub(crate) async fn stream_led_by(
+    admin: &async_nats::Client,
+    js: &async_nats::jetstream::Context,
+    node: usize,
+) {
+    let stream_leader = || async {
+        let mut stream = js.get_stream("tinybroker").await.ok()?;
+        stream.info().await.ok()?.cluster.as_ref()?.leader.clone()
+    };
+    lead_on(
+        admin,
+        "$JS.API.STREAM.LEADER.STEPDOWN.tinybroker",
+        node,
+        stream_leader,
+    )
+    .await;
 }
 
 /// Moves the leadership `leader` reports to `node` with `stepdown` requests (each asking for

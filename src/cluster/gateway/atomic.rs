@@ -63,6 +63,10 @@ enum Tried {
     Again(bool),
     /// Refused: nothing of it stored.
     Refused(PublishError),
+    /// A message the NATS client does not send as it is (larger than the servers'
+    /// `max_payload` with its headers as NATS carries them): nothing committed; each publish
+    /// is answered alone.
+    Unsendable,
     /// Not sent: what each publish is answered.
     Failed(Error),
 }
@@ -113,6 +117,8 @@ impl Batch {
                 // a single publish in the same case.
                 Tried::Refused(_) => return self.each(&self.not_confirmed()),
                 Tried::Failed(error) => return self.each(&error),
+                // Deterministic: an earlier try stopped at the same message, committing nothing.
+                Tried::Unsendable => return self.one_by_one(&shared).await,
             }
         }
     }
@@ -140,6 +146,9 @@ impl Batch {
                     .await
                 {
                     tracing::debug!(batch = %self.id, %error, "NATS did not take a batch's message");
+                    if error.kind() != async_nats::client::PublishErrorKind::Send {
+                        return Tried::Unsendable;
+                    }
                     return Tried::Again(false);
                 }
                 continue;
@@ -173,7 +182,8 @@ impl Batch {
                     if matches!(
                         error.kind(),
                         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
-                    ) || publish::unavailable_for_now(&error) =>
+                    ) || publish::unavailable_for_now(&error)
+                        || publish::jetstream_code(&error) == Some(publish::ID_IN_PROCESS) =>
                 {
                     Tried::Again(true)
                 }

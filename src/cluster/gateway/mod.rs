@@ -260,8 +260,7 @@ impl Gateway {
             .max_ack_inflight(publish::IN_FLIGHT)
             .build(client.clone());
         let mut stream = ensure_stream(&js, &config).await?;
-        let batches = stream::allow_atomic(&js, &mut stream).await
-            && std::env::var_os("TB_NO_BATCH").is_none();
+        let batches = stream::allow_atomic(&js, &mut stream).await;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
         await_stream(&js, &config.stream).await?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} answers publishes", config.stream);

@@ -33,6 +33,11 @@ use crate::{
 /// The NATS header JetStream deduplicates publishes by, within the stream's duplicate window.
 pub(super) const MSG_ID: &str = "Nats-Msg-Id";
 
+/// JetStream's "duplicate message id is in process" (409): a try with this id is being stored
+/// right now (an earlier one whose answer did not come in time); sent again, the next try is
+/// answered as that one's duplicate.
+pub(super) const ID_IN_PROCESS: u64 = 10158;
+
 /// How long one try of a publish waits for JetStream's `PubAck` before it is sent again (the
 /// JetStream context's timeout for publishes).
 pub(super) const PUBLISH_TRY: Duration = Duration::from_secs(2);
@@ -281,7 +286,11 @@ impl Sent {
             // A refusal first: JetStream answers a full stream with a 503 too.
             Err(error) => match refused(&self.shared, &error, count_refusal) {
                 Some(refusal) => Err(Unconfirmed::Failed(refusal)),
-                None if unavailable_for_now(&error) => again!(true),
+                None if unavailable_for_now(&error)
+                    || jetstream_code(&error) == Some(ID_IN_PROCESS) =>
+                {
+                    again!(true)
+                }
                 None => Err(Unconfirmed::Failed(unavailable(
                     "JetStream did not confirm the publish",
                     error,
