@@ -36,6 +36,8 @@ const CONFIRMED_AROUND_THE_FAULT: usize = 400;
 /// alone and the others, read meanwhile, as one batch): about as many a second as two unary
 /// publishers, so the members keep up.
 const STREAMED: usize = 4;
+/// Confirmed messages not yet delivered above which a streaming publisher waits.
+const STREAMED_BACKLOG: usize = 200;
 
 #[derive(Clone, Copy, Debug)]
 enum Fault {
@@ -192,7 +194,7 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
                 seen,
                 stop,
                 fault_began,
-                confirmed_tx,
+                (confirmed_tx, delivered_rx.clone()),
             )));
             continue;
         }
@@ -323,7 +325,7 @@ async fn stream_publisher(
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
     fault_began: Arc<Mutex<Option<Instant>>>,
-    confirmed_tx: Arc<watch::Sender<usize>>,
+    (confirmed_tx, mut delivered): (Arc<watch::Sender<usize>>, watch::Receiver<usize>),
 ) {
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::PublishRequest>(STREAMED);
     let mut answers =
@@ -334,6 +336,19 @@ async fn stream_publisher(
     let mut sent: std::collections::VecDeque<(String, Instant)> = Default::default();
     let mut n = 0u64;
     loop {
+        // Paced by the members: a burst only while few confirmed messages wait for
+        // delivery, so the load stays what the members drain (batched publishes outrun them).
+        while !stop.load(Ordering::Relaxed) && sent.is_empty() {
+            let backlog = {
+                let seen = seen.lock().unwrap();
+                seen.confirmed.len().saturating_sub(seen.delivered.len())
+            };
+            if backlog < STREAMED_BACKLOG {
+                break;
+            }
+            // Bounded so that `stop` is seen: a re-check interval, not a wait for the event.
+            let _ = tokio::time::timeout(Duration::from_millis(200), delivered.changed()).await;
+        }
         if !stop.load(Ordering::Relaxed) && sent.is_empty() {
             for _ in 0..STREAMED {
                 let payload = format!("p{p}-{n}");
