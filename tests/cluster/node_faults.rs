@@ -204,12 +204,7 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
                 let payload = format!("p{p}-{n}");
                 n += 1;
                 let started = Instant::now();
-                let request = pb::PublishRequest {
-                    topic: "load.job".into(),
-                    payload: payload.clone().into_bytes().into(),
-                    headers: Default::default(),
-                    fence: None,
-                };
+                let request = load_request(&payload);
                 let answer = tokio::time::timeout(PATIENCE, gateway.publish(request)).await;
                 let took = started.elapsed();
                 // Across the fault: answered after it began.
@@ -317,6 +312,16 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
     std::mem::take(&mut *seen.lock().unwrap())
 }
 
+/// A publish of `payload` to the load's topic.
+fn load_request(payload: &str) -> pb::PublishRequest {
+    pb::PublishRequest {
+        topic: "load.job".into(),
+        payload: payload.as_bytes().to_vec().into(),
+        headers: Default::default(),
+        fence: None,
+    }
+}
+
 /// A publisher on one `PublishStream`, [`STREAMED`] publishes at a time, until `stop`;
 /// what it saw goes to `seen`, as the unary publishers' does.
 async fn stream_publisher(
@@ -353,12 +358,7 @@ async fn stream_publisher(
             for _ in 0..STREAMED {
                 let payload = format!("p{p}-{n}");
                 n += 1;
-                let request = pb::PublishRequest {
-                    topic: "load.job".into(),
-                    payload: payload.clone().into_bytes().into(),
-                    headers: Default::default(),
-                    fence: None,
-                };
+                let request = load_request(&payload);
                 tx.send(request).await.unwrap();
                 sent.push_back((payload, Instant::now()));
             }

@@ -71,6 +71,20 @@ enum Tried {
     Failed(Error),
 }
 
+/// Publishes `draft` to `subject` with `headers` through JetStream and awaits its `PubAck`.
+async fn confirmed(
+    shared: &Shared,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    draft: &Draft,
+) -> Result<async_nats::jetstream::publish::PublishAck, PublishError> {
+    shared
+        .js
+        .publish_with_headers(subject, headers, draft.payload_bytes())
+        .await?
+        .await
+}
+
 impl Batch {
     /// Drafts to publish together, in order (two or more, at most [`MAX_BATCH`]).
     pub(super) fn new(shared: &Shared, drafts: Vec<Draft>) -> Self {
@@ -155,15 +169,7 @@ impl Batch {
             }
             headers.insert(BATCH_COMMIT, "1");
             headers.insert(MSG_ID, self.id.as_str());
-            let outcome = match shared
-                .js
-                .publish_with_headers(subject, headers, draft.payload_bytes())
-                .await
-            {
-                Ok(ack) => ack.await,
-                Err(error) => Err(error),
-            };
-            return match outcome {
+            return match confirmed(shared, subject, headers, draft).await {
                 Ok(ack) => Tried::Stored(ack.sequence),
                 Err(error) if publish::jetstream_code(&error) == Some(CONTAINS_DUPLICATE) => {
                     Tried::StoredBefore
@@ -210,15 +216,9 @@ impl Batch {
                 self.id
             ))
         };
-        let ack = match shared
-            .js
-            .publish_with_headers(subject, headers, draft.payload_bytes())
+        let ack = confirmed(shared, subject, headers, draft)
             .await
-        {
-            Ok(ack) => ack.await,
-            Err(error) => Err(error),
-        }
-        .map_err(|error| unknown(error.to_string()))?;
+            .map_err(|error| unknown(error.to_string()))?;
         if ack.duplicate {
             Ok(ack.sequence)
         } else {
