@@ -306,7 +306,6 @@ impl Broker {
     fn observe_fence(&self, subscription: &crate::core::Subscription, epoch: Epoch, passed: bool) {
         if let Some(observer) = &self.inner.observer {
             observer.observe(&Observation {
-                now: self.inner.clock.now(),
                 subscription,
                 input: &Input::Fence { epoch, passed },
                 effects: &[],
@@ -338,7 +337,6 @@ impl Broker {
     ) {
         if let Some(observer) = &self.inner.observer {
             observer.observe(&Observation {
-                now: self.inner.clock.now(),
                 subscription: &state.core,
                 input: &input,
                 effects,

@@ -5,8 +5,6 @@
 //! core decides (acks, drops, dead letters, hand-backs) into JetStream acks: there the observer
 //! is on the data path, so it must stay quick.
 
-use std::time::Duration;
-
 use super::ConnectionId;
 use crate::core::{Effect, Epoch, MemberId, Subscription, SystemId};
 
@@ -146,8 +144,6 @@ pub enum Input {
 /// One applied input.
 #[derive(Debug)]
 pub struct Observation<'a> {
-    /// Broker time of the input.
-    pub now: Duration,
     /// The subscription after the input.
     pub subscription: &'a Subscription,
     /// The input.

@@ -71,12 +71,41 @@ fn check_shape(kind: &str, text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// One pass over the bytes: whether `text` is a valid topic made of printable ASCII only
+/// (what nearly every topic is). `false` says nothing: [`Topic::parse`] then checks it the
+/// long way, which also accepts other characters and names what is wrong.
+fn plain_topic(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    if bytes.is_empty() || bytes.len() > MAX_TOPIC_BYTES {
+        return false;
+    }
+    let mut tokens = 1;
+    let mut token_empty = true;
+    for &byte in bytes {
+        match byte {
+            b'.' if token_empty => return false,
+            b'.' => {
+                tokens += 1;
+                token_empty = true;
+            }
+            // Wildcards, and ASCII whitespace and control characters (space and below, DEL).
+            b'*' | b'>' => return false,
+            0x21..=0x7e => token_empty = false,
+            _ => return false,
+        }
+    }
+    !token_empty && tokens <= MAX_TOKENS
+}
+
 impl Topic {
     /// Parses a concrete topic (no wildcards).
     ///
     /// # Errors
     /// [`Error::InvalidTopic`] naming the problem.
     pub fn parse(text: &str) -> Result<Self, Error> {
+        if plain_topic(text) {
+            return Ok(Self(Arc::from(text)));
+        }
         let invalid = |reason: String| Error::InvalidTopic {
             topic: text.chars().take(80).collect(),
             reason,
@@ -236,6 +265,24 @@ mod tests {
                 .contains("tokens")
         );
         assert_eq!(t("schedule.daily.report").as_str(), "schedule.daily.report");
+    }
+
+    // The one-pass check of printable ASCII topics never accepts what the full check refuses,
+    // and accepts every printable ASCII topic it accepts.
+    proptest::proptest! {
+        #[test]
+        fn the_ascii_pass_agrees_with_the_full_check(
+            text in "[a-c.*> \t\x7f\x00\u{e9}]{0,40}|[a.]{250,260}|(a\\.){30,33}a"
+        ) {
+            let plain = plain_topic(&text);
+            let full = Topic::parse(&text).is_ok();
+            if plain {
+                proptest::prop_assert!(full, "{text:?}: the one pass accepted what the full check refuses");
+            }
+            if full && text.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+                proptest::prop_assert!(plain, "{text:?}: printable ASCII accepted only the long way");
+            }
+        }
     }
 
     // The limits are inclusive: exactly MAX_TOPIC_BYTES bytes and MAX_TOKENS tokens are fine.

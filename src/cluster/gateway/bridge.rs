@@ -144,6 +144,9 @@ pub(super) struct Bridge {
     /// Messages pulled beyond the members' room ([`Ahead`]; off for singletons, ack-free
     /// subscriptions and those with max delivery attempts).
     pub(super) ahead: Ahead,
+    /// The envelope of the last message decoded that had no headers: the next one to the same
+    /// topic shares it (its topic neither checked nor copied again).
+    pub(super) last_envelope: Option<Envelope>,
 }
 
 /// Sleeps for `pause`, or forever.
@@ -739,21 +742,15 @@ impl Bridge {
             self.await_lease = true;
             return;
         }
-        let own_dead_letter = message
-            .message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(DEAD_LETTER_OF))
-            .map(async_nats::HeaderValue::as_str)
-            == Some(&*self.subscription);
         let decoded = decode(
             &self.shared.prefix,
             &message.message,
             sequence,
             published_nanos,
+            &mut self.last_envelope,
         );
-        let message = match decoded {
-            Ok(message) => message,
+        let (message, dead_letter_of) = match decoded {
+            Ok(decoded) => decoded,
             Err(why) => {
                 tracing::warn!(subscription = %self.subscription, sequence, why, "an undeliverable JetStream message; terminating it");
                 if let Some(reply) = reply {
@@ -776,7 +773,7 @@ impl Bridge {
             }
             return;
         }
-        if own_dead_letter {
+        if dead_letter_of.as_deref() == Some(&*self.subscription) {
             // This subscription's own dead letter, matching its own patterns: as in the
             // embedded broker, a dead letter skips the subscription it came from (no loop).
             // Marked by the gateway that stored it, not by `tinybroker-dead-letter-*`, which
@@ -822,24 +819,31 @@ impl Bridge {
     }
 }
 
-/// The broker message a JetStream message carries.
+/// The broker message a JetStream message carries, and the subscription whose dead letter it
+/// is, if a gateway stored it as one. A message without headers to `last`'s topic shares
+/// `last`; one without headers to another topic becomes the new `last`.
 fn decode(
     prefix: &str,
     message: &async_nats::Message,
     sequence: u64,
     published_nanos: i128,
-) -> Result<Message, String> {
+    last: &mut Option<Envelope>,
+) -> Result<(Message, Option<String>), String> {
     let topic = super::names::topic_of(prefix, message.subject.as_str())
         .ok_or_else(|| format!("subject {} is outside {prefix}.>", message.subject))?;
-    let topic = Topic::parse(topic).map_err(|e| e.to_string())?;
     let mut headers = Headers::new();
+    let mut dead_letter_of = None;
     if let Some(map) = &message.headers {
         for (name, values) in map.iter() {
             let name_text: &str = name.as_ref();
             // The gateway's own headers: its dead-letter mark, and JetStream's (`Nats-`: each
             // publish's message id, an atomic batch's id, place and commit). A client's header
             // named so travels escaped.
-            if name_text == DEAD_LETTER_OF || is_jetstream_header(name_text) {
+            if name_text == DEAD_LETTER_OF {
+                dead_letter_of = values.last().map(|v| v.as_str().to_string());
+                continue;
+            }
+            if is_jetstream_header(name_text) {
                 continue;
             }
             if let Some(value) = values.last() {
@@ -848,12 +852,26 @@ fn decode(
             }
         }
     }
-    Ok(Message::new(
+    let envelope = match last {
+        Some(envelope) if headers.is_empty() && envelope.topic().as_str() == topic => {
+            envelope.clone()
+        }
+        _ => {
+            let topic = Topic::parse(topic).map_err(|e| e.to_string())?;
+            let envelope = Envelope::new(topic, headers);
+            if envelope.headers().is_empty() {
+                *last = Some(envelope.clone());
+            }
+            envelope
+        }
+    };
+    let decoded = Message::new(
         sequence,
         u64::try_from(published_nanos / 1_000_000).unwrap_or(0),
-        Envelope::new(topic, headers),
+        envelope,
         &message.payload,
-    ))
+    );
+    Ok((decoded, dead_letter_of))
 }
 
 /// Whether `name` is a header JetStream reads or writes (`Nats-…`, any case): never a
@@ -862,4 +880,81 @@ fn is_jetstream_header(name: &str) -> bool {
     name.as_bytes()
         .get(..5)
         .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"nats-"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nats_message(subject: &str, headers: &[(&str, &str)]) -> async_nats::Message {
+        let headers = (!headers.is_empty()).then(|| {
+            let mut map = async_nats::HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, *value);
+            }
+            map
+        });
+        async_nats::Message {
+            subject: subject.into(),
+            reply: None,
+            payload: bytes::Bytes::from_static(b"payload"),
+            headers,
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    fn decoded(
+        last: &mut Option<Envelope>,
+        subject: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(Message, Option<String>), String> {
+        decode("p", &nats_message(subject, headers), 1, 0, last)
+    }
+
+    // Messages to one topic without headers share one envelope; a message with headers, to
+    // another topic, or to an invalid one gets its own (and is checked).
+    #[test]
+    fn messages_to_one_topic_share_an_envelope() {
+        let mut last = None;
+        let (first, _) = decoded(&mut last, "p.a.b", &[]).unwrap();
+        let (second, _) = decoded(&mut last, "p.a.b", &[("Nats-Batch-Id", "x")]).unwrap();
+        assert!(second.envelope().is_shared_with(first.envelope()));
+        assert!(
+            second.envelope().headers().is_empty(),
+            "JetStream's headers dropped"
+        );
+        let (with_header, _) = decoded(&mut last, "p.a.b", &[("k", " v ")]).unwrap();
+        assert!(!with_header.envelope().is_shared_with(first.envelope()));
+        assert_eq!(
+            with_header
+                .envelope()
+                .headers()
+                .get("k")
+                .map(String::as_str),
+            Some(" v ")
+        );
+        let (third, _) = decoded(&mut last, "p.a.b", &[]).unwrap();
+        assert!(
+            third.envelope().is_shared_with(first.envelope()),
+            "a message with headers does not replace the shared one"
+        );
+        let (other, _) = decoded(&mut last, "p.a.c", &[]).unwrap();
+        assert_eq!(other.topic().as_str(), "a.c");
+        assert!(!other.envelope().is_shared_with(first.envelope()));
+        assert!(decoded(&mut last, "p.a..c", &[]).is_err());
+        assert!(decoded(&mut last, "q.a.c", &[]).is_err());
+    }
+
+    // The dead-letter mark names the subscription and never reaches members.
+    #[test]
+    fn the_dead_letter_mark_is_read_and_dropped() {
+        let mut last = None;
+        let (message, of) = decoded(&mut last, "p.dead", &[(DEAD_LETTER_OF, "orders")]).unwrap();
+        assert_eq!(of.as_deref(), Some("orders"));
+        assert!(message.envelope().headers().is_empty());
+        let (_, of) = decoded(&mut last, "p.dead", &[]).unwrap();
+        assert_eq!(of, None);
+    }
 }

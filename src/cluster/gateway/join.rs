@@ -121,6 +121,7 @@ impl Gateway {
                 } else {
                     0
                 }),
+                last_envelope: None,
             };
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.

@@ -15,7 +15,7 @@ use tokio::sync::{Notify, mpsc};
 use super::bridge::{Event, HandedBack};
 use crate::{
     broker::{Input, Observation, Observer},
-    core::{Draft, Effect},
+    core::{AckMode, Draft, Effect},
 };
 
 struct Link {
@@ -171,7 +171,13 @@ impl Observer for Router {
             ..
         } = observation.input
         {
-            let _ = link.events.send(Event::Acked(*system_id));
+            if observation.subscription.spec().ack_mode == AckMode::None {
+                // Done once written: the bridge holds nothing of an ack-free subscription to
+                // settle, only room to pull into (one wake, no event per message).
+                link.wake.notify_one();
+            } else {
+                let _ = link.events.send(Event::Acked(*system_id));
+            }
         }
         for effect in observation.effects {
             match effect {
