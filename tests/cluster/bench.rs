@@ -101,6 +101,116 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
     );
 }
 
+// docs/performance.md: `--reps 2` runs the gateways and JetStream alone twice each, alternating,
+// then a comparison line whose rates are those of the four reports, in order, with each rep's
+// ratio and their median; every rep's stream is deleted.
+#[tokio::test]
+async fn bench_with_nats_reps_alternates_and_compares() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let output = binary::run_client(
+        [
+            "bench",
+            "--nats",
+            &urls,
+            "--messages",
+            "200",
+            "--reps",
+            "2",
+            "w3",
+            "--ack-free",
+            "--subscribers",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let reports = reports(&output.stdout);
+    let deployments: Vec<&str> = reports
+        .iter()
+        .map(|r| r["deployment"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        deployments,
+        [
+            "gateways",
+            "jetstream",
+            "gateways",
+            "jetstream",
+            "gateways/jetstream"
+        ]
+    );
+    let rate = |n: usize| reports[n]["rate_per_s"].as_f64().unwrap();
+    let comparison = &reports[4];
+    assert_eq!(comparison["workload"], "w3");
+    assert_eq!(comparison["reps"], 2);
+    let floats = |key: &str| -> Vec<f64> {
+        comparison[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    assert_eq!(floats("gateways_rate_per_s"), [rate(0), rate(2)]);
+    assert_eq!(floats("jetstream_rate_per_s"), [rate(1), rate(3)]);
+    let ratios = [rate(0) / rate(1), rate(2) / rate(3)];
+    assert_eq!(floats("ratios"), ratios);
+    let median = comparison["median_ratio"].as_f64().unwrap();
+    assert!(
+        (median - (ratios[0] + ratios[1]) / 2.0).abs() < 1e-9,
+        "{comparison}"
+    );
+    let js = async_nats::jetstream::new(
+        async_nats::connect(&cluster.client_urls()[0])
+            .await
+            .unwrap(),
+    );
+    let left: Vec<String> = js
+        .stream_names()
+        .collect::<Result<Vec<_>, _>>()
+        .await
+        .unwrap();
+    assert!(
+        left.iter().all(|name| !name.contains("bench")),
+        "streams left behind: {left:?}"
+    );
+}
+
+// docs/performance.md: `--nats`, w1 and w3 only; not with `--fenced` (no JetStream side).
+#[tokio::test]
+async fn bench_with_nats_refuses_reps_without_a_jetstream_side() {
+    for args in [
+        vec!["--reps", "2", "w2"],
+        vec!["--reps", "2", "--fenced", "w1"],
+    ] {
+        let mut all: Vec<String> = ["bench", "--nats", "nats://127.0.0.1:1"]
+            .map(String::from)
+            .to_vec();
+        all.extend(args.iter().map(|s| s.to_string()));
+        let output = binary::run_client(all).await;
+        assert!(!output.status.success(), "{args:?}");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            said.contains("--reps compares w1 or w3"),
+            "{args:?}: {said}"
+        );
+    }
+    let output = binary::run_client(
+        ["bench", "--nats", "nats://127.0.0.1:1", "--reps", "0", "w1"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--reps"),
+        "{output:?}"
+    );
+}
+
 // docs/performance.md: `--fenced` through gateways fences every publish with the publisher's
 // own leadership (docs/semantics.md#cluster-fenced-publish); every one is stored, and JetStream
 // alone is not run (it has no fence to compare with).

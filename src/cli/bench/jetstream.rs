@@ -346,7 +346,7 @@ async fn drive(
 /// w1 straight on JetStream: one durable pull consumer shared by `--consumers` pullers, at most
 /// `--consumers` × `--window` unacked messages among them (`max_ack_pending`), each puller's
 /// pull open ahead of its acks.
-pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Result<(), String> {
+pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Result<f64, String> {
     let bench = Bench::create(urls, "w1", common).await?;
     let result = async {
         let consumer = bench
@@ -381,7 +381,7 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
         latency_p99_us: Some(quantile_us(&latencies, 0.99)),
         ..Report::default()
     };
-    report.print(&format!(
+    report.printed(&format!(
         "w1 work queue straight on JetStream: {} x {} B, {} pullers window {}: {:.0} acked msg/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
         common.messages,
         common.payload_bytes,
@@ -397,7 +397,7 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
 /// w3 straight on JetStream: one consumer per subscriber, each getting every message: a pull
 /// consumer double-acking each (`max_ack_pending` `--window`) or, ack-free, a push consumer
 /// acking nothing.
-pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Result<(), String> {
+pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Result<f64, String> {
     let bench = Bench::create(urls, "w3", common).await?;
     let result = async {
         let mut consumers = Vec::new();
@@ -459,7 +459,7 @@ pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Resu
         latency_p99_us: Some(quantile_us(&latencies, 0.99)),
         ..Report::default()
     };
-    report.print(&format!(
+    report.printed(&format!(
         "w3 fan-out straight on JetStream: {} x {} B to {} consumers ({}): {:.0} deliveries/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
         common.messages,
         common.payload_bytes,

@@ -54,7 +54,7 @@ struct Consumer {
     start: Instant,
 }
 
-pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Result<(), String> {
+pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Result<f64, String> {
     let subscription = format!("bench-w1-{}", std::process::id());
     let count = Arc::new(AtomicU64::new(0));
     let consumers = (0..args.consumers)
@@ -90,7 +90,7 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
         broker_peak_rss_bytes: broker.peak_rss(),
         ..Report::default()
     };
-    report.print(&format!(
+    report.printed(&format!(
         "w1 work queue{}: {} x {} B, publish {:?}, {} consumers window {}, acks {:?}: {:.0} acked msg/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
         broker.label(),
         common.messages,
@@ -106,7 +106,7 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
     ))
 }
 
-pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Result<(), String> {
+pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Result<f64, String> {
     let pid = std::process::id();
     let consumers = (0..args.subscribers)
         .map(|n| Consumer {
@@ -148,7 +148,7 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
         broker_peak_rss_bytes: broker.peak_rss(),
         ..Report::default()
     };
-    report.print(&format!(
+    report.printed(&format!(
         "w3 fan-out{}: {} x {} B to {} subscribers ({}), publish {:?}: {:.0} deliveries/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
         broker.label(),
         common.messages,

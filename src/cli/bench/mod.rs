@@ -112,6 +112,11 @@ pub struct Common {
     /// Publishes in flight at once (unary: concurrent requests; stream: unanswered messages).
     #[arg(long, global = true, default_value_t = 256)]
     pipeline: usize,
+    /// With `--nats`, w1 and w3: run through the gateways and straight on JetStream this many
+    /// times, alternating, then print each rep's ratio and their median (the machine's noise
+    /// between runs is often larger than the difference measured).
+    #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    reps: u32,
     /// w1 and w3: the publisher first leads a singleton subscription of its own and fences
     /// every publish with its epoch (docs/semantics.md#fenced-publish): what the check costs
     /// against a plain run. With `--nats`, through the gateways only (JetStream alone has no
@@ -177,6 +182,12 @@ pub struct Report {
 }
 
 impl Report {
+    /// [`Report::print`], then the run's rate (for `--reps`).
+    fn printed(&self, summary: &str) -> Result<f64, String> {
+        self.print(summary)?;
+        Ok(self.rate_per_s.unwrap_or_default())
+    }
+
     fn print(&self, summary: &str) -> Result<(), String> {
         println!("{summary}");
         if let Some(rss) = self.broker_peak_rss_bytes {
@@ -209,14 +220,15 @@ pub async fn run(args: Bench) -> Result<(), String> {
         None => Target::Process(BrokerProcess::start(common.messages)?),
     };
     match workload {
-        Workload::W1(w1) => load::run_w1(&common, &broker, &w1).await,
+        Workload::W1(w1) => load::run_w1(&common, &broker, &w1).await.map(drop),
         Workload::W2(w2) => failover::run_w2(&common, &broker, &w2).await,
-        Workload::W3(w3) => load::run_w3(&common, &broker, &w3).await,
+        Workload::W3(w3) => load::run_w3(&common, &broker, &w3).await.map(drop),
         Workload::Fill => load::run_fill(&common, &broker).await,
     }
 }
 
-/// `bench --nats`: the workload through two gateways, then straight on JetStream.
+/// `bench --nats`: the workload through two gateways, then straight on JetStream; `--reps`
+/// times, alternating, with each rep's ratio and their median at the end.
 async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(), String> {
     if common.jetstream_msg_ids && matches!(workload, Workload::W2(_) | Workload::Fill) {
         return Err(
@@ -224,7 +236,41 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
                 .into(),
         );
     }
-    let stream = format!("bench_gw_{}", std::process::id());
+    if common.reps > 1 && (common.fenced || !matches!(workload, Workload::W1(_) | Workload::W3(_)))
+    {
+        return Err(
+            "--reps compares w1 or w3 through the gateways with JetStream alone (w2 and --fenced have no JetStream side)".into(),
+        );
+    }
+    let mut rates = Vec::new();
+    for rep in 1..=common.reps {
+        if common.reps > 1 {
+            println!("rep {rep} of {}", common.reps);
+        }
+        // A stream of its own for each rep's gateways, deleted at the rep's end.
+        let stream = match rep {
+            1 => format!("bench_gw_{}", std::process::id()),
+            _ => format!("bench_gw_{}_{rep}", std::process::id()),
+        };
+        let Some(pair) = run_nats_once(&workload, common, urls, &stream).await? else {
+            return Ok(());
+        };
+        rates.push(pair);
+    }
+    if rates.len() > 1 {
+        Comparison::of(&workload, &rates).print()?;
+    }
+    Ok(())
+}
+
+/// One run through the gateways (over `stream`), then one straight on JetStream: their rates,
+/// or `None` where there is no JetStream side.
+async fn run_nats_once(
+    workload: &Workload,
+    common: &Common,
+    urls: &str,
+    stream: &str,
+) -> Result<Option<(f64, f64)>, String> {
     let gateways = || -> Result<Target, String> {
         let start = |n: usize| {
             BrokerProcess::start_with(
@@ -233,41 +279,119 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
                     "--nats".into(),
                     urls.into(),
                     "--nats-stream".into(),
-                    stream.clone(),
+                    stream.to_string(),
                 ],
             )
             .map_err(|e| format!("gateway {n}: {e}"))
         };
         Ok(Target::Gateways(start(1)?, start(2)?))
     };
-    let through_gateways = match &workload {
+    let through_gateways = match workload {
         Workload::W1(w1) => load::run_w1(common, &gateways()?, w1).await,
         Workload::W3(w3) => load::run_w3(common, &gateways()?, w3).await,
-        Workload::W2(w2) => failover::run_w2(common, &gateways()?, w2).await,
+        Workload::W2(w2) => failover::run_w2(common, &gateways()?, w2)
+            .await
+            .map(|()| 0.0),
         Workload::Fill => {
             return Err(
                 "--nats runs w1, w2 and w3 (fill measures the embedded broker's memory; a gateway holds no queue)".into(),
             );
         }
     };
-    jetstream::delete_stream(urls, &stream).await;
-    through_gateways?;
+    jetstream::delete_stream(urls, stream).await;
+    let through_gateways = through_gateways?;
     if common.fenced {
         println!(
             "straight on JetStream: not run with --fenced (JetStream alone has no fence: compare with a plain run through the gateways)"
         );
-        return Ok(());
+        return Ok(None);
     }
-    match &workload {
-        Workload::W1(w1) => jetstream::run_w1(common, urls, w1).await,
-        Workload::W3(w3) => jetstream::run_w3(common, urls, w3).await,
+    let alone = match workload {
+        Workload::W1(w1) => jetstream::run_w1(common, urls, w1).await?,
+        Workload::W3(w3) => jetstream::run_w3(common, urls, w3).await?,
         Workload::W2(_) => {
             println!(
                 "w2 straight on JetStream: not run. JetStream has no consumer that promotes the next client in join order when the active one's connection closes (a pinned client of a priority group is re-pinned only after its pinned TTL, and with no fencing token)"
             );
-            Ok(())
+            return Ok(None);
         }
-        Workload::Fill => Ok(()),
+        Workload::Fill => return Ok(None),
+    };
+    Ok(Some((through_gateways, alone)))
+}
+
+/// `--reps`: each rep's rate through the gateways and straight on JetStream, and the medians.
+#[derive(Debug, Serialize)]
+struct Comparison {
+    workload: &'static str,
+    deployment: &'static str,
+    reps: usize,
+    gateways_rate_per_s: Vec<f64>,
+    jetstream_rate_per_s: Vec<f64>,
+    /// Each rep's gateways rate over its JetStream rate.
+    ratios: Vec<f64>,
+    median_ratio: f64,
+    median_gateways_rate_per_s: f64,
+    median_jetstream_rate_per_s: f64,
+}
+
+impl Comparison {
+    fn of(workload: &Workload, rates: &[(f64, f64)]) -> Self {
+        let ratios: Vec<f64> = rates
+            .iter()
+            .map(|&(gateways, alone)| if alone > 0.0 { gateways / alone } else { 0.0 })
+            .collect();
+        Self {
+            workload: match workload {
+                Workload::W1(_) => "w1",
+                Workload::W2(_) => "w2",
+                Workload::W3(_) => "w3",
+                Workload::Fill => "fill",
+            },
+            deployment: "gateways/jetstream",
+            reps: rates.len(),
+            gateways_rate_per_s: rates.iter().map(|r| r.0).collect(),
+            jetstream_rate_per_s: rates.iter().map(|r| r.1).collect(),
+            median_ratio: median(&ratios),
+            median_gateways_rate_per_s: median(&rates.iter().map(|r| r.0).collect::<Vec<_>>()),
+            median_jetstream_rate_per_s: median(&rates.iter().map(|r| r.1).collect::<Vec<_>>()),
+            ratios,
+        }
+    }
+
+    fn print(&self) -> Result<(), String> {
+        let each: Vec<String> = self
+            .gateways_rate_per_s
+            .iter()
+            .zip(&self.jetstream_rate_per_s)
+            .zip(&self.ratios)
+            .map(|((g, j), r)| format!("{g:.0} / {j:.0} ({r:.2}x)"))
+            .collect();
+        println!(
+            "{} through gateways / straight on JetStream, {} reps alternating: {}; median {:.2}x (gateways {:.0}/s, JetStream {:.0}/s)",
+            self.workload,
+            self.reps,
+            each.join(", "),
+            self.median_ratio,
+            self.median_gateways_rate_per_s,
+            self.median_jetstream_rate_per_s,
+        );
+        println!(
+            "{}",
+            serde_json::to_string(self).map_err(|e| e.to_string())?
+        );
+        Ok(())
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
 }
 
@@ -413,4 +537,16 @@ fn quantile_us(sorted: &[u64], p: f64) -> f64 {
 
 fn per_second(count: u64, elapsed: Duration) -> f64 {
     count as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }
