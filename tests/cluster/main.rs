@@ -23,6 +23,7 @@ mod certs;
 #[path = "../support/nats.rs"]
 mod nats_server;
 
+mod ack_free;
 mod ahead;
 mod api;
 mod batch_faults;

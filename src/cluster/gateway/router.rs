@@ -15,7 +15,7 @@ use tokio::sync::{Notify, mpsc};
 use super::bridge::{Event, HandedBack};
 use crate::{
     broker::{Input, Observation, Observer},
-    core::{AckMode, Draft, Effect},
+    core::{Draft, Effect},
 };
 
 struct Link {
@@ -171,9 +171,10 @@ impl Observer for Router {
             ..
         } = observation.input
         {
-            if observation.subscription.spec().ack_mode == AckMode::None {
-                // Done once written: the bridge holds nothing of an ack-free subscription to
-                // settle, only room to pull into (one wake, no event per message).
+            if !super::join::acked_upstream(observation.subscription.spec()) {
+                // Done once written: the bridge holds nothing of an ack-free QUEUE or
+                // BROADCAST subscription to settle, only room to pull into (one wake, no event
+                // per message). An ack-free singleton's consumer still expects the ack.
                 link.wake.notify_one();
             } else {
                 let _ = link.events.send(Event::Acked(*system_id));
