@@ -659,11 +659,21 @@ impl Recording {
         let this = self.clone();
         tokio::spawn(async move {
             let lease = this.lease.clone();
-            this.fences
+            let written = this
+                .fences
                 .record(&subscription, Record::ended(epoch), move || {
                     lease.valid().is_some()
                 })
                 .await;
+            if written {
+                // The subscription may have expired (or been deleted) while this was written:
+                // its consumer's deletion advisory then found the record below this one, and
+                // this one would outlive its subscription.
+                let consumer = names::consumer_name(Mode::Singleton, &subscription, "");
+                if !this.fences.consumer_exists(&consumer).await {
+                    this.fences.gone(&consumer);
+                }
+            }
         });
     }
 }
