@@ -31,10 +31,15 @@ pub(crate) async fn gateway_process(urls: &str, args: &[&str]) -> (Running, Clie
     (process, Client::of(BrokerClient::new(channel)))
 }
 
+/// How long one publish may take across the loss of a NATS node: the gateway's default publish
+/// timeout, which bounds its wait for JetStream to elect the stream's next leader (a Raft
+/// election timeout of 4 to 9 s, longer on a loaded machine: CI saw a publish outlast 10 s).
+const PUBLISH_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Publishes until the gateway confirms: a client's retry after `UNAVAILABLE` (the message
 /// may then be stored twice; only confirmed ones must arrive).
 pub(crate) async fn publish_confirmed(client: &Client, topic: &str, payload: &str) -> u64 {
-    within(async {
+    tokio::time::timeout(PUBLISH_PATIENCE, async {
         loop {
             match client.try_publish(topic, payload.as_bytes().to_vec()).await {
                 Ok(confirmed) => return confirmed.system_id,
@@ -46,6 +51,7 @@ pub(crate) async fn publish_confirmed(client: &Client, topic: &str, payload: &st
         }
     })
     .await
+    .unwrap_or_else(|_| panic!("a publish was not confirmed within {PUBLISH_PATIENCE:?}"))
 }
 
 /// Acks what `member` receives until every id of `confirmed` has come; returns the ids in
