@@ -14,6 +14,23 @@ fn reports(stdout: &[u8]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Asserts that no bench stream is left in `cluster`'s JetStream (each run deletes its own).
+async fn no_bench_stream_left(cluster: &NatsCluster) {
+    let client = async_nats::connect(&cluster.client_urls()[0])
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let left: Vec<String> = js
+        .stream_names()
+        .collect::<Result<Vec<_>, _>>()
+        .await
+        .unwrap();
+    assert!(
+        left.iter().all(|name| !name.contains("bench")),
+        "streams left behind: {left:?}"
+    );
+}
+
 /// Runs the client with `args`, which must succeed with one report: that report, and the
 /// output.
 async fn one_report(args: &[&str]) -> (serde_json::Value, std::process::Output) {
@@ -86,19 +103,7 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
             assert!(r["rate_per_s"].as_f64().unwrap_or_default() > 0.0, "{r}");
         }
     }
-    let client = async_nats::connect(&cluster.client_urls()[0])
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
-    let left: Vec<String> = js
-        .stream_names()
-        .collect::<Result<Vec<_>, _>>()
-        .await
-        .unwrap();
-    assert!(
-        left.iter().all(|name| !name.contains("bench")),
-        "streams left behind: {left:?}"
-    );
+    no_bench_stream_left(&cluster).await;
 }
 
 // docs/performance.md: `--reps 2` runs the gateways and JetStream alone twice each, alternating,
@@ -167,20 +172,7 @@ async fn bench_with_nats_reps_alternates_and_compares() {
     );
     let median = comparison["median_ratio"].as_f64().unwrap();
     assert!(close(median, (ratios[0] + ratios[1]) / 2.0), "{comparison}");
-    let js = async_nats::jetstream::new(
-        async_nats::connect(&cluster.client_urls()[0])
-            .await
-            .unwrap(),
-    );
-    let left: Vec<String> = js
-        .stream_names()
-        .collect::<Result<Vec<_>, _>>()
-        .await
-        .unwrap();
-    assert!(
-        left.iter().all(|name| !name.contains("bench")),
-        "streams left behind: {left:?}"
-    );
+    no_bench_stream_left(&cluster).await;
 }
 
 // docs/performance.md: `--nats`, w1 and w3 only; not with `--fenced` (no JetStream side).
