@@ -172,6 +172,81 @@ async fn bench_with_nats_reps_alternates_and_compares() {
     );
     let median = comparison["median_ratio"].as_f64().unwrap();
     assert!(close(median, (ratios[0] + ratios[1]) / 2.0), "{comparison}");
+    // The gateways' CPU is reported; no load beside JetStream alone without the flag.
+    assert_eq!(floats("gateways_cpu_cores").len(), 2, "{comparison}");
+    assert!(comparison.get("beside_cpu_cores").is_none(), "{comparison}");
+    assert!(
+        reports[1].get("beside_cpu_cores").is_none(),
+        "{}",
+        reports[1]
+    );
+    no_bench_stream_left(&cluster).await;
+}
+
+// docs/performance.md#shared-cores: `--jetstream-shares-cpu` keeps, beside each rep's run on
+// JetStream alone, as many cores busy as the gateways used in that rep's run through them: each
+// gateway report's CPU time over its run's time is the load its JetStream report names, which
+// the comparison lists with the gateways' cores.
+#[tokio::test]
+async fn bench_with_nats_shares_cpu_with_jetstream_alone() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let output = binary::run_client(
+        [
+            "bench",
+            "--nats",
+            &urls,
+            "--messages",
+            "2000",
+            "--reps",
+            "2",
+            "--jetstream-shares-cpu",
+            "w3",
+            "--ack-free",
+            "--subscribers",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(output.status.success(), "{output:?}");
+    let reports = reports(&output.stdout);
+    assert_eq!(reports.len(), 5, "{reports:?}");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-9);
+    let machine = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let comparison = &reports[4];
+    let listed = |key: &str| -> Vec<f64> {
+        comparison[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key} in {comparison}"))
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let (gateway_cores, beside) = (listed("gateways_cpu_cores"), listed("beside_cpu_cores"));
+    for rep in 0..2 {
+        let (through, alone) = (&reports[2 * rep], &reports[2 * rep + 1]);
+        assert_eq!(through["deployment"], "gateways");
+        assert_eq!(alone["deployment"], "jetstream");
+        // CPU seconds over the run's seconds, the run's seconds being its deliveries over its
+        // rate.
+        let cpu_s = through["gateways_cpu_s"].as_f64().unwrap();
+        let seconds = 2.0 * 2000.0 / through["rate_per_s"].as_f64().unwrap();
+        assert!(
+            close(gateway_cores[rep], cpu_s / seconds),
+            "rep {rep}: {} cores from {cpu_s} s over {seconds} s",
+            gateway_cores[rep]
+        );
+        let load = alone["beside_cpu_cores"].as_f64().unwrap();
+        assert!(
+            close(load, gateway_cores[rep].min(machine)),
+            "rep {rep}: a load of {load} cores beside JetStream alone, the gateways used {}",
+            gateway_cores[rep]
+        );
+        assert!(close(beside[rep], load), "{comparison}");
+        assert!(alone["beside_cpu_s"].as_f64().unwrap() >= 0.0, "{alone}");
+    }
     no_bench_stream_left(&cluster).await;
 }
 
@@ -205,6 +280,38 @@ async fn bench_with_nats_refuses_reps_without_a_jetstream_side() {
         String::from_utf8_lossy(&output.stderr).contains("--reps"),
         "{output:?}"
     );
+}
+
+// docs/performance.md#shared-cores: `--jetstream-shares-cpu` with `--nats`, w1 and w3 only.
+#[tokio::test]
+async fn bench_refuses_shared_cpu_without_a_jetstream_side() {
+    for args in [
+        vec![
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--jetstream-shares-cpu",
+            "w2",
+        ],
+        vec![
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--jetstream-shares-cpu",
+            "--fenced",
+            "w1",
+        ],
+        vec!["--jetstream-shares-cpu", "w1"],
+    ] {
+        let mut all = vec!["bench".to_string()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let output = binary::run_client(all).await;
+        assert!(!output.status.success(), "{args:?}");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            said.contains("--jetstream-shares-cpu loads the machine beside JetStream alone")
+                || (said.contains("--jetstream-shares-cpu") && said.contains("--nats")),
+            "{args:?}: {said}"
+        );
+    }
 }
 
 // docs/performance.md: `--fenced` through gateways fences every publish with the publisher's

@@ -28,7 +28,7 @@ use async_nats::jetstream::{
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
-use super::{Common, Report, load, per_second, quantile_us};
+use super::{Common, Report, cpu, load, per_second, quantile_us};
 
 /// How long a new consumer may take to be reachable by pulls from the bench's connection.
 const CONSUMER_PATIENCE: Duration = Duration::from_secs(10);
@@ -212,6 +212,16 @@ impl Bench {
 /// The report's name for this side: `jetstream+msg-ids` when its publishes carry message ids
 /// (`--jetstream-msg-ids`), `jetstream+batch-ids` when they go in atomic batches with one id
 /// each (`--jetstream-batch`).
+/// How a summary names `--jetstream-shares-cpu`'s load, if the run had one.
+fn beside_text(report: &Report) -> String {
+    match (report.beside_cpu_cores, report.beside_cpu_s) {
+        (Some(cores), Some(used)) => {
+            format!(" beside a load of {cores:.2} cores (the gateways' CPU; it used {used:.2} s)")
+        }
+        _ => String::new(),
+    }
+}
+
 fn deployment(common: &Common) -> &'static str {
     if common.jetstream_batch.is_some() {
         "jetstream+batch-ids"
@@ -297,11 +307,22 @@ async fn consume(
 
 /// Consumes with `consumers` while the run publishes; waits until every count is reached (the
 /// rate's end: each message received and its ack sent), then for the acks' confirmations.
+/// What [`drive`] measured.
+struct Driven {
+    /// First publish to the last ack (or receipt).
+    elapsed: Duration,
+    publish_elapsed: Duration,
+    /// Publish-to-receive latencies, nanoseconds, sorted.
+    latencies: Vec<u64>,
+    /// `--jetstream-shares-cpu`: its load's cores, and the CPU time it used, in seconds.
+    beside: Option<(f64, f64)>,
+}
+
 async fn drive(
     bench: &Bench,
     common: &Common,
     consumers: Vec<(Deliveries, bool, Arc<AtomicU64>)>,
-) -> Result<(Duration, Duration, Vec<u64>), String> {
+) -> Result<Driven, String> {
     let start = Instant::now();
     let targets: Vec<Arc<AtomicU64>> = consumers.iter().map(|c| c.2.clone()).collect();
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -317,6 +338,9 @@ async fn drive(
         ));
     }
     let began = Instant::now();
+    // `--jetstream-shares-cpu`: the gateways' CPU load, kept busy from the first publish to the
+    // last receipt, as the gateways' was measured.
+    let load = common.beside_cpu_cores.map(cpu::Load::start);
     let publish_elapsed = bench.publish(common, start).await?;
     let mut latencies = Vec::new();
     let reached = || {
@@ -334,13 +358,19 @@ async fn drive(
         }
     }
     let elapsed = began.elapsed();
+    let beside = load.map(|load| (load.cores(), load.stop()));
     // Queue consumers waiting for a message that will not come stop here.
     let _ = stop.send(true);
     while let Some(done) = tasks.join_next().await {
         latencies.extend(done.map_err(|e| e.to_string())??);
     }
     latencies.sort_unstable();
-    Ok((elapsed, publish_elapsed, latencies))
+    Ok(Driven {
+        elapsed,
+        publish_elapsed,
+        latencies,
+        beside,
+    })
 }
 
 /// w1 straight on JetStream: one durable pull consumer shared by `--consumers` pullers, at most
@@ -367,10 +397,17 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
     }
     .await;
     bench.delete().await;
-    let (elapsed, publish_elapsed, latencies) = result?;
+    let Driven {
+        elapsed,
+        publish_elapsed,
+        latencies,
+        beside,
+    } = result?;
     let report = Report {
         workload: "w1",
         deployment: Some(deployment(common)),
+        beside_cpu_cores: beside.map(|(cores, _)| cores),
+        beside_cpu_s: beside.map(|(_, used)| used),
         messages: common.messages,
         payload_bytes: common.payload_bytes,
         window: Some(args.window),
@@ -382,7 +419,8 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
         ..Report::default()
     };
     report.printed(&format!(
-        "w1 work queue straight on JetStream: {} x {} B, {} pullers window {}: {:.0} acked msg/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        "w1 work queue straight on JetStream{}: {} x {} B, {} pullers window {}: {:.0} acked msg/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        beside_text(&report),
         common.messages,
         common.payload_bytes,
         args.consumers,
@@ -443,11 +481,18 @@ pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Resu
     }
     .await;
     bench.delete().await;
-    let (elapsed, publish_elapsed, latencies) = result?;
+    let Driven {
+        elapsed,
+        publish_elapsed,
+        latencies,
+        beside,
+    } = result?;
     let deliveries = common.messages * args.subscribers;
     let report = Report {
         workload: "w3",
         deployment: Some(deployment(common)),
+        beside_cpu_cores: beside.map(|(cores, _)| cores),
+        beside_cpu_s: beside.map(|(_, used)| used),
         messages: common.messages,
         payload_bytes: common.payload_bytes,
         window: Some(args.window),
@@ -460,7 +505,8 @@ pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Resu
         ..Report::default()
     };
     report.printed(&format!(
-        "w3 fan-out straight on JetStream: {} x {} B to {} consumers ({}): {:.0} deliveries/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        "w3 fan-out straight on JetStream{}: {} x {} B to {} consumers ({}): {:.0} deliveries/s (publish {:.0}/s), latency p50 {:.0} us p99 {:.0} us",
+        beside_text(&report),
         common.messages,
         common.payload_bytes,
         args.subscribers,

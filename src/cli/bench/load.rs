@@ -54,7 +54,12 @@ struct Consumer {
     start: Instant,
 }
 
-pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Result<f64, String> {
+/// Its rate, and the gateways' CPU over the run in cores (through gateways).
+pub(super) async fn run_w1(
+    common: &Common,
+    broker: &Target,
+    args: &W1,
+) -> Result<(f64, Option<f64>), String> {
     let subscription = format!("bench-w1-{}", std::process::id());
     let count = Arc::new(AtomicU64::new(0));
     let consumers = (0..args.consumers)
@@ -74,6 +79,7 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
         })
         .collect();
     let run = drive(common, broker, consumers).await?;
+    let cores = run.cores();
     let report = Report {
         workload: "w1",
         deployment: broker.deployment(),
@@ -88,6 +94,7 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
         latency_p50_us: Some(quantile_us(&run.latencies, 0.50)),
         latency_p99_us: Some(quantile_us(&run.latencies, 0.99)),
         broker_peak_rss_bytes: broker.peak_rss(),
+        gateways_cpu_s: run.cpu_s,
         ..Report::default()
     };
     report.printed(&format!(
@@ -104,9 +111,15 @@ pub(super) async fn run_w1(common: &Common, broker: &Target, args: &W1) -> Resul
         report.latency_p50_us.unwrap_or_default(),
         report.latency_p99_us.unwrap_or_default(),
     ))
+    .map(|rate| (rate, cores))
 }
 
-pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Result<f64, String> {
+/// Its rate, and the gateways' CPU over the run in cores (through gateways).
+pub(super) async fn run_w3(
+    common: &Common,
+    broker: &Target,
+    args: &W3,
+) -> Result<(f64, Option<f64>), String> {
     let pid = std::process::id();
     let consumers = (0..args.subscribers)
         .map(|n| Consumer {
@@ -130,6 +143,7 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
         })
         .collect();
     let run = drive(common, broker, consumers).await?;
+    let cores = run.cores();
     let deliveries = common.messages * args.subscribers;
     let report = Report {
         workload: "w3",
@@ -146,6 +160,7 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
         latency_p50_us: Some(quantile_us(&run.latencies, 0.50)),
         latency_p99_us: Some(quantile_us(&run.latencies, 0.99)),
         broker_peak_rss_bytes: broker.peak_rss(),
+        gateways_cpu_s: run.cpu_s,
         ..Report::default()
     };
     report.printed(&format!(
@@ -165,6 +180,7 @@ pub(super) async fn run_w3(common: &Common, broker: &Target, args: &W3) -> Resul
         report.latency_p50_us.unwrap_or_default(),
         report.latency_p99_us.unwrap_or_default(),
     ))
+    .map(|rate| (rate, cores))
 }
 
 pub(super) async fn run_fill(common: &Common, broker: &Target) -> Result<(), String> {
@@ -224,6 +240,16 @@ struct Run {
     publish_elapsed: Duration,
     /// Publish-to-receive latencies, nanoseconds, sorted.
     latencies: Vec<u64>,
+    /// Through gateways: their CPU time over `elapsed`, in seconds.
+    cpu_s: Option<f64>,
+}
+
+impl Run {
+    /// The gateways' CPU over the run, in cores (what `--jetstream-shares-cpu` keeps busy).
+    fn cores(&self) -> Option<f64> {
+        self.cpu_s
+            .map(|cpu| cpu / self.elapsed.as_secs_f64().max(f64::EPSILON))
+    }
 }
 
 /// Joins every consumer, waits until all are members, publishes, and waits for every consumer
@@ -260,7 +286,7 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     }
     .connect()
     .await?;
-    let publish_start = Instant::now();
+    let (publish_start, cpu_before) = (Instant::now(), broker.cpu_seconds());
     publish(publisher, common, start).await?;
     let publish_elapsed = publish_start.elapsed();
     // Queue consumers share one count: whichever is waiting for a frame when the others reach
@@ -276,6 +302,7 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = publish_start.elapsed();
+    let cpu_s = Option::zip(cpu_before, broker.cpu_seconds()).map(|(before, after)| after - before);
     let _ = stop_tx.send(true);
     while let Some(done) = tasks.join_next().await {
         latencies.extend(done.map_err(|e| e.to_string())??);
@@ -285,6 +312,7 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
         elapsed,
         publish_elapsed,
         latencies,
+        cpu_s,
     })
 }
 

@@ -17,6 +17,7 @@
 //! streaming (`PublishStream`, acks on the `Consume` stream). Each run prints a readable summary
 //! and one JSON line.
 
+mod cpu;
 mod failover;
 mod jetstream;
 mod load;
@@ -117,6 +118,16 @@ pub struct Common {
     /// between runs is often larger than the difference measured).
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     reps: u32,
+    /// With `--nats`, w1 and w3: straight on JetStream, the bench keeps as much CPU busy beside
+    /// it as the two gateways used in the run through them just before (their CPU time over
+    /// that run's time), so JetStream alone shares the machine's cores with the load a gateway
+    /// layer on the same machine adds: how much of the difference is the gateways' CPU taken
+    /// from the servers, and how much is not.
+    #[arg(long, global = true, requires = "nats")]
+    jetstream_shares_cpu: bool,
+    /// Set for a JetStream-alone run beside `--jetstream-shares-cpu`'s load: its cores.
+    #[arg(skip)]
+    beside_cpu_cores: Option<f64>,
     /// w1 and w3: the publisher first leads a singleton subscription of its own and fences
     /// every publish with its epoch (docs/semantics.md#fenced-publish): what the check costs
     /// against a plain run. With `--nats`, through the gateways only (JetStream alone has no
@@ -174,6 +185,16 @@ pub struct Report {
     /// The broker process's peak resident set (`VmHWM`), when the bench started it.
     #[serde(skip_serializing_if = "Option::is_none")]
     broker_peak_rss_bytes: Option<u64>,
+    /// Through gateways: both gateway processes' CPU time (user and system) from the first
+    /// publish to the last ack (or receipt), in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gateways_cpu_s: Option<f64>,
+    /// Straight on JetStream with `--jetstream-shares-cpu`: the cores kept busy beside it, and
+    /// the CPU time that took, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    beside_cpu_cores: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    beside_cpu_s: Option<f64>,
     /// `fill`: the broker's resident set with everything queued, and its growth per message.
     #[serde(skip_serializing_if = "Option::is_none")]
     broker_rss_bytes: Option<u64>,
@@ -242,6 +263,13 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
             "--reps compares w1 or w3 through the gateways with JetStream alone (w2 and --fenced have no JetStream side)".into(),
         );
     }
+    if common.jetstream_shares_cpu
+        && (common.fenced || !matches!(workload, Workload::W1(_) | Workload::W3(_)))
+    {
+        return Err(
+            "--jetstream-shares-cpu loads the machine beside JetStream alone in w1 or w3 (w2 and --fenced have no JetStream side)".into(),
+        );
+    }
     let mut rates = Vec::new();
     for rep in 1..=common.reps {
         if common.reps > 1 {
@@ -252,10 +280,10 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
             1 => format!("bench_gw_{}", std::process::id()),
             _ => format!("bench_gw_{}_{rep}", std::process::id()),
         };
-        let Some(pair) = run_nats_once(&workload, common, urls, &stream).await? else {
+        let Some(rep) = run_nats_once(&workload, common, urls, &stream).await? else {
             return Ok(());
         };
-        rates.push(pair);
+        rates.push(rep);
     }
     if rates.len() > 1 {
         Comparison::of(&workload, &rates).print()?;
@@ -263,14 +291,26 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
     Ok(())
 }
 
-/// One run through the gateways (over `stream`), then one straight on JetStream: their rates,
-/// or `None` where there is no JetStream side.
+/// One rep of `bench --nats`: the rates through the gateways and straight on JetStream, the
+/// gateways' CPU time, and the load kept busy beside JetStream alone, if any.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rep {
+    gateways: f64,
+    alone: f64,
+    /// The gateways' CPU over their run, in cores.
+    gateway_cores: Option<f64>,
+    beside_cpu_cores: Option<f64>,
+}
+
+/// One run through the gateways (over `stream`), then one straight on JetStream (beside the
+/// gateways' CPU load, with `--jetstream-shares-cpu`), or `None` where there is no JetStream
+/// side.
 async fn run_nats_once(
     workload: &Workload,
     common: &Common,
     urls: &str,
     stream: &str,
-) -> Result<Option<(f64, f64)>, String> {
+) -> Result<Option<Rep>, String> {
     let gateways = || -> Result<Target, String> {
         let start = |n: usize| {
             BrokerProcess::start_with(
@@ -286,29 +326,36 @@ async fn run_nats_once(
         };
         Ok(Target::Gateways(start(1)?, start(2)?))
     };
+    if matches!(workload, Workload::Fill) {
+        return Err(
+            "--nats runs w1, w2 and w3 (fill measures the embedded broker's memory; a gateway holds no queue)".into(),
+        );
+    }
+    let target = gateways()?;
     let through_gateways = match workload {
-        Workload::W1(w1) => load::run_w1(common, &gateways()?, w1).await,
-        Workload::W3(w3) => load::run_w3(common, &gateways()?, w3).await,
-        Workload::W2(w2) => failover::run_w2(common, &gateways()?, w2)
+        Workload::W1(w1) => load::run_w1(common, &target, w1).await,
+        Workload::W3(w3) => load::run_w3(common, &target, w3).await,
+        Workload::W2(w2) => failover::run_w2(common, &target, w2)
             .await
-            .map(|()| 0.0),
-        Workload::Fill => {
-            return Err(
-                "--nats runs w1, w2 and w3 (fill measures the embedded broker's memory; a gateway holds no queue)".into(),
-            );
-        }
+            .map(|()| (0.0, None)),
+        Workload::Fill => unreachable!("refused above"),
     };
+    drop(target);
     jetstream::delete_stream(urls, stream).await;
-    let through_gateways = through_gateways?;
+    let (through_gateways, gateway_cores) = through_gateways?;
     if common.fenced {
         println!(
             "straight on JetStream: not run with --fenced (JetStream alone has no fence: compare with a plain run through the gateways)"
         );
         return Ok(None);
     }
+    let mut alone_common = common.clone();
+    if common.jetstream_shares_cpu {
+        alone_common.beside_cpu_cores = Some(gateway_cores.unwrap_or_default());
+    }
     let alone = match workload {
-        Workload::W1(w1) => jetstream::run_w1(common, urls, w1).await?,
-        Workload::W3(w3) => jetstream::run_w3(common, urls, w3).await?,
+        Workload::W1(w1) => jetstream::run_w1(&alone_common, urls, w1).await?,
+        Workload::W3(w3) => jetstream::run_w3(&alone_common, urls, w3).await?,
         Workload::W2(_) => {
             println!(
                 "w2 straight on JetStream: not run. JetStream has no consumer that promotes the next client in join order when the active one's connection closes (a pinned client of a priority group is re-pinned only after its pinned TTL, and with no fencing token)"
@@ -317,7 +364,12 @@ async fn run_nats_once(
         }
         Workload::Fill => return Ok(None),
     };
-    Ok(Some((through_gateways, alone)))
+    Ok(Some(Rep {
+        gateways: through_gateways,
+        alone,
+        gateway_cores,
+        beside_cpu_cores: alone_common.beside_cpu_cores,
+    }))
 }
 
 /// `--reps`: each rep's rate through the gateways and straight on JetStream, and the medians.
@@ -330,17 +382,30 @@ struct Comparison {
     jetstream_rate_per_s: Vec<f64>,
     /// Each rep's gateways rate over its JetStream rate.
     ratios: Vec<f64>,
+    /// Each rep's gateways' CPU over their run, in cores (CPU seconds a second).
+    gateways_cpu_cores: Vec<f64>,
+    /// With `--jetstream-shares-cpu`: each rep's load beside JetStream alone, in cores.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    beside_cpu_cores: Vec<f64>,
     median_ratio: f64,
     median_gateways_rate_per_s: f64,
     median_jetstream_rate_per_s: f64,
 }
 
 impl Comparison {
-    fn of(workload: &Workload, rates: &[(f64, f64)]) -> Self {
-        let ratios: Vec<f64> = rates
+    fn of(workload: &Workload, reps: &[Rep]) -> Self {
+        let ratios: Vec<f64> = reps
             .iter()
-            .map(|&(gateways, alone)| if alone > 0.0 { gateways / alone } else { 0.0 })
+            .map(|rep| {
+                if rep.alone > 0.0 {
+                    rep.gateways / rep.alone
+                } else {
+                    0.0
+                }
+            })
             .collect();
+        let gateways: Vec<f64> = reps.iter().map(|r| r.gateways).collect();
+        let alone: Vec<f64> = reps.iter().map(|r| r.alone).collect();
         Self {
             workload: match workload {
                 Workload::W1(_) => "w1",
@@ -349,13 +414,18 @@ impl Comparison {
                 Workload::Fill => "fill",
             },
             deployment: "gateways/jetstream",
-            reps: rates.len(),
-            gateways_rate_per_s: rates.iter().map(|r| r.0).collect(),
-            jetstream_rate_per_s: rates.iter().map(|r| r.1).collect(),
+            reps: reps.len(),
             median_ratio: median(&ratios),
-            median_gateways_rate_per_s: median(&rates.iter().map(|r| r.0).collect::<Vec<_>>()),
-            median_jetstream_rate_per_s: median(&rates.iter().map(|r| r.1).collect::<Vec<_>>()),
+            median_gateways_rate_per_s: median(&gateways),
+            median_jetstream_rate_per_s: median(&alone),
+            gateways_rate_per_s: gateways,
+            jetstream_rate_per_s: alone,
             ratios,
+            gateways_cpu_cores: reps
+                .iter()
+                .map(|r| r.gateway_cores.unwrap_or_default())
+                .collect(),
+            beside_cpu_cores: reps.iter().filter_map(|r| r.beside_cpu_cores).collect(),
         }
     }
 
@@ -368,8 +438,13 @@ impl Comparison {
             .map(|((g, j), r)| format!("{g:.0} / {j:.0} ({r:.2}x)"))
             .collect();
         println!(
-            "{} through gateways / straight on JetStream, {} reps alternating: {}; median {:.2}x (gateways {:.0}/s, JetStream {:.0}/s)",
+            "{} through gateways / straight on JetStream{}, {} reps alternating: {}; median {:.2}x (gateways {:.0}/s, JetStream {:.0}/s)",
             self.workload,
+            if self.beside_cpu_cores.is_empty() {
+                ""
+            } else {
+                " (beside a load of the gateways' CPU)"
+            },
             self.reps,
             each.join(", "),
             self.median_ratio,
@@ -437,6 +512,16 @@ impl Target {
         match self {
             Target::Gateways(..) => " through two gateways",
             _ => "",
+        }
+    }
+
+    /// Both gateways' CPU time so far, in seconds; `None` for any other broker.
+    fn cpu_seconds(&self) -> Option<f64> {
+        match self {
+            Target::Gateways(a, b) => {
+                Some(cpu::process_seconds(a.child.id())? + cpu::process_seconds(b.child.id())?)
+            }
+            Target::External(_) | Target::Process(_) => None,
         }
     }
 
