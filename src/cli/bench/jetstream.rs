@@ -209,9 +209,6 @@ impl Bench {
     }
 }
 
-/// The report's name for this side: `jetstream+msg-ids` when its publishes carry message ids
-/// (`--jetstream-msg-ids`), `jetstream+batch-ids` when they go in atomic batches with one id
-/// each (`--jetstream-batch`).
 /// How a summary names `--jetstream-shares-cpu`'s load, if the run had one.
 fn beside_text(report: &Report) -> String {
     match (report.beside_cpu_cores, report.beside_cpu_s) {
@@ -222,6 +219,9 @@ fn beside_text(report: &Report) -> String {
     }
 }
 
+/// The report's name for this side: `jetstream+msg-ids` when its publishes carry message ids
+/// (`--jetstream-msg-ids`), `jetstream+batch-ids` when they go in atomic batches with one id
+/// each (`--jetstream-batch`).
 fn deployment(common: &Common) -> &'static str {
     if common.jetstream_batch.is_some() {
         "jetstream+batch-ids"
@@ -305,8 +305,6 @@ async fn consume(
     Ok(latencies)
 }
 
-/// Consumes with `consumers` while the run publishes; waits until every count is reached (the
-/// rate's end: each message received and its ack sent), then for the acks' confirmations.
 /// What [`drive`] measured.
 struct Driven {
     /// First publish to the last ack (or receipt).
@@ -318,6 +316,8 @@ struct Driven {
     beside: Option<(f64, f64)>,
 }
 
+/// Consumes with `consumers` while the run publishes; waits until every count is reached (the
+/// rate's end: each message received and its ack sent), then for the acks' confirmations.
 async fn drive(
     bench: &Bench,
     common: &Common,
