@@ -30,9 +30,31 @@ pub(super) fn process_seconds(pid: u32) -> Option<f64> {
     cpu_seconds_of(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-/// The calling thread's CPU time so far, in seconds.
+/// The time on a CPU a `/proc/.../schedstat` line gives (its first field, nanoseconds), in
+/// seconds.
+fn schedstat_seconds(line: &str) -> Option<f64> {
+    let nanos: u64 = line.split_whitespace().next()?.parse().ok()?;
+    Some(nanos as f64 / 1e9)
+}
+
+/// The calling thread's CPU time so far, in seconds: to the nanosecond where the kernel keeps
+/// `schedstat`, else in clock ticks.
 fn thread_seconds() -> Option<f64> {
-    cpu_seconds_of(&std::fs::read_to_string("/proc/thread-self/stat").ok()?)
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|line| schedstat_seconds(&line))
+        .or_else(|| cpu_seconds_of(&std::fs::read_to_string("/proc/thread-self/stat").ok()?))
+}
+
+/// Why `--jetstream-shares-cpu` cannot run here, if it cannot: it reads CPU times from
+/// Linux's `/proc`.
+pub(super) fn unreadable() -> Option<String> {
+    if process_seconds(std::process::id()).is_none() || thread_seconds().is_none() {
+        return Some(
+            "--jetstream-shares-cpu reads processes' and threads' CPU time from /proc (Linux), which this machine does not have".into(),
+        );
+    }
+    None
 }
 
 /// How `cores` of load are spread: as many threads as whole cores it takes (at most the
@@ -122,7 +144,9 @@ fn busy(share: f64, stop: &AtomicBool, total_us: &AtomicU64) {
     };
     while !stop.load(Ordering::Relaxed) {
         let owed = share * began.elapsed().as_secs_f64();
-        let used = thread_seconds().map_or(owed, |now| now - start);
+        // Unreadable (checked before any load starts): nothing to go by, so no load.
+        let Some(now) = thread_seconds() else { return };
+        let used = now - start;
         count(used);
         if used < owed {
             let spin = Instant::now();
@@ -149,6 +173,9 @@ mod tests {
         assert_eq!(cpu_seconds_of(stat), Some(3.0));
         assert_eq!(cpu_seconds_of("4242 (cut short) S 1 2"), None);
         assert_eq!(cpu_seconds_of("no parenthesis"), None);
+        assert_eq!(schedstat_seconds("1500000000 20 7\n"), Some(1.5));
+        assert_eq!(schedstat_seconds(""), None);
+        assert!(unreadable().is_none(), "this machine has /proc");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use async_nats::jetstream::{
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
-use super::{Common, Report, cpu, load, per_second, quantile_us};
+use super::{Common, Progress, Report, cpu, load, per_second, quantile_us};
 
 /// How long a new consumer may take to be reachable by pulls from the bench's connection.
 const CONSUMER_PATIENCE: Duration = Duration::from_secs(10);
@@ -348,6 +348,11 @@ async fn drive(
             .iter()
             .all(|count| count.load(Ordering::Relaxed) >= common.messages)
     };
+    // Consumers that share a count (w1's pullers) are counted once.
+    let mut counts = targets.clone();
+    counts.dedup_by(|a, b| Arc::ptr_eq(a, b));
+    let mut progress = Progress::new();
+    let of = common.messages * counts.len() as u64;
     while !reached() {
         match tasks.try_join_next() {
             Some(done) => latencies.extend(done.map_err(|e| e.to_string())??),
@@ -356,9 +361,21 @@ async fn drive(
         if tasks.is_empty() && !reached() {
             return Err("the consumers stopped before every message arrived".into());
         }
+        let total = counts.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        progress.check(total, of)?;
     }
     let elapsed = began.elapsed();
-    let beside = load.map(|load| (load.cores(), load.stop()));
+    let beside = load.map(|load| {
+        let cores = load.cores();
+        let used = load.stop();
+        let got = used / elapsed.as_secs_f64().max(f64::EPSILON);
+        if elapsed >= Duration::from_secs(1) && got < 0.9 * cores {
+            println!(
+                "note: the load beside JetStream alone got {got:.2} of its {cores:.2} cores (the machine was busier than the gateways' run left it)"
+            );
+        }
+        (cores, used)
+    });
     // Queue consumers waiting for a message that will not come stop here.
     let _ = stop.send(true);
     while let Some(done) = tasks.join_next().await {
@@ -376,7 +393,12 @@ async fn drive(
 /// w1 straight on JetStream: one durable pull consumer shared by `--consumers` pullers, at most
 /// `--consumers` × `--window` unacked messages among them (`max_ack_pending`), each puller's
 /// pull open ahead of its acks.
-pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Result<f64, String> {
+/// Its rate, and `--jetstream-shares-cpu`'s load (cores, and the CPU time it used).
+pub(super) async fn run_w1(
+    common: &Common,
+    urls: &str,
+    args: &load::W1,
+) -> Result<(f64, Option<(f64, f64)>), String> {
     let bench = Bench::create(urls, "w1", common).await?;
     let result = async {
         let consumer = bench
@@ -430,12 +452,18 @@ pub(super) async fn run_w1(common: &Common, urls: &str, args: &load::W1) -> Resu
         report.latency_p50_us.unwrap_or_default(),
         report.latency_p99_us.unwrap_or_default(),
     ))
+    .map(|rate| (rate, beside))
 }
 
 /// w3 straight on JetStream: one consumer per subscriber, each getting every message: a pull
 /// consumer double-acking each (`max_ack_pending` `--window`) or, ack-free, a push consumer
 /// acking nothing.
-pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Result<f64, String> {
+/// Its rate, and `--jetstream-shares-cpu`'s load (cores, and the CPU time it used).
+pub(super) async fn run_w3(
+    common: &Common,
+    urls: &str,
+    args: &load::W3,
+) -> Result<(f64, Option<(f64, f64)>), String> {
     let bench = Bench::create(urls, "w3", common).await?;
     let result = async {
         let mut consumers = Vec::new();
@@ -516,4 +544,5 @@ pub(super) async fn run_w3(common: &Common, urls: &str, args: &load::W3) -> Resu
         report.latency_p50_us.unwrap_or_default(),
         report.latency_p99_us.unwrap_or_default(),
     ))
+    .map(|rate| (rate, beside))
 }

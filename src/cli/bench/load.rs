@@ -17,7 +17,7 @@ use tokio::{
 };
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
-use super::{Carriage, Common, Report, Target, per_second, quantile_us};
+use super::{Carriage, Common, Progress, Report, Target, per_second, quantile_us};
 use crate::cli::client::{Client, Connection};
 
 #[derive(Args)]
@@ -292,6 +292,11 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     // Queue consumers share one count: whichever is waiting for a frame when the others reach
     // the target would wait forever, so watch the counts and then tell everyone to stop.
     let mut latencies = Vec::new();
+    // Consumers that share a count (w1's) are counted once.
+    let mut counts = targets.clone();
+    counts.dedup_by(|a, b| Arc::ptr_eq(&a.0, &b.0));
+    let of = counts.iter().map(|(_, target)| target).sum();
+    let mut progress = Progress::new();
     while !targets
         .iter()
         .all(|(count, target)| count.load(Ordering::Relaxed) >= *target)
@@ -300,9 +305,19 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
             latencies.extend(done.map_err(|e| e.to_string())??);
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
+        let total = counts.iter().map(|(c, _)| c.load(Ordering::Relaxed)).sum();
+        progress.check(total, of)?;
     }
     let elapsed = publish_start.elapsed();
     let cpu_s = Option::zip(cpu_before, broker.cpu_seconds()).map(|(before, after)| after - before);
+    if common.jetstream_shares_cpu
+        && let Some(cpu_s) = cpu_s
+        && cpu_s < 0.5
+    {
+        println!(
+            "note: the gateways used {cpu_s:.2} s of CPU over this run, counted in 10 ms ticks: too short a run for --jetstream-shares-cpu to load JetStream alone by it closely (more --messages)"
+        );
+    }
     let _ = stop_tx.send(true);
     while let Some(done) = tasks.join_next().await {
         latencies.extend(done.map_err(|e| e.to_string())??);

@@ -82,7 +82,7 @@ pub struct Common {
     nats_core: Option<String>,
     /// With `--nats`: JetStream alone gives each publish a message id (`Nats-Msg-Id`), as a
     /// gateway does so a publish sent again is stored once; JetStream's fastest idiom has none.
-    #[arg(long, global = true, requires = "nats")]
+    #[arg(long, global = true, requires = "nats", conflicts_with = "nats_core")]
     jetstream_msg_ids: bool,
     /// With `--jetstream-msg-ids`: JetStream alone publishes in atomic batches of this many
     /// messages (nats-server 2.12 or later; `allow_atomic` on the bench's stream), the id on
@@ -98,8 +98,8 @@ pub struct Common {
         hide_env_values = true
     )]
     token: Option<String>,
-    /// Messages to publish.
-    #[arg(long, global = true, default_value_t = 50_000)]
+    /// Messages to publish (at least 1).
+    #[arg(long, global = true, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
     messages: u64,
     /// Payload size in bytes (at least 8: a send timestamp rides in it).
     #[arg(long, global = true, default_value_t = 128)]
@@ -123,7 +123,7 @@ pub struct Common {
     /// that run's time), so JetStream alone shares the machine's cores with the load a gateway
     /// layer on the same machine adds: how much of the difference is the gateways' CPU taken
     /// from the servers, and how much is not.
-    #[arg(long, global = true, requires = "nats")]
+    #[arg(long, global = true, requires = "nats", conflicts_with = "nats_core")]
     jetstream_shares_cpu: bool,
     /// Set for a JetStream-alone run beside `--jetstream-shares-cpu`'s load: its cores.
     #[arg(skip)]
@@ -257,6 +257,11 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
                 .into(),
         );
     }
+    if matches!(workload, Workload::Fill) {
+        return Err(
+            "--nats runs w1, w2 and w3 (fill measures the embedded broker's memory; a gateway holds no queue)".into(),
+        );
+    }
     if common.reps > 1 && (common.fenced || !matches!(workload, Workload::W1(_) | Workload::W3(_)))
     {
         return Err(
@@ -269,6 +274,11 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
         return Err(
             "--jetstream-shares-cpu loads the machine beside JetStream alone in w1 or w3 (w2 and --fenced have no JetStream side)".into(),
         );
+    }
+    if common.jetstream_shares_cpu
+        && let Some(why) = cpu::unreadable()
+    {
+        return Err(why);
     }
     let mut rates = Vec::new();
     for rep in 1..=common.reps {
@@ -299,7 +309,9 @@ struct Rep {
     alone: f64,
     /// The gateways' CPU over their run, in cores.
     gateway_cores: Option<f64>,
-    beside_cpu_cores: Option<f64>,
+    /// `--jetstream-shares-cpu`: the load beside JetStream alone, in cores, and the CPU time it
+    /// used, in seconds.
+    beside: Option<(f64, f64)>,
 }
 
 /// One run through the gateways (over `stream`), then one straight on JetStream (beside the
@@ -326,11 +338,6 @@ async fn run_nats_once(
         };
         Ok(Target::Gateways(start(1)?, start(2)?))
     };
-    if matches!(workload, Workload::Fill) {
-        return Err(
-            "--nats runs w1, w2 and w3 (fill measures the embedded broker's memory; a gateway holds no queue)".into(),
-        );
-    }
     let target = gateways()?;
     let through_gateways = match workload {
         Workload::W1(w1) => load::run_w1(common, &target, w1).await,
@@ -338,7 +345,7 @@ async fn run_nats_once(
         Workload::W2(w2) => failover::run_w2(common, &target, w2)
             .await
             .map(|()| (0.0, None)),
-        Workload::Fill => unreachable!("refused above"),
+        Workload::Fill => Ok((0.0, None)),
     };
     drop(target);
     jetstream::delete_stream(urls, stream).await;
@@ -351,9 +358,12 @@ async fn run_nats_once(
     }
     let mut alone_common = common.clone();
     if common.jetstream_shares_cpu {
-        alone_common.beside_cpu_cores = Some(gateway_cores.unwrap_or_default());
+        let cores = gateway_cores.ok_or(
+            "the gateways' CPU time could not be read from /proc: no load to share with JetStream alone",
+        )?;
+        alone_common.beside_cpu_cores = Some(cores);
     }
-    let alone = match workload {
+    let (alone, beside) = match workload {
         Workload::W1(w1) => jetstream::run_w1(&alone_common, urls, w1).await?,
         Workload::W3(w3) => jetstream::run_w3(&alone_common, urls, w3).await?,
         Workload::W2(_) => {
@@ -368,7 +378,7 @@ async fn run_nats_once(
         gateways: through_gateways,
         alone,
         gateway_cores,
-        beside_cpu_cores: alone_common.beside_cpu_cores,
+        beside,
     }))
 }
 
@@ -384,9 +394,12 @@ struct Comparison {
     ratios: Vec<f64>,
     /// Each rep's gateways' CPU over their run, in cores (CPU seconds a second).
     gateways_cpu_cores: Vec<f64>,
-    /// With `--jetstream-shares-cpu`: each rep's load beside JetStream alone, in cores.
+    /// With `--jetstream-shares-cpu`: each rep's load beside JetStream alone, in cores, and the
+    /// CPU time it used, in seconds.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     beside_cpu_cores: Vec<f64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    beside_cpu_s: Vec<f64>,
     median_ratio: f64,
     median_gateways_rate_per_s: f64,
     median_jetstream_rate_per_s: f64,
@@ -425,7 +438,8 @@ impl Comparison {
                 .iter()
                 .map(|r| r.gateway_cores.unwrap_or_default())
                 .collect(),
-            beside_cpu_cores: reps.iter().filter_map(|r| r.beside_cpu_cores).collect(),
+            beside_cpu_cores: reps.iter().filter_map(|r| r.beside.map(|b| b.0)).collect(),
+            beside_cpu_s: reps.iter().filter_map(|r| r.beside.map(|b| b.1)).collect(),
         }
     }
 
@@ -455,6 +469,39 @@ impl Comparison {
             "{}",
             serde_json::to_string(self).map_err(|e| e.to_string())?
         );
+        Ok(())
+    }
+}
+
+/// How long a run may go without one more delivery or ack before the bench gives up on it (a
+/// stalled cluster, a broker that stopped answering) instead of waiting for ever.
+const STALL: Duration = Duration::from_secs(30);
+
+/// A run's progress: how many deliveries or acks so far, and since when that number stands.
+struct Progress {
+    total: u64,
+    since: tokio::time::Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            total: 0,
+            since: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Takes the run's `total` now: an error once it has not moved for [`STALL`].
+    fn check(&mut self, total: u64, of: u64) -> Result<(), String> {
+        let now = tokio::time::Instant::now();
+        if total != self.total {
+            self.total = total;
+            self.since = now;
+        } else if now.duration_since(self.since) >= STALL {
+            return Err(format!(
+                "the run stalled: {total} of {of} deliveries or acks, none in the last {STALL:?}"
+            ));
+        }
         Ok(())
     }
 }
@@ -627,6 +674,21 @@ fn per_second(count: u64, elapsed: Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_that_stops_moving_is_given_up_after_the_stall_bound() {
+        let mut progress = Progress::new();
+        progress.check(0, 10).unwrap();
+        tokio::time::advance(STALL - Duration::from_millis(1)).await;
+        progress.check(0, 10).unwrap();
+        // One more delivery: the bound starts again.
+        progress.check(1, 10).unwrap();
+        tokio::time::advance(STALL - Duration::from_millis(1)).await;
+        progress.check(1, 10).unwrap();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let error = progress.check(1, 10).unwrap_err();
+        assert!(error.contains("1 of 10"), "{error}");
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {
