@@ -348,11 +348,7 @@ async fn drive(
             .iter()
             .all(|count| count.load(Ordering::Relaxed) >= common.messages)
     };
-    // Consumers that share a count (w1's pullers) are counted once.
-    let mut counts = targets.clone();
-    counts.dedup_by(|a, b| Arc::ptr_eq(a, b));
-    let mut progress = Progress::new();
-    let of = common.messages * counts.len() as u64;
+    let mut progress = Progress::watching(targets.iter().map(|c| (c.clone(), common.messages)));
     while !reached() {
         match tasks.try_join_next() {
             Some(done) => latencies.extend(done.map_err(|e| e.to_string())??),
@@ -361,8 +357,7 @@ async fn drive(
         if tasks.is_empty() && !reached() {
             return Err("the consumers stopped before every message arrived".into());
         }
-        let total = counts.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-        progress.check(total, of)?;
+        progress.check()?;
     }
     let elapsed = began.elapsed();
     let beside = load.map(|load| {
@@ -419,25 +414,20 @@ pub(super) async fn run_w1(
     }
     .await;
     bench.delete().await;
-    let Driven {
-        elapsed,
-        publish_elapsed,
-        latencies,
-        beside,
-    } = result?;
+    let run = result?;
     let report = Report {
         workload: "w1",
         deployment: Some(deployment(common)),
-        beside_cpu_cores: beside.map(|(cores, _)| cores),
-        beside_cpu_s: beside.map(|(_, used)| used),
+        beside_cpu_cores: run.beside.map(|(cores, _)| cores),
+        beside_cpu_s: run.beside.map(|(_, used)| used),
         messages: common.messages,
         payload_bytes: common.payload_bytes,
         window: Some(args.window),
         consumers: Some(args.consumers),
-        rate_per_s: Some(per_second(common.messages, elapsed)),
-        publish_rate_per_s: Some(per_second(common.messages, publish_elapsed)),
-        latency_p50_us: Some(quantile_us(&latencies, 0.50)),
-        latency_p99_us: Some(quantile_us(&latencies, 0.99)),
+        rate_per_s: Some(per_second(common.messages, run.elapsed)),
+        publish_rate_per_s: Some(per_second(common.messages, run.publish_elapsed)),
+        latency_p50_us: Some(quantile_us(&run.latencies, 0.50)),
+        latency_p99_us: Some(quantile_us(&run.latencies, 0.99)),
         ..Report::default()
     };
     report.printed(&format!(
@@ -452,7 +442,7 @@ pub(super) async fn run_w1(
         report.latency_p50_us.unwrap_or_default(),
         report.latency_p99_us.unwrap_or_default(),
     ))
-    .map(|rate| (rate, beside))
+    .map(|rate| (rate, run.beside))
 }
 
 /// w3 straight on JetStream: one consumer per subscriber, each getting every message: a pull
@@ -509,27 +499,22 @@ pub(super) async fn run_w3(
     }
     .await;
     bench.delete().await;
-    let Driven {
-        elapsed,
-        publish_elapsed,
-        latencies,
-        beside,
-    } = result?;
+    let run = result?;
     let deliveries = common.messages * args.subscribers;
     let report = Report {
         workload: "w3",
         deployment: Some(deployment(common)),
-        beside_cpu_cores: beside.map(|(cores, _)| cores),
-        beside_cpu_s: beside.map(|(_, used)| used),
+        beside_cpu_cores: run.beside.map(|(cores, _)| cores),
+        beside_cpu_s: run.beside.map(|(_, used)| used),
         messages: common.messages,
         payload_bytes: common.payload_bytes,
         window: Some(args.window),
         consumers: Some(args.subscribers),
         ack_free: Some(args.ack_free),
-        rate_per_s: Some(per_second(deliveries, elapsed)),
-        publish_rate_per_s: Some(per_second(common.messages, publish_elapsed)),
-        latency_p50_us: Some(quantile_us(&latencies, 0.50)),
-        latency_p99_us: Some(quantile_us(&latencies, 0.99)),
+        rate_per_s: Some(per_second(deliveries, run.elapsed)),
+        publish_rate_per_s: Some(per_second(common.messages, run.publish_elapsed)),
+        latency_p50_us: Some(quantile_us(&run.latencies, 0.50)),
+        latency_p99_us: Some(quantile_us(&run.latencies, 0.99)),
         ..Report::default()
     };
     report.printed(&format!(
@@ -544,5 +529,5 @@ pub(super) async fn run_w3(
         report.latency_p50_us.unwrap_or_default(),
         report.latency_p99_us.unwrap_or_default(),
     ))
-    .map(|rate| (rate, beside))
+    .map(|rate| (rate, run.beside))
 }

@@ -292,11 +292,7 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
     // Queue consumers share one count: whichever is waiting for a frame when the others reach
     // the target would wait forever, so watch the counts and then tell everyone to stop.
     let mut latencies = Vec::new();
-    // Consumers that share a count (w1's) are counted once.
-    let mut counts = targets.clone();
-    counts.dedup_by(|a, b| Arc::ptr_eq(&a.0, &b.0));
-    let of = counts.iter().map(|(_, target)| target).sum();
-    let mut progress = Progress::new();
+    let mut progress = Progress::watching(targets.iter().cloned());
     while !targets
         .iter()
         .all(|(count, target)| count.load(Ordering::Relaxed) >= *target)
@@ -305,8 +301,7 @@ async fn drive(common: &Common, broker: &Target, consumers: Vec<Consumer>) -> Re
             latencies.extend(done.map_err(|e| e.to_string())??);
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let total = counts.iter().map(|(c, _)| c.load(Ordering::Relaxed)).sum();
-        progress.check(total, of)?;
+        progress.check()?;
     }
     let elapsed = publish_start.elapsed();
     let cpu_s = Option::zip(cpu_before, broker.cpu_seconds()).map(|(before, after)| after - before);

@@ -26,6 +26,10 @@ mod nats_core;
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -477,29 +481,44 @@ impl Comparison {
 /// stalled cluster, a broker that stopped answering) instead of waiting for ever.
 const STALL: Duration = Duration::from_secs(30);
 
-/// A run's progress: how many deliveries or acks so far, and since when that number stands.
+/// A run's progress: its counts of deliveries or acks (each counted once, however many
+/// consumers share it), and since when their total stands.
 struct Progress {
+    counts: Vec<Arc<AtomicU64>>,
+    /// What the counts reach at the run's end.
+    of: u64,
     total: u64,
     since: tokio::time::Instant,
 }
 
 impl Progress {
-    fn new() -> Self {
+    /// Watches `counts`, each with the number it reaches at the run's end.
+    fn watching(counts: impl IntoIterator<Item = (Arc<AtomicU64>, u64)>) -> Self {
+        let mut unique: Vec<(Arc<AtomicU64>, u64)> = Vec::new();
+        for (count, target) in counts {
+            if !unique.iter().any(|(seen, _)| Arc::ptr_eq(seen, &count)) {
+                unique.push((count, target));
+            }
+        }
         Self {
+            of: unique.iter().map(|(_, target)| target).sum(),
+            counts: unique.into_iter().map(|(count, _)| count).collect(),
             total: 0,
             since: tokio::time::Instant::now(),
         }
     }
 
-    /// Takes the run's `total` now: an error once it has not moved for [`STALL`].
-    fn check(&mut self, total: u64, of: u64) -> Result<(), String> {
+    /// Reads the counts now: an error once their total has not moved for [`STALL`].
+    fn check(&mut self) -> Result<(), String> {
+        let total = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum();
         let now = tokio::time::Instant::now();
         if total != self.total {
             self.total = total;
             self.since = now;
         } else if now.duration_since(self.since) >= STALL {
             return Err(format!(
-                "the run stalled: {total} of {of} deliveries or acks, none in the last {STALL:?}"
+                "the run stalled: {total} of {} deliveries or acks, none in the last {STALL:?}",
+                self.of
             ));
         }
         Ok(())
@@ -677,16 +696,20 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_run_that_stops_moving_is_given_up_after_the_stall_bound() {
-        let mut progress = Progress::new();
-        progress.check(0, 10).unwrap();
+        // Two consumers sharing one count (w1's), a third with its own: 10 in all.
+        let (shared, own) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut progress =
+            Progress::watching([(shared.clone(), 5), (shared.clone(), 5), (own.clone(), 5)]);
+        progress.check().unwrap();
         tokio::time::advance(STALL - Duration::from_millis(1)).await;
-        progress.check(0, 10).unwrap();
+        progress.check().unwrap();
         // One more delivery: the bound starts again.
-        progress.check(1, 10).unwrap();
+        shared.fetch_add(1, Ordering::Relaxed);
+        progress.check().unwrap();
         tokio::time::advance(STALL - Duration::from_millis(1)).await;
-        progress.check(1, 10).unwrap();
+        progress.check().unwrap();
         tokio::time::advance(Duration::from_millis(1)).await;
-        let error = progress.check(1, 10).unwrap_err();
+        let error = progress.check().unwrap_err();
         assert!(error.contains("1 of 10"), "{error}");
     }
 
