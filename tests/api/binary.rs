@@ -4,11 +4,12 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Output, Stdio},
+    time::Duration,
 };
 
 use tokio::sync::mpsc;
 
-use crate::harness::within;
+use crate::harness::{EVENT_TIMEOUT, within};
 
 /// Kills the process if the test ends before it exits.
 pub struct Running {
@@ -118,14 +119,35 @@ pub async fn serve(args: &[&str]) -> (Running, String) {
 /// Runs a client subcommand of the binary to completion. One that does not finish in time is
 /// killed (the test then fails), so a hung client cannot hold the test binary open.
 pub async fn run_client(args: Vec<String>) -> Output {
-    within(
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_tinybroker"))
-            .args(&args)
-            .env_remove("TINYBROKER_AUTH_TOKEN")
-            .env_remove("TINYBROKER_SERVER")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap()
+    run_client_within(args, EVENT_TIMEOUT).await
+}
+
+/// [`run_client`] with a bound of its own, for a run that starts processes of its own (`bench
+/// --nats` starts two gateways over a cluster just made, then runs two workloads). It runs in
+/// a process group of its own: one that does not finish in time is killed with everything it
+/// started, so no gateway it spawned outlives the test.
+pub async fn run_client_within(args: Vec<String>, patience: Duration) -> Output {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tinybroker"))
+        .args(&args)
+        .env_remove("TINYBROKER_AUTH_TOKEN")
+        .env_remove("TINYBROKER_SERVER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary starts");
+    let group = child.id();
+    match tokio::time::timeout(patience, child.wait_with_output()).await {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            if let Some(group) = group {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{group}")])
+                    .status();
+            }
+            panic!("the client did not finish within {patience:?}: {args:?}");
+        }
+    }
 }

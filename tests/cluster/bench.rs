@@ -5,6 +5,16 @@ use tokio_stream::StreamExt;
 
 use crate::{binary, nats_server::NatsCluster};
 
+/// How long one bench run may take here: it starts two gateways over a cluster just made (each
+/// listens once it can serve) and runs the workload through them and on JetStream alone, on a
+/// machine running the other cluster tests beside it (CI saw one take over 10 s).
+const BENCH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs the bench with `args` to completion, within [`BENCH_PATIENCE`].
+async fn run(args: Vec<String>) -> std::process::Output {
+    binary::run_client_within(args, BENCH_PATIENCE).await
+}
+
 /// The JSON lines of a bench run's output.
 fn reports(stdout: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stdout)
@@ -34,7 +44,7 @@ async fn no_bench_stream_left(cluster: &NatsCluster) {
 /// Runs the client with `args`, which must succeed with one report: that report, and the
 /// output.
 async fn one_report(args: &[&str]) -> (serde_json::Value, std::process::Output) {
-    let output = binary::run_client(args.iter().map(|a| a.to_string()).collect()).await;
+    let output = run(args.iter().map(|a| a.to_string()).collect()).await;
     assert!(output.status.success(), "{output:?}");
     let mut reports = reports(&output.stdout);
     assert_eq!(reports.len(), 1, "{reports:?}");
@@ -80,7 +90,7 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
             .map(String::from)
             .to_vec();
         args.extend(workload.iter().map(|s| s.to_string()));
-        let output = binary::run_client(args).await;
+        let output = run(args).await;
         assert!(output.status.success(), "{workload:?}: {output:?}");
         let reports = reports(&output.stdout);
         let deployments: Vec<&str> = reports
@@ -113,23 +123,21 @@ async fn bench_with_nats_runs_each_workload_through_gateways_and_on_jetstream() 
 async fn bench_with_nats_reps_alternates_and_compares() {
     let cluster = NatsCluster::start(3).await;
     let urls = cluster.client_urls().join(",");
-    let output = binary::run_client(
-        [
-            "bench",
-            "--nats",
-            &urls,
-            "--messages",
-            "200",
-            "--reps",
-            "2",
-            "w3",
-            "--ack-free",
-            "--subscribers",
-            "2",
-        ]
-        .map(String::from)
-        .to_vec(),
-    )
+    let output = run([
+        "bench",
+        "--nats",
+        &urls,
+        "--messages",
+        "200",
+        "--reps",
+        "2",
+        "w3",
+        "--ack-free",
+        "--subscribers",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec())
     .await;
     assert!(output.status.success(), "{output:?}");
     let reports = reports(&output.stdout);
@@ -193,24 +201,22 @@ async fn bench_with_nats_shares_cpu_with_jetstream_alone() {
     let urls = cluster.client_urls().join(",");
     // Deliveries per run: 2,000 messages to 4 subscribers.
     let deliveries = 8000.0;
-    let output = binary::run_client(
-        [
-            "bench",
-            "--nats",
-            &urls,
-            "--messages",
-            "2000",
-            "--reps",
-            "2",
-            "--jetstream-shares-cpu",
-            "w3",
-            "--ack-free",
-            "--subscribers",
-            "4",
-        ]
-        .map(String::from)
-        .to_vec(),
-    )
+    let output = run([
+        "bench",
+        "--nats",
+        &urls,
+        "--messages",
+        "2000",
+        "--reps",
+        "2",
+        "--jetstream-shares-cpu",
+        "w3",
+        "--ack-free",
+        "--subscribers",
+        "4",
+    ]
+    .map(String::from)
+    .to_vec())
     .await;
     assert!(output.status.success(), "{output:?}");
     let reports = reports(&output.stdout);
@@ -279,7 +285,7 @@ async fn bench_with_nats_refuses_reps_without_a_jetstream_side() {
             .map(String::from)
             .to_vec();
         all.extend(args.iter().map(|s| s.to_string()));
-        let output = binary::run_client(all).await;
+        let output = run(all).await;
         assert!(!output.status.success(), "{args:?}");
         let said = String::from_utf8_lossy(&output.stderr);
         assert!(
@@ -287,7 +293,7 @@ async fn bench_with_nats_refuses_reps_without_a_jetstream_side() {
             "{args:?}: {said}"
         );
     }
-    let output = binary::run_client(
+    let output = run(
         ["bench", "--nats", "nats://127.0.0.1:1", "--reps", "0", "w1"]
             .map(String::from)
             .to_vec(),
@@ -327,7 +333,7 @@ async fn bench_refuses_shared_cpu_without_a_jetstream_side() {
     ] {
         let mut all = vec!["bench".to_string()];
         all.extend(args.iter().map(|s| s.to_string()));
-        let output = binary::run_client(all).await;
+        let output = run(all).await;
         assert!(!output.status.success(), "{args:?}");
         let said = String::from_utf8_lossy(&output.stderr);
         assert!(
@@ -368,28 +374,24 @@ async fn bench_with_nats_fenced_runs_through_gateways_only() {
 
 #[tokio::test]
 async fn bench_with_nats_refuses_what_it_does_not_run() {
-    let output = binary::run_client(
-        ["bench", "--nats", "nats://127.0.0.1:1", "fill"]
-            .map(String::from)
-            .to_vec(),
-    )
+    let output = run(["bench", "--nats", "nats://127.0.0.1:1", "fill"]
+        .map(String::from)
+        .to_vec())
     .await;
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("--nats runs w1, w2 and w3"), "{said}");
     // Refused before any gateway starts: the URL reaches no server.
     for workload in ["w2", "fill"] {
-        let output = binary::run_client(
-            [
-                "bench",
-                "--nats",
-                "nats://127.0.0.1:1",
-                "--jetstream-msg-ids",
-                workload,
-            ]
-            .map(String::from)
-            .to_vec(),
-        )
+        let output = run([
+            "bench",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--jetstream-msg-ids",
+            workload,
+        ]
+        .map(String::from)
+        .to_vec())
         .await;
         assert!(!output.status.success(), "{workload}");
         let said = String::from_utf8_lossy(&output.stderr);
@@ -420,7 +422,7 @@ async fn bench_with_nats_runs_w2_across_gateways() {
     ]
     .map(String::from)
     .to_vec();
-    let output = binary::run_client(args).await;
+    let output = run(args).await;
     assert!(output.status.success(), "{output:?}");
     let reports = reports(&output.stdout);
     assert_eq!(reports.len(), 1, "{reports:?}");
@@ -486,11 +488,9 @@ async fn bench_with_nats_core_runs_w3_and_accounts_for_every_delivery() {
 
 #[tokio::test]
 async fn bench_with_nats_core_refuses_what_it_does_not_run() {
-    let output = binary::run_client(
-        ["bench", "--nats-core", "nats://127.0.0.1:1", "w1"]
-            .map(String::from)
-            .to_vec(),
-    )
+    let output = run(["bench", "--nats-core", "nats://127.0.0.1:1", "w1"]
+        .map(String::from)
+        .to_vec())
     .await;
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
