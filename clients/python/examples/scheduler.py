@@ -8,18 +8,22 @@ Start a broker (`tinybroker serve`), then this in two or more terminals:
     python3 scheduler.py --server http://127.0.0.1:50051 --group reporters --store /tmp/report.log
 
 One replica prints `leading epoch=E member=M` and then `epoch=E run=K` every interval; the others
-print `standby position=P`. Kill the leader (even with SIGKILL) and the next in line prints
-`leading` with a higher epoch. Rust replicas (`cargo run --example scheduler -- --group
-reporters --store /tmp/report.log`) join the same line: both elect on the subscription
-`scheduler` with the same settings, and both write the same store format, `epoch=E run=K` lines,
-fenced by the epoch. A store this replica cannot parse fails closed: nothing is written to it
-(only a store that does not exist yet counts as empty).
+print `standby position=P`. Stop the leader with `kill PID` (SIGTERM) or Ctrl-C: it resigns at
+once, prints `stopped` and exits 0, and the next in line prints `leading` with a higher epoch
+within milliseconds (a standby stopped so leaves the line). Even after SIGKILL the next in line
+leads at once: the broker sees the connection close. Rust replicas (`cargo run --example
+scheduler -- --group reporters --store /tmp/report.log`) join the same line: both elect on the
+subscription `scheduler` (the topic `election.scheduler`) with the same settings, and both
+write the same store format, `epoch=E run=K` lines, fenced by the epoch. A store this replica
+cannot parse fails closed: nothing is written to it (only a store that does not exist yet
+counts as empty).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from typing import Optional
@@ -129,12 +133,36 @@ def parse(argv: list[str]) -> dict[str, Optional[str]]:
     return args
 
 
-def main(argv: list[str]) -> int:
-    try:
-        args = parse(argv)
-    except ValueError as error:
-        print(f"scheduler: {error}", file=sys.stderr)
-        return 2
+def lead(leader: tinybroker.Leadership, store: Optional[str], every: float) -> None:
+    """Runs the job every `every` seconds while `leader` leads; returns once it is lost."""
+    epoch = leader.epoch
+    print(f"leading epoch={epoch} member={leader.member_id}", flush=True)
+    run, tick = 0, time.monotonic()
+    while True:
+        # Losing comes first: the job does not run once more after the broker said another
+        # replica may lead.
+        lost = leader.wait_lost(timeout=max(0.0, tick - time.monotonic()))
+        if lost is not None:
+            print(f"lost epoch={epoch}: {lost.error or lost.cause.value}", flush=True)
+            return
+        tick += every
+        run += 1
+        try:
+            if store is not None:
+                fenced_append(store, epoch, run)
+        except Fenced as error:
+            # Only a deposed leader is refused: stop, and rejoin once the broker says so.
+            print(f"refused epoch={epoch} run={run}: {error}", flush=True)
+            lost = leader.wait_lost()
+            print(f"lost epoch={epoch}: {lost.error if lost else 'resigned'}", flush=True)
+            return
+        except StoreFailed as error:
+            print(f"failed epoch={epoch} run={run}: {error} (trying again)", flush=True)
+        else:
+            print(f"epoch={epoch} run={run}", flush=True)
+
+
+def replicate(args: dict[str, Optional[str]]) -> int:
     every = int(args["every-ms"] or "1000") / 1000
     store, group, server = args["store"], args["group"] or "scheduler", args["server"] or ""
     try:
@@ -143,42 +171,36 @@ def main(argv: list[str]) -> int:
         print(f"scheduler: cannot reach the broker at {server}: {error}", file=sys.stderr)
         return 1
     with client:
-        while True:
-            # Waits in line; rejoins by itself with backoff if the broker goes away meanwhile.
-            try:
-                leader = client.elect(
-                    "scheduler",
-                    group,
-                    on_standby=lambda p: print(f"standby position={p}", flush=True),
-                )
-            except tinybroker.TinybrokerError as error:
-                print(f"scheduler: cannot join the election: {error}", file=sys.stderr)
-                return 1
-            epoch = leader.epoch
-            print(f"leading epoch={epoch} member={leader.member_id}", flush=True)
-            run, tick = 0, time.monotonic()
-            while True:
-                # Losing comes first: the job does not run once more after the broker said
-                # another replica may lead.
-                lost = leader.wait_lost(timeout=max(0.0, tick - time.monotonic()))
-                if lost is not None:
-                    print(f"lost epoch={epoch}: {lost.error or 'resigned'}", flush=True)
-                    break
-                tick += every
-                run += 1
-                try:
-                    if store is not None:
-                        fenced_append(store, epoch, run)
-                except Fenced as error:
-                    # Only a deposed leader is refused: stop, and rejoin once the broker says so.
-                    print(f"refused epoch={epoch} run={run}: {error}", flush=True)
-                    lost = leader.wait_lost()
-                    print(f"lost epoch={epoch}: {lost.error if lost else 'resigned'}", flush=True)
-                    break
-                except StoreFailed as error:
-                    print(f"failed epoch={epoch} run={run}: {error} (trying again)", flush=True)
-                else:
-                    print(f"epoch={epoch} run={run}", flush=True)
+        # Waits in line; rejoins by itself with backoff if the broker goes away meanwhile.
+        leaderships = client.leaderships(
+            "scheduler", group, on_standby=lambda p: print(f"standby position={p}", flush=True)
+        )
+        try:
+            for leader in leaderships:
+                # Leaving a lost leadership is quiet; leaving on an exception (the
+                # KeyboardInterrupt of SIGTERM or Ctrl-C) resigns at once.
+                with leader:
+                    lead(leader, store, every)
+        except tinybroker.TinybrokerError as error:
+            print(f"scheduler: cannot join the election: {error}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parse(argv)
+    except ValueError as error:
+        print(f"scheduler: {error}", file=sys.stderr)
+        return 2
+    # SIGTERM (`kill PID`) as Ctrl-C: a KeyboardInterrupt in the main thread, wherever it
+    # waits (in line, or between runs). The leader resigns at once and the standby leads.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return replicate(args)
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+        return 0
 
 
 if __name__ == "__main__":

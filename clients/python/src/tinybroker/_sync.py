@@ -16,7 +16,7 @@ from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from . import aio
-from .aio._client import _message
+from .aio._client import _election_options, _message
 from .errors import TinybrokerError
 from .events import Delivery, Event
 from .types import (
@@ -212,17 +212,21 @@ class Client:
         on_standby: Optional[Callable[[int], None]] = None,
         *,
         priority: int = 0,
+        metadata: str = "",
         timeout: Optional[float] = None,
     ) -> Leadership:
         """Waits in line and returns once this replica leads (see
-        `tinybroker.aio.Client.elect`: the same settings as the Rust client's `elect`, and a
-        rejoin with backoff while the broker is away; `priority` orders the line). `on_standby`
-        runs on the client's loop thread. With `timeout`, raises `TimeoutError` and leaves the
-        line."""
+        `tinybroker.aio.Client.elect`: the same settings as the Rust client's `elect`, on the
+        topic `election.<id>`, and a rejoin with backoff while the broker is away; `priority`
+        orders the line, `metadata` is what watchers see of this leader). `on_standby` runs on
+        the client's loop thread. With `timeout`, raises `TimeoutError` and leaves the line."""
         return Leadership(
             self._loop,
             self._loop.run(
-                self._client.elect(subscription_id, group, on_standby, priority=priority), timeout
+                self._client.elect(
+                    subscription_id, group, on_standby, priority=priority, metadata=metadata
+                ),
+                timeout,
             ),
         )
 
@@ -245,16 +249,29 @@ class Client:
         on_standby: Optional[Callable[[int], None]] = None,
         *,
         priority: int = 0,
+        metadata: str = "",
     ) -> Iterator[Leadership]:
         """Every leadership this replica gets, one after the other, forever (each lost,
-        resigned or handed over, then elected again with `priority`)::
+        resigned or handed over, then elected again with `priority` and `metadata`, as
+        `elect`)::
 
         for leader in client.leaderships("report", "reporters"):
-            while not leader.wait_lost(timeout=60):
-                run_the_job(leader.epoch)
+            with leader:  # an exception (KeyboardInterrupt on SIGTERM too) resigns at once
+                while not leader.wait_lost(timeout=60):
+                    run_the_job(leader.epoch)
         """
+        return self.leaderships_with(
+            _election_options(subscription_id, group, priority, metadata), on_standby
+        )
+
+    def leaderships_with(
+        self,
+        options: SubscriptionOptions,
+        on_standby: Optional[Callable[[int], None]] = None,
+    ) -> Iterator[Leadership]:
+        """As `leaderships`, each leadership elected with `elect_with(options, on_standby)`."""
         while True:
-            leader = self.elect(subscription_id, group, on_standby, priority=priority)
+            leader = self.elect_with(options, on_standby)
             try:
                 yield leader
             finally:
@@ -279,13 +296,15 @@ class Client:
         return self._loop.run(self._client.list(), timeout)
 
     def watch_leadership(
-        self, subscription_id: str, *, timeout: Optional[float] = None
+        self, subscription_id: str, *, rejoin: bool = False, timeout: Optional[float] = None
     ) -> LeadershipWatch:
         """Follows a SINGLETON subscription's leadership without joining it (see
-        `tinybroker.aio.Client.watch_leadership`); `timeout` bounds the wait for the server's
-        first answer."""
+        `tinybroker.aio.Client.watch_leadership`); with `rejoin=True` it watches again after a
+        broker restart or the subscription's end, with backoff, as `elect` rejoins. `timeout`
+        bounds the wait for the server's first answer."""
         return LeadershipWatch(
-            self._loop, self._loop.run(self._client.watch_leadership(subscription_id), timeout)
+            self._loop,
+            self._loop.run(self._client.watch_leadership(subscription_id, rejoin=rejoin), timeout),
         )
 
     def delete_subscription(self, subscription_id: str, *, timeout: Optional[float] = None) -> int:
@@ -375,7 +394,8 @@ class LeadershipWatch:
     """A watch of a SINGLETON subscription's leadership (see `tinybroker.aio.LeadershipWatch`).
     `next(timeout)` returns the next state (the current one first); iterate it for every state.
     The watch ends with the error `next()` raises (`NotFoundError` once the subscription is
-    gone, `UnavailableError` when the server shuts down). `close()` (or leaving a `with` block)
+    gone, `UnavailableError` when the server shuts down), unless opened with `rejoin=True`,
+    which watches again instead. `close()` (or leaving a `with` block)
     ends it from any thread, and an iteration over it then stops; a watch dropped without
     `close()` is cancelled when it is garbage."""
 
@@ -433,7 +453,12 @@ def _settle_quietly(sub: aio.Subscription, nack: bool, system_id: int) -> None:
 
 class Leadership:
     """This replica leads (see `tinybroker.aio.Leadership`). `wait_lost(timeout)` is the lost
-    signal for blocking code; `with leadership:` closes it on exit."""
+    signal for blocking code.
+
+    `with leadership:` leaves on exit: it closes when the block ends normally, and resigns at
+    once when the block raises an exception (a `KeyboardInterrupt` from Ctrl-C or SIGTERM
+    too), which goes on. Leaving a leadership that is already lost (an outage, a hand-over) is
+    quiet: `wait_lost()` returns the `Lost` that says why."""
 
     def __init__(self, loop: _Loop, leadership: aio.Leadership) -> None:
         self._loop = loop
@@ -514,22 +539,27 @@ class Leadership:
         return delivery
 
     def resign(self) -> None:
-        """Steps down at once."""
+        """Steps down at once: the earliest standby is promoted, and `wait_lost()` returns a
+        `Lost` with `LostCause.RESIGNED` (unless it was lost before)."""
         self._loop.run(_call(self._leader.resign))
         self._lost_event.wait(10)
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Steps down once the broker applied every settlement queued so far."""
+        """Steps down once the broker applied every settlement queued so far. Raises the
+        error that ended the stream if leadership was lost before (queued settlements may not
+        have been applied; see `tinybroker.aio.Leadership.close`)."""
         self._loop.run(self._leader.close(), timeout)
 
     def __enter__(self) -> Leadership:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        else:
+        """Resigns at once on an exception; otherwise closes, unless leadership was already
+        lost (then quietly: the cause is on the `Lost`, and `close()` would raise the outage)."""
+        if exc[0] is not None:
             self.resign()
+        else:
+            self._loop.run(self._leader.__aexit__(None, None, None))
 
 
 def _quietly(settle: Callable[[bool, int], None], nack: bool, system_id: int) -> None:

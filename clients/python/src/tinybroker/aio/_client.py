@@ -323,21 +323,24 @@ class Client:
         on_standby: Optional[Callable[[int], None]] = None,
         *,
         priority: int = 0,
+        metadata: str = "",
     ) -> Leadership:
         """Joins the line for leadership of `subscription_id` among the replicas of `group`
         and resolves when this replica leads. The settings are exactly the Rust client's
-        `elect()`: `SubscriptionOptions.election(subscription_id, group)`, so Python and Rust
-        replicas share one line. `on_standby(position)` hears the place in line (1 = next).
+        `elect()`: `SubscriptionOptions.election(subscription_id, group)` (the topic
+        `election.<id>`), so Python and Rust replicas share one line. `on_standby(position)`
+        hears the place in line (1 = next).
         `priority` is this replica's place in the line's order (`SubscriptionOptions.priority`:
         one above the leader's takes over from it at a message boundary, and the leader's
-        `lost()` says HANDED_OVER; docs/semantics.md#priority).
+        `lost()` says HANDED_OVER; docs/semantics.md#priority). `metadata` is what watchers and
+        `describe` show of this replica while it leads (an address; at most 1024 bytes;
+        docs/semantics.md#member-metadata).
         If the stream fails while waiting (the broker restarts, the connection drops) the
         replica rejoins the end of the line, backing off from 50 ms to 2 s. Raises only
         refusals a retry would repeat (`RefusedError`: settings that differ, a bad id, a
-        token, a limit; `InvalidArgumentError` for a bad priority)."""
+        token, a limit; `InvalidArgumentError` for a bad priority or metadata)."""
         return await self.elect_with(
-            SubscriptionOptions.election(subscription_id, group).with_(priority=priority),
-            on_standby,
+            _election_options(subscription_id, group, priority, metadata), on_standby
         )
 
     async def elect_with(
@@ -375,24 +378,38 @@ class Client:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
 
-    async def leaderships(
+    def leaderships(
         self,
         subscription_id: str,
         group: str,
         on_standby: Optional[Callable[[int], None]] = None,
         *,
         priority: int = 0,
+        metadata: str = "",
     ) -> AsyncIterator[Leadership]:
         """Every leadership this replica gets, one after the other, forever: elects (with
-        `priority`, as `elect`), yields the leadership, and once the loop body is done with it
-        (typically: it was lost, resigned, or handed over) steps down if needed and joins the
-        line again. The shortest correct scheduler::
+        `priority` and `metadata`, as `elect`), yields the leadership, and once the loop body
+        is done with it (typically: it was lost, resigned, or handed over) steps down if needed
+        and joins the line again. The shortest correct scheduler::
 
             async for leader in client.leaderships("report", "reporters"):
-                await run_until_lost(leader)
+                async with leader:  # an exception (a cancel) resigns at once
+                    await run_until_lost(leader)
         """
+        return self.leaderships_with(
+            _election_options(subscription_id, group, priority, metadata), on_standby
+        )
+
+    async def leaderships_with(
+        self,
+        options: SubscriptionOptions,
+        on_standby: Optional[Callable[[int], None]] = None,
+    ) -> AsyncIterator[Leadership]:
+        """As `leaderships`, each leadership elected with `elect_with(options, on_standby)`:
+        any settings (`SubscriptionOptions.election(id, group).with_(...)`), or a singleton
+        subscription on real topics."""
         while True:
-            leader = await self.elect(subscription_id, group, on_standby, priority=priority)
+            leader = await self.elect_with(options, on_standby)
             try:
                 yield leader
             finally:
@@ -436,16 +453,24 @@ class Client:
         )
         return _info_from_pb(reply)
 
-    async def watch_leadership(self, subscription_id: str) -> LeadershipWatch:
+    async def watch_leadership(
+        self, subscription_id: str, *, rejoin: bool = False
+    ) -> LeadershipWatch:
         """Follows SINGLETON subscription `subscription_id`'s leadership without joining it
         (docs/semantics.md#watching-leadership): a router that sends writes to the current
         leader, a dashboard. Returns once the server sent the current state, which the first
         `next()` returns; then one state per change. Through gateways the watch follows the
         whole cluster from any gateway. Raises `NotFoundError` for an unknown subscription,
         `FailedPreconditionError` for a BROADCAST or QUEUE one, `InvalidArgumentError` for a
-        malformed id."""
+        malformed id.
+
+        With `rejoin=True` the watch outlives broker restarts and the subscription's end, as
+        `elect` outlives them: after `NotFoundError` or a transient error it watches again
+        with the same backoff (50 ms doubling to 2 s), and waits (here too) while no such
+        subscription exists; only refusals a retry would repeat are raised (see
+        `LeadershipWatch`)."""
         request = _build(pb.WatchLeadershipRequest, subscription_id=subscription_id)
-        return await LeadershipWatch._open(self._stub, request, self._metadata)
+        return await LeadershipWatch._open(self._stub, request, self._metadata, rejoin)
 
     async def delete_subscription(self, subscription_id: str) -> int:
         """Deletes a subscription no member is joined to: its settings and the messages it
@@ -494,6 +519,15 @@ async def _await_promotion(
     except BaseException:
         subscription._cancel()
         raise
+
+
+def _election_options(
+    subscription_id: str, group: str, priority: int, metadata: str
+) -> SubscriptionOptions:
+    """What `elect` and `leaderships` join with."""
+    return SubscriptionOptions.election(subscription_id, group).with_(
+        priority=priority, metadata=metadata
+    )
 
 
 def _message(

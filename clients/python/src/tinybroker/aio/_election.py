@@ -86,7 +86,12 @@ class Lost:
 class Leadership:
     """This replica is the active member of a singleton subscription. Leave with `close()`
     (every settlement queued is applied first) or `resign()` (at once); either way the
-    earliest standby is promoted. `async with leadership:` closes on exit."""
+    earliest standby is promoted.
+
+    `async with leadership:` leaves on exit: it closes when the block ends normally, and
+    resigns at once when the block raises an exception (a cancel too, as a task cancelled on
+    SIGTERM is), which goes on. Leaving a leadership that is already lost (an outage, a
+    hand-over) is quiet: `lost()` says why."""
 
     def __init__(
         self, subscription: Subscription, member_id: int, epoch: int, client: Client
@@ -170,6 +175,13 @@ class Leadership:
         cancel and to await from many tasks."""
         return await asyncio.shield(self._lost)
 
+    async def wait_lost(self, timeout: Optional[float] = None) -> Optional[Lost]:
+        """Waits up to `timeout` seconds (None: for ever) for leadership to be lost: returns
+        the `Lost`, or None while still leading, as the blocking API's `wait_lost` does. A job
+        that runs every interval: `while not await leader.wait_lost(interval): run()`."""
+        await asyncio.wait({self._lost}, timeout=timeout)
+        return self._lost.result() if self._lost.done() else None
+
     def on_lost(self, callback: Callable[[Lost], None]) -> None:
         """Calls `callback(lost)` on the event loop when leadership is lost (at once if it is
         already)."""
@@ -225,10 +237,12 @@ class Leadership:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            await self.close()
-        else:
+        """Resigns at once on an exception; otherwise closes, unless leadership was already
+        lost (then quietly: the cause is on `lost()`, and `close()` would raise the outage)."""
+        if exc[0] is not None:
             self.resign()
+        elif not self._lost.done():
+            await self.close()
 
     # --- the reader ------------------------------------------------------------------------
 
