@@ -16,6 +16,15 @@ pub trait Clock: Send + Sync + 'static {
     -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
+/// The system's wall clock in microseconds since the Unix epoch (0 before it). The shell reads
+/// it where an id floor is set: at start ([`TokioClock`]), and in cluster mode when a gateway
+/// creates the JetStream stream or the coordination bucket (their first sequence).
+pub fn system_unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// Production clock: tokio's monotonic clock (so tokio's paused test clock and turmoil's simulated
 /// clock drive it too) and the system wall clock for publish timestamps.
 #[derive(Debug, Clone, Copy)]
@@ -48,9 +57,7 @@ impl Clock for TokioClock {
     }
 
     fn unix_micros(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
+        system_unix_micros()
     }
 
     fn sleep_until(

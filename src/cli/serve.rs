@@ -334,6 +334,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
             let ids = format!("member ids start above {floor}, random for this gateway");
             let (stream, replicas) = gateway.stream();
             let connected_to = gateway.connected_to();
+            let floors = gateway.id_floors();
             let cluster = move || {
                 tracing::info!(
                     nats = %urls,
@@ -342,6 +343,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     replicas,
                     "cluster mode: a gateway over NATS JetStream, connected to {connected_to} (stream {stream}, {replicas} replicas)",
                 );
+                log_cluster_floors(&stream, floors);
             };
             (Backend::Gateway(gateway), ids, Some(cluster))
         }
@@ -405,4 +407,28 @@ pub async fn run(args: Serve) -> Result<(), String> {
     result.map_err(|e| e.to_string())?;
     tracing::info!("tinybroker stopped");
     Ok(())
+}
+
+/// Logs where the cluster's ids start (docs/semantics.md#restart-identity): above the stream's
+/// and the coordination bucket's creation times. One made before ids had a floor counts from 1,
+/// and is named at warn level with the way out.
+fn log_cluster_floors(stream: &str, (messages, epochs): (Option<u64>, Option<u64>)) {
+    let at = |micros: u64| {
+        humantime::format_rfc3339_micros(
+            std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros),
+        )
+    };
+    match (messages, epochs) {
+        (Some(messages), Some(epochs)) => tracing::info!(
+            system_id_floor = messages,
+            epoch_floor = epochs,
+            "system ids start above {messages} and epochs above {epochs}: the stream's creation, {}, and the coordination bucket's, {}, in µs since the Unix epoch",
+            at(messages),
+            at(epochs),
+        ),
+        _ => tracing::warn!(
+            %stream,
+            "the stream {stream} or its coordination bucket {stream}-coordination was made before ids had a floor: its system ids or epochs count from 1, below those of an embedded broker or of an earlier cluster, so a store fenced by epoch may refuse this cluster's leaders; delete both (`nats stream rm {stream}`, `nats kv rm {stream}-coordination`) while no gateway runs, and the next gateway makes them again above the time they are made",
+        ),
+    }
 }

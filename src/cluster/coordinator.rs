@@ -382,6 +382,10 @@ pub struct Coordinator {
     /// The highest revision the watch delivered: it delivers in revision order, so every key's
     /// state up to this revision has been seen (a deletion included, which leaves no trace).
     watched: Revision,
+    /// The revision of the renewal that (re)started this gateway's lease: its first, or one
+    /// confirmed once the lease had passed its end (a lapse, a pause). The copy of the lines is
+    /// current for this term once the watch delivered it ([`Coordinator::caught_up`]).
+    term: Option<Revision>,
     /// Attempts to hand to the next active member, per subscription, until written.
     carry: BTreeMap<String, Carry>,
     /// Hand-overs asked here and not yet in the line: the epoch each asks to end.
@@ -416,6 +420,7 @@ impl Coordinator {
             bad_values: 0,
             deletions_learned: 0,
             watched: 0,
+            term: None,
             carry: BTreeMap::new(),
             asked: BTreeMap::new(),
         };
@@ -473,6 +478,21 @@ impl Coordinator {
             && self
                 .valid_until
                 .is_some_and(|until| now < until || planted(PlantedBug::GatewaySkipsLeaseCheck))
+    }
+
+    /// Whether this gateway may answer leadership questions (who leads, with which epoch; a
+    /// hand-over; a watch's first frame) from its copy of the lines at `now`: its lease is
+    /// valid, and its watch has delivered the renewal that (re)started it, so every line's
+    /// state up to a moment within this lease has been seen. A gateway just started, or
+    /// resumed from a pause or a lapse, is not caught up until then
+    /// (docs/semantics.md#cluster-leadership-current).
+    pub fn caught_up(&self, now: Duration) -> bool {
+        self.lease_valid(now) && self.term.is_some_and(|term| self.watched >= term)
+    }
+
+    /// Whether the watch has delivered every change up to `revision`.
+    pub fn has_seen(&self, revision: Revision) -> bool {
+        self.watched >= revision
     }
 
     /// Backplane entries that did not parse (ignored).
@@ -946,6 +966,11 @@ impl Coordinator {
     /// `sent + lease`, and a lapse it ends is over.
     fn renewed(&mut self, now: Duration, rev: Revision, sent: Duration) {
         self.own_revision = Some(self.own_revision.unwrap_or(0).max(rev));
+        if !self.valid_until.is_some_and(|u| now < u) {
+            // The lease (re)starts: what happened in the lines meanwhile is known once the
+            // watch reaches this write.
+            self.term = Some(self.term.unwrap_or(0).max(rev));
+        }
         let until = sent + self.config.lease;
         self.valid_until = Some(self.valid_until.map_or(until, |u| u.max(until)));
         if self.lapsed && self.valid_until.is_some_and(|u| now < u) {

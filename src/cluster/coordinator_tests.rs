@@ -1502,3 +1502,58 @@ fn a_suspect_gateway_deletes_nobody_on_any_step() {
         "took lease.8 for dead while its own writes go unanswered: {cmds:?}"
     );
 }
+
+// docs/semantics.md#cluster-leadership-current: a gateway answers leadership questions from its
+// copy of the lines only once its watch has reached the renewal that (re)started its lease:
+// at start, its create; after a lapse, the renewal that ended it. Before, a gateway whose lease
+// was confirmed answered from whatever its watch had delivered so far (nothing, at start).
+#[test]
+fn leadership_is_answered_only_once_the_watch_reaches_the_leases_term() {
+    let mut c = Coordinator::new(GatewayId(7), config(), ms(0));
+    assert!(!c.caught_up(ms(0)), "no lease yet");
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(1), cmds[0].id, Ok(5));
+    assert!(c.may_act(ms(2)), "leased");
+    assert!(!c.caught_up(ms(2)), "the watch has delivered nothing");
+    let line = SubValue {
+        line: vec![uid(8, 1)],
+        active: Some(uid(8, 1)),
+        epoch: 3,
+        ..SubValue::default()
+    };
+    see_line(&mut c, ms(3), &line, 3);
+    assert!(
+        !c.caught_up(ms(3)),
+        "revision 3 is before the lease's create"
+    );
+    c.backplane_changed(ms(4), "lease.7", Some(b"{}"), 5);
+    assert!(c.caught_up(ms(4)));
+    assert_eq!(c.line("jobs").map(|v| v.epoch), Some(3));
+
+    // Unrenewed past its end (a pause): not caught up, whatever it saw.
+    assert!(!c.caught_up(ms(901)));
+    // A renewal confirmed after the end starts a new term, at its revision.
+    let mut t = ms(901);
+    let renewal = loop {
+        c.tick(t);
+        let (cmds, _) = drain(&mut c);
+        if let Some(cmd) = cmds.into_iter().find(|c| c.key == "lease.7") {
+            break cmd;
+        }
+        t += ms(10);
+    };
+    c.write_result(t + ms(1), renewal.id, Ok(40));
+    assert!(c.may_act(t + ms(2)), "renewed");
+    assert!(!c.caught_up(t + ms(2)), "the watch is at 5, the term at 40");
+    c.backplane_changed(t + ms(3), "lease.7", Some(b"{}"), 40);
+    assert!(c.caught_up(t + ms(3)));
+    // Renewals within the lease keep the term.
+    let until = c.lease_valid_until().unwrap();
+    let mut rev = 40;
+    let mut t = t + ms(3);
+    while t < until + ms(900) {
+        t += ms(100);
+        tick_renewing(&mut c, t, &mut rev);
+        assert!(c.caught_up(t), "at {t:?}: renewed in time, rev {rev}");
+    }
+}

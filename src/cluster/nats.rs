@@ -205,9 +205,12 @@ impl NatsBackplane {
         // ("no suitable peers for placement"): both settle, so creating and binding are retried
         // for a bounded time.
         // The bucket's stream as async-nats's KV would make it (history 1), with per-message TTL
-        // on from its creation when delete markers expire: a server may refuse to turn it on
-        // later (nats-server 2.11.0 and 2.11.1), and every gateway of this version asks for the
-        // same config, so their creates stay idempotent. One that exists is bound as it is.
+        // on from its creation when delete markers expire (a server may refuse to turn it on
+        // later: nats-server 2.11.0 and 2.11.1), and its first revision the wall clock at its
+        // creation in µs: a singleton's epoch is a revision of the bucket, so epochs of a bucket
+        // made again start above every one handed out before (docs/semantics.md#restart-identity).
+        // Each creator asks for its own first revision, so a second create is refused as another
+        // configuration and binds the bucket the first made. One that exists is bound as it is.
         let stream = jetstream::stream::Config {
             name: format!("KV_{}", config.bucket),
             description: Some("tinybroker cluster coordination".to_string()),
@@ -220,6 +223,7 @@ impl NatsBackplane {
             num_replicas: replicas,
             discard: DiscardPolicy::New,
             allow_message_ttl: config.marker_ttl.is_some(),
+            first_sequence: Some(crate::clock::system_unix_micros()),
             ..Default::default()
         };
         let deadline = tokio::time::Instant::now() + BUCKET_PATIENCE;
@@ -270,6 +274,13 @@ impl NatsBackplane {
     /// The bucket's name.
     pub fn bucket(&self) -> &str {
         &self.store.name
+    }
+
+    /// The bucket's first revision as it was made: the wall clock at its creation in µs, above
+    /// which every epoch of it lies. `None` for a bucket made before ids had a floor (its
+    /// revisions count from 1).
+    pub fn first_revision(&self) -> Option<u64> {
+        self.store.stream.cached_info().config.first_sequence
     }
 
     /// How many replicas the bucket's stream has (as it was when bound).

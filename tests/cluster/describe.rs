@@ -255,3 +255,44 @@ async fn a_gateway_lists_what_it_can_describe_cluster_wide() {
         (vec!["c-report".to_string()], "")
     );
 }
+
+// docs/semantics.md#cluster-inspection: a member's position is its place in the cluster's line,
+// as its standby notice counts it. Two standbys at gateway B behind the leader at gateway A are
+// described at 1 and 2, the numbers their notices carried (before: 0 and 1, counted in B's own
+// part of the line).
+#[tokio::test]
+async fn a_standbys_position_is_its_place_in_the_clusters_line() {
+    use tinybroker::pb::subscription_frame::Frame;
+    let (_cluster, a, b) = two_gateways().await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("placed")).await.unwrap();
+    let confirmed = leader.confirmed().await;
+    let waiting = || tinybroker::pb::OpenSubscription {
+        notify_standby: true,
+        ..singleton("placed")
+    };
+    let mut notices = Vec::new();
+    let mut standbys = Vec::new();
+    for _ in 0..2 {
+        let mut standby = on_b.subscribe(waiting()).await.unwrap();
+        match standby.frame().await {
+            Frame::Standby(notice) => notices.push(notice.position),
+            other => panic!("expected a standby notice, got {other:?}"),
+        }
+        standbys.push(standby);
+    }
+    assert_eq!(notices, vec![1, 2]);
+    let described = on_b.describe("placed").await.unwrap();
+    let mut positions: Vec<u32> = described.members.iter().map(|m| m.position).collect();
+    positions.sort_unstable();
+    assert_eq!(positions, notices, "{described:?}");
+    assert_eq!(described.active_member_id, confirmed.member_id);
+    let at_a = on_a.describe("placed").await.unwrap();
+    assert_eq!(
+        at_a.members
+            .iter()
+            .map(|m| (m.member_id, m.position, m.active))
+            .collect::<Vec<_>>(),
+        vec![(confirmed.member_id, 0, true)]
+    );
+}

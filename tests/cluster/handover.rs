@@ -331,3 +331,41 @@ async fn a_refused_hand_over_stays_refused_when_a_standby_joins_later() {
     }
     assert!(refused > 0, "no request was refused in 12 rounds");
 }
+
+// A proclamation by a member that stepped down is refused naming the epoch its successor leads
+// with, at the member's gateway and at the successor's (forwarded), as on the embedded broker.
+// Before, both named the epoch the member itself had led with.
+#[tokio::test]
+async fn a_proclamation_after_a_hand_over_names_the_successors_epoch() {
+    let (_cluster, a, b) = two(Duration::from_secs(10)).await;
+    let (on_a, on_b) = (a.client().await, b.client().await);
+    let mut leader = on_a.subscribe(singleton("proclaimed")).await.unwrap();
+    let c1 = leader.confirmed().await;
+    let mut standby = on_b
+        .subscribe(pb::OpenSubscription {
+            notify_standby: true,
+            ..singleton("proclaimed")
+        })
+        .await
+        .unwrap();
+    // In the cluster's line.
+    assert!(matches!(standby.frame().await, Frame::Standby(_)));
+    let done = within(ask(&on_b, "proclaimed")).await.unwrap().unwrap();
+    told_stepped_down(&mut leader, c1.epoch).await;
+    let c2 = standby.confirmed().await;
+    assert_eq!((done.member_id, done.epoch), (c2.member_id, c2.epoch));
+    for at in [&on_a, &on_b] {
+        let refused = within(at.0.clone().proclaim(pb::ProclaimRequest {
+            subscription_id: "proclaimed".into(),
+            member_id: c1.member_id,
+            epoch: c1.epoch,
+            metadata: "late".into(),
+        }))
+        .await;
+        assert_code(
+            refused,
+            Code::FailedPrecondition,
+            &format!("the subscription's epoch is {}", c2.epoch),
+        );
+    }
+}

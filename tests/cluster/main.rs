@@ -34,6 +34,7 @@ mod describe;
 mod faults;
 mod fence;
 mod handover;
+mod identity;
 mod leadership;
 mod lease;
 mod limits;

@@ -48,16 +48,37 @@ impl Gateway {
         answered: bool,
     ) -> Description {
         let singleton = view.spec.mode == Mode::Singleton;
-        let active_here = view.members.iter().any(|m| m.active);
         let mut described = Description {
             upstream,
             ..Description::from(view)
         };
-        // A gateway holding only standbys knows the cluster's active member and epoch from the
-        // bucket, as one with no member does (not asked when the servers just did not answer:
-        // the answer would only wait longer).
-        if answered && singleton && !active_here {
-            self.cluster_line(&mut described).await;
+        // The cluster's active member, epoch and line come from the bucket, also where a member
+        // here is active: this gateway's broker may still hold one the line has passed (it was
+        // paused past its lease), and counts places in its own part of the line only. Not
+        // asked when the servers just did not answer: the answer would only wait longer.
+        if answered
+            && singleton
+            && let Some(line) = self.cluster_line(&mut described).await
+        {
+            let here = values::GatewayId(
+                self.inner
+                    .incarnation
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
+            for member in &mut described.view.members {
+                let uid = values::MemberUid {
+                    gateway: here,
+                    member: member.member_id,
+                };
+                // Its place in the cluster's line, as its standby notice counts it.
+                if let Some(at) = line.line.iter().position(|u| *u == uid) {
+                    member.position = u32::try_from(at).unwrap_or(u32::MAX);
+                }
+                if member.active && line.active != Some(uid) {
+                    member.active = false;
+                    member.epoch = 0;
+                }
+            }
         }
         described
     }
@@ -141,9 +162,10 @@ impl Gateway {
         described
     }
 
-    /// A singleton's active member and epoch as the coordination bucket holds its line; left
-    /// as they are when nobody is in it or the servers do not answer.
-    async fn cluster_line(&self, described: &mut Description) {
+    /// A singleton's active member and epoch as the coordination bucket holds its line (read
+    /// from the bucket's leader), and the line; left as they are, and `None`, when nobody is in
+    /// it or the servers do not answer.
+    async fn cluster_line(&self, described: &mut Description) -> Option<values::SubValue> {
         let line = self
             .inner
             .backplane
@@ -156,7 +178,9 @@ impl Gateway {
             described.view.epoch = line.epoch;
             described.active_member = Some(line.active.map_or(0, |a| a.member));
             described.active_metadata = Some(std::sync::Arc::from(line.active_meta()));
+            return Some(line);
         }
+        None
     }
 
     /// SINGLETON subscription `id`'s consumer as the servers report it now; `None` when there

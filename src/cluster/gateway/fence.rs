@@ -632,6 +632,16 @@ impl Recording {
         });
     }
 
+    /// Whether an activation of `member` of `subscription` was handed here and is still live
+    /// (its record being written, or its member not yet activated by the shell).
+    pub(super) fn activating(&self, subscription: &str, member: MemberId) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(subscription.to_string(), member))
+            .is_some_and(|live| live.load(Ordering::SeqCst))
+    }
+
     /// `member` of `subscription` left or was ended: its activation's record is written no
     /// more.
     pub(super) fn lost(&self, subscription: &str, member: MemberId) {

@@ -11,8 +11,9 @@ use super::Gateway;
 use crate::{
     broker::HandedOver,
     cluster::{
+        backplane::Backplane,
         coordinator::Coordinator,
-        values::{MemberUid, StepDownCause},
+        values::{self, MemberUid, StepDownCause},
     },
     core::{Error, Mode},
 };
@@ -53,7 +54,30 @@ impl Gateway {
             .handover_timeout
             .saturating_add(patience);
         let broker = &self.inner.shared.broker;
-        match tokio::time::timeout(bound, singletons.hand_over(Arc::from(subscription_id))).await {
+        // The line as the bucket's leader holds it now: the request is for the member active
+        // then, not for one this gateway's copy may still show (a hand-over answered a moment
+        // ago at another gateway would otherwise be answered again here, as if this one's).
+        let at_least = match tokio::time::timeout(
+            patience,
+            self.inner.backplane.get(&values::sub_key(subscription_id)),
+        )
+        .await
+        {
+            Ok(Ok(Some(entry))) => entry.revision,
+            Ok(Ok(None)) => 0,
+            Ok(Err(error)) => {
+                return Err(Error::Unavailable(format!(
+                    "the coordination bucket did not answer for subscription {subscription_id:?}'s line: {error}; nothing changed"
+                )));
+            }
+            Err(_) => {
+                return Err(Error::Unavailable(format!(
+                    "the coordination bucket did not answer for subscription {subscription_id:?}'s line within {patience:?}; nothing changed"
+                )));
+            }
+        };
+        let asked = singletons.hand_over(Arc::from(subscription_id), at_least);
+        match tokio::time::timeout(bound, asked).await {
             // A shutdown ends the members' streams, which the line then shows: that is no
             // outcome of the request (as embedded, UNAVAILABLE).
             Ok(_) if broker.is_shutting_down() => Err(Error::ShuttingDown),

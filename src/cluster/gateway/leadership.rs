@@ -72,7 +72,17 @@ impl Gateway {
                 )));
             }
         };
-        let cluster = singletons.watch(Arc::from(subscription_id)).await?;
+        // Answered once this gateway's copy of the lines caught up with its lease
+        // (docs/semantics.md#cluster-leadership-current): a gateway just started or resumed
+        // waits for its watch rather than show a line it has not read yet.
+        let patience = super::join::JOIN_LEASE_PATIENCE;
+        let cluster = tokio::time::timeout(patience, singletons.watch(Arc::from(subscription_id)))
+            .await
+            .map_err(|_| {
+                Error::Unavailable(format!(
+                    "this gateway's copy of the cluster's lines did not catch up with its lease within {patience:?}: watch again, here or at another gateway"
+                ))
+            })??;
         let mut watched = lock(&self.inner.watched);
         // Another watch may have started its follower meanwhile.
         if let Some(sender) = watched.get(subscription_id) {
@@ -204,13 +214,40 @@ pub(super) async fn proclaim_here(
         subscription: subscription.to_string(),
         member,
     };
-    let previous = broker
-        .proclaim(subscription, member, epoch, metadata.clone())
-        .map_err(|error| match error {
-            // Its last member here left, so the local part was forgotten.
-            Error::SubscriptionNotFound(_) => not_here(),
-            error => error,
-        })?;
+    let previous = match broker.proclaim(subscription, member, epoch, metadata.clone()) {
+        Ok(previous) => previous,
+        // Its last member here left, so the local part was forgotten.
+        Err(Error::SubscriptionNotFound(_)) => return Err(not_here()),
+        // The local broker knows only the epochs it activated here; the refusal names the
+        // cluster's, as the embedded broker names its successor's.
+        Err(Error::NotActive {
+            subscription,
+            member,
+            epoch,
+            current,
+            active,
+        }) => {
+            // Bounded: a gateway whose copy of the lines is not caught up names its own.
+            let line = match singletons {
+                Some(singletons) => tokio::time::timeout(
+                    super::join::JOIN_LEASE_PATIENCE,
+                    singletons.line(Arc::from(subscription.as_str())),
+                )
+                .await
+                .ok()
+                .flatten(),
+                None => None,
+            };
+            return Err(Error::NotActive {
+                current: line.map_or(current, |(_, cluster)| cluster.max(current)),
+                subscription,
+                member,
+                epoch,
+                active,
+            });
+        }
+        Err(error) => return Err(error),
+    };
     let Some(singletons) = singletons else {
         return Ok(());
     };

@@ -413,6 +413,15 @@ impl Gateway {
         (config.name.clone(), config.num_replicas)
     }
 
+    /// Where the cluster's ids start (docs/semantics.md#restart-identity): the stream's first
+    /// sequence (every `system_id` is above it) and the coordination bucket's first revision
+    /// (every epoch is above it), each the wall clock in µs when it was made. `None` for one
+    /// made before ids had a floor, whose count started at 1.
+    pub fn id_floors(&self) -> (Option<u64>, Option<u64>) {
+        let stream = self.inner.stream.cached_info().config.first_sequence;
+        (stream, self.inner.backplane.first_revision())
+    }
+
     /// Publishes one message to JetStream; confirmed once JetStream stored it. A publish
     /// JetStream did not confirm is sent again with its message id (stored at most once) for up
     /// to `publish_timeout`.

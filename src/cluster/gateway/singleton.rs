@@ -42,7 +42,7 @@ use crate::{
         backplane::{Backplane, BoxFuture, KvError, Revision, Watch},
         coordinator::{Command, Config, Coordinator, Effect, EndStatus, Op, Proclaimed, RequestId},
         nats::NatsBackplane,
-        values::GatewayId,
+        values::{GatewayId, StepDownCause},
     },
     core::{Error, MemberId},
 };
@@ -70,8 +70,13 @@ enum Input {
     /// A local member stepping down holds nothing, and what waited here went back (with these
     /// attempts): the line may move past it.
     Yielded(Arc<str>, MemberId, Vec<(u64, u32)>),
-    /// A `HandOver`: told the outcome once the line shows it.
-    HandOver(Arc<str>, oneshot::Sender<Result<HandedOver, Error>>),
+    /// A `HandOver`, asked of the line as the bucket's leader held it at revision `.1` (or
+    /// later): told the outcome once the line shows it.
+    HandOver(
+        Arc<str>,
+        Revision,
+        oneshot::Sender<Result<HandedOver, Error>>,
+    ),
     /// Someone watches the subscription's leadership: told its state now, then each change.
     Watch(Arc<str>, oneshot::Sender<LeadershipWatch>),
     /// The fence record of an activation's epoch is stored: the member may be activated.
@@ -100,6 +105,11 @@ type Waiting = BTreeMap<(Arc<str>, MemberId), oneshot::Sender<Result<(), Error>>
 /// overlap, and the line holding the latest answers every one of them (the earlier ones were
 /// replaced by the member itself).
 type Proclaiming = BTreeMap<(Arc<str>, MemberId), Vec<oneshot::Sender<Result<(), Error>>>>;
+
+/// Step-downs asked of members whose activation is on its way (their fence record being
+/// written): each steps down once it is activated, so a member the line made active is
+/// confirmed with its epoch before it hands over (docs/semantics.md#cluster-priority-and-hand-over).
+type AfterActivation = BTreeMap<(Arc<str>, MemberId), StepDownCause>;
 
 /// The ids of the gateways holding a lease (`lease.<id>` keys), kept from the coordination
 /// bucket's watch; `None` until the watch has delivered.
@@ -175,11 +185,15 @@ impl Handle {
     /// # Errors
     /// [`Error::HandOverRefused`] as the line says; [`Error::Unavailable`] when the shell
     /// stopped, or this gateway lost its lease, before the outcome was known.
-    pub(super) async fn hand_over(&self, subscription: Arc<str>) -> Result<HandedOver, Error> {
+    pub(super) async fn hand_over(
+        &self,
+        subscription: Arc<str>,
+        at_least: Revision,
+    ) -> Result<HandedOver, Error> {
         let (reply, answer) = oneshot::channel();
         let _ = self
             .inputs
-            .send(Input::HandOver(subscription.clone(), reply));
+            .send(Input::HandOver(subscription.clone(), at_least, reply));
         answer.await.unwrap_or_else(|_| {
             Err(Error::Unavailable(format!(
                 "this gateway lost its place in the cluster before the hand-over of subscription {subscription:?} was seen; it may yet happen: watch its leadership"
@@ -355,6 +369,11 @@ async fn run(
         // Hand-overs to answer once the line shows their outcome; dropped with the
         // incarnation (they are answered UNAVAILABLE).
         let mut handing_over: Vec<HandOverWaiter> = Vec::new();
+        // Leadership questions (hand-overs, watches, the line) asked before this gateway's
+        // copy of the lines caught up with its lease (docs/semantics.md#cluster-leadership-current):
+        // answered once it has; dropped with the incarnation (answered UNAVAILABLE).
+        let mut parked: Vec<Input> = Vec::new();
+        let mut after_activation: AfterActivation = BTreeMap::new();
         // Whether the lease is lapsed, as last logged, and the lapses counted in the metrics.
         let mut lapsed = false;
         let mut counted = (0, 0);
@@ -362,6 +381,21 @@ async fn run(
         // (docs/semantics.md#cluster-lease-lapse).
         let mut deferred: Vec<(Arc<str>, MemberId, crate::broker::Activation)> = Vec::new();
         loop {
+            if !parked.is_empty() && coordinator.caught_up(now()) {
+                let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut parked)
+                    .into_iter()
+                    .partition(|question| answerable(question, now(), &coordinator));
+                parked = waiting;
+                for question in ready {
+                    answer(
+                        question,
+                        now(),
+                        &mut coordinator,
+                        &mut leaders,
+                        &mut handing_over,
+                    );
+                }
+            }
             handing_over.retain_mut(|waiter| !waiter.answered(&mut coordinator));
             if !deferred.is_empty() && coordinator.may_act(now()) {
                 for (sub, member, activation) in std::mem::take(&mut deferred) {
@@ -370,6 +404,14 @@ async fn run(
                     {
                         tracing::debug!(subscription = %sub, member, %error, "could not activate a member");
                     }
+                    step_down_activated(
+                        now(),
+                        &mut coordinator,
+                        &broker,
+                        &mut after_activation,
+                        &sub,
+                        member,
+                    );
                 }
             }
             // The gate first: a lease that ended closes it before its members are ended, one
@@ -381,7 +423,7 @@ async fn run(
                 &backplane,
                 &broker,
                 (&mut writes, &mut slow),
-                (&mut joining, &mut proclaiming),
+                (&mut joining, &mut proclaiming, &mut after_activation),
                 &recording,
             );
             let (lapses, renewed) = coordinator.lapses();
@@ -468,6 +510,7 @@ async fn run(
                     }
                     Some(Input::Left(sub, member, carry)) => {
                         recording.lost(&sub, member);
+                        after_activation.remove(&(sub.clone(), member));
                         joining.remove(&(sub.clone(), member));
                         proclaiming.remove(&(sub.clone(), member));
                         coordinator.member_left_carrying(now(), &sub, member, carry);
@@ -475,20 +518,12 @@ async fn run(
                     Some(Input::Yielded(sub, member, carry)) => {
                         coordinator.member_yielded(now(), &sub, member, carry);
                     }
-                    Some(Input::HandOver(sub, reply)) => {
-                        match coordinator.hand_over(now(), &sub) {
-                            Ok((previous, epoch)) => handing_over.push(HandOverWaiter::new(sub, previous, epoch, reply)),
-                            Err(reason) => {
-                                let _ = reply.send(Err(Error::HandOverRefused { subscription: sub.to_string(), reason }));
-                            }
+                    Some(question @ (Input::HandOver(..) | Input::Watch(..) | Input::Line(..))) => {
+                        if answerable(&question, now(), &coordinator) {
+                            answer(question, now(), &mut coordinator, &mut leaders, &mut handing_over);
+                        } else {
+                            parked.push(question);
                         }
-                    }
-                    Some(Input::Watch(sub, reply)) => {
-                        let _ = reply.send(leaders.watch(&coordinator, sub));
-                    }
-                    Some(Input::Line(sub, reply)) => {
-                        let line = coordinator.line(&sub).map(|v| (v.active.is_some(), v.epoch));
-                        let _ = reply.send(line);
                     }
                     Some(Input::Recorded(sub, member, activation)) => {
                         // Still the line's active member with that epoch, under this
@@ -496,7 +531,7 @@ async fn run(
                         let current = coordinator.still_active(&sub, member, activation.epoch);
                         if current && !coordinator.may_act(now()) && !coordinator.is_fenced() {
                             // Lapsed: confirmed once the lease is renewed, if still current.
-                            deferred.push((sub, member, activation));
+                            deferred.push((sub.clone(), member, activation));
                         } else if current && coordinator.may_act(now()) {
                             if let Err(error) = broker.activate(&sub, member, activation) {
                                 // It left meanwhile: its leaving is on its way to the coordinator.
@@ -504,6 +539,10 @@ async fn run(
                             }
                         } else {
                             tracing::debug!(subscription = %sub, member, "a member's fence record came after it lost its place");
+                        }
+                        // Lapsed: it steps down once activated, after the renewal.
+                        if !deferred.iter().any(|(s, m, _)| *s == sub && *m == member) {
+                            step_down_activated(now(), &mut coordinator, &broker, &mut after_activation, &sub, member);
                         }
                     }
                     None => return,
@@ -547,6 +586,69 @@ async fn run(
     }
 }
 
+/// A member whose step-down waited for its activation (the activation was applied, or found
+/// stale): it steps down now; one that is not active here holds nothing and yields at once.
+fn step_down_activated(
+    now: Duration,
+    coordinator: &mut Coordinator,
+    broker: &Upstream,
+    after_activation: &mut AfterActivation,
+    subscription: &Arc<str>,
+    member: MemberId,
+) {
+    if let Some(cause) = after_activation.remove(&(subscription.clone(), member))
+        && !broker.step_down(subscription, member, cause)
+    {
+        coordinator.member_yielded(now, subscription, member, Vec::new());
+    }
+}
+
+/// Whether a leadership question may be answered now: this gateway's copy of the lines has
+/// caught up with its lease, and a hand-over's with the line as it was when it was asked.
+fn answerable(question: &Input, now: Duration, coordinator: &Coordinator) -> bool {
+    coordinator.caught_up(now)
+        && match question {
+            Input::HandOver(_, at_least, _) => coordinator.has_seen(*at_least),
+            _ => true,
+        }
+}
+
+/// Answers a leadership question from this gateway's copy of the lines, which has caught up
+/// with its lease. A hand-over whose asker gave up meanwhile is not started.
+fn answer(
+    question: Input,
+    now: Duration,
+    coordinator: &mut Coordinator,
+    leaders: &mut Leaders,
+    handing_over: &mut Vec<HandOverWaiter>,
+) {
+    match question {
+        Input::HandOver(sub, _, reply) if !reply.is_closed() => {
+            match coordinator.hand_over(now, &sub) {
+                Ok((previous, epoch)) => {
+                    handing_over.push(HandOverWaiter::new(sub, previous, epoch, reply));
+                }
+                Err(reason) => {
+                    let _ = reply.send(Err(Error::HandOverRefused {
+                        subscription: sub.to_string(),
+                        reason,
+                    }));
+                }
+            }
+        }
+        Input::Watch(sub, reply) => {
+            let _ = reply.send(leaders.watch(coordinator, sub));
+        }
+        Input::Line(sub, reply) => {
+            let line = coordinator
+                .line(&sub)
+                .map(|v| (v.active.is_some(), v.epoch));
+            let _ = reply.send(line);
+        }
+        _ => {}
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -561,7 +663,11 @@ fn carry_out(
     backplane: &NatsBackplane,
     broker: &Upstream,
     (writes, slow): (&mut Writes, &mut JoinSet<RequestId>),
-    (joining, proclaiming): (&mut Waiting, &mut Proclaiming),
+    (joining, proclaiming, after_activation): (
+        &mut Waiting,
+        &mut Proclaiming,
+        &mut AfterActivation,
+    ),
     recording: &Recording,
 ) {
     while let Some(Command { id, key, op }) = coordinator.poll_command() {
@@ -649,15 +755,25 @@ fn carry_out(
                 member,
                 cause,
             } => {
-                // Not active here yet (its fence record is on its way): it holds nothing.
                 if !broker.step_down(&subscription, member, cause) {
-                    coordinator.member_yielded(now, &subscription, member, Vec::new());
+                    if recording.activating(&subscription, member) {
+                        // Not active here yet (its fence record is on its way): confirmed
+                        // first, then it steps down. Yielding now would move the line past a
+                        // member never confirmed with the epoch a hand-over's answer names.
+                        after_activation.insert((Arc::from(subscription.as_str()), member), cause);
+                    } else {
+                        // Never to be active here: it holds nothing.
+                        coordinator.member_yielded(now, &subscription, member, Vec::new());
+                    }
                 }
             }
             Effect::CallOffStepDown {
                 subscription,
                 member,
-            } => broker.call_off_step_down(&subscription, member),
+            } => {
+                after_activation.remove(&(Arc::from(subscription.as_str()), member));
+                broker.call_off_step_down(&subscription, member);
+            }
             Effect::SteppedDown {
                 subscription,
                 member,
@@ -670,6 +786,7 @@ fn carry_out(
             } => {
                 recording.lost(&subscription, member);
                 let key = (Arc::from(subscription.as_str()), member);
+                after_activation.remove(&key);
                 let in_line = joining.remove(&key);
                 proclaiming.remove(&key);
                 match status {

@@ -30,73 +30,57 @@ pub(super) async fn await_stream(js: &jetstream::Context, stream: &str) -> Resul
         })
 }
 
-/// The stream, created when missing. Auto replicas try 3 first and take fewer when the
-/// cluster is smaller. A stream the gateway creates is bounded (`max_messages`, `max_bytes`)
-/// and refuses new messages when full (discard new), as the embedded broker's default
-/// overflow policy refuses publishes: a confirmed message is never discarded to make room.
-/// One that exists is taken as it is, its limits logged.
 /// What a new stream's duplicate window keeps beyond `--nats-publish-timeout`: the last try's
 /// own wait for its answer, and more.
 const DUPLICATE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The stream, created when missing. Auto replicas try 3 first and take fewer when the
+/// cluster is smaller. A stream the gateway creates is bounded (`max_messages`, `max_bytes`)
+/// and refuses new messages when full (discard new), as the embedded broker's default
+/// overflow policy refuses publishes: a confirmed message is never discarded to make room. Its
+/// first sequence, and so its first `system_id`, is the wall clock at its creation in µs
+/// (docs/semantics.md#restart-identity). One that exists is taken as it is, its limits logged.
+///
+/// Any number of gateways may start together: each creates the stream with its own first
+/// sequence, so every create but the first is refused as a different configuration (10058),
+/// and each of those binds the stream the first made, checked as any existing one. A create
+/// refused for another reason is tried again (a cluster just started may not place it yet)
+/// for up to [`STREAM_PATIENCE`], then named in the error.
 pub(super) async fn ensure_stream(
     js: &jetstream::Context,
     config: &GatewayConfig,
 ) -> Result<jetstream::stream::Stream, String> {
-    let subjects = format!("{}.>", config.stream);
-    let fences = fence::subjects(&config.stream);
-    if let Ok(mut stream) = js.get_stream(&config.stream).await {
-        let existing = &stream.cached_info().config;
-        if !existing.subjects.contains(&subjects) {
+    let deadline = tokio::time::Instant::now() + STREAM_PATIENCE;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        if let Ok(stream) = js.get_stream(&config.stream).await {
+            return existing_stream(js, stream, config).await;
+        }
+        let refused = match create_stream(js, config).await {
+            Ok(stream) => return Ok(stream),
+            Err(refused) => refused,
+        };
+        // Made by another gateway meanwhile: found by the next look, with no wait.
+        if let Ok(stream) = js.get_stream(&config.stream).await {
+            return existing_stream(js, stream, config).await;
+        }
+        if tokio::time::Instant::now() + delay > deadline {
             return Err(format!(
-                "JetStream stream {} exists but does not take {subjects}",
+                "JetStream refused the stream {}: {refused}",
                 config.stream
             ));
         }
-        if !existing.subjects.contains(&fences) {
-            // Made before fenced publishes worked in cluster mode: its fence subjects added.
-            let mut updated = existing.clone();
-            updated.subjects.push(fences.clone());
-            js.update_stream(&updated).await.map_err(|e| {
-                format!(
-                    "JetStream stream {} exists without the fence subjects {fences}, and adding them was refused: {e}",
-                    config.stream
-                )
-            })?;
-            stream = js
-                .get_stream(&config.stream)
-                .await
-                .map_err(|e| format!("JetStream stream {}: {e}", config.stream))?;
-        }
-        let existing = &stream.cached_info().config;
-        if existing.max_messages < 0 && existing.max_bytes < 0 {
-            tracing::warn!(
-                stream = %config.stream,
-                "JetStream stream {} exists without max_msgs or max_bytes: its backlog is bounded only by the servers' disks (set them with `nats stream edit`)",
-                config.stream
-            );
-        } else if existing.discard == DiscardPolicy::Old {
-            // Discard old makes room by dropping the oldest messages, confirmed ones included:
-            // a backlog that reaches a limit loses messages silently, nothing is refused.
-            tracing::warn!(
-                stream = %config.stream,
-                max_msgs = existing.max_messages,
-                max_bytes = existing.max_bytes,
-                "JetStream stream {} exists with discard old: when it reaches a limit, JetStream drops its oldest messages, confirmed ones a subscription has not yet taken included, instead of refusing publishes (set discard new with `nats stream edit --discard new`)",
-                config.stream
-            );
-        } else {
-            tracing::info!(
-                stream = %config.stream,
-                max_msgs = existing.max_messages,
-                max_bytes = existing.max_bytes,
-                discard = ?existing.discard,
-                "JetStream stream {} exists: its own limits apply, not --nats-max-messages/--nats-max-bytes",
-                config.stream
-            );
-        }
-        return Ok(stream);
+        tracing::debug!(error = %refused, "the stream is not made yet; trying again");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
     }
+}
+
+/// Creates the stream: one try per replica count (3 then 1 when auto); the last refusal.
+async fn create_stream(
+    js: &jetstream::Context,
+    config: &GatewayConfig,
+) -> Result<jetstream::stream::Stream, String> {
     let tries: &[usize] = match config.replicas {
         0 => &[3, 1],
         n => &[n][..],
@@ -105,7 +89,10 @@ pub(super) async fn ensure_stream(
     for &replicas in tries {
         let stream_config = jetstream::stream::Config {
             name: config.stream.clone(),
-            subjects: vec![subjects.clone(), fences.clone()],
+            subjects: vec![
+                format!("{}.>", config.stream),
+                fence::subjects(&config.stream),
+            ],
             retention: RetentionPolicy::Interest,
             storage: StorageType::File,
             num_replicas: replicas,
@@ -116,17 +103,77 @@ pub(super) async fn ensure_stream(
             // id of the window is kept in memory on each of the stream's servers, so a shorter
             // one costs them less per publish.
             duplicate_window: config.publish_timeout + DUPLICATE_MARGIN,
+            first_sequence: Some(crate::clock::system_unix_micros()),
             ..Default::default()
         };
-        match js.get_or_create_stream(stream_config).await {
+        match js.create_stream(stream_config).await {
             Ok(stream) => return Ok(stream),
             Err(error) => last = error.to_string(),
         }
     }
-    Err(format!(
-        "JetStream refused the stream {}: {last}",
-        config.stream
-    ))
+    Err(last)
+}
+
+/// A stream that exists: refused if it does not take the gateway's subjects (naming them),
+/// its fence subjects added if it was made before they existed, its limits logged.
+async fn existing_stream(
+    js: &jetstream::Context,
+    mut stream: jetstream::stream::Stream,
+    config: &GatewayConfig,
+) -> Result<jetstream::stream::Stream, String> {
+    let subjects = format!("{}.>", config.stream);
+    let fences = fence::subjects(&config.stream);
+    let existing = &stream.cached_info().config;
+    if !existing.subjects.contains(&subjects) {
+        return Err(format!(
+            "JetStream stream {} exists but does not take {subjects} (its subjects: {}); a gateway needs {subjects} and {fences}",
+            config.stream,
+            existing.subjects.join(", ")
+        ));
+    }
+    if !existing.subjects.contains(&fences) {
+        // Made before fenced publishes worked in cluster mode: its fence subjects added.
+        let mut updated = existing.clone();
+        updated.subjects.push(fences.clone());
+        js.update_stream(&updated).await.map_err(|e| {
+            format!(
+                "JetStream stream {} exists without the fence subjects {fences}, and adding them was refused: {e}",
+                config.stream
+            )
+        })?;
+        stream = js
+            .get_stream(&config.stream)
+            .await
+            .map_err(|e| format!("JetStream stream {}: {e}", config.stream))?;
+    }
+    let existing = &stream.cached_info().config;
+    if existing.max_messages < 0 && existing.max_bytes < 0 {
+        tracing::warn!(
+            stream = %config.stream,
+            "JetStream stream {} exists without max_msgs or max_bytes: its backlog is bounded only by the servers' disks (set them with `nats stream edit`)",
+            config.stream
+        );
+    } else if existing.discard == DiscardPolicy::Old {
+        // Discard old makes room by dropping the oldest messages, confirmed ones included:
+        // a backlog that reaches a limit loses messages silently, nothing is refused.
+        tracing::warn!(
+            stream = %config.stream,
+            max_msgs = existing.max_messages,
+            max_bytes = existing.max_bytes,
+            "JetStream stream {} exists with discard old: when it reaches a limit, JetStream drops its oldest messages, confirmed ones a subscription has not yet taken included, instead of refusing publishes (set discard new with `nats stream edit --discard new`)",
+            config.stream
+        );
+    } else {
+        tracing::info!(
+            stream = %config.stream,
+            max_msgs = existing.max_messages,
+            max_bytes = existing.max_bytes,
+            discard = ?existing.discard,
+            "JetStream stream {} exists: its own limits apply, not --nats-max-messages/--nats-max-bytes",
+            config.stream
+        );
+    }
+    Ok(stream)
 }
 
 /// Turns on atomic batches on the stream where they are off (nats-server 2.12 or later; a
