@@ -4,9 +4,12 @@
 //! after a cluster hands out ids above the cluster's. A store fenced by epoch would otherwise
 //! refuse every write of every later leader.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use tinybroker::server::{Server, ServerConfig};
+use tinybroker::{
+    cluster::gateway::GatewayConfig,
+    server::{Server, ServerConfig},
+};
 
 use crate::{
     gateway,
@@ -149,33 +152,75 @@ fn wall_micros() -> u64 {
         .as_micros() as u64
 }
 
-// Gateways started together on a fresh JetStream all start, on one node and on three: each
-// asks to create the stream and the bucket with its own first id, and every create but the
-// first binds what the first made. Before, one in ten pairs saw a gateway exit with "stream
-// name already in use with a different configuration (10058)".
+// Gateways started together on a fresh JetStream all start, on one node and on three, with
+// the replicas chosen or given: each asks to create the stream and the bucket with its own
+// first id, and every create but the first binds what the first made. Eight start at once in
+// this process, so their first looks all find no stream and their creates meet. Before, one
+// create that came after the first gateway turned on atomic batches was refused, "stream
+// name already in use with a different configuration (10058)", and its gateway exited (one
+// pair of gateway processes in ten).
 #[tokio::test]
 async fn gateways_started_together_on_a_fresh_jetstream_all_start() {
-    for nodes in [1, 3] {
+    use tinybroker::{clock::TokioClock, cluster::gateway::Gateway, core::Limits};
+    for (nodes, replicas) in [(1, 0), (1, 1), (3, 0), (3, 3)] {
         let cluster = NatsCluster::start(nodes).await;
         let urls = cluster.client_urls().join(",");
-        for round in 0..3 {
-            let stream = format!("together{round}");
-            let args = [
-                "--nats-stream",
-                stream.as_str(),
-                "--nats-max-bytes",
-                "16777216",
-            ];
-            let start = || crate::faults::gateway_process(&urls, &args);
-            let (a, b, c, d) = tokio::join!(start(), start(), start(), start());
-            for (process, client) in [a, b, c, d] {
-                // Serving: the stream and the bucket are there, one of each.
-                let listed = client.list().await;
-                assert!(listed.broker.is_some(), "{nodes} nodes, round {round}");
-                drop(process);
+        let stream = format!("together{replicas}");
+        let starts = (0..8).map(|_| {
+            let config = GatewayConfig {
+                stream: stream.clone(),
+                replicas,
+                max_bytes: 16 << 20,
+                ..GatewayConfig::new(urls.clone())
+            };
+            Gateway::connect(config, Limits::default(), Arc::new(TokioClock::new()))
+        });
+        let started = within_start(futures_join_all(starts)).await;
+        let mut failed = Vec::new();
+        for (i, gateway) in started.into_iter().enumerate() {
+            match gateway {
+                Ok(gateway) => gateway.close(Duration::from_secs(2)).await,
+                Err(error) => failed.push(format!("gateway {i}: {error}")),
             }
         }
+        assert!(
+            failed.is_empty(),
+            "{nodes} nodes, replicas {replicas}: {failed:#?}"
+        );
     }
+}
+
+/// Every future, polled together in this task, their outputs in order.
+async fn futures_join_all<F: std::future::Future>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut pending: Vec<_> = futures.map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(out) => *output = Some(out),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().map(Option::unwrap).collect()
+}
+
+/// A gateway's start is bounded by its own patience (30 s for the bucket); twice that here.
+async fn within_start<F: std::future::Future>(future: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), future)
+        .await
+        .expect("the gateways started within 60 s")
 }
 
 // A stream that exists with subjects a gateway cannot use is still refused at start, naming

@@ -30,6 +30,11 @@ pub(super) async fn await_stream(js: &jetstream::Context, stream: &str) -> Resul
         })
 }
 
+/// How long a starting gateway tries to find or create its stream: as long as it tries to
+/// open the coordination bucket, for the same reasons (a cluster just started, a stream just
+/// made by another gateway electing its leader, several gateways at once on a loaded machine).
+const CREATE_PATIENCE: Duration = Duration::from_secs(30);
+
 /// What a new stream's duplicate window keeps beyond `--nats-publish-timeout`: the last try's
 /// own wait for its answer, and more.
 const DUPLICATE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
@@ -44,13 +49,14 @@ const DUPLICATE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10)
 /// Any number of gateways may start together: each creates the stream with its own first
 /// sequence, so every create but the first is refused as a different configuration (10058),
 /// and each of those binds the stream the first made, checked as any existing one. A create
-/// refused for another reason is tried again (a cluster just started may not place it yet)
-/// for up to [`STREAM_PATIENCE`], then named in the error.
+/// refused for another reason is tried again (a cluster just started may not place it yet,
+/// and a stream another gateway just made answers no look until its replicas elect a leader)
+/// for up to [`CREATE_PATIENCE`], then named in the error.
 pub(super) async fn ensure_stream(
     js: &jetstream::Context,
     config: &GatewayConfig,
 ) -> Result<jetstream::stream::Stream, String> {
-    let deadline = tokio::time::Instant::now() + STREAM_PATIENCE;
+    let deadline = tokio::time::Instant::now() + CREATE_PATIENCE;
     let mut delay = Duration::from_millis(50);
     loop {
         if let Ok(stream) = js.get_stream(&config.stream).await {
