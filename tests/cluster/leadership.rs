@@ -339,3 +339,127 @@ async fn overlapping_proclamations_of_one_member_are_all_answered() {
     }
     drop(leader);
 }
+
+/// Rounds of [`a_gateway_resumed_after_its_lease_answers_leadership_from_the_current_line`].
+const RESUME_ROUNDS: usize = 4;
+
+// docs/semantics.md#cluster-leadership-current: leader L at gateway A, S then T on standby at B;
+// A is stopped (SIGSTOP) past its 1 s lease, B promotes S; a HandOver, a watch and a Describe
+// reach A while it is stopped, then it resumes. A answers each from the line as it now is:
+// the hand-over is S's (to T), the watch's first frame and the description name S or T with
+// their epochs, never nobody, epoch 0 or the deposed L; or it says UNAVAILABLE. Before, A
+// answered from the copy it had before the stop: the hand-over was refused "it has no active
+// member" (7 rounds in 10), the watch's first frame said no active member, epoch 0, and the
+// description named L with its old epoch.
+#[tokio::test]
+async fn a_gateway_resumed_after_its_lease_answers_leadership_from_the_current_line() {
+    use tinybroker::pb::subscription_frame::Frame;
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let lease = ["--gateway-lease", "1s"];
+    let (paused, on_paused) = crate::faults::gateway_process(&urls, &lease).await;
+    let (_other, on_other) = crate::faults::gateway_process(&urls, &lease).await;
+    let pid = paused.child.id();
+    for round in 0..RESUME_ROUNDS {
+        let id = format!("resumed{round}");
+        let mut leader = on_paused.subscribe(singleton(&id)).await.unwrap();
+        let l = leader.confirmed().await;
+        let waiting = || pb::OpenSubscription {
+            notify_standby: true,
+            ..singleton(&id)
+        };
+        let mut s = on_other.subscribe(waiting()).await.unwrap();
+        assert!(matches!(s.frame().await, Frame::Standby(_)));
+        let mut t = on_other.subscribe(waiting()).await.unwrap();
+        assert!(matches!(t.frame().await, Frame::Standby(_)));
+
+        crate::lease::signal(pid, "-STOP");
+        let promoted = s.confirmed().await;
+        assert!(promoted.epoch > l.epoch);
+        // Asked of the stopped gateway: each waits in its connection until it resumes.
+        let handover = {
+            let (mut client, id) = (on_paused.0.clone(), id.clone());
+            tokio::spawn(async move {
+                client
+                    .hand_over(pb::HandOverRequest {
+                        subscription_id: id,
+                    })
+                    .await
+            })
+        };
+        let watching = {
+            let (mut client, id) = (on_paused.0.clone(), id.clone());
+            tokio::spawn(async move {
+                let mut frames = client
+                    .watch_leadership(pb::WatchLeadershipRequest {
+                        subscription_id: id,
+                    })
+                    .await?
+                    .into_inner();
+                frames
+                    .message()
+                    .await?
+                    .ok_or_else(|| tonic::Status::aborted("the watch ended at once"))
+            })
+        };
+        let describing = {
+            let (client, id) = (on_paused.clone(), id.clone());
+            tokio::spawn(async move { client.describe(&id).await })
+        };
+        // The requests are written before the resume (they wait in the stopped process's
+        // socket): a round trip through the other gateway takes longer than writing them.
+        on_other.describe(&id).await.unwrap();
+        crate::lease::signal(pid, "-CONT");
+
+        let current = [(promoted.member_id, promoted.epoch)];
+        let leads = |member: u64, epoch: u64, what: &str| {
+            assert!(
+                member != l.member_id && member != 0 && epoch >= promoted.epoch,
+                "round {round}: {what} names member {member} epoch {epoch}; L was {} (epoch {}), S leads with {current:?}",
+                l.member_id,
+                l.epoch
+            );
+        };
+        match within(handover).await.unwrap() {
+            Ok(done) => {
+                let done = done.into_inner();
+                assert_eq!(
+                    (done.previous_member_id, done.previous_epoch),
+                    current[0],
+                    "round {round}: {done:?}"
+                );
+                let confirmed = t.confirmed().await;
+                assert_eq!(
+                    (done.member_id, done.epoch),
+                    (confirmed.member_id, confirmed.epoch)
+                );
+            }
+            Err(status) => assert_eq!(
+                status.code(),
+                Code::Unavailable,
+                "round {round}: {status:?}"
+            ),
+        }
+        match within(watching).await.unwrap() {
+            Ok(frame) => leads(
+                frame.active_member_id,
+                frame.epoch,
+                "the watch's first frame",
+            ),
+            Err(status) => assert_eq!(
+                status.code(),
+                Code::Unavailable,
+                "round {round}: {status:?}"
+            ),
+        }
+        match within(describing).await.unwrap() {
+            Ok(info) => leads(info.active_member_id, info.epoch, "the description"),
+            Err(status) => assert_eq!(
+                status.code(),
+                Code::Unavailable,
+                "round {round}: {status:?}"
+            ),
+        }
+        assert!(leader.ended().await.is_err(), "L's stream ends");
+    }
+}
