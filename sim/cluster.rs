@@ -396,6 +396,7 @@ impl ClusterWorld {
                         subscription,
                         member,
                         position,
+                        ..
                     } => {
                         let uid = g.uid(member);
                         self.checker

@@ -263,6 +263,9 @@ pub enum Effect {
         member: u64,
         /// Its place among the standbys.
         position: u32,
+        /// The epoch it held, which ended: recorded as ended before the member is told
+        /// (docs/semantics.md#cluster-fenced-publish).
+        epoch: u64,
     },
     /// End the member's stream with this status; the coordinator has forgotten it.
     End {
@@ -1214,6 +1217,7 @@ impl Coordinator {
                         subscription: sub.clone(),
                         member: m.id,
                         position: 1,
+                        epoch: m.activated_epoch,
                     });
                 }
                 if m.activated && !is_active && in_line && m.stepping.is_some() {
@@ -1226,6 +1230,7 @@ impl Coordinator {
                         subscription: sub.clone(),
                         member: m.id,
                         position: u32::try_from(ahead).unwrap_or(u32::MAX),
+                        epoch: m.activated_epoch,
                     });
                     return true;
                 }

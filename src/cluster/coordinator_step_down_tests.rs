@@ -111,6 +111,7 @@ fn a_standby_that_outranks_the_active_member_makes_it_step_down_then_the_line_mo
             subscription: "jobs".into(),
             member: 1,
             position: 1,
+            epoch: 20,
         }],
         "on standby, still a member"
     );

@@ -562,6 +562,10 @@ impl Fences {
 /// if the line still makes it active with that epoch.
 type OnRecorded = Arc<dyn Fn(Arc<str>, MemberId, Activation) + Send + Sync>;
 
+/// Called once the record of a stepped-down member's ended epoch is stored (or could not be,
+/// the lease having ended): the shell tells the member, at its place in line.
+type OnEnded = Arc<dyn Fn(Arc<str>, MemberId, u32) + Send + Sync>;
+
 /// Per local member (subscription, member id) whose activation's record is being written:
 /// whether it still may be.
 type Live = BTreeMap<(String, MemberId), Arc<AtomicBool>>;
@@ -576,6 +580,7 @@ pub(super) struct Recording {
     fences: Arc<Fences>,
     lease: Arc<LeaseGate>,
     on_recorded: OnRecorded,
+    on_ended: OnEnded,
     /// Per local member whose activation's record is being written: whether it still may be.
     live: Arc<Mutex<Live>>,
 }
@@ -585,13 +590,39 @@ impl Recording {
         fences: Arc<Fences>,
         lease: Arc<LeaseGate>,
         on_recorded: impl Fn(Arc<str>, MemberId, Activation) + Send + Sync + 'static,
+        on_ended: impl Fn(Arc<str>, MemberId, u32) + Send + Sync + 'static,
     ) -> Self {
         Self {
             fences,
             lease,
             on_recorded: Arc::new(on_recorded),
+            on_ended: Arc::new(on_ended),
             live: Arc::default(),
         }
+    }
+
+    /// `member` of `subscription` stepped down from `epoch`, which no member holds any more:
+    /// its record says so before the member is told (at `position`), so a publish it fences
+    /// with that epoch once told is refused (docs/semantics.md#cluster-fenced-publish). A
+    /// record already above it (its successor's) is left as it is. Tried while this gateway's
+    /// lease is valid; the member is told either way.
+    pub(super) fn stepped_down(
+        &self,
+        subscription: String,
+        member: MemberId,
+        position: u32,
+        epoch: u64,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let lease = this.lease.clone();
+            this.fences
+                .record(&subscription, Record::ended(epoch), move || {
+                    lease.valid().is_some()
+                })
+                .await;
+            (this.on_ended)(Arc::from(subscription), member, position);
+        });
     }
 
     /// Writes the record of `activation`'s epoch, then hands the activation back.

@@ -83,6 +83,9 @@ enum Input {
     Recorded(Arc<str>, MemberId, crate::broker::Activation),
     /// What this gateway's copy of the line says: whether a member is active, and the epoch.
     Line(Arc<str>, oneshot::Sender<Option<(bool, u64)>>),
+    /// The record of a stepped-down member's ended epoch is stored: the member is told, at
+    /// its place in line `.2`.
+    SteppedDown(Arc<str>, MemberId, u32),
 }
 
 /// The gateway's line to its coordinator shell: cheap to clone.
@@ -105,6 +108,43 @@ type Waiting = BTreeMap<(Arc<str>, MemberId), oneshot::Sender<Result<(), Error>>
 /// overlap, and the line holding the latest answers every one of them (the earlier ones were
 /// replaced by the member itself).
 type Proclaiming = BTreeMap<(Arc<str>, MemberId), Vec<oneshot::Sender<Result<(), Error>>>>;
+
+/// Activations whose fence record was stored while the lease was lapsed.
+type Deferred = Vec<(Arc<str>, MemberId, crate::broker::Activation)>;
+
+/// An activation handed back by [`Recording`]: the subscription, the member, the activation.
+type Held = (Arc<str>, MemberId, crate::broker::Activation);
+
+/// Members whose step-down notice waits for their ended epoch's record, with the activation
+/// that came meanwhile (promoted again at once), applied once they were told.
+#[derive(Default)]
+struct Telling {
+    pending: BTreeMap<(Arc<str>, MemberId), Option<Held>>,
+}
+
+impl Telling {
+    fn insert(&mut self, key: (Arc<str>, MemberId)) {
+        self.pending.insert(key, None);
+    }
+
+    /// Holds an activation of a member not yet told it stepped down; gives it back otherwise.
+    fn hold(&mut self, activation: Held) -> Option<Held> {
+        match self.pending.get_mut(&(activation.0.clone(), activation.1)) {
+            Some(held) => {
+                *held = Some(activation);
+                None
+            }
+            None => Some(activation),
+        }
+    }
+
+    /// The member was told (or is gone): the activation held for it, if any.
+    fn told(&mut self, subscription: &Arc<str>, member: MemberId) -> Option<Held> {
+        self.pending
+            .remove(&(subscription.clone(), member))
+            .flatten()
+    }
+}
 
 /// Step-downs asked of members whose activation is on its way (their fence record being
 /// written): each steps down once it is activated, so a member the line made active is
@@ -280,12 +320,22 @@ pub(super) fn spawn(
             current_id: current_id.clone(),
             leased: leased.clone(),
         },
-        Recording::new(fences, lease.clone(), {
-            let inputs = inputs.clone();
-            move |subscription, member, activation| {
-                let _ = inputs.send(Input::Recorded(subscription, member, activation));
-            }
-        }),
+        Recording::new(
+            fences,
+            lease.clone(),
+            {
+                let inputs = inputs.clone();
+                move |subscription, member, activation| {
+                    let _ = inputs.send(Input::Recorded(subscription, member, activation));
+                }
+            },
+            {
+                let inputs = inputs.clone();
+                move |subscription, member, position| {
+                    let _ = inputs.send(Input::SteppedDown(subscription, member, position));
+                }
+            },
+        ),
     ));
     (
         Handle {
@@ -374,12 +424,13 @@ async fn run(
         // answered once it has; dropped with the incarnation (answered UNAVAILABLE).
         let mut parked: Vec<Input> = Vec::new();
         let mut after_activation: AfterActivation = BTreeMap::new();
+        let mut telling: Telling = Telling::default();
         // Whether the lease is lapsed, as last logged, and the lapses counted in the metrics.
         let mut lapsed = false;
         let mut counted = (0, 0);
         // Activations whose fence record was stored while the lease was lapsed
         // (docs/semantics.md#cluster-lease-lapse).
-        let mut deferred: Vec<(Arc<str>, MemberId, crate::broker::Activation)> = Vec::new();
+        let mut deferred: Deferred = Vec::new();
         loop {
             if !parked.is_empty() && coordinator.caught_up(now()) {
                 let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut parked)
@@ -423,7 +474,12 @@ async fn run(
                 &backplane,
                 &broker,
                 (&mut writes, &mut slow),
-                (&mut joining, &mut proclaiming, &mut after_activation),
+                (
+                    &mut joining,
+                    &mut proclaiming,
+                    &mut after_activation,
+                    &mut telling,
+                ),
                 &recording,
             );
             let (lapses, renewed) = coordinator.lapses();
@@ -511,6 +567,7 @@ async fn run(
                     Some(Input::Left(sub, member, carry)) => {
                         recording.lost(&sub, member);
                         after_activation.remove(&(sub.clone(), member));
+                        telling.told(&sub, member);
                         joining.remove(&(sub.clone(), member));
                         proclaiming.remove(&(sub.clone(), member));
                         coordinator.member_left_carrying(now(), &sub, member, carry);
@@ -526,23 +583,15 @@ async fn run(
                         }
                     }
                     Some(Input::Recorded(sub, member, activation)) => {
-                        // Still the line's active member with that epoch, under this
-                        // incarnation's lease (an ended or deposed member is not activated).
-                        let current = coordinator.still_active(&sub, member, activation.epoch);
-                        if current && !coordinator.may_act(now()) && !coordinator.is_fenced() {
-                            // Lapsed: confirmed once the lease is renewed, if still current.
-                            deferred.push((sub.clone(), member, activation));
-                        } else if current && coordinator.may_act(now()) {
-                            if let Err(error) = broker.activate(&sub, member, activation) {
-                                // It left meanwhile: its leaving is on its way to the coordinator.
-                                tracing::debug!(subscription = %sub, member, %error, "could not activate a member");
-                            }
-                        } else {
-                            tracing::debug!(subscription = %sub, member, "a member's fence record came after it lost its place");
+                        // A member not yet told it stepped down is told first.
+                        if let Some((sub, member, activation)) = telling.hold((sub, member, activation)) {
+                            recorded(now(), &mut coordinator, &broker, (&mut deferred, &mut after_activation), sub, member, activation);
                         }
-                        // Lapsed: it steps down once activated, after the renewal.
-                        if !deferred.iter().any(|(s, m, _)| *s == sub && *m == member) {
-                            step_down_activated(now(), &mut coordinator, &broker, &mut after_activation, &sub, member);
+                    }
+                    Some(Input::SteppedDown(sub, member, position)) => {
+                        broker.stepped_down(&sub, member, position);
+                        if let Some((sub, member, activation)) = telling.told(&sub, member) {
+                            recorded(now(), &mut coordinator, &broker, (&mut deferred, &mut after_activation), sub, member, activation);
                         }
                     }
                     None => return,
@@ -584,6 +633,35 @@ async fn run(
             }
         }
     }
+}
+
+/// The record of `member`'s activation is stored: activated if the line still makes it active
+/// with that epoch under this incarnation's lease (an ended or deposed member is not), held
+/// while the lease is lapsed; a step-down asked meanwhile follows.
+fn recorded(
+    now: Duration,
+    coordinator: &mut Coordinator,
+    broker: &Upstream,
+    (deferred, after_activation): (&mut Deferred, &mut AfterActivation),
+    sub: Arc<str>,
+    member: MemberId,
+    activation: crate::broker::Activation,
+) {
+    let current = coordinator.still_active(&sub, member, activation.epoch);
+    if current && !coordinator.may_act(now) && !coordinator.is_fenced() {
+        // Lapsed: confirmed once the lease is renewed, if still current; it steps down after.
+        deferred.push((sub, member, activation));
+        return;
+    }
+    if current && coordinator.may_act(now) {
+        if let Err(error) = broker.activate(&sub, member, activation) {
+            // It left meanwhile: its leaving is on its way to the coordinator.
+            tracing::debug!(subscription = %sub, member, %error, "could not activate a member");
+        }
+    } else {
+        tracing::debug!(subscription = %sub, member, "a member's fence record came after it lost its place");
+    }
+    step_down_activated(now, coordinator, broker, after_activation, &sub, member);
 }
 
 /// A member whose step-down waited for its activation (the activation was applied, or found
@@ -663,10 +741,11 @@ fn carry_out(
     backplane: &NatsBackplane,
     broker: &Upstream,
     (writes, slow): (&mut Writes, &mut JoinSet<RequestId>),
-    (joining, proclaiming, after_activation): (
+    (joining, proclaiming, after_activation, telling): (
         &mut Waiting,
         &mut Proclaiming,
         &mut AfterActivation,
+        &mut Telling,
     ),
     recording: &Recording,
 ) {
@@ -778,7 +857,13 @@ fn carry_out(
                 subscription,
                 member,
                 position,
-            } => broker.stepped_down(&subscription, member, position),
+                epoch,
+            } => {
+                // Told once its epoch's record says it ended; an activation that follows
+                // (promoted again at once) waits for that (Input::SteppedDown).
+                telling.insert((Arc::from(subscription.as_str()), member));
+                recording.stepped_down(subscription, member, position, epoch);
+            }
             Effect::End {
                 subscription,
                 member,
@@ -787,6 +872,7 @@ fn carry_out(
                 recording.lost(&subscription, member);
                 let key = (Arc::from(subscription.as_str()), member);
                 after_activation.remove(&key);
+                telling.told(&key.0, member);
                 let in_line = joining.remove(&key);
                 proclaiming.remove(&key);
                 match status {
