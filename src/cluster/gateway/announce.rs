@@ -10,19 +10,25 @@
 //! dead (the lease stretched by the clocks' drift bound, and a margin; at most
 //! [`MAX_ANNOUNCE_PATIENCE`]). One that has not answered by then (paused, its connection down)
 //! cannot still hold the lease it held when the announcement went out, so its copy is not
-//! current when it counts again: it syncs first. A gateway marks its copy not current as soon
-//! as an announcement arrives, before it lists, and answers only once a listing after it
-//! succeeded.
+//! current when it counts again: it syncs first. An announcement carries its change (the
+//! consumer made, with its metadata, or the consumers deleted): each gateway applies it to its
+//! copy and answers at once, with no listing, so joins at several gateways at once do not wait
+//! for listings that JetStream holds while it makes their consumers. One without a change (a
+//! gateway of an earlier version) marks the copy not current, and is answered only once a
+//! listing after it succeeded.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
 use tokio_stream::StreamExt;
 
-use super::{Gateway, registry::Registry};
+use super::{
+    Gateway,
+    registry::{Change, Registry},
+};
 
 /// The longest an announcement waits for a gateway that does not answer. With a
 /// `--gateway-lease` longer than this (by the drift bound and margin), a gateway paused for
@@ -70,6 +76,14 @@ pub(super) async fn serve(
             let Some(reply) = message.reply else {
                 continue;
             };
+            // An announcement that carries its change is applied at once and answered: the
+            // copy stays as current as it was. One that does not (a gateway of an earlier
+            // version) is answered once a listing after it succeeded.
+            if let Ok(change) = serde_json::from_slice::<Change>(&message.payload) {
+                registry.apply(change);
+                answer(&client, reply, &incarnation).await;
+                continue;
+            }
             // Whatever follows, the copy may lack what was announced.
             registry.stale();
             if answering.len() >= ANSWERING {
@@ -84,18 +98,27 @@ pub(super) async fn serve(
                     // not current (the next publish syncs).
                     return;
                 }
-                let me = Refreshed {
-                    gateway: incarnation.load(Ordering::Relaxed),
-                };
-                let Ok(body) = serde_json::to_vec(&me) else {
-                    return;
-                };
-                if let Err(error) = client.publish(reply, body.into()).await {
-                    tracing::debug!(%error, "could not answer a registry announcement");
-                }
+                answer(&client, reply, &incarnation).await;
             });
         }
     }))
+}
+
+/// Says this gateway's copy has what was announced, with its incarnation.
+async fn answer(
+    client: &async_nats::Client,
+    reply: async_nats::Subject,
+    incarnation: &std::sync::atomic::AtomicU64,
+) {
+    let me = Refreshed {
+        gateway: incarnation.load(Ordering::Relaxed),
+    };
+    let Ok(body) = serde_json::to_vec(&me) else {
+        return;
+    };
+    if let Err(error) = client.publish(reply, body.into()).await {
+        tracing::debug!(%error, "could not answer a registry announcement");
+    }
 }
 
 impl Gateway {
@@ -104,13 +127,17 @@ impl Gateway {
     /// maker may still be announcing it), so a publish anywhere after the join's answer counts
     /// it. A gateway starting, whose copy was never listed, lists it once instead of
     /// announcing every subscription its members join again.
-    pub(super) async fn announce_if_new(&self, name: &str) {
+    pub(super) async fn announce_if_new(&self, name: &str, metadata: &HashMap<String, String>) {
         let registry = &self.inner.shared.registry;
         if !registry.current() {
             registry.refresh().await;
         }
         if !registry.knows(name) {
-            self.announce_consumers_changed().await;
+            self.announce_consumers_changed(Change::Made {
+                name: name.to_string(),
+                metadata: metadata.clone(),
+            })
+            .await;
         }
     }
 
@@ -118,7 +145,7 @@ impl Gateway {
     /// waits until each holding a lease, this one included, brought its registry copy up to
     /// date, or could no longer hold the lease it held then (see the module doc). Never
     /// fails: a gateway that did not answer is logged.
-    pub(super) async fn announce_consumers_changed(&self) {
+    pub(super) async fn announce_consumers_changed(&self, change: Change) {
         let registry = &self.inner.shared.registry;
         // As the bucket's watch last saw them; listed from the bucket only before it has.
         let watched = self
@@ -143,10 +170,11 @@ impl Gateway {
                 .dead_after()
                 .min(MAX_ANNOUNCE_PATIENCE);
         expected.insert(me);
+        let body = serde_json::to_vec(&change).unwrap_or_default();
         let gathered = super::ask::gather(
             &self.inner.shared.client,
             subject(&self.inner.config.stream),
-            bytes::Bytes::new(),
+            body.into(),
             expected.clone(),
             patience,
             |refreshed: &Refreshed| refreshed.gateway,

@@ -329,7 +329,7 @@ impl Gateway {
             return Err(not_found());
         }
         let mut discarded = 0;
-        let mut removed = 0;
+        let mut removed = Vec::new();
         for info in found {
             if asked.elapsed() > DELETE_BUDGET {
                 return Err(Error::Unavailable(format!(
@@ -349,7 +349,7 @@ impl Gateway {
             })?;
             match deleted {
                 // Its fence record goes on JetStream's advisory of the deletion (`fence`).
-                Ok(_) => removed += 1,
+                Ok(_) => removed.push(info.name.clone()),
                 // Gone meanwhile (another delete of it, or its inactivity threshold ran out):
                 // nothing left to delete, and not this delete's to count.
                 Err(error)
@@ -367,11 +367,12 @@ impl Gateway {
             }
             discarded += info.num_pending + info.num_ack_pending as u64;
         }
-        if removed == 0 {
+        if removed.is_empty() {
             return Err(not_found());
         }
         // A publish anywhere after this answer does not count it.
-        self.announce_consumers_changed().await;
+        self.announce_consumers_changed(super::registry::Change::Deleted { names: removed })
+            .await;
         Ok(Deleted {
             discarded_messages: discarded,
         })

@@ -31,10 +31,20 @@ impl Gateway {
         let (mut consumer, recorded, announce) = self.consumer(request).await?;
         // Beside the waits below: every gateway's registry has the consumer before the join is
         // answered (docs/cluster.md#queued_for-across-gateways).
+        let (made, metadata) = {
+            let info = consumer.cached_info();
+            (info.name.clone(), info.config.metadata.clone())
+        };
         let announced = async {
             match announce {
-                Announce::Made => self.announce_consumers_changed().await,
-                Announce::IfNew(name) => self.announce_if_new(&name).await,
+                Announce::Made => {
+                    let change = super::registry::Change::Made {
+                        name: made,
+                        metadata,
+                    };
+                    self.announce_consumers_changed(change).await;
+                }
+                Announce::IfNew(name) => self.announce_if_new(&name, &metadata).await,
             }
         };
         let admitted = async {

@@ -62,6 +62,8 @@ pub(super) const MAX_SUBSCRIPTIONS: usize = 100_000;
 struct Entry {
     subscription: Arc<str>,
     mode: Mode,
+    /// Its indexed patterns (to remove it).
+    patterns: BTreeSet<Pattern>,
 }
 
 /// The copy: every consumer's name (tinybroker's or not, so counts compare), the
@@ -80,38 +82,94 @@ impl Known {
         let mut known = Known::default();
         let mut warned = false;
         for (name, metadata) in listed {
-            known.consumers.insert(name.clone());
-            let Ok((id, spec)) = names::recorded(&metadata) else {
-                continue;
-            };
-            // A consumer whose name collides with another subscription's is not that one.
-            if spec.mode != Mode::Broadcast && names::consumer_name(spec.mode, &id, "") != name {
-                continue;
+            if !known.add(name, &metadata) && !warned {
+                tracing::warn!(
+                    "the stream has more than {MAX_SUBSCRIPTIONS} subscriptions' consumers: queued_for counts only the first {MAX_SUBSCRIPTIONS} (by consumer name)"
+                );
+                warned = true;
             }
-            if known.entries.len() == MAX_SUBSCRIPTIONS {
-                if !warned {
-                    tracing::warn!(
-                        "the stream has more than {MAX_SUBSCRIPTIONS} subscriptions' consumers: queued_for counts only the first {MAX_SUBSCRIPTIONS} (by consumer name)"
-                    );
-                    warned = true;
-                }
-                continue;
-            }
-            let key: Arc<str> = Arc::from(name.as_str());
-            let patterns: BTreeSet<&Pattern> = spec.patterns.iter().take(64).collect();
-            for pattern in patterns {
-                known.index.insert(pattern, key.clone());
-            }
-            known.entries.insert(
-                key,
-                Entry {
-                    subscription: Arc::from(id.as_str()),
-                    mode: spec.mode,
-                },
-            );
         }
         known
     }
+
+    /// Adds consumer `name` with its metadata (replacing one of that name); false when it
+    /// records a subscription past [`MAX_SUBSCRIPTIONS`], which is not indexed.
+    fn add(&mut self, name: String, metadata: &std::collections::HashMap<String, String>) -> bool {
+        self.remove(&name);
+        self.consumers.insert(name.clone());
+        let Ok((id, spec)) = names::recorded(metadata) else {
+            return true;
+        };
+        // A consumer whose name collides with another subscription's is not that one.
+        if spec.mode != Mode::Broadcast && names::consumer_name(spec.mode, &id, "") != name {
+            return true;
+        }
+        if self.entries.len() == MAX_SUBSCRIPTIONS {
+            return false;
+        }
+        let key: Arc<str> = Arc::from(name.as_str());
+        let patterns: BTreeSet<Pattern> = spec.patterns.iter().take(64).cloned().collect();
+        for pattern in &patterns {
+            self.index.insert(pattern, key.clone());
+        }
+        self.entries.insert(
+            key,
+            Entry {
+                subscription: Arc::from(id.as_str()),
+                mode: spec.mode,
+                patterns,
+            },
+        );
+        true
+    }
+
+    /// Removes consumer `name`, if known.
+    fn remove(&mut self, name: &str) {
+        self.consumers.remove(name);
+        if let Some((key, entry)) = self.entries.remove_entry(name) {
+            for pattern in &entry.patterns {
+                self.index.remove(pattern, &key);
+            }
+        }
+    }
+
+    fn apply(&mut self, change: &Change) {
+        match change {
+            Change::Made { name, metadata } => {
+                if !self.add(name.clone(), metadata) {
+                    tracing::warn!(
+                        consumer = %name,
+                        "the stream has more than {MAX_SUBSCRIPTIONS} subscriptions' consumers: queued_for does not count this one"
+                    );
+                }
+            }
+            Change::Deleted { names } => {
+                for name in names {
+                    self.remove(name);
+                }
+            }
+        }
+    }
+}
+
+/// A change of the stream's consumers that a gateway made and announces
+/// ([`announce`](super::announce)): every gateway applies it to its copy at once, with no
+/// listing (docs/cluster.md#queued_for-across-gateways).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Change {
+    /// A consumer made, with its metadata (what it records).
+    Made {
+        /// The consumer's name.
+        name: String,
+        /// Its metadata.
+        metadata: std::collections::HashMap<String, String>,
+    },
+    /// Consumers deleted.
+    Deleted {
+        /// Their names.
+        names: Vec<String>,
+    },
 }
 
 /// How a publish's `queued_for` is counted (docs/cluster.md#queued_for-across-gateways).
@@ -156,6 +214,10 @@ pub(super) struct Registry {
     succeeded: AtomicU64,
     /// How often the copy was marked stale ([`Registry::stale`]).
     stale_marks: AtomicU64,
+    /// Changes applied from announcements, each with the ticket count when it was: a listing
+    /// begun before one may not have seen its consumer, so it is applied again over the copy
+    /// such a listing makes ([`Registry::apply`]). Kept until a listing begun after it ends.
+    applied: Mutex<Vec<(u64, Change)>>,
 }
 
 impl Registry {
@@ -192,12 +254,18 @@ impl Registry {
                         }
                         advisory = advisories.next() => match advisory {
                             Some(advisory) => {
-                                let created_or_deleted = [".CREATED.", ".DELETED."]
-                                    .iter()
-                                    .any(|kind| advisory.subject.as_str().contains(kind));
-                                if created_or_deleted {
-                                    // Also when nobody publishes: a copy counted from at once
-                                    // drops a consumer JetStream removed by itself now.
+                                let subject = advisory.subject.as_str();
+                                let created = subject.contains(".CREATED.");
+                                // `...CONSUMER.<kind>.<stream>.<consumer>`: a consumer's name
+                                // has no dot.
+                                let consumer = subject.rsplit('.').next();
+                                // One the copy already reflects (announced, applied) needs no
+                                // listing; any other does, also when nobody publishes: a copy
+                                // counted from at once drops a consumer JetStream removed by
+                                // itself now.
+                                if (created || subject.contains(".DELETED."))
+                                    && consumer.is_none_or(|name| registry.advised(name, created))
+                                {
                                     registry.changed();
                                     registry.ticket();
                                 }
@@ -227,6 +295,7 @@ impl Registry {
             current_as_of: Mutex::new(None),
             succeeded: AtomicU64::new(0),
             stale_marks: AtomicU64::new(0),
+            applied: Mutex::new(Vec::new()),
         }
     }
 
@@ -269,6 +338,28 @@ impl Registry {
         // A sync already under way may have listed before the change: it does not make the
         // copy current when it ends.
         self.stale_marks.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Applies an announced change to the copy at once: a consumer another gateway made (or
+    /// this one), with what it records, or consumers deleted. The copy stays as current as it
+    /// was: the change is the one the announcement is for. Bounded: the changes kept for
+    /// listings under way are at most [`MAX_SUBSCRIPTIONS`]; past that the oldest are dropped
+    /// and the copy is listed again.
+    pub(super) fn apply(&self, change: Change) {
+        self.lock().apply(&change);
+        let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        if applied.len() >= MAX_SUBSCRIPTIONS {
+            applied.clear();
+            self.changed();
+            self.ticket();
+        }
+        applied.push((self.requested.load(Ordering::SeqCst), change));
+    }
+
+    /// Whether an advisory of consumer `name` being created (or deleted, `created` false)
+    /// tells the copy something new: one already known (or not known) needs no listing.
+    fn advised(&self, name: &str, created: bool) -> bool {
+        self.knows(name) != created
     }
 
     /// Brings the copy up to date: returns once a sync begun after this call ended (at most
@@ -414,9 +505,16 @@ impl Registry {
                 Some((count, tokio::time::Instant::now()));
             match tokio::time::timeout(PATIENCE, list(stream)).await {
                 Ok(Ok(listed)) => {
-                    let known = Known::of(listed);
+                    let mut known = Known::of(listed);
                     let mut copy = self.lock();
                     if self.listed_at.fetch_max(covers, Ordering::SeqCst) <= covers {
+                        // Changes announced since the listing began: it may have missed them.
+                        let mut applied =
+                            self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+                        applied.retain(|(at, _)| *at >= covers);
+                        for (_, change) in applied.iter() {
+                            known.apply(change);
+                        }
                         *copy = known;
                     }
                     up_to_date = true;
@@ -565,5 +663,67 @@ mod tests {
             Some(names::consumer_name(Mode::Broadcast, "b", "gw1"))
         );
         assert_eq!(registry.broadcast_consumer("q"), None);
+    }
+
+    // docs/cluster.md#queued_for-across-gateways: an announced change is applied to the copy
+    // as a listing would have it: a consumer made is counted with its patterns, one made again
+    // with other patterns replaces them, deleted ones count no more.
+    #[test]
+    fn an_announced_change_is_applied_as_a_listing_would_have_it() {
+        let registry = Registry::empty(Arc::new(AtomicU64::new(0)));
+        let topic = |t: &str| Topic::parse(t).unwrap();
+        let (name, metadata) = consumer(Mode::Queue, "q", &["a.*", "a.>"]);
+        registry.apply(Change::Made {
+            name: name.clone(),
+            metadata,
+        });
+        assert!(registry.knows(&name) && registry.exists("q"));
+        assert_eq!(registry.matching(&topic("a.b")), 1);
+        let (_, other) = consumer(Mode::Queue, "q", &["x.y"]);
+        registry.apply(Change::Made {
+            name: name.clone(),
+            metadata: other,
+        });
+        assert_eq!(
+            registry.matching(&topic("a.b")),
+            0,
+            "its old patterns are gone"
+        );
+        assert_eq!(registry.matching(&topic("x.y")), 1);
+        let (b, metadata) = consumer(Mode::Broadcast, "b", &["x.*"]);
+        registry.apply(Change::Made {
+            name: b.clone(),
+            metadata,
+        });
+        assert_eq!(registry.matching(&topic("x.y")), 2);
+        registry.apply(Change::Deleted {
+            names: vec![name.clone(), "never-known".into()],
+        });
+        assert!(!registry.knows(&name) && !registry.exists("q"));
+        assert_eq!(registry.matching(&topic("x.y")), 1);
+        assert_eq!(registry.lock().consumers.len(), 1);
+        // The same as a listing of what is left.
+        let listed = Known::of(BTreeMap::from([consumer(Mode::Broadcast, "b", &["x.*"])]));
+        assert_eq!(registry.lock().consumers, listed.consumers);
+        assert_eq!(registry.lock().entries, listed.entries);
+        // An advisory of what the copy already has needs no listing.
+        assert!(!registry.advised(&b, true) && registry.advised(&b, false));
+        assert!(registry.advised(&name, true) && !registry.advised(&name, false));
+    }
+
+    // An announced change is kept for the listings under way when it came: the copy one of
+    // them makes has it too (its listing may have been read before the consumer was made).
+    #[test]
+    fn a_change_is_kept_until_a_listing_begun_after_it() {
+        let registry = Registry::empty(Arc::new(AtomicU64::new(0)));
+        let before = registry.ticket();
+        let (name, metadata) = consumer(Mode::Queue, "late", &["l.*"]);
+        registry.apply(Change::Made { name, metadata });
+        let applied = registry.applied.lock().unwrap();
+        assert_eq!(applied.len(), 1);
+        assert!(
+            applied[0].0 >= before,
+            "replayed over a listing that covers {before}"
+        );
     }
 }
