@@ -409,26 +409,27 @@ pub async fn run(args: Serve) -> Result<(), String> {
     Ok(())
 }
 
-/// Logs where the cluster's ids start (docs/semantics.md#restart-identity): above the stream's
-/// and the coordination bucket's creation times. One made before ids had a floor counts from 1,
-/// and is named at warn level with the way out.
-fn log_cluster_floors(stream: &str, (messages, epochs): (Option<u64>, Option<u64>)) {
+/// Logs where the cluster's ids start (docs/semantics.md#cluster-restart-identity): system ids
+/// above the stream's creation time, epochs above this gateway's start. A stream made before
+/// ids had a floor counts from 1, and is named at warn level with the way out.
+fn log_cluster_floors(stream: &str, (messages, epochs): (Option<u64>, u64)) {
     let at = |micros: u64| {
         humantime::format_rfc3339_micros(
             std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros),
         )
     };
-    match (messages, epochs) {
-        (Some(messages), Some(epochs)) => tracing::info!(
+    match messages {
+        Some(messages) => tracing::info!(
             system_id_floor = messages,
             epoch_floor = epochs,
-            "system ids start above {messages} and epochs above {epochs}: the stream's creation, {}, and the coordination bucket's, {}, in µs since the Unix epoch",
+            "system ids start above {messages} and epochs above {epochs}: the stream's creation, {}, and this gateway's start, {}, in µs since the Unix epoch",
             at(messages),
             at(epochs),
         ),
-        _ => tracing::warn!(
+        None => tracing::warn!(
             %stream,
-            "the stream {stream} or its coordination bucket {stream}-coordination was made before ids had a floor: its system ids or epochs count from 1, below those of an embedded broker or of an earlier cluster, so a store fenced by epoch may refuse this cluster's leaders; delete both (`nats stream rm {stream}`, `nats kv rm {stream}-coordination`) while no gateway runs, and the next gateway makes them again above the time they are made",
+            epoch_floor = epochs,
+            "the stream {stream} was made before ids had a floor: its system ids count from 1, below those of an embedded broker or of an earlier cluster, so a consumer that deduplicates by system id may skip new messages; delete it (`nats stream rm {stream}`) while no gateway runs, and the next gateway makes it again above the time it is made (epochs are above {epochs}, this gateway's start, either way)",
         ),
     }
 }

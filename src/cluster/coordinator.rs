@@ -32,6 +32,12 @@
 //! Deleting an emptied key keeps this: revisions are bucket-wide, so the value that recreates
 //! it, and so the first promotion after, replaces a revision above every one written before.
 //!
+//! With an epoch floor in the bucket (key `ids`, raised by each gateway at start so epochs are
+//! above its start time), the epoch is `max(replaced revision, the floor's revision) +
+//! offset`, made only once the watch delivered the replaced value. P1 saw its floor before it
+//! wrote, so P2, whose replaced revision is above P1's write, has seen that floor or a higher
+//! one (offsets only rise): its epoch is higher still (docs/semantics.md#cluster-restart-identity).
+//!
 //! # Promotion
 //! Every gateway reconciles each subscription's value with what it holds: its own members in the
 //! line are exactly those it holds locally (a member that left is removed, a new one appended),
@@ -385,6 +391,9 @@ pub struct Coordinator {
     /// The highest revision the watch delivered: it delivers in revision order, so every key's
     /// state up to this revision has been seen (a deletion included, which leaves no trace).
     watched: Revision,
+    /// The cluster's epoch floor as the watch last delivered it: its revision and its offset
+    /// ([`super::values::IdsValue`]); zero before any.
+    floor: (Revision, u64),
     /// The revision of the renewal that (re)started this gateway's lease: its first, or one
     /// confirmed once the lease had passed its end (a lapse, a pause). The copy of the lines is
     /// current for this term once the watch delivered it ([`Coordinator::caught_up`]).
@@ -424,6 +433,7 @@ impl Coordinator {
             deletions_learned: 0,
             watched: 0,
             term: None,
+            floor: (0, 0),
             carry: BTreeMap::new(),
             asked: BTreeMap::new(),
         };
@@ -660,8 +670,32 @@ impl Coordinator {
                 Ok(g) => self.see_lease(now, GatewayId(g), value.is_some(), revision),
                 Err(_) => self.bad_values += 1,
             }
+        } else if key == super::values::IDS_KEY {
+            match value.map(serde_json::from_slice::<super::values::IdsValue>) {
+                // Only ever raised: a lower offset (a bad write) is not taken.
+                Some(Ok(ids)) if revision > self.floor.0 => {
+                    self.floor = (revision, ids.epoch_offset.max(self.floor.1));
+                }
+                Some(Ok(_)) | None => {}
+                Some(Err(_)) => self.bad_values += 1,
+            }
         }
         self.step(now);
+    }
+
+    /// The epoch of a promotion that replaces the value at `replaced`: above every epoch made
+    /// before, by any gateway, and above the time the last gateway to raise the floor started
+    /// (docs/semantics.md#cluster-restart-identity). Made only once the watch delivered
+    /// `replaced`, so every floor written before it has been seen: for two promotions P1 then
+    /// P2, P2 replaces a revision above P1's write, itself above the floor P1 used, and P2's
+    /// floor is at least P1's, so its epoch is higher.
+    fn epoch_after(&self, replaced: Revision) -> u64 {
+        let (at, offset) = self.floor;
+        if at == 0 {
+            replaced
+        } else {
+            replaced.max(at).saturating_add(offset)
+        }
     }
 
     /// The answer to command `id`.
@@ -1428,7 +1462,11 @@ impl Coordinator {
         let (active, epoch) = match kept_active {
             Some(a) if yielded.is_none() => (Some(a), current.epoch),
             _ => match line.first() {
-                Some(first) => (Some(*first), revision),
+                // A promotion waits for the watch to deliver the value it replaces (this
+                // gateway's own write may be known from its answer first): its epoch needs
+                // every floor written before it.
+                Some(_) if !self.has_seen(revision) => return,
+                Some(first) => (Some(*first), self.epoch_after(revision)),
                 None => (None, current.epoch),
             },
         };

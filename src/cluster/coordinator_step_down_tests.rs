@@ -1,7 +1,7 @@
 //! The coordinator's priorities and step-downs, driven by hand
 //! (docs/semantics.md#cluster-priority-and-hand-over).
 
-use super::tests::{config, drain, leased, ms, see_line, uid, value};
+use super::tests::{config, drain, leased, ms, see_line, uid, value, written};
 use super::*;
 
 /// A line of `members` (the first active, with `epoch`), with these priorities.
@@ -68,7 +68,7 @@ fn a_new_line_stands_in_priority_order_and_its_highest_becomes_active() {
     c.member_joined_with(ms(3), "jobs", 2, String::new(), 5);
     let (cmds, _) = drain(&mut c);
     assert_eq!(value(&cmds[0]).line, vec![uid(7, 1)]);
-    c.write_result(ms(4), cmds[0].id, Ok(5));
+    written(&mut c, ms(4), &cmds[0], 5);
     let (cmds, _) = drain(&mut c);
     let next = value(&cmds[0]);
     assert_eq!(next.line, vec![uid(7, 2), uid(7, 1)]);

@@ -84,6 +84,17 @@ pub(super) fn leased() -> Coordinator {
     c
 }
 
+/// Command `cmd` written at revision `rev`: its answer, then the watch delivering it (a
+/// promotion waits for the watch to deliver what it replaces).
+pub(super) fn written(c: &mut Coordinator, at: Duration, cmd: &Command, rev: Revision) {
+    c.write_result(at, cmd.id, Ok(rev));
+    let value = match &cmd.op {
+        Op::Create(b) | Op::Update(b, _) => Some(b.clone()),
+        Op::Delete(_) => None,
+    };
+    c.backplane_changed(at, &cmd.key, value.as_deref(), rev);
+}
+
 pub(super) fn value(cmd: &Command) -> SubValue {
     match &cmd.op {
         Op::Create(b) | Op::Update(b, _) => serde_json::from_slice(b).unwrap(),
@@ -138,13 +149,13 @@ fn first_join_creates_the_line_then_promotes_with_the_replaced_revision_as_epoch
     assert_eq!(cmds.len(), 1);
     assert_eq!(value(&cmds[0]).line, vec![uid(7, 1)]);
     assert_eq!(value(&cmds[0]).active, None);
-    c.write_result(ms(4), cmds[0].id, Ok(5));
+    written(&mut c, ms(4), &cmds[0], 5);
     let (cmds, _) = drain(&mut c);
     assert_eq!(cmds.len(), 1, "the promotion follows");
     assert!(matches!(cmds[0].op, Op::Update(_, 5)));
     let v = value(&cmds[0]);
     assert_eq!((v.active, v.epoch), (Some(uid(7, 1)), 5));
-    c.write_result(ms(5), cmds[0].id, Ok(6));
+    written(&mut c, ms(5), &cmds[0], 6);
     let (_, effects) = drain(&mut c);
     assert_eq!(
         effects,
@@ -165,9 +176,9 @@ fn active_member_1() -> Coordinator {
     let mut c = leased();
     c.member_joined(ms(3), "jobs", 1);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(4), cmds[0].id, Ok(5));
+    written(&mut c, ms(4), &cmds[0], 5);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(5), cmds[0].id, Ok(6));
+    written(&mut c, ms(5), &cmds[0], 6);
     let (_, effects) = drain(&mut c);
     assert!(matches!(effects[..], [Effect::Activate { member: 1, .. }]));
     c
@@ -226,12 +237,12 @@ fn without_a_lapse_patience_an_unrenewed_lease_ends_every_member_at_its_end() {
         ms(0),
     );
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(1), cmds[0].id, Ok(1));
+    written(&mut c, ms(1), &cmds[0], 1);
     c.member_joined(ms(3), "jobs", 1);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(4), cmds[0].id, Ok(5));
+    written(&mut c, ms(4), &cmds[0], 5);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(5), cmds[0].id, Ok(6));
+    written(&mut c, ms(5), &cmds[0], 6);
     drain(&mut c);
     c.tick(ms(300));
     drain(&mut c);
@@ -579,9 +590,9 @@ fn an_emptied_line_is_deleted_and_forgotten_and_epochs_still_rise_when_it_return
     let mut c = leased();
     c.member_joined(ms(3), "jobs", 1);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(4), cmds[0].id, Ok(5));
+    written(&mut c, ms(4), &cmds[0], 5);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(5), cmds[0].id, Ok(6));
+    written(&mut c, ms(5), &cmds[0], 6);
     let (_, effects) = drain(&mut c);
     assert!(matches!(effects[..], [Effect::Activate { epoch: 5, .. }]));
 
@@ -594,7 +605,7 @@ fn an_emptied_line_is_deleted_and_forgotten_and_epochs_still_rise_when_it_return
         Op::Delete(6),
         "deleted against the revision it replaces"
     );
-    c.write_result(ms(7), cmds[0].id, Ok(9));
+    written(&mut c, ms(7), &cmds[0], 9);
     assert!(
         c.subs.is_empty(),
         "forgotten: {:?}",
@@ -608,9 +619,9 @@ fn an_emptied_line_is_deleted_and_forgotten_and_epochs_still_rise_when_it_return
     c.member_joined(ms(9), "jobs", 2);
     let (cmds, _) = drain(&mut c);
     assert!(matches!(cmds[0].op, Op::Create(_)));
-    c.write_result(ms(10), cmds[0].id, Ok(12));
+    written(&mut c, ms(10), &cmds[0], 12);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(11), cmds[0].id, Ok(13));
+    written(&mut c, ms(11), &cmds[0], 13);
     let (_, effects) = drain(&mut c);
     assert!(
         matches!(
@@ -689,7 +700,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         (next.active, next.carry.clone()),
         (Some(uid(7, 2)), vec![(41, 3), (42, 2)])
     );
-    c.write_result(ms(6), cmds[0].id, Ok(10));
+    written(&mut c, ms(6), &cmds[0], 10);
     let (_, effects) = drain(&mut c);
     assert_eq!(
         effects,
@@ -709,7 +720,7 @@ fn a_clean_close_carries_the_given_back_attempts_to_the_next_active_member() {
         vec![(41, 3), (42, 2)],
         "kept while 2 leads"
     );
-    c.write_result(ms(8), cmds[0].id, Ok(11));
+    written(&mut c, ms(8), &cmds[0], 11);
     c.member_left(ms(9), "jobs", 2);
     let (cmds, _) = drain(&mut c);
     let next = value(&cmds[0]);
@@ -1034,7 +1045,7 @@ fn a_carry_given_with_a_standbys_leave_rides_with_the_promotion_that_follows() {
         let (cmds, _) = drain(&mut c);
         for cmd in cmds {
             let next = value(&cmd);
-            c.write_result(ms(6), cmd.id, Ok(rev));
+            written(&mut c, ms(6), &cmd, rev);
             rev += 1;
             if next.active == Some(uid(9, 5)) {
                 promoted = Some(next.carry.clone());
@@ -1110,9 +1121,9 @@ fn active_with(metadata: &str) -> Coordinator {
     c.member_joined_with(ms(3), "jobs", 1, metadata.to_string(), 0);
     let (cmds, _) = drain(&mut c);
     assert_eq!(value(&cmds[0]).meta_of(uid(7, 1)), metadata);
-    c.write_result(ms(4), cmds[0].id, Ok(5));
+    written(&mut c, ms(4), &cmds[0], 5);
     let (cmds, _) = drain(&mut c);
-    c.write_result(ms(5), cmds[0].id, Ok(6));
+    written(&mut c, ms(5), &cmds[0], 6);
     let (_, effects) = drain(&mut c);
     assert!(matches!(effects[..], [Effect::Activate { member: 1, .. }]));
     c
@@ -1183,7 +1194,7 @@ fn a_proclamation_is_answered_once_the_line_holds_it() {
         "leadership unchanged"
     );
     assert_eq!(v.active_meta(), "a:2");
-    c.write_result(ms(7), cmds[0].id, Ok(7));
+    written(&mut c, ms(7), &cmds[0], 7);
     let (_, effects) = drain(&mut c);
     assert_eq!(
         effects,
@@ -1278,7 +1289,7 @@ fn a_lines_value_never_passes_max_line_bytes() {
             bytes.len()
         );
         next = Some(value(cmd));
-        c.write_result(ms(8), cmd.id, Ok(revision));
+        written(&mut c, ms(8), &cmd, revision);
     }
     let next = next.expect("a write of the line");
     let ended: Vec<u64> = effects
@@ -1557,3 +1568,75 @@ fn leadership_is_answered_only_once_the_watch_reaches_the_leases_term() {
         assert!(c.caught_up(t), "at {t:?}: renewed in time, rev {rev}");
     }
 }
+
+fn ids(offset: u64) -> Vec<u8> {
+    serde_json::to_vec(&super::super::values::IdsValue {
+        epoch_offset: offset,
+    })
+    .unwrap()
+}
+
+// docs/semantics.md#cluster-restart-identity: with an epoch floor in the bucket, a promotion's
+// epoch is the later of the replaced revision and the floor's, plus the floor's offset; a floor
+// raised later raises the epochs after it, and a lower offset is not taken. Epochs never fall.
+#[test]
+fn epochs_stand_above_the_epoch_floor_and_rise_with_it() {
+    let mut c = leased();
+    c.backplane_changed(ms(2), IDS_KEY_FOR_TESTS, Some(&ids(1_000_000)), 3);
+    c.member_joined(ms(3), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    written(&mut c, ms(4), &cmds[0], 5);
+    let (cmds, _) = drain(&mut c);
+    let first = value(&cmds[0]);
+    assert_eq!(
+        first.epoch, 1_000_005,
+        "the replaced revision 5, plus the offset"
+    );
+    written(&mut c, ms(5), &cmds[0], 6);
+    drain(&mut c);
+    // Another gateway started later and raised the floor; then a second member takes over.
+    c.backplane_changed(ms(6), IDS_KEY_FOR_TESTS, Some(&ids(2_000_000)), 9);
+    // A lower offset written after it (a gateway whose clock is behind) is not taken.
+    c.backplane_changed(ms(7), IDS_KEY_FOR_TESTS, Some(&ids(5)), 10);
+    c.member_joined(ms(8), "jobs", 2);
+    let (cmds, _) = drain(&mut c);
+    written(&mut c, ms(9), &cmds[0], 11);
+    drain(&mut c);
+    c.member_left(ms(10), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    let next = value(&cmds[0]);
+    assert_eq!(next.active, Some(uid(7, 2)));
+    assert_eq!(next.epoch, 2_000_011);
+    assert!(next.epoch > first.epoch);
+}
+
+// A promotion waits for the watch to deliver the value it replaces, even when this gateway's
+// own write answered first: a floor raised between its last watched revision and that value
+// is seen before the epoch is made. Without the wait, the epoch would be made from the older
+// floor, below one another gateway made from the newer.
+#[test]
+fn a_promotion_waits_for_the_watch_to_reach_the_value_it_replaces() {
+    let mut c = leased();
+    c.member_joined(ms(3), "jobs", 1);
+    let (cmds, _) = drain(&mut c);
+    c.write_result(ms(4), cmds[0].id, Ok(6));
+    let (waiting, _) = drain(&mut c);
+    assert!(
+        waiting.is_empty(),
+        "no promotion before the watch reaches 6: {waiting:?}"
+    );
+    c.backplane_changed(ms(5), IDS_KEY_FOR_TESTS, Some(&ids(7_000)), 4);
+    let value_at_6 = match &cmds[0].op {
+        Op::Create(b) => b.clone(),
+        other => panic!("{other:?}"),
+    };
+    c.backplane_changed(ms(6), "sub.jobs", Some(&value_at_6), 6);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(
+        value(&cmds[0]).epoch,
+        7_006,
+        "made with the floor written at 4"
+    );
+}
+
+const IDS_KEY_FOR_TESTS: &str = super::super::values::IDS_KEY;

@@ -276,11 +276,59 @@ impl NatsBackplane {
         &self.store.name
     }
 
-    /// The bucket's first revision as it was made: the wall clock at its creation in µs, above
-    /// which every epoch of it lies. `None` for a bucket made before ids had a floor (its
-    /// revisions count from 1).
-    pub fn first_revision(&self) -> Option<u64> {
-        self.store.stream.cached_info().config.first_sequence
+    /// Raises the cluster's epoch floor ([`crate::cluster::values::IdsValue`]) so that every
+    /// epoch made from now on is above `now_micros`: its offset becomes `now_micros` less the
+    /// bucket's last revision, unless it is higher already (another gateway's clock ahead, or
+    /// one started later). A gateway calls it at start, before its coordinator runs; epochs
+    /// are then above the time it started, so above every id an embedded broker that ran
+    /// before handed out (docs/semantics.md#cluster-restart-identity). Returns the floor the
+    /// next epoch is above: the floor's revision plus its offset.
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`] when the bucket does not answer, or other gateways keep
+    /// raising it at once (ten tries).
+    pub async fn raise_epoch_floor(&self, now_micros: u64) -> Result<u64, KvError> {
+        use crate::cluster::values::{IDS_KEY, IdsValue};
+        for _ in 0..10 {
+            let current = self.get(IDS_KEY).await?;
+            let (held, expected) = match &current {
+                Some(entry) => match entry.value.as_deref().map(serde_json::from_slice) {
+                    Some(Ok(ids)) => (ids, entry.revision),
+                    // Unreadable or deleted: replaced by a readable one.
+                    _ => (IdsValue::default(), entry.revision),
+                },
+                None => (IdsValue::default(), 0),
+            };
+            let info = self
+                .store
+                .stream
+                .get_info()
+                .await
+                .map_err(|e| KvError::Unavailable(format!("the bucket's stream info: {e}")))?;
+            let last = info.state.last_sequence;
+            let wanted = now_micros.saturating_sub(last);
+            if wanted <= held.epoch_offset {
+                return Ok(expected.max(1).saturating_add(held.epoch_offset));
+            }
+            let value = IdsValue {
+                epoch_offset: wanted,
+            };
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            let written = if expected == 0 {
+                self.create_entry(IDS_KEY, bytes).await
+            } else {
+                self.write_at(IDS_KEY, Some(bytes), expected).await
+            };
+            match written {
+                Ok(revision) => return Ok(revision.saturating_add(wanted)),
+                // Another gateway raised it meanwhile: look again.
+                Err(error) if error.is_conflict() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Err(KvError::Unavailable(
+            "the epoch floor kept changing under ten tries".into(),
+        ))
     }
 
     /// How many replicas the bucket's stream has (as it was when bound).

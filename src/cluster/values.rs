@@ -125,6 +125,20 @@ pub fn sub_key(subscription: &str) -> String {
     format!("sub.{subscription}")
 }
 
+/// The key of the cluster's epoch floor ([`IdsValue`]).
+pub const IDS_KEY: &str = "ids";
+
+/// The value of [`IDS_KEY`]: what every epoch adds to the revision it is made from, raised by
+/// each gateway at start so that epochs are above the time it started
+/// (docs/semantics.md#cluster-restart-identity). A promotion's epoch is
+/// `max(replaced revision, this value's revision) + epoch_offset`, from the value as the
+/// promoting gateway's watch last delivered it; without one, the replaced revision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdsValue {
+    /// Added to revisions to make epochs; only ever raised.
+    pub epoch_offset: u64,
+}
+
 /// The key of a gateway's lease.
 pub fn lease_key(gateway: GatewayId) -> String {
     format!("lease.{}", gateway.0)

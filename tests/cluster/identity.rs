@@ -26,13 +26,13 @@ struct Handed {
 }
 
 /// A singleton leader, a failover to its standby, and a publish the successor receives.
-async fn hand_out(client: &Client) -> Handed {
-    let mut leader = client.subscribe(singleton("identity")).await.unwrap();
+async fn hand_out(client: &Client, id: &str) -> Handed {
+    let mut leader = client.subscribe(singleton(id)).await.unwrap();
     let first = leader.confirmed().await;
-    let mut standby = client.subscribe(singleton("identity")).await.unwrap();
+    let mut standby = client.subscribe(singleton(id)).await.unwrap();
     // The standby is in the line (a place every gateway sees) before the leader leaves.
     within(async {
-        while client.describe("identity").await.unwrap().members.len() < 2 {
+        while client.describe(id).await.unwrap().members.len() < 2 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -84,13 +84,13 @@ async fn delete_stream_and_bucket(url: &str) {
 #[tokio::test]
 async fn ids_stay_above_every_earlier_one_across_deployments_and_new_clusters() {
     let server = embedded().await;
-    let on_embedded = hand_out(&server.client().await).await;
+    let on_embedded = hand_out(&server.client().await, "identity1").await;
     server.stop().await.unwrap();
 
     let cluster = NatsCluster::start(1).await;
     let url = cluster.client_urls()[0].clone();
     let first = gateway(&url).await;
-    let on_cluster = hand_out(&first.client().await).await;
+    let on_cluster = hand_out(&first.client().await, "identity2").await;
     assert_above(
         on_cluster,
         on_embedded,
@@ -100,7 +100,7 @@ async fn ids_stay_above_every_earlier_one_across_deployments_and_new_clusters() 
 
     delete_stream_and_bucket(&url).await;
     let again = gateway(&url).await;
-    let on_new_stream = hand_out(&again.client().await).await;
+    let on_new_stream = hand_out(&again.client().await, "identity3").await;
     assert_above(
         on_new_stream,
         on_cluster,
@@ -111,14 +111,26 @@ async fn ids_stay_above_every_earlier_one_across_deployments_and_new_clusters() 
 
     let rebuilt = NatsCluster::start(3).await;
     let gateway_b = gateway(&rebuilt.client_urls()[1]).await;
-    let on_rebuilt = hand_out(&gateway_b.client().await).await;
+    let on_rebuilt = hand_out(&gateway_b.client().await, "identity4").await;
     assert_above(on_rebuilt, on_new_stream, "a whole new cluster");
     gateway_b.stop().await.unwrap();
-    drop(rebuilt);
 
     let server = embedded().await;
-    let back = hand_out(&server.client().await).await;
+    let back = hand_out(&server.client().await, "identity5").await;
     assert_above(back, on_rebuilt, "an embedded broker after a cluster");
+    server.stop().await.unwrap();
+
+    // Back to the same cluster, its stream and bucket as they were: a gateway raises the
+    // epoch floor at start, so its epochs are above the embedded broker's that ran meanwhile.
+    // (Its system ids go on from the stream's sequence: docs/semantics.md says so.)
+    let gateway_c = gateway(&rebuilt.client_urls()[2]).await;
+    let again = hand_out(&gateway_c.client().await, "identity6").await;
+    assert!(
+        again.epoch > back.next_epoch,
+        "back to a cluster after an embedded broker: epoch {} is not above {} ({again:?} after {back:?})",
+        again.epoch,
+        back.next_epoch
+    );
 }
 
 // The floor is logged at start, where an operator compares runs: the stream's and the

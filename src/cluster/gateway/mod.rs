@@ -147,6 +147,9 @@ struct Inner {
     fence_task: tokio::task::JoinHandle<()>,
     /// The coordination bucket, read by `describe` for a singleton's line.
     backplane: crate::cluster::nats::NatsBackplane,
+    /// Every epoch this gateway's coordinator makes is above this: the epoch floor it raised
+    /// at start (docs/semantics.md#cluster-restart-identity).
+    epoch_floor: u64,
     /// Ids held for a delete here, and joins under way (`delete`).
     holds: Arc<delete::Holds>,
     /// Answers other gateways' deletes.
@@ -284,6 +287,14 @@ impl Gateway {
         .await
         .map_err(|e| e.to_string())?;
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
+        // Before the coordinator runs: every epoch it makes is above this start
+        // (docs/semantics.md#cluster-restart-identity).
+        let epoch_floor = backplane
+            .raise_epoch_floor(crate::clock::system_unix_micros())
+            .await
+            .map_err(|e| {
+                format!("cannot raise the cluster's epoch floor in the coordination bucket: {e}")
+            })?;
         let (registry, registry_task) =
             registry::Registry::start(&client, stream.clone(), connects).await?;
         let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));
@@ -381,6 +392,7 @@ impl Gateway {
                 registry_task,
                 fence_task,
                 backplane,
+                epoch_floor,
                 holds,
                 deletes,
                 announcements,
@@ -413,13 +425,14 @@ impl Gateway {
         (config.name.clone(), config.num_replicas)
     }
 
-    /// Where the cluster's ids start (docs/semantics.md#restart-identity): the stream's first
-    /// sequence (every `system_id` is above it) and the coordination bucket's first revision
-    /// (every epoch is above it), each the wall clock in µs when it was made. `None` for one
-    /// made before ids had a floor, whose count started at 1.
-    pub fn id_floors(&self) -> (Option<u64>, Option<u64>) {
+    /// Where the cluster's ids start (docs/semantics.md#cluster-restart-identity): the stream's
+    /// first sequence, the wall clock in µs when it was made (every `system_id` is above it;
+    /// `None` for a stream made before ids had a floor, counted from 1), and the epoch floor
+    /// this gateway raised at start (every epoch its coordinator makes is above it: its start
+    /// time in µs, or more).
+    pub fn id_floors(&self) -> (Option<u64>, u64) {
         let stream = self.inner.stream.cached_info().config.first_sequence;
-        (stream, self.inner.backplane.first_revision())
+        (stream, self.inner.epoch_floor)
     }
 
     /// Publishes one message to JetStream; confirmed once JetStream stored it. A publish
