@@ -18,17 +18,9 @@ use crate::{
     core::{Epoch, Error, IdFloor, Limits, MemberId, Message, SystemId},
 };
 
-/// A random number from the OS-seeded keys of std's hasher (the shell's, never the core's).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(0x7462_6761_7465_7761);
-    hasher.finish()
-}
-
 /// How many low bits of a gateway's member ids count its joins; the bits above are its route
 /// (`Broker::gateway`).
-pub const GATEWAY_ROUTE_SHIFT: u32 = 28;
+pub const GATEWAY_ROUTE_SHIFT: u32 = 24;
 
 /// How the cluster makes a member active ([`Upstream::activate`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,26 +66,26 @@ impl Broker {
     /// join on standby, and only [`Upstream::activate`] (the cluster's coordinator) makes one
     /// active.
     ///
-    /// Its member ids start at a random floor in `[2^52, 2^53)` whose low
-    /// [`GATEWAY_ROUTE_SHIFT`] bits are zero, rather than at the start time: an ack naming a
-    /// member id may arrive at any gateway and is forwarded by the id's high bits (its route)
-    /// to the gateway that admitted it, so member ids must not repeat across gateways, which
-    /// may start in the same microsecond. Two live gateways share a route with a chance of
-    /// about 1 in 1.7 × 10^7 per pair; a gateway's ids stay on its route for its first 2^28
-    /// joins (the floor is the broker's, raised past every expired subscription's ids). Ids
-    /// stay below 2^53, exact in JSON readers that use doubles. (A singleton's epochs and
-    /// system ids come from the cluster, not from this floor.)
+    /// Its member ids start at `route << GATEWAY_ROUTE_SHIFT` (the route it claimed in the
+    /// cluster at start, above every route claimed before and above its start time), rather
+    /// than at the start time: an ack naming a member id may arrive at any gateway and is
+    /// forwarded by the id's high bits (its route) to the gateway that admitted it, so member
+    /// ids must not repeat across gateways, which may start in the same microsecond. A
+    /// gateway's ids stay on its route for a subscription's first 2^24 joins there (the floor
+    /// is the broker's, raised past every expired subscription's ids). Ids stay below 2^53,
+    /// exact in JSON readers that use doubles. (A singleton's epochs and system ids come from
+    /// the cluster, not from this floor.)
     pub(crate) fn gateway(
         limits: Limits,
         clock: Arc<dyn Clock>,
         observer: Arc<dyn Observer>,
+        route: u64,
     ) -> (Self, Upstream) {
         let mut broker = Self::with_observer(limits, clock, Some(observer));
         if let Some(inner) = Arc::get_mut(&mut broker.inner) {
             inner.arbitrated = true;
             inner.upstream_dead_letters = true;
-            let routes = 1 << (52 - GATEWAY_ROUTE_SHIFT);
-            let floor = IdFloor::at_start((routes + random_u64() % routes) << GATEWAY_ROUTE_SHIFT);
+            let floor = IdFloor::at_start(route << GATEWAY_ROUTE_SHIFT);
             inner.id_floor = floor;
             inner.last_system_id = crate::sync::AtomicU64::new(floor.last_system_id());
             crate::sync::write(&inner.catalog).retired = floor.floors();

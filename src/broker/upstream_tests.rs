@@ -17,6 +17,11 @@ impl Observer for Unobserved {
 /// A gateway's broker, as `serve --nats` builds it: a subscription expires with its last
 /// member.
 fn gateway() -> Upstream {
+    gateway_on(ROUTE)
+}
+
+/// A gateway whose claimed route is `route`.
+fn gateway_on(route: u64) -> Upstream {
     let limits = Limits {
         idle_timeout: Duration::ZERO,
         ..Limits::default()
@@ -25,9 +30,13 @@ fn gateway() -> Upstream {
         limits,
         Arc::new(VirtualClock::new(1_700_000_000_000)),
         Arc::new(Unobserved),
+        route,
     )
     .1
 }
+
+/// A route as a gateway claims one at 2026-12-06 (its start in µs, shifted).
+const ROUTE: u64 = (1_796_590_000_000_000 >> GATEWAY_ROUTE_SHIFT) + 1;
 
 fn request(id: &str, mode: Mode) -> OpenRequest {
     OpenRequest {
@@ -43,6 +52,13 @@ fn request(id: &str, mode: Mode) -> OpenRequest {
         },
         member: MemberOptions::default(),
         metadata: std::sync::Arc::from(""),
+    }
+}
+
+async fn confirmed_member(member: &mut MemberStream) -> MemberId {
+    match tokio::time::timeout(Duration::from_secs(5), member.next()).await {
+        Ok(Some(Outbound::Confirm { member_id, .. })) => member_id,
+        other => panic!("expected a confirmation, got {other:?}"),
     }
 }
 
@@ -63,24 +79,33 @@ async fn a_restarted_gateway_does_not_hand_out_the_same_queue_epoch_again() {
     let mut a = first.open(&request("q", Mode::Queue), None).unwrap();
     let before = confirmed_epoch(&mut a).await;
     drop((a, first));
-    let restarted = gateway();
+    // It claims the next route at start (docs/semantics.md#cluster-restart-identity).
+    let restarted = gateway_on(ROUTE + 1);
     let mut b = restarted.open(&request("q", Mode::Queue), None).unwrap();
     let after = confirmed_epoch(&mut b).await;
-    assert_ne!(
-        before, after,
-        "the restarted gateway handed out queue epoch {after} again"
+    assert!(
+        after > before,
+        "the restarted gateway handed out queue epoch {after} after {before}"
     );
 }
 
-// README "Restart identity": ids below 2^53 read exactly as doubles (jq, JavaScript), also
-// a gateway's; its member ids start at a route boundary, so forwarded acks find it.
+// docs/semantics.md#cluster-restart-identity: a gateway's member ids start at its route's
+// boundary (so forwarded acks find it), above the start time its route was claimed for, and
+// below 2^53 (read exactly as doubles by jq, JavaScript).
 #[tokio::test(start_paused = true)]
-async fn a_gateways_ids_start_below_2_53_at_a_route_boundary() {
-    for _ in 0..64 {
-        let floor = gateway().id_floor().unix_micros();
-        assert!((1 << 52..1 << 53).contains(&floor), "floor {floor}");
-        assert_eq!(floor % (1 << GATEWAY_ROUTE_SHIFT), 0, "floor {floor}");
-    }
+async fn a_gateways_ids_start_at_its_routes_boundary_above_its_start() {
+    let floor = gateway().id_floor().unix_micros();
+    assert_eq!(floor, ROUTE << GATEWAY_ROUTE_SHIFT);
+    assert!(
+        floor > 1_796_590_000_000_000 && floor < 1 << 53,
+        "floor {floor}"
+    );
+    let mut m = gateway().open(&request("q", Mode::Queue), None).unwrap();
+    let member = confirmed_member(&mut m).await;
+    assert!(
+        member > floor && member >> GATEWAY_ROUTE_SHIFT == ROUTE,
+        "member {member}"
+    );
 }
 
 // README cluster mode: "A subscription's epoch is the cluster's." A singleton's local
@@ -502,6 +527,7 @@ async fn a_singleton_that_expires_with_its_last_member_hands_back_what_it_queued
         limits,
         Arc::new(VirtualClock::new(1_700_000_000_000)),
         observer.clone(),
+        ROUTE,
     )
     .1;
     let mut req = request("s", Mode::Singleton);

@@ -331,6 +331,51 @@ impl NatsBackplane {
         ))
     }
 
+    /// Claims this gateway's member-id route: the next above every route claimed before and
+    /// above `now_micros` (its ids, `route << shift` and up, are then above its start time in
+    /// µs), so member ids rise across gateway starts and stand above every id an embedded
+    /// broker handed out before (docs/semantics.md#cluster-restart-identity).
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`] when the bucket does not answer, other gateways keep claiming
+    /// at once (ten tries), or the route would put ids past 2^53 (a clock past the year 2255).
+    pub async fn claim_route(&self, now_micros: u64, shift: u32) -> Result<u64, KvError> {
+        use crate::cluster::values::{ROUTES_KEY, RoutesValue};
+        let by_time = (now_micros >> shift) + 1;
+        for _ in 0..10 {
+            let current = self.get(ROUTES_KEY).await?;
+            let (held, expected) = match &current {
+                Some(entry) => match entry.value.as_deref().map(serde_json::from_slice) {
+                    Some(Ok(routes)) => (routes, entry.revision),
+                    _ => (RoutesValue::default(), entry.revision),
+                },
+                None => (RoutesValue::default(), 0),
+            };
+            let route = by_time.max(held.last.saturating_add(1));
+            if route >= 1 << (53 - shift) {
+                return Err(KvError::Unavailable(format!(
+                    "no member-id route is left below 2^53 (route {route})"
+                )));
+            }
+            let bytes =
+                Bytes::from(serde_json::to_vec(&RoutesValue { last: route }).unwrap_or_default());
+            let written = if expected == 0 {
+                self.create_entry(ROUTES_KEY, bytes).await
+            } else {
+                self.write_at(ROUTES_KEY, Some(bytes), expected).await
+            };
+            match written {
+                Ok(_) => return Ok(route),
+                // Another gateway claimed one meanwhile: look again.
+                Err(error) if error.is_conflict() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Err(KvError::Unavailable(
+            "the member-id routes kept changing under ten tries".into(),
+        ))
+    }
+
     /// How many replicas the bucket's stream has (as it was when bound).
     pub fn replicas(&self) -> usize {
         self.store.stream.cached_info().config.num_replicas

@@ -139,6 +139,19 @@ pub struct IdsValue {
     pub epoch_offset: u64,
 }
 
+/// The key of the last member-id route a gateway claimed ([`RoutesValue`]).
+pub const ROUTES_KEY: &str = "routes";
+
+/// The value of [`ROUTES_KEY`]: the last route a gateway claimed at start. Each claims the
+/// next one above it and above its start time, so member ids (a route's ids are
+/// `route << GATEWAY_ROUTE_SHIFT` and up) rise across gateway starts and stand above the time
+/// (docs/semantics.md#cluster-restart-identity).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutesValue {
+    /// The last route claimed.
+    pub last: u64,
+}
+
 /// The key of a gateway's lease.
 pub fn lease_key(gateway: GatewayId) -> String {
     format!("lease.{}", gateway.0)

@@ -17,12 +17,18 @@ use crate::{
     nats_server::NatsCluster,
 };
 
+/// How far ahead of the time member ids may run here: a route's 2^24 µs (16.8 s) for each of
+/// the two gateways started over one bucket within that time, and more.
+const MEMBER_ID_LEAD: Duration = Duration::from_secs(40);
+
 /// What a deployment handed out: a leader's confirmation, its successor's, and a publish.
 #[derive(Debug, Clone, Copy)]
 struct Handed {
     epoch: u64,
     next_epoch: u64,
     system_id: u64,
+    /// The two members' ids, the later joiner's last.
+    members: (u64, u64),
 }
 
 /// A singleton leader, a failover to its standby, and a publish the successor receives.
@@ -48,10 +54,22 @@ async fn hand_out(client: &Client, id: &str) -> Handed {
         epoch: first.epoch,
         next_epoch: next.epoch,
         system_id: published.system_id,
+        members: (first.member_id, next.member_id),
     }
 }
 
 fn assert_above(later: Handed, earlier: Handed, what: &str) {
+    assert_epochs_and_ids_above(later, earlier, what);
+    assert!(
+        later.members.0 > earlier.members.1 && later.members.1 > later.members.0,
+        "{what}: member ids {:?} are not above the earlier {:?}",
+        later.members,
+        earlier.members
+    );
+}
+
+/// Epochs and system ids above the earlier ones (member ids not checked).
+fn assert_epochs_and_ids_above(later: Handed, earlier: Handed, what: &str) {
     assert!(
         later.epoch > earlier.next_epoch,
         "{what}: epoch {} is not above the earlier {} ({later:?} after {earlier:?})",
@@ -68,6 +86,20 @@ fn assert_above(later: Handed, earlier: Handed, what: &str) {
 
 async fn embedded() -> TestServer {
     TestServer::run(Server::new(ServerConfig::default())).await
+}
+
+/// An embedded broker started `later` than now, by its wall clock.
+async fn embedded_later(later: Duration) -> TestServer {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let config = ServerConfig {
+        clock: Arc::new(tinybroker::clock::VirtualClock::new(
+            (now + later).as_millis() as u64,
+        )),
+        ..ServerConfig::default()
+    };
+    TestServer::run(Server::new(config)).await
 }
 
 async fn delete_stream_and_bucket(url: &str) {
@@ -101,7 +133,9 @@ async fn ids_stay_above_every_earlier_one_across_deployments_and_new_clusters() 
     delete_stream_and_bucket(&url).await;
     let again = gateway(&url).await;
     let on_new_stream = hand_out(&again.client().await, "identity3").await;
-    assert_above(
+    // Member ids not checked: a gateway started within 2^24 µs of one of the bucket it
+    // replaced may share its route (docs/semantics.md#cluster-restart-identity).
+    assert_epochs_and_ids_above(
         on_new_stream,
         on_cluster,
         "the stream and bucket made again",
@@ -112,24 +146,40 @@ async fn ids_stay_above_every_earlier_one_across_deployments_and_new_clusters() 
     let rebuilt = NatsCluster::start(3).await;
     let gateway_b = gateway(&rebuilt.client_urls()[1]).await;
     let on_rebuilt = hand_out(&gateway_b.client().await, "identity4").await;
-    assert_above(on_rebuilt, on_new_stream, "a whole new cluster");
+    assert_epochs_and_ids_above(on_rebuilt, on_new_stream, "a whole new cluster");
     gateway_b.stop().await.unwrap();
 
     let server = embedded().await;
     let back = hand_out(&server.client().await, "identity5").await;
-    assert_above(back, on_rebuilt, "an embedded broker after a cluster");
+    // Member ids of a gateway's route run up to 2^24 µs (16.8 s) ahead of its start, so they
+    // are checked below with an embedded broker started that much later.
+    assert_epochs_and_ids_above(back, on_rebuilt, "an embedded broker after a cluster");
     server.stop().await.unwrap();
 
     // Back to the same cluster, its stream and bucket as they were: a gateway raises the
-    // epoch floor at start, so its epochs are above the embedded broker's that ran meanwhile.
-    // (Its system ids go on from the stream's sequence: docs/semantics.md says so.)
+    // epoch floor at start, so its epochs are above the embedded broker's that ran meanwhile,
+    // and claims the next member-id route. (Its system ids go on from the stream's sequence:
+    // docs/semantics.md says so.)
     let gateway_c = gateway(&rebuilt.client_urls()[2]).await;
     let again = hand_out(&gateway_c.client().await, "identity6").await;
+    assert!(
+        again.members.0 > on_rebuilt.members.1,
+        "member ids rise across gateway starts: {again:?} after {on_rebuilt:?}"
+    );
     assert!(
         again.epoch > back.next_epoch,
         "back to a cluster after an embedded broker: epoch {} is not above {} ({again:?} after {back:?})",
         again.epoch,
         back.next_epoch
+    );
+    gateway_c.stop().await.unwrap();
+
+    let server = embedded_later(MEMBER_ID_LEAD).await;
+    let last = hand_out(&server.client().await, "identity7").await;
+    assert_above(
+        last,
+        again,
+        "an embedded broker started 40 s after two gateways",
     );
 }
 

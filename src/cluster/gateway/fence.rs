@@ -583,6 +583,9 @@ pub(super) struct Recording {
     on_ended: OnEnded,
     /// Per local member whose activation's record is being written: whether it still may be.
     live: Arc<Mutex<Live>>,
+    /// The members whose last activation the shell applied (or found stale): no longer on its
+    /// way ([`Recording::activating`]).
+    settled: Arc<Mutex<std::collections::BTreeSet<(String, MemberId)>>>,
 }
 
 impl Recording {
@@ -598,6 +601,7 @@ impl Recording {
             on_recorded: Arc::new(on_recorded),
             on_ended: Arc::new(on_ended),
             live: Arc::default(),
+            settled: Arc::default(),
         }
     }
 
@@ -633,6 +637,10 @@ impl Recording {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert((subscription.clone(), member), live.clone());
+        self.settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(subscription.clone(), member));
         if let Some(earlier) = earlier {
             earlier.store(false, Ordering::SeqCst);
         }
@@ -663,19 +671,39 @@ impl Recording {
         });
     }
 
+    /// The shell applied `member`'s activation (or found it stale): it is on its way no more.
+    /// A record write still under way for it goes on (its flag is its own).
+    pub(super) fn settled(&self, subscription: &str, member: MemberId) {
+        self.settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((subscription.to_string(), member));
+    }
+
     /// Whether an activation of `member` of `subscription` was handed here and is still live
     /// (its record being written, or its member not yet activated by the shell).
     pub(super) fn activating(&self, subscription: &str, member: MemberId) -> bool {
-        self.live
+        let key = (subscription.to_string(), member);
+        !self
+            .settled
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&(subscription.to_string(), member))
-            .is_some_and(|live| live.load(Ordering::SeqCst))
+            .contains(&key)
+            && self
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&key)
+                .is_some_and(|live| live.load(Ordering::SeqCst))
     }
 
     /// `member` of `subscription` left or was ended: its activation's record is written no
     /// more.
     pub(super) fn lost(&self, subscription: &str, member: MemberId) {
+        self.settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(subscription.to_string(), member));
         if let Some(live) = self
             .live
             .lock()
@@ -688,6 +716,10 @@ impl Recording {
 
     /// Every member here was ended (the lease ended for good).
     pub(super) fn lost_all(&self) {
+        self.settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         for (_, flag) in std::mem::take(&mut *live) {
             flag.store(false, Ordering::SeqCst);

@@ -83,6 +83,23 @@ impl Gateway {
         let member = broker.open(request, connection).inspect_err(|e| {
             crate::broker::refused_join(&request.subscription_id, e);
         })?;
+        // Its id must be on this gateway's route, or acks forwarded to it would reach another
+        // gateway: a subscription past 2^24 joins at one gateway run has none left
+        // (docs/semantics.md#cluster-restart-identity). Dropping the stream leaves.
+        let route = super::forward::route_of(broker.id_floor().unix_micros());
+        if super::forward::route_of(member.member_id()) != route {
+            tracing::error!(
+                subscription = %request.subscription_id,
+                "subscription {:?} has had 2^{} joins at this gateway since it started: its member ids are used up here; join at another gateway, or restart this one",
+                request.subscription_id,
+                crate::broker::GATEWAY_ROUTE_SHIFT
+            );
+            return Err(Error::Unavailable(format!(
+                "this gateway has handed out every member id it has for subscription {:?} (2^{} joins since it started): join at another gateway, or restart this one",
+                request.subscription_id,
+                crate::broker::GATEWAY_ROUTE_SHIFT
+            )));
+        }
         let subscription: Arc<str> = Arc::from(request.subscription_id.as_str());
         if let router::Attach::New {
             events,

@@ -206,7 +206,7 @@ impl Gateway {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {
         let router = Router::new();
-        let (local, broker) = Broker::gateway(config::local_limits(limits), clock, router.clone());
+        let limits = config::local_limits(limits);
         if config.stream.is_empty()
             || !config
                 .stream
@@ -248,7 +248,7 @@ impl Gateway {
             .await
             .map_err(|e| format!("cannot connect to NATS at {}: {e}", config.urls))?;
         let max_payload = client.server_info().max_payload;
-        let max_message = broker.limits().max_message_bytes;
+        let max_message = limits.max_message_bytes;
         let largest_message = max_message.min(max_payload.saturating_sub(DEAD_LETTER_HEADROOM));
         if largest_message < max_message {
             tracing::info!(
@@ -270,7 +270,7 @@ impl Gateway {
         stream::keep_fences(&stream).await?;
         let id = format!(
             "{:x}{:x}",
-            broker.id_floor().unix_micros(),
+            crate::clock::system_unix_micros(),
             std::process::id()
         );
         let backplane = crate::cluster::nats::NatsBackplane::open(
@@ -295,6 +295,17 @@ impl Gateway {
             .map_err(|e| {
                 format!("cannot raise the cluster's epoch floor in the coordination bucket: {e}")
             })?;
+        // Member ids above every earlier gateway's, and above this start.
+        let route = backplane
+            .claim_route(
+                crate::clock::system_unix_micros(),
+                crate::broker::GATEWAY_ROUTE_SHIFT,
+            )
+            .await
+            .map_err(|e| {
+                format!("cannot claim a member-id route in the coordination bucket: {e}")
+            })?;
+        let (local, broker) = Broker::gateway(limits, clock, router.clone(), route);
         let (registry, registry_task) =
             registry::Registry::start(&client, stream.clone(), connects).await?;
         let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));

@@ -115,34 +115,52 @@ type Deferred = Vec<(Arc<str>, MemberId, crate::broker::Activation)>;
 /// An activation handed back by [`Recording`]: the subscription, the member, the activation.
 type Held = (Arc<str>, MemberId, crate::broker::Activation);
 
-/// Members whose step-down notice waits for their ended epoch's record, with the activation
-/// that came meanwhile (promoted again at once), applied once they were told.
+/// Per subscription, its members whose step-down notice waits for their ended epoch's
+/// record, and the activations that came meanwhile (a successor here, or the member promoted
+/// again at once): the local broker makes a member active only once the one before stepped
+/// down, so they are applied once every waiting member was told.
 #[derive(Default)]
 struct Telling {
-    pending: BTreeMap<(Arc<str>, MemberId), Option<Held>>,
+    pending: BTreeMap<Arc<str>, (std::collections::BTreeSet<MemberId>, Vec<Held>)>,
+    /// Activations released where they cannot be applied (the effects' pass): applied next.
+    released: Vec<Held>,
 }
 
 impl Telling {
-    fn insert(&mut self, key: (Arc<str>, MemberId)) {
-        self.pending.insert(key, None);
+    fn insert(&mut self, subscription: Arc<str>, member: MemberId) {
+        self.pending
+            .entry(subscription)
+            .or_default()
+            .0
+            .insert(member);
     }
 
-    /// Holds an activation of a member not yet told it stepped down; gives it back otherwise.
+    /// Holds an activation while a member of its subscription waits to be told it stepped
+    /// down; gives it back otherwise.
     fn hold(&mut self, activation: Held) -> Option<Held> {
-        match self.pending.get_mut(&(activation.0.clone(), activation.1)) {
-            Some(held) => {
-                *held = Some(activation);
+        match self.pending.get_mut(&activation.0) {
+            Some((waiting, held)) if !waiting.is_empty() => {
+                held.push(activation);
                 None
             }
-            None => Some(activation),
+            _ => Some(activation),
         }
     }
 
-    /// The member was told (or is gone): the activation held for it, if any.
-    fn told(&mut self, subscription: &Arc<str>, member: MemberId) -> Option<Held> {
+    /// `member` was told (or is gone): the activations held for its subscription once no
+    /// member of it waits any more.
+    fn told(&mut self, subscription: &Arc<str>, member: MemberId) -> Vec<Held> {
+        let Some((waiting, _)) = self.pending.get_mut(subscription) else {
+            return Vec::new();
+        };
+        waiting.remove(&member);
+        if !waiting.is_empty() {
+            return Vec::new();
+        }
         self.pending
-            .remove(&(subscription.clone(), member))
-            .flatten()
+            .remove(subscription)
+            .map(|(_, held)| held)
+            .unwrap_or_default()
     }
 }
 
@@ -455,6 +473,7 @@ async fn run(
                     {
                         tracing::debug!(subscription = %sub, member, %error, "could not activate a member");
                     }
+                    recording.settled(&sub, member);
                     step_down_activated(
                         now(),
                         &mut coordinator,
@@ -482,6 +501,18 @@ async fn run(
                 ),
                 &recording,
             );
+            for (sub, member, activation) in std::mem::take(&mut telling.released) {
+                recorded(
+                    now(),
+                    &mut coordinator,
+                    &broker,
+                    &recording,
+                    (&mut deferred, &mut after_activation),
+                    sub,
+                    member,
+                    activation,
+                );
+            }
             let (lapses, renewed) = coordinator.lapses();
             broker.count_lease_lapses(lapses - counted.0, renewed - counted.1);
             counted = (lapses, renewed);
@@ -567,7 +598,9 @@ async fn run(
                     Some(Input::Left(sub, member, carry)) => {
                         recording.lost(&sub, member);
                         after_activation.remove(&(sub.clone(), member));
-                        telling.told(&sub, member);
+                        for (sub, member, activation) in telling.told(&sub, member) {
+                            recorded(now(), &mut coordinator, &broker, &recording, (&mut deferred, &mut after_activation), sub, member, activation);
+                        }
                         joining.remove(&(sub.clone(), member));
                         proclaiming.remove(&(sub.clone(), member));
                         coordinator.member_left_carrying(now(), &sub, member, carry);
@@ -585,13 +618,13 @@ async fn run(
                     Some(Input::Recorded(sub, member, activation)) => {
                         // A member not yet told it stepped down is told first.
                         if let Some((sub, member, activation)) = telling.hold((sub, member, activation)) {
-                            recorded(now(), &mut coordinator, &broker, (&mut deferred, &mut after_activation), sub, member, activation);
+                            recorded(now(), &mut coordinator, &broker, &recording, (&mut deferred, &mut after_activation), sub, member, activation);
                         }
                     }
                     Some(Input::SteppedDown(sub, member, position)) => {
                         broker.stepped_down(&sub, member, position);
-                        if let Some((sub, member, activation)) = telling.told(&sub, member) {
-                            recorded(now(), &mut coordinator, &broker, (&mut deferred, &mut after_activation), sub, member, activation);
+                        for (sub, member, activation) in telling.told(&sub, member) {
+                            recorded(now(), &mut coordinator, &broker, &recording, (&mut deferred, &mut after_activation), sub, member, activation);
                         }
                     }
                     None => return,
@@ -638,10 +671,12 @@ async fn run(
 /// The record of `member`'s activation is stored: activated if the line still makes it active
 /// with that epoch under this incarnation's lease (an ended or deposed member is not), held
 /// while the lease is lapsed; a step-down asked meanwhile follows.
+#[allow(clippy::too_many_arguments)]
 fn recorded(
     now: Duration,
     coordinator: &mut Coordinator,
     broker: &Upstream,
+    recording: &Recording,
     (deferred, after_activation): (&mut Deferred, &mut AfterActivation),
     sub: Arc<str>,
     member: MemberId,
@@ -653,6 +688,8 @@ fn recorded(
         deferred.push((sub, member, activation));
         return;
     }
+    // No longer on its way: a step-down asked from now on is applied (or yielded) at once.
+    recording.settled(&sub, member);
     if current && coordinator.may_act(now) {
         if let Err(error) = broker.activate(&sub, member, activation) {
             // It left meanwhile: its leaving is on its way to the coordinator.
@@ -861,7 +898,7 @@ fn carry_out(
             } => {
                 // Told once its epoch's record says it ended; an activation that follows
                 // (promoted again at once) waits for that (Input::SteppedDown).
-                telling.insert((Arc::from(subscription.as_str()), member));
+                telling.insert(Arc::from(subscription.as_str()), member);
                 recording.stepped_down(subscription, member, position, epoch);
             }
             Effect::End {
@@ -872,7 +909,8 @@ fn carry_out(
                 recording.lost(&subscription, member);
                 let key = (Arc::from(subscription.as_str()), member);
                 after_activation.remove(&key);
-                telling.told(&key.0, member);
+                let released = telling.told(&key.0, member);
+                telling.released.extend(released);
                 let in_line = joining.remove(&key);
                 proclaiming.remove(&key);
                 match status {
