@@ -1003,7 +1003,7 @@ impl Coordinator {
     /// `sent + lease`, and a lapse it ends is over.
     fn renewed(&mut self, now: Duration, rev: Revision, sent: Duration) {
         self.own_revision = Some(self.own_revision.unwrap_or(0).max(rev));
-        if !self.valid_until.is_some_and(|u| now < u) {
+        if self.valid_until.is_none_or(|u| now >= u) {
             // The lease (re)starts: what happened in the lines meanwhile is known once the
             // watch reaches this write.
             self.term = Some(self.term.unwrap_or(0).max(rev));

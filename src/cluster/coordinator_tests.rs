@@ -1289,7 +1289,7 @@ fn a_lines_value_never_passes_max_line_bytes() {
             bytes.len()
         );
         next = Some(value(cmd));
-        written(&mut c, ms(8), &cmd, revision);
+        written(&mut c, ms(8), cmd, revision);
     }
     let next = next.expect("a write of the line");
     let ended: Vec<u64> = effects
