@@ -314,3 +314,39 @@ async fn a_gateway_refuses_an_existing_stream_that_does_not_take_its_subjects() 
         "{stderr}"
     );
 }
+
+// A stream that takes the gateway's subjects under another name is refused at once (a create
+// that overlaps would be refused for ever), naming that stream.
+#[tokio::test]
+async fn a_gateway_refuses_at_once_a_stream_whose_subjects_another_stream_takes() {
+    let cluster = NatsCluster::start(1).await;
+    let url = cluster.client_urls()[0].clone();
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "other".to_string(),
+        subjects: vec!["tinybroker.>".to_string()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = crate::binary::run_client_within(
+        ["serve", "--listen", "127.0.0.1:0", "--nats", url.as_str()]
+            .map(String::from)
+            .to_vec(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("overlap stream other") && stderr.contains("--nats-stream"),
+        "{stderr}"
+    );
+    // Not tried again for the start's patience (30 s) as a refusal that may pass.
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "refused after {:?}",
+        started.elapsed()
+    );
+}

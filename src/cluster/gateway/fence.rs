@@ -674,10 +674,19 @@ impl Recording {
     /// The shell applied `member`'s activation (or found it stale): it is on its way no more.
     /// A record write still under way for it goes on (its flag is its own).
     pub(super) fn settled(&self, subscription: &str, member: MemberId) {
-        self.settled
+        let key = (subscription.to_string(), member);
+        // Only for a member still here: one that left (`lost`) keeps no entry.
+        if self
+            .live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert((subscription.to_string(), member));
+            .contains_key(&key)
+        {
+            self.settled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key);
+        }
     }
 
     /// Whether an activation of `member` of `subscription` was handed here and is still live

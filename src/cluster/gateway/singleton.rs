@@ -450,6 +450,8 @@ async fn run(
         // (docs/semantics.md#cluster-lease-lapse).
         let mut deferred: Deferred = Vec::new();
         loop {
+            // Bounded: a question whose asker gave up (after its 5 s) goes.
+            parked.retain(|question| !asker_gone(question));
             if !parked.is_empty() && coordinator.caught_up(now()) {
                 let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut parked)
                     .into_iter()
@@ -611,8 +613,11 @@ async fn run(
                     Some(question @ (Input::HandOver(..) | Input::Watch(..) | Input::Line(..))) => {
                         if answerable(&question, now(), &coordinator) {
                             answer(question, now(), &mut coordinator, &mut leaders, &mut handing_over);
-                        } else {
+                        } else if parked.len() < MAX_PARKED {
                             parked.push(question);
+                        } else {
+                            // Dropped: its asker is answered UNAVAILABLE.
+                            tracing::warn!("{MAX_PARKED} leadership questions already wait for this gateway's copy of the lines to catch up: one more is refused");
                         }
                     }
                     Some(Input::Recorded(sub, member, activation)) => {
@@ -715,6 +720,20 @@ fn step_down_activated(
         && !broker.step_down(subscription, member, cause)
     {
         coordinator.member_yielded(now, subscription, member, Vec::new());
+    }
+}
+
+/// The most leadership questions that wait at once for this gateway's copy of the lines to
+/// catch up (each bounded by its asker's 5 s).
+const MAX_PARKED: usize = 10_000;
+
+/// Whether the one who asked `question` gave up waiting for the answer.
+fn asker_gone(question: &Input) -> bool {
+    match question {
+        Input::HandOver(_, _, reply) => reply.is_closed(),
+        Input::Watch(_, reply) => reply.is_closed(),
+        Input::Line(_, reply) => reply.is_closed(),
+        _ => false,
     }
 }
 

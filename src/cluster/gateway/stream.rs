@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{
-    self,
+    self, ErrorCode,
+    context::CreateStreamErrorKind,
     stream::{DiscardPolicy, RetentionPolicy, StorageType},
 };
 
@@ -64,7 +65,8 @@ pub(super) async fn ensure_stream(
         }
         let refused = match create_stream(js, config).await {
             Ok(stream) => return Ok(stream),
-            Err(refused) => refused,
+            Err(Refused::ForGood(why)) => return Err(why),
+            Err(Refused::ForNow(why)) => why,
         };
         // Made by another gateway meanwhile: found by the next look, with no wait.
         if let Ok(stream) = js.get_stream(&config.stream).await {
@@ -82,11 +84,19 @@ pub(super) async fn ensure_stream(
     }
 }
 
+/// Why a stream was not created.
+enum Refused {
+    /// Trying again may succeed (a cluster still placing, a stream another gateway just made).
+    ForNow(String),
+    /// Trying again cannot: the whole refusal, naming what to change.
+    ForGood(String),
+}
+
 /// Creates the stream: one try per replica count (3 then 1 when auto); the last refusal.
 async fn create_stream(
     js: &jetstream::Context,
     config: &GatewayConfig,
-) -> Result<jetstream::stream::Stream, String> {
+) -> Result<jetstream::stream::Stream, Refused> {
     let tries: &[usize] = match config.replicas {
         0 => &[3, 1],
         n => &[n][..],
@@ -114,10 +124,43 @@ async fn create_stream(
         };
         match js.create_stream(stream_config).await {
             Ok(stream) => return Ok(stream),
-            Err(error) => last = error.to_string(),
+            Err(error) => {
+                if let CreateStreamErrorKind::JetStream(jetstream_error) = error.kind()
+                    && jetstream_error.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP
+                {
+                    return Err(Refused::ForGood(
+                        overlap(js, config, &error.to_string()).await,
+                    ));
+                }
+                last = error.to_string();
+            }
         }
     }
-    Err(last)
+    Err(Refused::ForNow(last))
+}
+
+/// The refusal of a stream whose subjects another stream takes, naming that stream.
+async fn overlap(js: &jetstream::Context, config: &GatewayConfig, error: &str) -> String {
+    let subjects = format!("{}.>", config.stream);
+    let fences = fence::subjects(&config.stream);
+    let mut owners = Vec::new();
+    for subject in [format!("{}.x", config.stream), fences.replace('>', "x")] {
+        if let Ok(Ok(name)) =
+            tokio::time::timeout(Duration::from_secs(5), js.stream_by_subject(subject)).await
+            && !owners.contains(&name)
+        {
+            owners.push(name);
+        }
+    }
+    let by = if owners.is_empty() {
+        "another stream".to_string()
+    } else {
+        format!("stream {}", owners.join(", stream "))
+    };
+    format!(
+        "JetStream refused the stream {}: its subjects {subjects} and {fences} overlap {by} ({error}); pick another --nats-stream, or change that stream's subjects",
+        config.stream
+    )
 }
 
 /// A stream that exists: refused if it does not take the gateway's subjects (naming them),
