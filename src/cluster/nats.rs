@@ -276,6 +276,40 @@ impl NatsBackplane {
         &self.store.name
     }
 
+    /// The value of `key` as `T` (its default when it has none, or one that does not parse,
+    /// which a write replaces), and the revision to compare-and-set against (0: none).
+    async fn read_json<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        key: &str,
+    ) -> Result<(T, Revision), KvError> {
+        Ok(match self.get(key).await? {
+            Some(entry) => {
+                let value = entry
+                    .value
+                    .as_deref()
+                    .and_then(|bytes| serde_json::from_slice(bytes).ok())
+                    .unwrap_or_default();
+                (value, entry.revision)
+            }
+            None => (T::default(), 0),
+        })
+    }
+
+    /// Writes `value` to `key` if its revision is still `expected` (0: it has none).
+    async fn write_json<T: serde::Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        expected: Revision,
+    ) -> Result<Revision, KvError> {
+        let bytes = Bytes::from(serde_json::to_vec(value).unwrap_or_default());
+        if expected == 0 {
+            self.create_entry(key, bytes).await
+        } else {
+            self.write_at(key, Some(bytes), expected).await
+        }
+    }
+
     /// Raises the cluster's epoch floor ([`crate::cluster::values::IdsValue`]) so that every
     /// epoch made from now on is above `now_micros`: its offset becomes `now_micros` less the
     /// bucket's last revision, unless it is higher already (another gateway's clock ahead, or
@@ -290,15 +324,7 @@ impl NatsBackplane {
     pub async fn raise_epoch_floor(&self, now_micros: u64) -> Result<u64, KvError> {
         use crate::cluster::values::{IDS_KEY, IdsValue};
         for _ in 0..10 {
-            let current = self.get(IDS_KEY).await?;
-            let (held, expected) = match &current {
-                Some(entry) => match entry.value.as_deref().map(serde_json::from_slice) {
-                    Some(Ok(ids)) => (ids, entry.revision),
-                    // Unreadable or deleted: replaced by a readable one.
-                    _ => (IdsValue::default(), entry.revision),
-                },
-                None => (IdsValue::default(), 0),
-            };
+            let (held, expected): (IdsValue, _) = self.read_json(IDS_KEY).await?;
             let info = self
                 .store
                 .stream
@@ -313,13 +339,7 @@ impl NatsBackplane {
             let value = IdsValue {
                 epoch_offset: wanted,
             };
-            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
-            let written = if expected == 0 {
-                self.create_entry(IDS_KEY, bytes).await
-            } else {
-                self.write_at(IDS_KEY, Some(bytes), expected).await
-            };
-            match written {
+            match self.write_json(IDS_KEY, &value, expected).await {
                 Ok(revision) => return Ok(revision.saturating_add(wanted)),
                 // Another gateway raised it meanwhile: look again.
                 Err(error) if error.is_conflict() => {}
@@ -343,28 +363,17 @@ impl NatsBackplane {
         use crate::cluster::values::{ROUTES_KEY, RoutesValue};
         let by_time = (now_micros >> shift) + 1;
         for _ in 0..10 {
-            let current = self.get(ROUTES_KEY).await?;
-            let (held, expected) = match &current {
-                Some(entry) => match entry.value.as_deref().map(serde_json::from_slice) {
-                    Some(Ok(routes)) => (routes, entry.revision),
-                    _ => (RoutesValue::default(), entry.revision),
-                },
-                None => (RoutesValue::default(), 0),
-            };
+            let (held, expected): (RoutesValue, _) = self.read_json(ROUTES_KEY).await?;
             let route = by_time.max(held.last.saturating_add(1));
             if route >= 1 << (53 - shift) {
                 return Err(KvError::Unavailable(format!(
                     "no member-id route is left below 2^53 (route {route})"
                 )));
             }
-            let bytes =
-                Bytes::from(serde_json::to_vec(&RoutesValue { last: route }).unwrap_or_default());
-            let written = if expected == 0 {
-                self.create_entry(ROUTES_KEY, bytes).await
-            } else {
-                self.write_at(ROUTES_KEY, Some(bytes), expected).await
-            };
-            match written {
+            match self
+                .write_json(ROUTES_KEY, &RoutesValue { last: route }, expected)
+                .await
+            {
                 Ok(_) => return Ok(route),
                 // Another gateway claimed one meanwhile: look again.
                 Err(error) if error.is_conflict() => {}

@@ -285,29 +285,36 @@ async fn within_start<F: std::future::Future>(future: F) -> F::Output {
         .expect("the gateways started within 60 s")
 }
 
-// A stream that exists with subjects a gateway cannot use is still refused at start, naming
-// what it has and what a gateway needs.
-#[tokio::test]
-async fn a_gateway_refuses_an_existing_stream_that_does_not_take_its_subjects() {
-    let cluster = NatsCluster::start(1).await;
-    let url = cluster.client_urls()[0].clone();
-    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+/// Creates stream `name` taking `subjects` on `url`, then runs `serve --nats url`, which must
+/// refuse to start: its log, and how long it took.
+async fn refused_next_to(url: &str, name: &str, subjects: &str) -> (String, Duration) {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await.unwrap());
     js.create_stream(async_nats::jetstream::stream::Config {
-        name: "tinybroker".to_string(),
-        subjects: vec!["elsewhere.>".to_string()],
+        name: name.to_string(),
+        subjects: vec![subjects.to_string()],
         ..Default::default()
     })
     .await
     .unwrap();
+    let started = std::time::Instant::now();
     let out = crate::binary::run_client_within(
-        ["serve", "--listen", "127.0.0.1:0", "--nats", url.as_str()]
+        ["serve", "--listen", "127.0.0.1:0", "--nats", url]
             .map(String::from)
             .to_vec(),
         Duration::from_secs(30),
     )
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "{stderr}");
+    (stderr, started.elapsed())
+}
+
+// A stream that exists with subjects a gateway cannot use is still refused at start, naming
+// what it has and what a gateway needs.
+#[tokio::test]
+async fn a_gateway_refuses_an_existing_stream_that_does_not_take_its_subjects() {
+    let cluster = NatsCluster::start(1).await;
+    let (stderr, _) = refused_next_to(&cluster.client_urls()[0], "tinybroker", "elsewhere.>").await;
     assert!(
         stderr.contains("does not take tinybroker.>")
             && stderr.contains("its subjects: elsewhere.>"),
@@ -320,33 +327,11 @@ async fn a_gateway_refuses_an_existing_stream_that_does_not_take_its_subjects() 
 #[tokio::test]
 async fn a_gateway_refuses_at_once_a_stream_whose_subjects_another_stream_takes() {
     let cluster = NatsCluster::start(1).await;
-    let url = cluster.client_urls()[0].clone();
-    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: "other".to_string(),
-        subjects: vec!["tinybroker.>".to_string()],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let started = std::time::Instant::now();
-    let out = crate::binary::run_client_within(
-        ["serve", "--listen", "127.0.0.1:0", "--nats", url.as_str()]
-            .map(String::from)
-            .to_vec(),
-        Duration::from_secs(30),
-    )
-    .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let (stderr, took) = refused_next_to(&cluster.client_urls()[0], "other", "tinybroker.>").await;
     assert!(
         stderr.contains("overlap stream other") && stderr.contains("--nats-stream"),
         "{stderr}"
     );
     // Not tried again for the start's patience (30 s) as a refusal that may pass.
-    assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "refused after {:?}",
-        started.elapsed()
-    );
+    assert!(took < Duration::from_secs(15), "refused after {took:?}");
 }
