@@ -568,7 +568,9 @@ type OnEnded = Arc<dyn Fn(Arc<str>, MemberId, u32) + Send + Sync>;
 
 /// Per local member (subscription, member id) whose activation's record is being written:
 /// whether it still may be.
-type Live = BTreeMap<(String, MemberId), Arc<AtomicBool>>;
+/// Per local member whose activation was handed here: its record write's flag (whether it
+/// still may be written), and whether the shell has applied the activation since (settled).
+type Live = BTreeMap<(String, MemberId), (Arc<AtomicBool>, bool)>;
 
 /// What the singleton shell writes fence records with: an activation waits for its epoch's
 /// record, and an emptied line's epoch is recorded as ended. Each is given up once this
@@ -583,9 +585,6 @@ pub(super) struct Recording {
     on_ended: OnEnded,
     /// Per local member whose activation's record is being written: whether it still may be.
     live: Arc<Mutex<Live>>,
-    /// The members whose last activation the shell applied (or found stale): no longer on its
-    /// way ([`Recording::activating`]).
-    settled: Arc<Mutex<std::collections::BTreeSet<(String, MemberId)>>>,
 }
 
 impl Recording {
@@ -601,7 +600,6 @@ impl Recording {
             on_recorded: Arc::new(on_recorded),
             on_ended: Arc::new(on_ended),
             live: Arc::default(),
-            settled: Arc::default(),
         }
     }
 
@@ -636,12 +634,8 @@ impl Recording {
             .live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert((subscription.clone(), member), live.clone());
-        self.settled
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(subscription.clone(), member));
-        if let Some(earlier) = earlier {
+            .insert((subscription.clone(), member), (live.clone(), false));
+        if let Some((earlier, _)) = earlier {
             earlier.store(false, Ordering::SeqCst);
         }
         let this = self.clone();
@@ -674,46 +668,31 @@ impl Recording {
     /// The shell applied `member`'s activation (or found it stale): it is on its way no more.
     /// A record write still under way for it goes on (its flag is its own).
     pub(super) fn settled(&self, subscription: &str, member: MemberId) {
-        let key = (subscription.to_string(), member);
-        // Only for a member still here: one that left (`lost`) keeps no entry.
-        if self
+        // A member that left (`lost`) has no entry any more, and gets none.
+        if let Some((_, settled)) = self
             .live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(&key)
+            .get_mut(&(subscription.to_string(), member))
         {
-            self.settled
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(key);
+            *settled = true;
         }
     }
 
-    /// Whether an activation of `member` of `subscription` was handed here and is still live
-    /// (its record being written, or its member not yet activated by the shell).
+    /// Whether an activation of `member` of `subscription` was handed here and is still on its
+    /// way: its record being written, or the shell not yet having applied it.
     pub(super) fn activating(&self, subscription: &str, member: MemberId) -> bool {
-        let key = (subscription.to_string(), member);
-        !self
-            .settled
+        self.live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(&key)
-            && self
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&key)
-                .is_some_and(|live| live.load(Ordering::SeqCst))
+            .get(&(subscription.to_string(), member))
+            .is_some_and(|(live, settled)| !settled && live.load(Ordering::SeqCst))
     }
 
     /// `member` of `subscription` left or was ended: its activation's record is written no
     /// more.
     pub(super) fn lost(&self, subscription: &str, member: MemberId) {
-        self.settled
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(subscription.to_string(), member));
-        if let Some(live) = self
+        if let Some((live, _)) = self
             .live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -725,12 +704,8 @@ impl Recording {
 
     /// Every member here was ended (the lease ended for good).
     pub(super) fn lost_all(&self) {
-        self.settled
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
-        for (_, flag) in std::mem::take(&mut *live) {
+        for (_, (flag, _)) in std::mem::take(&mut *live) {
             flag.store(false, Ordering::SeqCst);
         }
     }

@@ -78,6 +78,7 @@ mod registry;
 mod router;
 pub mod singleton;
 mod stream;
+mod waits;
 
 use std::{sync::Arc, time::Duration};
 
