@@ -35,11 +35,15 @@ enum Command {
     HandOver(cli::client::HandOver),
     /// Show subscriptions, members in promotion order, epochs, depths and counters.
     Status(cli::status::Status),
-    /// Load generator: runs workload w1 (work queue), w2 (singleton failover) or w3 (fan-out).
+    /// Load generator: runs workload w1 (work queue), w2 (singleton failover), w3 (fan-out) or
+    /// w4 (elections at scale).
     Bench(cli::bench::Bench),
     /// One replica of the w2 failover workload (started by `bench w2`).
     #[command(hide = true)]
     BenchReplica(cli::bench::Replica),
+    /// One elector of the w4 elections workload (started by `bench w4`).
+    #[command(hide = true)]
+    BenchElector(cli::bench::Elector),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +77,9 @@ fn main() -> ExitCode {
             Command::Bench(args) => cli::bench::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::BenchReplica(args) => {
                 cli::bench::replica(args).await.map(|()| ExitCode::SUCCESS)
+            }
+            Command::BenchElector(args) => {
+                cli::bench::elector(args).await.map(|()| ExitCode::SUCCESS)
             }
         }
     });

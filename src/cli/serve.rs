@@ -135,6 +135,11 @@ pub struct Serve {
     /// publishes past it get RESOURCE_EXHAUSTED. A stream that exists keeps its own limits.
     #[arg(long, env = "TINYBROKER_NATS_MAX_BYTES", default_value_t = gateway::DEFAULT_MAX_BYTES, value_parser = clap::value_parser!(i64).range(1..))]
     nats_max_bytes: i64,
+    /// Cluster mode: most consumers the JetStream stream holds when this gateway creates it,
+    /// or when it exists with no limit of its own: each subscription is one (each BROADCAST
+    /// member one more). Past it, joins that need a new consumer get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TINYBROKER_NATS_MAX_CONSUMERS", default_value_t = gateway::DEFAULT_MAX_CONSUMERS, value_parser = clap::value_parser!(i32).range(2..))]
+    nats_max_consumers: i32,
     /// Cluster mode: how long a publish JetStream does not confirm is sent again (with its
     /// message id, so it is stored once) while the stream's leader moves, e.g. after a NATS
     /// node stopped; at most the stream's duplicate window. A request's gRPC deadline, when
@@ -322,6 +327,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     lapse_patience: args.gateway_lapse_patience,
                     max_messages: args.nats_max_messages,
                     max_bytes: args.nats_max_bytes,
+                    max_consumers: args.nats_max_consumers,
                     publish_timeout: args.nats_publish_timeout,
                     ping_interval: args.nats_ping_interval.max(Duration::from_millis(100)),
                     ..GatewayConfig::new(urls.clone())

@@ -5,7 +5,9 @@
 //! - `w1`: a work queue: one publisher, queue consumers that ack each message;
 //! - `w2`: singleton failover: replica processes, the active one killed with SIGKILL again and
 //!   again; the gap from kill to the first delivery at the new active, lost and duplicated;
-//! - `w3`: fan-out to broadcast subscribers, acked or ack-free.
+//! - `w3`: fan-out to broadcast subscribers, acked or ack-free;
+//! - `w4`: elections at scale: one process leads N singleton subscriptions, a second stands by
+//!   on all N, the first is killed; joins a second, memory, and the time to promote all N.
 //!
 //! With `--nats URL`, w1 and w3 run through two gateways the bench starts (`serve --nats`;
 //! consumers on one, the publisher on the other), then the same workload straight on
@@ -18,6 +20,7 @@
 //! and one JSON line.
 
 mod cpu;
+mod elections;
 mod failover;
 mod jetstream;
 mod load;
@@ -36,6 +39,7 @@ use std::{
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+pub use elections::{Elector, elector};
 pub use failover::{Replica, replica};
 
 /// How publishes or acks travel.
@@ -64,6 +68,9 @@ enum Workload {
     W2(failover::W2),
     /// Fan-out: 1 publisher, broadcast subscribers, acked or ack-free.
     W3(load::W3),
+    /// Elections at scale: one process leads --subscriptions singleton subscriptions, a second
+    /// stands by on all; the first is killed with SIGKILL. Joins a second, memory, promotion.
+    W4(elections::W4),
     /// Memory: --messages queued for a subscription with no consumer; the broker's RSS and the
     /// bytes it costs per queued message.
     Fill,
@@ -234,20 +241,25 @@ pub async fn run(args: Bench) -> Result<(), String> {
     if let Some(urls) = common.nats_core.clone() {
         return match &workload {
             Workload::W3(w3) => nats_core::run_w3(&common, &urls, w3).await,
-            Workload::W1(_) | Workload::W2(_) | Workload::Fill => Err(
+            Workload::W1(_) | Workload::W2(_) | Workload::W4(_) | Workload::Fill => Err(
                 "--nats-core runs w3 only (NATS core has no acks or queues to hold the others)"
                     .into(),
             ),
         };
     }
+    let extra = match &workload {
+        Workload::W4(w4) => w4.serve_args(),
+        _ => Vec::new(),
+    };
     let broker = match &common.server {
         Some(url) => Target::External(url.clone()),
-        None => Target::Process(BrokerProcess::start(common.messages)?),
+        None => Target::Process(BrokerProcess::start_with(common.messages, &extra)?),
     };
     match workload {
         Workload::W1(w1) => load::run_w1(&common, &broker, &w1).await.map(drop),
         Workload::W2(w2) => failover::run_w2(&common, &broker, &w2).await,
         Workload::W3(w3) => load::run_w3(&common, &broker, &w3).await.map(drop),
+        Workload::W4(w4) => elections::run_w4(&common, &broker, &w4).await,
         Workload::Fill => load::run_fill(&common, &broker).await,
     }
 }
@@ -269,14 +281,14 @@ async fn run_nats(workload: Workload, common: &Common, urls: &str) -> Result<(),
     if common.reps > 1 && (common.fenced || !matches!(workload, Workload::W1(_) | Workload::W3(_)))
     {
         return Err(
-            "--reps compares w1 or w3 through the gateways with JetStream alone (w2 and --fenced have no JetStream side)".into(),
+            "--reps compares w1 or w3 through the gateways with JetStream alone (w2, w4 and --fenced have no JetStream side)".into(),
         );
     }
     if common.jetstream_shares_cpu
         && (common.fenced || !matches!(workload, Workload::W1(_) | Workload::W3(_)))
     {
         return Err(
-            "--jetstream-shares-cpu loads the machine beside JetStream alone in w1 or w3 (w2 and --fenced have no JetStream side)".into(),
+            "--jetstream-shares-cpu loads the machine beside JetStream alone in w1 or w3 (w2, w4 and --fenced have no JetStream side)".into(),
         );
     }
     if common.jetstream_shares_cpu
@@ -328,16 +340,17 @@ async fn run_nats_once(
     stream: &str,
 ) -> Result<Option<Rep>, String> {
     let gateways = || -> Result<Target, String> {
+        let mut args = vec![
+            "--nats".into(),
+            urls.into(),
+            "--nats-stream".into(),
+            stream.to_string(),
+        ];
+        if let Workload::W4(w4) = workload {
+            args.extend(w4.serve_args());
+        }
         let start = |n: usize| {
-            BrokerProcess::start_with(
-                common.messages,
-                &[
-                    "--nats".into(),
-                    urls.into(),
-                    "--nats-stream".into(),
-                    stream.to_string(),
-                ],
-            )
+            BrokerProcess::start_with(common.messages, &args)
             .map_err(|e| format!("gateway {n}: {e}"))
         };
         Ok(Target::Gateways(start(1)?, start(2)?))
@@ -347,6 +360,9 @@ async fn run_nats_once(
         Workload::W1(w1) => load::run_w1(common, &target, w1).await,
         Workload::W3(w3) => load::run_w3(common, &target, w3).await,
         Workload::W2(w2) => failover::run_w2(common, &target, w2)
+            .await
+            .map(|()| (0.0, None)),
+        Workload::W4(w4) => elections::run_w4(common, &target, w4)
             .await
             .map(|()| (0.0, None)),
         Workload::Fill => Ok((0.0, None)),
@@ -373,6 +389,12 @@ async fn run_nats_once(
         Workload::W2(_) => {
             println!(
                 "w2 straight on JetStream: not run. JetStream has no consumer that promotes the next client in join order when the active one's connection closes (a pinned client of a priority group is re-pinned only after its pinned TTL, and with no fencing token)"
+            );
+            return Ok(None);
+        }
+        Workload::W4(_) => {
+            println!(
+                "w4 straight on JetStream: not run. JetStream has no election to compare with (no consumer promotes the next client in join order, and none hands out a fencing token)"
             );
             return Ok(None);
         }
@@ -428,6 +450,7 @@ impl Comparison {
                 Workload::W1(_) => "w1",
                 Workload::W2(_) => "w2",
                 Workload::W3(_) => "w3",
+                Workload::W4(_) => "w4",
                 Workload::Fill => "fill",
             },
             deployment: "gateways/jetstream",
@@ -602,6 +625,17 @@ impl Target {
         }
     }
 
+    /// The broker's resident set now; both gateways' together.
+    fn rss_now(&self) -> Option<u64> {
+        match self {
+            Target::External(_) => None,
+            Target::Process(p) => proc_status(p.child.id(), "VmRSS:"),
+            Target::Gateways(a, b) => {
+                Some(proc_status(a.child.id(), "VmRSS:")? + proc_status(b.child.id(), "VmRSS:")?)
+            }
+        }
+    }
+
     fn rss(&self) -> Option<u64> {
         match self {
             Target::External(_) | Target::Gateways(..) => None,
@@ -617,13 +651,8 @@ struct BrokerProcess {
 }
 
 impl BrokerProcess {
-    /// Starts the broker with queues deep enough for the whole run, and waits for the address it
-    /// logs once bound.
-    fn start(messages: u64) -> Result<Self, String> {
-        Self::start_with(messages, &[])
-    }
-
-    /// [`Self::start`] with more `serve` arguments.
+    /// Starts the broker with queues deep enough for the whole run, and `extra` `serve`
+    /// arguments, and waits for the address it logs once bound.
     fn start_with(messages: u64, extra: &[String]) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut child = Command::new(exe)

@@ -36,6 +36,10 @@ pub struct GatewayConfig {
     /// Most bytes the stream keeps when the gateway creates it (`--nats-max-bytes`); a publish
     /// past it is refused.
     pub max_bytes: i64,
+    /// Most consumers the stream holds, when the gateway creates it (`--nats-max-consumers`):
+    /// each subscription is one (each BROADCAST member one more), and the fence records one.
+    /// nats-server 2.15 otherwise gives a stream 1,000.
+    pub max_consumers: i32,
     /// How long a publish is sent again while JetStream does not confirm it (a stream leader
     /// being elected after a NATS node stopped), within the stream's duplicate window
     /// (`--nats-publish-timeout`).
@@ -58,6 +62,9 @@ pub const DEAD_LETTER_HEADROOM: usize = 2048;
 
 /// `--nats-max-messages`' default: ten subscriptions' worth of the embedded default queue.
 pub const DEFAULT_MAX_MESSAGES: i64 = 1_000_000;
+/// `--nats-max-consumers`' default: room for 100,000 subscriptions, a hundred times what
+/// nats-server 2.15 gives a stream that sets no limit (one that sets none, or -1, gets 1,000).
+pub const DEFAULT_MAX_CONSUMERS: i32 = 100_000;
 /// `--nats-max-bytes`' default: the embedded broker's default memory budget.
 pub const DEFAULT_MAX_BYTES: i64 = 1 << 30;
 
@@ -75,6 +82,7 @@ impl GatewayConfig {
             lapse_patience: Duration::ZERO,
             max_messages: DEFAULT_MAX_MESSAGES,
             max_bytes: DEFAULT_MAX_BYTES,
+            max_consumers: DEFAULT_MAX_CONSUMERS,
             publish_timeout: Duration::from_secs(30),
             ping_interval: Duration::from_secs(1),
         }

@@ -413,22 +413,38 @@ impl Gateway {
     }
 
     /// The incarnations holding a lease in the coordination bucket: every live gateway, and
-    /// dead ones whose lease has not lapsed yet.
+    /// dead ones whose lease has not lapsed yet. Read without a consumer: the bucket's stream
+    /// names the subjects of its lease keys, and each is read; listing the bucket's keys would
+    /// make an ephemeral consumer each time (deletes in a burst would fill the bucket's stream
+    /// with them until they expire), and would read every subscription's key.
     pub(super) async fn leased_gateways(&self) -> Result<BTreeSet<u64>, Error> {
         let bucket = format!("{}-coordination", self.inner.config.stream);
+        let js = &self.inner.shared.js;
         let read = async {
-            let store = self
-                .inner
-                .shared
-                .js
-                .get_key_value(&bucket)
+            let store = js.get_key_value(&bucket).await.map_err(|e| e.to_string())?;
+            let stream = js
+                .get_stream(format!("KV_{bucket}"))
                 .await
                 .map_err(|e| e.to_string())?;
-            let mut keys = store.keys().await.map_err(|e| e.to_string())?;
+            let prefix = format!("$KV.{bucket}.");
+            let mut subjects = stream
+                .info_with_subjects(format!("{prefix}lease.>"))
+                .await
+                .map_err(|e| e.to_string())?;
             let mut leased = BTreeSet::new();
-            while let Some(key) = keys.next().await {
-                let key = crate::cluster::nats::decode_key(&key.map_err(|e| e.to_string())?);
-                if let Some(gateway) = key.strip_prefix("lease.").and_then(|g| g.parse().ok()) {
+            while let Some(listed) = subjects.next().await {
+                let (subject, _) = listed.map_err(|e| e.to_string())?;
+                let Some(key) = subject.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let Some(gateway) = crate::cluster::nats::decode_key(key)
+                    .strip_prefix("lease.")
+                    .and_then(|g| g.parse().ok())
+                else {
+                    continue;
+                };
+                // A deleted lease leaves its marker as the subject's last message.
+                if store.get(key).await.map_err(|e| e.to_string())?.is_some() {
                     leased.insert(gateway);
                 }
             }

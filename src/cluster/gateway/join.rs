@@ -267,6 +267,9 @@ impl Gateway {
                 let recorded = check(consumer.cached_info())?;
                 return Ok((consumer, recorded, Announce::IfNew(name)));
             }
+            if at_consumer_limit(&error) {
+                return Err(self.consumer_limit_reached(&request.subscription_id));
+            }
             if !for_now(&error) {
                 return Err(refused(format!(
                     "JetStream refused the consumer of subscription {:?}: {error}",
@@ -282,6 +285,32 @@ impl Gateway {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_millis(500));
         }
+    }
+}
+
+/// Whether JetStream refused a consumer because its stream (or account) holds its most.
+fn at_consumer_limit(error: &async_nats::jetstream::stream::ConsumerCreateStrictError) -> bool {
+    use async_nats::jetstream::{ErrorCode, stream::ConsumerCreateStrictErrorKind as Kind};
+    matches!(error.kind(), Kind::JetStream(error) if error.error_code() == ErrorCode::MAXIMUM_CONSUMERS_LIMIT)
+}
+
+impl Gateway {
+    /// The refusal of a join whose consumer the stream has no room for: what a consumer is,
+    /// and the setting to raise (docs/cluster.md#subscriptions-and-consumers).
+    fn consumer_limit_reached(&self, subscription: &str) -> Error {
+        let stream = &self.inner.config.stream;
+        let limit = self.inner.stream.cached_info().config.max_consumers;
+        let limit = if limit > 0 {
+            format!("{limit}, its max_consumers, or its account's limit")
+        } else {
+            "the servers' default (1,000 on nats-server 2.15), or its account's limit".into()
+        };
+        Error::cluster(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "subscription {subscription:?} was not joined: JetStream stream {stream} holds its most consumers ({limit}), and each subscription is one (each BROADCAST member one more); delete subscriptions no longer used, or raise the limit (`nats stream edit {stream} --max-consumers N`; a stream a gateway creates takes --nats-max-consumers)"
+            ),
+        )
     }
 }
 

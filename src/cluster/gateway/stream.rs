@@ -114,6 +114,7 @@ async fn create_stream(
             num_replicas: replicas,
             max_messages: config.max_messages,
             max_bytes: config.max_bytes,
+            max_consumers: config.max_consumers,
             discard: DiscardPolicy::New,
             // As long as a publish may be sent again (JetStream's default is 2 minutes): every
             // id of the window is kept in memory on each of the stream's servers, so a shorter
@@ -195,6 +196,9 @@ async fn existing_stream(
             .await
             .map_err(|e| format!("JetStream stream {}: {e}", config.stream))?;
     }
+    if stream.cached_info().config.max_consumers <= 0 {
+        stream = raise_max_consumers(js, stream, config).await;
+    }
     let existing = &stream.cached_info().config;
     if existing.max_messages < 0 && existing.max_bytes < 0 {
         tracing::warn!(
@@ -223,6 +227,42 @@ async fn existing_stream(
         );
     }
     Ok(stream)
+}
+
+/// A stream that exists with no consumer limit of its own (made by an earlier gateway, or by
+/// hand without one) is given `--nats-max-consumers`: nats-server 2.15 gives such a stream
+/// 1,000, and each subscription is a consumer. Servers that refuse the change (an account
+/// limit below it, nats-server before 2.12 that cannot edit it) leave the stream as it was,
+/// named at warn level. A limit the stream sets itself is kept: it is the operator's.
+async fn raise_max_consumers(
+    js: &jetstream::Context,
+    stream: jetstream::stream::Stream,
+    config: &GatewayConfig,
+) -> jetstream::stream::Stream {
+    let mut updated = stream.cached_info().config.clone();
+    updated.max_consumers = config.max_consumers;
+    let error = match js.update_stream(&updated).await {
+        Ok(info) if info.config.max_consumers == config.max_consumers => {
+            tracing::info!(
+                stream = %config.stream,
+                max_consumers = config.max_consumers,
+                "JetStream stream {} had no consumer limit of its own (nats-server 2.15 gives it 1,000): set to --nats-max-consumers",
+                config.stream
+            );
+            return js.get_stream(&config.stream).await.unwrap_or(stream);
+        }
+        Ok(_) => "the servers kept their own limit".to_string(),
+        Err(error) => error.to_string(),
+    };
+    tracing::warn!(
+        stream = %config.stream,
+        %error,
+        "JetStream stream {} has no consumer limit of its own, and setting it to {} was refused: the servers' default applies (1,000 on nats-server 2.15), and each subscription is a consumer; raise it with `nats stream edit {} --max-consumers N`",
+        config.stream,
+        config.max_consumers,
+        config.stream
+    );
+    stream
 }
 
 /// Turns on atomic batches on the stream where they are off (nats-server 2.12 or later; a
