@@ -273,7 +273,11 @@ pub async fn run_w4(_common: &Common, broker: &Target, w4: &W4) -> Result<(), St
         report.promote_all_ms,
         report.promote_median_ms,
         mib(report.broker_rss_bytes),
-        if broker.deployment().is_some() { "s (both gateways)" } else { "" },
+        if broker.deployment().is_some() {
+            "s (both gateways)"
+        } else {
+            ""
+        },
         mib(report.servers_rss_bytes),
     );
     println!(
@@ -295,7 +299,11 @@ fn servers_rss() -> Option<u64> {
     let mut total = 0;
     let mut found = false;
     for entry in std::fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
             continue;
         };
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();

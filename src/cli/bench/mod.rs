@@ -351,7 +351,7 @@ async fn run_nats_once(
         }
         let start = |n: usize| {
             BrokerProcess::start_with(common.messages, &args)
-            .map_err(|e| format!("gateway {n}: {e}"))
+                .map_err(|e| format!("gateway {n}: {e}"))
         };
         Ok(Target::Gateways(start(1)?, start(2)?))
     };

@@ -307,8 +307,7 @@ pub(super) fn spawn(
     )
 }
 
-/// The backplane writes under way, each answering with its request id and key.
-type Writes = JoinSet<(RequestId, String, Result<Revision, KvError>)>;
+use super::writes::Writes;
 
 /// How long a gateway whose lease create was not confirmed waits before its next incarnation.
 const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);
@@ -367,7 +366,7 @@ async fn run(
         // lease's timer, renewals and members are served meanwhile, so a gateway whose lease
         // lapses while NATS is slow to answer still stops acting, and ends its members, on time.
         let mut opening: Option<BoxFuture<'_, Result<Watch, KvError>>> = Some(backplane.watch(""));
-        let mut writes: Writes = JoinSet::new();
+        let mut writes = Writes::default();
         // Renewals' deadlines (a sixth of the lease): one past it is followed by another.
         let mut slow: JoinSet<RequestId> = JoinSet::new();
         // Joins to answer once their member is in the line; dropped with the incarnation (the
@@ -599,8 +598,8 @@ async fn run(
                     None => watch = None,
                 },
                 Some(Ok(id)) = slow.join_next(), if !slow.is_empty() => coordinator.write_slow(now(), id),
-                Some(done) = writes.join_next(), if !writes.is_empty() => {
-                    if let Ok((request, key, result)) = done {
+                done = writes.next(), if !writes.is_empty() => {
+                    if let Some((request, key, result)) = done {
                         if let Err(error) = &result
                             && key.starts_with("lease.")
                         {
@@ -711,14 +710,17 @@ fn carry_out(
         // (Coordinator::write_slow), several within the lease, so the gateway renews as soon as
         // NATS has elected the bucket's next leader; the slow one runs on, and its answer still
         // counts when it comes.
-        if key.starts_with("lease.") && matches!(op, Op::Update(..)) {
+        let renewal = key.starts_with("lease.") && matches!(op, Op::Update(..));
+        if renewal {
             let bound = coordinator.config().lease / 6;
             slow.spawn(async move {
                 tokio::time::sleep(bound).await;
                 id
             });
         }
-        writes.spawn(async move {
+        // A renewal (or this gateway's first lease) is sent at once, ahead of queued writes.
+        let own_lease = key == crate::cluster::coordinator::lease_key(coordinator.id());
+        writes.submit(own_lease, async move {
             let result = match op {
                 Op::Create(value) => backplane.create(&key, value).await,
                 Op::Update(value, expected) => backplane.update(&key, value, expected).await,
