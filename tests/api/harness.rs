@@ -42,7 +42,7 @@ pub const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a join's answer may take: through gateways, a join that makes its consumer waits
 /// for the consumer's replicas (up to 3 s) and for every gateway's registry (up to 3.36 s, a
 /// silent gateway's dead-after wait), each a few JetStream requests that take seconds on a
-/// loaded machine (docs/cluster.md#queued_for-across-gateways).
+/// loaded machine (docs/cluster-internals.md#queued_for-across-gateways).
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct TestServer {

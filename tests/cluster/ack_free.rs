@@ -1,8 +1,9 @@
-//! Ack-free subscriptions through gateways (docs/cluster.md): an ack-free QUEUE or BROADCAST
-//! consumer takes no acks (a written message only makes room for the next pull), while an
-//! ack-free singleton's consumer still does, so the gateway acks each message once its member's
-//! stream wrote it: nothing stays pending in JetStream, nothing written is delivered again after
-//! a hand-over, and the subscription never stalls at the consumer's `max_ack_pending`.
+//! Ack-free subscriptions through gateways (docs/cluster-internals.md#singleton-across-gateways):
+//! an ack-free QUEUE or BROADCAST consumer takes no acks (a written message only makes room for the
+//! next pull), while an ack-free singleton's consumer still does, so the gateway acks each message
+//! once its member's stream wrote it: nothing stays pending in JetStream, nothing written is
+//! delivered again after a hand-over, and the subscription never stalls at the consumer's
+//! `max_ack_pending`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -55,8 +56,8 @@ async fn acked_upstream(url: &str, subscription: &str) {
     }
 }
 
-// docs/cluster.md: "the gateway acks each message when the stream takes it". A member that
-// read every message leaves JetStream with nothing pending.
+// docs/cluster-internals.md#singleton-across-gateways: "the gateway acks each message when the
+// stream takes it". A member that read every message leaves JetStream with nothing pending.
 #[tokio::test]
 async fn an_ack_free_singletons_written_messages_are_acked_upstream() {
     let (cluster, a, b) = two_gateways().await;

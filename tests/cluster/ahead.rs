@@ -1,7 +1,7 @@
-//! A bridge's read-ahead (docs/cluster.md#read-ahead): an acked QUEUE subscription's gateway keeps
-//! a pull open beyond its members' windows, so a window of one does not cost a pull round trip
-//! per message, and what it read ahead goes back to JetStream at once when its last member
-//! there leaves, for members at other gateways.
+//! A bridge's read-ahead (docs/cluster-internals.md#read-ahead): an acked QUEUE subscription's
+//! gateway keeps a pull open beyond its members' windows, so a window of one does not cost a pull
+//! round trip per message, and what it read ahead goes back to JetStream at once when its last
+//! member there leaves, for members at other gateways.
 
 use std::{sync::Arc, time::Duration};
 

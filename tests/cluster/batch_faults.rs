@@ -1,9 +1,9 @@
-//! Atomic batches (docs/cluster.md#atomic-batches) across faults of the NATS node leading the
-//! stream: `PublishStream`s keeping hundreds of publishes outstanding through two gateway
-//! processes, so batches are large, while that node is paused again and again. A batch whose
-//! answer did not come is sent again until JetStream confirms it (a try still being stored is
-//! answered "duplicate message id is in process", a stored one "contains duplicate"): no
-//! publish fails, none is stored twice, and each answer names where its message is.
+//! Atomic batches (docs/cluster-internals.md#atomic-batches) across faults of the NATS node leading
+//! the stream: `PublishStream`s keeping hundreds of publishes outstanding through two gateway
+//! processes, so batches are large, while that node is paused again and again. A batch whose answer
+//! did not come is sent again until JetStream confirms it (a try still being stored is answered
+//! "duplicate message id is in process", a stored one "contains duplicate"): no publish fails, none
+//! is stored twice, and each answer names where its message is.
 
 use std::{
     collections::VecDeque,

@@ -1,7 +1,7 @@
 //! A `PublishStream`'s publishes through a gateway go to JetStream as atomic batches
-//! (docs/cluster.md#atomic-batches): each publish answered with its own stream sequence, in
-//! order, stored once; members see only the client's headers; a batch the stream refuses for
-//! its limits is published one by one, so the refusal comes exactly past the limit.
+//! (docs/cluster-internals.md#atomic-batches): each publish answered with its own stream sequence,
+//! in order, stored once; members see only the client's headers; a batch the stream refuses for its
+//! limits is published one by one, so the refusal comes exactly past the limit.
 
 use std::collections::HashMap;
 

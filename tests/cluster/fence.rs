@@ -1,7 +1,7 @@
 //! Fence records through gateways (docs/semantics.md#cluster-fenced-publish,
-//! docs/cluster.md#fenced-publishes) where the stream is full or subscriptions go: a member's
-//! activation waits for its epoch's fence record, so a full stream (discard new), which takes
-//! no record, must not keep a SINGLETON subscription without a leader, nor tell the leader it
+//! docs/cluster-internals.md#fenced-publishes) where the stream is full or subscriptions go: a
+//! member's activation waits for its epoch's fence record, so a full stream (discard new), which
+//! takes no record, must not keep a SINGLETON subscription without a leader, nor tell the leader it
 //! was deposed; and records do not outlive their subscriptions.
 
 use std::sync::Arc;

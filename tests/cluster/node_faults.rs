@@ -178,7 +178,7 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
     }
 
     // Four publishers, two per gateway, each with payloads of its own: two unary, two on a
-    // `PublishStream` (atomic batches, docs/cluster.md#atomic-batches).
+    // `PublishStream` (atomic batches, docs/cluster-internals.md#atomic-batches).
     let stop = Arc::new(AtomicBool::new(false));
     let fault_began = Arc::new(Mutex::new(None::<Instant>));
     let (confirmed_tx, confirmed_rx) = watch::channel(0usize);

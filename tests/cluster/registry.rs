@@ -1,6 +1,6 @@
-//! `queued_for` across gateways (docs/cluster.md#queued_for-across-gateways): a consumer made or
-//! deleted is announced to every gateway before the join or delete is answered, so a publish
-//! counts from its gateway's copy without a JetStream request of its own, exactly: every
+//! `queued_for` across gateways (docs/cluster-internals.md#queued_for-across-gateways): a consumer
+//! made or deleted is announced to every gateway before the join or delete is answered, so a
+//! publish counts from its gateway's copy without a JetStream request of its own, exactly: every
 //! subscription confirmed anywhere before it, none deleted before it. A gateway paused past its
 //! lease (it may have missed an announcement) syncs before it counts again.
 
@@ -240,13 +240,12 @@ async fn a_gateway_paused_within_the_default_lease_counts_a_subscription_joined_
     );
 }
 
-// docs/cluster.md#queued_for-across-gateways: joins that make consumers at two gateways at the
-// same moment, over three nodes, are each announced and confirmed by every gateway at once:
-// an announcement carries the consumer it announces, so no gateway answers only after listing
-// every consumer (a listing that JetStream holds for up to 4 s while another consumer it is
-// making has no leader yet). Each pair's publish then counts both. Before, 8-10 joins of 10
-// took over 1 s (median 2.08 s, alone 0.08 s) and the gateways logged healthy gateways "taken
-// for paused or gone".
+// docs/cluster-internals.md#queued_for-across-gateways: joins that make consumers at two gateways
+// at the same moment, over three nodes, are each announced and confirmed by every gateway at once:
+// an announcement carries the consumer it announces, so no gateway answers only after listing every
+// consumer (a listing that JetStream holds for up to 4 s while another consumer it is making has no
+// leader yet). Each pair's publish then counts both. Before, 8-10 joins of 10 took over 1 s (median
+// 2.08 s, alone 0.08 s) and the gateways logged healthy gateways "taken for paused or gone".
 #[tokio::test]
 async fn joins_at_two_gateways_at_once_are_confirmed_by_every_gateway_at_once() {
     const ROUNDS: usize = 8;

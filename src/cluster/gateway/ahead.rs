@@ -1,4 +1,4 @@
-//! A bridge's read-ahead (docs/cluster.md#read-ahead): an acked QUEUE or BROADCAST
+//! A bridge's read-ahead (docs/cluster-internals.md#read-ahead): an acked QUEUE or BROADCAST
 //! subscription's bridge keeps a pull open for up to [`READ_AHEAD`] messages beyond what its
 //! members have window for, so that a member's ack finds the next message already at the
 //! gateway instead of paying a pull round trip to JetStream (at window 1, one per message).

@@ -1,8 +1,9 @@
 //! A consumer made or deleted is announced to every gateway before the join or delete is
-//! answered (docs/cluster.md#queued_for-across-gateways): each gateway brings its registry copy
-//! up to date and says so, so a publish counts its `queued_for` from the copy as it is, without
-//! a JetStream round trip of its own, as long as its gateway's lease and NATS connection held
-//! since its copy was last brought up to date ([`Registry::current`](super::registry::Registry::current)).
+//! answered (docs/cluster-internals.md#queued_for-across-gateways): each gateway brings its
+//! registry copy up to date and says so, so a publish counts its `queued_for` from the copy as it
+//! is, without a JetStream round trip of its own, as long as its gateway's lease and NATS
+//! connection held since its copy was last brought up to date
+//! ([`Registry::current`](super::registry::Registry::current)).
 //!
 //! The announcing gateway asks over NATS (`_tinybroker.<stream>.registry`, which every gateway
 //! subscribes to) and waits for an answer from every gateway holding a lease in the
@@ -33,7 +34,7 @@ use super::{
 /// The longest an announcement waits for a gateway that does not answer. With a
 /// `--gateway-lease` longer than this (by the drift bound and margin), a gateway paused for
 /// longer than this but less than its lease can count without a change announced meanwhile
-/// (docs/cluster.md#queued_for-across-gateways).
+/// (docs/cluster-internals.md#queued_for-across-gateways).
 pub(super) const MAX_ANNOUNCE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// At most this many announcements are being answered at once by one gateway (their refreshes

@@ -1,4 +1,4 @@
-//! Atomic batches (docs/cluster.md#atomic-batches): where the stream allows
+//! Atomic batches (docs/cluster-internals.md#atomic-batches): where the stream allows
 //! them (nats-server 2.12 or later, `allow_atomic`), the publishes that wait together in a
 //! `PublishStream` are sent as one JetStream batch, stored all or nothing and answered by one
 //! confirmation. One message id, on the batch's commit, stores a batch sent again once, as a

@@ -1,7 +1,8 @@
-//! `DeleteSubscription` through a gateway (docs/semantics.md#deleting, docs/cluster.md's
-//! "Deleting a subscription"). A subscription's settings live in its JetStream consumer's
-//! metadata (one consumer per QUEUE or SINGLETON id, one per gateway for BROADCAST), so
-//! deleting it is deleting the consumer; a later join creates a new one with its own settings.
+//! `DeleteSubscription` through a gateway (docs/semantics.md#deleting,
+//! docs/cluster-internals.md#each-rpc-through-a-gateway). A subscription's settings live in its
+//! JetStream consumer's metadata (one consumer per QUEUE or SINGLETON id, one per gateway for
+//! BROADCAST), so deleting it is deleting the consumer; a later join creates a new one with its own
+//! settings.
 //!
 //! It must refuse while a member is joined at *any* gateway, and a join racing it must find the
 //! old consumer (and make the delete refuse) or none. So the deleting gateway asks every gateway
@@ -22,7 +23,8 @@
 //!
 //! The deleting gateway gives up (releasing the holds, `UNAVAILABLE`) rather than delete a
 //! consumer after [`DELETE_BUDGET`] has passed on its clock, well within [`HOLD`] on any other
-//! gateway's clock (docs/cluster.md's clock assumption), so no hold runs out under a delete.
+//! gateway's clock (the clock assumption, docs/cluster-internals.md#singleton-across-gateways), so
+//! no hold runs out under a delete.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

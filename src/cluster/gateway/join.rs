@@ -30,7 +30,7 @@ impl Gateway {
         let _joining = self.inner.holds.enter(&request.subscription_id).await;
         let (mut consumer, recorded, announce) = self.consumer(request).await?;
         // Beside the waits below: every gateway's registry has the consumer before the join is
-        // answered (docs/cluster.md#queued_for-across-gateways).
+        // answered (docs/cluster-internals.md#queued_for-across-gateways).
         let (made, metadata) = {
             let info = consumer.cached_info();
             (info.name.clone(), info.config.metadata.clone())
@@ -348,8 +348,9 @@ enum Announce {
     IfNew(String),
 }
 
-/// Whether the subscription's bridge reads ahead of its members' windows (docs/cluster.md#read-ahead):
-/// acked QUEUE and BROADCAST subscriptions without `max_delivery_attempts`.
+/// Whether the subscription's bridge reads ahead of its members' windows
+/// (docs/cluster-internals.md#read-ahead): acked QUEUE and BROADCAST subscriptions without
+/// `max_delivery_attempts`.
 fn reads_ahead(spec: &crate::core::SubscriptionSpec) -> bool {
     spec.mode != Mode::Singleton
         && spec.ack_mode == AckMode::Explicit

@@ -154,7 +154,7 @@ impl Known {
 
 /// A change of the stream's consumers that a gateway made and announces
 /// ([`announce`](super::announce)): every gateway applies it to its copy at once, with no
-/// listing (docs/cluster.md#queued_for-across-gateways).
+/// listing (docs/cluster-internals.md#queued_for-across-gateways).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum Change {
@@ -172,7 +172,7 @@ pub(super) enum Change {
     },
 }
 
-/// How a publish's `queued_for` is counted (docs/cluster.md#queued_for-across-gateways).
+/// How a publish's `queued_for` is counted (docs/cluster-internals.md#queued_for-across-gateways).
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Count {
     /// From the copy as it is: it was current when the publish was sent.
@@ -597,8 +597,8 @@ mod tests {
         )
     }
 
-    // docs/cluster.md#queued_for-across-gateways: a publish counts from the copy without a sync
-    // only while the lease and the NATS connection the last sync began under both still hold
+    // docs/cluster-internals.md#queued_for-across-gateways: a publish counts from the copy without
+    // a sync only while the lease and the NATS connection the last sync began under both still hold
     // (announcements since then all reached this gateway).
     #[tokio::test(start_paused = true)]
     async fn the_copy_is_current_only_under_the_lease_and_connection_its_sync_began_under() {
@@ -665,8 +665,8 @@ mod tests {
         assert_eq!(registry.broadcast_consumer("q"), None);
     }
 
-    // docs/cluster.md#queued_for-across-gateways: an announced change is applied to the copy
-    // as a listing would have it: a consumer made is counted with its patterns, one made again
+    // docs/cluster-internals.md#queued_for-across-gateways: an announced change is applied to the
+    // copy as a listing would have it: a consumer made is counted with its patterns, one made again
     // with other patterns replaces them, deleted ones count no more.
     #[test]
     fn an_announced_change_is_applied_as_a_listing_would_have_it() {

@@ -267,8 +267,8 @@ async fn raise_max_consumers(
 
 /// Turns on atomic batches on the stream where they are off (nats-server 2.12 or later; a
 /// stream made by an earlier gateway has them off): a `PublishStream`'s waiting publishes then
-/// go to JetStream as one batch (docs/cluster.md#atomic-batches). Returns whether the stream
-/// takes them; servers that refuse the setting, or ignore it (before 2.12), leave single
+/// go to JetStream as one batch (docs/cluster-internals.md#atomic-batches). Returns whether the
+/// stream takes them; servers that refuse the setting, or ignore it (before 2.12), leave single
 /// publishes, as before.
 pub(super) async fn allow_atomic(
     js: &jetstream::Context,
@@ -299,10 +299,11 @@ pub(super) async fn allow_atomic(
     }
 }
 
-/// Makes the consumer that keeps the stream's fence records (docs/cluster.md#fenced-publishes),
-/// if missing: nobody reads it, and under the stream's interest retention a message no
-/// consumer has pending is removed at once. Tried for up to [`STREAM_PATIENCE`]: right after
-/// the stream is made (several gateways starting together), its leader may not answer yet.
+/// Makes the consumer that keeps the stream's fence records
+/// (docs/cluster-internals.md#fenced-publishes), if missing: nobody reads it, and under the
+/// stream's interest retention a message no consumer has pending is removed at once. Tried for up
+/// to [`STREAM_PATIENCE`]: right after the stream is made (several gateways starting together), its
+/// leader may not answer yet.
 pub(super) async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<(), String> {
     let name = &stream.cached_info().config.name;
     let config = jetstream::consumer::pull::Config {
