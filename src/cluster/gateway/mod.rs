@@ -61,6 +61,7 @@ mod ask;
 mod atomic;
 mod bridge;
 mod config;
+mod connection;
 mod delete;
 mod describe;
 mod fence;
@@ -90,8 +91,6 @@ use headers::{DEAD_LETTER_OF, nats_headers};
 pub use pipeline::Pipeline;
 use router::Router;
 use stream::{await_stream, ensure_stream};
-
-use crate::cluster::security;
 
 use crate::{
     broker::{BatchError, Broker, Fence, Published, Upstream},
@@ -221,63 +220,16 @@ impl Gateway {
                 config.stream
             ));
         }
-        let urls = parse_urls(&config.urls)?;
+        let started = std::time::Instant::now();
+        let connection::Connected {
+            client,
+            connects,
+            refusals,
+            credential,
+            largest_message,
+        } = connection::connect(&config, &limits).await?;
         // Each start-up step logs at debug with the time since start: a gateway slow to
         // listen says which NATS request it waited on.
-        let started = std::time::Instant::now();
-        // A server that stops answering (paused, partitioned) is left within three ping
-        // intervals: async-nats pings after each interval without traffic from the server and
-        // drops the connection at the third ping unanswered, then connects to another; a
-        // server that takes connections but never greets (paused too) is given up after the
-        // connection timeout.
-        // Counts connections made and lost: an announcement sent while this gateway's
-        // connection was down did not reach it (`registry`).
-        let connects = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = connects.clone();
-        // What a gateway's NATS user is not permitted, NATS refuses by dropping the request and
-        // telling the connection, apart, which subject it refused: the request itself is only
-        // unanswered. The first refusal during the start ends it at once, naming the subject.
-        let refusals = security::Refusals::default();
-        let observed = refusals.clone();
-        let presented = config
-            .security
-            .presented()
-            .unwrap_or_else(|| "no credential".to_string());
-        let credential = presented.clone();
-        let client = security::connect_options(&config.security)?
-            .name("tinybroker-gateway")
-            .event_callback(move |event| {
-                if matches!(
-                    event,
-                    async_nats::Event::Connected | async_nats::Event::Disconnected
-                ) {
-                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-                observed.observe(&event, &presented);
-                async {}
-            })
-            .ping_interval(config.ping_interval)
-            .connection_timeout(config::connection_timeout(config.ping_interval))
-            .connect(urls)
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot connect to NATS at {}: {}",
-                    config.urls,
-                    config.security.connect_error(&e)
-                )
-            })?;
-        let max_payload = client.server_info().max_payload;
-        let max_message = limits.max_message_bytes;
-        let largest_message = max_message.min(max_payload.saturating_sub(DEAD_LETTER_HEADROOM));
-        if largest_message < max_message {
-            tracing::info!(
-                max_message_bytes = max_message,
-                max_payload,
-                largest_message,
-                "messages above {largest_message} bytes are refused with INVALID_ARGUMENT: the NATS servers' max_payload {max_payload} less {DEAD_LETTER_HEADROOM} bytes kept for a dead letter's headers (--max-message-bytes is {max_message})"
-            );
-        }
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: connected to NATS");
         let urls_named = config.urls.clone();
         let start = async move {
