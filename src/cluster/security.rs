@@ -172,7 +172,9 @@ impl NatsSecurity {
         });
         match error.kind() {
             ConnectErrorKind::AuthorizationViolation => {
-                format!("NATS refused the gateway's credentials ({presented}): {error}")
+                format!(
+                    "NATS refused the gateway's credentials ({presented}): authorization violation"
+                )
             }
             ConnectErrorKind::Authentication => {
                 format!("cannot answer NATS's challenge with {presented}: {error}")
