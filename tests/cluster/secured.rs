@@ -296,6 +296,19 @@ async fn mutual_tls_connects_and_wrong_certificates_are_named() {
         }),
     };
     serves(&url, tls(&ca_file, Some(client_files.clone()))).await;
+    // The binary's flags and environment.
+    let (ca_path, cert_path) = (
+        ca_file.display().to_string(),
+        client_files.0.display().to_string(),
+    );
+    let key_path = client_files.1.display().to_string();
+    let (mut gateway, _) = binary::serve_with_env(
+        &["--nats", &url, "--nats-tls-ca", &ca_path, "--nats-tls-cert", &cert_path],
+        &[("TINYBROKER_NATS_TLS_KEY", &key_path)],
+    )
+    .await;
+    gateway.line_with("cluster mode").await;
+    drop(gateway);
 
     let stranger = Ca::new("other-ca").client("gateway");
     let stranger_cert = files.write("stranger.pem", &stranger.cert_pem);
