@@ -303,7 +303,14 @@ async fn mutual_tls_connects_and_wrong_certificates_are_named() {
     );
     let key_path = client_files.1.display().to_string();
     let (mut gateway, _) = binary::serve_with_env(
-        &["--nats", &url, "--nats-tls-ca", &ca_path, "--nats-tls-cert", &cert_path],
+        &[
+            "--nats",
+            &url,
+            "--nats-tls-ca",
+            &ca_path,
+            "--nats-tls-cert",
+            &cert_path,
+        ],
         &[("TINYBROKER_NATS_TLS_KEY", &key_path)],
     )
     .await;

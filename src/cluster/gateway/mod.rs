@@ -85,7 +85,8 @@ use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream;
 pub use config::{
-    DEAD_LETTER_HEADROOM, DEFAULT_MAX_BYTES, DEFAULT_MAX_CONSUMERS, DEFAULT_MAX_MESSAGES, GatewayConfig, parse_urls,
+    DEAD_LETTER_HEADROOM, DEFAULT_MAX_BYTES, DEFAULT_MAX_CONSUMERS, DEFAULT_MAX_MESSAGES,
+    GatewayConfig, parse_urls,
 };
 use headers::{DEAD_LETTER_OF, nats_headers};
 pub use pipeline::Pipeline;
