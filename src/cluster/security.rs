@@ -52,7 +52,7 @@ pub enum Secret {
         /// The file.
         path: PathBuf,
     },
-    /// Given as it is.
+    /// Given as it is (from the environment, or the command line), taken as it is.
     Value {
         /// The flag and environment variable it came from, for errors.
         from: &'static str,
@@ -88,14 +88,15 @@ impl Secret {
                     .map_err(|e| format!("{flag} {}: cannot read it: {e}", path.display()))?;
                 String::from_utf8(bytes)
                     .map_err(|_| format!("{flag} {}: not UTF-8 text", path.display()))?
+                    .trim()
+                    .to_string()
             }
             Self::Value { value, .. } => value.clone(),
         };
-        let text = text.trim();
         if text.is_empty() {
             return Err(format!("{}: empty", self.source()));
         }
-        Ok(text.to_string())
+        Ok(text)
     }
 }
 
@@ -359,12 +360,28 @@ fn is_permission_violation(text: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn temp(name: &str, contents: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("tinybroker-security-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path
+    /// A directory of its own for one test, removed when dropped.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(test: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("tinybroker-security-{}-{test}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+
+        fn file(&self, name: &str, contents: &[u8]) -> PathBuf {
+            let path = self.0.join(name);
+            std::fs::write(&path, contents).unwrap();
+            path
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     fn error_of(security: NatsSecurity) -> String {
@@ -376,6 +393,8 @@ mod tests {
 
     #[test]
     fn unreadable_or_wrong_files_are_named_with_their_flag() {
+        let dir = Dir::new("files");
+        let temp = |name: &str, contents: &[u8]| dir.file(name, contents);
         let missing = PathBuf::from("/nonexistent/tinybroker/creds");
         let error = error_of(NatsSecurity {
             credential: Some(NatsCredential::CredsFile(missing.clone())),
@@ -457,7 +476,8 @@ mod tests {
 
     #[test]
     fn secrets_are_read_trimmed_and_never_shown() {
-        let path = temp("password", b"  s3cret\n");
+        let dir = Dir::new("secrets");
+        let path = dir.file("password", b"  s3cret\n");
         let password = Secret::File {
             flag: "--nats-password-file",
             path: path.clone(),
