@@ -11,7 +11,7 @@ use tinybroker::{
     server::{Server, ServerConfig},
 };
 
-use super::logging::LogFormat;
+use super::{logging::LogFormat, nats_security::NatsSecurityArgs};
 
 #[derive(Args)]
 pub struct Serve {
@@ -164,6 +164,8 @@ pub struct Serve {
     /// if this gateway was cut off alone. At most 1h.
     #[arg(long, env = "TINYBROKER_GATEWAY_LAPSE_PATIENCE", default_value = "0s", value_parser = parse_lapse_patience)]
     gateway_lapse_patience: Duration,
+    #[command(flatten)]
+    nats_security: NatsSecurityArgs,
     /// Log line format on stderr.
     #[arg(long, env = "TINYBROKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -330,6 +332,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     max_consumers: args.nats_max_consumers,
                     publish_timeout: args.nats_publish_timeout,
                     ping_interval: args.nats_ping_interval.max(Duration::from_millis(100)),
+                    security: args.nats_security.security()?,
                     ..GatewayConfig::new(urls.clone())
                 },
                 config.limits.clone(),

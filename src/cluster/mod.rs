@@ -25,4 +25,5 @@ pub mod backplane;
 pub mod coordinator;
 pub mod gateway;
 pub mod nats;
+pub mod security;
 pub mod values;

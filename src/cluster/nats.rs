@@ -88,6 +88,8 @@ pub struct NatsConfig {
     pub marker_ttl: Option<Duration>,
     /// The keys whose delete markers expire (`""`: all).
     pub expiring_prefix: String,
+    /// The credential and TLS to connect with ([`super::security`]).
+    pub security: super::security::NatsSecurity,
 }
 
 impl NatsConfig {
@@ -102,6 +104,7 @@ impl NatsConfig {
             request_timeout: Duration::from_secs(5),
             marker_ttl: Some(MARKER_TTL),
             expiring_prefix: "sub.".to_string(),
+            security: Default::default(),
         }
     }
 }
@@ -171,14 +174,18 @@ impl NatsBackplane {
                 urls: urls.clone(),
                 reason: e.to_string(),
             })?;
-        let client = async_nats::ConnectOptions::new()
+        let client = super::security::connect_options(&config.security)
+            .map_err(|reason| NatsError::Connect {
+                urls: urls.clone(),
+                reason,
+            })?
             .connection_timeout(config.connect_timeout)
             .request_timeout(Some(config.request_timeout))
             .connect(addrs)
             .await
             .map_err(|e| NatsError::Connect {
+                reason: config.security.connect_error(&e),
                 urls,
-                reason: e.to_string(),
             })?;
         Self::open(client, config).await
     }

@@ -60,6 +60,12 @@ const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Starts `tinybroker serve` with `args` (plus `--listen 127.0.0.1:0` unless given) and
 /// returns it with the gRPC address it logged.
 pub async fn serve(args: &[&str]) -> (Running, String) {
+    serve_with_env(args, &[]).await
+}
+
+/// [`serve`] with these environment variables set too.
+#[allow(dead_code)] // The cluster tests' (tests/cluster/secured.rs), which include this file.
+pub async fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> (Running, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tinybroker"));
     command.arg("serve");
     if !args.contains(&"--listen") {
@@ -67,6 +73,7 @@ pub async fn serve(args: &[&str]) -> (Running, String) {
     }
     let mut child = command
         .args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info,tinybroker::cluster=debug")
         .env_remove("TINYBROKER_AUTH_TOKEN")
         .stdout(Stdio::null())

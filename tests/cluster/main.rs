@@ -40,6 +40,7 @@ mod lease;
 mod limits;
 mod node_faults;
 mod registry;
+mod secured;
 mod singleton;
 mod singleton_acks;
 

@@ -216,13 +216,27 @@ impl NatsCluster {
     /// If nats-server cannot be had ([`nats_server`]) or a node is not healthy within
     /// [`READY_TIMEOUT`] (the panic message holds every node's log).
     pub async fn start(nodes: usize) -> Self {
+        Self::start_with(nodes, "").await
+    }
+
+    /// A single JetStream server whose configuration ends with `extra` (accounts, users and
+    /// their permissions, TLS, operator mode), awaited ready as [`Self::start`]`(1)` is: through
+    /// its monitoring port, which asks for no credentials.
+    ///
+    /// # Panics
+    /// As [`Self::start`].
+    pub async fn start_configured(extra: &str) -> Self {
+        Self::start_with(1, extra).await
+    }
+
+    async fn start_with(nodes: usize, extra: &str) -> Self {
         assert!(nodes >= 1, "a cluster has at least one node");
         let binary = nats_server();
         // A port picked free can be taken by someone else before the server binds it: such a
         // start is retried on fresh ports; any other failure is reported at once.
         let mut attempt = 1;
         loop {
-            let mut cluster = Self::configure(binary.clone(), nodes);
+            let mut cluster = Self::configure(binary.clone(), nodes, extra);
             for i in 0..nodes {
                 cluster.spawn(i);
             }
@@ -259,7 +273,7 @@ impl NatsCluster {
         }
     }
 
-    fn configure(binary: PathBuf, nodes: usize) -> Self {
+    fn configure(binary: PathBuf, nodes: usize, extra: &str) -> Self {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nats-{}", unique()));
         fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         // Hold every listener until all are picked, so the ports are distinct.
@@ -279,7 +293,7 @@ impl NatsCluster {
             .map(|i| {
                 let store = dir.join(format!("store-{i}"));
                 let config = dir.join(format!("node-{i}.conf"));
-                fs::write(&config, config_text(i, &ports, &store))
+                fs::write(&config, config_text(i, &ports, &store) + extra)
                     .unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
                 Node {
                     ports: ports[i],

@@ -1,4 +1,4 @@
-//! How a gateway is configured: where NATS is, the stream's name and limits, and its timings
+//! How a gateway is configured: where NATS is and how it connects, the stream's name and limits, and its timings
 //! (`serve --nats …`'s flags), and the local broker's settings a gateway needs.
 
 use std::time::Duration;
@@ -47,6 +47,9 @@ pub struct GatewayConfig {
     /// How often the gateway pings a NATS server that sent nothing: one that does not answer
     /// three pings is left for another (`--nats-ping-interval`).
     pub ping_interval: Duration,
+    /// The credential the gateway presents to NATS and the TLS it connects with
+    /// (`--nats-creds`, `--nats-nkey`, `--nats-user`, `--nats-token`, `--nats-tls-*`).
+    pub security: crate::cluster::security::NatsSecurity,
 }
 
 /// How long a connection to a NATS server may take to be greeted: the ping interval, at least
@@ -85,6 +88,7 @@ impl GatewayConfig {
             max_consumers: DEFAULT_MAX_CONSUMERS,
             publish_timeout: Duration::from_secs(30),
             ping_interval: Duration::from_secs(1),
+            security: Default::default(),
         }
     }
 }

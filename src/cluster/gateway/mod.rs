@@ -61,6 +61,7 @@ mod ask;
 mod atomic;
 mod bridge;
 mod config;
+mod connection;
 mod delete;
 mod describe;
 mod fence;
@@ -221,204 +222,186 @@ impl Gateway {
                 config.stream
             ));
         }
-        let urls = parse_urls(&config.urls)?;
+        let started = std::time::Instant::now();
+        let connection::Connected {
+            client,
+            connects,
+            refusals,
+            credential,
+            largest_message,
+        } = connection::connect(&config, &limits).await?;
         // Each start-up step logs at debug with the time since start: a gateway slow to
         // listen says which NATS request it waited on.
-        let started = std::time::Instant::now();
-        // A server that stops answering (paused, partitioned) is left within three ping
-        // intervals: async-nats pings after each interval without traffic from the server and
-        // drops the connection at the third ping unanswered, then connects to another; a
-        // server that takes connections but never greets (paused too) is given up after the
-        // connection timeout.
-        // Counts connections made and lost: an announcement sent while this gateway's
-        // connection was down did not reach it (`registry`).
-        let connects = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = connects.clone();
-        let client = async_nats::ConnectOptions::new()
-            .name("tinybroker-gateway")
-            .event_callback(move |event| {
-                if matches!(
-                    event,
-                    async_nats::Event::Connected | async_nats::Event::Disconnected
-                ) {
-                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-                async {}
-            })
-            .ping_interval(config.ping_interval)
-            .connection_timeout(config::connection_timeout(config.ping_interval))
-            .connect(urls)
-            .await
-            .map_err(|e| format!("cannot connect to NATS at {}: {e}", config.urls))?;
-        let max_payload = client.server_info().max_payload;
-        let max_message = limits.max_message_bytes;
-        let largest_message = max_message.min(max_payload.saturating_sub(DEAD_LETTER_HEADROOM));
-        if largest_message < max_message {
-            tracing::info!(
-                max_message_bytes = max_message,
-                max_payload,
-                largest_message,
-                "messages above {largest_message} bytes are refused with INVALID_ARGUMENT: the NATS servers' max_payload {max_payload} less {DEAD_LETTER_HEADROOM} bytes kept for a dead letter's headers (--max-message-bytes is {max_message})"
-            );
-        }
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: connected to NATS");
-        let mut js = jetstream::ContextBuilder::new()
-            .max_ack_inflight(publish::IN_FLIGHT)
-            .build(client.clone());
-        let mut stream = ensure_stream(&js, &config).await?;
-        let batches = stream::allow_atomic(&js, &mut stream).await;
-        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
-        await_stream(&js, &config.stream).await?;
-        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} answers publishes", config.stream);
-        stream::keep_fences(&stream).await?;
-        let id = format!(
-            "{:x}{:x}",
-            crate::clock::system_unix_micros(),
-            std::process::id()
-        );
-        let backplane = crate::cluster::nats::NatsBackplane::open(
-            client.clone(),
-            &crate::cluster::nats::NatsConfig {
-                bucket: format!("{}-coordination", config.stream),
-                // The stream's own, which every gateway reads alike (a count from the servers
-                // a client learned can differ between gateways started together, and a bucket
-                // created twice with different settings is refused).
-                replicas: Some(stream.cached_info().config.num_replicas),
-                ..crate::cluster::nats::NatsConfig::new(Vec::<String>::new())
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
-        // Before the coordinator runs: every epoch it makes is above this start
-        // (docs/semantics.md#cluster-restart-identity).
-        let epoch_floor = backplane
-            .raise_epoch_floor(crate::clock::system_unix_micros())
-            .await
-            .map_err(|e| {
-                format!("cannot raise the cluster's epoch floor in the coordination bucket: {e}")
-            })?;
-        // Member ids above every earlier gateway's, and above this start.
-        let route = backplane
-            .claim_route(
+        let urls_named = config.urls.clone();
+        let start = async move {
+            let mut js = jetstream::ContextBuilder::new()
+                .max_ack_inflight(publish::IN_FLIGHT)
+                .build(client.clone());
+            let mut stream = ensure_stream(&js, &config).await?;
+            let batches = stream::allow_atomic(&js, &mut stream).await;
+            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
+            await_stream(&js, &config.stream).await?;
+            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} answers publishes", config.stream);
+            stream::keep_fences(&stream).await?;
+            let id = format!(
+                "{:x}{:x}",
                 crate::clock::system_unix_micros(),
-                crate::broker::GATEWAY_ROUTE_SHIFT,
+                std::process::id()
+            );
+            let backplane = crate::cluster::nats::NatsBackplane::open(
+                client.clone(),
+                &crate::cluster::nats::NatsConfig {
+                    bucket: format!("{}-coordination", config.stream),
+                    // The stream's own, which every gateway reads alike (a count from the servers
+                    // a client learned can differ between gateways started together, and a bucket
+                    // created twice with different settings is refused).
+                    replicas: Some(stream.cached_info().config.num_replicas),
+                    ..crate::cluster::nats::NatsConfig::new(Vec::<String>::new())
+                },
             )
             .await
-            .map_err(|e| {
-                format!("cannot claim a member-id route in the coordination bucket: {e}")
-            })?;
-        let (local, broker) = Broker::gateway(limits, clock, router.clone(), route);
-        let (registry, registry_task) =
-            registry::Registry::start(&client, stream.clone(), connects).await?;
-        let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));
-        let fence_task = fences.clone().follow_deletions(client.clone()).await?;
-        let (singletons, coordination) = singleton::spawn(
-            backplane.clone(),
-            broker.clone(),
-            singleton::config(config.lease, config.lapse_patience),
-            fences.clone(),
-        );
-        let incarnation = singletons.incarnation();
-        let announcements = announce::serve(
-            &client,
-            &config.stream,
-            registry.clone(),
-            incarnation.clone(),
-        )
-        .await?;
-        // Only now that announcements reach it may a sync make its copy current.
-        registry.watch_lease(singletons.lease().clone());
-        let window = stream.cached_info().config.duplicate_window;
-        let patience = if window.is_zero() {
-            config.publish_timeout
-        } else {
-            config.publish_timeout.min(window)
-        };
-        if patience < config.publish_timeout {
-            tracing::warn!(
-                stream = %config.stream,
-                duplicate_window = ?window,
-                "JetStream stream {} deduplicates publishes for {window:?} only: a publish JetStream does not confirm is sent again for that long, not --nats-publish-timeout {:?} (a later try could be stored twice); raise it with `nats stream edit --dupe-window`",
-                config.stream,
-                config.publish_timeout
+            .map_err(|e| e.to_string())?;
+            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
+            // Before the coordinator runs: every epoch it makes is above this start
+            // (docs/semantics.md#cluster-restart-identity).
+            let epoch_floor = backplane
+                .raise_epoch_floor(crate::clock::system_unix_micros())
+                .await
+                .map_err(|e| {
+                    format!(
+                        "cannot raise the cluster's epoch floor in the coordination bucket: {e}"
+                    )
+                })?;
+            // Member ids above every earlier gateway's, and above this start.
+            let route = backplane
+                .claim_route(
+                    crate::clock::system_unix_micros(),
+                    crate::broker::GATEWAY_ROUTE_SHIFT,
+                )
+                .await
+                .map_err(|e| {
+                    format!("cannot claim a member-id route in the coordination bucket: {e}")
+                })?;
+            let (local, broker) = Broker::gateway(limits, clock, router.clone(), route);
+            let (registry, registry_task) =
+                registry::Registry::start(&client, stream.clone(), connects).await?;
+            let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));
+            let fence_task = fences.clone().follow_deletions(client.clone()).await?;
+            let (singletons, coordination) = singleton::spawn(
+                backplane.clone(),
+                broker.clone(),
+                singleton::config(config.lease, config.lapse_patience),
+                fences.clone(),
             );
-        }
-        // Publishes only: each try waits this long for its `PubAck`, then is sent again.
-        js.set_timeout(publish::PUBLISH_TRY);
-        let shared = Arc::new(Shared {
-            client: client.clone(),
-            js,
-            broker: broker.clone(),
-            prefix: config.stream.clone(),
-            largest_message,
-            singletons: Some(singletons),
-            ids: publish::MessageIds::new(),
-            patience,
-            registry,
-            fences,
-            batches,
-        });
-        let responder = forward::serve(
-            &client,
-            &config.stream,
-            local.clone(),
-            shared.singletons.clone(),
-        )
-        .await?;
-        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
-        let holds = Arc::new(delete::Holds::default());
-        let deletes = delete::serve(
-            &client,
-            &config.stream,
-            local.clone(),
-            holds.clone(),
-            incarnation.clone(),
-        )
-        .await?;
-        // Serve singletons from the start: the first lease, confirmed (a join waits for it, and
-        // is refused past its bound, while the gateway holds none).
-        let leased = match &shared.singletons {
-            Some(singletons) => singletons.lease().wait_valid(START_LEASE_PATIENCE).await,
-            None => None,
-        };
-        match leased {
-            Some(_) => {
-                tracing::debug!(elapsed = ?started.elapsed(), "gateway start: cluster lease held");
+            let incarnation = singletons.incarnation();
+            let announcements = announce::serve(
+                &client,
+                &config.stream,
+                registry.clone(),
+                incarnation.clone(),
+            )
+            .await?;
+            // Only now that announcements reach it may a sync make its copy current.
+            registry.watch_lease(singletons.lease().clone());
+            let window = stream.cached_info().config.duplicate_window;
+            let patience = if window.is_zero() {
+                config.publish_timeout
+            } else {
+                config.publish_timeout.min(window)
+            };
+            if patience < config.publish_timeout {
+                tracing::warn!(
+                    stream = %config.stream,
+                    duplicate_window = ?window,
+                    "JetStream stream {} deduplicates publishes for {window:?} only: a publish JetStream does not confirm is sent again for that long, not --nats-publish-timeout {:?} (a later try could be stored twice); raise it with `nats stream edit --dupe-window`",
+                    config.stream,
+                    config.publish_timeout
+                );
             }
-            None => tracing::warn!(
-                "NATS did not confirm this gateway's cluster lease within {START_LEASE_PATIENCE:?}: serving all the same; singleton joins wait for the lease, up to {:?}, and are refused with UNAVAILABLE past it",
-                join::JOIN_LEASE_PATIENCE
-            ),
-        }
-        Ok(Self {
-            inner: Arc::new(Inner {
-                local,
-                shared,
-                stream,
-                router,
-                id,
-                config,
-                bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
-                responder,
-                gone_routes: forward::GoneRoutes::default(),
-                coordination,
-                registry_task,
-                fence_task,
-                backplane,
-                epoch_floor,
-                holds,
-                deletes,
-                announcements,
-                // Unique across gateways with overwhelming probability (two would have to
-                // start in the same microsecond), so one delete never releases another's hold.
-                delete_tokens: std::sync::atomic::AtomicU64::new(
-                    broker.id_floor().unix_micros() << 8,
+            // Publishes only: each try waits this long for its `PubAck`, then is sent again.
+            js.set_timeout(publish::PUBLISH_TRY);
+            let shared = Arc::new(Shared {
+                client: client.clone(),
+                js,
+                broker: broker.clone(),
+                prefix: config.stream.clone(),
+                largest_message,
+                singletons: Some(singletons),
+                ids: publish::MessageIds::new(),
+                patience,
+                registry,
+                fences,
+                batches,
+            });
+            let responder = forward::serve(
+                &client,
+                &config.stream,
+                local.clone(),
+                shared.singletons.clone(),
+            )
+            .await?;
+            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
+            let holds = Arc::new(delete::Holds::default());
+            let deletes = delete::serve(
+                &client,
+                &config.stream,
+                local.clone(),
+                holds.clone(),
+                incarnation.clone(),
+            )
+            .await?;
+            // Serve singletons from the start: the first lease, confirmed (a join waits for it, and
+            // is refused past its bound, while the gateway holds none).
+            let leased = match &shared.singletons {
+                Some(singletons) => singletons.lease().wait_valid(START_LEASE_PATIENCE).await,
+                None => None,
+            };
+            match leased {
+                Some(_) => {
+                    tracing::debug!(elapsed = ?started.elapsed(), "gateway start: cluster lease held");
+                }
+                None => tracing::warn!(
+                    "NATS did not confirm this gateway's cluster lease within {START_LEASE_PATIENCE:?}: serving all the same; singleton joins wait for the lease, up to {:?}, and are refused with UNAVAILABLE past it",
+                    join::JOIN_LEASE_PATIENCE
                 ),
-                incarnation,
-                watched: Default::default(),
-            }),
-        })
+            }
+            Ok::<Self, String>(Self {
+                inner: Arc::new(Inner {
+                    local,
+                    shared,
+                    stream,
+                    router,
+                    id,
+                    config,
+                    bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
+                    responder,
+                    gone_routes: forward::GoneRoutes::default(),
+                    coordination,
+                    registry_task,
+                    fence_task,
+                    backplane,
+                    epoch_floor,
+                    holds,
+                    deletes,
+                    announcements,
+                    // Unique across gateways with overwhelming probability (two would have to
+                    // start in the same microsecond), so one delete never releases another's hold.
+                    delete_tokens: std::sync::atomic::AtomicU64::new(
+                        broker.id_floor().unix_micros() << 8,
+                    ),
+                    incarnation,
+                    watched: Default::default(),
+                }),
+            })
+        };
+        tokio::select! {
+            biased;
+            refused = refusals.first() => Err(format!(
+                "NATS refused the gateway a permission it needs: {refused} (connected to {urls_named} with {credential}); grant its NATS user the permissions docs/cluster.md#securing-the-connection-to-nats lists"
+            )),
+            gateway = start => gateway,
+        }
     }
 
     /// The server this gateway is connected to now (for the start-up log line).
