@@ -223,7 +223,14 @@ struct Elections {
     broker_rss_bytes: Option<u64>,
     /// Resident set of every `nats-server` process on this machine, together.
     servers_rss_bytes: Option<u64>,
+    /// CPU used while every member is joined and nothing is published, over
+    /// [`IDLE_WINDOW`], in cores: the broker's (both gateways'), and the NATS servers'.
+    broker_idle_cores: Option<f64>,
+    servers_idle_cores: Option<f64>,
 }
+
+/// How long the idle CPU is measured for, with every member joined.
+const IDLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub async fn run_w4(_common: &Common, broker: &Target, w4: &W4) -> Result<(), String> {
     let urls = broker.consumer_urls();
@@ -243,6 +250,22 @@ pub async fn run_w4(_common: &Common, broker: &Target, w4: &W4) -> Result<(), St
     let standby_joins_per_s = rate(n, second.started, standbys.iter().max().copied());
     let broker_rss_bytes = broker.rss_now();
     let servers_rss_bytes = servers_rss();
+    let servers = nats_servers();
+    let cpu = |pids: &[u32]| -> Option<f64> {
+        pids.iter()
+            .map(|&pid| super::cpu::process_seconds(pid))
+            .sum()
+    };
+    let broker_pids = broker.pids();
+    let before = (cpu(&broker_pids), cpu(&servers));
+    // A measurement window, not a wait for an event: what idle elections cost meanwhile.
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let cores = |after: Option<f64>, before: Option<f64>, pids: &[u32]| {
+        let seconds = after? - before?;
+        (!pids.is_empty()).then(|| seconds / IDLE_WINDOW.as_secs_f64())
+    };
+    let broker_idle_cores = cores(cpu(&broker_pids), before.0, &broker_pids);
+    let servers_idle_cores = cores(cpu(&servers), before.1, &servers);
     let killed = unix_nanos();
     first.child.kill().map_err(|e| e.to_string())?;
     let mut promoted = second.await_lines(n, "promotions after the kill", |line| match line {
@@ -262,10 +285,13 @@ pub async fn run_w4(_common: &Common, broker: &Target, w4: &W4) -> Result<(), St
         promote_all_ms: ms(promoted[promoted.len() - 1]),
         broker_rss_bytes,
         servers_rss_bytes,
+        broker_idle_cores,
+        servers_idle_cores,
     };
     let mib = |b: Option<u64>| b.map_or("?".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
+    let idle = |c: Option<f64>| c.map_or("?".into(), |c| format!("{c:.2} cores"));
     println!(
-        "w4{}: {n} singleton subscriptions, {} joins in flight: joined {:.0}/s active, {:.0}/s on standby; after a SIGKILL of the leader of all, promoted in {:.0} ms (median {:.0} ms); RSS {} broker{}, {} NATS servers",
+        "w4{}: {n} singleton subscriptions, {} joins in flight: joined {:.0}/s active, {:.0}/s on standby; after a SIGKILL of the leader of all, promoted in {:.0} ms (median {:.0} ms); RSS {} broker{}, {} NATS servers; idle CPU {} broker, {} NATS servers",
         broker.label(),
         w4.concurrency,
         report.joins_per_s,
@@ -279,6 +305,8 @@ pub async fn run_w4(_common: &Common, broker: &Target, w4: &W4) -> Result<(), St
             ""
         },
         mib(report.servers_rss_bytes),
+        idle(report.broker_idle_cores),
+        idle(report.servers_idle_cores),
     );
     println!(
         "{}",
@@ -293,24 +321,30 @@ fn rate(count: u64, from: u64, to: Option<u64>) -> f64 {
     count as f64 / (nanos as f64 / 1e9)
 }
 
-/// Every `nats-server` process's resident set on this machine, together; `None` when there is
-/// none (the servers run elsewhere) or `/proc` cannot be read.
+/// Every `nats-server` process on this machine (none when the servers run elsewhere, or
+/// `/proc` cannot be read).
+fn nats_servers() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "nats-server")
+        })
+        .collect()
+}
+
+/// The resident set of every `nats-server` process on this machine, together; `None` when
+/// there is none.
 fn servers_rss() -> Option<u64> {
-    let mut total = 0;
-    let mut found = false;
-    for entry in std::fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() == "nats-server" {
-            found = true;
-            total += proc_status(pid, "VmRSS:").unwrap_or(0);
-        }
-    }
-    found.then_some(total)
+    let servers = nats_servers();
+    (!servers.is_empty()).then(|| {
+        servers
+            .iter()
+            .map(|&pid| proc_status(pid, "VmRSS:").unwrap_or(0))
+            .sum()
+    })
 }

@@ -625,6 +625,15 @@ impl Target {
         }
     }
 
+    /// The broker's process, or both gateways'; none for an external broker.
+    fn pids(&self) -> Vec<u32> {
+        match self {
+            Target::External(_) => Vec::new(),
+            Target::Process(p) => vec![p.child.id()],
+            Target::Gateways(a, b) => vec![a.child.id(), b.child.id()],
+        }
+    }
+
     /// The broker's resident set now; both gateways' together.
     fn rss_now(&self) -> Option<u64> {
         match self {

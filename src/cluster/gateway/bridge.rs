@@ -40,11 +40,23 @@ pub(super) const PULL_EXPIRES: Duration = Duration::from_secs(1);
 /// promotion, at the cost of about 1/this pull requests per second while the active member
 /// idles.
 pub(super) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
+/// How many times a singleton's pull wait doubles while its pulls bring nothing: up to
+/// 15 ms × 2^4 = 240 ms, about 4 pull requests a second for a leader with nothing to read
+/// instead of 66, so a gateway leading a thousand idle elections asks JetStream 4,000 times a
+/// second, not 66,000. The cost: a clean close of an idle leader waits for its open pull, up
+/// to 240 ms, before the next member is promoted (docs/cluster.md#subscriptions-and-consumers).
+/// Any message brought sets it back to 15 ms.
+pub(super) const SINGLETON_IDLE_DOUBLINGS: u32 = 4;
 /// How long one pull request of a bridge that reads ahead waits for messages: when told to
 /// stop, such a bridge lets its open pull run out (what it brings is given back), rather than
 /// leave what JetStream sends it in transit until the ack wait. About 1/this pull requests per
 /// second while the subscription idles.
 pub(super) const AHEAD_PULL_EXPIRES: Duration = Duration::from_millis(200);
+/// A singleton's pull wait after `idle` pulls in a row that brought nothing.
+fn idle_pull_expires(base: Duration, idle: u32) -> Duration {
+    base * 2u32.pow(idle.min(SINGLETON_IDLE_DOUBLINGS))
+}
+
 /// Pause after a failed pull (NATS unreachable, consumer gone) before the next.
 const RETRY: Duration = Duration::from_millis(500);
 /// How long JetStream waits before redelivering a message whose dead letter it did not store.
@@ -113,6 +125,9 @@ pub(super) struct Bridge {
     /// How long one pull request waits for messages (short for singletons: a leaving active
     /// member's gateway waits for its open pull to end before giving back, see `vacate`).
     pub(super) pull_expires: Duration,
+    /// A singleton's pulls in a row that brought nothing: each doubles the next one's wait,
+    /// up to [`SINGLETON_IDLE_DOUBLINGS`] times.
+    pub(super) idle_pulls: u32,
     /// Singleton members that left while a pull was open, for [`Bridge::vacate`].
     pub(super) leaving: Vec<MemberId>,
     /// Singleton members whose step-down settled while a pull was open, for
@@ -239,7 +254,7 @@ impl Bridge {
                 .consumer
                 .batch()
                 .max_messages(want.min(u64::from(u32::MAX)) as usize)
-                .expires(self.pull_expires)
+                .expires(self.next_pull_expires())
                 .messages()
                 .await;
             let mut batch = match batch {
@@ -270,10 +285,14 @@ impl Bridge {
             // active member here, or is gone, is held, and given back in order after it. So
             // does a bridge that reads ahead (at most 200 ms).
             let mut stopping = false;
+            let mut brought = false;
             loop {
                 tokio::select! {
                     message = batch.next() => match message {
-                        Some(Ok(message)) => self.arrive(message, stopping).await,
+                        Some(Ok(message)) => {
+                            brought = true;
+                            self.arrive(message, stopping).await;
+                        }
                         Some(Err(error)) => {
                             tracing::warn!(subscription = %self.subscription, %error, "JetStream ended a pull");
                             break;
@@ -298,6 +317,11 @@ impl Bridge {
                     _ = progress.tick() => self.progress().await,
                 }
             }
+            self.idle_pulls = if brought {
+                0
+            } else {
+                self.idle_pulls.saturating_add(1)
+            };
             if !self.leaving.is_empty() || !self.yielding.is_empty() {
                 self.vacate().await;
             }
@@ -306,6 +330,15 @@ impl Bridge {
             }
         }
         self.give_back().await;
+    }
+
+    /// How long the next pull waits for messages: a singleton's doubles with each pull in a
+    /// row that brought nothing, up to [`SINGLETON_IDLE_DOUBLINGS`] times.
+    fn next_pull_expires(&self) -> Duration {
+        if !self.singleton {
+            return self.pull_expires;
+        }
+        idle_pull_expires(self.pull_expires, self.idle_pulls)
     }
 
     /// Whether this bridge may hand a message to a member or send JetStream an ack, nak or
@@ -885,6 +918,20 @@ fn is_jetstream_header(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // docs/cluster.md#subscriptions-and-consumers: an idle leader's pulls wait 15, 30, 60, 120,
+    // then 240 ms at most; the first pull after a message waits 15 ms again.
+    #[test]
+    fn an_idle_singletons_pull_wait_doubles_up_to_its_bound() {
+        let waits: Vec<u128> = (0..8)
+            .map(|idle| idle_pull_expires(SINGLETON_PULL_EXPIRES, idle).as_millis())
+            .collect();
+        assert_eq!(waits, [15, 30, 60, 120, 240, 240, 240, 240]);
+        assert_eq!(
+            idle_pull_expires(SINGLETON_PULL_EXPIRES, u32::MAX).as_millis(),
+            240
+        );
+    }
 
     fn nats_message(subject: &str, headers: &[(&str, &str)]) -> async_nats::Message {
         let headers = (!headers.is_empty()).then(|| {

@@ -128,6 +128,7 @@ impl Gateway {
                 } else {
                     bridge::PULL_EXPIRES
                 },
+                idle_pulls: 0,
                 leaving: Vec::new(),
                 yielding: Vec::new(),
                 singleton,
