@@ -27,6 +27,23 @@ use crate::{
     core::{Draft, Error, Limits, OpenRequest, Proclamation},
 };
 
+/// Where a deployment keeps what it confirms, and so what a confirmed publish survives
+/// (docs/cluster.md#durability).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// The embedded broker's process memory: nothing outlives the process.
+    Memory,
+    /// A JetStream stream on the NATS servers a gateway runs over.
+    JetStream {
+        stream: String,
+        /// `file` or `memory`.
+        storage: &'static str,
+        replicas: usize,
+        /// The stream's consumer limit; 0 or less: the servers' default.
+        max_consumers: i32,
+    },
+}
+
 /// Where the service's requests go.
 #[derive(Debug, Clone)]
 pub enum Backend {
@@ -228,6 +245,14 @@ impl Backend {
                 Ok((views.into_iter().map(Description::from).collect(), stats))
             }
             Backend::Gateway(gateway) => gateway.list_page(after, limit).await,
+        }
+    }
+
+    /// Where what this deployment confirms is kept (docs/cluster.md#durability).
+    pub fn storage(&self) -> Storage {
+        match self {
+            Backend::Embedded(_) => Storage::Memory,
+            Backend::Gateway(gateway) => gateway.storage(),
         }
     }
 

@@ -342,6 +342,7 @@ pub async fn run(args: Serve) -> Result<(), String> {
             let floor = gateway.broker().id_floor().unix_micros();
             let ids = format!("member ids start above {floor}, random for this gateway");
             let (stream, replicas) = gateway.stream();
+            let storage = gateway.storage();
             let connected_to = gateway.connected_to();
             let floors = gateway.id_floors();
             let cluster = move || {
@@ -353,6 +354,20 @@ pub async fn run(args: Serve) -> Result<(), String> {
                     "cluster mode: a gateway over NATS JetStream, connected to {connected_to} (stream {stream}, {replicas} replicas)",
                 );
                 log_cluster_floors(&stream, floors);
+                if let tinybroker::backend::Storage::JetStream {
+                    storage,
+                    max_consumers,
+                    ..
+                } = &storage
+                {
+                    tracing::info!(
+                        %stream,
+                        storage,
+                        replicas,
+                        max_consumers,
+                        "what a confirmed publish survives: the stream {stream} keeps it in {storage} storage on {replicas} replica(s); whether it outlives a power loss is the servers' fsync policy (sync_interval; default every two minutes), which they do not tell clients: see docs/cluster.md#durability",
+                    );
+                }
             };
             (Backend::Gateway(gateway), ids, Some(cluster))
         }

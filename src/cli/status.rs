@@ -30,7 +30,57 @@ struct StatusView {
     /// Absent when one subscription was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     broker: Option<BrokerView>,
+    /// Where the broker keeps what it confirms (docs/cluster.md#durability); absent when one
+    /// subscription was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storage: Option<StorageView>,
     subscriptions: Vec<SubscriptionView>,
+}
+
+#[derive(Serialize)]
+struct StorageView {
+    kind: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    stream: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    stream_storage: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicas: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_consumers: Option<i32>,
+}
+
+impl From<tinybroker::client::Storage> for StorageView {
+    fn from(storage: tinybroker::client::Storage) -> Self {
+        let jetstream = storage.kind == "jetstream";
+        Self {
+            replicas: jetstream.then_some(storage.replicas),
+            max_consumers: jetstream.then_some(storage.max_consumers),
+            kind: storage.kind,
+            stream: storage.stream,
+            stream_storage: storage.stream_storage,
+        }
+    }
+}
+
+impl StorageView {
+    /// One line for the table: where confirmed messages live, and what that survives.
+    fn line(&self) -> String {
+        match self.kind.as_str() {
+            "memory" => "storage: in this process's memory (embedded): a confirmed message does not outlive the broker process\n".into(),
+            "jetstream" => format!(
+                "storage: JetStream stream {} ({} storage, {} replicas, {}); what it survives depends on the servers' sync_interval: docs/cluster.md#durability\n",
+                self.stream,
+                self.stream_storage,
+                self.replicas.unwrap_or(0),
+                match self.max_consumers {
+                    Some(n) if n > 0 => format!("at most {n} consumers"),
+                    _ => "the servers' default consumer limit".into(),
+                }
+            ),
+            other => format!("storage: {other}\n"),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -213,6 +263,7 @@ async fn list_all(client: &Client) -> Result<StatusView, Error> {
     subscriptions.sort_by(|a, b| a.subscription_id.cmp(&b.subscription_id));
     Ok(StatusView {
         broker: Some(listing.broker.into()),
+        storage: listing.storage.map(Into::into),
         subscriptions,
     })
 }
@@ -228,6 +279,7 @@ pub async fn run(args: Status) -> Result<(), String> {
     let view = match &args.id {
         Some(id) => StatusView {
             broker: None,
+            storage: None,
             subscriptions: vec![
                 client
                     .describe(id)
@@ -346,6 +398,9 @@ fn member_list(s: &SubscriptionView) -> String {
 
 fn overview(view: &StatusView) -> String {
     let mut out = String::new();
+    if let Some(storage) = &view.storage {
+        out.push_str(&storage.line());
+    }
     if let Some(b) = &view.broker {
         out.push_str(&format!(
             "broker: {} subscriptions, {} members; published {} (unrouted {}, rejected {}); expired {} subscriptions ({} messages){}\n\n",

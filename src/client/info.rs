@@ -136,6 +136,34 @@ pub struct Listing {
     pub subscriptions: Vec<SubscriptionInfo>,
     /// Broker-wide counters.
     pub broker: BrokerCounters,
+    /// Where the broker keeps what it confirms; `None` from a broker that does not say.
+    pub storage: Option<Storage>,
+}
+
+/// Where a broker keeps what it confirms, and so what a confirmed publish survives
+/// (docs/cluster.md#durability), from [`Client::list`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Storage {
+    /// `memory` (the embedded broker's process memory) or `jetstream` (a gateway's stream).
+    pub kind: String,
+    /// JetStream: the stream, its storage (`file` or `memory`), replicas and consumer limit
+    /// (0: the servers' default).
+    pub stream: String,
+    pub stream_storage: String,
+    pub replicas: u32,
+    pub max_consumers: i32,
+}
+
+impl From<pb::Storage> for Storage {
+    fn from(storage: pb::Storage) -> Self {
+        Self {
+            kind: storage.kind,
+            stream: storage.stream,
+            stream_storage: storage.stream_storage,
+            replicas: storage.replicas,
+            max_consumers: storage.max_consumers,
+        }
+    }
 }
 
 /// A value newer than this client: refused rather than guessed, so nothing reads a mode or a
@@ -317,6 +345,9 @@ impl Client {
                 all.subscriptions.push(info.try_into()?);
             }
             broker = broker.or(reply.broker);
+            if all.storage.is_none() {
+                all.storage = reply.storage.map(Into::into);
+            }
             if reply.next_page_token.is_empty() {
                 all.broker = broker.map(Into::into).unwrap_or_default();
                 return Ok(all);

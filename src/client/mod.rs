@@ -54,7 +54,9 @@ use tonic::{
 pub use crate::core::{AckMode, Mode, Overflow};
 pub use election::{HandedOver, Leadership, Lost, LostCause, MAX_BUFFERED_MESSAGES};
 pub use error::{Error, Result};
-pub use info::{BrokerCounters, Counters, Listing, MemberInfo, SubscriptionInfo, UpstreamBacklog};
+pub use info::{
+    BrokerCounters, Counters, Listing, MemberInfo, Storage, SubscriptionInfo, UpstreamBacklog,
+};
 pub use options::SubscriptionOptions;
 pub use publish::{MAX_PENDING_PUBLISHES, PendingPublish, Publisher};
 pub use subscription::{Activation, Delivery, Event, Subscription};

@@ -120,6 +120,27 @@ pub(super) fn info(described: Description) -> pb::SubscriptionInfo {
 }
 
 /// The broker's and the transport's counters as `BrokerCounters`.
+pub(super) fn storage(storage: crate::backend::Storage) -> pb::Storage {
+    match storage {
+        crate::backend::Storage::Memory => pb::Storage {
+            kind: "memory".into(),
+            ..Default::default()
+        },
+        crate::backend::Storage::JetStream {
+            stream,
+            storage,
+            replicas,
+            max_consumers,
+        } => pb::Storage {
+            kind: "jetstream".into(),
+            stream,
+            stream_storage: storage.into(),
+            replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+            max_consumers: max_consumers.max(0),
+        },
+    }
+}
+
 pub(super) fn stats(stats: BrokerStats, transport: TransportSnapshot) -> pb::BrokerCounters {
     pb::BrokerCounters {
         connections_open: transport.connections_open,

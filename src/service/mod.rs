@@ -312,6 +312,7 @@ impl pb::broker_server::Broker for BrokerService {
             subscriptions: described.into_iter().map(convert::info).collect(),
             broker: Some(convert::stats(broker, self.transport.snapshot())),
             next_page_token,
+            storage: Some(convert::storage(self.backend.storage())),
         }))
     }
 }

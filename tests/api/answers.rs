@@ -491,3 +491,32 @@ async fn a_windowed_singleton_with_meeting_patterns_keeps_order_under_nacks() {
     assert_eq!(first, wanted, "first deliveries");
     assert_eq!(again, wanted, "second deliveries");
 }
+
+// docs/cluster.md#durability: a listing says where what the broker confirms is kept. The
+// embedded broker: this process's memory. Through gateways: the JetStream stream, file storage,
+// its replicas and its consumer limit (the one `--nats-max-consumers` gave it).
+#[tokio::test]
+async fn a_listing_says_where_confirmed_messages_are_kept() {
+    let server = TestServer::start().await;
+    let storage = server
+        .client()
+        .await
+        .list()
+        .await
+        .storage
+        .expect("every listing carries its storage");
+    if crate::deployment::GATEWAYS {
+        assert_eq!(storage.kind, "jetstream", "{storage:?}");
+        assert_eq!(storage.stream, "tinybroker", "{storage:?}");
+        assert_eq!(storage.stream_storage, "file", "{storage:?}");
+        assert!(storage.replicas >= 1, "{storage:?}");
+        assert_eq!(
+            storage.max_consumers,
+            tinybroker::cluster::gateway::DEFAULT_MAX_CONSUMERS,
+            "{storage:?}"
+        );
+    } else {
+        assert_eq!(storage.kind, "memory", "{storage:?}");
+        assert_eq!((storage.stream.as_str(), storage.replicas), ("", 0));
+    }
+}

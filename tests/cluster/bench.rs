@@ -496,3 +496,42 @@ async fn bench_with_nats_core_refuses_what_it_does_not_run() {
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("--nats-core runs w3 only"), "{said}");
 }
+
+// docs/performance.md#elections-at-scale: w4 through two gateways joins every subscription at
+// both (active at one, standby at the other), and after the SIGKILL of the first elector the
+// second leads every one; it reports joins a second, promotion times, and RSS and idle CPU.
+#[tokio::test]
+async fn bench_with_nats_runs_w4_elections_across_gateways() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls().join(",");
+    let args = ["bench", "--nats", &urls, "w4", "--subscriptions", "20"]
+        .map(String::from)
+        .to_vec();
+    let output = run(args).await;
+    assert!(output.status.success(), "{output:?}");
+    let reports = reports(&output.stdout);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert_eq!(
+        (
+            r["workload"].as_str(),
+            r["deployment"].as_str(),
+            r["subscriptions"].as_u64()
+        ),
+        (Some("w4"), Some("gateways"), Some(20)),
+        "{r}"
+    );
+    for rate in ["joins_per_s", "standby_joins_per_s"] {
+        assert!(r[rate].as_f64().unwrap_or_default() > 0.0, "{rate}: {r}");
+    }
+    let (median, all) = (
+        r["promote_median_ms"].as_f64().unwrap_or(f64::MAX),
+        r["promote_all_ms"].as_f64().unwrap_or(f64::MAX),
+    );
+    assert!(median <= all && all < 15_000.0, "{r}");
+    assert!(
+        r["broker_rss_bytes"].as_u64().unwrap_or_default() > 0,
+        "{r}"
+    );
+    assert!(r["broker_idle_cores"].as_f64().is_some(), "{r}");
+}

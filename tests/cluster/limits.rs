@@ -470,3 +470,86 @@ async fn a_join_is_answered_once_every_server_keeps_its_messages() {
         "the join was answered while the stream's leader did not know its consumer"
     );
 }
+
+// docs/cluster.md#subscriptions-and-consumers: each subscription is one JetStream consumer, and
+// the stream holds at most --nats-max-consumers (the fence records take one). A join past it
+// is RESOURCE_EXHAUSTED naming the stream's setting and how to raise it, and changes nothing:
+// the subscriptions that were there stay, and once one is deleted the refused join is taken.
+#[tokio::test]
+async fn a_join_past_the_streams_consumer_limit_is_refused_naming_the_setting() {
+    let cluster = NatsCluster::start(1).await;
+    let urls = cluster.client_urls();
+    let gateway = gateway_with(
+        GatewayConfig {
+            max_consumers: 3,
+            ..GatewayConfig::new(&urls[0])
+        },
+        Arc::new(TokioClock::new()),
+    )
+    .await;
+    let client = gateway.client().await;
+    let mut first = client.subscribe(queue("one", 1)).await.unwrap();
+    first.confirmed().await;
+    let mut second = client.subscribe(queue("two", 1)).await.unwrap();
+    second.confirmed().await;
+    let refused = client.subscribe(queue("three", 1)).await.map(drop);
+    assert_code(refused, Code::ResourceExhausted, "max_consumers");
+    let again = client.subscribe(queue("three", 1)).await.map(drop);
+    assert_code(again, Code::ResourceExhausted, "--max-consumers");
+    let listed: Vec<String> = client
+        .list()
+        .await
+        .subscriptions
+        .into_iter()
+        .map(|s| s.subscription_id)
+        .collect();
+    assert_eq!(listed, ["one", "two"], "the refused join changed nothing");
+    drop(first);
+    within(async {
+        loop {
+            match crate::api::delete::delete(&client, "one").await {
+                Err(status) if status.code() == Code::FailedPrecondition => continue,
+                other => return other.unwrap(),
+            }
+        }
+    })
+    .await;
+    let mut third = client.subscribe(queue("three", 1)).await.unwrap();
+    third.confirmed().await;
+}
+
+// docs/cluster.md#subscriptions-and-consumers: a stream that exists with no consumer limit of
+// its own (made by hand, or by an earlier gateway) is given --nats-max-consumers at start,
+// since nats-server 2.15 would hold it to 1,000 consumers; one that sets its own keeps it.
+#[tokio::test]
+async fn a_stream_without_a_consumer_limit_is_given_the_gateways_and_one_with_its_own_keeps_it() {
+    let cluster = NatsCluster::start(1).await;
+    let urls = cluster.client_urls();
+    let js = async_nats::jetstream::new(async_nats::connect(&urls[0]).await.unwrap());
+    for (stream, own) in [("unlimited", 0), ("limited", 40)] {
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: stream.into(),
+            subjects: vec![format!("{stream}.>")],
+            retention: async_nats::jetstream::stream::RetentionPolicy::Interest,
+            max_messages: 1_000,
+            max_consumers: own,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let gateway = gateway_with(
+            GatewayConfig {
+                stream: stream.into(),
+                max_consumers: 5_000,
+                ..GatewayConfig::new(&urls[0])
+            },
+            Arc::new(TokioClock::new()),
+        )
+        .await;
+        let storage = gateway.client().await.list().await.storage.unwrap();
+        let expected = if own > 0 { own } else { 5_000 };
+        assert_eq!(storage.max_consumers, expected, "{stream}: {storage:?}");
+        let info = js.get_stream(stream).await.unwrap().cached_info().clone();
+        assert_eq!(info.config.max_consumers, expected, "{stream}");
+    }
+}

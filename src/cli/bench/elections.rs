@@ -249,8 +249,13 @@ pub async fn run_w4(_common: &Common, broker: &Target, w4: &W4) -> Result<(), St
     })?;
     let standby_joins_per_s = rate(n, second.started, standbys.iter().max().copied());
     let broker_rss_bytes = broker.rss_now();
-    let servers_rss_bytes = servers_rss();
-    let servers = nats_servers();
+    // The NATS servers the gateways run over, when they run here; none for the embedded broker.
+    let servers = if broker.deployment().is_some() {
+        nats_servers()
+    } else {
+        Vec::new()
+    };
+    let servers_rss_bytes = servers_rss(&servers);
     let cpu = |pids: &[u32]| -> Option<f64> {
         pids.iter()
             .map(|&pid| super::cpu::process_seconds(pid))
@@ -337,10 +342,8 @@ fn nats_servers() -> Vec<u32> {
         .collect()
 }
 
-/// The resident set of every `nats-server` process on this machine, together; `None` when
-/// there is none.
-fn servers_rss() -> Option<u64> {
-    let servers = nats_servers();
+/// The resident set of these `nats-server` processes, together; `None` when there is none.
+fn servers_rss(servers: &[u32]) -> Option<u64> {
     (!servers.is_empty()).then(|| {
         servers
             .iter()

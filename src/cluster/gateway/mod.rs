@@ -422,6 +422,20 @@ impl Gateway {
         (config.name.clone(), config.num_replicas)
     }
 
+    /// The stream every confirmed publish is kept in, as JetStream described it at start.
+    pub fn storage(&self) -> crate::backend::Storage {
+        let config = &self.inner.stream.cached_info().config;
+        crate::backend::Storage::JetStream {
+            stream: config.name.clone(),
+            storage: match config.storage {
+                jetstream::stream::StorageType::File => "file",
+                jetstream::stream::StorageType::Memory => "memory",
+            },
+            replicas: config.num_replicas,
+            max_consumers: config.max_consumers,
+        }
+    }
+
     /// Where the cluster's ids start (docs/semantics.md#cluster-restart-identity): the stream's
     /// first sequence, the wall clock in µs when it was made (every `system_id` is above it;
     /// `None` for a stream made before ids had a floor, counted from 1), and the epoch floor
