@@ -43,8 +43,8 @@ pub(super) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
 /// How many times a singleton's pull wait doubles while its pulls bring nothing: up to
 /// 15 ms × 2^4 = 240 ms, about 4 pull requests a second for a leader with nothing to read
 /// instead of 66, so a gateway leading a thousand idle elections asks JetStream 4,000 times a
-/// second, not 66,000. The cost: a clean close of an idle leader waits for its open pull, up
-/// to 240 ms, before the next member is promoted (docs/cluster.md#subscriptions-and-consumers).
+/// second, not 66,000. The cost: when an idle leader closes its stream or steps down, its
+/// gateway waits for the open pull, up to 240 ms, before the next member is promoted (docs/cluster.md#subscriptions-and-consumers).
 /// Any message brought sets it back to 15 ms.
 pub(super) const SINGLETON_IDLE_DOUBLINGS: u32 = 4;
 /// How long one pull request of a bridge that reads ahead waits for messages: when told to
