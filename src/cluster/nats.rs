@@ -717,7 +717,7 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> KvError {
     KvError::Unavailable(format!("{what}: {e}"))
 }
 
-fn is_deletion(headers: &HeaderMap) -> bool {
+pub(crate) fn is_deletion(headers: &HeaderMap) -> bool {
     matches!(
         headers.get(KV_OPERATION).map(|v| v.as_str()),
         Some("DEL" | "PURGE")

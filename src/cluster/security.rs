@@ -84,8 +84,7 @@ impl Secret {
     fn read(&self) -> Result<String, String> {
         let text = match self {
             Self::File { flag, path } => {
-                let bytes = std::fs::read(path)
-                    .map_err(|e| format!("{flag} {}: cannot read it: {e}", path.display()))?;
+                let bytes = read_file(flag, path)?;
                 String::from_utf8(bytes)
                     .map_err(|_| format!("{flag} {}: not UTF-8 text", path.display()))?
                     .trim()
@@ -133,11 +132,17 @@ impl NatsSecurity {
     /// certificate; `None` when it presents neither.
     pub fn presented(&self) -> Option<String> {
         let credential = self.credential.as_ref().map(NatsCredential::describe);
-        let certificate = self
-            .tls
-            .as_ref()
-            .and_then(|tls| tls.client.as_ref())
-            .map(|(cert, _)| format!("the client certificate --nats-tls-cert {}", cert.display()));
+        let certificate =
+            self.tls
+                .as_ref()
+                .and_then(|tls| tls.client.as_ref())
+                .map(|(cert, key)| {
+                    format!(
+                        "the client certificate --nats-tls-cert {} with --nats-tls-key {}",
+                        cert.display(),
+                        key.display()
+                    )
+                });
         match (credential, certificate) {
             (Some(credential), Some(certificate)) => {
                 Some(format!("{credential} and {certificate}"))
@@ -155,7 +160,11 @@ impl NatsSecurity {
             None => "the system's roots".to_string(),
         };
         let client = match &tls.client {
-            Some((cert, _)) => format!("the client certificate --nats-tls-cert {}", cert.display()),
+            Some((cert, key)) => format!(
+                "the client certificate --nats-tls-cert {} with --nats-tls-key {} (the key must be the certificate's)",
+                cert.display(),
+                key.display()
+            ),
             None => "no client certificate (--nats-tls-cert)".to_string(),
         };
         Some(format!(
@@ -199,8 +208,8 @@ pub fn connect_options(security: &NatsSecurity) -> Result<ConnectOptions, String
     match &security.credential {
         None => {}
         Some(NatsCredential::CredsFile(path)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("--nats-creds {}: cannot read it: {e}", path.display()))?;
+            let text = String::from_utf8(read_file("--nats-creds", path)?)
+                .map_err(|_| format!("--nats-creds {}: not UTF-8 text", path.display()))?;
             options = options.credentials(&text).map_err(|e| {
                 format!(
                     "--nats-creds {}: not a NATS credentials file (a user JWT and its nkey seed): {e}",
@@ -239,8 +248,7 @@ pub fn connect_options(security: &NatsSecurity) -> Result<ConnectOptions, String
         }
         if let Some((cert, key)) = &tls.client {
             read_certificates("--nats-tls-cert", cert)?;
-            let pem = std::fs::read(key)
-                .map_err(|e| format!("--nats-tls-key {}: cannot read it: {e}", key.display()))?;
+            let pem = read_file("--nats-tls-key", key)?;
             PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
                 format!(
                     "--nats-tls-key {}: no PEM private key in it: {e}",
@@ -254,10 +262,34 @@ pub fn connect_options(security: &NatsSecurity) -> Result<ConnectOptions, String
     Ok(options)
 }
 
+/// The most a credential, key or certificate file may hold: far more than any does.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The bytes of a regular file of at most [`MAX_FILE_BYTES`], or a sentence naming `flag` and
+/// `path`: a FIFO or device would block the start or never end.
+fn read_file(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("{flag} {}: cannot read it: {e}", path.display());
+    let metadata = std::fs::metadata(path).map_err(cannot)?;
+    if !metadata.is_file() {
+        return Err(format!("{flag} {}: not a regular file", path.display()));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{flag} {}: larger than {MAX_FILE_BYTES} bytes, not a credential, key or certificate",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
 /// The PEM certificates in `path` (at least one).
 fn read_certificates(flag: &str, path: &PathBuf) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = std::fs::read(path)
-        .map_err(|e| format!("{flag} {}: cannot read it: {e}", path.display()))?;
+    let pem = read_file(flag, path)?;
     let certificates = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{flag} {}: not PEM certificates: {e}", path.display()))?;
@@ -382,6 +414,32 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    // Hostile paths: a file too large for any credential, a directory, a FIFO (which would
+    // block the start for ever) are refused at once, naming the flag and the path.
+    #[test]
+    fn a_huge_file_a_directory_or_a_fifo_is_refused_naming_it() {
+        let dir = Dir::new("hostile");
+        let huge = dir.file("huge.token", &vec![b'a'; (MAX_FILE_BYTES + 1) as usize]);
+        let error = read_file("--nats-token-file", &huge).unwrap_err();
+        assert!(
+            error.contains("--nats-token-file") && error.contains("larger than"),
+            "{error}"
+        );
+        let error = read_file("--nats-creds", &dir.0).unwrap_err();
+        assert!(error.contains("not a regular file"), "{error}");
+        let fifo = dir.0.join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let error = read_file("--nats-tls-key", &fifo).unwrap_err();
+            assert!(
+                error.contains("--nats-tls-key") && error.contains("not a regular file"),
+                "{error}"
+            );
+        }
+        let fine = dir.file("ok.token", b"secret\n");
+        assert_eq!(read_file("--nats-token-file", &fine).unwrap(), b"secret\n");
     }
 
     fn error_of(security: NatsSecurity) -> String {

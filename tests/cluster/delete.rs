@@ -75,3 +75,67 @@ async fn a_delete_while_the_members_gateway_is_stopped_leaves_no_member_on_a_del
         ),
     }
 }
+
+// docs/semantics.md#cluster-delete: every incarnation of a gateway that ever ran leaves its
+// lease's delete marker in the coordination bucket for good. A delete reads the leases still
+// held, and must answer with thousands of markers piled up (here 5,000 past incarnations;
+// read one after another from the bucket's leader, 10,000 took longer than a delete's patience).
+#[tokio::test]
+async fn a_delete_answers_after_five_thousand_past_gateway_incarnations() {
+    let cluster = NatsCluster::start(3).await;
+    let urls = cluster.client_urls();
+    let at = crate::gateway(&urls[0]).await;
+    let client = at.client().await;
+    let nats = async_nats::connect(&urls[1]).await.unwrap();
+    const PAST: u64 = 5_000;
+    for i in 0..PAST {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("KV-Operation", "DEL");
+        nats.publish_with_headers(
+            format!(
+                "$KV.tinybroker-coordination.lease.{}",
+                1_000_000_000_000_000 + i
+            ),
+            headers,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    nats.flush().await.unwrap();
+    // Stored: the bucket's stream holds every marker (and the live keys).
+    let js = async_nats::jetstream::new(nats);
+    within(async {
+        loop {
+            let mut stream = js.get_stream("KV_tinybroker-coordination").await.unwrap();
+            if stream.info().await.unwrap().state.messages >= PAST {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let answer = delete(&client, "never-made").await;
+    assert!(
+        matches!(&answer, Err(status) if status.code() == Code::NotFound),
+        "{answer:?} after {:?}",
+        started.elapsed()
+    );
+    // And a subscription is still deleted: the live lease of this gateway was found.
+    let mut member = client
+        .subscribe(open("made", DeliveryMode::Queue, "g", &["made.*"]))
+        .await
+        .unwrap();
+    member.confirmed().await;
+    drop(member);
+    within(async {
+        loop {
+            match delete(&client, "made").await {
+                Err(status) if status.code() == Code::FailedPrecondition => continue,
+                other => return other.unwrap(),
+            }
+        }
+    })
+    .await;
+}

@@ -83,8 +83,9 @@ pub struct Common {
     /// loopback port and reports that process's peak RSS.
     #[arg(long, global = true, conflicts_with_all = ["nats", "nats_core"])]
     server: Option<String>,
-    /// NATS URLs (comma-separated): run w1 or w3 through two gateways the bench starts over
-    /// this JetStream cluster, then the same workload straight on JetStream.
+    /// NATS URLs (comma-separated): run the workload through two gateways the bench starts over
+    /// this JetStream cluster, then w1 or w3 straight on JetStream (w2 and w4 have no JetStream
+    /// side).
     #[arg(long, global = true, conflicts_with = "nats_core")]
     nats: Option<String>,
     /// NATS URLs (comma-separated): run w3 on plain NATS core (no JetStream, no acks), one

@@ -56,6 +56,10 @@ const ASK_PATIENCE: Duration = Duration::from_secs(2);
 /// below [`HOLD`] by far more than the clocks' drift can eat.
 const DELETE_BUDGET: Duration = Duration::from_secs(7);
 
+/// How long a delete may take to read the gateways' leases: each incarnation that ever ran left
+/// its lease's delete marker, and they stream at thousands a second or more.
+const LEASE_LIST_PATIENCE: Duration = Duration::from_secs(5);
+
 /// How long one JetStream request of a delete may take.
 const REQUEST_PATIENCE: Duration = Duration::from_secs(2);
 
@@ -415,45 +419,79 @@ impl Gateway {
     }
 
     /// The incarnations holding a lease in the coordination bucket: every live gateway, and
-    /// dead ones whose lease has not lapsed yet. Read without a consumer: the bucket's stream
-    /// names the subjects of its lease keys, and each is read; listing the bucket's keys would
-    /// make an ephemeral consumer each time (deletes in a burst would fill the bucket's stream
-    /// with them until they expire), and would read every subscription's key.
+    /// dead ones whose lease has not lapsed yet. Read through a consumer of the bucket's stream
+    /// (served where the stream's leader is, so a lease just made is not missed, as a read from
+    /// a replica behind could), of the lease keys only, their last message each, headers only:
+    /// every incarnation that ever ran left its lease's delete marker there for good, and they
+    /// stream at thousands a second or more ([`LEASE_LIST_PATIENCE`]). The consumer is deleted
+    /// once read, so a burst of deletes does not fill the stream with them until they expire.
     pub(super) async fn leased_gateways(&self) -> Result<BTreeSet<u64>, Error> {
+        use async_nats::jetstream::consumer::{DeliverPolicy, ReplayPolicy, push::OrderedConfig};
         let bucket = format!("{}-coordination", self.inner.config.stream);
         let js = &self.inner.shared.js;
+        let prefix = format!("$KV.{bucket}.");
+        let stream = tokio::time::timeout(REQUEST_PATIENCE, js.get_stream(format!("KV_{bucket}")))
+            .await
+            .map_err(|_| unavailable("the coordination bucket did not answer", "timed out"))?
+            .map_err(|e| unavailable("the coordination bucket did not answer", e))?;
+        let consumer = tokio::time::timeout(
+            REQUEST_PATIENCE,
+            stream.create_consumer(OrderedConfig {
+                deliver_subject: self.inner.shared.client.new_inbox(),
+                description: Some("tinybroker: a delete reading the gateways' leases".into()),
+                filter_subject: format!("{prefix}lease.>"),
+                headers_only: true,
+                replay_policy: ReplayPolicy::Instant,
+                deliver_policy: DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|_| {
+            unavailable(
+                "the coordination bucket did not list the leases",
+                "timed out",
+            )
+        })?
+        .map_err(|e| unavailable("the coordination bucket did not list the leases", e))?;
+        let name = consumer.cached_info().name.clone();
+        let pending = consumer.cached_info().num_pending;
         let read = async {
-            let store = js.get_key_value(&bucket).await.map_err(|e| e.to_string())?;
-            let stream = js
-                .get_stream(format!("KV_{bucket}"))
-                .await
-                .map_err(|e| e.to_string())?;
-            let prefix = format!("$KV.{bucket}.");
-            let mut subjects = stream
-                .info_with_subjects(format!("{prefix}lease.>"))
-                .await
-                .map_err(|e| e.to_string())?;
             let mut leased = BTreeSet::new();
-            while let Some(listed) = subjects.next().await {
-                let (subject, _) = listed.map_err(|e| e.to_string())?;
-                let Some(key) = subject.strip_prefix(&prefix) else {
-                    continue;
-                };
-                let Some(gateway) = crate::cluster::nats::decode_key(key)
-                    .strip_prefix("lease.")
-                    .and_then(|g| g.parse().ok())
-                else {
-                    continue;
-                };
-                // A deleted lease leaves its marker as the subject's last message.
-                if store.get(key).await.map_err(|e| e.to_string())?.is_some() {
+            if pending == 0 {
+                return Ok(leased);
+            }
+            let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| e.to_string())?;
+                let live = !message
+                    .headers
+                    .as_ref()
+                    .is_some_and(crate::cluster::nats::is_deletion);
+                let gateway = message
+                    .subject
+                    .strip_prefix(prefix.as_str())
+                    .and_then(|key| {
+                        crate::cluster::nats::decode_key(key)
+                            .strip_prefix("lease.")?
+                            .parse()
+                            .ok()
+                    });
+                if let (true, Some(gateway)) = (live, gateway) {
                     leased.insert(gateway);
+                }
+                if message.info().map_err(|e| e.to_string())?.pending == 0 {
+                    break;
                 }
             }
             Ok::<_, String>(leased)
         };
-        tokio::time::timeout(REQUEST_PATIENCE, read)
-            .await
+        let leased = tokio::time::timeout(LEASE_LIST_PATIENCE, read).await;
+        // Not waited for (one left behind goes by itself once idle, after seconds).
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(REQUEST_PATIENCE, stream.delete_consumer(&name)).await;
+        });
+        leased
             .map_err(|_| {
                 unavailable(
                     "the coordination bucket did not list the leases",

@@ -309,7 +309,7 @@ impl Gateway {
         Error::cluster(
             ErrorKind::ResourceExhausted,
             format!(
-                "subscription {subscription:?} was not joined: JetStream stream {stream} holds its most consumers ({limit}), and each subscription is one (each BROADCAST member one more); delete subscriptions no longer used, or raise the limit (`nats stream edit {stream} --max-consumers N`; a stream a gateway creates takes --nats-max-consumers)"
+                "subscription {subscription:?} was not joined: JetStream stream {stream} holds its most consumers ({limit}), and each subscription is one (each BROADCAST member one more, the fence records one); delete subscriptions no longer used, or raise the limit (`nats stream edit {stream} --max-consumers N`; a stream a gateway creates takes --nats-max-consumers)"
             ),
         )
     }
