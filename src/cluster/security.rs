@@ -288,7 +288,10 @@ fn read_file(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
 }
 
 /// The PEM certificates in `path` (at least one).
-fn read_certificates(flag: &str, path: &PathBuf) -> Result<Vec<CertificateDer<'static>>, String> {
+fn read_certificates(
+    flag: &str,
+    path: &std::path::Path,
+) -> Result<Vec<CertificateDer<'static>>, String> {
     let pem = read_file(flag, path)?;
     let certificates = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
