@@ -29,7 +29,7 @@ pub(crate) async fn delete(
 /// Deletes `id` once its last member's leave has been applied everywhere: a delete is refused
 /// (FAILED_PRECONDITION) until then (through gateways, until the member's gateway saw its
 /// stream end).
-async fn delete_once_left(client: &Client, id: &str) -> pb::DeleteSubscriptionResponse {
+pub(crate) async fn delete_once_left(client: &Client, id: &str) -> pb::DeleteSubscriptionResponse {
     within(async {
         loop {
             match delete(client, id).await {

@@ -129,13 +129,5 @@ async fn a_delete_answers_after_five_thousand_past_gateway_incarnations() {
         .unwrap();
     member.confirmed().await;
     drop(member);
-    within(async {
-        loop {
-            match delete(&client, "made").await {
-                Err(status) if status.code() == Code::FailedPrecondition => continue,
-                other => return other.unwrap(),
-            }
-        }
-    })
-    .await;
+    crate::api::delete::delete_once_left(&client, "made").await;
 }

@@ -505,15 +505,7 @@ async fn a_join_past_the_streams_consumer_limit_is_refused_naming_the_setting() 
         .collect();
     assert_eq!(listed, ["one", "two"], "the refused join changed nothing");
     drop(first);
-    within(async {
-        loop {
-            match crate::api::delete::delete(&client, "one").await {
-                Err(status) if status.code() == Code::FailedPrecondition => continue,
-                other => return other.unwrap(),
-            }
-        }
-    })
-    .await;
+    crate::api::delete::delete_once_left(&client, "one").await;
     let mut third = client.subscribe(queue("three", 1)).await.unwrap();
     third.confirmed().await;
 }
