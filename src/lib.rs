@@ -41,6 +41,7 @@ pub mod broker;
 pub mod client;
 pub mod clock;
 pub mod cluster;
+pub mod console;
 pub mod core;
 pub mod metrics;
 pub mod pb;

@@ -23,7 +23,7 @@ use crate::{
         BatchError, Broker, BrokerStats, ConnectionId, Deleted, Description, Fence, HandedOver,
         LeadershipWatch, MemberStream, Published,
     },
-    cluster::gateway::{Gateway, Pipeline},
+    cluster::gateway::{Gateway, Pipeline, singleton::ClusterLines},
     core::{Draft, Error, Limits, OpenRequest, Proclamation},
 };
 
@@ -245,6 +245,30 @@ impl Backend {
                 Ok((views.into_iter().map(Description::from).collect(), stats))
             }
             Backend::Gateway(gateway) => gateway.list_page(after, limit).await,
+        }
+    }
+
+    /// Every subscription, for a console (docs/operations.md#console): as
+    /// [`list_page`](Self::list_page) lists them, but at a gateway without each singleton's
+    /// line, which [`cluster_lines`](Self::cluster_lines) gives for all at once.
+    ///
+    /// # Errors
+    /// At a gateway, [`Error::Unavailable`] when JetStream does not list its consumers.
+    pub async fn list_all(&self) -> Result<(Vec<Description>, BrokerStats), Error> {
+        match self {
+            Backend::Embedded(broker) => {
+                let (views, stats) = broker.list();
+                Ok((views.into_iter().map(Description::from).collect(), stats))
+            }
+            Backend::Gateway(gateway) => gateway.list_brief().await,
+        }
+    }
+
+    /// At a gateway, its copy of the cluster's lines; `None` on the embedded broker.
+    pub async fn cluster_lines(&self) -> Option<ClusterLines> {
+        match self {
+            Backend::Embedded(_) => None,
+            Backend::Gateway(gateway) => gateway.cluster_lines().await,
         }
     }
 

@@ -149,6 +149,8 @@ struct Outlet {
     ended: bool,
     /// SINGLETON: the member's metadata (docs/semantics.md#member-metadata), empty if none.
     metadata: Arc<str>,
+    /// When it joined, in milliseconds since the Unix epoch by the broker's clock.
+    joined_ms: u64,
 }
 
 /// A subscription's core state plus its members' outlets, under one lock, so effects reach the
@@ -339,15 +341,25 @@ impl SubState {
         member: MemberId,
         connection: Option<ConnectionId>,
         metadata: Arc<str>,
+        joined_ms: u64,
     ) {
         self.outlets.insert(
             member,
             Outlet {
                 connection,
                 metadata,
+                joined_ms,
                 ..Outlet::default()
             },
         );
+    }
+
+    /// When each member joined (docs/operations.md#console).
+    pub(crate) fn joined(&self) -> BTreeMap<MemberId, u64> {
+        self.outlets
+            .iter()
+            .map(|(member, outlet)| (*member, outlet.joined_ms))
+            .collect()
     }
 
     /// `member`'s metadata (empty for an unknown member).

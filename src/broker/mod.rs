@@ -107,6 +107,10 @@ struct Inner {
     /// Cluster mode: dead letters go to JetStream through the observer (the gateway's
     /// router), not to this broker's own subscriptions, which only JetStream feeds.
     upstream_dead_letters: bool,
+    /// Counts changes of membership and leadership (joins, leaves, promotions, step-downs,
+    /// deletes, expiries; at a gateway also the cluster's lines): what a console waits on
+    /// before it looks again (docs/operations.md#console). Never touched by publishes or acks.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -214,6 +218,8 @@ pub struct SubscriptionView {
     pub metadata: std::collections::BTreeMap<MemberId, Arc<str>>,
     /// SINGLETON: the active member while it steps down (docs/semantics.md#hand-over).
     pub stepping_down: Option<MemberId>,
+    /// When each member joined, in milliseconds since the Unix epoch by the broker's clock.
+    pub joined_unix_ms: std::collections::BTreeMap<MemberId, u64>,
 }
 
 /// Broker-wide counters.
@@ -297,6 +303,7 @@ impl Broker {
                 singleton_gate: std::sync::OnceLock::new(),
                 arbitrated: false,
                 upstream_dead_letters: false,
+                changes: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -378,6 +385,7 @@ impl Broker {
         }
         if membership {
             self.end_step_down(state);
+            self.note_change();
         }
         self.account(state);
     }
@@ -473,6 +481,17 @@ impl Broker {
     /// (the wall-clock time it started at, in microseconds since the Unix epoch).
     pub fn id_floor(&self) -> IdFloor {
         self.inner.id_floor
+    }
+
+    /// Wakes whoever waits on [`changes`](Self::changes): a member joined or left, a
+    /// leadership changed, a subscription went (at a gateway also: the cluster's lines moved).
+    pub fn note_change(&self) {
+        self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that wakes after each [`note_change`](Self::note_change) (changes coalesce).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.changes.subscribe()
     }
 
     /// Whether the broker is shutting down (its member streams end).
@@ -597,7 +616,12 @@ impl Broker {
                 lock(&self.inner.idle).remove(state.key);
             }
             let _span = logs::member_span(&state, member).entered();
-            state.attach(member, connection, request.metadata.clone());
+            state.attach(
+                member,
+                connection,
+                request.metadata.clone(),
+                self.inner.clock.unix_millis(),
+            );
             self.apply(
                 &mut state,
                 Input::Join {
@@ -928,6 +952,7 @@ fn view(state: &SubState, now: Duration) -> SubscriptionView {
         expires_in: core.expires_at().map(|at| at.saturating_sub(now)),
         metadata: state.metadata(),
         stepping_down: core.stepping_down().map(|step| step.member),
+        joined_unix_ms: state.joined(),
     }
 }
 

@@ -101,6 +101,11 @@ impl Broker {
 }
 
 impl Upstream {
+    /// [`Broker::note_change`]: the cluster's lines moved.
+    pub fn note_change(&self) {
+        self.0.note_change();
+    }
+
     /// Counts a publish JetStream confirmed through this gateway (the broker's `published`,
     /// as for its own publishes; none of them is routed here, so `unrouted` stays).
     pub fn count_upstream_publish(&self) {

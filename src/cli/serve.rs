@@ -111,6 +111,13 @@ pub struct Serve {
     /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
     #[arg(long, env = "TINYBROKER_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Serve the live web console at http://ADDR/ (docs/operations.md#console), or `off`
+    /// [default: 127.0.0.1:50080, skipped with a warning when that port is taken].
+    #[arg(long, env = "TINYBROKER_CONSOLE", value_parser = parse_console)]
+    console: Option<ConsoleListen>,
+    /// The console shows, but offers no HandOver or DeleteSubscription.
+    #[arg(long, env = "TINYBROKER_CONSOLE_READ_ONLY")]
+    console_read_only: bool,
     /// Run as a cluster-mode gateway over these NATS servers (comma-separated URLs, e.g.
     /// nats://h1:4222,nats://h2:4222) [default: the embedded in-memory broker].
     #[arg(long, env = "TINYBROKER_NATS")]
@@ -269,6 +276,50 @@ async fn shutdown_signal() {
     }
 }
 
+/// Where the console listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConsoleListen {
+    At(SocketAddr),
+    Off,
+}
+
+/// The console's address when `--console` is not given.
+const DEFAULT_CONSOLE: &str = "127.0.0.1:50080";
+
+fn parse_console(text: &str) -> Result<ConsoleListen, String> {
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(ConsoleListen::Off);
+    }
+    text.parse().map(ConsoleListen::At).map_err(|e| {
+        format!("{text}: the console address must be HOST:PORT (e.g. 127.0.0.1:50080) or off: {e}")
+    })
+}
+
+/// The console's listener: the one asked for (an address that cannot be bound fails the
+/// start), or the default one when free (when taken, a warning and no console).
+async fn console_listener(
+    asked: Option<ConsoleListen>,
+) -> Result<Option<tokio::net::TcpListener>, String> {
+    match asked {
+        Some(ConsoleListen::Off) => Ok(None),
+        Some(ConsoleListen::At(addr)) => tokio::net::TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|e| format!("cannot listen for the console on {addr}: {e}")),
+        None => match tokio::net::TcpListener::bind(DEFAULT_CONSOLE).await {
+            Ok(listener) => Ok(Some(listener)),
+            Err(error) => {
+                tracing::warn!(
+                    addr = DEFAULT_CONSOLE,
+                    %error,
+                    "no console: its default address {DEFAULT_CONSOLE} is taken ({error}); choose one with --console HOST:PORT, or --console off"
+                );
+                Ok(None)
+            }
+        },
+    }
+}
+
 fn parse_lease(text: &str) -> Result<Duration, String> {
     let lease = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if !(Duration::from_millis(300)..=Duration::from_secs(3600)).contains(&lease) {
@@ -386,6 +437,12 @@ pub async fn run(args: Serve) -> Result<(), String> {
         .listen(LISTEN_BACKLOG)
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let floor = backend.broker().id_floor().unix_micros();
+    let console_material = (
+        config.tls.clone(),
+        config.tls_client_ca.clone(),
+        config.auth_token.clone(),
+        config.clock.clone(),
+    );
     let server = Server::with_backend(config, backend.clone());
     tracing::info!(
         %addr,
@@ -406,6 +463,51 @@ pub async fn run(args: Serve) -> Result<(), String> {
              --auth-token-file"
         );
     }
+    let console = console_listener(args.console).await?;
+    let (console_identity, console_client_ca, console_token, console_clock) = console_material;
+    let console_task = match console {
+        Some(console_listener) => {
+            let console_tls = match &console_identity {
+                Some(identity) => Some(
+                    tinybroker::server::console_acceptor(identity, console_client_ca.as_ref())
+                        .map_err(|e| format!("console: {e}"))?,
+                ),
+                None => None,
+            };
+            let scheme = if console_tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            let bound = console_listener.local_addr().map_err(|e| e.to_string())?;
+            let console_config = tinybroker::console::ConsoleConfig {
+                token: console_token.as_deref().map(std::sync::Arc::from),
+                read_only: args.console_read_only,
+                tls: console_tls,
+                ..tinybroker::console::ConsoleConfig::default()
+            };
+            tracing::info!(
+                addr = %bound,
+                read_only = args.console_read_only,
+                "console at {scheme}://{bound}/"
+            );
+            if !bound.ip().is_loopback() && console_token.is_none() {
+                tracing::warn!(
+                    addr = %bound,
+                    "the console listens on a non-loopback address with no auth token: anyone who can reach it sees every subscription and can hand over or delete; set --auth-token-file or --console-read-only"
+                );
+            }
+            Some(tokio::spawn(tinybroker::console::serve(
+                backend.clone(),
+                console_clock,
+                server.transport_stats(),
+                console_config,
+                console_listener,
+                std::future::pending(),
+            )))
+        }
+        None => None,
+    };
     let incoming = tinybroker::server::tcp_incoming(listener);
     let result = match args.metrics_listen {
         Some(metrics_addr) => {
@@ -426,6 +528,9 @@ pub async fn run(args: Serve) -> Result<(), String> {
         }
         None => server.run(incoming, shutdown_signal()).await,
     };
+    if let Some(console) = console_task {
+        console.abort();
+    }
     // A gateway gives back what it still holds, so other gateways get it at once.
     backend.close(Duration::from_secs(2)).await;
     result.map_err(|e| e.to_string())?;

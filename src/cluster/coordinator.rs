@@ -905,6 +905,21 @@ impl Coordinator {
         self.subs.get(sub).map(|(value, _)| value)
     }
 
+    /// How many gateways hold a lease, as this gateway last saw the bucket (for a console).
+    pub fn live_gateways(&self) -> usize {
+        self.leases
+            .values()
+            .filter(|l| matches!(l, LeaseView::Alive { .. }))
+            .count()
+    }
+
+    /// Every line this gateway saw, by subscription id, in id order (for a console).
+    pub fn lines(&self) -> impl Iterator<Item = (&str, &SubValue)> {
+        self.subs
+            .iter()
+            .map(|(sub, (value, _))| (sub.as_str(), value))
+    }
+
     fn revision_of(&self, key: &str) -> Revision {
         if let Some(sub) = key.strip_prefix("sub.") {
             return self.subs.get(sub).map_or(0, |(_, r)| *r);

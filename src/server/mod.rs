@@ -14,7 +14,7 @@ pub use incoming::{Guarded, TcpAccept};
 use oversize::OversizeAsResourceExhausted;
 use requests::RequestGuardLayer;
 pub use requests::{LONG_LIVED_REQUEST_BODIES, SMALL_REQUEST_BYTES};
-pub use tls::{TlsError, TlsIdentity};
+pub use tls::{TlsError, TlsIdentity, console_acceptor};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;

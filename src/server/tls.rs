@@ -91,6 +91,26 @@ pub(super) fn acceptor(
     identity: &TlsIdentity,
     client_ca: Option<&Certificate>,
 ) -> Result<TlsAcceptor, TlsError> {
+    acceptor_for(identity, client_ca, ALPN_H2)
+}
+
+/// The acceptor for the console (docs/operations.md#console): the same identity and client CA
+/// as the gRPC listener, offering HTTP/1.1 (ALPN `http/1.1`).
+///
+/// # Errors
+/// [`TlsError`] naming what could not be read or used.
+pub fn console_acceptor(
+    identity: &TlsIdentity,
+    client_ca: Option<&Certificate>,
+) -> Result<TlsAcceptor, TlsError> {
+    acceptor_for(identity, client_ca, b"http/1.1")
+}
+
+fn acceptor_for(
+    identity: &TlsIdentity,
+    client_ca: Option<&Certificate>,
+    alpn: &[u8],
+) -> Result<TlsAcceptor, TlsError> {
     // One provider named explicitly: the process-wide default is ambiguous when a dependency
     // enables a second one.
     let provider = Arc::new(ring::default_provider());
@@ -115,7 +135,7 @@ pub(super) fn acceptor(
     let key = PrivateKeyDer::from_pem_slice(&identity.key_pem)
         .map_err(|e| TlsError::Key(e.to_string()))?;
     let mut config = builder.with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

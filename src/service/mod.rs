@@ -9,8 +9,8 @@ mod convert;
 mod frames;
 mod leadership;
 mod publish_stream;
-mod status;
-mod validate;
+pub(crate) mod status;
+pub(crate) mod validate;
 pub mod wire;
 
 use std::sync::Arc;

@@ -140,22 +140,7 @@ impl Gateway {
         consumer: &consumer::Info,
     ) -> Description {
         let singleton = spec.mode == Mode::Singleton;
-        let mut described = Description {
-            upstream: Some(backlog(consumer)),
-            ..Description::from(SubscriptionView {
-                subscription_id: id.into(),
-                spec,
-                members: Vec::new(),
-                epoch: 0,
-                queued_messages: 0,
-                queued_bytes: 0,
-                in_flight: 0,
-                counters: Default::default(),
-                expires_in: None,
-                metadata: Default::default(),
-                stepping_down: None,
-            })
-        };
+        let mut described = without_members(id, spec, consumer);
         if singleton {
             self.cluster_line(&mut described).await;
         }
@@ -257,5 +242,30 @@ pub(super) fn backlog(info: &consumer::Info) -> UpstreamBacklog {
         pending: info.num_pending,
         unacked: info.num_ack_pending as u64,
         redelivered: info.num_redelivered as u64,
+    }
+}
+
+/// A subscription with no member here, from its consumer alone.
+pub(super) fn without_members(
+    id: &str,
+    spec: SubscriptionSpec,
+    consumer: &consumer::Info,
+) -> Description {
+    Description {
+        upstream: Some(backlog(consumer)),
+        ..Description::from(SubscriptionView {
+            subscription_id: id.into(),
+            spec,
+            members: Vec::new(),
+            epoch: 0,
+            queued_messages: 0,
+            queued_bytes: 0,
+            in_flight: 0,
+            counters: Default::default(),
+            expires_in: None,
+            metadata: Default::default(),
+            stepping_down: None,
+            joined_unix_ms: Default::default(),
+        })
     }
 }

@@ -62,6 +62,44 @@ impl Gateway {
         Ok((described, stats))
     }
 
+    /// Every subscription [`list_page`](Self::list_page) would list, in id order, with its
+    /// consumer's backlog but without asking the coordination bucket for each singleton's line:
+    /// a console takes the lines from [`cluster_lines`](Self::cluster_lines), one question for
+    /// all of them (docs/operations.md#console).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when JetStream did not list the stream's consumers.
+    pub async fn list_brief(&self) -> Result<(Vec<Description>, BrokerStats), Error> {
+        let consumers = self.consumers().await?;
+        let (local, stats) = self.inner.local.list();
+        let mut all: BTreeMap<String, Description> = BTreeMap::new();
+        for view in local {
+            let id = view.subscription_id.to_string();
+            let name = names::consumer_name(view.spec.mode, &id, &self.inner.id);
+            let upstream = consumers
+                .get(&id)
+                .filter(|(_, info)| info.name == name)
+                .map(|(_, info)| backlog(info));
+            all.insert(
+                id,
+                Description {
+                    upstream,
+                    ..Description::from(view)
+                },
+            );
+        }
+        for (id, (spec, info)) in consumers {
+            all.entry(id.clone())
+                .or_insert_with(|| super::describe::without_members(&id, spec, &info));
+        }
+        Ok((all.into_values().collect(), stats))
+    }
+
+    /// This gateway's copy of the cluster's lines (`None` once its coordination stopped).
+    pub async fn cluster_lines(&self) -> Option<super::singleton::ClusterLines> {
+        self.inner.shared.singletons.as_ref()?.lines().await
+    }
+
     /// Every consumer of the stream that records a subscription, by subscription id, with its
     /// recorded settings: for a QUEUE or SINGLETON id the one named as a join would name it (a
     /// consumer whose name collides with another subscription's is left out); for a BROADCAST

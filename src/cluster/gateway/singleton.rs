@@ -87,6 +87,22 @@ enum Input {
     /// The record of a stepped-down member's ended epoch is stored: the member is told, at
     /// its place in line `.2`.
     SteppedDown(Arc<str>, MemberId, u32),
+    /// A console asks for this gateway's copy of every line, as it stands (docs/operations.md#console).
+    Lines(oneshot::Sender<ClusterLines>),
+}
+
+/// This gateway's copy of the cluster's lines, for a console (docs/operations.md#console).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterLines {
+    /// This gateway's id (its incarnation) when asked.
+    pub this_gateway: u64,
+    /// Whether this gateway held its lease and had caught up with the bucket: when not, the
+    /// copy may be behind.
+    pub current: bool,
+    /// How many gateways hold a lease, as this gateway last saw the bucket.
+    pub gateways: usize,
+    /// Every subscription's line, by subscription id.
+    pub lines: std::collections::BTreeMap<Arc<str>, crate::cluster::values::SubValue>,
 }
 
 /// The gateway's line to its coordinator shell: cheap to clone.
@@ -246,6 +262,13 @@ impl Handle {
         let (reply, answer) = oneshot::channel();
         let _ = self.inputs.send(Input::Line(subscription, reply));
         answer.await.ok().flatten()
+    }
+
+    /// This gateway's copy of every line, for a console; `None` once the shell stopped.
+    pub(super) async fn lines(&self) -> Option<ClusterLines> {
+        let (reply, answer) = oneshot::channel();
+        let _ = self.inputs.send(Input::Lines(reply));
+        answer.await.ok()
     }
 
     /// This gateway's incarnation now (the id its lease is kept under).
@@ -550,6 +573,15 @@ async fn run(
                     Some(Input::Yielded(sub, member, carry)) => {
                         coordinator.member_yielded(now(), &sub, member, carry);
                     }
+                    Some(Input::Lines(reply)) => {
+                        let at = now();
+                        let _ = reply.send(ClusterLines {
+                            this_gateway: coordinator.id().0,
+                            current: coordinator.may_act(at) && coordinator.caught_up(at),
+                            gateways: coordinator.live_gateways(),
+                            lines: coordinator.lines().map(|(sub, line)| (Arc::from(sub), line.clone())).collect(),
+                        });
+                    }
                     Some(question @ (Input::HandOver(..) | Input::Watch(..) | Input::Line(..))) => {
                         if answerable(&question, now(), &coordinator) {
                             answer(question, now(), &mut coordinator, &mut leaders, &mut handing_over);
@@ -592,6 +624,8 @@ async fn run(
                         coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision);
                         if let Some(sub) = e.key.strip_prefix("sub.") {
                             leaders.line_changed(&coordinator, sub);
+                            // A console looks again (docs/operations.md#console).
+                            broker.note_change();
                         }
                     }
                     Some(Err(error)) => tracing::warn!(%error, "the coordination watch lost contact; it resumes"),
