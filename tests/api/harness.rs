@@ -52,6 +52,9 @@ pub struct TestServer {
     pub publish_addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), tinybroker::server::ServeError>>>,
+    /// What the served server serves with, for a console over it ([`TestServer::console`]).
+    backend: tinybroker::backend::Backend,
+    transport: std::sync::Arc<tinybroker::transport::TransportStats>,
     /// The publishers' server when it is another one.
     peer: Option<Box<TestServer>>,
     /// What the deployment keeps alive beside the servers (a NATS cluster), dropped last.
@@ -94,6 +97,8 @@ impl TestServer {
     ) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let backend = server.backend().clone();
+        let transport = server.transport_stats();
         let (tx, rx) = oneshot::channel();
         let served = server.run(tinybroker::server::tcp_incoming(listener), async {
             let _ = rx.await;
@@ -108,9 +113,27 @@ impl TestServer {
             publish_addr: addr,
             shutdown: Some(tx),
             task: Some(task),
+            backend,
+            transport,
             peer: None,
             _keep: None,
         }
+    }
+
+    /// Serves the console (docs/operations.md#console) over this server (at a gateway: the
+    /// subscribers'), on a port-0 loopback listener, until the test ends.
+    pub async fn console(&self, config: tinybroker::console::ConsoleConfig) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(tinybroker::console::serve(
+            self.backend.clone(),
+            std::sync::Arc::new(tinybroker::clock::TokioClock::new()),
+            self.transport.clone(),
+            config,
+            listener,
+            std::future::pending(),
+        ));
+        addr
     }
 
     pub async fn client(&self) -> Client {

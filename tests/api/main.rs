@@ -19,6 +19,7 @@ mod harness;
 mod deployment;
 
 mod bench;
+mod console;
 mod delete;
 mod delivery;
 mod fence;

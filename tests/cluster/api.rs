@@ -7,6 +7,8 @@
 
 #[path = "../api/answers.rs"]
 mod answers;
+#[path = "../api/console.rs"]
+mod console;
 #[path = "../api/delete.rs"]
 pub(crate) mod delete;
 #[allow(
