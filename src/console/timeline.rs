@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 /// Epochs kept per subscription, newest first.
-pub const MAX_REIGNS: usize = 100;
+pub const MAX_REIGNS: usize = 32;
 
 /// Why an epoch ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
