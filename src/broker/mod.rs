@@ -7,6 +7,7 @@
 //! never deadlock) and checks every one has room before queuing on any. Nothing awaits while a
 //! lock is held.
 
+mod changes;
 mod delete;
 mod expiry;
 mod handover;
@@ -22,6 +23,7 @@ mod view;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+pub use changes::{Activity, Changed, MAX_CHANGED};
 pub use delete::Deleted;
 pub use handover::{HandOverWait, HandedOver};
 pub use leadership::{Leadership, LeadershipWatch};
@@ -107,10 +109,10 @@ struct Inner {
     /// Cluster mode: dead letters go to JetStream through the observer (the gateway's
     /// router), not to this broker's own subscriptions, which only JetStream feeds.
     upstream_dead_letters: bool,
-    /// Counts changes of membership and leadership (joins, leaves, promotions, step-downs,
-    /// deletes, expiries; at a gateway also the cluster's lines): what a console waits on
-    /// before it looks again (docs/operations.md#console). Never touched by publishes or acks.
-    changes: tokio::sync::watch::Sender<u64>,
+    /// Changes of membership and leadership (joins, leaves, promotions, step-downs, deletes,
+    /// expiries; at a gateway also the cluster's lines): what a console waits on before it
+    /// looks again (docs/operations.md#console). Never touched by publishes or acks.
+    changes: changes::Changes,
 }
 
 #[derive(Default)]
@@ -303,7 +305,7 @@ impl Broker {
                 singleton_gate: std::sync::OnceLock::new(),
                 arbitrated: false,
                 upstream_dead_letters: false,
-                changes: tokio::sync::watch::Sender::new(0),
+                changes: changes::Changes::default(),
             }),
         }
     }
@@ -385,7 +387,7 @@ impl Broker {
         }
         if membership {
             self.end_step_down(state);
-            self.note_change();
+            self.note_change_of(state.core.id());
         }
         self.account(state);
     }
@@ -481,17 +483,6 @@ impl Broker {
     /// (the wall-clock time it started at, in microseconds since the Unix epoch).
     pub fn id_floor(&self) -> IdFloor {
         self.inner.id_floor
-    }
-
-    /// Wakes whoever waits on [`changes`](Self::changes): a member joined or left, a
-    /// leadership changed, a subscription went (at a gateway also: the cluster's lines moved).
-    pub fn note_change(&self) {
-        self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// A receiver that wakes after each [`note_change`](Self::note_change) (changes coalesce).
-    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.changes.subscribe()
     }
 
     /// Whether the broker is shutting down (its member streams end).
@@ -895,31 +886,7 @@ impl Broker {
             .iter()
             .map(|cell| view(&Locked::new(cell), now))
             .collect();
-        let c = &self.inner.counters;
-        // Each pool read once, so the general part (the total less the drop-oldest part) is one
-        // reading of the general pool, never a mix of two instants.
-        let (general, drop_oldest) = (
-            c.memory.load(Ordering::Relaxed),
-            c.drop_oldest.load(Ordering::Relaxed),
-        );
-        let stats = BrokerStats {
-            published: c.published.load(Ordering::Relaxed),
-            unrouted: c.unrouted.load(Ordering::Relaxed),
-            rejected_publishes: c.rejected_publishes.load(Ordering::Relaxed),
-            subscriptions_expired: c.subscriptions_expired.load(Ordering::Relaxed),
-            messages_expired: c.messages_expired.load(Ordering::Relaxed),
-            subscriptions_deleted: c.subscriptions_deleted.load(Ordering::Relaxed),
-            messages_deleted: c.messages_deleted.load(Ordering::Relaxed),
-            unconfirmed_acks: c.unconfirmed_acks.load(Ordering::Relaxed),
-            lease_lapses: c.lease_lapses.load(Ordering::Relaxed),
-            lease_lapses_renewed: c.lease_lapses_renewed.load(Ordering::Relaxed),
-            subscriptions,
-            members: c.members.load(Ordering::Relaxed),
-            memory_accounted_bytes: general + drop_oldest,
-            memory_drop_oldest_bytes: drop_oldest,
-            max_drop_oldest_memory_bytes: self.inner.limits.drop_oldest_memory_bytes(),
-            max_memory_bytes: self.inner.limits.max_memory_bytes,
-        };
+        let stats = self.stats(subscriptions);
         (views, stats)
     }
 

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     backend::{Backend, Storage},
-    broker::{BrokerStats, Description},
+    broker::{Activity, Description},
     clock::Clock,
     cluster::values::SubValue,
     core::Mode,
@@ -47,13 +47,40 @@ pub const RATE_SAMPLES: usize = 180;
 /// The longest metadata a timeline keeps of a member (the line shows it whole).
 pub const TIMELINE_METADATA_CHARS: usize = 200;
 
-/// One subscription at one look.
+/// One subscription at one look: cheap to clone (a look copies every record).
 #[derive(Debug, Clone)]
 pub struct SubRecord {
-    /// As `DescribeSubscription` would describe it (at a gateway: without its line).
-    pub description: Description,
+    /// As `DescribeSubscription` would describe it (at a gateway: without its line), when its
+    /// membership or leadership last changed.
+    pub description: Arc<Description>,
+    /// What publishes and acks moved since, as of this look.
+    pub activity: Activity,
     /// Cluster mode, SINGLETON: its line as this gateway's copy of the bucket holds it.
-    pub line: Option<SubValue>,
+    pub line: Option<Arc<SubValue>>,
+    /// Published (queued) and acked a second, at the last read of its activity.
+    pub rates: (f64, f64),
+}
+
+impl SubRecord {
+    /// A record of `description`, its activity as described.
+    pub fn new(description: Description) -> Self {
+        let view = &description.view;
+        let activity = Activity {
+            queued_messages: view.queued_messages,
+            in_flight: view.in_flight,
+            counters: view.counters,
+        };
+        Self {
+            description: Arc::new(description),
+            activity,
+            line: None,
+            rates: (0.0, 0.0),
+        }
+    }
+
+    fn id(&self) -> &Arc<str> {
+        &self.description.view.subscription_id
+    }
 }
 
 /// Everything one look saw.
@@ -122,29 +149,44 @@ impl Snapshot {
     }
 }
 
-/// A subscription's rates.
+/// A subscription's rates: per second, over the time between two reads of its counters.
+/// An idle subscription costs nothing: a second with no sample was a second of none.
 #[derive(Debug, Clone, Default)]
 struct Rates {
     /// Counters at the last sample: queued, acked, and when (ms).
     last: Option<(u64, u64, u64)>,
-    /// Per second, oldest first.
-    samples: VecDeque<(f32, f32)>,
+    /// The samples that were not zero, with when (ms), oldest first, over the last
+    /// [`RATE_SAMPLES`] seconds.
+    samples: VecDeque<(u64, f32, f32)>,
+    /// The last sample.
+    current: (f32, f32),
 }
 
 impl Rates {
     fn now(&self) -> (f64, f64) {
-        self.samples
-            .back()
-            .map_or((0.0, 0.0), |&(p, a)| (f64::from(p), f64::from(a)))
+        (f64::from(self.current.0), f64::from(self.current.1))
     }
 
     fn sample(&mut self, queued: u64, acked: u64, now_ms: u64) {
         match self.last {
+            // After a pause longer than two ticks (nothing moved, so nothing was read): a
+            // fresh start, not a rate spread over the pause.
+            Some((_, _, at)) if now_ms.saturating_sub(at) > 2 * TICK.as_millis() as u64 => {
+                self.last = Some((queued, acked, now_ms));
+                self.current = (0.0, 0.0);
+            }
             Some((q, a, at)) if now_ms.saturating_sub(at) >= 900 => {
                 let seconds = (now_ms - at) as f64 / 1000.0;
                 let per = |now: u64, then: u64| (now.saturating_sub(then) as f64 / seconds) as f32;
-                self.samples.push_back((per(queued, q), per(acked, a)));
-                while self.samples.len() > RATE_SAMPLES {
+                self.current = (per(queued, q), per(acked, a));
+                if self.current != (0.0, 0.0) {
+                    self.samples
+                        .push_back((now_ms, self.current.0, self.current.1));
+                }
+                let horizon = now_ms.saturating_sub(RATE_SAMPLES as u64 * 1000);
+                while self.samples.front().is_some_and(|&(at, ..)| at <= horizon)
+                    || self.samples.len() > RATE_SAMPLES
+                {
                     self.samples.pop_front();
                 }
                 self.last = Some((queued, acked, now_ms));
@@ -153,19 +195,35 @@ impl Rates {
             None => self.last = Some((queued, acked, now_ms)),
         }
     }
+
+    /// One value a second over the last [`RATE_SAMPLES`] seconds before `now_ms`, oldest first:
+    /// published and acked.
+    fn series(&self, now_ms: u64) -> Vec<(f32, f32)> {
+        let mut series = vec![(0.0, 0.0); RATE_SAMPLES];
+        for &(at, p, a) in &self.samples {
+            let back = now_ms.saturating_sub(at) / 1000;
+            if let Some(slot) = (RATE_SAMPLES as u64)
+                .checked_sub(back + 1)
+                .and_then(|i| series.get_mut(i as usize))
+            {
+                *slot = (p, a);
+            }
+        }
+        series
+    }
 }
 
 /// What the hub keeps between looks.
 #[derive(Debug, Default)]
 struct State {
-    rates: BTreeMap<Arc<str>, Rates>,
-    broker_rate: Rates,
-    timelines: BTreeMap<Arc<str>, Timeline>,
-    /// Embedded: each subscription's completed hand-overs at the last look; cluster mode: the
-    /// epoch its line last asked to end.
-    handovers: BTreeMap<Arc<str>, u64>,
+    /// Every subscription as last seen, by id.
+    records: BTreeMap<Arc<str>, SubRecord>,
     /// When a gateway last listed every subscription.
     listed_at: Option<tokio::time::Instant>,
+    /// When activity was last read (rates are per second over the time between).
+    active_at: Option<tokio::time::Instant>,
+    /// Why the last listing failed, if it did.
+    trouble: Option<String>,
 }
 
 /// The console's look at the deployment, shared by every page.
@@ -173,10 +231,23 @@ pub struct Hub {
     backend: Backend,
     clock: Arc<dyn Clock>,
     transport: Arc<TransportStats>,
-    state: Mutex<State>,
+    state: tokio::sync::Mutex<State>,
+    /// Rates and timelines as of the last look, for rendering (never held across an await).
+    shown: Mutex<Shown>,
     snapshot: watch::Sender<Arc<Snapshot>>,
     viewers: AtomicUsize,
     wake: Notify,
+}
+
+/// What pages read besides the snapshot, kept up to date by each look: rates and timelines.
+#[derive(Debug, Default)]
+struct Shown {
+    rates: BTreeMap<Arc<str>, Rates>,
+    broker_rate: Rates,
+    timelines: BTreeMap<Arc<str>, Timeline>,
+    /// Embedded: each subscription's completed hand-overs at the last look; cluster mode: the
+    /// epoch its line last asked to end.
+    handovers: BTreeMap<Arc<str>, u64>,
 }
 
 /// An open page: the hub looks every [`TICK`] while one is held.
@@ -195,7 +266,8 @@ impl Hub {
             backend,
             clock,
             transport,
-            state: Mutex::new(State::default()),
+            state: tokio::sync::Mutex::new(State::default()),
+            shown: Mutex::new(Shown::default()),
             snapshot: watch::Sender::new(Arc::new(Snapshot::default())),
             viewers: AtomicUsize::new(0),
             wake: Notify::new(),
@@ -227,30 +299,46 @@ impl Hub {
         snapshots.borrow().clone()
     }
 
-    /// A subscription's current rates (published, acked per second) and its leader's start.
-    pub fn extra(&self, id: &str) -> ((f64, f64), Option<u64>) {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        (
-            state.rates.get(id).map_or((0.0, 0.0), Rates::now),
-            state.timelines.get(id).and_then(Timeline::since),
-        )
+    fn shown(&self) -> std::sync::MutexGuard<'_, Shown> {
+        self.shown.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A subscription's timeline (newest first) and rate samples (oldest first).
-    pub fn history(&self, id: &str) -> (Vec<super::timeline::Reign>, Vec<(f32, f32)>) {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+    /// When a subscription's current leader began, as its timeline has it.
+    pub fn since(&self, id: &str) -> Option<u64> {
+        self.shown().timelines.get(id).and_then(Timeline::since)
+    }
+
+    /// A subscription's timeline (newest first) and a rate a second over the last
+    /// [`RATE_SAMPLES`] seconds before `now_ms` (oldest first).
+    pub fn history(&self, id: &str, now_ms: u64) -> (Vec<super::timeline::Reign>, Vec<(f32, f32)>) {
+        let shown = self.shown();
         (
-            state
+            shown
                 .timelines
                 .get(id)
                 .map(|t| t.reigns().cloned().collect())
                 .unwrap_or_default(),
-            state
+            shown
                 .rates
                 .get(id)
-                .map(|r| r.samples.iter().copied().collect())
+                .map(|r| r.series(now_ms))
                 .unwrap_or_default(),
         )
+    }
+
+    /// `record` with what this broker holds of it now (its members' windows and times), for a
+    /// subscription's page.
+    pub fn fresh(&self, record: &SubRecord) -> SubRecord {
+        match self.backend.broker().describe(record.id()) {
+            Ok(view) => SubRecord {
+                description: Arc::new(Description {
+                    view,
+                    ..(*record.description).clone()
+                }),
+                ..record.clone()
+            },
+            Err(_) => record.clone(),
+        }
     }
 
     /// Looks after each change and every [`TICK`] while a page is open, until the broker stops.
@@ -269,73 +357,154 @@ impl Hub {
         }
     }
 
-    /// One look: a new snapshot, rates and timelines brought up to date.
+    /// One look: the subscriptions whose membership or leadership changed described again
+    /// (every one at the first look, after more than the broker remembers, and at a gateway
+    /// at each listing), every subscription's activity read when a second passed, the lines
+    /// taken at a gateway; then a new snapshot.
     async fn look(&self) {
-        let previous = self.snapshot.borrow().clone();
+        let mut state = self.state.lock().await;
+        let state = &mut *state;
+        let broker = self.backend.broker();
+        let changed = broker.take_changes();
         let gateway = matches!(self.backend, Backend::Gateway(_));
-        let list_all = !gateway || {
-            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state
-                .listed_at
-                .is_none_or(|at| at.elapsed() >= GATEWAY_LISTING_EVERY)
-        };
-        let (descriptions, stats, trouble, complete) = if list_all {
+        let listing_due = state.records.is_empty()
+            || changed.everything
+            || (gateway
+                && self.viewers.load(Ordering::Relaxed) > 0
+                && state
+                    .listed_at
+                    .is_none_or(|at| at.elapsed() >= GATEWAY_LISTING_EVERY));
+        let now_ms = self.clock.unix_millis();
+        let mut follow: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut complete = false;
+        let mut removed = false;
+        if listing_due {
             match self.backend.list_all().await {
-                Ok((descriptions, stats)) => (descriptions, stats, None, true),
-                Err(error) => {
-                    let (local, stats) = self.local_merged(&previous);
-                    (local, stats, Some(error.to_string()), false)
+                Ok((descriptions, _)) => {
+                    let lines: BTreeMap<Arc<str>, Option<Arc<SubValue>>> = state
+                        .records
+                        .iter()
+                        .map(|(id, r)| (id.clone(), r.line.clone()))
+                        .collect();
+                    state.records = descriptions
+                        .into_iter()
+                        .map(|d| {
+                            let mut record = SubRecord::new(d);
+                            record.line = lines.get(record.id()).cloned().flatten();
+                            (record.id().clone(), record)
+                        })
+                        .collect();
+                    follow.extend(state.records.keys().cloned());
+                    state.listed_at = Some(tokio::time::Instant::now());
+                    state.trouble = None;
+                    complete = true;
+                }
+                Err(error) => state.trouble = Some(error.to_string()),
+            }
+        }
+        if !complete {
+            for id in changed.ids {
+                match broker.describe(&id) {
+                    Ok(view) => {
+                        let upstream = state
+                            .records
+                            .get(&id)
+                            .and_then(|r| r.description.upstream.clone());
+                        let mut record = SubRecord::new(Description {
+                            upstream,
+                            ..Description::from(view)
+                        });
+                        record.line = state.records.get(&id).and_then(|r| r.line.clone());
+                        state.records.insert(id.clone(), record);
+                    }
+                    // Gone from this broker: embedded, gone; at a gateway, described from
+                    // JetStream at the next listing.
+                    Err(_) if !gateway => {
+                        removed |= state.records.remove(&id).is_some();
+                    }
+                    Err(_) => {}
+                }
+                follow.insert(id);
+            }
+        }
+        let lines = self.backend.cluster_lines().await;
+        if let Some(lines) = &lines {
+            for (id, record) in &mut state.records {
+                if record.description.view.spec.mode != Mode::Singleton {
+                    continue;
+                }
+                let line = lines.lines.get(&**id);
+                if record.line.as_deref() != line {
+                    record.line = line.cloned().map(Arc::new);
+                    follow.insert(id.clone());
                 }
             }
+        }
+        let due = state
+            .active_at
+            .is_none_or(|at| at.elapsed() >= TICK - MIN_SPACING);
+        let (activity, stats) = if due {
+            state.active_at = Some(tokio::time::Instant::now());
+            let (activity, stats) = broker.activity();
+            (Some(activity), stats)
         } else {
-            let (merged, stats) = self.local_merged(&previous);
-            (merged, stats, previous.trouble.clone(), false)
+            (None, broker.stats_now())
         };
-        let lines = self.backend.cluster_lines().await;
-        let now_ms = self.clock.unix_millis();
-        let mut subs: Vec<SubRecord> = descriptions
-            .into_iter()
-            .map(|description| {
-                let line = lines.as_ref().and_then(|l| {
-                    (description.view.spec.mode == Mode::Singleton)
-                        .then(|| l.lines.get(&*description.view.subscription_id).cloned())
-                        .flatten()
-                });
-                SubRecord { description, line }
-            })
-            .collect();
-        subs.sort_by(|a, b| {
-            a.description
-                .view
-                .subscription_id
-                .cmp(&b.description.view.subscription_id)
-        });
+        // Whether anything a page shows moved: when not, no new snapshot (and no page
+        // renders again); relative times move on in the page itself.
+        let mut moved = complete || !follow.is_empty();
+        let mut shown = self.shown();
+        if let Some(activity) = activity {
+            // Both in id order: walked together.
+            let mut records = state.records.iter_mut().peekable();
+            for (id, now) in activity {
+                while records.peek().is_some_and(|(k, _)| ***k < *id) {
+                    records.next();
+                }
+                let Some((_, record)) = records.peek_mut().filter(|(k, _)| ***k == *id) else {
+                    continue;
+                };
+                if record.activity == now && record.rates == (0.0, 0.0) {
+                    continue;
+                }
+                if record.activity != now {
+                    record.activity = now;
+                    moved = true;
+                }
+                let rates = shown.rates.entry(id).or_default();
+                rates.sample(now.counters.enqueued, now.counters.acked, now_ms);
+                if record.rates != rates.now() {
+                    record.rates = rates.now();
+                    moved = true;
+                }
+            }
+            shown.broker_rate.sample(stats.published, 0, now_ms);
+        }
+        self.follow(
+            &mut shown,
+            &state.records,
+            &follow,
+            now_ms,
+            complete || removed,
+        );
+        let publish_rate = shown.broker_rate.now().0;
+        drop(shown);
         let this_gateway = lines.as_ref().map(|l| l.this_gateway);
         let gateway_figures = match &self.backend {
-            Backend::Gateway(g) => {
-                let (stream, _) = g.stream();
-                let gateways = lines.as_ref().map_or(0, |l| l.gateways);
-                Some(GatewayFigures {
-                    id: this_gateway.unwrap_or(0),
-                    nats: g.connected_to(),
-                    stream,
-                    gateways,
-                    current: lines.as_ref().is_some_and(|l| l.current),
-                })
-            }
+            Backend::Gateway(g) => Some(GatewayFigures {
+                id: this_gateway.unwrap_or(0),
+                nats: g.connected_to(),
+                stream: g.stream().0,
+                gateways: lines.as_ref().map_or(0, |l| l.gateways),
+                current: lines.as_ref().is_some_and(|l| l.current),
+            }),
             Backend::Embedded(_) => None,
         };
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if list_all && complete {
-            state.listed_at = Some(tokio::time::Instant::now());
-        }
-        self.follow(&mut state, &subs, now_ms, complete);
-        state.broker_rate.sample(stats.published, 0, now_ms);
-        let broker = BrokerFigures {
-            subscriptions: subs.len(),
+        let broker_figures = BrokerFigures {
+            subscriptions: state.records.len(),
             connections: self.transport.snapshot().connections_open,
             members: stats.members,
-            publish_rate: state.broker_rate.now().0,
+            publish_rate,
             memory: Pool {
                 used: stats.memory_accounted_bytes,
                 limit: stats.max_memory_bytes,
@@ -346,58 +515,44 @@ impl Hub {
             },
             storage: storage_text(&self.backend.storage()),
         };
-        drop(state);
+        let previous = self.snapshot.borrow().clone();
+        let moved = moved
+            || !previous.ready
+            || previous.broker != broker_figures
+            || previous.gateway != gateway_figures
+            || previous.trouble != state.trouble
+            || previous.subs.len() != state.records.len();
+        if !moved {
+            return;
+        }
         self.snapshot.send_replace(Arc::new(Snapshot {
             now_ms,
             ready: true,
-            broker,
+            broker: broker_figures,
             gateway: gateway_figures,
-            subs,
-            trouble,
+            subs: state.records.values().cloned().collect(),
+            trouble: state.trouble.clone(),
         }));
     }
 
-    /// A gateway's look between listings: the last listing, with this gateway's own
-    /// subscriptions as its broker holds them now.
-    fn local_merged(&self, previous: &Snapshot) -> (Vec<Description>, BrokerStats) {
-        let (local, stats) = self.backend.broker().list();
-        let mut all: BTreeMap<Arc<str>, Description> = previous
-            .subs
-            .iter()
-            .map(|r| {
-                (
-                    r.description.view.subscription_id.clone(),
-                    r.description.clone(),
-                )
-            })
-            .collect();
-        for view in local {
-            let id = view.subscription_id.clone();
-            let upstream = all.get(&id).and_then(|d| d.upstream.clone());
-            all.insert(
-                id,
-                Description {
-                    upstream,
-                    ..Description::from(view)
-                },
-            );
-        }
-        (all.into_values().collect(), stats)
-    }
-
-    /// Rates and timelines after a look at `subs`; with `complete`, a subscription not seen is
-    /// gone.
-    fn follow(&self, state: &mut State, subs: &[SubRecord], now_ms: u64, complete: bool) {
-        let mut seen_ids = BTreeSet::new();
-        for record in subs {
+    /// Timelines after a look, for the subscriptions in `follow`; with `prune`, a timeline
+    /// or rate of a subscription no longer recorded is gone.
+    fn follow(
+        &self,
+        state: &mut Shown,
+        records: &BTreeMap<Arc<str>, SubRecord>,
+        follow: &BTreeSet<Arc<str>>,
+        now_ms: u64,
+        prune: bool,
+    ) {
+        for id in follow {
+            let Some(record) = records.get(id) else {
+                if let Some(timeline) = state.timelines.get_mut(id) {
+                    timeline.deleted(now_ms);
+                }
+                continue;
+            };
             let view = &record.description.view;
-            let id = view.subscription_id.clone();
-            seen_ids.insert(id.clone());
-            state.rates.entry(id.clone()).or_default().sample(
-                view.counters.enqueued,
-                view.counters.acked,
-                now_ms,
-            );
             if view.spec.mode != Mode::Singleton {
                 continue;
             }
@@ -417,19 +572,14 @@ impl Hub {
             };
             state
                 .timelines
-                .entry(id)
+                .entry(id.clone())
                 .or_default()
                 .observe(now_ms, &seen);
         }
-        if complete {
-            for (id, timeline) in &mut state.timelines {
-                if !seen_ids.contains(id) {
-                    timeline.deleted(now_ms);
-                }
-            }
-            state.timelines.retain(|id, _| seen_ids.contains(id));
-            state.rates.retain(|id, _| seen_ids.contains(id));
-            state.handovers.retain(|id, _| seen_ids.contains(id));
+        if prune {
+            state.timelines.retain(|id, _| records.contains_key(id));
+            state.rates.retain(|id, _| records.contains_key(id));
+            state.handovers.retain(|id, _| records.contains_key(id));
         }
     }
 }
@@ -510,18 +660,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rates_are_per_second_over_the_time_between_samples_and_bounded() {
+    fn rates_are_per_second_over_the_time_between_samples_and_kept_three_minutes() {
         let mut rates = Rates::default();
         rates.sample(0, 0, 1_000);
         rates.sample(10, 5, 1_500); // too soon: not a sample
         rates.sample(20, 10, 3_000);
         assert_eq!(rates.now(), (10.0, 5.0));
-        for i in 0..(RATE_SAMPLES as u64 * 2) {
-            rates.sample(20 + i, 10, 4_000 + i * 1_000);
+        for i in 1..=(RATE_SAMPLES as u64 * 2) {
+            rates.sample(20 + i, 10, 3_000 + i * 1_000);
         }
-        assert_eq!(rates.samples.len(), RATE_SAMPLES);
+        assert!(rates.samples.len() <= RATE_SAMPLES);
+        let now = 3_000 + RATE_SAMPLES as u64 * 2_000;
+        let series = rates.series(now);
+        assert_eq!(series.len(), RATE_SAMPLES);
+        assert_eq!(series[RATE_SAMPLES - 1], (1.0, 0.0));
         // A counter that went back (a subscription made again) is no negative rate.
-        rates.sample(0, 0, 1_000_000);
+        rates.sample(0, 0, now + 1_000);
         assert_eq!(rates.now(), (0.0, 0.0));
+        // A pause with nothing read is a fresh start, not a rate spread over the pause.
+        rates.sample(1_000, 0, now + 60_000);
+        assert_eq!(rates.now(), (0.0, 0.0));
+        rates.sample(1_010, 0, now + 61_000);
+        assert_eq!(rates.now(), (10.0, 0.0));
+        // Seconds with nothing are zeros in the series, the last second this one.
+        let series = rates.series(now + 61_000);
+        assert_eq!(series[RATE_SAMPLES - 1], (10.0, 0.0));
+        assert_eq!(series[RATE_SAMPLES - 2], (0.0, 0.0));
     }
 }

@@ -414,7 +414,7 @@ fn render(shared: &Shared, snapshot: &hub::Snapshot, page: &Page) -> (&'static s
     match page {
         Page::Overview { q, page } => {
             let overview = view::overview(snapshot, q, *page, shared.config.read_only, |id| {
-                hub.extra(id)
+                hub.since(id)
             });
             (
                 "overview",
@@ -439,15 +439,16 @@ fn render(shared: &Shared, snapshot: &hub::Snapshot, page: &Page) -> (&'static s
 }
 
 fn detail(shared: &Shared, snapshot: &hub::Snapshot, id: &str) -> Option<view::Detail> {
-    let record = snapshot.find(id)?;
-    let (rates, since) = shared.hub.extra(id);
-    let (timeline, samples) = shared.hub.history(id);
+    let record = shared.hub.fresh(snapshot.find(id)?);
+    let record = &record;
+    let since = shared.hub.since(id);
+    let (timeline, samples) = shared.hub.history(id, snapshot.now_ms);
     let this_gateway = snapshot.gateway.as_ref().map(|g| g.id);
     Some(view::Detail {
         now_ms: snapshot.now_ms,
         read_only: shared.config.read_only,
         deployment: snapshot.deployment(),
-        subscription: view::row(record, rates, since),
+        subscription: view::row(record, since),
         line: view::line(record, this_gateway),
         timeline,
         rates: view::RateSeries {

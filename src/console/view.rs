@@ -182,11 +182,12 @@ pub fn active(record: &SubRecord, since_ms: Option<u64>) -> Option<Active> {
     })
 }
 
-/// One overview row.
-pub fn row(record: &SubRecord, rates: (f64, f64), since_ms: Option<u64>) -> Row {
+/// One overview row; `since_ms`: when its leader began, as its timeline has it.
+pub fn row(record: &SubRecord, since_ms: Option<u64>) -> Row {
+    let rates = record.rates;
     let d = &record.description;
     let view = &d.view;
-    let c = &view.counters;
+    let c = &record.activity.counters;
     let upstream_depth = d.upstream.as_ref().map_or(0, |u| u.pending);
     let members = match &record.line {
         Some(line) => line.line.len(),
@@ -199,8 +200,8 @@ pub fn row(record: &SubRecord, rates: (f64, f64), since_ms: Option<u64>) -> Row 
         patterns: view.spec.patterns.iter().map(ToString::to_string).collect(),
         members,
         active: active(record, since_ms),
-        depth: view.queued_messages + upstream_depth,
-        in_flight: view.in_flight + d.upstream.as_ref().map_or(0, |u| u.unacked),
+        depth: record.activity.queued_messages + upstream_depth,
+        in_flight: record.activity.in_flight + d.upstream.as_ref().map_or(0, |u| u.unacked),
         publish_rate: rates.0,
         ack_rate: rates.1,
         redelivered: c.redelivered + d.upstream.as_ref().map_or(0, |u| u.redelivered),
@@ -234,13 +235,13 @@ pub fn normalize_query(q: &str) -> String {
 }
 
 /// The overview's page `page` (1-based; past the last: the last) of the subscriptions
-/// matching `q`, each row given its rates and leader's start by `extra`.
+/// matching `q`, each row given its leader's start by `since`.
 pub fn overview(
     snapshot: &Snapshot,
     q: &str,
     page: usize,
     read_only: bool,
-    mut extra: impl FnMut(&str) -> ((f64, f64), Option<u64>),
+    mut since: impl FnMut(&str) -> Option<u64>,
 ) -> Overview {
     let q = normalize_query(q);
     let matching: Vec<&SubRecord> = snapshot.subs.iter().filter(|r| matches(r, &q)).collect();
@@ -251,10 +252,7 @@ pub fn overview(
         .into_iter()
         .skip((page - 1) * PAGE_SIZE)
         .take(PAGE_SIZE)
-        .map(|record| {
-            let (rates, since) = extra(&record.description.view.subscription_id);
-            row(record, rates, since)
-        })
+        .map(|record| row(record, since(&record.description.view.subscription_id)))
         .collect();
     Overview {
         deployment: snapshot.deployment(),
@@ -385,23 +383,20 @@ mod tests {
                 )
             })
             .collect();
-        SubRecord {
-            description: Description::from(SubscriptionView {
-                subscription_id: id.into(),
-                spec,
-                epoch: members.iter().map(|m| m.epoch).max().unwrap_or(0),
-                members,
-                queued_messages: 4,
-                queued_bytes: 40,
-                in_flight: 1,
-                counters: Default::default(),
-                expires_in: None,
-                metadata,
-                stepping_down: None,
-                joined_unix_ms: [(7, 1_000)].into_iter().collect(),
-            }),
-            line: None,
-        }
+        SubRecord::new(Description::from(SubscriptionView {
+            subscription_id: id.into(),
+            spec,
+            epoch: members.iter().map(|m| m.epoch).max().unwrap_or(0),
+            members,
+            queued_messages: 4,
+            queued_bytes: 40,
+            in_flight: 1,
+            counters: Default::default(),
+            expires_in: None,
+            metadata,
+            stepping_down: None,
+            joined_unix_ms: [(7, 1_000)].into_iter().collect(),
+        }))
     }
 
     fn member(id: u64, active: bool, epoch: u64, position: u32, priority: u32) -> MemberInfo {
@@ -437,7 +432,7 @@ mod tests {
             vec![(8, "active", 0), (9, "standby", 1), (7, "standby", 2)]
         );
         assert_eq!(line[2].joined_ms, Some(1_000));
-        let row = row(&r, (1.5, 0.5), Some(99));
+        let row = row(&r, Some(99));
         let active = row.active.unwrap();
         assert_eq!(
             (active.member, active.epoch, active.since_ms),
@@ -459,14 +454,14 @@ mod tests {
             gateway: GatewayId(200),
             member: 7,
         };
-        r.line = Some(SubValue {
+        r.line = Some(Arc::new(SubValue {
             line: vec![a, b],
             active: Some(a),
             epoch: 12,
             meta: vec![(a, "host=a".into())],
             prio: vec![(b, 2)],
             ..SubValue::default()
-        });
+        }));
         let line = line(&r, Some(200));
         assert_eq!(line[0].gateway, Some(100));
         assert!(!line[0].here && line[1].here);
@@ -490,24 +485,18 @@ mod tests {
             .map(|i| record(&format!("sub-{i:03}"), Mode::Queue, vec![]))
             .collect();
         let snapshot = Snapshot::for_tests(subs);
-        let all = overview(&snapshot, "", 9, false, |_| ((0.0, 0.0), None));
+        let all = overview(&snapshot, "", 9, false, |_| None);
         assert_eq!((all.total, all.pages, all.page), (120, 3, 3));
         assert_eq!(all.subscriptions.len(), 20);
         assert_eq!(all.subscriptions[0].id, "sub-100");
-        let some = overview(&snapshot, "  SUB-01", 1, false, |_| ((0.0, 0.0), None));
+        let some = overview(&snapshot, "  SUB-01", 1, false, |_| None);
         assert_eq!(some.total, 10);
         assert_eq!(
-            overview(&snapshot, "WORKERS", 1, false, |_| ((0.0, 0.0), None)).total,
+            overview(&snapshot, "WORKERS", 1, false, |_| None).total,
             120
         );
-        assert_eq!(
-            overview(&snapshot, "jobs.>", 1, false, |_| ((0.0, 0.0), None)).total,
-            120
-        );
-        assert_eq!(
-            overview(&snapshot, "nothing", 1, false, |_| ((0.0, 0.0), None)).total,
-            0
-        );
+        assert_eq!(overview(&snapshot, "jobs.>", 1, false, |_| None).total, 120);
+        assert_eq!(overview(&snapshot, "nothing", 1, false, |_| None).total, 0);
         let long = "x".repeat(10_000);
         assert_eq!(normalize_query(&long).len(), MAX_QUERY_CHARS);
     }
@@ -519,7 +508,7 @@ mod tests {
             Mode::Singleton,
             vec![member(u64::MAX, true, u64::MAX, 0, 0)],
         );
-        let json = serde_json::to_string(&row(&r, (0.0, 0.0), None)).unwrap();
+        let json = serde_json::to_string(&row(&r, None)).unwrap();
         assert!(
             json.contains("\"member\":\"18446744073709551615\"")
                 && json.contains("\"epoch\":\"18446744073709551615\""),

@@ -156,11 +156,16 @@ class Lines:
 
 
 class Broker:
-    """`tinybroker serve` as a process."""
+    """`tinybroker serve` as a process. `console`: serve the web console there (`--console
+    ADDR`; port 0 picks a free one, read from the log), else the broker's default (its default
+    address when free)."""
 
-    def __init__(self, args: list[str], listen: Optional[str] = None) -> None:
+    def __init__(
+        self, args: list[str], listen: Optional[str] = None, console: Optional[str] = None
+    ) -> None:
         self.args = args
         self.listen = listen or "127.0.0.1:0"
+        self.console = console
         self.process: Optional[subprocess.Popen[str]] = None
         self.addr = ""
         self.start()
@@ -168,8 +173,9 @@ class Broker:
     def start(self) -> None:
         env = {**os.environ, "RUST_LOG": "info"}
         env.pop("TINYBROKER_AUTH_TOKEN", None)
+        console = [] if self.console is None else ["--console", self.console]
         self.process = subprocess.Popen(
-            [str(binary()), "serve", "--listen", self.listen, *self.args],
+            [str(binary()), "serve", "--listen", self.listen, *console, *self.args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -181,6 +187,16 @@ class Broker:
         self.addr = match.group(1).strip('"')
         # A restart comes back on the same address.
         self.listen = self.addr
+        if self.console is not None:
+            # Logged after the gRPC listener's line, once the console's listener is bound.
+            match = self.log.wait_for(r"console at https?://(\S+?)/?(\s|$)")
+            self.console = match.group(1)
+
+    @property
+    def console_url(self) -> str:
+        """The console's base URL (needs `console`)."""
+        assert self.console is not None, "started without a console address"
+        return f"http://{self.console}"
 
     @property
     def url(self) -> str:
@@ -326,25 +342,30 @@ class NatsCluster:
 NATS_ACK_WAIT = "3s"
 
 
-def start_gateway(urls: list[str]) -> Broker:
-    """A gateway (`serve --nats`). A fresh cluster may not place the stream yet: a gateway that
-    exits while starting is started again, for up to WAIT seconds."""
+def start_gateway(urls: list[str], console: Optional[str] = None) -> Broker:
+    """A gateway (`serve --nats`), with its console at `console` if given. A fresh cluster may
+    not place the stream yet: a gateway that exits while starting is started again, for up to
+    WAIT seconds."""
     deadline = time.monotonic() + WAIT
     while True:
         try:
-            return Broker(["--nats", ",".join(urls), "--nats-ack-wait", NATS_ACK_WAIT])
+            return Broker(
+                ["--nats", ",".join(urls), "--nats-ack-wait", NATS_ACK_WAIT], console=console
+            )
         except AssertionError:
             if time.monotonic() > deadline:
                 raise
 
 
 class Gateways:
-    """Two gateways on different nodes of one cluster: members on `a`, publishers on `b`."""
+    """Two gateways on different nodes of one cluster: members on `a`, publishers on `b`; `b`
+    serves the web console on a free port (`b.console_url`: it shows the members on `a` through
+    the cluster)."""
 
     def __init__(self) -> None:
         self.cluster = NatsCluster(3)
         self.a = start_gateway(self.cluster.urls[:1] + self.cluster.urls[1:])
-        self.b = start_gateway(self.cluster.urls[1:] + self.cluster.urls[:1])
+        self.b = start_gateway(self.cluster.urls[1:] + self.cluster.urls[:1], console="127.0.0.1:0")
 
     def close(self) -> None:
         self.a.close()

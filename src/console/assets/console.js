@@ -39,6 +39,20 @@
     return d + ' d' + (hr ? ' ' + hr + ' h' : '');
   }
   const ago = (ms, now) => (ms == null ? DASH : dur(now - ms) + ' ago');
+  // The server's clock, as of the last event: relative times move on between events (the
+  // server sends one only when something changed), against the server's clock, not ours.
+  let server = { now: 0, at: 0 };
+  const serverNow = () => server.now + (performance.now() - server.at);
+  setInterval(() => {
+    if (!server.at) return;
+    const now = serverNow();
+    for (const el of document.querySelectorAll('[data-ago]')) {
+      el.textContent = ago(Number(el.dataset.ago), now);
+    }
+    for (const el of document.querySelectorAll('[data-for]')) {
+      el.textContent = 'for ' + dur(now - Number(el.dataset.for));
+    }
+  }, 1000);
   const pad = (n) => String(n).padStart(2, '0');
   function clock(ms) {
     if (ms == null) return '';
@@ -128,6 +142,7 @@
       setStatus(true);
       let d;
       try { d = JSON.parse(e.data); } catch (_) { return; }
+      if (typeof d.now_ms === 'number') server = { now: d.now_ms, at: performance.now() };
       fn(d);
     });
     src.onopen = () => { if (es === src) { setStatus(true); retryDelay = 1000; } };
@@ -214,7 +229,8 @@
       h('td', { class: 'active', title: a && a.gateway ? 'through gateway ' + a.gateway : null },
         a ? [mono(a.member, 'member-id'), a.metadata ? ' · ' + a.metadata : ''] : DASH),
       h('td', { class: 'epoch mono', text: a ? a.epoch : DASH }),
-      h('td', { class: 'since', title: a ? clock(a.since_ms) : null, text: a ? ago(a.since_ms, now) : DASH }),
+      h('td', { class: 'since', title: a ? clock(a.since_ms) : null, text: a ? ago(a.since_ms, now) : DASH,
+        data: a && a.since_ms != null ? { ago: a.since_ms } : null }),
       h('td', { class: 'depth num', text: r.depth }),
       h('td', { class: 'inflight num', text: r.in_flight }),
       h('td', { class: 'rates num', text: `${rate(r.publish_rate)} · ${rate(r.ack_rate)}` }),
@@ -284,6 +300,8 @@
     $('sub-epoch').textContent = a ? a.epoch : DASH;
     $('sub-active-metadata').textContent = a ? a.metadata : '';
     $('sub-since').textContent = a ? ago(a.since_ms, now) : DASH;
+    if (a && a.since_ms != null) $('sub-since').dataset.ago = a.since_ms;
+    else delete $('sub-since').dataset.ago;
     $('sub-since').title = a ? clock(a.since_ms) : '';
     const figs = [
       ['group', s.group || DASH], ['patterns', (s.patterns || []).join(' ')], ['members', s.members],
@@ -302,7 +320,8 @@
     h('td', { class: 'state' }, h('span', { class: 'pill', text: m.state })),
     h('td', { class: 'priority num', text: m.priority }),
     h('td', { class: 'metadata mono', text: m.metadata }),
-    h('td', { class: 'joined', title: clock(m.joined_ms), text: ago(m.joined_ms, now) }),
+    h('td', { class: 'joined', title: clock(m.joined_ms), text: ago(m.joined_ms, now),
+      data: m.joined_ms != null ? { ago: m.joined_ms } : null }),
     h('td', { class: 'inflight num', text: m.in_flight }),
     h('td', { class: 'gateway mono', title: gw ? (m.here ? 'connected to this gateway' : 'connected to another gateway') : null, text: m.gateway == null ? DASH : m.gateway })));
     if (!line.length) line.push(h('tr', { class: 'empty' }, h('td', { colspan: 8, text: 'no members' })));
@@ -319,7 +338,7 @@
           h('span', { class: 'cause pill', text: t.cause == null ? (open ? 'current' : DASH) : t.cause })),
         h('div', { class: 'tl-time muted' },
           h('span', { class: 'tl-start', title: clock(t.start_ms), text: (open ? 'since ' : '') + hms(t.start_ms) }),
-          h('span', { class: 'tl-end', title: open ? null : clock(t.end_ms),
+          h('span', { class: 'tl-end', title: open ? null : clock(t.end_ms), data: open ? { for: t.start_ms } : null,
             text: open ? `for ${dur(now - t.start_ms)}` : `→ ${hms(t.end_ms)} · lasted ${dur(t.end_ms - t.start_ms)} · ended ${ago(t.end_ms, now)}` })));
     });
     if (!tl.length) tl.push(h('li', { class: 'empty muted', text: s.mode === 'singleton' ? 'no leader yet' : `no leadership in ${s.mode} mode` }));
