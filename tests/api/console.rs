@@ -38,7 +38,10 @@ async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Em
 async fn call(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
     within(async {
         let mut sender = connect(addr).await;
-        let mut request = Request::builder().method(method).uri(path).header("host", "console");
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "console");
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
@@ -109,7 +112,12 @@ impl Live {
                 }
                 continue;
             }
-            let frame = self.body.frame().await.expect("the stream goes on").unwrap();
+            let frame = self
+                .body
+                .frame()
+                .await
+                .expect("the stream goes on")
+                .unwrap();
             if let Ok(bytes) = frame.into_data() {
                 self.pending.push_str(std::str::from_utf8(&bytes).unwrap());
             }
@@ -181,7 +189,10 @@ async fn the_console_shows_the_leader_and_follows_a_failover_live() {
     assert_eq!(line[1]["metadata"], "host=b");
     assert!(line[1]["joined_ms"].as_u64().is_some());
     if crate::deployment::GATEWAYS {
-        assert!(line.iter().all(|m| m["gateway"].is_string() && m["here"] == true));
+        assert!(
+            line.iter()
+                .all(|m| m["gateway"].is_string() && m["here"] == true)
+        );
     }
     drop(a);
     let after = live
@@ -217,7 +228,13 @@ async fn a_hand_over_from_the_console_is_named_in_the_timeline() {
     })
     .await;
     // Without the console's header an action is refused, and nothing changes.
-    let refused = call(console, "POST", &format!("/api/subscriptions/{id}/hand-over"), &[]).await;
+    let refused = call(
+        console,
+        "POST",
+        &format!("/api/subscriptions/{id}/hand-over"),
+        &[],
+    )
+    .await;
     assert_eq!(refused.status, 403, "{}", refused.body);
     assert_eq!(refused.json()["code"], "PERMISSION_DENIED");
     let path = format!("/api/subscriptions/{id}/hand-over");
@@ -293,7 +310,10 @@ async fn the_overview_searches_and_pages_and_every_answer_has_the_security_heade
     let mut members = Vec::new();
     for i in 0..3 {
         let mut m = client
-            .subscribe(with_metadata(&format!("console-search-{i}"), &format!("rack={i}")))
+            .subscribe(with_metadata(
+                &format!("console-search-{i}"),
+                &format!("rack={i}"),
+            ))
             .await
             .unwrap();
         m.confirmed().await;
@@ -399,12 +419,28 @@ async fn the_token_guards_every_page_and_read_only_refuses_actions() {
             console,
             "POST",
             &format!("/api/subscriptions/{id}/{action}"),
-            &[("x-tinybroker-console", "1"), ("authorization", "Bearer s3cret")],
+            &[
+                ("x-tinybroker-console", "1"),
+                ("authorization", "Bearer s3cret"),
+            ],
         )
         .await;
         assert_eq!(refused.status, 403, "{action}: {}", refused.body);
-        assert!(refused.json()["error"].as_str().unwrap().contains("read-only"));
+        assert!(
+            refused.json()["error"]
+                .as_str()
+                .unwrap()
+                .contains("read-only")
+        );
     }
     // Nothing changed: the member still leads.
-    assert!(client.describe(id).await.unwrap().members.iter().any(|m| m.active));
+    assert!(
+        client
+            .describe(id)
+            .await
+            .unwrap()
+            .members
+            .iter()
+            .any(|m| m.active)
+    );
 }
