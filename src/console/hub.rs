@@ -160,6 +160,8 @@ struct Rates {
     samples: VecDeque<(u64, f32, f32)>,
     /// The last sample.
     current: (f32, f32),
+    /// When the first read was (ms): the series starts there.
+    first_ms: Option<u64>,
 }
 
 impl Rates {
@@ -192,17 +194,25 @@ impl Rates {
                 self.last = Some((queued, acked, now_ms));
             }
             Some(_) => {}
-            None => self.last = Some((queued, acked, now_ms)),
+            None => {
+                self.last = Some((queued, acked, now_ms));
+                self.first_ms = Some(now_ms);
+            }
         }
     }
 
     /// One value a second over the last [`RATE_SAMPLES`] seconds before `now_ms`, oldest first:
     /// published and acked.
+    /// Since the first read, if that was less than [`RATE_SAMPLES`] seconds ago.
     fn series(&self, now_ms: u64) -> Vec<(f32, f32)> {
-        let mut series = vec![(0.0, 0.0); RATE_SAMPLES];
+        let seconds = self
+            .first_ms
+            .map_or(0, |first| now_ms.saturating_sub(first) / 1000)
+            .min(RATE_SAMPLES as u64) as usize;
+        let mut series = vec![(0.0, 0.0); seconds];
         for &(at, p, a) in &self.samples {
             let back = now_ms.saturating_sub(at) / 1000;
-            if let Some(slot) = (RATE_SAMPLES as u64)
+            if let Some(slot) = (seconds as u64)
                 .checked_sub(back + 1)
                 .and_then(|i| series.get_mut(i as usize))
             {
@@ -235,6 +245,10 @@ pub struct Hub {
     /// Rates and timelines as of the last look, for rendering (never held across an await).
     shown: Mutex<Shown>,
     snapshot: watch::Sender<Arc<Snapshot>>,
+    /// Counts looks, also those that found nothing moved (and sent no snapshot).
+    looks: watch::Sender<u64>,
+    /// When the last look was, in ms since the Unix epoch (0: none yet).
+    looked_ms: std::sync::atomic::AtomicU64,
     viewers: AtomicUsize,
     wake: Notify,
 }
@@ -269,6 +283,8 @@ impl Hub {
             state: tokio::sync::Mutex::new(State::default()),
             shown: Mutex::new(Shown::default()),
             snapshot: watch::Sender::new(Arc::new(Snapshot::default())),
+            looks: watch::Sender::new(0),
+            looked_ms: std::sync::atomic::AtomicU64::new(0),
             viewers: AtomicUsize::new(0),
             wake: Notify::new(),
         }
@@ -292,11 +308,21 @@ impl Hub {
         self.snapshot.subscribe()
     }
 
-    /// The latest look, once one was taken (waiting up to `patience` for the first).
-    pub async fn ready(&self, patience: Duration) -> Arc<Snapshot> {
-        let mut snapshots = self.snapshots();
-        let _ = tokio::time::timeout(patience, snapshots.wait_for(|s| s.ready)).await;
-        snapshots.borrow().clone()
+    /// A look taken within the last [`TICK`]: the latest, or the next one (asked for now, and
+    /// waited for up to `patience`), so an answer to a page just opened is not older than
+    /// that even while no page was open.
+    pub async fn current(&self, patience: Duration) -> Arc<Snapshot> {
+        let age = self
+            .clock
+            .unix_millis()
+            .saturating_sub(self.looked_ms.load(Ordering::Relaxed));
+        if age > TICK.as_millis() as u64 || !self.snapshot.borrow().ready {
+            let mut looks = self.looks.subscribe();
+            looks.mark_unchanged();
+            self.wake.notify_one();
+            let _ = tokio::time::timeout(patience, looks.changed()).await;
+        }
+        self.snapshot.borrow().clone()
     }
 
     fn shown(&self) -> std::sync::MutexGuard<'_, Shown> {
@@ -522,17 +548,18 @@ impl Hub {
             || previous.gateway != gateway_figures
             || previous.trouble != state.trouble
             || previous.subs.len() != state.records.len();
-        if !moved {
-            return;
+        self.looked_ms.store(now_ms, Ordering::Relaxed);
+        if moved {
+            self.snapshot.send_replace(Arc::new(Snapshot {
+                now_ms,
+                ready: true,
+                broker: broker_figures,
+                gateway: gateway_figures,
+                subs: state.records.values().cloned().collect(),
+                trouble: state.trouble.clone(),
+            }));
         }
-        self.snapshot.send_replace(Arc::new(Snapshot {
-            now_ms,
-            ready: true,
-            broker: broker_figures,
-            gateway: gateway_figures,
-            subs: state.records.values().cloned().collect(),
-            trouble: state.trouble.clone(),
-        }));
+        self.looks.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Timelines after a look, for the subscriptions in `follow`; with `prune`, a timeline
@@ -674,6 +701,11 @@ mod tests {
         let series = rates.series(now);
         assert_eq!(series.len(), RATE_SAMPLES);
         assert_eq!(series[RATE_SAMPLES - 1], (1.0, 0.0));
+        // A new subscription's series is as long as it has been read.
+        let mut young = Rates::default();
+        young.sample(0, 0, 10_000);
+        young.sample(5, 0, 11_000);
+        assert_eq!(young.series(12_500), vec![(5.0, 0.0), (0.0, 0.0)]);
         // A counter that went back (a subscription made again) is no negative rate.
         rates.sample(0, 0, now + 1_000);
         assert_eq!(rates.now(), (0.0, 0.0));

@@ -473,7 +473,7 @@ async fn overview(State(shared): State<AppState>, Query(query): Query<ViewQuery>
             .unwrap_or(1),
     };
     let _viewer = shared.hub.viewer();
-    let snapshot = shared.hub.ready(FIRST_LOOK_PATIENCE).await;
+    let snapshot = shared.hub.current(FIRST_LOOK_PATIENCE).await;
     json_body(render(&shared, &snapshot, &page).1)
 }
 
@@ -484,7 +484,7 @@ async fn subscription(State(shared): State<AppState>, Path(id): Path<String>) ->
         return refusal(&error);
     }
     let _viewer = shared.hub.viewer();
-    let snapshot = shared.hub.ready(FIRST_LOOK_PATIENCE).await;
+    let snapshot = shared.hub.current(FIRST_LOOK_PATIENCE).await;
     match render(&shared, &snapshot, &Page::Subscription(id)) {
         ("gone", body) => (StatusCode::NOT_FOUND, json_body(body)).into_response(),
         (_, body) => json_body(body),
@@ -517,6 +517,7 @@ async fn stream(State(shared): State<AppState>, Query(query): Query<ViewQuery>) 
         let _permit = permit;
         let _viewer = shared_task.hub.viewer();
         let mut snapshots = shared_task.hub.snapshots();
+        shared_task.hub.current(FIRST_LOOK_PATIENCE).await;
         let mut last = String::new();
         loop {
             let snapshot = snapshots.borrow_and_update().clone();

@@ -70,6 +70,21 @@
     while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
     return (i ? n.toFixed(n < 10 ? 1 : 0) : n) + ' ' + u[i];
   }
+  // The elements for `items`, reusing each current child whose data did not change (same
+  // key, same signature), so a click, a hover or a selection is not lost to an update.
+  function keep(container, items, key, build) {
+    const old = new Map();
+    for (const el of container.children) if (el.dataset.key != null) old.set(el.dataset.key, el);
+    return items.map((item) => {
+      const k = key(item), sig = JSON.stringify(item);
+      const prev = old.get(k);
+      if (prev && prev.dataset.sig === sig) return prev;
+      const el = build(item);
+      el.dataset.key = k;
+      el.dataset.sig = sig;
+      return el;
+    });
+  }
   const mono = (t, cls) => h('span', { class: 'mono' + (cls ? ' ' + cls : ''), text: t });
 
   // ---- routing -----------------------------------------------------------
@@ -203,7 +218,7 @@
       h('div', { class: 'fig ' + (cls || '') }, h('dt', { text: k }), h('dd', {}, v == null ? DASH : v))));
 
     const now = d.now_ms;
-    const rows = (d.subscriptions || []).map((r) => overviewRow(r, now));
+    const rows = keep($('subscriptions').tBodies[0], d.subscriptions || [], (r) => r.id, (r) => overviewRow(r, now));
     if (!rows.length) {
       rows.push(h('tr', { class: 'empty' }, h('td', { colspan: 12, text: d.q ? `no subscription matches “${d.q}”` : 'no subscriptions' })));
     }
@@ -311,7 +326,7 @@
     $('sub-figs').replaceChildren(...figs.map(([k, v]) => h('div', { class: 'fig' }, h('dt', { text: k }), h('dd', { text: v }))));
 
     const gw = d.deployment === 'gateway';
-    const line = (d.line || []).map((m) => h('tr', {
+    const line = keep($('line').tBodies[0], d.line || [], (m) => m.member + '@' + m.gateway, (m) => h('tr', {
       class: `member state-${String(m.state).replace(/\W+/g, '-')}${m.state === 'active' ? ' is-active' : ''}${m.here && gw ? ' here' : ''}`,
       data: { member: m.member },
     },
@@ -322,24 +337,28 @@
     h('td', { class: 'metadata mono', text: m.metadata }),
     h('td', { class: 'joined', title: clock(m.joined_ms), text: ago(m.joined_ms, now),
       data: m.joined_ms != null ? { ago: m.joined_ms } : null }),
-    h('td', { class: 'inflight num', text: m.in_flight }),
+    h('td', { class: 'inflight num', text: m.in_flight == null ? DASH : m.in_flight,
+      title: m.in_flight == null ? 'held at another gateway' : null }),
     h('td', { class: 'gateway mono', title: gw ? (m.here ? 'connected to this gateway' : 'connected to another gateway') : null, text: m.gateway == null ? DASH : m.gateway })));
     if (!line.length) line.push(h('tr', { class: 'empty' }, h('td', { colspan: 8, text: 'no members' })));
     $('line').tBodies[0].replaceChildren(...line);
 
-    const tl = (d.timeline || []).map((t) => {
+    const tl = keep($('timeline'), d.timeline || [], (t) => t.epoch + '@' + t.member + '@' + t.gateway, (t) => {
       const open = t.end_ms == null;
       return h('li', { class: 'epoch' + (open ? ' current' : ''), data: { epoch: t.epoch } },
         h('div', { class: 'tl-head' },
           h('span', { class: 'tl-epoch mono', text: 'epoch ' + t.epoch }),
           h('span', { class: 'muted', text: 'member' }),
           h('span', { class: 'tl-member mono', text: t.member }),
-          t.metadata ? h('span', { class: 'tl-metadata mono', text: t.metadata }) : null,
+          t.metadata ? h('span', { class: 'tl-metadata mono', title: t.metadata, text: t.metadata }) : null,
           h('span', { class: 'cause pill', text: t.cause == null ? (open ? 'current' : DASH) : t.cause })),
         h('div', { class: 'tl-time muted' },
           h('span', { class: 'tl-start', title: clock(t.start_ms), text: (open ? 'since ' : '') + hms(t.start_ms) }),
-          h('span', { class: 'tl-end', title: open ? null : clock(t.end_ms), data: open ? { for: t.start_ms } : null,
-            text: open ? `for ${dur(now - t.start_ms)}` : `→ ${hms(t.end_ms)} · lasted ${dur(t.end_ms - t.start_ms)} · ended ${ago(t.end_ms, now)}` })));
+          open
+            ? h('span', { class: 'tl-end', data: { for: t.start_ms }, text: `for ${dur(now - t.start_ms)}` })
+            : h('span', { class: 'tl-end', title: clock(t.end_ms) },
+              `→ ${hms(t.end_ms)} · lasted ${dur(t.end_ms - t.start_ms)} · ended `,
+              h('span', { data: { ago: t.end_ms }, text: ago(t.end_ms, now) }))));
     });
     if (!tl.length) tl.push(h('li', { class: 'empty muted', text: s.mode === 'singleton' ? 'no leader yet' : `no leadership in ${s.mode} mode` }));
     $('timeline').replaceChildren(...tl);
@@ -349,7 +368,8 @@
   }
 
   function chart(label, xs, interval, cls) {
-    const W = 300, H = 60, cap = Math.max(180, xs.length);
+    // The x axis spans the samples there are (at least 30 s), up to the last three minutes.
+    const W = 300, H = 60, cap = Math.max(30, xs.length);
     const max = Math.max(0, ...xs.filter(isFinite));
     const top = max > 0 ? max * 1.1 : 1;
     const pts = xs.map((v, i) => [(W * (cap - xs.length + i)) / (cap - 1), H - (H * (isFinite(v) ? v : 0)) / top]);
