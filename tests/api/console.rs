@@ -201,9 +201,10 @@ async fn the_console_shows_the_leader_and_follows_a_failover_live() {
         })
         .await;
     let timeline = after["timeline"].as_array().unwrap();
+    let first_epoch = first.epoch.to_string();
     let ended = timeline
         .iter()
-        .find(|r| r["epoch"] == first.epoch.to_string())
+        .find(|r| r["epoch"] == first_epoch.as_str())
         .unwrap_or_else(|| panic!("the first epoch in {timeline:?}"));
     assert_eq!(ended["cause"], "closed stream");
     assert!(ended["end_ms"].as_u64().is_some());
@@ -250,11 +251,12 @@ async fn a_hand_over_from_the_console_is_named_in_the_timeline() {
             active_of(v).is_some_and(|(_, epoch)| epoch == confirmed.epoch)
         })
         .await;
+    let first_epoch = first.epoch.to_string();
     let ended = after["timeline"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["epoch"] == first.epoch.to_string())
+        .find(|r| r["epoch"] == first_epoch.as_str())
         .cloned()
         .unwrap();
     assert_eq!(ended["cause"], "hand-over", "{after}");
