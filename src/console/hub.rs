@@ -247,6 +247,8 @@ pub struct Hub {
     snapshot: watch::Sender<Arc<Snapshot>>,
     /// Counts looks, also those that found nothing moved (and sent no snapshot).
     looks: watch::Sender<u64>,
+    /// The next look reads every subscription's activity, however recent the last read.
+    fresh: std::sync::atomic::AtomicBool,
     /// When the last look was, in ms since the Unix epoch (0: none yet).
     looked_ms: std::sync::atomic::AtomicU64,
     viewers: AtomicUsize,
@@ -259,8 +261,7 @@ struct Shown {
     rates: BTreeMap<Arc<str>, Rates>,
     broker_rate: Rates,
     timelines: BTreeMap<Arc<str>, Timeline>,
-    /// Embedded: each subscription's completed hand-overs at the last look; cluster mode: the
-    /// epoch its line last asked to end.
+    /// Cluster mode: the epoch each line last asked to end (`hand_over`).
     handovers: BTreeMap<Arc<str>, u64>,
 }
 
@@ -284,6 +285,7 @@ impl Hub {
             shown: Mutex::new(Shown::default()),
             snapshot: watch::Sender::new(Arc::new(Snapshot::default())),
             looks: watch::Sender::new(0),
+            fresh: std::sync::atomic::AtomicBool::new(false),
             looked_ms: std::sync::atomic::AtomicU64::new(0),
             viewers: AtomicUsize::new(0),
             wake: Notify::new(),
@@ -308,20 +310,15 @@ impl Hub {
         self.snapshot.subscribe()
     }
 
-    /// A look taken within the last [`TICK`]: the latest, or the next one (asked for now, and
-    /// waited for up to `patience`), so an answer to a page just opened is not older than
-    /// that even while no page was open.
+    /// The next look, asked for now and waited for up to `patience` (then the latest): what
+    /// an answer to a request, or a page's first event, shows is what was true when it came,
+    /// not what the last look saw (publishes and acks do not wake the hub).
     pub async fn current(&self, patience: Duration) -> Arc<Snapshot> {
-        let age = self
-            .clock
-            .unix_millis()
-            .saturating_sub(self.looked_ms.load(Ordering::Relaxed));
-        if age > TICK.as_millis() as u64 || !self.snapshot.borrow().ready {
-            let mut looks = self.looks.subscribe();
-            looks.mark_unchanged();
-            self.wake.notify_one();
-            let _ = tokio::time::timeout(patience, looks.changed()).await;
-        }
+        let mut looks = self.looks.subscribe();
+        looks.mark_unchanged();
+        self.fresh.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+        let _ = tokio::time::timeout(patience, looks.changed()).await;
         self.snapshot.borrow().clone()
     }
 
@@ -466,9 +463,10 @@ impl Hub {
                 }
             }
         }
-        let due = state
-            .active_at
-            .is_none_or(|at| at.elapsed() >= TICK - MIN_SPACING);
+        let due = self.fresh.swap(false, Ordering::Relaxed)
+            || state
+                .active_at
+                .is_none_or(|at| at.elapsed() >= TICK - MIN_SPACING);
         let (activity, stats) = if due {
             state.active_at = Some(tokio::time::Instant::now());
             let (activity, stats) = broker.activity();
@@ -574,9 +572,6 @@ impl Hub {
     ) {
         for id in follow {
             let Some(record) = records.get(id) else {
-                if let Some(timeline) = state.timelines.get_mut(id) {
-                    timeline.deleted(now_ms);
-                }
                 continue;
             };
             let view = &record.description.view;
@@ -589,13 +584,10 @@ impl Hub {
                     seen_in_line(line, asked.unwrap_or(0) != 0 || line.hand_over != 0)
                 }
                 None if matches!(self.backend, Backend::Gateway(_)) => continue,
-                None => {
-                    let before = state.handovers.insert(id.clone(), view.counters.handovers);
-                    seen_in_view(
-                        &record.description,
-                        before.is_some_and(|b| b < view.counters.handovers),
-                    )
-                }
+                // Embedded: the broker counts every step-down as a hand-over, for priority
+                // too; which it was is read from the priorities (a HandOver's successor is
+                // of the active member's priority, a higher one would have taken over).
+                None => seen_in_view(&record.description),
             };
             state
                 .timelines
@@ -616,7 +608,7 @@ fn truncated(text: &str) -> String {
 }
 
 /// What a look at an embedded (or this gateway's local) SINGLETON saw.
-fn seen_in_view(description: &Description, handed_over: bool) -> Seen {
+fn seen_in_view(description: &Description) -> Seen {
     let view = &description.view;
     let active = view.members.iter().find(|m| m.active);
     Seen {
@@ -643,7 +635,7 @@ fn seen_in_view(description: &Description, handed_over: bool) -> Seen {
                 )
             })
             .collect(),
-        handed_over,
+        handed_over: false,
         took_over: false,
     }
 }

@@ -6,8 +6,9 @@
 //! lines report, and every second), so why an epoch ended is read from what is seen next:
 //! the member gone from the line ("closed stream"), still in it behind a member of higher
 //! priority ("priority") or after a `HandOver` ("hand-over"), its successor taking over from a
-//! gateway whose lease lapsed ("lease lapse"), the subscription gone ("deleted"). Epochs that
-//! began and ended between two looks are not seen.
+//! gateway whose lease lapsed ("lease lapse"). No epoch ends with a delete: a subscription is
+//! deleted only once no member is joined. Epochs that began and ended between two looks are
+//! not seen.
 
 use std::collections::VecDeque;
 
@@ -31,9 +32,6 @@ pub enum Cause {
     /// Cluster mode: its gateway's lease lapsed and another gateway's member took over.
     #[serde(rename = "lease lapse")]
     LeaseLapse,
-    /// The subscription was deleted.
-    #[serde(rename = "deleted")]
-    Deleted,
 }
 
 /// One epoch.
@@ -164,16 +162,6 @@ impl Timeline {
         });
         self.reigns.truncate(MAX_REIGNS);
     }
-
-    /// The subscription is gone, seen at `now_ms`.
-    pub fn deleted(&mut self, now_ms: u64) {
-        if let Some(current) = self.reigns.front_mut()
-            && current.end_ms.is_none()
-        {
-            current.end_ms = Some(now_ms.max(current.start_ms));
-            current.cause = Some(Cause::Deleted);
-        }
-    }
 }
 
 /// Why `was`'s epoch ended, from the line it stood in and what is seen now.
@@ -295,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn no_one_active_ends_the_reign_and_a_deletion_ends_an_open_one() {
+    fn no_one_active_ends_the_reign_and_a_stale_look_does_not_reopen_it() {
         let mut t = Timeline::default();
         t.observe(10, &seen(Some(1), 1, &[(1, 0)]));
         t.observe(20, &seen(None, 1, &[]));
@@ -304,8 +292,7 @@ mod tests {
         t.observe(25, &seen(Some(1), 1, &[(1, 0)]));
         assert_eq!(causes(&t).len(), 1);
         t.observe(30, &seen(Some(2), 2, &[(2, 0)]));
-        t.deleted(40);
-        assert_eq!(causes(&t)[0], (2, 2, Some(Cause::Deleted)));
+        assert_eq!(causes(&t)[0], (2, 2, None));
     }
 
     #[test]

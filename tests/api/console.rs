@@ -38,10 +38,13 @@ async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Em
 async fn call(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
     within(async {
         let mut sender = connect(addr).await;
-        let mut request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "console");
+        let mut request = Request::builder().method(method).uri(path);
+        if !headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+        {
+            request = request.header("host", "127.0.0.1");
+        }
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
@@ -76,7 +79,7 @@ impl Live {
         let mut sender = connect(addr).await;
         let request = Request::builder()
             .uri(path)
-            .header("host", "console")
+            .header("host", "127.0.0.1")
             .body(Empty::new())
             .unwrap();
         let response = within(sender.send_request(request)).await.unwrap();
@@ -445,4 +448,164 @@ async fn the_token_guards_every_page_and_read_only_refuses_actions() {
             .iter()
             .any(|m| m.active)
     );
+}
+
+// docs/operations.md#console: an epoch that ends because a member of higher priority joined
+// is named "priority" (embedded: the broker counts a priority step-down in `handovers` too,
+// so the hub reads it as a hand-over).
+#[tokio::test]
+async fn a_higher_priority_join_is_named_priority_in_the_timeline() {
+    let server = TestServer::start().await;
+    let console = server.console(ConsoleConfig::default()).await;
+    let client = server.client().await;
+    let id = "console-priority";
+    let mut low = client.subscribe(singleton(id)).await.unwrap();
+    let first = low.confirmed().await;
+    let mut live = Live::open(console, &format!("/api/stream?view=subscription&id={id}")).await;
+    live.until(Duration::from_secs(10), |name, _| name == "subscription")
+        .await;
+    let mut high = client
+        .subscribe(pb::OpenSubscription {
+            priority: 5,
+            ..singleton(id)
+        })
+        .await
+        .unwrap();
+    let second = high.confirmed().await;
+    let after = live
+        .until(Duration::from_secs(10), |_, v| {
+            active_of(v).is_some_and(|(_, epoch)| epoch == second.epoch)
+        })
+        .await;
+    let first_epoch = first.epoch.to_string();
+    let ended = after["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["epoch"] == first_epoch.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("the first epoch in {after}"));
+    assert_eq!(ended["cause"], "priority", "{after}");
+}
+
+embedded_only! {
+// At a gateway the depth of a subscription with no member here is JetStream's, read at most
+// every two seconds (docs/operations.md#console).
+// docs/operations.md#console ("the API behind the page, for scripts"): a GET answers what is
+// true now, not what the last look saw before the request (publishes do not wake the hub,
+// and with no page open it does not look every second).
+#[tokio::test]
+async fn a_get_answers_the_depth_of_now_not_of_the_last_look() {
+    let server = TestServer::start().await;
+    let console = server.console(ConsoleConfig::default()).await;
+    let client = server.client().await;
+    let id = "console-stale";
+    let mut a = client.subscribe(singleton(id)).await.unwrap();
+    a.confirmed().await;
+    drop(a);
+    // The hub has seen the member leave (a change), and no page is open.
+    within(async {
+        loop {
+            let answer = get(console, &format!("/api/subscriptions/{id}")).await;
+            if answer.status == 200 && answer.json()["subscription"]["members"] == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 0..3 {
+        client.publish("jobs.a", &format!("m{i}")).await;
+    }
+    assert_eq!(
+        client.describe(id).await.unwrap().queued_messages,
+        queued_here(3)
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let answer = get(console, &format!("/api/subscriptions/{id}")).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.json()["subscription"]["depth"], 3, "{}", answer.body);
+}
+}
+
+// docs/operations.md#console ("another site's page cannot"): a page of another name that
+// resolves to the console (DNS rebinding) is same-origin with it and may set any header; the
+// console must not act (nor answer data) for a Host that is not its own.
+#[tokio::test]
+async fn a_request_for_another_host_name_is_refused_without_a_token() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start().await;
+    let console = server.console(ConsoleConfig::default()).await;
+    let client = server.client().await;
+    let id = "console-rebinding";
+    let mut a = client.subscribe(singleton(id)).await.unwrap();
+    let first = a.confirmed().await;
+    let _b = client.subscribe(singleton(id)).await.unwrap();
+    let port = console.port();
+    let mut socket = tokio::net::TcpStream::connect(console).await.unwrap();
+    socket
+        .write_all(
+            format!(
+                "POST /api/subscriptions/{id}/hand-over HTTP/1.1\r\nHost: attacker.example:{port}\r\n\
+                 Origin: http://attacker.example:{port}\r\nx-tinybroker-console: 1\r\n\
+                 Content-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    within(socket.read_to_string(&mut answer)).await.unwrap();
+    assert!(!answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let info = client.describe(id).await.unwrap();
+    assert!(
+        info.members
+            .iter()
+            .any(|m| m.active && m.member_id == first.member_id),
+        "the leader was handed over by a foreign Host: {answer}"
+    );
+}
+
+// docs/operations.md#console: "Refusals are {"error": ..., "code": ...}" (also those of
+// axum's extractors: a repeated query key, a path that is not UTF-8).
+#[tokio::test]
+async fn every_refusal_is_json() {
+    let server = TestServer::start().await;
+    let console = server.console(ConsoleConfig::default()).await;
+    for path in [
+        "/api/overview?page=1&page=2",
+        "/api/stream?view=overview&view=overview",
+        "/api/subscriptions/%FF",
+    ] {
+        let answer = get(console, path).await;
+        assert_eq!(answer.status, 400, "{path}");
+        assert_eq!(
+            answer.json()["code"],
+            "INVALID_ARGUMENT",
+            "{path}: {}",
+            answer.body
+        );
+    }
+    let put = call(console, "PUT", "/api/overview", &[]).await;
+    assert_eq!(put.status, 405);
+    assert_eq!(put.json()["code"], "UNIMPLEMENTED", "{}", put.body);
+    // With a token, any name may address it (a page of another name has no token).
+    let guarded = server
+        .console(ConsoleConfig {
+            token: Some("t".into()),
+            ..ConsoleConfig::default()
+        })
+        .await;
+    let by_name = call(
+        guarded,
+        "GET",
+        "/api/overview",
+        &[
+            ("host", "broker.internal:50080"),
+            ("authorization", "Bearer t"),
+        ],
+    )
+    .await;
+    assert_eq!(by_name.status, 200, "{}", by_name.body);
 }
