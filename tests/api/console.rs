@@ -609,3 +609,61 @@ async fn every_refusal_is_json() {
     .await;
     assert_eq!(by_name.status, 200, "{}", by_name.body);
 }
+
+embedded_only! {
+// docs/operations.md#console: when the gRPC listener serves TLS, the console serves HTTPS with
+// the same certificate; a client that trusts its CA gets the page, plain HTTP gets nothing.
+#[tokio::test]
+async fn the_console_serves_https_with_the_listeners_certificate() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::{
+        self, RootCertStore,
+        crypto::ring,
+        pki_types::{CertificateDer, ServerName, pem::PemObject},
+    };
+    let ca = crate::certs::Ca::new("console test CA");
+    let leaf = ca.server();
+    let server = TestServer::start().await;
+    let acceptor =
+        tinybroker::server::console_acceptor(&leaf.server_identity(), None).expect("acceptor");
+    let console = server
+        .console(ConsoleConfig {
+            tls: Some(acceptor),
+            ..ConsoleConfig::default()
+        })
+        .await;
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.cert_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(console).await.unwrap();
+    let mut tls = within(connector.connect(ServerName::try_from("localhost").unwrap(), tcp))
+        .await
+        .expect("the TLS handshake");
+    tls.write_all(b"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    within(tls.read_to_string(&mut answer)).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"deployment\":\"embedded\""), "{answer}");
+    // Plain HTTP to it is no HTTP answer.
+    let mut plain = tokio::net::TcpStream::connect(console).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    let _ = within(plain.read_to_end(&mut bytes)).await;
+    assert!(!bytes.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&bytes));
+}
+}
