@@ -255,7 +255,7 @@ impl Hub {
     }
 
     /// A subscription's timeline (newest first) and a rate a second over the last
-    /// [`RATE_SAMPLES`](super::rates::RATE_SAMPLES) seconds before `now_ms` (oldest first).
+    /// three minutes before `now_ms` (oldest first).
     pub fn history(&self, id: &str, now_ms: u64) -> (Vec<super::timeline::Reign>, Vec<(f32, f32)>) {
         let shown = self.shown();
         (
