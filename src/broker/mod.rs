@@ -358,6 +358,7 @@ impl Broker {
             input,
             Input::Enqueue { .. } | Input::Ack { .. } | Input::Nack { .. }
         ) || state.step_down.is_some();
+        let evict = matches!(input, Input::Evict);
         if membership {
             self.follow_step_down(state, effects);
         }
@@ -387,7 +388,10 @@ impl Broker {
         }
         if membership {
             self.end_step_down(state);
-            self.note_change_of(state.core.id());
+            // An eviction (drop-oldest, once per publish under pressure) changes no membership.
+            if !evict {
+                self.note_change_of(state.core.id());
+            }
         }
         self.account(state);
     }
