@@ -26,6 +26,8 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
 import pytest
-from conftest import REPO, TARGET, WAIT, Broker, Gateways, out_loud, unique
+from conftest import REPO, TARGET, WAIT, Broker, Gateways, binary, out_loud, unique
 from selenium import webdriver
 from selenium.common.exceptions import (
     StaleElementReferenceException,
@@ -587,3 +589,38 @@ def test_the_console_asks_for_the_token_and_guards_its_actions(tmp_path: Path) -
     finally:
         guarded.close()
         read_only.close()
+
+
+# --- the shipped benchmark ---------------------------------------------------------------------
+
+
+def test_the_console_benchmark_runs_and_reports_its_figures() -> None:
+    """docs/performance.md#console's command, small: it reports every figure it promises."""
+    browser_paths()
+    script = REPO / "clients" / "python" / "bench" / "console.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--subscriptions",
+            "20",
+            "--consoles",
+            "2",
+            "--seconds",
+            "1",
+            "--reps",
+            "1",
+            "--binary",
+            str(binary()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["subscriptions"] == 20
+    assert report["page_bytes"]["total"] > 10_000
+    assert report["first_render_ms"]["median"] > 0
+    assert report["failover_page_ms"]["median"] > 0
+    assert set(report["idle"]) == {"0", "2"}
