@@ -323,13 +323,12 @@ fn json_body(body: String) -> Response {
 }
 
 async fn overview(State(shared): State<AppState>, Query(query): Query<ViewQuery>) -> Response {
-    let page = Page::Overview {
-        q: query.q.clone().unwrap_or_default(),
-        page: query
-            .page
-            .as_deref()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(1),
+    let page = match Page::parse(&ViewQuery {
+        view: None,
+        ..query
+    }) {
+        Ok(page) => page,
+        Err(error) => return refusal(&error),
     };
     let _viewer = shared.hub.viewer();
     let snapshot = shared.hub.current(FIRST_LOOK_PATIENCE).await;
@@ -414,43 +413,56 @@ struct HandOverAnswer {
     previous_member: String,
 }
 
-async fn hand_over(State(shared): State<AppState>, Path(id): Path<String>) -> Response {
-    if let Some(refused) = check_action(&shared, &id) {
-        return refused;
-    }
-    match shared.hub.backend().hand_over(&id).await {
-        Ok(done) => {
-            tracing::info!(subscription = %id, epoch = done.epoch, member = done.member, "console: hand-over");
-            Json(HandOverAnswer {
-                epoch: done.epoch.to_string(),
-                member: done.member.to_string(),
-                previous_epoch: done.previous_epoch.to_string(),
-                previous_member: done.previous_member.to_string(),
-            })
-            .into_response()
-        }
-        Err(error) => refusal(&error),
-    }
-}
-
 #[derive(Serialize)]
 struct DeleteAnswer {
     deleted_messages: u64,
 }
 
+async fn hand_over(State(shared): State<AppState>, Path(id): Path<String>) -> Response {
+    act(&shared, &id, "hand-over", |backend, id| async move {
+        backend.hand_over(&id).await.map(|done| HandOverAnswer {
+            epoch: done.epoch.to_string(),
+            member: done.member.to_string(),
+            previous_epoch: done.previous_epoch.to_string(),
+            previous_member: done.previous_member.to_string(),
+        })
+    })
+    .await
+}
+
 async fn delete(State(shared): State<AppState>, Path(id): Path<String>) -> Response {
-    if let Some(refused) = check_action(&shared, &id) {
+    act(&shared, &id, "delete", |backend, id| async move {
+        backend.delete(&id).await.map(|deleted| DeleteAnswer {
+            deleted_messages: deleted.discarded_messages,
+        })
+    })
+    .await
+}
+
+/// An action on subscription `id`, unless the console is read-only or the id is invalid:
+/// its answer as JSON, or its refusal; logged either way.
+async fn act<T, F>(
+    shared: &Shared,
+    id: &str,
+    what: &'static str,
+    run: impl FnOnce(Backend, String) -> F,
+) -> Response
+where
+    T: Serialize,
+    F: Future<Output = Result<T, Error>>,
+{
+    if let Some(refused) = check_action(shared, id) {
         return refused;
     }
-    match shared.hub.backend().delete(&id).await {
-        Ok(deleted) => {
-            tracing::info!(subscription = %id, messages = deleted.discarded_messages, "console: subscription deleted");
-            Json(DeleteAnswer {
-                deleted_messages: deleted.discarded_messages,
-            })
-            .into_response()
+    match run(shared.hub.backend().clone(), id.to_string()).await {
+        Ok(answer) => {
+            tracing::info!(subscription = %id, action = what, "console: {what} done");
+            Json(answer).into_response()
         }
-        Err(error) => refusal(&error),
+        Err(error) => {
+            tracing::info!(subscription = %id, action = what, %error, "console: {what} refused");
+            refusal(&error)
+        }
     }
 }
 

@@ -56,11 +56,16 @@ pub struct Reign {
     pub cause: Option<Cause>,
 }
 
-fn as_string<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+/// Serializes a number as a JSON string (ids and epochs pass 2^53).
+pub(super) fn as_string<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(n)
 }
 
-fn opt_as_string<S: serde::Serializer>(n: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+/// [`as_string`], or `null`.
+pub(super) fn opt_as_string<S: serde::Serializer>(
+    n: &Option<u64>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     match n {
         Some(n) => s.collect_str(n),
         None => s.serialize_none(),

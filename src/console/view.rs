@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{
     hub::{Snapshot, SubRecord},
-    timeline::Reign,
+    timeline::{Reign, as_string, opt_as_string},
 };
 use crate::{cluster::values::SubValue, core::Mode};
 
@@ -17,17 +17,6 @@ pub const PAGE_SIZE: usize = 50;
 
 /// The longest search the overview takes (longer is cut).
 pub const MAX_QUERY_CHARS: usize = 200;
-
-fn as_string<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(n)
-}
-
-fn opt_as_string<S: serde::Serializer>(n: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-    match n {
-        Some(n) => s.collect_str(n),
-        None => s.serialize_none(),
-    }
-}
 
 /// A memory pool: used and limit, in bytes.
 #[derive(Debug, Clone, Serialize, PartialEq)]

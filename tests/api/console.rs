@@ -162,6 +162,18 @@ fn active_of(detail: &serde_json::Value) -> Option<(String, u64)> {
 
 const HOSTILE: &str = "<img src=x onerror=alert(1)>";
 
+/// The timeline entry of `epoch` in a subscription's page.
+fn reign(page: &serde_json::Value, epoch: u64) -> serde_json::Value {
+    let epoch = epoch.to_string();
+    page["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["epoch"] == epoch.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("epoch {epoch} in {page}"))
+}
+
 // docs/operations.md#console: a subscription's page says who leads with which epoch, the line
 // in order, and follows a failover live: the next member with a higher epoch, the ended epoch
 // in the timeline with its cause.
@@ -204,11 +216,7 @@ async fn the_console_shows_the_leader_and_follows_a_failover_live() {
         })
         .await;
     let timeline = after["timeline"].as_array().unwrap();
-    let first_epoch = first.epoch.to_string();
-    let ended = timeline
-        .iter()
-        .find(|r| r["epoch"] == first_epoch.as_str())
-        .unwrap_or_else(|| panic!("the first epoch in {timeline:?}"));
+    let ended = reign(&after, first.epoch);
     assert_eq!(ended["cause"], "closed stream");
     assert!(ended["end_ms"].as_u64().is_some());
     assert_eq!(timeline[0]["cause"], serde_json::Value::Null);
@@ -254,14 +262,7 @@ async fn a_hand_over_from_the_console_is_named_in_the_timeline() {
             active_of(v).is_some_and(|(_, epoch)| epoch == confirmed.epoch)
         })
         .await;
-    let first_epoch = first.epoch.to_string();
-    let ended = after["timeline"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["epoch"] == first_epoch.as_str())
-        .cloned()
-        .unwrap();
+    let ended = reign(&after, first.epoch);
     assert_eq!(ended["cause"], "hand-over", "{after}");
 }
 
@@ -477,14 +478,7 @@ async fn a_higher_priority_join_is_named_priority_in_the_timeline() {
             active_of(v).is_some_and(|(_, epoch)| epoch == second.epoch)
         })
         .await;
-    let first_epoch = first.epoch.to_string();
-    let ended = after["timeline"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["epoch"] == first_epoch.as_str())
-        .cloned()
-        .unwrap_or_else(|| panic!("the first epoch in {after}"));
+    let ended = reign(&after, first.epoch);
     assert_eq!(ended["cause"], "priority", "{after}");
 }
 
