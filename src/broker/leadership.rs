@@ -142,6 +142,7 @@ impl Broker {
             let previous = state.metadata_of(member);
             state.set_metadata(member, metadata);
             state.refresh_leadership();
+            self.note_change_of(state.core.id());
             Ok(previous)
         })
     }
@@ -159,6 +160,7 @@ impl Broker {
             if state.metadata_of(member) == *proclaimed {
                 state.set_metadata(member, previous);
                 state.refresh_leadership();
+                self.note_change_of(state.core.id());
             }
             Ok(())
         });

@@ -24,7 +24,8 @@ pub(super) async fn guard(
     next: Next,
 ) -> Response {
     let token = shared.config.token.as_deref();
-    let mut response = if token.is_none() && !addressed_by_ip_or_localhost(request.headers()) {
+    let host = addressed_to(&request).map(str::to_owned);
+    let mut response = if token.is_none() && !addressed_by_ip_or_localhost(host.as_deref()) {
         refusal_with(
             StatusCode::FORBIDDEN,
             "PERMISSION_DENIED",
@@ -47,7 +48,7 @@ pub(super) async fn guard(
             .get(ACTION_HEADER)
             .map(HeaderValue::as_bytes)
             != Some(b"1")
-            || !same_origin(request.headers()))
+            || !same_origin(request.headers(), host.as_deref()))
     {
         refusal_with(
             StatusCode::FORBIDDEN,
@@ -77,10 +78,23 @@ pub(super) async fn guard(
     response
 }
 
-/// Whether the request is addressed (`Host`) to an IP address or `localhost`, any port: a
-/// page of another name resolved to the console's address (DNS rebinding) is not.
-pub fn addressed_by_ip_or_localhost(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+/// The name and port a request is addressed to: the authority of an absolute-form target
+/// (RFC 9112: it wins over `Host`), else its one `Host` header (none with two).
+pub fn addressed_to(request: &Request) -> Option<&str> {
+    if let Some(authority) = request.uri().authority() {
+        return Some(authority.as_str());
+    }
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(host), None) => host.to_str().ok(),
+        _ => None,
+    }
+}
+
+/// Whether `host` (a request's [`addressed_to`]) is an IP address or `localhost`, any port:
+/// a page of another name resolved to the console's address (DNS rebinding) is not.
+pub fn addressed_by_ip_or_localhost(host: Option<&str>) -> bool {
+    let Some(host) = host else {
         return false;
     };
     if let Some(bracketed) = host.strip_prefix('[') {
@@ -98,15 +112,18 @@ pub fn addressed_by_ip_or_localhost(headers: &HeaderMap) -> bool {
 }
 
 fn is_port(text: &str) -> bool {
-    !text.is_empty() && text.len() <= 5 && text.bytes().all(|b| b.is_ascii_digit())
+    text.bytes().all(|b| b.is_ascii_digit()) && text.parse::<u16>().is_ok()
 }
 
-/// Whether the request's `Origin`, when it has one, is the console itself (`Host`).
-pub fn same_origin(headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return true;
+/// Whether the request's `Origin`, when it has one (and only one), is the console itself:
+/// `host`, the request's [`addressed_to`].
+pub fn same_origin(headers: &HeaderMap, host: Option<&str>) -> bool {
+    let mut origins = headers.get_all(header::ORIGIN).iter();
+    let origin = match (origins.next(), origins.next()) {
+        (None, _) => return true,
+        (Some(origin), None) => origin,
+        (Some(_), Some(_)) => return false,
     };
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let origin_host = origin
         .to_str()
         .ok()
@@ -289,11 +306,7 @@ mod tests {
 
     #[test]
     fn without_a_token_only_an_ip_address_or_localhost_is_answered() {
-        let host = |h: &str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::HOST, HeaderValue::from_str(h).unwrap());
-            addressed_by_ip_or_localhost(&headers)
-        };
+        let host = |h: &str| addressed_by_ip_or_localhost(Some(h));
         for ok in [
             "127.0.0.1:50080",
             "127.0.0.1",
@@ -315,19 +328,41 @@ mod tests {
         ] {
             assert!(!host(refused), "{refused}");
         }
-        assert!(!addressed_by_ip_or_localhost(&HeaderMap::new()));
+        assert!(!host("127.0.0.1:99999"));
+        assert!(!host("127.0.0.1:"));
+        assert!(!addressed_by_ip_or_localhost(None));
+        // The authority of an absolute-form target wins over Host; two Hosts are none.
+        let request = |target: &str, hosts: &[&str]| {
+            let mut builder = axum::http::Request::builder().uri(target);
+            for h in hosts {
+                builder = builder.header(header::HOST, *h);
+            }
+            builder.body(axum::body::Body::empty()).unwrap()
+        };
+        let absolute = request("http://evil.example/api/overview", &["127.0.0.1"]);
+        assert_eq!(addressed_to(&absolute), Some("evil.example"));
+        let two = request("/api/overview", &["127.0.0.1", "evil.example"]);
+        assert_eq!(addressed_to(&two), None);
+        let one = request("/api/overview", &["127.0.0.1:50080"]);
+        assert_eq!(addressed_to(&one), Some("127.0.0.1:50080"));
     }
 
     #[test]
     fn an_action_from_another_origin_is_refused() {
         let headers = |origin: Option<&str>| {
             let mut headers = HeaderMap::new();
-            headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:50080"));
             if let Some(origin) = origin {
                 headers.insert(header::ORIGIN, HeaderValue::from_str(origin).unwrap());
             }
             headers
         };
+        let same_origin = |h: &HeaderMap| same_origin(h, Some("127.0.0.1:50080"));
+        let mut two = headers(Some("http://127.0.0.1:50080"));
+        two.append(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:50080"),
+        );
+        assert!(!same_origin(&two));
         assert!(same_origin(&headers(None)));
         assert!(same_origin(&headers(Some("http://127.0.0.1:50080"))));
         assert!(!same_origin(&headers(Some(

@@ -151,7 +151,7 @@ impl Snapshot {
 struct State {
     /// Every subscription as last seen, by id.
     records: BTreeMap<Arc<str>, SubRecord>,
-    /// When a gateway last listed every subscription.
+    /// When the last listing of every subscription was (none yet: the next look lists).
     listed_at: Option<tokio::time::Instant>,
     /// When activity was last read (rates are per second over the time between).
     active_at: Option<tokio::time::Instant>,
@@ -168,7 +168,9 @@ pub struct Hub {
     /// Rates and timelines as of the last look, for rendering (never held across an await).
     shown: Mutex<Shown>,
     snapshot: watch::Sender<Arc<Snapshot>>,
-    /// Counts looks, also those that found nothing moved (and sent no snapshot).
+    /// Counts looks begun.
+    begun: std::sync::atomic::AtomicU64,
+    /// Counts looks done, also those that found nothing moved (and sent no snapshot).
     looks: watch::Sender<u64>,
     /// The next look reads every subscription's activity, however recent the last read.
     fresh: std::sync::atomic::AtomicBool,
@@ -207,6 +209,7 @@ impl Hub {
             state: tokio::sync::Mutex::new(State::default()),
             shown: Mutex::new(Shown::default()),
             snapshot: watch::Sender::new(Arc::new(Snapshot::default())),
+            begun: std::sync::atomic::AtomicU64::new(0),
             looks: watch::Sender::new(0),
             fresh: std::sync::atomic::AtomicBool::new(false),
             looked_ms: std::sync::atomic::AtomicU64::new(0),
@@ -238,10 +241,11 @@ impl Hub {
     /// not what the last look saw (publishes and acks do not wake the hub).
     pub async fn current(&self, patience: Duration) -> Arc<Snapshot> {
         let mut looks = self.looks.subscribe();
-        looks.mark_unchanged();
-        self.fresh.store(true, Ordering::Relaxed);
+        // Looks run one at a time: the first to begin after now is done when this many are.
+        let after = self.begun.load(Ordering::SeqCst) + 1;
+        self.fresh.store(true, Ordering::SeqCst);
         self.wake.notify_one();
-        let _ = tokio::time::timeout(patience, looks.changed()).await;
+        let _ = tokio::time::timeout(patience, looks.wait_for(|done| *done >= after)).await;
         self.snapshot.borrow().clone()
     }
 
@@ -308,12 +312,13 @@ impl Hub {
     /// at each listing), every subscription's activity read when a second passed, the lines
     /// taken at a gateway; then a new snapshot.
     async fn look(&self) {
+        self.begun.fetch_add(1, Ordering::SeqCst);
         let mut state = self.state.lock().await;
         let state = &mut *state;
         let broker = self.backend.broker();
         let changed = broker.take_changes();
         let gateway = matches!(self.backend, Backend::Gateway(_));
-        let listing_due = state.records.is_empty()
+        let listing_due = state.listed_at.is_none()
             || changed.everything
             || (gateway
                 && self.viewers.load(Ordering::Relaxed) > 0
@@ -324,6 +329,8 @@ impl Hub {
         let mut follow: BTreeSet<Arc<str>> = BTreeSet::new();
         let mut complete = false;
         let mut removed = false;
+        let mut recreated: Vec<Arc<str>> = Vec::new();
+        let mut listed_moved = false;
         if listing_due {
             match self.backend.list_all().await {
                 Ok((descriptions, _)) => {
@@ -332,6 +339,7 @@ impl Hub {
                         .iter()
                         .map(|(id, r)| (id.clone(), r.line.clone()))
                         .collect();
+                    let before = std::mem::take(&mut state.records);
                     state.records = descriptions
                         .into_iter()
                         .map(|d| {
@@ -340,7 +348,17 @@ impl Hub {
                             (record.id().clone(), record)
                         })
                         .collect();
-                    follow.extend(state.records.keys().cloned());
+                    // Followed (and shown anew): what the listing found new or changed.
+                    for (id, record) in &state.records {
+                        if before
+                            .get(id)
+                            .is_none_or(|b| !same_shown(&b.description, &record.description))
+                        {
+                            follow.insert(id.clone());
+                        }
+                    }
+                    listed_moved = before.len() != state.records.len()
+                        || before.keys().any(|id| !state.records.contains_key(id));
                     state.listed_at = Some(tokio::time::Instant::now());
                     state.trouble = None;
                     complete = true;
@@ -352,6 +370,20 @@ impl Hub {
             for id in changed.ids {
                 match broker.describe(&id) {
                     Ok(view) => {
+                        // Deleted and made again under its id since the last look: its
+                        // counters start again, and so do its rates and timeline.
+                        // (At a gateway the local copy comes and goes with its members;
+                        // the cluster's line carries the timeline.)
+                        if !gateway
+                            && state.records.get(&id).is_some_and(|r| {
+                                let before = &r.activity.counters;
+                                view.counters.enqueued < before.enqueued
+                                    || view.counters.promotions < before.promotions
+                                    || view.counters.delivered < before.delivered
+                            })
+                        {
+                            recreated.push(id.clone());
+                        }
                         let upstream = state
                             .records
                             .get(&id)
@@ -386,7 +418,7 @@ impl Hub {
                 }
             }
         }
-        let due = self.fresh.swap(false, Ordering::Relaxed)
+        let due = self.fresh.swap(false, Ordering::SeqCst)
             || state
                 .active_at
                 .is_none_or(|at| at.elapsed() >= TICK - MIN_SPACING);
@@ -399,8 +431,13 @@ impl Hub {
         };
         // Whether anything a page shows moved: when not, no new snapshot (and no page
         // renders again); relative times move on in the page itself.
-        let mut moved = complete || !follow.is_empty();
+        let mut moved = listed_moved || !follow.is_empty();
         let mut shown = self.shown();
+        for id in &recreated {
+            shown.timelines.remove(id);
+            shown.rates.remove(id);
+            shown.handovers.remove(id);
+        }
         if let Some(activity) = activity {
             // Both in id order: walked together.
             let mut records = state.records.iter_mut().peekable();
@@ -524,6 +561,25 @@ impl Hub {
             state.handovers.retain(|id, _| records.contains_key(id));
         }
     }
+}
+
+/// Whether two descriptions show the same on a page (a memberless subscription's countdown
+/// to expiry is not shown).
+fn same_shown(a: &Description, b: &Description) -> bool {
+    let (x, y) = (&a.view, &b.view);
+    x.subscription_id == y.subscription_id
+        && x.spec == y.spec
+        && x.members == y.members
+        && x.epoch == y.epoch
+        && x.queued_messages == y.queued_messages
+        && x.in_flight == y.in_flight
+        && x.counters == y.counters
+        && x.metadata == y.metadata
+        && x.stepping_down == y.stepping_down
+        && x.joined_unix_ms == y.joined_unix_ms
+        && a.upstream == b.upstream
+        && a.active_member == b.active_member
+        && a.active_metadata == b.active_metadata
 }
 
 fn truncated(text: &str) -> String {

@@ -17,7 +17,7 @@ pub mod timeline;
 pub mod view;
 
 use guard::{Refusal, refusal_with};
-pub use guard::{addressed_by_ip_or_localhost, authorized, refusal, same_origin};
+pub use guard::{addressed_by_ip_or_localhost, addressed_to, authorized, refusal, same_origin};
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 

@@ -661,3 +661,52 @@ async fn the_console_serves_https_with_the_listeners_certificate() {
     assert!(!bytes.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&bytes));
 }
 }
+
+// docs/operations.md#console: a proclamation (the active member's new metadata) reaches the
+// page, the timeline and the overview, as a change of leadership does.
+#[tokio::test]
+async fn a_proclamation_reaches_the_page_the_overview_and_the_timeline() {
+    let server = TestServer::start().await;
+    let console = server.console(ConsoleConfig::default()).await;
+    let client = server.client().await;
+    let id = "console-proclaim";
+    let mut a = client.subscribe(with_metadata(id, "before")).await.unwrap();
+    let confirmed = a.confirmed().await;
+    let mut live = Live::open(console, &format!("/api/stream?view=subscription&id={id}")).await;
+    live.until(Duration::from_secs(10), |name, v| {
+        name == "subscription" && active_of(v).is_some()
+    })
+    .await;
+    within(client.0.clone().proclaim(pb::ProclaimRequest {
+        subscription_id: id.into(),
+        member_id: confirmed.member_id,
+        epoch: confirmed.epoch,
+        metadata: "after".into(),
+    }))
+    .await
+    .unwrap();
+    let shown = live
+        .until(Duration::from_secs(5), |_, v| {
+            v["subscription"]["active"]["metadata"] == "after"
+        })
+        .await;
+    assert_eq!(reign(&shown, confirmed.epoch)["metadata"], "after");
+    let overview = get(console, &format!("/api/overview?q={id}")).await.json();
+    assert_eq!(
+        overview["subscriptions"][0]["active"]["metadata"], "after",
+        "{overview}"
+    );
+}
+
+// docs/operations.md#console: nothing is sent to a page when nothing it shows moved, also with
+// no subscription at all (a look that lists nothing new is no news).
+#[tokio::test]
+async fn nothing_changed_sends_no_event_even_with_no_subscriptions() {
+    let server = TestServer::start().await;
+    let console = server.console(ConsoleConfig::default()).await;
+    let mut live = Live::open(console, "/api/stream?view=overview").await;
+    live.next().await;
+    // Two and a half ticks (and, at a gateway, a listing) with nothing happening.
+    let next = tokio::time::timeout(Duration::from_millis(2500), live.next()).await;
+    assert!(next.is_err(), "an event although nothing changed: {next:?}");
+}

@@ -184,6 +184,11 @@
       if (es !== src) return;
       if (r.ok) (cur.view === 'overview' ? renderOverview : renderSub)(d);
       else if (cur.view === 'subscription' && r.status === 404) renderGone(d);
+      else if (r.status >= 400 && r.status < 500 && r.status !== 401 && r.status !== 429) {
+        // Refused for good (an id the broker does not take): say why, and stop asking.
+        clearTimeout(retryTimer);
+        setResult('error', (d && d.error) ? d.error : 'refused (' + r.status + ')');
+      }
     } catch (_) { /* still disconnected; the badge says so */ }
   }
 
