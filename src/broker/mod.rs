@@ -23,7 +23,7 @@ mod view;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-pub use changes::{Activity, Changed, MAX_CHANGED};
+pub use changes::{Activity, Changed};
 pub use delete::Deleted;
 pub use handover::{HandOverWait, HandedOver};
 pub use leadership::{Leadership, LeadershipWatch};

@@ -93,8 +93,6 @@ pub struct Snapshot {
     pub gateway: Option<GatewayFigures>,
     /// Every subscription, in id order.
     pub subs: Vec<SubRecord>,
-    /// Why the last look could not list the subscriptions (JetStream did not answer), if so.
-    pub trouble: Option<String>,
 }
 
 impl Default for BrokerFigures {
@@ -155,8 +153,6 @@ struct State {
     listed_at: Option<tokio::time::Instant>,
     /// When activity was last read (rates are per second over the time between).
     active_at: Option<tokio::time::Instant>,
-    /// Why the last listing failed, if it did.
-    trouble: Option<String>,
 }
 
 /// The console's look at the deployment, shared by every page.
@@ -360,10 +356,11 @@ impl Hub {
                     listed_moved = before.len() != state.records.len()
                         || before.keys().any(|id| !state.records.contains_key(id));
                     state.listed_at = Some(tokio::time::Instant::now());
-                    state.trouble = None;
                     complete = true;
                 }
-                Err(error) => state.trouble = Some(error.to_string()),
+                Err(error) => {
+                    tracing::warn!(%error, "console: the subscriptions could not be listed; the last listing stands");
+                }
             }
         }
         if !complete {
@@ -504,7 +501,6 @@ impl Hub {
             || !previous.ready
             || previous.broker != broker_figures
             || previous.gateway != gateway_figures
-            || previous.trouble != state.trouble
             || previous.subs.len() != state.records.len();
         self.looked_ms.store(now_ms, Ordering::Relaxed);
         if moved {
@@ -514,7 +510,6 @@ impl Hub {
                 broker: broker_figures,
                 gateway: gateway_figures,
                 subs: state.records.values().cloned().collect(),
-                trouble: state.trouble.clone(),
             }));
         }
         self.looks.send_modify(|n| *n = n.wrapping_add(1));
@@ -589,30 +584,22 @@ fn truncated(text: &str) -> String {
 /// What a look at an embedded (or this gateway's local) SINGLETON saw.
 fn seen_in_view(description: &Description) -> Seen {
     let view = &description.view;
+    let who = |member| Who {
+        member,
+        gateway: None,
+    };
     let active = view.members.iter().find(|m| m.active);
     Seen {
-        active: active.map(|m| Who {
-            member: m.member_id,
-            gateway: None,
-        }),
+        active: active.map(|m| who(m.member_id)),
         epoch: active.map_or(view.epoch, |m| m.epoch),
         metadata: active
             .and_then(|m| view.metadata.get(&m.member_id))
             .map(|m| truncated(m))
             .unwrap_or_default(),
-        since_ms: None,
         line: view
             .members
             .iter()
-            .map(|m| {
-                (
-                    Who {
-                        member: m.member_id,
-                        gateway: None,
-                    },
-                    m.priority,
-                )
-            })
+            .map(|m| (who(m.member_id), m.priority))
             .collect(),
         handed_over: false,
         took_over: false,
@@ -629,7 +616,6 @@ fn seen_in_line(line: &SubValue, handed_over: bool) -> Seen {
         active: line.active.map(who),
         epoch: line.epoch,
         metadata: truncated(line.active_meta()),
-        since_ms: None,
         line: line
             .line
             .iter()

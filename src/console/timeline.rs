@@ -90,8 +90,6 @@ pub struct Seen {
     pub epoch: u64,
     /// The active member's metadata.
     pub metadata: String,
-    /// Since when it leads, when the deployment knows (else the time of the look).
-    pub since_ms: Option<u64>,
     /// Every member in line, with its priority.
     pub line: Vec<(Who, u32)>,
     /// A `HandOver` was asked since the last look (or is recorded as asked).
@@ -152,10 +150,7 @@ impl Timeline {
             // An epoch seen ended is not begun again by a stale look.
             return;
         }
-        let start_ms = seen
-            .since_ms
-            .unwrap_or(now_ms)
-            .max(self.reigns.front().and_then(|r| r.end_ms).unwrap_or(0));
+        let start_ms = now_ms.max(self.reigns.front().and_then(|r| r.end_ms).unwrap_or(0));
         self.reigns.push_front(Reign {
             epoch: seen.epoch,
             member: active.member,
@@ -214,7 +209,6 @@ mod tests {
             active: active.map(who),
             epoch,
             metadata: String::new(),
-            since_ms: None,
             line: line.iter().map(|&(m, p)| (who(m), p)).collect(),
             handed_over: false,
             took_over: false,
