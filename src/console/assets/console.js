@@ -195,11 +195,12 @@
   function setMeta(d) {
     $('read-only').hidden = !d.read_only;
     if (d.deployment === 'embedded') $('deployment').textContent = 'embedded broker';
-    else if (d.deployment === 'gateway' && d.gateway !== undefined) {
+    else if (d.deployment === 'gateway') {
       const g = d.gateway;
-      $('deployment').textContent = g
-        ? `gateway ${g.id} · ${g.nats} · stream ${g.stream} · ${g.gateways} gateway${g.gateways === 1 ? '' : 's'}`
-        : 'gateway';
+      // A subscription's page carries no gateway figures: it says "gateway" until the
+      // overview's have been seen.
+      if (g) $('deployment').textContent = `gateway ${g.id} · ${g.nats} · stream ${g.stream} · ${g.gateways} gateway${g.gateways === 1 ? '' : 's'}`;
+      else if (!$('deployment').textContent) $('deployment').textContent = 'gateway';
     }
   }
 
