@@ -1,5 +1,5 @@
 //! The cluster world's model of fence records and fenced publishes
-//! (`src/cluster/gateway/fence.rs`, docs/semantics.md#cluster-fenced-publish):
+//! (`src/cluster/gateway/control/fence.rs`, docs/semantics.md#cluster-fenced-publish):
 //!
 //! - **records**: the gateway holding a member the coordinator makes active writes the record
 //!   of its epoch ([`Ev::Record`], taken by the gateway only while its lease is valid, as the

@@ -23,7 +23,7 @@ use crate::{
         BatchError, Broker, BrokerStats, ConnectionId, Deleted, Description, Fence, HandedOver,
         LeadershipWatch, MemberStream, Published,
     },
-    cluster::gateway::{Gateway, Pipeline, singleton::ClusterLines},
+    cluster::gateway::{Gateway, Pipeline, control::singleton::ClusterLines},
     core::{Draft, Error, Limits, OpenRequest, Proclamation},
 };
 

@@ -79,7 +79,7 @@
 //!
 //! # Messages
 //! Messages are not the coordinator's: [`Effect::Activate`] is where the gateway's shell
-//! (`gateway::singleton`) makes the member active on the local broker with the epoch as its
+//! (`gateway::control::singleton`) makes the member active on the local broker with the epoch as its
 //! fence, and the subscription's bridge pulls for it from the JetStream consumer; what a
 //! leaving gateway gave back rides with the promotion as its carry ([`SubValue::carry`]).
 //!

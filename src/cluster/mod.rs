@@ -6,7 +6,7 @@
 //! - [`gateway`]: the NATS adapter behind `serve --nats`: publishes to JetStream, subscriptions
 //!   of every mode bridged from JetStream consumers into each gateway's local broker, acks
 //!   forwarded to the gateway holding the member, and SINGLETON's line kept by the
-//!   [`coordinator`] over [`nats`] ([`gateway::singleton`]). What it chose and why is in its doc.
+//!   [`coordinator`] over [`nats`] ([`gateway::control::singleton`]). What it chose and why is in its doc.
 //! - [`backplane`]: the seam to the coordination store, with JetStream KV semantics (revisions,
 //!   compare-and-set, ordered watch). Implemented by [`nats`] and by the in-memory model in
 //!   `sim/backplane.rs`; one contract suite holds both (the NATS one on a real three-node

@@ -27,7 +27,7 @@ async fn consumer_info(url: &str, mode: Mode, subscription: &str) -> (u64, u64) 
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let stream = js.get_stream("tinybroker").await.unwrap();
-    let name = gateway::names::consumer_name(mode, subscription, "");
+    let name = gateway::wire::names::consumer_name(mode, subscription, "");
     let info = stream.consumer_info(&name).await.unwrap();
     (info.num_ack_pending as u64, info.num_pending)
 }

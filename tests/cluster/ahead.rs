@@ -24,7 +24,7 @@ fn queue(id: &str) -> tinybroker::pb::OpenSubscription {
 /// Counts the pull requests sent to `subscription`'s JetStream consumer, as NATS carries them.
 async fn count_pulls(url: &str, subscription: &str) -> Arc<std::sync::atomic::AtomicUsize> {
     let client = async_nats::connect(url).await.unwrap();
-    let name = tinybroker::cluster::gateway::names::consumer_name(
+    let name = tinybroker::cluster::gateway::wire::names::consumer_name(
         tinybroker::core::Mode::Queue,
         subscription,
         "",

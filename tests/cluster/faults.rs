@@ -204,7 +204,7 @@ async fn singleton_consumer(
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let stream = js.get_stream("tinybroker").await.unwrap();
-    let name = tinybroker::cluster::gateway::names::consumer_name(
+    let name = tinybroker::cluster::gateway::wire::names::consumer_name(
         tinybroker::core::Mode::Singleton,
         subscription,
         "",

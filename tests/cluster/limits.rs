@@ -431,7 +431,7 @@ async fn a_join_is_answered_once_every_server_keeps_its_messages() {
         stored.push(on_b.publish("orders.new", &n.to_string()).await.system_id);
     }
     let fourth = on_b.try_publish("orders.new", b"4".to_vec()).await;
-    let consumer = tinybroker::cluster::gateway::names::consumer_name(
+    let consumer = tinybroker::cluster::gateway::wire::names::consumer_name(
         tinybroker::core::Mode::Queue,
         "orders",
         "",

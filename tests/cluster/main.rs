@@ -132,7 +132,7 @@ async fn ack_pending(url: &str, subscription: &str) -> u64 {
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let stream = js.get_stream("tinybroker").await.unwrap();
-    let name = gateway::names::consumer_name(tinybroker::core::Mode::Queue, subscription, "");
+    let name = gateway::wire::names::consumer_name(tinybroker::core::Mode::Queue, subscription, "");
     let info = stream.consumer_info(&name).await.unwrap();
     info.num_ack_pending as u64
 }

@@ -153,7 +153,7 @@ async fn under_load(fault: Fault, leaders_on_it: bool) -> Seen {
     // The admin connection is to another node, so it outlives the fault.
     let admin = async_nats::connect(cluster.client_url(1)).await.unwrap();
     let js = async_nats::jetstream::new(admin.clone());
-    let consumer_name = tinybroker::cluster::gateway::names::consumer_name(
+    let consumer_name = tinybroker::cluster::gateway::wire::names::consumer_name(
         tinybroker::core::Mode::Queue,
         subscription,
         "",

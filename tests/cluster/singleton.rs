@@ -328,7 +328,7 @@ async fn not_pulled(url: &str, subscription: &str) -> u64 {
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let stream = js.get_stream("tinybroker").await.unwrap();
-    let name = tinybroker::cluster::gateway::names::consumer_name(
+    let name = tinybroker::cluster::gateway::wire::names::consumer_name(
         tinybroker::core::Mode::Singleton,
         subscription,
         "",
@@ -427,7 +427,7 @@ async fn a_given_back_message_that_jetstream_redelivers_late_still_comes_first()
     // only one waiting and takes m0, the first given back.
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client.clone());
-    let name = tinybroker::cluster::gateway::names::consumer_name(
+    let name = tinybroker::cluster::gateway::wire::names::consumer_name(
         tinybroker::core::Mode::Singleton,
         "late",
         "",

@@ -10,7 +10,7 @@ use std::{sync::Arc, time::Duration};
 
 use tinybroker::{
     clock::TokioClock,
-    cluster::gateway::{GatewayConfig, names},
+    cluster::gateway::{GatewayConfig, wire::names},
     core::Mode,
     pb,
     server::ServerConfig,

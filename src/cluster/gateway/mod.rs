@@ -54,45 +54,28 @@
 //! - **Dead letters** are stored in JetStream by the bridge before their message is
 //!   terminated; a standby's notice (`notify_standby`) names its place in the cluster's line.
 
-mod acks;
-mod ahead;
-mod announce;
-mod ask;
-mod atomic;
-mod bridge;
+pub mod api;
 mod config;
-mod connection;
-mod delete;
-mod describe;
-mod fence;
-mod forward;
-mod handover;
-mod headers;
-mod join;
-mod leadership;
-mod lease;
-mod list;
-pub mod names;
-mod pipeline;
-pub mod publish;
-mod registry;
-mod router;
-pub mod singleton;
-mod stream;
-mod waits;
-mod writes;
+pub mod control;
+pub mod data;
+pub mod wire;
 
 use std::{sync::Arc, time::Duration};
 
+use api::{delete, forwarded, leadership};
 use async_nats::jetstream;
 pub use config::{
     DEAD_LETTER_HEADROOM, DEFAULT_MAX_BYTES, DEFAULT_MAX_CONSUMERS, DEFAULT_MAX_MESSAGES,
     GatewayConfig, parse_urls,
 };
-use headers::{DEAD_LETTER_OF, nats_headers};
-pub use pipeline::Pipeline;
-use router::Router;
-use stream::{await_stream, ensure_stream};
+use control::{announce, fence, registry, singleton};
+pub use data::pipeline::Pipeline;
+use data::{atomic, fenced, forward, publish, router::Router};
+use wire::{
+    connection,
+    headers::{DEAD_LETTER_OF, nats_headers},
+    stream::{self, await_stream, ensure_stream},
+};
 
 use crate::{
     broker::{BatchError, Broker, Fence, Published, Upstream},
@@ -334,7 +317,7 @@ impl Gateway {
                 fences,
                 batches,
             });
-            let responder = forward::serve(
+            let responder = forwarded::serve(
                 &client,
                 &config.stream,
                 local.clone(),
@@ -363,7 +346,7 @@ impl Gateway {
                 }
                 None => tracing::warn!(
                     "NATS did not confirm this gateway's cluster lease within {START_LEASE_PATIENCE:?}: serving all the same; singleton joins wait for the lease, up to {:?}, and are refused with UNAVAILABLE past it",
-                    join::JOIN_LEASE_PATIENCE
+                    control::lease::JOIN_LEASE_PATIENCE
                 ),
             }
             Ok::<Self, String>(Self {
@@ -459,7 +442,7 @@ impl Gateway {
         match draft.fence().cloned() {
             // Stored only while the fence's epoch is the active one
             // (docs/semantics.md#cluster-fenced-publish).
-            Some(fence) => shared.fences.publish(shared, draft, &fence).await,
+            Some(fence) => fenced::publish(shared, draft, &fence).await,
             None => publish::publish(shared, draft).await,
         }
     }
@@ -484,11 +467,15 @@ impl Gateway {
     }
 
     /// Publishes a batch: sent in order, then confirmed in order (see
-    /// [`publish::publish_batch`]).
+    /// [`publish::publish_batch`]); one with a fenced message one by one
+    /// ([`fenced::publish_one_by_one`]).
     ///
     /// # Errors
     /// The messages confirmed before the first refusal, and that refusal.
     pub async fn publish_batch(&self, drafts: Vec<Draft>) -> Result<Vec<Published>, BatchError> {
+        if drafts.iter().any(|draft| draft.fence().is_some()) {
+            return fenced::publish_one_by_one(&self.inner.shared, drafts).await;
+        }
         publish::publish_batch(&self.inner.shared, drafts).await
     }
 

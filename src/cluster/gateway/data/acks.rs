@@ -5,12 +5,12 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use async_nats::{Subject, jetstream::AckKind};
 use bytes::Bytes;
 
-use super::{Shared, lease::LeaseGate};
+use crate::cluster::gateway::{Shared, control::lease::LeaseGate};
 
 /// A singleton's lease check, read before every try of its acks
 /// (docs/semantics.md#cluster-lease-checks): the gateway's lease, and the incarnation its held
 /// messages were pulled under (any incarnation's lease when `None`).
-pub(super) type Gate = (Arc<LeaseGate>, Option<u64>);
+pub(in crate::cluster::gateway) type Gate = (Arc<LeaseGate>, Option<u64>);
 
 /// How long one try of an ack (or term) waits for JetStream's confirmation before it is sent
 /// again.
@@ -19,10 +19,10 @@ const ACK_TRY: Duration = Duration::from_secs(1);
 /// unconfirmed, and counted (`unconfirmed_acks`). Acks wait only while JetStream does not
 /// answer, and then it delivers nothing new either, so this is reached only by a consumer with
 /// windows this large.
-pub(super) const MAX_CONFIRMING: usize = 16_384;
+pub(in crate::cluster::gateway) const MAX_CONFIRMING: usize = 16_384;
 /// How long a stopping bridge waits for its acks' confirmations before leaving them to finish
 /// on their own.
-pub(super) const CONFIRM_ON_STOP: Duration = Duration::from_secs(2);
+pub(in crate::cluster::gateway) const CONFIRM_ON_STOP: Duration = Duration::from_secs(2);
 
 /// A bridge's acks and terms on their way (docs/semantics.md#cluster-ack-final): each is a
 /// request JetStream answers once its consumer applied it (the "double ack"), sent again by a
@@ -35,15 +35,15 @@ pub(super) const CONFIRM_ON_STOP: Duration = Duration::from_secs(2);
 /// `--nats-ack-wait`; one still unanswered then is counted in `unconfirmed_acks`. Meanwhile a
 /// redelivery of its message is acked again, not delivered.
 #[derive(Default)]
-pub(super) struct Confirming {
-    pub(super) tasks: tokio::task::JoinSet<u64>,
+pub(in crate::cluster::gateway) struct Confirming {
+    pub(in crate::cluster::gateway) tasks: tokio::task::JoinSet<u64>,
     /// By stream sequence, what is being confirmed (and how many tasks for it).
-    pub(super) sequences: BTreeMap<u64, (AckKind, usize)>,
+    pub(in crate::cluster::gateway) sequences: BTreeMap<u64, (AckKind, usize)>,
 }
 
 impl Confirming {
     /// Forgets the confirmations that ended.
-    pub(super) fn reap(&mut self) {
+    pub(in crate::cluster::gateway) fn reap(&mut self) {
         while let Some(done) = self.tasks.try_join_next() {
             if let Ok(sequence) = done {
                 self.ended(sequence);
@@ -53,7 +53,7 @@ impl Confirming {
 
     /// Waits until every confirmation on its way ended: confirmed, past its patience, or past
     /// the gateway's lease.
-    pub(super) async fn settle_all(&mut self) {
+    pub(in crate::cluster::gateway) async fn settle_all(&mut self) {
         while let Some(done) = self.tasks.join_next().await {
             if let Ok(sequence) = done {
                 self.ended(sequence);
@@ -77,7 +77,7 @@ impl Confirming {
 /// try: while it is lapsed the ack waits for its renewal, and once it ended for good nothing
 /// more is sent, and JetStream redelivers the message to the member the cluster promoted (its
 /// epoch higher).
-pub(super) async fn confirm(
+pub(in crate::cluster::gateway) async fn confirm(
     shared: Arc<Shared>,
     subscription: Arc<str>,
     reply: Subject,
@@ -140,4 +140,14 @@ pub(super) async fn confirm(
             delay = (delay * 2).min(Duration::from_millis(200));
         }
     }
+}
+
+/// Whether the subscription's JetStream consumer expects acks: for acked subscriptions, and
+/// for ack-free singletons too, whose gateway acks a message once it is written to the active
+/// member's stream (the local core's ack-free "done"). So what a gateway pulled but had not
+/// yet written when its active member left goes back to JetStream with the rest, in order,
+/// for the next active member, rather than being lost with JetStream counting it delivered.
+/// An ack-free QUEUE or BROADCAST consumer acks nothing: the message is done once pulled.
+pub(in crate::cluster::gateway) fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
+    spec.ack_mode == crate::core::AckMode::Explicit || spec.mode == crate::core::Mode::Singleton
 }

@@ -18,7 +18,7 @@
 //! store. So once a member was made active with a later epoch (its record written first), no
 //! publish fenced by an earlier one is stored, whichever gateway it comes through.
 //!
-//! The records are kept by one consumer of the stream ([`CONSUMER`]) that nobody reads: the
+//! The records are kept by one consumer of the stream ([`FENCE_CONSUMER`](names::FENCE_CONSUMER)) that nobody reads: the
 //! stream's interest retention keeps a message only while some consumer has it pending.
 
 use std::{
@@ -32,39 +32,15 @@ use std::{
 
 use async_nats::jetstream;
 
-use super::{
-    Shared,
-    describe::named_consumer,
-    lease::LeaseGate,
-    names,
-    publish::{self, jetstream_code},
+use crate::cluster::gateway::{
+    control::lease::LeaseGate,
+    wire::codes::{EXPECTED_SEQUENCE, STREAM_FULL, WRONG_LAST_SEQUENCE, jetstream_code},
+    wire::names,
 };
 use crate::{
-    broker::{Activation, BatchError, Published},
-    core::{Draft, Error, MemberId, Mode, PublishFence},
+    broker::Activation,
+    core::{Error, MemberId, Mode},
 };
-
-/// The consumer that keeps the fence records (never read; tinybroker's consumers are named
-/// `tb-q-…` and `tb-b-…`, so no subscription's name is this).
-pub(super) const CONSUMER: &str = "tb-fences";
-
-/// JetStream's header: the expected last sequence of a subject.
-pub(super) const EXPECTED_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
-
-/// JetStream's header (nats-server 2.11 and later): the subject `EXPECTED_SEQUENCE` is about,
-/// when it is not the message's own.
-pub(super) const EXPECTED_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
-
-/// JetStream's "wrong last sequence": the expected record is no longer the subject's last.
-pub(super) const WRONG_LAST_SEQUENCE: u64 = 10071;
-
-/// JetStream's refusal of an expected last subject sequence while another message naming that
-/// subject is still being stored (a replicated stream checks one at a time): nothing was
-/// stored, and a later try can pass.
-pub(super) const EXPECTATION_BUSY: u64 = 10164;
-
-/// JetStream's "maximum messages exceeded" and "maximum bytes exceeded" (discard new).
-const STREAM_FULL: [u64; 2] = [10077, 10047];
 
 /// How long a request about a record waits for JetStream (its API requests would otherwise
 /// wait the NATS client's request timeout, 10 s).
@@ -78,35 +54,17 @@ const RECORD_LAPSE_WAIT: Duration = Duration::from_secs(15);
 /// once: a record not known is read from JetStream).
 const MAX_KNOWN: usize = 4096;
 
-/// The fence subjects of stream `stream`.
-pub(super) fn subjects(stream: &str) -> String {
-    format!("$TBFENCE.{stream}.>")
-}
-
-/// The fence subject of SINGLETON subscription `subscription` in stream `stream`.
-pub(super) fn subject(stream: &str, subscription: &str) -> String {
-    subject_of(
-        stream,
-        &names::consumer_name(Mode::Singleton, subscription, ""),
-    )
-}
-
-/// The fence subject of the subscription whose consumer is `consumer`.
-fn subject_of(stream: &str, consumer: &str) -> String {
-    format!("$TBFENCE.{stream}.{consumer}")
-}
-
 /// What a fence record says: an epoch, and whether it ended (no member is active with it).
 /// Ordered as records rise: by epoch, then active before ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Record {
-    pub(super) epoch: u64,
-    pub(super) ended: bool,
+pub(in crate::cluster::gateway) struct Record {
+    pub(in crate::cluster::gateway) epoch: u64,
+    pub(in crate::cluster::gateway) ended: bool,
 }
 
 impl Record {
     /// A member is active with `epoch`.
-    pub(super) fn active(epoch: u64) -> Self {
+    pub(in crate::cluster::gateway) fn active(epoch: u64) -> Self {
         Self {
             epoch,
             ended: false,
@@ -114,7 +72,7 @@ impl Record {
     }
 
     /// `epoch` ended with no member active after it.
-    pub(super) fn ended(epoch: u64) -> Self {
+    pub(in crate::cluster::gateway) fn ended(epoch: u64) -> Self {
         Self { epoch, ended: true }
     }
 
@@ -149,7 +107,7 @@ enum Tried {
 
 /// A gateway's fence records: written at activations and emptied lines, read by fenced
 /// publishes.
-pub(super) struct Fences {
+pub(in crate::cluster::gateway) struct Fences {
     js: jetstream::Context,
     stream: jetstream::stream::Stream,
     name: String,
@@ -170,7 +128,10 @@ impl std::fmt::Debug for Fences {
 }
 
 impl Fences {
-    pub(super) fn new(js: jetstream::Context, stream: jetstream::stream::Stream) -> Self {
+    pub(in crate::cluster::gateway) fn new(
+        js: jetstream::Context,
+        stream: jetstream::stream::Stream,
+    ) -> Self {
         let name = stream.cached_info().config.name.clone();
         Self {
             js,
@@ -179,6 +140,25 @@ impl Fences {
             known: Mutex::default(),
             turns: Mutex::default(),
         }
+    }
+
+    /// The stream's name.
+    pub(in crate::cluster::gateway) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The stream the records are kept in.
+    pub(in crate::cluster::gateway) fn stream(&self) -> &jetstream::stream::Stream {
+        &self.stream
+    }
+
+    /// The last record this gateway read or wrote on `subject`, with its sequence.
+    pub(in crate::cluster::gateway) fn known(&self, subject: &str) -> Option<(u64, Record)> {
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(subject)
+            .copied()
     }
 
     /// Moves `subscription`'s fence to `wanted`: writes it as the record, unless a record at
@@ -192,13 +172,13 @@ impl Fences {
     /// stored, a record at or above it is, or `still` turns false. A promotion so never waits
     /// for room in the stream. (An ended epoch needs no record written later: with none,
     /// nothing passes either.)
-    pub(super) async fn record(
+    pub(in crate::cluster::gateway) async fn record(
         self: &Arc<Self>,
         subscription: &str,
         wanted: Record,
         still: impl Fn() -> bool + Send + Sync + 'static,
     ) -> bool {
-        let subject = subject(&self.name, subscription);
+        let subject = names::fence_subject(&self.name, subscription);
         let mut delay = Duration::from_millis(5);
         loop {
             if !still() {
@@ -310,7 +290,10 @@ impl Fences {
     }
 
     /// The last record of `subject` from the stream's leader, remembered.
-    async fn read(&self, subject: &str) -> Result<Option<(u64, Record)>, String> {
+    pub(in crate::cluster::gateway) async fn read(
+        &self,
+        subject: &str,
+    ) -> Result<Option<(u64, Record)>, String> {
         let read = tokio::time::timeout(
             PATIENCE,
             self.stream.get_last_raw_message_by_subject(subject),
@@ -357,7 +340,7 @@ impl Fences {
             .remove(subject);
     }
 
-    fn turn(&self, subject: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(in crate::cluster::gateway) fn turn(&self, subject: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
         // Turns nobody holds or waits for go.
         if turns.len() >= MAX_KNOWN {
@@ -375,7 +358,7 @@ impl Fences {
         if !consumer.starts_with("tb-q-") {
             return;
         }
-        let subject = subject_of(&self.name, consumer);
+        let subject = names::fence_subject_of(&self.name, consumer);
         let consumer = consumer.to_string();
         let this = self.clone();
         tokio::spawn(async move {
@@ -403,11 +386,14 @@ impl Fences {
 
     /// Whether the consumer `name` exists (taken as existing when JetStream does not say).
     async fn consumer_exists(&self, name: &str) -> bool {
-        !matches!(named_consumer(&self.stream, name).await, Ok(None))
+        !matches!(
+            crate::cluster::gateway::wire::stream::named_consumer(&self.stream, name).await,
+            Ok(None)
+        )
     }
 
     /// Follows the stream's consumer deletions ([`Fences::gone`]) until `client` closes.
-    pub(super) async fn follow_deletions(
+    pub(in crate::cluster::gateway) async fn follow_deletions(
         self: Arc<Self>,
         client: async_nats::Client,
     ) -> Result<tokio::task::JoinHandle<()>, String> {
@@ -426,135 +412,6 @@ impl Fences {
                 }
             }
         }))
-    }
-
-    /// Publishes `draft`, fenced by `fence`: stored only while the record of the fence's
-    /// epoch, active, is the fence subject's last; otherwise refused naming the record there.
-    ///
-    /// # Errors
-    /// [`Error::Fenced`] for another epoch (or one that ended), [`Error::SubscriptionNotFound`]
-    /// or [`Error::NotSingleton`] for a fence naming no SINGLETON subscription, and what any
-    /// publish may get.
-    pub(super) async fn publish(
-        &self,
-        shared: &Arc<Shared>,
-        draft: Draft,
-        fence: &PublishFence,
-    ) -> Result<Published, Error> {
-        let subject = subject(&self.name, &fence.subscription_id);
-        let turn = self.turn(&subject);
-        let _turn = turn.lock().await;
-        let wanted = Record::active(fence.epoch);
-        let known = self
-            .known
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&subject)
-            .copied();
-        let (sequence, record) = match known {
-            Some((sequence, record)) if record == wanted => (sequence, record),
-            _ => match self.read(&subject).await.map_err(unavailable)? {
-                Some(found) => found,
-                None => return Err(self.no_record(shared, fence).await),
-            },
-        };
-        if record != wanted {
-            return Err(self.refusal(shared, fence, record).await);
-        }
-        let expect = publish::Expect {
-            subject: subject.clone(),
-            sequence,
-        };
-        match publish::publish_expecting(shared, draft, expect).await {
-            Err(publish::Expected::Moved) => {
-                // A later record came: say which.
-                let now = self.read(&subject).await.map_err(unavailable)?;
-                Err(match now {
-                    Some((_, record)) => self.refusal(shared, fence, record).await,
-                    None => self.no_record(shared, fence).await,
-                })
-            }
-            Err(publish::Expected::Failed(error)) => Err(error),
-            Ok(published) => Ok(published),
-        }
-    }
-
-    /// The refusal of a fence whose epoch is not the record's active one.
-    async fn refusal(&self, shared: &Arc<Shared>, fence: &PublishFence, record: Record) -> Error {
-        if record.ended
-            && let Some(refusal) = self.not_singleton(shared, &fence.subscription_id).await
-        {
-            // Ended, and deleted or expired since.
-            return refusal;
-        }
-        Error::Fenced {
-            subscription: fence.subscription_id.to_string(),
-            epoch: fence.epoch,
-            current: record.epoch,
-            active: !record.ended,
-        }
-    }
-
-    /// The refusal of a fence whose subscription has no record: its line (this gateway's
-    /// copy) names the epoch now; with no line, no SINGLETON subscription of that id, or one
-    /// no member leads.
-    async fn no_record(&self, shared: &Arc<Shared>, fence: &PublishFence) -> Error {
-        // The line names the epoch now: a member confirmed while the stream was full has no
-        // record until there is room.
-        let line = match &shared.singletons {
-            Some(singletons) => singletons.line(fence.subscription_id.clone()).await,
-            None => None,
-        };
-        match line {
-            Some((true, epoch)) if epoch == fence.epoch => Error::Unavailable(format!(
-                "epoch {epoch} of subscription {:?} leads, but its fence record is not stored yet (the stream was full when it began: it is written once there is room); no publish it fences is taken until then; nothing was stored: try again",
-                fence.subscription_id
-            )),
-            Some((active, current)) => Error::Fenced {
-                subscription: fence.subscription_id.to_string(),
-                epoch: fence.epoch,
-                current,
-                active,
-            },
-            None => self
-                .not_singleton(shared, &fence.subscription_id)
-                .await
-                .unwrap_or_else(|| Error::Fenced {
-                    subscription: fence.subscription_id.to_string(),
-                    epoch: fence.epoch,
-                    current: 0,
-                    active: false,
-                }),
-        }
-    }
-
-    /// Why `subscription` is not a SINGLETON subscription of this cluster, if it is not: none of
-    /// that id ([`Error::SubscriptionNotFound`]) or one of another mode ([`Error::NotSingleton`]).
-    async fn not_singleton(&self, shared: &Arc<Shared>, subscription: &str) -> Option<Error> {
-        let name = names::consumer_name(Mode::Singleton, subscription, "");
-        match named_consumer(&self.stream, &name).await {
-            Ok(Some(info)) => match names::recorded(&info.config.metadata) {
-                Ok((id, spec)) if id == subscription && spec.mode == Mode::Singleton => None,
-                Ok((id, spec)) if id == subscription => Some(Error::NotSingleton {
-                    subscription: subscription.to_string(),
-                    mode: spec.mode,
-                }),
-                _ => Some(Error::SubscriptionNotFound(subscription.to_string())),
-            },
-            Ok(None) => {
-                // A BROADCAST subscription's consumers are per gateway: the registry knows them.
-                shared.registry.refresh().await;
-                Some(if shared.registry.exists(subscription) {
-                    Error::NotSingleton {
-                        subscription: subscription.to_string(),
-                        mode: Mode::Broadcast,
-                    }
-                } else {
-                    Error::SubscriptionNotFound(subscription.to_string())
-                })
-            }
-            Err(error) => Some(unavailable(error)),
-        }
     }
 }
 
@@ -578,7 +435,7 @@ type Live = BTreeMap<(String, MemberId), (Arc<AtomicBool>, bool)>;
 /// member left or was ended ([`Recording::lost`]), so a write that a full stream held back
 /// never lands after its member's successor was made active.
 #[derive(Clone)]
-pub(super) struct Recording {
+pub(in crate::cluster::gateway) struct Recording {
     fences: Arc<Fences>,
     lease: Arc<LeaseGate>,
     on_recorded: OnRecorded,
@@ -588,7 +445,7 @@ pub(super) struct Recording {
 }
 
 impl Recording {
-    pub(super) fn new(
+    pub(in crate::cluster::gateway) fn new(
         fences: Arc<Fences>,
         lease: Arc<LeaseGate>,
         on_recorded: impl Fn(Arc<str>, MemberId, Activation) + Send + Sync + 'static,
@@ -608,7 +465,7 @@ impl Recording {
     /// with that epoch once told is refused (docs/semantics.md#cluster-fenced-publish). A
     /// record already above it (its successor's) is left as it is. Tried while this gateway's
     /// lease is valid; the member is told either way.
-    pub(super) fn stepped_down(
+    pub(in crate::cluster::gateway) fn stepped_down(
         &self,
         subscription: String,
         member: MemberId,
@@ -628,7 +485,12 @@ impl Recording {
     }
 
     /// Writes the record of `activation`'s epoch, then hands the activation back.
-    pub(super) fn activate(&self, subscription: String, member: MemberId, activation: Activation) {
+    pub(in crate::cluster::gateway) fn activate(
+        &self,
+        subscription: String,
+        member: MemberId,
+        activation: Activation,
+    ) {
         let live = Arc::new(AtomicBool::new(true));
         let earlier = self
             .live
@@ -667,7 +529,7 @@ impl Recording {
 
     /// The shell applied `member`'s activation (or found it stale): it is on its way no more.
     /// A record write still under way for it goes on (its flag is its own).
-    pub(super) fn settled(&self, subscription: &str, member: MemberId) {
+    pub(in crate::cluster::gateway) fn settled(&self, subscription: &str, member: MemberId) {
         // A member that left (`lost`) has no entry any more, and gets none.
         if let Some((_, settled)) = self
             .live
@@ -681,7 +543,11 @@ impl Recording {
 
     /// Whether an activation of `member` of `subscription` was handed here and is still on its
     /// way: its record being written, or the shell not yet having applied it.
-    pub(super) fn activating(&self, subscription: &str, member: MemberId) -> bool {
+    pub(in crate::cluster::gateway) fn activating(
+        &self,
+        subscription: &str,
+        member: MemberId,
+    ) -> bool {
         self.live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -691,7 +557,7 @@ impl Recording {
 
     /// `member` of `subscription` left or was ended: its activation's record is written no
     /// more.
-    pub(super) fn lost(&self, subscription: &str, member: MemberId) {
+    pub(in crate::cluster::gateway) fn lost(&self, subscription: &str, member: MemberId) {
         if let Some((live, _)) = self
             .live
             .lock()
@@ -703,7 +569,7 @@ impl Recording {
     }
 
     /// Every member here was ended (the lease ended for good).
-    pub(super) fn lost_all(&self) {
+    pub(in crate::cluster::gateway) fn lost_all(&self) {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         for (_, (flag, _)) in std::mem::take(&mut *live) {
             flag.store(false, Ordering::SeqCst);
@@ -712,7 +578,7 @@ impl Recording {
 
     /// Records that `epoch` of `subscription` ended: its line was emptied by this gateway's
     /// write.
-    pub(super) fn ended(&self, subscription: String, epoch: u64) {
+    pub(in crate::cluster::gateway) fn ended(&self, subscription: String, epoch: u64) {
         let this = self.clone();
         tokio::spawn(async move {
             let lease = this.lease.clone();
@@ -735,31 +601,7 @@ impl Recording {
     }
 }
 
-/// A batch with a fenced message: each message published and confirmed before the next is
-/// sent (a fenced one is checked as JetStream stores it, which a pipelined message after it
-/// would not wait for), stopping at the first refusal.
-///
-/// # Errors
-/// The messages confirmed before the first refusal, and that refusal.
-pub(super) async fn publish_one_by_one(
-    shared: &Arc<Shared>,
-    drafts: Vec<Draft>,
-) -> Result<Vec<Published>, BatchError> {
-    let mut published = Vec::with_capacity(drafts.len());
-    for draft in drafts {
-        let outcome = match draft.fence().cloned() {
-            Some(fence) => shared.fences.publish(shared, draft, &fence).await,
-            None => publish::publish(shared, draft).await,
-        };
-        match outcome {
-            Ok(one) => published.push(one),
-            Err(error) => return Err(BatchError { published, error }),
-        }
-    }
-    Ok(published)
-}
-
-fn unavailable(why: String) -> Error {
+pub(in crate::cluster::gateway) fn unavailable(why: String) -> Error {
     Error::Unavailable(format!(
         "the fence's record could not be read from JetStream ({why}); nothing was stored: try again"
     ))
@@ -801,7 +643,7 @@ mod tests {
 
     #[test]
     fn fence_subjects_sit_outside_the_topics() {
-        let subject = subject("tb", "jobs.leader");
+        let subject = names::fence_subject("tb", "jobs.leader");
         assert!(subject.starts_with("$TBFENCE.tb."), "{subject}");
         assert_eq!(names::topic_of("tb", &subject), None);
         assert_eq!(

@@ -8,9 +8,9 @@ use serde::de::DeserializeOwned;
 use tokio_stream::StreamExt;
 
 /// What came back: the answers, and the gateways expected that did not answer in time.
-pub(super) struct Gathered<T> {
-    pub(super) answers: Vec<T>,
-    pub(super) silent: BTreeSet<u64>,
+pub(in crate::cluster::gateway) struct Gathered<T> {
+    pub(in crate::cluster::gateway) answers: Vec<T>,
+    pub(in crate::cluster::gateway) silent: BTreeSet<u64>,
 }
 
 /// Sends `body` on `subject` and gathers JSON answers (`gateway_of` names each one's gateway)
@@ -19,7 +19,7 @@ pub(super) struct Gathered<T> {
 ///
 /// # Errors
 /// The request could not be sent (NATS unreachable).
-pub(super) async fn gather<T: DeserializeOwned>(
+pub(in crate::cluster::gateway) async fn gather<T: DeserializeOwned>(
     client: &async_nats::Client,
     subject: String,
     body: bytes::Bytes,

@@ -228,6 +228,25 @@ pub fn recorded(metadata: &HashMap<String, String>) -> Result<(String, Subscript
     ))
 }
 
+/// The consumer that keeps the fence records (never read; tinybroker's consumers are named
+/// `tb-q-…` and `tb-b-…`, so no subscription's name is this).
+pub(in crate::cluster::gateway) const FENCE_CONSUMER: &str = "tb-fences";
+
+/// The fence subjects of stream `stream`.
+pub(in crate::cluster::gateway) fn fence_subjects(stream: &str) -> String {
+    format!("$TBFENCE.{stream}.>")
+}
+
+/// The fence subject of SINGLETON subscription `subscription` in stream `stream`.
+pub(in crate::cluster::gateway) fn fence_subject(stream: &str, subscription: &str) -> String {
+    fence_subject_of(stream, &consumer_name(Mode::Singleton, subscription, ""))
+}
+
+/// The fence subject of the subscription whose consumer is `consumer`.
+pub(in crate::cluster::gateway) fn fence_subject_of(stream: &str, consumer: &str) -> String {
+    format!("$TBFENCE.{stream}.{consumer}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

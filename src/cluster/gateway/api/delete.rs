@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 
-use super::{Gateway, names, unavailable};
+use crate::cluster::gateway::{Gateway, unavailable, wire::names};
 use crate::{
     broker::{Broker, Deleted},
     cluster::{backplane::Backplane, values},
@@ -47,7 +47,7 @@ use crate::{
 };
 
 /// How long a gateway holds an id for a delete at most: joins of it wait that long there.
-pub(super) const HOLD: Duration = Duration::from_secs(10);
+pub(in crate::cluster::gateway) const HOLD: Duration = Duration::from_secs(10);
 
 /// How long the deleting gateway waits for every gateway's answer.
 const ASK_PATIENCE: Duration = Duration::from_secs(2);
@@ -96,7 +96,7 @@ struct Counted {
 
 /// Ids held for a delete, and joins under way, at this gateway.
 #[derive(Debug, Default)]
-pub(super) struct Holds {
+pub(in crate::cluster::gateway) struct Holds {
     table: Mutex<BTreeMap<String, Entry>>,
     released: Notify,
 }
@@ -123,7 +123,7 @@ impl Entry {
 }
 
 /// A join under way: counted by [`Holds::count_and_hold`] until dropped.
-pub(super) struct Joining<'a> {
+pub(in crate::cluster::gateway) struct Joining<'a> {
     holds: &'a Holds,
     id: String,
 }
@@ -147,7 +147,7 @@ impl Holds {
 
     /// A join of `id` starts: waits while a delete holds it (at most until the hold runs out),
     /// then counts as under way until the returned guard drops.
-    pub(super) async fn enter(&self, id: &str) -> Joining<'_> {
+    pub(in crate::cluster::gateway) async fn enter(&self, id: &str) -> Joining<'_> {
         loop {
             let released = self.released.notified();
             tokio::pin!(released);
@@ -205,7 +205,7 @@ impl Holds {
 /// Subscribes to the deletes' subject and answers them for this gateway: counts its members of
 /// the id (after expiring its member-less local subscriptions, which in cluster mode are due
 /// at once, so a held id has no local leftover with the old settings), holds and releases.
-pub(super) async fn serve(
+pub(in crate::cluster::gateway) async fn serve(
     client: &async_nats::Client,
     stream: &str,
     broker: Broker,
@@ -385,8 +385,10 @@ impl Gateway {
             return Err(not_found());
         }
         // A publish anywhere after this answer does not count it.
-        self.announce_consumers_changed(super::registry::Change::Deleted { names: removed })
-            .await;
+        self.announce_consumers_changed(
+            crate::cluster::gateway::control::registry::Change::Deleted { names: removed },
+        )
+        .await;
         Ok(Deleted {
             discarded_messages: discarded,
         })
@@ -406,7 +408,7 @@ impl Gateway {
             token,
         };
         let body = serde_json::to_vec(&ask).map_err(|e| unavailable("cannot ask", e))?;
-        let gathered = super::ask::gather(
+        let gathered = crate::cluster::gateway::wire::ask::gather(
             client,
             subject(&self.inner.config.stream),
             body.into(),
@@ -439,7 +441,9 @@ impl Gateway {
     /// seen yet keeps a dead gateway counted, which makes the delete wait for an answer, not
     /// go past a member). So the stream's leader then names every lease subject it holds, and
     /// any the consumer did not bring is read from the leader.
-    pub(super) async fn leased_gateways(&self) -> Result<BTreeSet<u64>, Error> {
+    pub(in crate::cluster::gateway) async fn leased_gateways(
+        &self,
+    ) -> Result<BTreeSet<u64>, Error> {
         let bucket = format!("{}-coordination", self.inner.config.stream);
         let js = &self.inner.shared.js;
         let prefix = format!("$KV.{bucket}.");

@@ -30,7 +30,6 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use tokio_stream::StreamExt;
 
 use crate::{
     broker::{Broker, Fence},
@@ -53,7 +52,7 @@ const GONE_ROUTES: usize = 1024;
 /// no responders through an outage that another settle saw end). Both bounded by
 /// [`GONE_ROUTES`].
 #[derive(Debug, Default)]
-pub(super) struct GoneRoutes(Mutex<Routes>);
+pub(in crate::cluster::gateway) struct GoneRoutes(Mutex<Routes>);
 
 #[derive(Debug, Default)]
 struct Routes {
@@ -101,45 +100,45 @@ impl GoneRoutes {
 
 /// What one gateway asks the others.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct SettleRequest {
-    pub(super) subscription: String,
-    pub(super) member: u64,
-    pub(super) system_id: u64,
-    pub(super) nack: bool,
+pub(in crate::cluster::gateway) struct SettleRequest {
+    pub(in crate::cluster::gateway) subscription: String,
+    pub(in crate::cluster::gateway) member: u64,
+    pub(in crate::cluster::gateway) system_id: u64,
+    pub(in crate::cluster::gateway) nack: bool,
     /// Not a settle: the member's proclamation (docs/semantics.md#member-metadata).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) proclaim: Option<ProclaimRequest>,
+    pub(in crate::cluster::gateway) proclaim: Option<ProclaimRequest>,
 }
 
 /// A proclamation forwarded to the gateway holding the member.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct ProclaimRequest {
-    pub(super) epoch: u64,
-    pub(super) metadata: String,
+pub(in crate::cluster::gateway) struct ProclaimRequest {
+    pub(in crate::cluster::gateway) epoch: u64,
+    pub(in crate::cluster::gateway) metadata: String,
 }
 
 /// The answer: `code` is the refusal's [`ErrorKind`] in gRPC's numbering (0 when applied).
 #[derive(Debug, Serialize, Deserialize)]
-struct SettleReply {
-    code: i32,
-    message: String,
+pub(in crate::cluster::gateway) struct SettleReply {
+    pub(in crate::cluster::gateway) code: i32,
+    pub(in crate::cluster::gateway) message: String,
 }
 
 /// The route of a member id: the gateway that admitted it listens for its route's settles (a
 /// gateway's member ids start at a floor whose low bits are zero; `Broker::gateway`).
-pub(super) fn route_of(member: u64) -> u64 {
+pub(in crate::cluster::gateway) fn route_of(member: u64) -> u64 {
     member >> crate::broker::GATEWAY_ROUTE_SHIFT
 }
 
 /// Outside the stream's subjects (`<stream>.>`), so forwarded acks are never stored.
-fn subject(stream: &str, route: u64) -> String {
+pub(in crate::cluster::gateway) fn subject(stream: &str, route: u64) -> String {
     format!("_tinybroker.{stream}.settle.{route}")
 }
 
 /// Settles at this gateway, the one that admitted `member`, answering as its own connection
 /// would have been answered. A subscription it no longer holds (its last member here left, so
 /// the local part was forgotten) makes the settle stale, as the member is gone.
-pub(super) fn settle_here(
+pub(in crate::cluster::gateway) fn settle_here(
     broker: &Broker,
     subscription: &str,
     member: u64,
@@ -168,140 +167,8 @@ fn stale(subscription: &str, member: u64) -> Error {
     }
 }
 
-/// What a starting gateway sends itself on its route's subject: no settle (it has no reply
-/// subject), only the proof that its NATS server has the subscription.
-const SERVE_PROBE: &[u8] = b"tinybroker: serving this route";
-
-/// How long a starting gateway waits for its own probe to come back through its subscription.
-const SERVE_PATIENCE: Duration = Duration::from_secs(10);
-
-/// Starts answering forwarded acks for the members of `broker`, and returns once this gateway's
-/// NATS server has the subscription: a message the gateway sends itself after subscribing has
-/// come back through it (`flush` only writes to the socket). Other servers learn of it over
-/// the cluster's routes, later; [`request`] is patient with them.
-pub(super) async fn serve(
-    client: &async_nats::Client,
-    stream: &str,
-    broker: Broker,
-    singletons: Option<super::singleton::Handle>,
-) -> Result<tokio::task::JoinHandle<()>, String> {
-    let route = route_of(broker.id_floor().unix_micros());
-    let subject = subject(stream, route);
-    let mut requests = client
-        .subscribe(subject.clone())
-        .await
-        .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
-    client
-        .publish(subject, bytes::Bytes::from_static(SERVE_PROBE))
-        .await
-        .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
-    let served = tokio::time::timeout(SERVE_PATIENCE, async {
-        while let Some(message) = requests.next().await {
-            if message.reply.is_none() && &message.payload[..] == SERVE_PROBE {
-                return true;
-            }
-            answer(client, &broker, singletons.as_ref(), message).await;
-        }
-        false
-    })
-    .await;
-    if served != Ok(true) {
-        return Err(format!(
-            "cannot subscribe to forwarded acks: the NATS server did not deliver on the subscription within {SERVE_PATIENCE:?}"
-        ));
-    }
-    let client = client.clone();
-    Ok(tokio::spawn(async move {
-        while let Some(message) = requests.next().await {
-            answer(&client, &broker, singletons.as_ref(), message).await;
-        }
-    }))
-}
-
-/// Answers one forwarded settle (a message without a reply subject or a settle is ignored);
-/// a proclamation, which waits for the line, is answered by a task of its own.
-async fn answer(
-    client: &async_nats::Client,
-    broker: &Broker,
-    singletons: Option<&super::singleton::Handle>,
-    message: async_nats::Message,
-) {
-    let Some(reply) = message.reply else {
-        return;
-    };
-    let Ok(request) = serde_json::from_slice::<SettleRequest>(&message.payload) else {
-        return;
-    };
-    if let Some(proclaim) = request.proclaim {
-        let Ok(permit) = PROCLAIMING.clone().try_acquire_owned() else {
-            let busy = Error::Unavailable(format!(
-                "the gateway holding member {} has {PROCLAIMS_AT_ONCE} proclamations waiting for the coordination bucket; retry",
-                request.member
-            ));
-            reply_with(client, reply, Err(busy)).await;
-            return;
-        };
-        let (client, broker, singletons) = (client.clone(), broker.clone(), singletons.cloned());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let result = super::leadership::proclaim_here(
-                &broker,
-                singletons.as_ref(),
-                &request.subscription,
-                request.member,
-                proclaim.epoch,
-                std::sync::Arc::from(proclaim.metadata),
-            )
-            .await;
-            reply_with(&client, reply, result).await;
-        });
-        return;
-    }
-    let result = settle_here(
-        broker,
-        &request.subscription,
-        request.member,
-        request.system_id,
-        request.nack,
-    );
-    reply_with(client, reply, result).await;
-}
-
-/// Most forwarded proclamations a gateway waits on at once (each for the coordination bucket,
-/// at most 5 s); past it, one is answered `UNAVAILABLE`.
-const PROCLAIMS_AT_ONCE: usize = 1024;
-
-static PROCLAIMING: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
-    std::sync::LazyLock::new(|| {
-        std::sync::Arc::new(tokio::sync::Semaphore::new(PROCLAIMS_AT_ONCE))
-    });
-
-/// Sends the holder's answer to a forwarded request.
-async fn reply_with(
-    client: &async_nats::Client,
-    reply: async_nats::Subject,
-    result: Result<(), Error>,
-) {
-    let answer = match result {
-        Ok(()) => SettleReply {
-            code: 0,
-            message: String::new(),
-        },
-        Err(error) => SettleReply {
-            code: error.kind().code(),
-            message: error.to_string(),
-        },
-    };
-    let Ok(body) = serde_json::to_vec(&answer) else {
-        return;
-    };
-    if let Err(error) = client.publish(reply, body.into()).await {
-        tracing::warn!(%error, "could not answer a forwarded ack");
-    }
-}
-
 /// Forwards one settle and returns the holder's answer.
-pub(super) async fn request(
+pub(in crate::cluster::gateway) async fn request(
     client: &async_nats::Client,
     stream: &str,
     gone: &GoneRoutes,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use async_nats::jetstream::consumer;
 use tokio_stream::StreamExt;
 
-use super::{Gateway, describe::backlog, names};
+use crate::cluster::gateway::{Gateway, api::describe::backlog, wire::names};
 use crate::{
     broker::{BrokerStats, Description},
     core::{Error, Mode, SubscriptionSpec},
@@ -89,14 +89,17 @@ impl Gateway {
             );
         }
         for (id, (spec, info)) in consumers {
-            all.entry(id.clone())
-                .or_insert_with(|| super::describe::without_members(&id, spec, &info));
+            all.entry(id.clone()).or_insert_with(|| {
+                crate::cluster::gateway::api::describe::without_members(&id, spec, &info)
+            });
         }
         Ok((all.into_values().collect(), stats))
     }
 
     /// This gateway's copy of the cluster's lines (`None` once its coordination stopped).
-    pub async fn cluster_lines(&self) -> Option<super::singleton::ClusterLines> {
+    pub async fn cluster_lines(
+        &self,
+    ) -> Option<crate::cluster::gateway::control::singleton::ClusterLines> {
         self.inner.shared.singletons.as_ref()?.lines().await
     }
 

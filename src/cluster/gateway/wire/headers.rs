@@ -16,7 +16,7 @@ use crate::core::{Error, Headers};
 /// The NATS header that marks a dead letter a gateway stored with the subscription it came
 /// from, so that subscription skips it (no loop). Never shown to clients; a client's header of
 /// that name is carried escaped, so it never passes for the marker.
-pub(super) const DEAD_LETTER_OF: &str = "tinybroker-gateway-dead-letter-of";
+pub(in crate::cluster::gateway) const DEAD_LETTER_OF: &str = "tinybroker-gateway-dead-letter-of";
 
 /// What starts an escaped header name.
 const NAME_MARKER: &str = "tb-escaped-";
@@ -84,7 +84,7 @@ fn unescape(marker: &str, text: &str) -> Option<String> {
 /// # Errors
 /// [`Error::Cluster`] (internal) if an escaped name or value were no NATS header's: escaping
 /// leaves only printable ASCII, so it never is.
-pub(super) fn nats_headers(headers: &Headers) -> Result<HeaderMap, Error> {
+pub(in crate::cluster::gateway) fn nats_headers(headers: &Headers) -> Result<HeaderMap, Error> {
     let mut map = HeaderMap::new();
     for (name, value) in headers {
         let name = if plain_name(name) {
@@ -112,7 +112,7 @@ pub(super) fn nats_headers(headers: &Headers) -> Result<HeaderMap, Error> {
 
 /// A client header as NATS carried it (`name`, `value` as a NATS client parsed them): what the
 /// client sent.
-pub(super) fn client_header(name: &str, value: &str) -> (String, String) {
+pub(in crate::cluster::gateway) fn client_header(name: &str, value: &str) -> (String, String) {
     (
         unescape(NAME_MARKER, name).unwrap_or_else(|| name.to_string()),
         unescape(VALUE_MARKER, value).unwrap_or_else(|| value.to_string()),

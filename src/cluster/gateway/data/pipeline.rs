@@ -4,7 +4,7 @@
 //! one round trip per message. The service reads the requests and writes the answers
 //! (`service::publish_stream`); this is what stands between them.
 //!
-//! Where the stream takes atomic batches ([`super::atomic`]), the publishes are grouped
+//! Where the stream takes atomic batches ([`crate::cluster::gateway::data::atomic`]), the publishes are grouped
 //! instead: one send is in flight at a time (a batch of what waited, or a fenced publish
 //! alone), and what is read meanwhile waits for the next. So a batch JetStream did not take
 //! is published one by one with nothing sent after it, which keeps the order.
@@ -15,10 +15,10 @@ use std::{
     task::{Context, Poll},
 };
 
-use super::{
+use crate::cluster::gateway::{
     Gateway,
-    atomic::MAX_BATCH,
-    publish::{Sent, Unconfirmed},
+    data::atomic::MAX_BATCH,
+    data::publish::{Sent, Unconfirmed},
 };
 use crate::{
     broker::Published,

@@ -9,7 +9,7 @@ use async_nats::jetstream::{
     stream::{DiscardPolicy, RetentionPolicy, StorageType},
 };
 
-use super::{GatewayConfig, fence};
+use crate::cluster::gateway::{GatewayConfig, wire::names};
 
 /// How long a starting gateway waits for its NATS server to route publishes to the stream.
 const STREAM_PATIENCE: Duration = Duration::from_secs(10);
@@ -19,7 +19,10 @@ const STREAM_PATIENCE: Duration = Duration::from_secs(10);
 /// cluster's routes answers publishes with "no responders"; a pipelined `PublishStream` or
 /// batch could not send those again in order. The probe stores nothing: it expects a subject
 /// sequence the stream can never have, so the stream refuses it, which is the answer waited for.
-pub(super) async fn await_stream(js: &jetstream::Context, stream: &str) -> Result<(), String> {
+pub(in crate::cluster::gateway) async fn await_stream(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<(), String> {
     let subject = format!("{stream}._tinybroker.probe");
     let deadline = tokio::time::Instant::now() + STREAM_PATIENCE;
     crate::cluster::nats::await_probe(js, subject, deadline)
@@ -53,7 +56,7 @@ const DUPLICATE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10)
 /// refused for another reason is tried again (a cluster just started may not place it yet,
 /// and a stream another gateway just made answers no look until its replicas elect a leader)
 /// for up to [`CREATE_PATIENCE`], then named in the error.
-pub(super) async fn ensure_stream(
+pub(in crate::cluster::gateway) async fn ensure_stream(
     js: &jetstream::Context,
     config: &GatewayConfig,
 ) -> Result<jetstream::stream::Stream, String> {
@@ -107,7 +110,7 @@ async fn create_stream(
             name: config.stream.clone(),
             subjects: vec![
                 format!("{}.>", config.stream),
-                fence::subjects(&config.stream),
+                names::fence_subjects(&config.stream),
             ],
             retention: RetentionPolicy::Interest,
             storage: StorageType::File,
@@ -143,7 +146,7 @@ async fn create_stream(
 /// The refusal of a stream whose subjects another stream takes, naming that stream.
 async fn overlap(js: &jetstream::Context, config: &GatewayConfig, error: &str) -> String {
     let subjects = format!("{}.>", config.stream);
-    let fences = fence::subjects(&config.stream);
+    let fences = names::fence_subjects(&config.stream);
     let mut owners = Vec::new();
     for subject in [format!("{}.x", config.stream), fences.replace('>', "x")] {
         if let Ok(Ok(name)) =
@@ -172,7 +175,7 @@ async fn existing_stream(
     config: &GatewayConfig,
 ) -> Result<jetstream::stream::Stream, String> {
     let subjects = format!("{}.>", config.stream);
-    let fences = fence::subjects(&config.stream);
+    let fences = names::fence_subjects(&config.stream);
     let existing = &stream.cached_info().config;
     if !existing.subjects.contains(&subjects) {
         return Err(format!(
@@ -270,7 +273,7 @@ async fn raise_max_consumers(
 /// go to JetStream as one batch (docs/cluster-internals.md#atomic-batches). Returns whether the
 /// stream takes them; servers that refuse the setting, or ignore it (before 2.12), leave single
 /// publishes, as before.
-pub(super) async fn allow_atomic(
+pub(in crate::cluster::gateway) async fn allow_atomic(
     js: &jetstream::Context,
     stream: &mut jetstream::stream::Stream,
 ) -> bool {
@@ -304,11 +307,13 @@ pub(super) async fn allow_atomic(
 /// stream's interest retention a message no consumer has pending is removed at once. Tried for up
 /// to [`STREAM_PATIENCE`]: right after the stream is made (several gateways starting together), its
 /// leader may not answer yet.
-pub(super) async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<(), String> {
+pub(in crate::cluster::gateway) async fn keep_fences(
+    stream: &jetstream::stream::Stream,
+) -> Result<(), String> {
     let name = &stream.cached_info().config.name;
     let config = jetstream::consumer::pull::Config {
-        durable_name: Some(fence::CONSUMER.to_string()),
-        filter_subject: fence::subjects(name),
+        durable_name: Some(names::FENCE_CONSUMER.to_string()),
+        filter_subject: names::fence_subjects(name),
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
         description: Some(
             "tinybroker: keeps the fence records of SINGLETON subscriptions; never read".into(),
@@ -320,7 +325,7 @@ pub(super) async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<()
     loop {
         let made = tokio::time::timeout(
             Duration::from_secs(2),
-            stream.get_or_create_consumer(fence::CONSUMER, config.clone()),
+            stream.get_or_create_consumer(names::FENCE_CONSUMER, config.clone()),
         )
         .await;
         let error = match made {
@@ -331,11 +336,45 @@ pub(super) async fn keep_fences(stream: &jetstream::stream::Stream) -> Result<()
         if tokio::time::Instant::now() + delay > deadline {
             return Err(format!(
                 "JetStream did not make the consumer {} of stream {name} within {STREAM_PATIENCE:?}: {error}",
-                fence::CONSUMER
+                names::FENCE_CONSUMER
             ));
         }
         tracing::debug!(%error, "the fence records' consumer is not made yet; trying again");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// How long a Describe waits for the servers' view of the consumer.
+const CONSUMER_INFO_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The consumer named `name` of `stream`, as the servers report it now; `None` when there is
+/// none.
+///
+/// # Errors
+/// Why the servers did not answer.
+pub(in crate::cluster::gateway) async fn named_consumer(
+    stream: &jetstream::stream::Stream,
+    name: &str,
+) -> Result<Option<jetstream::consumer::Info>, String> {
+    // JetStream's API requests wait the NATS client's request timeout (10 s), not the
+    // context's: bound this one as an ack forwarded to another gateway is.
+    let info = tokio::time::timeout(CONSUMER_INFO_PATIENCE, stream.consumer_info(name))
+        .await
+        .map_err(|_| format!("no answer within {CONSUMER_INFO_PATIENCE:?}"))?;
+    match info {
+        Ok(info) => Ok(Some(info)),
+        Err(error)
+            if matches!(
+                error.kind(),
+                jetstream::context::ConsumerInfoErrorKind::NotFound
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(error) => {
+            tracing::debug!(consumer = %name, %error, "no consumer info");
+            Err(error.to_string())
+        }
     }
 }

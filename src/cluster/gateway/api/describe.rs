@@ -7,17 +7,14 @@
 //! own; elsewhere it is found in the registry (the first by name when gateways each have one
 //! of that id) and described from it as well.
 
-use async_nats::jetstream::{self, consumer, context::ConsumerInfoErrorKind};
+use async_nats::jetstream::consumer;
 
-use super::{Gateway, names};
+use crate::cluster::gateway::{Gateway, wire::names};
 use crate::{
     broker::{Description, SubscriptionView, UpstreamBacklog},
     cluster::{backplane::Backplane, values},
     core::{Error, ErrorKind, Mode, SubscriptionSpec},
 };
-
-/// How long a Describe waits for the servers' view of the consumer.
-const PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Gateway {
     /// The subscription as this gateway sees it, with its JetStream consumer's backlog.
@@ -41,7 +38,7 @@ impl Gateway {
 
     /// A subscription with members here, with its consumer's backlog (`upstream`, when
     /// `answered` the servers answered for it).
-    pub(super) async fn local(
+    pub(in crate::cluster::gateway) async fn local(
         &self,
         view: SubscriptionView,
         upstream: Option<UpstreamBacklog>,
@@ -133,7 +130,7 @@ impl Gateway {
     }
 
     /// A subscription with no member here, from its consumer and, for a singleton, the line.
-    pub(super) async fn elsewhere(
+    pub(in crate::cluster::gateway) async fn elsewhere(
         &self,
         id: &str,
         spec: SubscriptionSpec,
@@ -173,7 +170,7 @@ impl Gateway {
     ///
     /// # Errors
     /// Why the servers did not answer.
-    pub(super) async fn singleton_consumer(
+    pub(in crate::cluster::gateway) async fn singleton_consumer(
         &self,
         id: &str,
     ) -> Result<Option<consumer::Info>, String> {
@@ -206,37 +203,13 @@ impl Gateway {
             .inspect_err(|_| tracing::debug!(subscription = id, "no consumer info"))
     }
 
-    /// The consumer named `name`, as the servers report it now ([`named_consumer`]).
+    /// The consumer named `name`, as the servers report it now ([`named_consumer`](crate::cluster::gateway::wire::stream::named_consumer)).
     async fn named_consumer(&self, name: &str) -> Result<Option<consumer::Info>, String> {
-        named_consumer(&self.inner.stream, name).await
+        crate::cluster::gateway::wire::stream::named_consumer(&self.inner.stream, name).await
     }
 }
 
-/// The consumer named `name` of `stream`, as the servers report it now; `None` when there is
-/// none.
-///
-/// # Errors
-/// Why the servers did not answer.
-pub(super) async fn named_consumer(
-    stream: &jetstream::stream::Stream,
-    name: &str,
-) -> Result<Option<consumer::Info>, String> {
-    // JetStream's API requests wait the NATS client's request timeout (10 s), not the
-    // context's: bound this one as an ack forwarded to another gateway is.
-    let info = tokio::time::timeout(PATIENCE, stream.consumer_info(name))
-        .await
-        .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
-    match info {
-        Ok(info) => Ok(Some(info)),
-        Err(error) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => Ok(None),
-        Err(error) => {
-            tracing::debug!(consumer = %name, %error, "no consumer info");
-            Err(error.to_string())
-        }
-    }
-}
-
-pub(super) fn backlog(info: &consumer::Info) -> UpstreamBacklog {
+pub(in crate::cluster::gateway) fn backlog(info: &consumer::Info) -> UpstreamBacklog {
     UpstreamBacklog {
         consumer: info.name.clone(),
         pending: info.num_pending,
@@ -246,7 +219,7 @@ pub(super) fn backlog(info: &consumer::Info) -> UpstreamBacklog {
 }
 
 /// A subscription with no member here, from its consumer alone.
-pub(super) fn without_members(
+pub(in crate::cluster::gateway) fn without_members(
     id: &str,
     spec: SubscriptionSpec,
     consumer: &consumer::Info,

@@ -12,7 +12,7 @@ use std::{
 
 use tokio::sync::{Notify, mpsc};
 
-use super::bridge::{Event, HandedBack};
+use crate::cluster::gateway::data::bridge::{Event, HandedBack};
 use crate::{
     broker::{Input, Observation, Observer},
     core::{Draft, Effect},
@@ -38,7 +38,7 @@ struct Link {
 /// The event queues are unbounded in type but bounded in fact: each message a bridge holds
 /// produces at most one `Acked` or `Dropped`, and a bridge holds at most its members' windows.
 #[derive(Default)]
-pub(super) struct Router {
+pub(in crate::cluster::gateway) struct Router {
     links: RwLock<HashMap<Arc<str>, Link>>,
 }
 
@@ -49,7 +49,7 @@ impl std::fmt::Debug for Router {
 }
 
 /// What [`Router::attach`] found.
-pub(super) enum Attach {
+pub(in crate::cluster::gateway) enum Attach {
     /// A bridge runs for the subscription: it was woken to pull for the new member.
     Running,
     /// None ran: start one with these.
@@ -63,13 +63,13 @@ pub(super) enum Attach {
 
 impl Router {
     /// A router with no bridges.
-    pub(super) fn new() -> Arc<Self> {
+    pub(in crate::cluster::gateway) fn new() -> Arc<Self> {
         Arc::default()
     }
 
     /// Called once a member joined `subscription` locally: wakes its bridge, or registers a
     /// new one (in the same write lock, so two joins cannot both start one).
-    pub(super) fn attach(&self, subscription: &Arc<str>) -> Attach {
+    pub(in crate::cluster::gateway) fn attach(&self, subscription: &Arc<str>) -> Attach {
         let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(link) = links.get(subscription) {
             link.wake.notify_one();
@@ -98,7 +98,7 @@ impl Router {
     }
 
     /// Stops every bridge (the gateway is shutting down): each gives back what it holds.
-    pub(super) fn stop_all(&self) {
+    pub(in crate::cluster::gateway) fn stop_all(&self) {
         let mut links = self.links.write().unwrap_or_else(PoisonError::into_inner);
         for (_, link) in links.drain() {
             link.live.store(false, Ordering::Release);
@@ -171,7 +171,8 @@ impl Observer for Router {
             ..
         } = observation.input
         {
-            if !super::join::acked_upstream(observation.subscription.spec()) {
+            if !crate::cluster::gateway::data::acks::acked_upstream(observation.subscription.spec())
+            {
                 // Done once written: the bridge holds nothing of an ack-free QUEUE or
                 // BROADCAST subscription to settle, only room to pull into (one wake, no event
                 // per message). An ack-free singleton's consumer still expects the ack.

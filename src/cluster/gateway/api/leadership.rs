@@ -17,19 +17,19 @@ use std::{
 
 use tokio::sync::watch;
 
-use super::{Gateway, Inner, forward};
+use crate::cluster::gateway::{Gateway, Inner, data::forward};
 use crate::{
     broker::{Broker, Leadership, LeadershipWatch},
-    cluster::coordinator::Coordinator,
     core::{Error, ErrorKind, Mode, Proclamation},
 };
 
 /// How often the follower of a subscription with no active member asks JetStream whether its
 /// consumer still exists.
-pub(super) const GONE_CHECK: Duration = Duration::from_secs(2);
+pub(in crate::cluster::gateway) const GONE_CHECK: Duration = Duration::from_secs(2);
 
 /// The watched subscriptions' senders, one per subscription, shared by its watchers.
-pub(super) type Watched = Mutex<BTreeMap<String, Arc<watch::Sender<Leadership>>>>;
+pub(in crate::cluster::gateway) type Watched =
+    Mutex<BTreeMap<String, Arc<watch::Sender<Leadership>>>>;
 
 impl Gateway {
     /// Watches SINGLETON subscription `subscription_id`'s leadership across the cluster.
@@ -75,7 +75,7 @@ impl Gateway {
         // Answered once this gateway's copy of the lines caught up with its lease
         // (docs/semantics.md#cluster-leadership-current): a gateway just started or resumed
         // waits for its watch rather than show a line it has not read yet.
-        let patience = super::join::JOIN_LEASE_PATIENCE;
+        let patience = crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE;
         let cluster = tokio::time::timeout(patience, singletons.watch(Arc::from(subscription_id)))
             .await
             .map_err(|_| {
@@ -108,16 +108,16 @@ impl Gateway {
     ///
     /// # Errors
     /// [`Error::Unavailable`] with no coordination, or no lease within the join's patience.
-    pub(super) async fn leased_singletons(
+    pub(in crate::cluster::gateway) async fn leased_singletons(
         &self,
         why: &str,
-    ) -> Result<&super::singleton::Handle, Error> {
+    ) -> Result<&crate::cluster::gateway::control::singleton::Handle, Error> {
         let Some(singletons) = &self.inner.shared.singletons else {
             return Err(Error::Unavailable(
                 "this gateway runs no singleton coordination".into(),
             ));
         };
-        let patience = super::join::JOIN_LEASE_PATIENCE;
+        let patience = crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE;
         if singletons.lease().wait_valid(patience).await.is_none() {
             return Err(Error::Unavailable(format!(
                 "this gateway holds no cluster lease (it is starting, or NATS did not confirm its lease within {patience:?}): {why}"
@@ -202,9 +202,9 @@ impl Gateway {
 
 /// A proclamation at the gateway holding the member: checked by its broker (active, with that
 /// epoch), then written into the line; answered once the line holds it.
-pub(super) async fn proclaim_here(
+pub(in crate::cluster::gateway) async fn proclaim_here(
     broker: &Broker,
-    singletons: Option<&super::singleton::Handle>,
+    singletons: Option<&crate::cluster::gateway::control::singleton::Handle>,
     subscription: &str,
     member: u64,
     epoch: u64,
@@ -230,7 +230,7 @@ pub(super) async fn proclaim_here(
             // Bounded: a gateway whose copy of the lines is not caught up names its own.
             let line = match singletons {
                 Some(singletons) => tokio::time::timeout(
-                    super::join::JOIN_LEASE_PATIENCE,
+                    crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE,
                     singletons.line(Arc::from(subscription.as_str())),
                 )
                 .await
@@ -251,7 +251,7 @@ pub(super) async fn proclaim_here(
     let Some(singletons) = singletons else {
         return Ok(());
     };
-    let patience = super::join::JOIN_LEASE_PATIENCE;
+    let patience = crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE;
     match tokio::time::timeout(
         patience,
         singletons.proclaim(Arc::from(subscription), member, metadata.clone()),
@@ -343,100 +343,5 @@ async fn follow(
     }
     if let Some(inner) = gateway.upgrade() {
         lock(&inner.watched).remove(&subscription);
-    }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// Since when each live line has had its active member and epoch, and the watched
-/// subscriptions' states (docs/semantics.md#watching-leadership). Bounded by the live lines and
-/// the watched subscriptions: a line's entry goes with its key, a watched one's with its last
-/// watcher.
-#[derive(Default)]
-pub(super) struct Leaders {
-    /// Per live line: its active member's id, its epoch, since when (ms since the Unix epoch).
-    lines: BTreeMap<String, (Option<u64>, u64, u64)>,
-    watched: BTreeMap<Arc<str>, tokio::sync::watch::Sender<Leadership>>,
-}
-
-impl Leaders {
-    /// A watch of `sub`: its state now, then each change.
-    pub(super) fn watch(&mut self, coordinator: &Coordinator, sub: Arc<str>) -> LeadershipWatch {
-        self.watched.retain(|_, sender| sender.receiver_count() > 0);
-        if let Some(sender) = self.watched.get(&sub) {
-            return sender.subscribe();
-        }
-        let state = self.state(coordinator, &sub, 0);
-        let (sender, receiver) = tokio::sync::watch::channel(state);
-        self.watched.insert(sub, sender);
-        receiver
-    }
-
-    /// `sub`'s leadership as `coordinator` last saw its line: with no line (its key deleted, or
-    /// not seen yet), no active member and the highest epoch `seen` so far.
-    fn state(&self, coordinator: &Coordinator, sub: &str, seen: u64) -> Leadership {
-        let line = coordinator.line(sub);
-        Leadership {
-            active: line.and_then(|l| l.active).map(|a| a.member),
-            epoch: line.map_or(seen, |l| l.epoch.max(seen)),
-            metadata: Arc::from(line.map_or("", |l| l.active_meta())),
-            since_unix_ms: self
-                .lines
-                .get(sub)
-                .map_or_else(unix_ms, |(_, _, since)| *since),
-            cut_off: false,
-        }
-    }
-
-    /// After the bucket's watch delivered `sub`'s key: notes when its leadership changed, and
-    /// tells its watchers, if any.
-    pub(super) fn line_changed(&mut self, coordinator: &Coordinator, sub: &str) {
-        match coordinator.line(sub) {
-            Some(line) => {
-                let now = (line.active.map(|a| a.member), line.epoch);
-                match self.lines.get_mut(sub) {
-                    Some(known) if (known.0, known.1) == now => {}
-                    Some(known) => *known = (now.0, now.1, unix_ms()),
-                    None => {
-                        self.lines
-                            .insert(sub.to_string(), (now.0, now.1, unix_ms()));
-                    }
-                }
-            }
-            None => {
-                self.lines.remove(sub);
-            }
-        }
-        let Some(sender) = self.watched.get(sub) else {
-            return;
-        };
-        if sender.receiver_count() == 0 {
-            self.watched.remove(sub);
-            return;
-        }
-        let state = self.state(coordinator, sub, sender.borrow().epoch);
-        sender.send_if_modified(|current| {
-            if state.active == current.active
-                && state.epoch == current.epoch
-                && state.metadata == current.metadata
-            {
-                return false;
-            }
-            *current = state;
-            true
-        });
-    }
-
-    /// This gateway's lease lapsed: every watch here ends (`UNAVAILABLE`), and what it knew of
-    /// the lines goes with the incarnation.
-    pub(super) fn cut_off(&mut self) {
-        for sender in std::mem::take(&mut self.watched).into_values() {
-            sender.send_modify(|state| state.cut_off = true);
-        }
-        self.lines.clear();
     }
 }

@@ -30,12 +30,12 @@ use tokio::{
 };
 use tokio_stream::StreamExt;
 
-use super::{
-    fence::{Fences, Recording},
-    handover::HandOverWaiter,
-    leadership::Leaders,
-    lease::LeaseGate,
-    waits::{AfterActivation, Deferred, Telling, recorded, step_down_activated},
+use crate::cluster::gateway::{
+    control::fence::{Fences, Recording},
+    control::leaders::Leaders,
+    control::lease::LeaseGate,
+    control::waits::HandOverWaiter,
+    control::waits::{AfterActivation, Deferred, Telling, recorded, step_down_activated},
 };
 use crate::{
     broker::{HandedOver, LeadershipWatch, Upstream},
@@ -107,7 +107,7 @@ pub struct ClusterLines {
 
 /// The gateway's line to its coordinator shell: cheap to clone.
 #[derive(Debug, Clone)]
-pub(super) struct Handle {
+pub(in crate::cluster::gateway) struct Handle {
     inputs: mpsc::UnboundedSender<Input>,
     /// This gateway's id now (its lease is `lease.<id>`), for a delete's question to every
     /// gateway (`delete`).
@@ -154,7 +154,9 @@ impl Handle {
     /// The gateways holding a lease, as the bucket's watch last saw them (`None` before it
     /// delivered): whom an announcement waits for (`announce`), without a listing of the
     /// bucket per join.
-    pub(super) fn leased_gateways(&self) -> Option<std::collections::BTreeSet<u64>> {
+    pub(in crate::cluster::gateway) fn leased_gateways(
+        &self,
+    ) -> Option<std::collections::BTreeSet<u64>> {
         self.leased
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -167,7 +169,7 @@ impl Handle {
     /// rather than appended to the line late, behind members that joined later elsewhere.
     /// Resolves once the member is in the line (a closed channel: it was ended first; an
     /// error: the line has no room for its metadata).
-    pub(super) fn joined(
+    pub(in crate::cluster::gateway) fn joined(
         &self,
         subscription: Arc<str>,
         member: MemberId,
@@ -187,7 +189,12 @@ impl Handle {
 
     /// Local member `member`, stepping down, holds nothing, and what this gateway held went
     /// back; `carry` as for [`Handle::left`].
-    pub(super) fn yielded(&self, subscription: Arc<str>, member: MemberId, carry: Vec<(u64, u32)>) {
+    pub(in crate::cluster::gateway) fn yielded(
+        &self,
+        subscription: Arc<str>,
+        member: MemberId,
+        carry: Vec<(u64, u32)>,
+    ) {
         let _ = self
             .inputs
             .send(Input::Yielded(subscription, member, carry));
@@ -200,7 +207,7 @@ impl Handle {
     /// # Errors
     /// [`Error::HandOverRefused`] as the line says; [`Error::Unavailable`] when the shell
     /// stopped, or this gateway lost its lease, before the outcome was known.
-    pub(super) async fn hand_over(
+    pub(in crate::cluster::gateway) async fn hand_over(
         &self,
         subscription: Arc<str>,
         at_least: Revision,
@@ -219,7 +226,7 @@ impl Handle {
     /// Local active member `member` replaces its metadata in the line
     /// (docs/semantics.md#member-metadata). Resolves once the line holds it (a closed
     /// channel: the member left, or was ended, first).
-    pub(super) fn proclaim(
+    pub(in crate::cluster::gateway) fn proclaim(
         &self,
         subscription: Arc<str>,
         member: MemberId,
@@ -233,13 +240,18 @@ impl Handle {
     }
 
     /// This gateway's lease as the shell last published it.
-    pub(super) fn lease(&self) -> &Arc<LeaseGate> {
+    pub(in crate::cluster::gateway) fn lease(&self) -> &Arc<LeaseGate> {
         &self.lease
     }
 
     /// A singleton member left, and what it held was given back; `carry` names the attempts
     /// those messages' next deliveries must carry at least.
-    pub(super) fn left(&self, subscription: Arc<str>, member: MemberId, carry: Vec<(u64, u32)>) {
+    pub(in crate::cluster::gateway) fn left(
+        &self,
+        subscription: Arc<str>,
+        member: MemberId,
+        carry: Vec<(u64, u32)>,
+    ) {
         let _ = self.inputs.send(Input::Left(subscription, member, carry));
     }
 
@@ -248,7 +260,10 @@ impl Handle {
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the shell has stopped.
-    pub(super) async fn watch(&self, subscription: Arc<str>) -> Result<LeadershipWatch, Error> {
+    pub(in crate::cluster::gateway) async fn watch(
+        &self,
+        subscription: Arc<str>,
+    ) -> Result<LeadershipWatch, Error> {
         let (reply, answer) = oneshot::channel();
         let _ = self.inputs.send(Input::Watch(subscription, reply));
         answer.await.map_err(|_| {
@@ -258,27 +273,30 @@ impl Handle {
 
     /// Whether this gateway's copy of `subscription`'s line has an active member, and its
     /// epoch; `None` with no line (or no coordination).
-    pub(super) async fn line(&self, subscription: Arc<str>) -> Option<(bool, u64)> {
+    pub(in crate::cluster::gateway) async fn line(
+        &self,
+        subscription: Arc<str>,
+    ) -> Option<(bool, u64)> {
         let (reply, answer) = oneshot::channel();
         let _ = self.inputs.send(Input::Line(subscription, reply));
         answer.await.ok().flatten()
     }
 
     /// This gateway's copy of every line, for a console; `None` once the shell stopped.
-    pub(super) async fn lines(&self) -> Option<ClusterLines> {
+    pub(in crate::cluster::gateway) async fn lines(&self) -> Option<ClusterLines> {
         let (reply, answer) = oneshot::channel();
         let _ = self.inputs.send(Input::Lines(reply));
         answer.await.ok()
     }
 
     /// This gateway's incarnation now (the id its lease is kept under).
-    pub(super) fn incarnation(&self) -> Arc<std::sync::atomic::AtomicU64> {
+    pub(in crate::cluster::gateway) fn incarnation(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.current_id.clone()
     }
 }
 
 /// Starts the shell; it runs until every [`Handle`] is dropped.
-pub(super) fn spawn(
+pub(in crate::cluster::gateway) fn spawn(
     backplane: NatsBackplane,
     broker: Upstream,
     config: Config,
@@ -330,7 +348,7 @@ pub(super) fn spawn(
     )
 }
 
-use super::writes::Writes;
+use crate::cluster::gateway::control::writes::Writes;
 
 /// How long a gateway whose lease create was not confirmed waits before its next incarnation.
 const NEW_INCARNATION_PAUSE: Duration = Duration::from_secs(1);

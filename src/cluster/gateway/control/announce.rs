@@ -3,7 +3,7 @@
 //! registry copy up to date and says so, so a publish counts its `queued_for` from the copy as it
 //! is, without a JetStream round trip of its own, as long as its gateway's lease and NATS
 //! connection held since its copy was last brought up to date
-//! ([`Registry::current`](super::registry::Registry::current)).
+//! ([`Registry::current`](crate::cluster::gateway::control::registry::Registry::current)).
 //!
 //! The announcing gateway asks over NATS (`_tinybroker.<stream>.registry`, which every gateway
 //! subscribes to) and waits for an answer from every gateway holding a lease in the
@@ -26,16 +26,16 @@ use std::{
 
 use tokio_stream::StreamExt;
 
-use super::{
+use crate::cluster::gateway::{
     Gateway,
-    registry::{Change, Registry},
+    control::registry::{Change, Registry},
 };
 
 /// The longest an announcement waits for a gateway that does not answer. With a
 /// `--gateway-lease` longer than this (by the drift bound and margin), a gateway paused for
 /// longer than this but less than its lease can count without a change announced meanwhile
 /// (docs/cluster-internals.md#queued_for-across-gateways).
-pub(super) const MAX_ANNOUNCE_PATIENCE: Duration = Duration::from_secs(10);
+pub(in crate::cluster::gateway) const MAX_ANNOUNCE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// At most this many announcements are being answered at once by one gateway (their refreshes
 /// share syncs); more are dropped, and their announcers wait out their patience.
@@ -55,7 +55,7 @@ fn subject(stream: &str) -> String {
 
 /// Subscribes to announcements and answers each once this gateway's copy was brought up to
 /// date after it arrived, with this gateway's incarnation.
-pub(super) async fn serve(
+pub(in crate::cluster::gateway) async fn serve(
     client: &async_nats::Client,
     stream: &str,
     registry: Arc<Registry>,
@@ -128,7 +128,11 @@ impl Gateway {
     /// maker may still be announcing it), so a publish anywhere after the join's answer counts
     /// it. A gateway starting, whose copy was never listed, lists it once instead of
     /// announcing every subscription its members join again.
-    pub(super) async fn announce_if_new(&self, name: &str, metadata: &HashMap<String, String>) {
+    pub(in crate::cluster::gateway) async fn announce_if_new(
+        &self,
+        name: &str,
+        metadata: &HashMap<String, String>,
+    ) {
         let registry = &self.inner.shared.registry;
         if !registry.current() {
             registry.refresh().await;
@@ -146,7 +150,7 @@ impl Gateway {
     /// waits until each holding a lease, this one included, brought its registry copy up to
     /// date, or could no longer hold the lease it held then (see the module doc). Never
     /// fails: a gateway that did not answer is logged.
-    pub(super) async fn announce_consumers_changed(&self, change: Change) {
+    pub(in crate::cluster::gateway) async fn announce_consumers_changed(&self, change: Change) {
         let registry = &self.inner.shared.registry;
         // As the bucket's watch last saw them; listed from the bucket only before it has.
         let watched = self
@@ -154,7 +158,7 @@ impl Gateway {
             .shared
             .singletons
             .as_ref()
-            .and_then(super::singleton::Handle::leased_gateways);
+            .and_then(crate::cluster::gateway::control::singleton::Handle::leased_gateways);
         let mut expected = match watched {
             Some(expected) => expected,
             None => match self.leased_gateways().await {
@@ -166,13 +170,15 @@ impl Gateway {
             },
         };
         let me = self.inner.incarnation.load(Ordering::Relaxed);
-        let patience =
-            super::singleton::config(self.inner.config.lease, self.inner.config.lapse_patience)
-                .dead_after()
-                .min(MAX_ANNOUNCE_PATIENCE);
+        let patience = crate::cluster::gateway::control::singleton::config(
+            self.inner.config.lease,
+            self.inner.config.lapse_patience,
+        )
+        .dead_after()
+        .min(MAX_ANNOUNCE_PATIENCE);
         expected.insert(me);
         let body = serde_json::to_vec(&change).unwrap_or_default();
-        let gathered = super::ask::gather(
+        let gathered = crate::cluster::gateway::wire::ask::gather(
             &self.inner.shared.client,
             subject(&self.inner.config.stream),
             body.into(),

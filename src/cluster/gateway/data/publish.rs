@@ -24,23 +24,23 @@ use async_nats::jetstream::{
     publish::PublishAck,
 };
 
-use super::{DEAD_LETTER_OF, Shared, fence, names, nats_headers, registry::Count, unavailable};
+use crate::cluster::gateway::{
+    DEAD_LETTER_OF, Shared,
+    control::registry::Count,
+    nats_headers, unavailable,
+    wire::{
+        codes::{self, ID_IN_PROCESS, MSG_ID, jetstream_code, unavailable_for_now},
+        names,
+    },
+};
 use crate::{
     broker::{BatchError, Published},
     core::{Draft, Error, ErrorKind},
 };
 
-/// The NATS header JetStream deduplicates publishes by, within the stream's duplicate window.
-pub(super) const MSG_ID: &str = "Nats-Msg-Id";
-
-/// JetStream's "duplicate message id is in process" (409): a try with this id is being stored
-/// right now (an earlier one whose answer did not come in time); sent again, the next try is
-/// answered as that one's duplicate.
-pub(super) const ID_IN_PROCESS: u64 = 10158;
-
 /// How long one try of a publish waits for JetStream's `PubAck` before it is sent again (the
 /// JetStream context's timeout for publishes).
-pub(super) const PUBLISH_TRY: Duration = Duration::from_secs(2);
+pub(in crate::cluster::gateway) const PUBLISH_TRY: Duration = Duration::from_secs(2);
 
 /// How long a dead letter is tried: the bridge waits for it, and one not stored in time is
 /// given back to come again (its id is the same on every try, from any gateway).
@@ -49,13 +49,13 @@ const DEAD_LETTER_PATIENCE: Duration = Duration::from_secs(2);
 /// The message ids of one gateway's publishes: a random prefix for this process, then a
 /// counter, so no two publishes through any gateways share one. Short: JetStream keeps every
 /// id of its duplicate window in memory on each of the stream's servers.
-pub(super) struct MessageIds {
+pub(in crate::cluster::gateway) struct MessageIds {
     prefix: String,
     next: AtomicU64,
 }
 
 impl MessageIds {
-    pub(super) fn new() -> Self {
+    pub(in crate::cluster::gateway) fn new() -> Self {
         use std::hash::{BuildHasher, Hasher};
         let random = |salt: u64| {
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -71,7 +71,7 @@ impl MessageIds {
         }
     }
 
-    pub(super) fn next(&self) -> String {
+    pub(in crate::cluster::gateway) fn next(&self) -> String {
         format!(
             "{}.{:x}",
             self.prefix,
@@ -103,14 +103,14 @@ pub struct Resend {
 /// What a fenced publish expects (docs/semantics.md#cluster-fenced-publish): JetStream stores
 /// it only while the last message of the fence subject `subject` is at `sequence`.
 #[derive(Debug, Clone)]
-pub(super) struct Expect {
-    pub(super) subject: String,
-    pub(super) sequence: u64,
+pub(in crate::cluster::gateway) struct Expect {
+    pub(in crate::cluster::gateway) subject: String,
+    pub(in crate::cluster::gateway) sequence: u64,
 }
 
 /// Why a fenced publish was not stored.
 #[derive(Debug)]
-pub(super) enum Expected {
+pub(in crate::cluster::gateway) enum Expected {
     /// The fence subject's last record is no longer the one expected.
     Moved,
     /// Anything else, as a client would be told.
@@ -132,7 +132,7 @@ impl Resend {
     }
 
     /// Sends it again until JetStream confirms it, for up to `patience` from now.
-    pub(super) async fn publish(
+    pub(in crate::cluster::gateway) async fn publish(
         self,
         shared: &Arc<Shared>,
         patience: Duration,
@@ -187,7 +187,7 @@ enum Ack {
 
 /// The JetStream context's in-flight permits (async-nats' default is 5,000): each
 /// `PublishStream` holds up to 256 of them while its confirmations come.
-pub(super) const IN_FLIGHT: usize = 1 << 20;
+pub(in crate::cluster::gateway) const IN_FLIGHT: usize = 1 << 20;
 
 /// Why a sent publish was not confirmed.
 #[derive(Debug)]
@@ -246,7 +246,7 @@ impl Sent {
         // A fenced publish's expectation not met (nothing stored): its code says what next.
         let expectation = match &outcome {
             Err(error) if self.expect.is_some() => jetstream_code(error).filter(|code| {
-                [fence::WRONG_LAST_SEQUENCE, fence::EXPECTATION_BUSY].contains(code)
+                [codes::WRONG_LAST_SEQUENCE, codes::EXPECTATION_BUSY].contains(code)
             }),
             _ => None,
         };
@@ -300,28 +300,15 @@ impl Sent {
     }
 }
 
-/// Whether JetStream answered "unavailable for now" (503: its cluster or the stream's leader
-/// is not ready), which a later try can get past.
-pub(super) fn unavailable_for_now(error: &PublishError) -> bool {
-    jetstream_error(error).is_some_and(|error| error.code() == 503)
-}
-
-/// What JetStream answered, when it refused a publish.
-fn jetstream_error(error: &PublishError) -> Option<&async_nats::jetstream::Error> {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
-}
-
-/// JetStream's error code, when it refused a publish.
-pub(super) fn jetstream_code(error: &PublishError) -> Option<u64> {
-    jetstream_error(error).map(|error| error.error_code().0)
-}
-
 /// The refusal of a publish JetStream refused for a reason the client can act on: the stream
 /// is full (its `max_msgs` or `max_bytes`, with discard new), or the message is larger than
 /// the NATS servers take. Counted as a rejected publish when `count`. `None` for other
 /// failures.
-pub(super) fn refused(shared: &Shared, error: &PublishError, count: bool) -> Option<Error> {
+pub(in crate::cluster::gateway) fn refused(
+    shared: &Shared,
+    error: &PublishError,
+    count: bool,
+) -> Option<Error> {
     let broker = &shared.broker;
     if error.kind() == PublishErrorKind::MaxPayloadExceeded {
         if count {
@@ -372,12 +359,18 @@ impl Unconfirmed {
     }
 }
 
-pub(super) async fn send(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Error> {
+pub(in crate::cluster::gateway) async fn send(
+    shared: &Arc<Shared>,
+    draft: Draft,
+) -> Result<Sent, Error> {
     send_with(shared, draft, shared.ids.next(), None, false, None).await
 }
 
 /// [`send`] for a `PublishStream`'s pipeline, which awaits its confirmations in order.
-pub(super) async fn send_streamed(shared: &Arc<Shared>, draft: Draft) -> Result<Sent, Error> {
+pub(in crate::cluster::gateway) async fn send_streamed(
+    shared: &Arc<Shared>,
+    draft: Draft,
+) -> Result<Sent, Error> {
     send_with(shared, draft, shared.ids.next(), None, true, None).await
 }
 
@@ -400,10 +393,10 @@ async fn send_with(
     headers.insert(MSG_ID, id.as_str());
     if let Some(expect) = &expect {
         headers.insert(
-            fence::EXPECTED_SEQUENCE,
+            codes::EXPECTED_SEQUENCE,
             expect.sequence.to_string().as_str(),
         );
-        headers.insert(fence::EXPECTED_SUBJECT, expect.subject.as_str());
+        headers.insert(codes::EXPECTED_SUBJECT, expect.subject.as_str());
     }
     let ack = shared
         .js
@@ -430,7 +423,10 @@ async fn send_with(
 
 /// Publishes one message, sent again with its id until JetStream confirms it, for up to the
 /// gateway's patience (a request's gRPC deadline, when shorter, ends it first).
-pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Published, Error> {
+pub(in crate::cluster::gateway) async fn publish(
+    shared: &Arc<Shared>,
+    draft: Draft,
+) -> Result<Published, Error> {
     let deadline = tokio::time::Instant::now() + shared.patience;
     let sent = send(shared, draft).await?;
     confirmed_by(shared, sent, deadline).await
@@ -443,7 +439,7 @@ pub(super) async fn publish(shared: &Arc<Shared>, draft: Draft) -> Result<Publis
 ///
 /// # Errors
 /// [`Expected::Moved`] when the record moved; otherwise what [`publish`] gets.
-pub(super) async fn publish_expecting(
+pub(in crate::cluster::gateway) async fn publish_expecting(
     shared: &Arc<Shared>,
     draft: Draft,
     expect: Expect,
@@ -460,13 +456,13 @@ pub(super) async fn publish_expecting(
             Ok(published) => return Ok(published),
             // A stream with one replica checks the expectation before the message id: a try
             // stored earlier is not recognised once the record moved.
-            Err(Unconfirmed::Expectation(fence::WRONG_LAST_SEQUENCE, resend)) if uncertain => {
+            Err(Unconfirmed::Expectation(codes::WRONG_LAST_SEQUENCE, resend)) if uncertain => {
                 return Err(Expected::Failed(Error::Unavailable(format!(
                     "JetStream did not confirm the fenced publish in time, and the fence's epoch has ended since: it may have been stored, once, while the epoch was active (message id {})",
                     resend.id
                 ))));
             }
-            Err(Unconfirmed::Expectation(fence::WRONG_LAST_SEQUENCE, _)) => {
+            Err(Unconfirmed::Expectation(codes::WRONG_LAST_SEQUENCE, _)) => {
                 return Err(Expected::Moved);
             }
             Err(Unconfirmed::Again(resend)) if tokio::time::Instant::now() < deadline => {
@@ -508,7 +504,7 @@ async fn confirmed_by(
 /// [`publish`], for subscription `dead_letter_of`'s dead letter of stream message `sequence`:
 /// marked so that subscription skips it, with an id of its own (the same from any gateway), and
 /// tried for [`DEAD_LETTER_PATIENCE`] only (the bridge waits for it).
-pub(super) async fn publish_dead_letter(
+pub(in crate::cluster::gateway) async fn publish_dead_letter(
     shared: &Arc<Shared>,
     draft: Draft,
     dead_letter_of: &str,
@@ -539,13 +535,10 @@ pub(super) async fn publish_dead_letter(
 ///
 /// # Errors
 /// The messages confirmed before the first refusal, and that refusal.
-pub(super) async fn publish_batch(
+pub(in crate::cluster::gateway) async fn publish_batch(
     shared: &Arc<Shared>,
     drafts: Vec<Draft>,
 ) -> Result<Vec<Published>, BatchError> {
-    if drafts.iter().any(|draft| draft.fence().is_some()) {
-        return super::fence::publish_one_by_one(shared, drafts).await;
-    }
     let mut sent = Vec::with_capacity(drafts.len());
     let mut refused_to_send = None;
     for draft in drafts {

@@ -16,16 +16,16 @@ use tokio::task::JoinSet;
 use crate::cluster::{backplane::KvError, coordinator::RequestId};
 
 /// Most writes other than renewals sent to the bucket and not yet answered.
-pub(super) const MAX_IN_FLIGHT: usize = 32;
+pub(in crate::cluster::gateway) const MAX_IN_FLIGHT: usize = 32;
 
 /// What a write answers: its request, its key, and the bucket's answer.
-pub(super) type Written = (RequestId, String, Result<u64, KvError>);
+pub(in crate::cluster::gateway) type Written = (RequestId, String, Result<u64, KvError>);
 
 type Write = Pin<Box<dyn Future<Output = Written> + Send>>;
 
 /// The writes under way and those waiting for room.
 #[derive(Default)]
-pub(super) struct Writes {
+pub(in crate::cluster::gateway) struct Writes {
     running: JoinSet<Written>,
     /// Renewals among `running`: they take no room.
     renewals: usize,
@@ -36,7 +36,7 @@ pub(super) struct Writes {
 
 impl Writes {
     /// Sends `write` now if there is room (a renewal always has), else queues it.
-    pub(super) fn submit(
+    pub(in crate::cluster::gateway) fn submit(
         &mut self,
         renewal: bool,
         write: impl Future<Output = Written> + Send + 'static,
@@ -55,12 +55,12 @@ impl Writes {
     }
 
     /// Whether nothing runs (queued writes wait only while others run).
-    pub(super) fn is_empty(&self) -> bool {
+    pub(in crate::cluster::gateway) fn is_empty(&self) -> bool {
         self.running.is_empty()
     }
 
     /// The next answer; queued writes take the room it leaves.
-    pub(super) async fn next(&mut self) -> Option<Written> {
+    pub(in crate::cluster::gateway) async fn next(&mut self) -> Option<Written> {
         let (id, answer) = match self.running.join_next_with_id().await? {
             Ok((id, answer)) => (id, Some(answer)),
             Err(error) => (error.id(), None),

@@ -7,22 +7,22 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
 };
 
-use super::{DEAD_LETTER_HEADROOM, GatewayConfig, config, parse_urls};
+use crate::cluster::gateway::{DEAD_LETTER_HEADROOM, GatewayConfig, config, parse_urls};
 use crate::{cluster::security, core::Limits};
 
 /// A connected client and what the gateway keeps of its connection.
-pub(super) struct Connected {
-    pub(super) client: async_nats::Client,
+pub(in crate::cluster::gateway) struct Connected {
+    pub(in crate::cluster::gateway) client: async_nats::Client,
     /// Counts connections made and lost: an announcement sent while this gateway's connection
     /// was down did not reach it (`registry`).
-    pub(super) connects: Arc<AtomicU64>,
+    pub(in crate::cluster::gateway) connects: Arc<AtomicU64>,
     /// The permissions NATS refused this connection: the first ends the start.
-    pub(super) refusals: security::Refusals,
+    pub(in crate::cluster::gateway) refusals: security::Refusals,
     /// The credential presented, as errors name it.
-    pub(super) credential: String,
+    pub(in crate::cluster::gateway) credential: String,
     /// The largest message a client may publish here: `limits`' largest, below the NATS
     /// servers' `max_payload` by [`DEAD_LETTER_HEADROOM`], so its dead letter fits too.
-    pub(super) largest_message: usize,
+    pub(in crate::cluster::gateway) largest_message: usize,
 }
 
 /// Connects to `config.urls` with `config.security`.
@@ -30,7 +30,10 @@ pub(super) struct Connected {
 /// # Errors
 /// A sentence naming what failed: the URLs, a credential or certificate file, or what NATS
 /// refused (the credential presented, the TLS).
-pub(super) async fn connect(config: &GatewayConfig, limits: &Limits) -> Result<Connected, String> {
+pub(in crate::cluster::gateway) async fn connect(
+    config: &GatewayConfig,
+    limits: &Limits,
+) -> Result<Connected, String> {
     let urls = parse_urls(&config.urls)?;
     let connects = Arc::new(AtomicU64::new(0));
     let counted = connects.clone();

@@ -9,7 +9,7 @@
 //! routing index), kept up to date without a JetStream request per publish:
 //!
 //! - **Announced.** A gateway that makes or deletes a consumer tells every gateway before it
-//!   answers the join or delete ([`announce`](super::announce)); each brings its copy up to date
+//!   answers the join or delete ([`announce`](crate::cluster::gateway::control::announce)); each brings its copy up to date
 //!   and says so. A copy brought up to date under the gateway's current lease incarnation and
 //!   NATS connection is [`current`](Registry::current): a publish counts from it at once.
 //! - **Synced after the request arrived**, otherwise (a gateway starting, or whose lease lapsed
@@ -39,11 +39,11 @@ use async_nats::jetstream;
 use tokio::sync::{Notify, watch};
 use tokio_stream::StreamExt;
 
-use super::names;
+use crate::cluster::gateway::wire::names;
 use crate::core::{Mode, Pattern, PatternIndex, Topic};
 
 /// How long a sync waits for the servers.
-pub(super) const PATIENCE: Duration = Duration::from_secs(2);
+pub(in crate::cluster::gateway) const PATIENCE: Duration = Duration::from_secs(2);
 
 /// How many syncs may run at once.
 const SYNCS: usize = 2;
@@ -55,7 +55,7 @@ const RELIST_AFTER: Duration = Duration::from_secs(1);
 const RECOUNTS: u32 = 2;
 
 /// The most subscriptions a gateway's registry indexes.
-pub(super) const MAX_SUBSCRIPTIONS: usize = 100_000;
+pub(in crate::cluster::gateway) const MAX_SUBSCRIPTIONS: usize = 100_000;
 
 /// One subscription a consumer records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,11 +153,11 @@ impl Known {
 }
 
 /// A change of the stream's consumers that a gateway made and announces
-/// ([`announce`](super::announce)): every gateway applies it to its copy at once, with no
+/// ([`announce`](crate::cluster::gateway::control::announce)): every gateway applies it to its copy at once, with no
 /// listing (docs/cluster-internals.md#queued_for-across-gateways).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(super) enum Change {
+pub(in crate::cluster::gateway) enum Change {
     /// A consumer made, with its metadata (what it records).
     Made {
         /// The consumer's name.
@@ -174,7 +174,7 @@ pub(super) enum Change {
 
 /// How a publish's `queued_for` is counted (docs/cluster-internals.md#queued_for-across-gateways).
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Count {
+pub(in crate::cluster::gateway) enum Count {
     /// From the copy as it is: it was current when the publish was sent.
     Now,
     /// After a sync begun once this ticket was taken (when it was sent).
@@ -183,7 +183,7 @@ pub(super) enum Count {
 
 /// The gateway's registry: cheap to share.
 #[derive(Debug)]
-pub(super) struct Registry {
+pub(in crate::cluster::gateway) struct Registry {
     known: Mutex<Known>,
     /// Tickets handed out: the last request that wants a sync.
     requested: AtomicU64,
@@ -202,12 +202,12 @@ pub(super) struct Registry {
     /// later (syncs overlap) does not replace it.
     listed_at: AtomicU64,
     /// This gateway's lease, once it has one (set after start).
-    lease: std::sync::OnceLock<Arc<super::lease::LeaseGate>>,
+    lease: std::sync::OnceLock<Arc<crate::cluster::gateway::control::lease::LeaseGate>>,
     /// How often this gateway's NATS connection (re)connected: announcements sent while it was
     /// down were lost.
     connects: Arc<AtomicU64>,
     /// The lease's term (its incarnation, and every renewal after a lapse, begins a new one:
-    /// [`super::lease::LeaseGate::valid_term`]) and the connection count under which the last
+    /// [`crate::cluster::gateway::control::lease::LeaseGate::valid_term`]) and the connection count under which the last
     /// sync that ended began.
     current_as_of: Mutex<Option<(u64, u64)>>,
     /// The last ticket a sync that brought the copy up to date covers.
@@ -223,7 +223,7 @@ pub(super) struct Registry {
 impl Registry {
     /// A registry for `stream`, kept by a task of its own (ended by aborting it), watching
     /// JetStream's consumer advisories on `client`.
-    pub(super) async fn start(
+    pub(in crate::cluster::gateway) async fn start(
         client: &async_nats::Client,
         stream: jetstream::stream::Stream,
         connects: Arc<AtomicU64>,
@@ -300,14 +300,17 @@ impl Registry {
     }
 
     /// A consumer was created or deleted: the next sync lists them again.
-    pub(super) fn changed(&self) {
+    pub(in crate::cluster::gateway) fn changed(&self) {
         self.changed.store(true, Ordering::SeqCst);
     }
 
     /// From now on, [`Registry::current`] holds only under a valid `lease`. Called once this
     /// gateway is subscribed to announcements (`announce::serve`): a sync begun after it makes
     /// the copy current, one begun before (which an announcement could have missed) does not.
-    pub(super) fn watch_lease(&self, lease: Arc<super::lease::LeaseGate>) {
+    pub(in crate::cluster::gateway) fn watch_lease(
+        &self,
+        lease: Arc<crate::cluster::gateway::control::lease::LeaseGate>,
+    ) {
         let _ = self.lease.set(lease);
     }
 
@@ -315,7 +318,7 @@ impl Registry {
     /// term valid now (no lapse since) and on the NATS connection up now, so every announcement
     /// since reached this gateway (announcers wait for every leased gateway's answer, for as
     /// long as its lease could last).
-    pub(super) fn current(&self) -> bool {
+    pub(in crate::cluster::gateway) fn current(&self) -> bool {
         let Some(incarnation) = self.lease.get().and_then(|lease| lease.valid_term()) else {
             return false;
         };
@@ -329,7 +332,7 @@ impl Registry {
 
     /// The copy may lack a change (an announcement arrived): not current until a sync begun
     /// after this ends.
-    pub(super) fn stale(&self) {
+    pub(in crate::cluster::gateway) fn stale(&self) {
         let mut current = self
             .current_as_of
             .lock()
@@ -345,7 +348,7 @@ impl Registry {
     /// was: the change is the one the announcement is for. Bounded: the changes kept for
     /// listings under way are at most [`MAX_SUBSCRIPTIONS`]; past that the oldest are dropped
     /// and the copy is listed again.
-    pub(super) fn apply(&self, change: Change) {
+    pub(in crate::cluster::gateway) fn apply(&self, change: Change) {
         self.lock().apply(&change);
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
         if applied.len() >= MAX_SUBSCRIPTIONS {
@@ -364,7 +367,7 @@ impl Registry {
 
     /// Brings the copy up to date: returns once a sync begun after this call ended (at most
     /// [`PATIENCE`] twice), whether one such sync brought the copy up to date.
-    pub(super) async fn refresh(&self) -> bool {
+    pub(in crate::cluster::gateway) async fn refresh(&self) -> bool {
         self.changed();
         let ticket = self.ticket();
         self.synced(ticket).await;
@@ -373,7 +376,7 @@ impl Registry {
 
     /// A ticket for a request that just arrived: [`Registry::synced`] with it returns once the
     /// copy is at least as new as the cluster was when it was taken.
-    pub(super) fn ticket(&self) -> u64 {
+    pub(in crate::cluster::gateway) fn ticket(&self) -> u64 {
         let ticket = self.requested.fetch_add(1, Ordering::SeqCst) + 1;
         self.wake.notify_one();
         ticket
@@ -381,14 +384,14 @@ impl Registry {
 
     /// Waits until a sync begun after `ticket` was taken has ended (at most [`PATIENCE`] and a
     /// little more: a sync that finds no answer ends too).
-    pub(super) async fn synced(&self, ticket: u64) {
+    pub(in crate::cluster::gateway) async fn synced(&self, ticket: u64) {
         let mut synced = self.synced.subscribe();
         let _ =
             tokio::time::timeout(PATIENCE * 2, synced.wait_for(|&covered| covered >= ticket)).await;
     }
 
     /// How the `queued_for` of a publish sent now will be counted.
-    pub(super) fn admit(&self) -> Count {
+    pub(in crate::cluster::gateway) fn admit(&self) -> Count {
         if self.current() {
             Count::Now
         } else {
@@ -404,7 +407,7 @@ impl Registry {
     /// the stream's leader was being elected) does not count: the publish was stored since, so
     /// JetStream answers now, and a sync begun now is tried, up to [`RECOUNTS`] times, before
     /// the copy answers as it is (logged).
-    pub(super) async fn queued_for(&self, count: Count, topic: &Topic) -> u32 {
+    pub(in crate::cluster::gateway) async fn queued_for(&self, count: Count, topic: &Topic) -> u32 {
         let ticket = match count {
             Count::Now if self.current() => return self.matching(topic),
             Count::Now => self.ticket(),
@@ -428,12 +431,12 @@ impl Registry {
     }
 
     /// Whether the copy has consumer `name`.
-    pub(super) fn knows(&self, name: &str) -> bool {
+    pub(in crate::cluster::gateway) fn knows(&self, name: &str) -> bool {
         self.lock().consumers.contains(name)
     }
 
     /// How many subscriptions match `topic` (after [`Registry::synced`]).
-    pub(super) fn matching(&self, topic: &Topic) -> u32 {
+    pub(in crate::cluster::gateway) fn matching(&self, topic: &Topic) -> u32 {
         let known = self.lock();
         let mut matches = crate::core::index::Matches::new();
         known.index.matches_into(topic, &mut matches);
@@ -441,7 +444,7 @@ impl Registry {
     }
 
     /// Whether some gateway has a subscription of this id (after [`Registry::synced`]).
-    pub(super) fn exists(&self, subscription: &str) -> bool {
+    pub(in crate::cluster::gateway) fn exists(&self, subscription: &str) -> bool {
         let known = self.lock();
         let shared = names::consumer_name(Mode::Queue, subscription, "");
         known
@@ -456,7 +459,10 @@ impl Registry {
 
     /// The consumer of a BROADCAST subscription of this id at some gateway (after
     /// [`Registry::synced`]): the first by name when several gateways each have one.
-    pub(super) fn broadcast_consumer(&self, subscription: &str) -> Option<String> {
+    pub(in crate::cluster::gateway) fn broadcast_consumer(
+        &self,
+        subscription: &str,
+    ) -> Option<String> {
         let known = self.lock();
         known
             .entries

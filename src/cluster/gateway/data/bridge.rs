@@ -8,7 +8,7 @@
 //!
 //! The local core learns nothing new: it sees members, windows, a queue and acks as always.
 //! What it decides reaches the bridge through the broker's observer seam
-//! ([`Router`](super::router::Router)), as [`Event`]s.
+//! ([`Router`](crate::cluster::gateway::data::router::Router)), as [`Event`]s.
 
 use std::{
     collections::BTreeMap,
@@ -24,34 +24,34 @@ use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
 
-use super::{
+use crate::cluster::gateway::{
     DEAD_LETTER_OF, Shared,
-    acks::{CONFIRM_ON_STOP, Confirming, MAX_CONFIRMING},
-    ahead::Ahead,
+    data::acks::{CONFIRM_ON_STOP, Confirming, MAX_CONFIRMING},
+    data::ahead::Ahead,
 };
 use crate::core::{Draft, Envelope, Error, ErrorKind, Headers, MemberId, Message, Topic};
 
 /// How long one pull request waits for messages. A request asks for the room the members had
 /// when it was sent; room that frees up meanwhile is asked for by the next request, at the
 /// latest this long after (only while no message arrives: one that does ends a full request).
-pub(super) const PULL_EXPIRES: Duration = Duration::from_secs(1);
+pub(in crate::cluster::gateway) const PULL_EXPIRES: Duration = Duration::from_secs(1);
 /// A singleton's pulls: when its active member leaves, the gateway waits for the open pull
 /// to end before giving back what it holds, so this bounds that part of a clean close's
 /// promotion, at the cost of about 1/this pull requests per second while the active member
 /// idles.
-pub(super) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
+pub(in crate::cluster::gateway) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
 /// How many times a singleton's pull wait doubles while its pulls bring nothing: up to
 /// 15 ms × 2^4 = 240 ms, about 4 pull requests a second for a leader with nothing to read
 /// instead of 66, so a gateway leading a thousand idle elections asks JetStream 4,000 times a
 /// second, not 66,000. The cost: when an idle leader closes its stream or steps down, its
 /// gateway waits for the open pull, up to 240 ms, before the next member is promoted (docs/cluster.md#subscriptions-and-consumers).
 /// Any message brought sets it back to 15 ms.
-pub(super) const SINGLETON_IDLE_DOUBLINGS: u32 = 4;
+pub(in crate::cluster::gateway) const SINGLETON_IDLE_DOUBLINGS: u32 = 4;
 /// How long one pull request of a bridge that reads ahead waits for messages: when told to
 /// stop, such a bridge lets its open pull run out (what it brings is given back), rather than
 /// leave what JetStream sends it in transit until the ack wait. About 1/this pull requests per
 /// second while the subscription idles.
-pub(super) const AHEAD_PULL_EXPIRES: Duration = Duration::from_millis(200);
+pub(in crate::cluster::gateway) const AHEAD_PULL_EXPIRES: Duration = Duration::from_millis(200);
 /// A singleton's pull wait after `idle` pulls in a row that brought nothing.
 fn idle_pull_expires(base: Duration, idle: u32) -> Duration {
     base * 2u32.pow(idle.min(SINGLETON_IDLE_DOUBLINGS))
@@ -67,7 +67,7 @@ const NAK_CONFIRM: Duration = Duration::from_secs(2);
 /// What the local core decided about a message the bridge holds, or that the subscription is
 /// gone from this gateway.
 #[derive(Debug)]
-pub(super) enum Event {
+pub(in crate::cluster::gateway) enum Event {
     /// Acked by its holder (or, ack-free, written to its stream).
     Acked(u64),
     /// Dropped by the core (max attempts, overflow): JetStream must not redeliver it.
@@ -93,75 +93,75 @@ pub(super) enum Event {
 /// (under the subscription's lock, also when the subscription expires with its last member) and
 /// taken by the bridge when it gives back what it holds: by stream sequence, the attempt each
 /// one's next delivery carries (the higher one if it was handed back twice).
-pub(super) type HandedBack = Arc<Mutex<BTreeMap<u64, u32>>>;
+pub(in crate::cluster::gateway) type HandedBack = Arc<Mutex<BTreeMap<u64, u32>>>;
 
 /// One subscription's bridge task.
-pub(super) struct Bridge {
-    pub(super) shared: Arc<Shared>,
-    pub(super) subscription: Arc<str>,
-    pub(super) consumer: PullConsumer,
+pub(in crate::cluster::gateway) struct Bridge {
+    pub(in crate::cluster::gateway) shared: Arc<Shared>,
+    pub(in crate::cluster::gateway) subscription: Arc<str>,
+    pub(in crate::cluster::gateway) consumer: PullConsumer,
     /// Whether JetStream expects acks (false for an ack-free QUEUE or BROADCAST subscription:
     /// its consumer is `AckNone`, and a message is done once delivered to the gateway; an
     /// ack-free singleton's is acked once written to its member's stream).
-    pub(super) explicit: bool,
+    pub(in crate::cluster::gateway) explicit: bool,
     /// How often held messages get progress acks: a third of the consumer's ack wait.
-    pub(super) progress_every: Duration,
+    pub(in crate::cluster::gateway) progress_every: Duration,
     /// How long an ack (or term) is sent again until JetStream confirms it: `--nats-ack-wait`,
     /// also for a singleton, whose consumer's ack wait is shorter (half the lease) but whose
     /// consumer's next leader may take longer to elect (docs/semantics.md#cluster-ack-final).
-    pub(super) ack_patience: Duration,
-    pub(super) events: mpsc::UnboundedReceiver<Event>,
-    pub(super) wake: Arc<Notify>,
+    pub(in crate::cluster::gateway) ack_patience: Duration,
+    pub(in crate::cluster::gateway) events: mpsc::UnboundedReceiver<Event>,
+    pub(in crate::cluster::gateway) wake: Arc<Notify>,
     /// Whether the local subscription this bridge was started for still exists (see `Link`).
-    pub(super) live: Arc<AtomicBool>,
+    pub(in crate::cluster::gateway) live: Arc<AtomicBool>,
     /// Messages injected and not yet settled, by stream sequence: their ack subjects.
-    pub(super) held: BTreeMap<u64, Subject>,
+    pub(in crate::cluster::gateway) held: BTreeMap<u64, Subject>,
     /// Acks and terms sent and not yet confirmed by JetStream.
-    pub(super) confirming: Confirming,
+    pub(in crate::cluster::gateway) confirming: Confirming,
     /// Held messages the local subscription refused (they came in an open pull after the
     /// active member here left), with the attempt they came with: no member got them, so
     /// that is the attempt their next delivery carries ([`Bridge::vacate`]).
-    pub(super) refused: BTreeMap<u64, u32>,
+    pub(in crate::cluster::gateway) refused: BTreeMap<u64, u32>,
     /// How long one pull request waits for messages (short for singletons: a leaving active
     /// member's gateway waits for its open pull to end before giving back, see `vacate`).
-    pub(super) pull_expires: Duration,
+    pub(in crate::cluster::gateway) pull_expires: Duration,
     /// A singleton's pulls in a row that brought nothing: each doubles the next one's wait,
     /// up to [`SINGLETON_IDLE_DOUBLINGS`] times.
-    pub(super) idle_pulls: u32,
+    pub(in crate::cluster::gateway) idle_pulls: u32,
     /// Singleton members that left while a pull was open, for [`Bridge::vacate`].
-    pub(super) leaving: Vec<MemberId>,
+    pub(in crate::cluster::gateway) leaving: Vec<MemberId>,
     /// Singleton members whose step-down settled while a pull was open, for
     /// [`Bridge::vacate`].
-    pub(super) yielding: Vec<MemberId>,
+    pub(in crate::cluster::gateway) yielding: Vec<MemberId>,
     /// Whether the subscription is a singleton (arbitrated here): its pulls run to their end.
-    pub(super) singleton: bool,
+    pub(in crate::cluster::gateway) singleton: bool,
     /// What the local subscription handed back, collected by the router: taken when no active
     /// member remains here, to name it in the promotion that follows ([`Bridge::vacate`]).
     /// Collected as the broker hands back rather than read from it then, because a singleton
     /// whose last member here left expires at once, and with it what it queued, often before
     /// its open pull ended.
-    pub(super) handed_back: HandedBack,
+    pub(in crate::cluster::gateway) handed_back: HandedBack,
     /// A singleton's: the coordinator incarnation whose lease its held messages were pulled
     /// under ([`Bridge::leased`]).
-    pub(super) incarnation: Option<u64>,
+    pub(in crate::cluster::gateway) incarnation: Option<u64>,
     /// Any mode but singleton: the lease incarnation under which this bridge last made sure
     /// its consumer is the one its members joined ([`Bridge::verify_consumer`]); a message
     /// pulled under no lease or another incarnation is given back, and the consumer checked
     /// before the next pull.
-    pub(super) verified: Option<u64>,
+    pub(in crate::cluster::gateway) verified: Option<u64>,
     /// Set when a pulled message was given back for that: the next pull first checks.
-    pub(super) await_lease: bool,
+    pub(in crate::cluster::gateway) await_lease: bool,
     /// The check found the consumer deleted (or made again): nothing is handed over any more.
-    pub(super) consumer_gone: bool,
+    pub(in crate::cluster::gateway) consumer_gone: bool,
     /// The subscription's patterns when its consumer's filters cover more than they match
     /// (`names::filters`: overlapping patterns): a message matching none is acked unseen.
-    pub(super) only: Option<Vec<crate::core::Pattern>>,
+    pub(in crate::cluster::gateway) only: Option<Vec<crate::core::Pattern>>,
     /// Messages pulled beyond the members' room ([`Ahead`]; off for singletons, ack-free
     /// subscriptions and those with max delivery attempts).
-    pub(super) ahead: Ahead,
+    pub(in crate::cluster::gateway) ahead: Ahead,
     /// The envelope of the last message decoded that had no headers: the next one to the same
     /// topic shares it (its topic neither checked nor copied again).
-    pub(super) last_envelope: Option<Envelope>,
+    pub(in crate::cluster::gateway) last_envelope: Option<Envelope>,
 }
 
 /// Sleeps for `pause`, or forever.
@@ -215,7 +215,7 @@ impl Bridge {
 
     /// Runs until told to stop (the local subscription expired, or the gateway stops), then
     /// gives back (naks) what it still holds.
-    pub(super) async fn run(mut self) {
+    pub(in crate::cluster::gateway) async fn run(mut self) {
         tracing::debug!(subscription = %self.subscription, consumer = %self.consumer.cached_info().name, "bridge started");
         // Ack-pending messages are kept alive while the gateway holds them: JetStream would
         // otherwise redeliver them elsewhere after `ack_wait`, while a member still works on them.
@@ -430,7 +430,7 @@ impl Bridge {
 
     /// What [`Bridge::leased`] reads, for an ack's confirmation task, which checks it before
     /// every try: `None` when not a singleton (always leased).
-    fn lease_gate(&self) -> Option<super::acks::Gate> {
+    fn lease_gate(&self) -> Option<crate::cluster::gateway::data::acks::Gate> {
         let (true, Some(singletons)) = (self.singleton, &self.shared.singletons) else {
             return None;
         };
@@ -559,7 +559,7 @@ impl Bridge {
             .or_insert((kind, 0));
         entry.0 = kind;
         entry.1 += 1;
-        let confirmation = super::acks::confirm(
+        let confirmation = crate::cluster::gateway::data::acks::confirm(
             self.shared.clone(),
             self.subscription.clone(),
             reply,
@@ -603,7 +603,7 @@ impl Bridge {
     /// back: late, never lost.
     async fn dead_letter(&mut self, sequence: u64, draft: Draft) {
         let topic = draft.topic().clone();
-        let kind = match super::publish::publish_dead_letter(
+        let kind = match crate::cluster::gateway::data::publish::publish_dead_letter(
             &self.shared,
             draft,
             &self.subscription,
@@ -862,7 +862,7 @@ fn decode(
     published_nanos: i128,
     last: &mut Option<Envelope>,
 ) -> Result<(Message, Option<String>), String> {
-    let topic = super::names::topic_of(prefix, message.subject.as_str())
+    let topic = crate::cluster::gateway::wire::names::topic_of(prefix, message.subject.as_str())
         .ok_or_else(|| format!("subject {} is outside {prefix}.>", message.subject))?;
     let mut headers = Headers::new();
     let mut dead_letter_of = None;
@@ -880,7 +880,10 @@ fn decode(
                 continue;
             }
             if let Some(value) = values.last() {
-                let (name, value) = super::headers::client_header(name.as_ref(), value.as_str());
+                let (name, value) = crate::cluster::gateway::wire::headers::client_header(
+                    name.as_ref(),
+                    value.as_str(),
+                );
                 headers.insert(name, value);
             }
         }

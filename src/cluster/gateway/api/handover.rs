@@ -5,15 +5,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
-
-use super::Gateway;
+use crate::cluster::gateway::Gateway;
 use crate::{
-    broker::HandedOver,
     cluster::{
         backplane::Backplane,
-        coordinator::Coordinator,
-        values::{self, MemberUid, StepDownCause},
+        values::{self},
     },
     core::{Error, Mode},
 };
@@ -43,7 +39,7 @@ impl Gateway {
         let singletons = self
             .leased_singletons("ask another gateway, or retry")
             .await?;
-        let patience = super::join::JOIN_LEASE_PATIENCE;
+        let patience = crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE;
         // The active member's gateway completes it within its hand-over timeout; the line's
         // writes and the watch take a little more.
         let bound = self
@@ -86,88 +82,5 @@ impl Gateway {
                 "the hand-over of subscription {subscription_id:?} did not show in the cluster's line within {bound:?}; it may yet happen: watch its leadership"
             ))),
         }
-    }
-}
-
-/// A `HandOver` waiting for its outcome in the line: the member asked to step down and the
-/// epoch it held.
-pub(super) struct HandOverWaiter {
-    subscription: Arc<str>,
-    previous: MemberUid,
-    epoch: u64,
-    reply: oneshot::Sender<Result<HandedOver, Error>>,
-    /// This gateway's copy of the line has shown the hand-over mark for `epoch`.
-    marked: bool,
-}
-
-impl HandOverWaiter {
-    pub(super) fn new(
-        subscription: Arc<str>,
-        previous: MemberUid,
-        epoch: u64,
-        reply: oneshot::Sender<Result<HandedOver, Error>>,
-    ) -> Self {
-        Self {
-            subscription,
-            previous,
-            epoch,
-            reply,
-            marked: false,
-        }
-    }
-
-    /// Answers it if this gateway's copy of the line shows the outcome
-    /// (docs/semantics.md#hand-over): its member stepped down (or left) and another is
-    /// active, or no standby that could take over is left. Returns whether it was answered.
-    pub(super) fn answered(&mut self, coordinator: &mut Coordinator) -> bool {
-        if self.reply.is_closed() {
-            return true;
-        }
-        let previous = self.previous.member;
-        let refused = |reason: String| {
-            Err(Error::HandOverRefused {
-                subscription: self.subscription.to_string(),
-                reason,
-            })
-        };
-        let outcome = match coordinator.line(&self.subscription) {
-            None => refused(format!(
-                "active member {previous} left with no standby to take over"
-            )),
-            Some(v) if v.active == Some(self.previous) && v.epoch == self.epoch => {
-                // Once marked, a mark gone is the step-down called off (its standbys left,
-                // even if another joined since).
-                self.marked |= v.hand_over == self.epoch;
-                let called_off = self.marked && v.hand_over != self.epoch;
-                if v.successor(StepDownCause::HandOver).is_some() && !called_off {
-                    return false;
-                }
-                refused(format!(
-                    "the standbys that could take over left before active member {previous} had settled what it held, so it stays active"
-                ))
-            }
-            Some(v) => match v.active {
-                Some(member) => Ok(HandedOver {
-                    previous_member: previous,
-                    previous_epoch: self.epoch,
-                    member: member.member,
-                    epoch: v.epoch,
-                    failed_over: !v.line.contains(&self.previous),
-                }),
-                // Promoted in the write that follows.
-                None if !v.line.is_empty() => return false,
-                None => refused(format!(
-                    "active member {previous} left with no standby to take over"
-                )),
-            },
-        };
-        if outcome.is_err() {
-            // Refused: not marked later, when another standby joins.
-            coordinator.withdraw_hand_over(&self.subscription, self.epoch);
-        }
-        let (answer, _) = oneshot::channel();
-        let reply = std::mem::replace(&mut self.reply, answer);
-        let _ = reply.send(outcome);
-        true
     }
 }

@@ -20,10 +20,10 @@ use async_nats::jetstream::Message;
 /// At most this many messages beyond the members' windows per bridge: what a gateway takes
 /// away from the members of the same QUEUE subscription at other gateways, for as long as its
 /// own members are busy.
-pub(super) const READ_AHEAD: u64 = 32;
+pub(in crate::cluster::gateway) const READ_AHEAD: u64 = 32;
 
 /// Messages pulled beyond the members' room, oldest first.
-pub(super) struct Ahead<M = Message> {
+pub(in crate::cluster::gateway) struct Ahead<M = Message> {
     /// How many may wait here: [`READ_AHEAD`], or 0 where reading ahead is off.
     limit: u64,
     waiting: VecDeque<(u64, M)>,
@@ -31,7 +31,7 @@ pub(super) struct Ahead<M = Message> {
 
 impl<M> Ahead<M> {
     /// A read-ahead of `limit` messages (0: none).
-    pub(super) fn new(limit: u64) -> Self {
+    pub(in crate::cluster::gateway) fn new(limit: u64) -> Self {
         Self {
             limit,
             waiting: VecDeque::new(),
@@ -39,14 +39,14 @@ impl<M> Ahead<M> {
     }
 
     /// Whether this bridge reads ahead at all.
-    pub(super) fn on(&self) -> bool {
+    pub(in crate::cluster::gateway) fn on(&self) -> bool {
         self.limit > 0
     }
 
     /// How many messages the next pull asks for, given the members' `room`: the room and the
     /// read-ahead's free space, but only once at most half the read-ahead waits (so a pull
     /// brings many messages, not one each time a member takes one). 0: no pull now.
-    pub(super) fn want(&self, room: u64) -> u64 {
+    pub(in crate::cluster::gateway) fn want(&self, room: u64) -> u64 {
         let waiting = self.waiting.len() as u64;
         if !self.on() {
             return room;
@@ -59,13 +59,13 @@ impl<M> Ahead<M> {
 
     /// Whether a message that arrives now must wait: something already waits (order), or
     /// the members have no room.
-    pub(super) fn must_wait(&self, room: impl FnOnce() -> u64) -> bool {
+    pub(in crate::cluster::gateway) fn must_wait(&self, room: impl FnOnce() -> u64) -> bool {
         self.on() && (!self.waiting.is_empty() || room() == 0)
     }
 
     /// Keeps `message` (stream sequence `sequence`) for later. JetStream redelivering one
     /// that already waits here replaces it (its newer reply subject answers it).
-    pub(super) fn push(&mut self, sequence: u64, message: M) {
+    pub(in crate::cluster::gateway) fn push(&mut self, sequence: u64, message: M) {
         match self.waiting.iter_mut().find(|(s, _)| *s == sequence) {
             Some(waiting) => waiting.1 = message,
             None => self.waiting.push_back((sequence, message)),
@@ -73,22 +73,22 @@ impl<M> Ahead<M> {
     }
 
     /// The oldest waiting message.
-    pub(super) fn pop(&mut self) -> Option<M> {
+    pub(in crate::cluster::gateway) fn pop(&mut self) -> Option<M> {
         self.waiting.pop_front().map(|(_, message)| message)
     }
 
     /// Whether nothing waits.
-    pub(super) fn is_empty(&self) -> bool {
+    pub(in crate::cluster::gateway) fn is_empty(&self) -> bool {
         self.waiting.is_empty()
     }
 
     /// What waits, oldest first (for progress acks).
-    pub(super) fn waiting(&self) -> impl Iterator<Item = &M> {
+    pub(in crate::cluster::gateway) fn waiting(&self) -> impl Iterator<Item = &M> {
         self.waiting.iter().map(|(_, m)| m)
     }
 
     /// Takes everything that waits (to give it back), oldest first.
-    pub(super) fn take(&mut self) -> Vec<M> {
+    pub(in crate::cluster::gateway) fn take(&mut self) -> Vec<M> {
         self.waiting.drain(..).map(|(_, message)| message).collect()
     }
 }

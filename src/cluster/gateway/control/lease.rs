@@ -21,6 +21,10 @@ use tokio::{sync::Notify, time::Instant};
 
 use crate::core::planted::{PlantedBug, active as planted};
 
+/// How long a singleton join waits for this gateway's lease when it holds none (starting, or
+/// between incarnations after a lapse) before it is refused with `UNAVAILABLE`.
+pub(in crate::cluster::gateway) const JOIN_LEASE_PATIENCE: Duration = Duration::from_secs(5);
+
 /// The lease as the shell last published it: readable from any task, cheaply.
 #[derive(Debug)]
 pub(crate) struct LeaseGate {

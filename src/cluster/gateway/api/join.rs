@@ -6,7 +6,12 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PullConsumer};
 
-use super::{Gateway, bridge, names, router};
+use crate::cluster::gateway::{
+    Gateway,
+    control::lease::JOIN_LEASE_PATIENCE,
+    data::{acks::acked_upstream, bridge, router},
+    wire::names,
+};
 use crate::{
     broker::{ConnectionId, MemberStream},
     core::{AckMode, Error, ErrorKind, Mode, OpenRequest},
@@ -38,7 +43,7 @@ impl Gateway {
         let announced = async {
             match announce {
                 Announce::Made => {
-                    let change = super::registry::Change::Made {
+                    let change = crate::cluster::gateway::control::registry::Change::Made {
                         name: made,
                         metadata,
                     };
@@ -86,8 +91,9 @@ impl Gateway {
         // Its id must be on this gateway's route, or acks forwarded to it would reach another
         // gateway: a subscription past 2^24 joins at one gateway run has none left
         // (docs/semantics.md#cluster-restart-identity). Dropping the stream leaves.
-        let route = super::forward::route_of(broker.id_floor().unix_micros());
-        if super::forward::route_of(member.member_id()) != route {
+        let route =
+            crate::cluster::gateway::data::forward::route_of(broker.id_floor().unix_micros());
+        if crate::cluster::gateway::data::forward::route_of(member.member_id()) != route {
             tracing::error!(
                 subscription = %request.subscription_id,
                 "subscription {:?} has had 2^{} joins at this gateway since it started: its member ids are used up here; join at another gateway, or restart this one",
@@ -119,7 +125,7 @@ impl Gateway {
                 wake,
                 live,
                 held: BTreeMap::new(),
-                confirming: super::acks::Confirming::default(),
+                confirming: crate::cluster::gateway::data::acks::Confirming::default(),
                 refused: BTreeMap::new(),
                 pull_expires: if singleton {
                     bridge::SINGLETON_PULL_EXPIRES
@@ -144,8 +150,8 @@ impl Gateway {
                 await_lease: false,
                 consumer_gone: false,
                 only,
-                ahead: super::ahead::Ahead::new(if reads_ahead(spec) {
-                    super::ahead::READ_AHEAD
+                ahead: crate::cluster::gateway::data::ahead::Ahead::new(if reads_ahead(spec) {
+                    crate::cluster::gateway::data::ahead::READ_AHEAD
                 } else {
                     0
                 }),
@@ -189,7 +195,7 @@ impl Gateway {
     /// after, while its successor is promoted no sooner than `dead_after` (above the lease)
     /// after the last renewal others saw, sent at most a third of a lease before the death:
     /// later than two thirds of a lease after it. So the held messages come first.
-    pub(super) fn ack_wait(&self, mode: Mode) -> Duration {
+    pub(in crate::cluster::gateway) fn ack_wait(&self, mode: Mode) -> Duration {
         match mode {
             Mode::Singleton => self.inner.config.ack_wait.min(self.inner.config.lease / 2),
             Mode::Queue | Mode::Broadcast => self.inner.config.ack_wait,
@@ -331,16 +337,6 @@ fn for_now(error: &async_nats::jetstream::stream::ConsumerCreateStrictError) -> 
 /// JetStream's "temporarily unavailable" (its meta leader or the stream's being elected).
 const JETSTREAM_UNAVAILABLE: u64 = 10008;
 
-/// Whether the subscription's JetStream consumer expects acks: for acked subscriptions, and
-/// for ack-free singletons too, whose gateway acks a message once it is written to the active
-/// member's stream (the local core's ack-free "done"). So what a gateway pulled but had not
-/// yet written when its active member left goes back to JetStream with the rest, in order,
-/// for the next active member, rather than being lost with JetStream counting it delivered.
-/// An ack-free QUEUE or BROADCAST consumer acks nothing: the message is done once pulled.
-pub(super) fn acked_upstream(spec: &crate::core::SubscriptionSpec) -> bool {
-    spec.ack_mode == AckMode::Explicit || spec.mode == Mode::Singleton
-}
-
 /// What a join announces to the other gateways about the consumer it found or made.
 enum Announce {
     /// It made the consumer.
@@ -357,10 +353,6 @@ fn reads_ahead(spec: &crate::core::SubscriptionSpec) -> bool {
         && spec.ack_mode == AckMode::Explicit
         && spec.max_delivery_attempts == 0
 }
-
-/// How long a singleton join waits for this gateway's lease when it holds none (starting, or
-/// between incarnations after a lapse) before it is refused with `UNAVAILABLE`.
-pub(super) const JOIN_LEASE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// How long a join waits for every replica of its consumer to hold it ([`await_replicas`]).
 const REPLICA_PATIENCE: Duration = Duration::from_secs(3);

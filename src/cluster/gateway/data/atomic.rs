@@ -12,10 +12,16 @@ use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 
-use super::{
-    Shared, names, nats_headers,
-    publish::{self, MSG_ID},
-    registry::Count,
+use crate::cluster::gateway::{
+    Shared,
+    control::registry::Count,
+    data::publish,
+    nats_headers,
+    wire::codes::{
+        self, BATCH_COMMIT, BATCH_ID, BATCH_SEQUENCE, CONTAINS_DUPLICATE, MSG_ID,
+        TOO_MANY_IN_FLIGHT,
+    },
+    wire::names,
 };
 use crate::{
     broker::Published,
@@ -23,25 +29,10 @@ use crate::{
 };
 
 /// At most this many publishes go in one batch (JetStream takes up to 1,000 by default).
-pub(super) const MAX_BATCH: usize = 256;
-
-/// The batch's id, the same on each of its messages (a new one on every try).
-const BATCH_ID: &str = "Nats-Batch-Id";
-/// A message's place in its batch, from 1.
-const BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
-/// On the last message: store the batch.
-const BATCH_COMMIT: &str = "Nats-Batch-Commit";
-
-/// JetStream's "atomic publish batch contains duplicate message id": an earlier try of this
-/// batch was stored (nothing of this one is).
-const CONTAINS_DUPLICATE: u64 = 10201;
-
-/// JetStream's "atomic publish too many inflight": the stream has as many batches open as its
-/// servers allow (50 by default), nothing of this one stored; sent again after a pause.
-const TOO_MANY_IN_FLIGHT: u64 = 10210;
+pub(in crate::cluster::gateway) const MAX_BATCH: usize = 256;
 
 /// Publishes sent, or to send, as one batch.
-pub(super) struct Batch {
+pub(in crate::cluster::gateway) struct Batch {
     drafts: Vec<Draft>,
     /// How each one's `queued_for` is counted (taken when read, as for a single publish).
     counts: Vec<Count>,
@@ -87,7 +78,7 @@ async fn confirmed(
 
 impl Batch {
     /// Drafts to publish together, in order (two or more, at most [`MAX_BATCH`]).
-    pub(super) fn new(shared: &Shared, drafts: Vec<Draft>) -> Self {
+    pub(in crate::cluster::gateway) fn new(shared: &Shared, drafts: Vec<Draft>) -> Self {
         let counts = drafts.iter().map(|_| shared.registry.admit()).collect();
         Self {
             drafts,
@@ -103,7 +94,10 @@ impl Batch {
     /// gateway's patience. A batch JetStream refuses (a full stream, a setting of the servers)
     /// is published one by one instead, each as a single publish would be: refused exactly past a stream's limit, as
     /// on every carriage. One answer per draft, in order.
-    pub(super) async fn publish(mut self, shared: Arc<Shared>) -> Vec<Result<Published, Error>> {
+    pub(in crate::cluster::gateway) async fn publish(
+        mut self,
+        shared: Arc<Shared>,
+    ) -> Vec<Result<Published, Error>> {
         let deadline = tokio::time::Instant::now() + shared.patience;
         let mut delay = Duration::from_millis(5);
         loop {
@@ -171,7 +165,7 @@ impl Batch {
             headers.insert(MSG_ID, self.id.as_str());
             return match confirmed(shared, subject, headers, draft).await {
                 Ok(ack) => Tried::Stored(ack.sequence),
-                Err(error) if publish::jetstream_code(&error) == Some(CONTAINS_DUPLICATE) => {
+                Err(error) if codes::jetstream_code(&error) == Some(CONTAINS_DUPLICATE) => {
                     Tried::StoredBefore
                 }
                 // A refusal first: JetStream answers a full stream with a 503 too.
@@ -180,7 +174,7 @@ impl Batch {
                 }
                 Err(error)
                     if error.kind() == PublishErrorKind::StreamNotFound
-                        || publish::jetstream_code(&error) == Some(TOO_MANY_IN_FLIGHT) =>
+                        || codes::jetstream_code(&error) == Some(TOO_MANY_IN_FLIGHT) =>
                 {
                     Tried::Again(false)
                 }
@@ -188,8 +182,8 @@ impl Batch {
                     if matches!(
                         error.kind(),
                         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
-                    ) || publish::unavailable_for_now(&error)
-                        || publish::jetstream_code(&error) == Some(publish::ID_IN_PROCESS) =>
+                    ) || codes::unavailable_for_now(&error)
+                        || codes::jetstream_code(&error) == Some(codes::ID_IN_PROCESS) =>
                 {
                     Tried::Again(true)
                 }
