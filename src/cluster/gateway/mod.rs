@@ -94,7 +94,7 @@ struct Shared {
     /// NATS servers' `max_payload` by [`DEAD_LETTER_HEADROOM`], so its dead letter fits too.
     largest_message: usize,
     /// The line to the singleton coordinator.
-    singletons: Option<singleton::Handle>,
+    singletons: singleton::Handle,
     /// The ids of this gateway's publishes (`Nats-Msg-Id`).
     ids: publish::MessageIds,
     /// How long a publish is sent again while JetStream does not confirm it: the gateway's
@@ -310,7 +310,7 @@ impl Gateway {
                 broker: broker.clone(),
                 prefix: config.stream.clone(),
                 largest_message,
-                singletons: Some(singletons),
+                singletons,
                 ids: publish::MessageIds::new(),
                 patience,
                 registry,
@@ -336,10 +336,11 @@ impl Gateway {
             .await?;
             // Serve singletons from the start: the first lease, confirmed (a join waits for it, and
             // is refused past its bound, while the gateway holds none).
-            let leased = match &shared.singletons {
-                Some(singletons) => singletons.lease().wait_valid(START_LEASE_PATIENCE).await,
-                None => None,
-            };
+            let leased = shared
+                .singletons
+                .lease()
+                .wait_valid(START_LEASE_PATIENCE)
+                .await;
             match leased {
                 Some(_) => {
                     tracing::debug!(elapsed = ?started.elapsed(), "gateway start: cluster lease held");

@@ -27,7 +27,7 @@ pub(in crate::cluster::gateway) async fn serve(
     client: &async_nats::Client,
     stream: &str,
     broker: Broker,
-    singletons: Option<crate::cluster::gateway::control::singleton::Handle>,
+    singletons: crate::cluster::gateway::control::singleton::Handle,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let route = route_of(broker.id_floor().unix_micros());
     let subject = subject(stream, route);
@@ -44,7 +44,7 @@ pub(in crate::cluster::gateway) async fn serve(
             if message.reply.is_none() && &message.payload[..] == SERVE_PROBE {
                 return true;
             }
-            answer(client, &broker, singletons.as_ref(), message).await;
+            answer(client, &broker, &singletons, message).await;
         }
         false
     })
@@ -57,7 +57,7 @@ pub(in crate::cluster::gateway) async fn serve(
     let client = client.clone();
     Ok(tokio::spawn(async move {
         while let Some(message) = requests.next().await {
-            answer(&client, &broker, singletons.as_ref(), message).await;
+            answer(&client, &broker, &singletons, message).await;
         }
     }))
 }
@@ -67,7 +67,7 @@ pub(in crate::cluster::gateway) async fn serve(
 async fn answer(
     client: &async_nats::Client,
     broker: &Broker,
-    singletons: Option<&crate::cluster::gateway::control::singleton::Handle>,
+    singletons: &crate::cluster::gateway::control::singleton::Handle,
     message: async_nats::Message,
 ) {
     let Some(reply) = message.reply else {
@@ -85,12 +85,12 @@ async fn answer(
             reply_with(client, reply, Err(busy)).await;
             return;
         };
-        let (client, broker, singletons) = (client.clone(), broker.clone(), singletons.cloned());
+        let (client, broker, singletons) = (client.clone(), broker.clone(), singletons.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let result = crate::cluster::gateway::api::leadership::proclaim_here(
                 &broker,
-                singletons.as_ref(),
+                &singletons,
                 &request.subscription,
                 request.member,
                 proclaim.epoch,

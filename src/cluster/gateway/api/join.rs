@@ -2,7 +2,7 @@
 //! created), every replica of the consumer waited for, the member joined to the local
 //! broker, and the subscription's bridge started when none runs.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PullConsumer};
 
@@ -14,7 +14,7 @@ use crate::cluster::gateway::{
 };
 use crate::{
     broker::{ConnectionId, MemberStream},
-    core::{AckMode, Error, ErrorKind, Mode, OpenRequest},
+    core::{Error, ErrorKind, Mode, OpenRequest},
 };
 
 impl Gateway {
@@ -55,9 +55,11 @@ impl Gateway {
         let admitted = async {
             // A singleton member is admitted only under a valid lease, so its place in the
             // line is taken in the order joins arrive (docs/semantics.md#cluster-join-order).
-            let incarnation = match (&self.inner.shared.singletons, singleton) {
-                (Some(singletons), true) => Some(
-                    singletons
+            let incarnation = match singleton {
+                true => Some(
+                    self.inner
+                        .shared
+                        .singletons
                         .lease()
                         .wait_valid(JOIN_LEASE_PATIENCE)
                         .await
@@ -67,7 +69,7 @@ impl Gateway {
                             ))
                         })?,
                 ),
-                _ => None,
+                false => None,
             };
             await_replicas(&mut consumer).await;
             Ok::<_, Error>(incarnation)
@@ -107,63 +109,24 @@ impl Gateway {
             )));
         }
         let subscription: Arc<str> = Arc::from(request.subscription_id.as_str());
-        if let router::Attach::New {
-            events,
-            wake,
-            live,
-            handed_back,
-        } = self.inner.router.attach(&subscription)
-        {
-            let bridge = bridge::Bridge {
-                shared: self.inner.shared.clone(),
-                subscription: subscription.clone(),
+        if let router::Attach::New(wiring) = self.inner.router.attach(&subscription) {
+            let bridge = bridge::Bridge::new(
+                self.inner.shared.clone(),
+                subscription.clone(),
                 consumer,
-                explicit: acked_upstream(spec),
-                progress_every: self.ack_wait(spec.mode) / 3,
-                ack_patience: self.inner.config.ack_wait,
-                events,
-                wake,
-                live,
-                held: BTreeMap::new(),
-                confirming: crate::cluster::gateway::data::acks::Confirming::default(),
-                refused: BTreeMap::new(),
-                pull_expires: if singleton {
-                    bridge::SINGLETON_PULL_EXPIRES
-                } else if reads_ahead(spec) {
-                    bridge::AHEAD_PULL_EXPIRES
-                } else {
-                    bridge::PULL_EXPIRES
-                },
-                idle_pulls: 0,
-                leaving: Vec::new(),
-                yielding: Vec::new(),
-                singleton,
-                handed_back,
-                incarnation: None,
-                // The join just found (or made) this consumer, under the lease it holds now.
-                verified: self
-                    .inner
-                    .shared
-                    .singletons
-                    .as_ref()
-                    .and_then(|singletons| singletons.lease().valid()),
-                await_lease: false,
-                consumer_gone: false,
+                spec,
+                wiring,
+                self.ack_wait(spec.mode),
+                self.inner.config.ack_wait,
                 only,
-                ahead: crate::cluster::gateway::data::ahead::Ahead::new(if reads_ahead(spec) {
-                    crate::cluster::gateway::data::ahead::READ_AHEAD
-                } else {
-                    0
-                }),
-                last_envelope: None,
-            };
+            );
             let mut bridges = self.inner.bridges.lock().await;
             // Reap the finished ones, so the set stays as large as the live bridges.
             while bridges.try_join_next().is_some() {}
             bridges.spawn(bridge.run());
         }
-        if let (Some(singletons), Some(incarnation)) = (&self.inner.shared.singletons, incarnation)
-        {
+        if let Some(incarnation) = incarnation {
+            let singletons = &self.inner.shared.singletons;
             // After the bridge is there: it tells the coordinator when this member leaves.
             let in_line = singletons.joined(
                 subscription.clone(),
@@ -343,15 +306,6 @@ enum Announce {
     Made,
     /// Another gateway made it: announced too if this gateway's copy lacks it.
     IfNew(String),
-}
-
-/// Whether the subscription's bridge reads ahead of its members' windows
-/// (docs/cluster-internals.md#read-ahead): acked QUEUE and BROADCAST subscriptions without
-/// `max_delivery_attempts`.
-fn reads_ahead(spec: &crate::core::SubscriptionSpec) -> bool {
-    spec.mode != Mode::Singleton
-        && spec.ack_mode == AckMode::Explicit
-        && spec.max_delivery_attempts == 0
 }
 
 /// How long a join waits for every replica of its consumer to hold it ([`await_replicas`]).

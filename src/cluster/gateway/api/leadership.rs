@@ -107,16 +107,12 @@ impl Gateway {
     /// copy of the lines may be behind without one. `why` ends the refusal's message.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] with no coordination, or no lease within the join's patience.
+    /// [`Error::Unavailable`] with no lease within the join's patience.
     pub(in crate::cluster::gateway) async fn leased_singletons(
         &self,
         why: &str,
     ) -> Result<&crate::cluster::gateway::control::singleton::Handle, Error> {
-        let Some(singletons) = &self.inner.shared.singletons else {
-            return Err(Error::Unavailable(
-                "this gateway runs no singleton coordination".into(),
-            ));
-        };
+        let singletons = &self.inner.shared.singletons;
         let patience = crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE;
         if singletons.lease().wait_valid(patience).await.is_none() {
             return Err(Error::Unavailable(format!(
@@ -148,7 +144,7 @@ impl Gateway {
         {
             proclaim_here(
                 broker,
-                self.inner.shared.singletons.as_ref(),
+                &self.inner.shared.singletons,
                 &subscription_id,
                 member,
                 epoch,
@@ -204,7 +200,7 @@ impl Gateway {
 /// epoch), then written into the line; answered once the line holds it.
 pub(in crate::cluster::gateway) async fn proclaim_here(
     broker: &Broker,
-    singletons: Option<&crate::cluster::gateway::control::singleton::Handle>,
+    singletons: &crate::cluster::gateway::control::singleton::Handle,
     subscription: &str,
     member: u64,
     epoch: u64,
@@ -228,16 +224,13 @@ pub(in crate::cluster::gateway) async fn proclaim_here(
             active,
         }) => {
             // Bounded: a gateway whose copy of the lines is not caught up names its own.
-            let line = match singletons {
-                Some(singletons) => tokio::time::timeout(
-                    crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE,
-                    singletons.line(Arc::from(subscription.as_str())),
-                )
-                .await
-                .ok()
-                .flatten(),
-                None => None,
-            };
+            let line = tokio::time::timeout(
+                crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE,
+                singletons.line(Arc::from(subscription.as_str())),
+            )
+            .await
+            .ok()
+            .flatten();
             return Err(Error::NotActive {
                 current: line.map_or(current, |(_, cluster)| cluster.max(current)),
                 subscription,
@@ -247,9 +240,6 @@ pub(in crate::cluster::gateway) async fn proclaim_here(
             });
         }
         Err(error) => return Err(error),
-    };
-    let Some(singletons) = singletons else {
-        return Ok(());
     };
     let patience = crate::cluster::gateway::control::lease::JOIN_LEASE_PATIENCE;
     match tokio::time::timeout(

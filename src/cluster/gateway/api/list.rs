@@ -100,7 +100,7 @@ impl Gateway {
     pub async fn cluster_lines(
         &self,
     ) -> Option<crate::cluster::gateway::control::singleton::ClusterLines> {
-        self.inner.shared.singletons.as_ref()?.lines().await
+        self.inner.shared.singletons.lines().await
     }
 
     /// Every consumer of the stream that records a subscription, by subscription id, with its

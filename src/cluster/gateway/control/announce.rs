@@ -153,12 +153,7 @@ impl Gateway {
     pub(in crate::cluster::gateway) async fn announce_consumers_changed(&self, change: Change) {
         let registry = &self.inner.shared.registry;
         // As the bucket's watch last saw them; listed from the bucket only before it has.
-        let watched = self
-            .inner
-            .shared
-            .singletons
-            .as_ref()
-            .and_then(crate::cluster::gateway::control::singleton::Handle::leased_gateways);
+        let watched = self.inner.shared.singletons.leased_gateways();
         let mut expected = match watched {
             Some(expected) => expected,
             None => match self.leased_gateways().await {

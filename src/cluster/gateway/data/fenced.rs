@@ -83,10 +83,7 @@ async fn refusal(shared: &Arc<Shared>, fence: &PublishFence, record: Record) -> 
 async fn no_record(shared: &Arc<Shared>, fence: &PublishFence) -> Error {
     // The line names the epoch now: a member confirmed while the stream was full has no
     // record until there is room.
-    let line = match &shared.singletons {
-        Some(singletons) => singletons.line(fence.subscription_id.clone()).await,
-        None => None,
-    };
+    let line = shared.singletons.line(fence.subscription_id.clone()).await;
     match line {
         Some((true, epoch)) if epoch == fence.epoch => Error::Unavailable(format!(
             "epoch {epoch} of subscription {:?} leads, but its fence record is not stored yet (the stream was full when it began: it is written once there is room); no publish it fences is taken until then; nothing was stored: try again",

@@ -12,7 +12,7 @@ use std::{
 
 use tokio::sync::{Notify, mpsc};
 
-use crate::cluster::gateway::data::bridge::{Event, HandedBack};
+use crate::cluster::gateway::data::bridge::{Event, HandedBack, Wiring};
 use crate::{
     broker::{Input, Observation, Observer},
     core::{Draft, Effect},
@@ -52,13 +52,8 @@ impl std::fmt::Debug for Router {
 pub(in crate::cluster::gateway) enum Attach {
     /// A bridge runs for the subscription: it was woken to pull for the new member.
     Running,
-    /// None ran: start one with these.
-    New {
-        events: mpsc::UnboundedReceiver<Event>,
-        wake: Arc<Notify>,
-        live: Arc<AtomicBool>,
-        handed_back: HandedBack,
-    },
+    /// None ran: start one with this.
+    New(Wiring),
 }
 
 impl Router {
@@ -89,12 +84,12 @@ impl Router {
                 yielded: AtomicU64::new(0),
             },
         );
-        Attach::New {
+        Attach::New(Wiring {
             events: rx,
             wake,
             live,
             handed_back,
-        }
+        })
     }
 
     /// Stops every bridge (the gateway is shutting down): each gives back what it holds.

@@ -10,9 +10,13 @@
 //! What it decides reaches the bridge through the broker's observer seam
 //! ([`Router`](crate::cluster::gateway::data::router::Router)), as [`Event`]s.
 
+mod decode;
+mod lease;
+mod vacate;
+
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, PoisonError, atomic::AtomicBool},
+    sync::{Arc, Mutex, atomic::AtomicBool},
     time::Duration,
 };
 
@@ -24,22 +28,24 @@ use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
 
+use decode::decode;
+
 use crate::cluster::gateway::{
-    DEAD_LETTER_OF, Shared,
+    Shared,
     data::acks::{CONFIRM_ON_STOP, Confirming, MAX_CONFIRMING},
-    data::ahead::Ahead,
+    data::ahead::{Ahead, READ_AHEAD},
 };
-use crate::core::{Draft, Envelope, Error, ErrorKind, Headers, MemberId, Message, Topic};
+use crate::core::{AckMode, Draft, Envelope, Error, ErrorKind, MemberId, Mode, SubscriptionSpec};
 
 /// How long one pull request waits for messages. A request asks for the room the members had
 /// when it was sent; room that frees up meanwhile is asked for by the next request, at the
 /// latest this long after (only while no message arrives: one that does ends a full request).
-pub(in crate::cluster::gateway) const PULL_EXPIRES: Duration = Duration::from_secs(1);
+const PULL_EXPIRES: Duration = Duration::from_secs(1);
 /// A singleton's pulls: when its active member leaves, the gateway waits for the open pull
 /// to end before giving back what it holds, so this bounds that part of a clean close's
 /// promotion, at the cost of about 1/this pull requests per second while the active member
 /// idles.
-pub(in crate::cluster::gateway) const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
+const SINGLETON_PULL_EXPIRES: Duration = Duration::from_millis(15);
 /// How many times a singleton's pull wait doubles while its pulls bring nothing: up to
 /// 15 ms × 2^4 = 240 ms, about 4 pull requests a second for a leader with nothing to read
 /// instead of 66, so a gateway leading a thousand idle elections asks JetStream 4,000 times a
@@ -51,7 +57,7 @@ pub(in crate::cluster::gateway) const SINGLETON_IDLE_DOUBLINGS: u32 = 4;
 /// stop, such a bridge lets its open pull run out (what it brings is given back), rather than
 /// leave what JetStream sends it in transit until the ack wait. About 1/this pull requests per
 /// second while the subscription idles.
-pub(in crate::cluster::gateway) const AHEAD_PULL_EXPIRES: Duration = Duration::from_millis(200);
+const AHEAD_PULL_EXPIRES: Duration = Duration::from_millis(200);
 /// A singleton's pull wait after `idle` pulls in a row that brought nothing.
 fn idle_pull_expires(base: Duration, idle: u32) -> Duration {
     base * 2u32.pow(idle.min(SINGLETON_IDLE_DOUBLINGS))
@@ -95,73 +101,175 @@ pub(in crate::cluster::gateway) enum Event {
 /// one's next delivery carries (the higher one if it was handed back twice).
 pub(in crate::cluster::gateway) type HandedBack = Arc<Mutex<BTreeMap<u64, u32>>>;
 
-/// One subscription's bridge task.
-pub(in crate::cluster::gateway) struct Bridge {
-    pub(in crate::cluster::gateway) shared: Arc<Shared>,
-    pub(in crate::cluster::gateway) subscription: Arc<str>,
-    pub(in crate::cluster::gateway) consumer: PullConsumer,
-    /// Whether JetStream expects acks (false for an ack-free QUEUE or BROADCAST subscription:
-    /// its consumer is `AckNone`, and a message is done once delivered to the gateway; an
-    /// ack-free singleton's is acked once written to its member's stream).
-    pub(in crate::cluster::gateway) explicit: bool,
-    /// How often held messages get progress acks: a third of the consumer's ack wait.
-    pub(in crate::cluster::gateway) progress_every: Duration,
-    /// How long an ack (or term) is sent again until JetStream confirms it: `--nats-ack-wait`,
-    /// also for a singleton, whose consumer's ack wait is shorter (half the lease) but whose
-    /// consumer's next leader may take longer to elect (docs/semantics.md#cluster-ack-final).
-    pub(in crate::cluster::gateway) ack_patience: Duration,
+/// The bridge's end of its link with the router ([`Router::attach`](crate::cluster::gateway::data::router::Router::attach)).
+pub(in crate::cluster::gateway) struct Wiring {
+    /// What the local core decided, as the router saw it.
     pub(in crate::cluster::gateway) events: mpsc::UnboundedReceiver<Event>,
+    /// A member joined, or its window opened.
     pub(in crate::cluster::gateway) wake: Arc<Notify>,
     /// Whether the local subscription this bridge was started for still exists (see `Link`).
     pub(in crate::cluster::gateway) live: Arc<AtomicBool>,
+    /// What the local subscription handed back, collected by the router.
+    pub(in crate::cluster::gateway) handed_back: HandedBack,
+}
+
+/// What a bridge does by its subscription's mode, with the state only that mode has.
+enum Kind {
+    /// SINGLETON, arbitrated here: its pulls run to their end (their wait doubling while they
+    /// bring nothing), a vacating member's messages go back before the coordinator hears of it,
+    /// and what it holds is answered only under the lease incarnation it was pulled under.
+    Singleton {
+        /// The coordinator incarnation whose lease its held messages were pulled under
+        /// ([`Bridge::leased`]).
+        incarnation: Option<u64>,
+        /// Pulls in a row that brought nothing: each doubles the next one's wait, up to
+        /// [`SINGLETON_IDLE_DOUBLINGS`] times.
+        idle_pulls: u32,
+        /// Members that left while a pull was open, for [`Bridge::vacate`].
+        leaving: Vec<MemberId>,
+        /// Members whose step-down settled while a pull was open, for [`Bridge::vacate`].
+        yielding: Vec<MemberId>,
+    },
+    /// QUEUE or BROADCAST: a message pulled under no lease or another incarnation is given
+    /// back, and the consumer checked before the next pull ([`Bridge::verify_consumer`]).
+    Shared {
+        /// The lease incarnation under which this bridge last made sure its consumer is the
+        /// one its members joined.
+        verified: Option<u64>,
+        /// Set when a pulled message was given back for that: the next pull first checks.
+        await_lease: bool,
+        /// The check found the consumer deleted (or made again): nothing is handed over any
+        /// more.
+        consumer_gone: bool,
+    },
+}
+
+/// One subscription's bridge task.
+pub(in crate::cluster::gateway) struct Bridge {
+    shared: Arc<Shared>,
+    subscription: Arc<str>,
+    consumer: PullConsumer,
+    kind: Kind,
+    /// Whether JetStream expects acks (false for an ack-free QUEUE or BROADCAST subscription:
+    /// its consumer is `AckNone`, and a message is done once delivered to the gateway; an
+    /// ack-free singleton's is acked once written to its member's stream).
+    explicit: bool,
+    /// How often held messages get progress acks: a third of the consumer's ack wait.
+    progress_every: Duration,
+    /// How long an ack (or term) is sent again until JetStream confirms it: `--nats-ack-wait`,
+    /// also for a singleton, whose consumer's ack wait is shorter (half the lease) but whose
+    /// consumer's next leader may take longer to elect (docs/semantics.md#cluster-ack-final).
+    ack_patience: Duration,
+    events: mpsc::UnboundedReceiver<Event>,
+    wake: Arc<Notify>,
+    /// Whether the local subscription this bridge was started for still exists (see `Link`).
+    live: Arc<AtomicBool>,
     /// Messages injected and not yet settled, by stream sequence: their ack subjects.
-    pub(in crate::cluster::gateway) held: BTreeMap<u64, Subject>,
+    held: BTreeMap<u64, Subject>,
     /// Acks and terms sent and not yet confirmed by JetStream.
-    pub(in crate::cluster::gateway) confirming: Confirming,
+    confirming: Confirming,
     /// Held messages the local subscription refused (they came in an open pull after the
     /// active member here left), with the attempt they came with: no member got them, so
     /// that is the attempt their next delivery carries ([`Bridge::vacate`]).
-    pub(in crate::cluster::gateway) refused: BTreeMap<u64, u32>,
+    refused: BTreeMap<u64, u32>,
     /// How long one pull request waits for messages (short for singletons: a leaving active
     /// member's gateway waits for its open pull to end before giving back, see `vacate`).
-    pub(in crate::cluster::gateway) pull_expires: Duration,
-    /// A singleton's pulls in a row that brought nothing: each doubles the next one's wait,
-    /// up to [`SINGLETON_IDLE_DOUBLINGS`] times.
-    pub(in crate::cluster::gateway) idle_pulls: u32,
-    /// Singleton members that left while a pull was open, for [`Bridge::vacate`].
-    pub(in crate::cluster::gateway) leaving: Vec<MemberId>,
-    /// Singleton members whose step-down settled while a pull was open, for
-    /// [`Bridge::vacate`].
-    pub(in crate::cluster::gateway) yielding: Vec<MemberId>,
-    /// Whether the subscription is a singleton (arbitrated here): its pulls run to their end.
-    pub(in crate::cluster::gateway) singleton: bool,
+    pull_expires: Duration,
     /// What the local subscription handed back, collected by the router: taken when no active
     /// member remains here, to name it in the promotion that follows ([`Bridge::vacate`]).
     /// Collected as the broker hands back rather than read from it then, because a singleton
     /// whose last member here left expires at once, and with it what it queued, often before
     /// its open pull ended.
-    pub(in crate::cluster::gateway) handed_back: HandedBack,
-    /// A singleton's: the coordinator incarnation whose lease its held messages were pulled
-    /// under ([`Bridge::leased`]).
-    pub(in crate::cluster::gateway) incarnation: Option<u64>,
-    /// Any mode but singleton: the lease incarnation under which this bridge last made sure
-    /// its consumer is the one its members joined ([`Bridge::verify_consumer`]); a message
-    /// pulled under no lease or another incarnation is given back, and the consumer checked
-    /// before the next pull.
-    pub(in crate::cluster::gateway) verified: Option<u64>,
-    /// Set when a pulled message was given back for that: the next pull first checks.
-    pub(in crate::cluster::gateway) await_lease: bool,
-    /// The check found the consumer deleted (or made again): nothing is handed over any more.
-    pub(in crate::cluster::gateway) consumer_gone: bool,
+    handed_back: HandedBack,
     /// The subscription's patterns when its consumer's filters cover more than they match
     /// (`names::filters`: overlapping patterns): a message matching none is acked unseen.
-    pub(in crate::cluster::gateway) only: Option<Vec<crate::core::Pattern>>,
+    only: Option<Vec<crate::core::Pattern>>,
     /// Messages pulled beyond the members' room ([`Ahead`]; off for singletons, ack-free
     /// subscriptions and those with max delivery attempts).
-    pub(in crate::cluster::gateway) ahead: Ahead,
+    ahead: Ahead,
     /// The envelope of the last message decoded that had no headers: the next one to the same
     /// topic shares it (its topic neither checked nor copied again).
-    pub(in crate::cluster::gateway) last_envelope: Option<Envelope>,
+    last_envelope: Option<Envelope>,
+}
+
+/// Whether a subscription's bridge reads ahead of its members' windows
+/// (docs/cluster-internals.md#read-ahead): acked QUEUE and BROADCAST subscriptions without
+/// `max_delivery_attempts`.
+fn reads_ahead(spec: &SubscriptionSpec) -> bool {
+    spec.mode != Mode::Singleton
+        && spec.ack_mode == AckMode::Explicit
+        && spec.max_delivery_attempts == 0
+}
+
+impl Bridge {
+    /// The bridge of `subscription` (of settings `spec`) over `consumer`, whose ack wait is
+    /// `ack_wait`; an ack or term is sent again for up to `ack_patience`. `only` is set when
+    /// the consumer's filters cover more than the subscription's patterns match.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::cluster::gateway) fn new(
+        shared: Arc<Shared>,
+        subscription: Arc<str>,
+        consumer: PullConsumer,
+        spec: &SubscriptionSpec,
+        wiring: Wiring,
+        ack_wait: Duration,
+        ack_patience: Duration,
+        only: Option<Vec<crate::core::Pattern>>,
+    ) -> Self {
+        let kind = if spec.mode == Mode::Singleton {
+            Kind::Singleton {
+                incarnation: None,
+                idle_pulls: 0,
+                leaving: Vec::new(),
+                yielding: Vec::new(),
+            }
+        } else {
+            Kind::Shared {
+                // Its join just found (or made) this consumer, under the lease held now.
+                verified: shared.singletons.lease().valid(),
+                await_lease: false,
+                consumer_gone: false,
+            }
+        };
+        let pull_expires = if spec.mode == Mode::Singleton {
+            SINGLETON_PULL_EXPIRES
+        } else if reads_ahead(spec) {
+            AHEAD_PULL_EXPIRES
+        } else {
+            PULL_EXPIRES
+        };
+        let Wiring {
+            events,
+            wake,
+            live,
+            handed_back,
+        } = wiring;
+        Self {
+            shared,
+            subscription,
+            consumer,
+            kind,
+            explicit: crate::cluster::gateway::data::acks::acked_upstream(spec),
+            progress_every: ack_wait / 3,
+            ack_patience,
+            events,
+            wake,
+            live,
+            held: BTreeMap::new(),
+            confirming: Confirming::default(),
+            refused: BTreeMap::new(),
+            pull_expires,
+            handed_back,
+            only,
+            ahead: Ahead::new(if reads_ahead(spec) { READ_AHEAD } else { 0 }),
+            last_envelope: None,
+        }
+    }
+
+    /// Whether the subscription is a singleton (arbitrated here).
+    fn singleton(&self) -> bool {
+        matches!(self.kind, Kind::Singleton { .. })
+    }
 }
 
 /// Sleeps for `pause`, or forever.
@@ -188,31 +296,6 @@ enum Vacating {
 }
 
 impl Bridge {
-    /// After a take-over from a dead gateway (or a line's first activation), tells the broker
-    /// how many redeliveries JetStream owes (its consumer's unacked messages, none of them this
-    /// gateway's: it held none while it had no active member) and up to which sequence; it
-    /// pulls nothing before. Returns when to try again if the servers did not answer.
-    async fn count_owed(&self) -> Option<Duration> {
-        if !self.singleton || !self.shared.broker.owes_count(&self.subscription) {
-            return None;
-        }
-        match self.consumer.get_info().await {
-            Ok(info) => {
-                let unacked = (info.num_ack_pending as u64).saturating_sub(self.held.len() as u64);
-                self.shared.broker.count_owed(
-                    &self.subscription,
-                    unacked,
-                    info.delivered.stream_sequence,
-                );
-                None
-            }
-            Err(error) => {
-                tracing::warn!(subscription = %self.subscription, %error, "cannot read the consumer's backlog after an activation; retrying");
-                Some(RETRY)
-            }
-        }
-    }
-
     /// Runs until told to stop (the local subscription expired, or the gateway stops), then
     /// gives back (naks) what it still holds.
     pub(in crate::cluster::gateway) async fn run(mut self) {
@@ -227,7 +310,11 @@ impl Bridge {
             // join always finds a live bridge or starts one.
             // Also when no message comes (a deleted consumer's pulls fail): any lease lapse
             // since the last check is checked for before the next pull.
-            if std::mem::take(&mut self.await_lease) || self.lapsed_since_verified() {
+            let awaited = match &mut self.kind {
+                Kind::Shared { await_lease, .. } => std::mem::take(await_lease),
+                Kind::Singleton { .. } => false,
+            };
+            if awaited || self.lapsed_since_verified() {
                 self.verify_consumer().await;
             }
             let recount = self.count_owed().await;
@@ -304,7 +391,7 @@ impl Bridge {
                         // or BROADCAST pull could run a second more and bring up to its whole
                         // room, which would then go back with an attempt no member saw: it is
                         // dropped, and only what was in transit comes back late (ack wait).
-                        Flow::Stop if self.singleton || self.ahead.on() => stopping = true,
+                        Flow::Stop if self.singleton() || self.ahead.on() => stopping = true,
                         Flow::Stop => break 'pulling,
                         Flow::Vacated(why) => self.note(why),
                         // An ack may have made room for what was read ahead.
@@ -317,12 +404,23 @@ impl Bridge {
                     _ = progress.tick() => self.progress().await,
                 }
             }
-            self.idle_pulls = if brought {
-                0
-            } else {
-                self.idle_pulls.saturating_add(1)
+            let vacating = match &mut self.kind {
+                Kind::Singleton {
+                    idle_pulls,
+                    leaving,
+                    yielding,
+                    ..
+                } => {
+                    *idle_pulls = if brought {
+                        0
+                    } else {
+                        idle_pulls.saturating_add(1)
+                    };
+                    !leaving.is_empty() || !yielding.is_empty()
+                }
+                Kind::Shared { .. } => false,
             };
-            if !self.leaving.is_empty() || !self.yielding.is_empty() {
+            if vacating {
                 self.vacate().await;
             }
             if stopping {
@@ -335,191 +433,9 @@ impl Bridge {
     /// How long the next pull waits for messages: a singleton's doubles with each pull in a
     /// row that brought nothing, up to [`SINGLETON_IDLE_DOUBLINGS`] times.
     fn next_pull_expires(&self) -> Duration {
-        if !self.singleton {
-            return self.pull_expires;
-        }
-        idle_pull_expires(self.pull_expires, self.idle_pulls)
-    }
-
-    /// Whether this bridge may hand a message to a member or send JetStream an ack, nak or
-    /// term now: always, but for a singleton only while this gateway's lease is valid for the
-    /// incarnation its held messages were pulled under, by the clock read at this moment
-    /// (docs/semantics.md#cluster-lease-checks). Past it, nothing is sent (an ack or term of
-    /// the same incarnation waits for the renewal in its confirmation task): JetStream
-    /// redelivers after its ack wait, if the lease ends for good and the coordinator ends the
-    /// members.
-    fn leased(&self) -> bool {
-        let (true, Some(singletons)) = (self.singleton, &self.shared.singletons) else {
-            return true;
-        };
-        match self.incarnation {
-            Some(incarnation) => singletons.lease().valid_for(incarnation),
-            None => singletons.lease().valid().is_some(),
-        }
-    }
-
-    /// A singleton's: whether its held messages' incarnation is still the one named, so that
-    /// a lapsed lease may yet be renewed for them.
-    fn lapsed_in_incarnation(&self) -> bool {
-        match (&self.shared.singletons, self.incarnation) {
-            (Some(singletons), Some(incarnation)) if self.singleton => {
-                singletons.lease().incarnation() == incarnation
-            }
-            _ => false,
-        }
-    }
-
-    /// Any mode but singleton: whether the lease incarnation is not the one under which the
-    /// consumer was last checked ([`Bridge::verify_consumer`]). A lapse within one incarnation
-    /// needs no check: no other gateway took this one for dead (it would have deleted its
-    /// lease, which ends the incarnation), so none deleted the subscription past its members.
-    fn lapsed_since_verified(&self) -> bool {
-        match &self.shared.singletons {
-            Some(singletons) if !self.singleton && !self.consumer_gone => {
-                self.verified != Some(singletons.lease().incarnation())
-            }
-            _ => false,
-        }
-    }
-
-    /// After this gateway's lease ended and a new incarnation began (see [`Bridge::inject`]):
-    /// waits (bounded) for a lease, then asks JetStream whether the consumer is still the one this bridge started
-    /// with (same creation time). If it is, deliveries go on under the new lease. If it was
-    /// deleted, or deleted and made again, every member here is ended with `NOT_FOUND` (they
-    /// rejoin and find the subscription as it is now) and the bridge hands nothing more over
-    /// (`consumer_gone`) until the local subscription expires with them and it is stopped.
-    async fn verify_consumer(&mut self) {
-        let Some(singletons) = self.shared.singletons.clone() else {
-            return;
-        };
-        if self.consumer_gone {
-            return;
-        }
-        // Bounded: a join or a leave meanwhile waits at most this long to be handled.
-        let Some(incarnation) = singletons.lease().wait_valid(self.pull_expires).await else {
-            return;
-        };
-        let created = self.consumer.cached_info().created;
-        let same = match self.consumer.get_info().await {
-            Ok(info) => info.created == created,
-            Err(error)
-                if error.kind()
-                    == async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound =>
-            {
-                false
-            }
-            Err(error) => {
-                tracing::warn!(subscription = %self.subscription, %error, "cannot tell whether the consumer outlived this gateway's lease lapse; asking again");
-                return;
-            }
-        };
-        if same {
-            self.verified = Some(incarnation);
-            return;
-        }
-        self.consumer_gone = true;
-        tracing::warn!(subscription = %self.subscription, "the subscription was deleted while this gateway's lease had lapsed: ending its members here");
-        self.shared.broker.end_members(
-            &self.subscription,
-            &Error::SubscriptionNotFound(format!(
-                "{} (deleted while this gateway was out of the cluster: join again)",
-                self.subscription
-            )),
-        );
-    }
-
-    /// What [`Bridge::leased`] reads, for an ack's confirmation task, which checks it before
-    /// every try: `None` when not a singleton (always leased).
-    fn lease_gate(&self) -> Option<crate::cluster::gateway::data::acks::Gate> {
-        let (true, Some(singletons)) = (self.singleton, &self.shared.singletons) else {
-            return None;
-        };
-        Some((singletons.lease().clone(), self.incarnation))
-    }
-
-    /// Members of an arbitrated singleton left (no pull is open now). When no active member
-    /// remains here, every message this gateway holds goes back to JetStream, each nak
-    /// confirmed, in stream order (JetStream redelivers naked messages ahead of new ones), and
-    /// only then is the coordinator told, whose write promotes the next member: so that
-    /// member, on any gateway, gets the in-flight messages first, with attempt + 1. The write
-    /// carries every message given back (and every carried one that had not come back here),
-    /// in stream order: JetStream does not always redeliver naked messages in the order they
-    /// were naked, and the promoted gateway holds what comes ahead of a carried one still
-    /// missing.
-    ///
-    /// A member whose step-down settled vacates the same way, while it is still the one
-    /// stepping down: its successor, on any gateway, gets what waited here first.
-    async fn vacate(&mut self) {
-        let leaving = std::mem::take(&mut self.leaving);
-        let broker = &self.shared.broker;
-        let yielding: Vec<MemberId> = std::mem::take(&mut self.yielding)
-            .into_iter()
-            .filter(|&member| broker.settled_step_down(&self.subscription) == Some(member))
-            .collect();
-        let mut carry = Vec::new();
-        if !yielding.is_empty() || !broker.has_active(&self.subscription) {
-            // The acks this gateway's member sent first: until JetStream applied them, it would
-            // hand the acked messages to the next active member, on any gateway, again. They
-            // wait only while the consumer has no leader, when nobody can pull anyway
-            // (docs/semantics.md#cluster-ack-final).
-            self.confirming.settle_all().await;
-            // What is queued here goes back: handed back now, or already when the subscription
-            // expired with its last member. Either way the router collected it, under the
-            // subscription's lock, before this call returns.
-            let _ = self.shared.broker.hand_back(&self.subscription);
-            let mut carried = std::mem::take(
-                &mut *self
-                    .handed_back
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
-            let queued_here = carried.len();
-            let held = std::mem::take(&mut self.held);
-            let refused = std::mem::take(&mut self.refused);
-            let count = held.len();
-            for (sequence, reply) in held {
-                // One that never reached the local queue (it came in the open pull after the
-                // member left) goes with the attempt it came with: no member got it.
-                let came_with = refused.get(&sequence).copied().unwrap_or(1);
-                if !self.leased() {
-                    // Past the lease: JetStream redelivers it after its ack wait.
-                    carried.entry(sequence).or_insert(came_with);
-                    continue;
-                }
-                let confirmed = tokio::time::timeout(
-                    NAK_CONFIRM,
-                    self.shared
-                        .client
-                        .request(reply, Bytes::from(AckKind::Nak(None))),
-                )
-                .await;
-                if !matches!(confirmed, Ok(Ok(_))) {
-                    // JetStream still redelivers it after its ack wait (the lease for singleton
-                    // consumers), so it is late, never lost.
-                    tracing::warn!(subscription = %self.subscription, sequence, "JetStream did not confirm a nak in time");
-                }
-                carried.entry(sequence).or_insert(came_with);
-            }
-            tracing::debug!(subscription = %self.subscription, ?leaving, queued_here, given_back = count, carried = carried.len(), "no active member here: gave back what this gateway held");
-            carry = carried.into_iter().collect();
-        }
-        if let Some(singletons) = &self.shared.singletons {
-            // The carry rides with the step-down, else with the first leave: the one whose
-            // promotion follows.
-            for member in yielding {
-                singletons.yielded(
-                    self.subscription.clone(),
-                    member,
-                    std::mem::take(&mut carry),
-                );
-            }
-            for member in leaving {
-                singletons.left(
-                    self.subscription.clone(),
-                    member,
-                    std::mem::take(&mut carry),
-                );
-            }
+        match self.kind {
+            Kind::Singleton { idle_pulls, .. } => idle_pull_expires(self.pull_expires, idle_pulls),
+            Kind::Shared { .. } => self.pull_expires,
         }
     }
 
@@ -539,14 +455,6 @@ impl Bridge {
             self.settle(sequence, reply, kind).await;
         }
         Flow::Go
-    }
-
-    /// Notes a member vacating, for [`Bridge::vacate`].
-    fn note(&mut self, why: Vacating) {
-        match why {
-            Vacating::Left(member) => self.leaving.push(member),
-            Vacating::Yielded(member) => self.yielding.push(member),
-        }
     }
 
     /// Sends an ack or a term to JetStream and has it confirmed ([`Confirming`]).
@@ -721,20 +629,18 @@ impl Bridge {
             }
         };
         let (sequence, delivered, published_nanos) = info;
-        if self.singleton
-            && let Some(singletons) = &self.shared.singletons
-        {
+        if let Kind::Singleton { incarnation, .. } = &mut self.kind {
             // A new incarnation: what the bridge held under an earlier one is never answered
             // now (its lease ended); JetStream redelivers it. Within one incarnation, lapsed or
             // not, the message goes to the local subscription: a member's stream writes nothing
             // while the lease is not valid (docs/semantics.md#cluster-lease-checks), and what
             // waits there is written if the lease is renewed, or dropped when the gateway ends
             // the member (docs/semantics.md#cluster-lease-lapse).
-            let incarnation = singletons.lease().incarnation();
-            if self.incarnation != Some(incarnation) {
+            let now = self.shared.singletons.lease().incarnation();
+            if *incarnation != Some(now) {
                 self.held.clear();
                 self.refused.clear();
-                self.incarnation = Some(incarnation);
+                *incarnation = Some(now);
             }
         }
         // First what this gateway already has of the message, whatever else holds it back: a
@@ -759,10 +665,15 @@ impl Bridge {
             self.confirm(sequence, reply.clone(), kind);
             return;
         }
-        if !self.singleton
-            && let Some(singletons) = &self.shared.singletons
-            && (self.consumer_gone || self.verified != Some(singletons.lease().incarnation()))
-        {
+        let unverified = match self.kind {
+            Kind::Shared {
+                verified,
+                consumer_gone,
+                ..
+            } => consumer_gone || verified != Some(self.shared.singletons.lease().incarnation()),
+            Kind::Singleton { .. } => false,
+        };
+        if unverified {
             // Any other mode: a gateway whose lease ended (a new incarnation) was taken for
             // dead by the others, which count none of its members, so the subscription may
             // have been deleted (and made again, with other settings, under the same name)
@@ -772,7 +683,9 @@ impl Bridge {
             if let Some(reply) = reply {
                 self.reply(reply, AckKind::Nak(None)).await;
             }
-            self.await_lease = true;
+            if let Kind::Shared { await_lease, .. } = &mut self.kind {
+                *await_lease = true;
+            }
             return;
         }
         let decoded = decode(
@@ -852,78 +765,10 @@ impl Bridge {
     }
 }
 
-/// The broker message a JetStream message carries, and the subscription whose dead letter it
-/// is, if a gateway stored it as one. A message without headers to `last`'s topic shares
-/// `last`; one without headers to another topic becomes the new `last`.
-fn decode(
-    prefix: &str,
-    message: &async_nats::Message,
-    sequence: u64,
-    published_nanos: i128,
-    last: &mut Option<Envelope>,
-) -> Result<(Message, Option<String>), String> {
-    let topic = crate::cluster::gateway::wire::names::topic_of(prefix, message.subject.as_str())
-        .ok_or_else(|| format!("subject {} is outside {prefix}.>", message.subject))?;
-    let mut headers = Headers::new();
-    let mut dead_letter_of = None;
-    if let Some(map) = &message.headers {
-        for (name, values) in map.iter() {
-            let name_text: &str = name.as_ref();
-            // The gateway's own headers: its dead-letter mark, and JetStream's (`Nats-`: each
-            // publish's message id, an atomic batch's id, place and commit). A client's header
-            // named so travels escaped.
-            if name_text == DEAD_LETTER_OF {
-                dead_letter_of = values.last().map(|v| v.as_str().to_string());
-                continue;
-            }
-            if is_jetstream_header(name_text) {
-                continue;
-            }
-            if let Some(value) = values.last() {
-                let (name, value) = crate::cluster::gateway::wire::headers::client_header(
-                    name.as_ref(),
-                    value.as_str(),
-                );
-                headers.insert(name, value);
-            }
-        }
-    }
-    let envelope = match last {
-        Some(envelope) if headers.is_empty() && envelope.topic().as_str() == topic => {
-            envelope.clone()
-        }
-        _ => {
-            let topic = Topic::parse(topic).map_err(|e| e.to_string())?;
-            let envelope = Envelope::new(topic, headers);
-            if envelope.headers().is_empty() {
-                *last = Some(envelope.clone());
-            }
-            envelope
-        }
-    };
-    let decoded = Message::new(
-        sequence,
-        u64::try_from(published_nanos / 1_000_000).unwrap_or(0),
-        envelope,
-        &message.payload,
-    );
-    Ok((decoded, dead_letter_of))
-}
-
-/// Whether `name` is a header JetStream reads or writes (`Nats-…`, any case): never a
-/// client's, which travels escaped (`headers`).
-fn is_jetstream_header(name: &str) -> bool {
-    name.as_bytes()
-        .get(..5)
-        .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"nats-"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    // docs/cluster.md#subscriptions-and-consumers: an idle leader's pulls wait 15, 30, 60, 120,
-    // then 240 ms at most; the first pull after a message waits 15 ms again.
     #[test]
     fn an_idle_singletons_pull_wait_doubles_up_to_its_bound() {
         let waits: Vec<u128> = (0..8)
@@ -934,77 +779,5 @@ mod tests {
             idle_pull_expires(SINGLETON_PULL_EXPIRES, u32::MAX).as_millis(),
             240
         );
-    }
-
-    fn nats_message(subject: &str, headers: &[(&str, &str)]) -> async_nats::Message {
-        let headers = (!headers.is_empty()).then(|| {
-            let mut map = async_nats::HeaderMap::new();
-            for (name, value) in headers {
-                map.insert(*name, *value);
-            }
-            map
-        });
-        async_nats::Message {
-            subject: subject.into(),
-            reply: None,
-            payload: bytes::Bytes::from_static(b"payload"),
-            headers,
-            status: None,
-            description: None,
-            length: 0,
-        }
-    }
-
-    fn decoded(
-        last: &mut Option<Envelope>,
-        subject: &str,
-        headers: &[(&str, &str)],
-    ) -> Result<(Message, Option<String>), String> {
-        decode("p", &nats_message(subject, headers), 1, 0, last)
-    }
-
-    // Messages to one topic without headers share one envelope; a message with headers, to
-    // another topic, or to an invalid one gets its own (and is checked).
-    #[test]
-    fn messages_to_one_topic_share_an_envelope() {
-        let mut last = None;
-        let (first, _) = decoded(&mut last, "p.a.b", &[]).unwrap();
-        let (second, _) = decoded(&mut last, "p.a.b", &[("Nats-Batch-Id", "x")]).unwrap();
-        assert!(second.envelope().is_shared_with(first.envelope()));
-        assert!(
-            second.envelope().headers().is_empty(),
-            "JetStream's headers dropped"
-        );
-        let (with_header, _) = decoded(&mut last, "p.a.b", &[("k", " v ")]).unwrap();
-        assert!(!with_header.envelope().is_shared_with(first.envelope()));
-        assert_eq!(
-            with_header
-                .envelope()
-                .headers()
-                .get("k")
-                .map(String::as_str),
-            Some(" v ")
-        );
-        let (third, _) = decoded(&mut last, "p.a.b", &[]).unwrap();
-        assert!(
-            third.envelope().is_shared_with(first.envelope()),
-            "a message with headers does not replace the shared one"
-        );
-        let (other, _) = decoded(&mut last, "p.a.c", &[]).unwrap();
-        assert_eq!(other.topic().as_str(), "a.c");
-        assert!(!other.envelope().is_shared_with(first.envelope()));
-        assert!(decoded(&mut last, "p.a..c", &[]).is_err());
-        assert!(decoded(&mut last, "q.a.c", &[]).is_err());
-    }
-
-    // The dead-letter mark names the subscription and never reaches members.
-    #[test]
-    fn the_dead_letter_mark_is_read_and_dropped() {
-        let mut last = None;
-        let (message, of) = decoded(&mut last, "p.dead", &[(DEAD_LETTER_OF, "orders")]).unwrap();
-        assert_eq!(of.as_deref(), Some("orders"));
-        assert!(message.envelope().headers().is_empty());
-        let (_, of) = decoded(&mut last, "p.dead", &[]).unwrap();
-        assert_eq!(of, None);
     }
 }
