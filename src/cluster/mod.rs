@@ -12,7 +12,8 @@
 //!   `sim/backplane.rs`; one contract suite holds both (the NATS one on a real three-node
 //!   nats-server cluster, started by `tests/support/nats.rs`).
 //! - [`nats`]: the backplane over a JetStream KV bucket (`async-nats`).
-//! - [`values`]: what gateways keep in the backplane: ids, keys, a subscription's line.
+//! - [`ids`]: the ids cluster mode names things by (gateway incarnations, members, routes).
+//! - [`values`]: what gateways keep in the backplane: keys, a subscription's line.
 //! - [`coordinator`]: one gateway's sans-IO state machine for singleton subscriptions: the line
 //!   across gateways, promotion, epochs and leases, with the safety argument and the clock
 //!   assumption in its doc.
@@ -24,6 +25,7 @@
 pub mod backplane;
 pub mod coordinator;
 pub mod gateway;
+pub mod ids;
 pub mod nats;
 pub mod security;
 pub mod values;

@@ -1,21 +1,9 @@
-//! What gateways keep in the backplane: their ids, the keys, and a subscription's value (see
+//! What gateways keep in the backplane: the keys and a subscription's value (see
 //! [`super::coordinator`] for how they are used).
 
 use serde::{Deserialize, Serialize};
 
-/// A gateway incarnation: unique for the life of the bucket (a restarted or fenced gateway gets a
-/// new one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct GatewayId(pub u64);
-
-/// A member across the cluster: its gateway and its id there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct MemberUid {
-    /// The gateway that holds the member's stream.
-    pub gateway: GatewayId,
-    /// The member's id on that gateway.
-    pub member: u64,
-}
+pub use super::ids::{GatewayId, MemberUid};
 
 /// The value of `sub.<subscription>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -605,8 +605,8 @@ impl Gateway {
             // Its own members (also any past its route's ids) and its route's are answered here.
             Fence::Member(member)
                 if broker.has_member(subscription_id, member)
-                    || forward::route_of(member)
-                        == forward::route_of(broker.id_floor().unix_micros()) =>
+                    || crate::cluster::ids::Route::of(member)
+                        == crate::cluster::ids::Route::of(broker.id_floor().unix_micros()) =>
             {
                 forward::settle_here(broker, subscription_id, member, system_id, nack)
             }

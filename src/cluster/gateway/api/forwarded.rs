@@ -7,9 +7,7 @@ use std::time::Duration;
 use tokio_stream::StreamExt;
 
 use crate::broker::Broker;
-use crate::cluster::gateway::data::forward::{
-    SettleReply, SettleRequest, route_of, settle_here, subject,
-};
+use crate::cluster::gateway::data::forward::{SettleReply, SettleRequest, settle_here, subject};
 use crate::core::Error;
 
 /// What a starting gateway sends itself on its route's subject: no settle (it has no reply
@@ -29,7 +27,7 @@ pub(in crate::cluster::gateway) async fn serve(
     broker: Broker,
     singletons: crate::cluster::gateway::control::singleton::Handle,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
-    let route = route_of(broker.id_floor().unix_micros());
+    let route = crate::cluster::ids::Route::of(broker.id_floor().unix_micros());
     let subject = subject(stream, route);
     let mut requests = client
         .subscribe(subject.clone())

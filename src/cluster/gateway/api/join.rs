@@ -93,9 +93,8 @@ impl Gateway {
         // Its id must be on this gateway's route, or acks forwarded to it would reach another
         // gateway: a subscription past 2^24 joins at one gateway run has none left
         // (docs/semantics.md#cluster-restart-identity). Dropping the stream leaves.
-        let route =
-            crate::cluster::gateway::data::forward::route_of(broker.id_floor().unix_micros());
-        if crate::cluster::gateway::data::forward::route_of(member.member_id()) != route {
+        let route = crate::cluster::ids::Route::of(broker.id_floor().unix_micros());
+        if crate::cluster::ids::Route::of(member.member_id()) != route {
             tracing::error!(
                 subscription = %request.subscription_id,
                 "subscription {:?} has had 2^{} joins at this gateway since it started: its member ids are used up here; join at another gateway, or restart this one",

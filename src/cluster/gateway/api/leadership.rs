@@ -140,7 +140,8 @@ impl Gateway {
         } = proclamation;
         let broker = &self.inner.shared.broker;
         let result = if broker.has_member(&subscription_id, member)
-            || forward::route_of(member) == forward::route_of(broker.id_floor().unix_micros())
+            || crate::cluster::ids::Route::of(member)
+                == crate::cluster::ids::Route::of(broker.id_floor().unix_micros())
         {
             proclaim_here(
                 broker,

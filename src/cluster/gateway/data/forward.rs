@@ -31,6 +31,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::ids::Route;
 use crate::{
     broker::{Broker, Fence},
     core::{Error, ErrorKind},
@@ -56,17 +57,17 @@ pub(in crate::cluster::gateway) struct GoneRoutes(Mutex<Routes>);
 
 #[derive(Debug, Default)]
 struct Routes {
-    gone: VecDeque<u64>,
-    answered: VecDeque<(u64, tokio::time::Instant)>,
+    gone: VecDeque<Route>,
+    answered: VecDeque<(Route, tokio::time::Instant)>,
 }
 
 impl GoneRoutes {
-    fn contains(&self, route: u64) -> bool {
+    fn contains(&self, route: Route) -> bool {
         self.lock().gone.contains(&route)
     }
 
     /// `route` found gone by a settle that began at `since`.
-    fn found_gone(&self, route: u64, since: tokio::time::Instant) {
+    fn found_gone(&self, route: Route, since: tokio::time::Instant) {
         let mut routes = self.lock();
         let answered_after = routes
             .answered
@@ -81,7 +82,7 @@ impl GoneRoutes {
     }
 
     /// `route` answered a settle.
-    fn answered(&self, route: u64) {
+    fn answered(&self, route: Route) {
         let mut routes = self.lock();
         routes.gone.retain(|r| *r != route);
         routes.answered.retain(|(r, _)| *r != route);
@@ -124,14 +125,8 @@ pub(in crate::cluster::gateway) struct SettleReply {
     pub(in crate::cluster::gateway) message: String,
 }
 
-/// The route of a member id: the gateway that admitted it listens for its route's settles (a
-/// gateway's member ids start at a floor whose low bits are zero; `Broker::gateway`).
-pub(in crate::cluster::gateway) fn route_of(member: u64) -> u64 {
-    member >> crate::broker::GATEWAY_ROUTE_SHIFT
-}
-
 /// Outside the stream's subjects (`<stream>.>`), so forwarded acks are never stored.
-pub(in crate::cluster::gateway) fn subject(stream: &str, route: u64) -> String {
+pub(in crate::cluster::gateway) fn subject(stream: &str, route: Route) -> String {
     format!("_tinybroker.{stream}.settle.{route}")
 }
 
@@ -179,7 +174,7 @@ pub(in crate::cluster::gateway) async fn request(
         serde_json::to_vec(&settle)
             .map_err(|e| Error::cluster(ErrorKind::Internal, e.to_string()))?,
     );
-    let route = route_of(settle.member);
+    let route = Route::of(settle.member);
     let since = tokio::time::Instant::now();
     let known_gone = gone.contains(route);
     let subject = subject(stream, route);
@@ -249,7 +244,7 @@ pub(in crate::cluster::gateway) async fn request(
 mod tests {
     use std::time::Duration;
 
-    use super::{GONE_ROUTES, GoneRoutes};
+    use super::{GONE_ROUTES, GoneRoutes, Route};
 
     // A route is marked gone by a settle that found no responders for the timeout, unmarked by
     // an answer; a settle that began before the route's last answer does not mark it (it
@@ -258,17 +253,17 @@ mod tests {
     async fn a_route_is_gone_until_it_answers_and_only_by_a_settle_begun_after_its_answer() {
         let gone = GoneRoutes::default();
         let before = tokio::time::Instant::now();
-        gone.found_gone(7, before);
-        assert!(gone.contains(7));
+        gone.found_gone(Route(7), before);
+        assert!(gone.contains(Route(7)));
         tokio::time::advance(Duration::from_millis(10)).await;
-        gone.answered(7);
-        assert!(!gone.contains(7));
-        gone.found_gone(7, before);
-        assert!(!gone.contains(7), "began before the answer");
+        gone.answered(Route(7));
+        assert!(!gone.contains(Route(7)));
+        gone.found_gone(Route(7), before);
+        assert!(!gone.contains(Route(7)), "began before the answer");
         tokio::time::advance(Duration::from_millis(10)).await;
-        gone.found_gone(7, tokio::time::Instant::now());
-        assert!(gone.contains(7), "began after the answer");
-        assert!(!gone.contains(8));
+        gone.found_gone(Route(7), tokio::time::Instant::now());
+        assert!(gone.contains(Route(7)), "began after the answer");
+        assert!(!gone.contains(Route(8)));
     }
 
     // Bounded: past GONE_ROUTES the longest-known is forgotten, gone routes and answers alike.
@@ -277,13 +272,15 @@ mod tests {
         let gone = GoneRoutes::default();
         let now = tokio::time::Instant::now();
         for route in 0..=GONE_ROUTES as u64 {
-            gone.found_gone(route, now);
-            gone.answered(route + 10_000);
+            gone.found_gone(Route(route), now);
+            gone.answered(Route(route + 10_000));
         }
         let routes = gone.lock();
         assert_eq!(routes.gone.len(), GONE_ROUTES);
         assert_eq!(routes.answered.len(), GONE_ROUTES);
-        assert!(!routes.gone.contains(&0) && routes.gone.contains(&(GONE_ROUTES as u64)));
-        assert!(!routes.answered.iter().any(|(r, _)| *r == 10_000));
+        assert!(
+            !routes.gone.contains(&Route(0)) && routes.gone.contains(&Route(GONE_ROUTES as u64))
+        );
+        assert!(!routes.answered.iter().any(|(r, _)| *r == Route(10_000)));
     }
 }
