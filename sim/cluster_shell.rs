@@ -1,5 +1,5 @@
 //! The cluster world's model of what a gateway's shell does around its coordinator
-//! (`src/cluster/gateway/control/singleton.rs`, `lease.rs`, `join.rs`): acts checked against the lease
+//! (`src/cluster/gateway/control/singleton/`, `lease.rs`, `join.rs`): acts checked against the lease
 //! gate, frozen hosts, and singleton joins that wait for a lease and are answered once in the
 //! line. See the module doc of `cluster.rs`.
 

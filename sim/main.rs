@@ -10,6 +10,9 @@
 mod backplane;
 mod backplane_contract;
 mod backplane_nats;
+mod bus;
+mod bus_contract;
+mod bus_nats;
 mod campaign;
 mod campaign_tests;
 mod checker;

@@ -11,6 +11,9 @@
 //!   compare-and-set, ordered watch). Implemented by [`nats`] and by the in-memory model in
 //!   `sim/backplane.rs`; one contract suite holds both (the NATS one on a real three-node
 //!   nats-server cluster, started by `tests/support/nats.rs`).
+//! - [`bus`]: the seam to core NATS: what gateways say to each other (request/reply, asks of
+//!   every gateway) and hear from JetStream (advisories). Implemented by [`bus::NatsBus`] and by
+//!   the in-memory model in `sim/bus.rs`; one contract suite holds both.
 //! - [`nats`]: the backplane over a JetStream KV bucket (`async-nats`).
 //! - [`ids`]: the ids cluster mode names things by (gateway incarnations, members, routes).
 //! - [`values`]: what gateways keep in the backplane: keys, a subscription's line.
@@ -23,6 +26,7 @@
 //! real nats-server processes in `tests/cluster` (the API suite, faults, limits, the bench).
 
 pub mod backplane;
+pub mod bus;
 pub mod coordinator;
 pub mod gateway;
 pub mod ids;

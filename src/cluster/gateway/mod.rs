@@ -86,6 +86,8 @@ use crate::{
 /// What every part of the gateway shares.
 struct Shared {
     client: async_nats::Client,
+    /// Core NATS between gateways, and JetStream's advisories ([`crate::cluster::bus`]).
+    bus: Arc<dyn crate::cluster::bus::Bus>,
     js: jetstream::Context,
     /// The local broker, with the operations only a gateway has.
     broker: Upstream,
@@ -267,10 +269,12 @@ impl Gateway {
                     format!("cannot claim a member-id route in the coordination bucket: {e}")
                 })?;
             let (local, broker) = Broker::gateway(limits, clock, router.clone(), route);
+            let bus: Arc<dyn crate::cluster::bus::Bus> =
+                Arc::new(crate::cluster::bus::NatsBus::new(client.clone()));
             let (registry, registry_task) =
-                registry::Registry::start(&client, stream.clone(), connects).await?;
+                registry::Registry::start(bus.as_ref(), stream.clone(), connects).await?;
             let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));
-            let fence_task = fences.clone().follow_deletions(client.clone()).await?;
+            let fence_task = fences.clone().follow_deletions(bus.as_ref()).await?;
             let (singletons, coordination) = singleton::spawn(
                 backplane.clone(),
                 broker.clone(),
@@ -279,7 +283,7 @@ impl Gateway {
             );
             let incarnation = singletons.incarnation();
             let announcements = announce::serve(
-                &client,
+                bus.clone(),
                 &config.stream,
                 registry.clone(),
                 incarnation.clone(),
@@ -306,6 +310,7 @@ impl Gateway {
             js.set_timeout(publish::PUBLISH_TRY);
             let shared = Arc::new(Shared {
                 client: client.clone(),
+                bus: bus.clone(),
                 js,
                 broker: broker.clone(),
                 prefix: config.stream.clone(),
@@ -318,7 +323,7 @@ impl Gateway {
                 batches,
             });
             let responder = forwarded::serve(
-                &client,
+                bus.clone(),
                 &config.stream,
                 local.clone(),
                 shared.singletons.clone(),
@@ -327,7 +332,7 @@ impl Gateway {
             tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
             let holds = Arc::new(delete::Holds::default());
             let deletes = delete::serve(
-                &client,
+                bus.clone(),
                 &config.stream,
                 local.clone(),
                 holds.clone(),
@@ -612,7 +617,7 @@ impl Gateway {
             }
             Fence::Member(member) => {
                 forward::request(
-                    &self.inner.shared.client,
+                    self.inner.shared.bus.as_ref(),
                     &self.inner.config.stream,
                     &self.inner.gone_routes,
                     forward::SettleRequest {

@@ -206,21 +206,19 @@ impl Holds {
 /// the id (after expiring its member-less local subscriptions, which in cluster mode are due
 /// at once, so a held id has no local leftover with the old settings), holds and releases.
 pub(in crate::cluster::gateway) async fn serve(
-    client: &async_nats::Client,
+    bus: std::sync::Arc<dyn crate::cluster::bus::Bus>,
     stream: &str,
     broker: Broker,
     holds: Arc<Holds>,
     incarnation: Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
-    let mut asks = client
-        .subscribe(subject(stream))
+    let mut asks = bus
+        .subscribe(&subject(stream))
         .await
         .map_err(|e| format!("cannot subscribe to deletes: {e}"))?;
-    client
-        .flush()
+    bus.flush()
         .await
         .map_err(|e| format!("cannot subscribe to deletes: {e}"))?;
-    let client = client.clone();
     Ok(tokio::spawn(async move {
         while let Some(message) = asks.next().await {
             match serde_json::from_slice::<Ask>(&message.payload) {
@@ -242,7 +240,7 @@ pub(in crate::cluster::gateway) async fn serve(
                     let Ok(body) = serde_json::to_vec(&counted) else {
                         continue;
                     };
-                    if let Err(error) = client.publish(reply, body.into()).await {
+                    if let Err(error) = bus.publish(&reply, body.into()).await {
                         tracing::warn!(%error, "could not answer a delete's count");
                     }
                 }
@@ -274,14 +272,14 @@ impl Gateway {
             token,
         };
         if let Ok(body) = serde_json::to_vec(&release) {
-            let client = &self.inner.shared.client;
-            if let Err(error) = client
-                .publish(subject(&self.inner.config.stream), body.into())
+            let bus = self.inner.shared.bus.as_ref();
+            if let Err(error) = bus
+                .publish(&subject(&self.inner.config.stream), body.into())
                 .await
             {
                 tracing::warn!(subscription = id, %error, "could not release a delete's holds (they run out by themselves)");
             }
-            let _ = client.flush().await;
+            let _ = bus.flush().await;
         }
         if let Ok(deleted) = &outcome {
             self.inner.local.count_deleted(deleted.discarded_messages);
@@ -399,7 +397,7 @@ impl Gateway {
     /// # Errors
     /// [`Error::Unavailable`] when a gateway holding a lease did not answer in time.
     async fn count_everywhere(&self, id: &str, token: u64) -> Result<u64, Error> {
-        let client = &self.inner.shared.client;
+        let bus = self.inner.shared.bus.as_ref();
         let mut expected = self.leased_gateways().await?;
         // This gateway answers too, leased or not yet.
         expected.insert(self.inner.incarnation.load(Ordering::Relaxed));
@@ -409,7 +407,7 @@ impl Gateway {
         };
         let body = serde_json::to_vec(&ask).map_err(|e| unavailable("cannot ask", e))?;
         let gathered = crate::cluster::gateway::wire::ask::gather(
-            client,
+            bus,
             subject(&self.inner.config.stream),
             body.into(),
             expected,

@@ -22,19 +22,18 @@ const SERVE_PATIENCE: Duration = Duration::from_secs(10);
 /// come back through it (`flush` only writes to the socket). Other servers learn of it over
 /// the cluster's routes, later; [`request`](crate::cluster::gateway::data::forward::request) is patient with them.
 pub(in crate::cluster::gateway) async fn serve(
-    client: &async_nats::Client,
+    bus: std::sync::Arc<dyn crate::cluster::bus::Bus>,
     stream: &str,
     broker: Broker,
     singletons: crate::cluster::gateway::control::singleton::Handle,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let route = crate::cluster::ids::Route::of(broker.id_floor().unix_micros());
     let subject = subject(stream, route);
-    let mut requests = client
-        .subscribe(subject.clone())
+    let mut requests = bus
+        .subscribe(&subject)
         .await
         .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
-    client
-        .publish(subject, bytes::Bytes::from_static(SERVE_PROBE))
+    bus.publish(&subject, bytes::Bytes::from_static(SERVE_PROBE))
         .await
         .map_err(|e| format!("cannot subscribe to forwarded acks: {e}"))?;
     let served = tokio::time::timeout(SERVE_PATIENCE, async {
@@ -42,7 +41,7 @@ pub(in crate::cluster::gateway) async fn serve(
             if message.reply.is_none() && &message.payload[..] == SERVE_PROBE {
                 return true;
             }
-            answer(client, &broker, &singletons, message).await;
+            answer(&bus, &broker, &singletons, message).await;
         }
         false
     })
@@ -52,10 +51,9 @@ pub(in crate::cluster::gateway) async fn serve(
             "cannot subscribe to forwarded acks: the NATS server did not deliver on the subscription within {SERVE_PATIENCE:?}"
         ));
     }
-    let client = client.clone();
     Ok(tokio::spawn(async move {
         while let Some(message) = requests.next().await {
-            answer(&client, &broker, &singletons, message).await;
+            answer(&bus, &broker, &singletons, message).await;
         }
     }))
 }
@@ -63,10 +61,10 @@ pub(in crate::cluster::gateway) async fn serve(
 /// Answers one forwarded settle (a message without a reply subject or a settle is ignored);
 /// a proclamation, which waits for the line, is answered by a task of its own.
 async fn answer(
-    client: &async_nats::Client,
+    bus: &std::sync::Arc<dyn crate::cluster::bus::Bus>,
     broker: &Broker,
     singletons: &crate::cluster::gateway::control::singleton::Handle,
-    message: async_nats::Message,
+    message: crate::cluster::bus::BusMessage,
 ) {
     let Some(reply) = message.reply else {
         return;
@@ -80,10 +78,10 @@ async fn answer(
                 "the gateway holding member {} has {PROCLAIMS_AT_ONCE} proclamations waiting for the coordination bucket; retry",
                 request.member
             ));
-            reply_with(client, reply, Err(busy)).await;
+            reply_with(bus.as_ref(), &reply, Err(busy)).await;
             return;
         };
-        let (client, broker, singletons) = (client.clone(), broker.clone(), singletons.clone());
+        let (bus, broker, singletons) = (bus.clone(), broker.clone(), singletons.clone());
         tokio::spawn(async move {
             let _permit = permit;
             let result = crate::cluster::gateway::api::leadership::proclaim_here(
@@ -95,7 +93,7 @@ async fn answer(
                 std::sync::Arc::from(proclaim.metadata),
             )
             .await;
-            reply_with(&client, reply, result).await;
+            reply_with(bus.as_ref(), &reply, result).await;
         });
         return;
     }
@@ -106,7 +104,7 @@ async fn answer(
         request.system_id,
         request.nack,
     );
-    reply_with(client, reply, result).await;
+    reply_with(bus.as_ref(), &reply, result).await;
 }
 
 /// Most forwarded proclamations a gateway waits on at once (each for the coordination bucket,
@@ -119,11 +117,7 @@ static PROCLAIMING: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> 
     });
 
 /// Sends the holder's answer to a forwarded request.
-async fn reply_with(
-    client: &async_nats::Client,
-    reply: async_nats::Subject,
-    result: Result<(), Error>,
-) {
+async fn reply_with(bus: &dyn crate::cluster::bus::Bus, reply: &str, result: Result<(), Error>) {
     let answer = match result {
         Ok(()) => SettleReply {
             code: 0,
@@ -137,7 +131,7 @@ async fn reply_with(
     let Ok(body) = serde_json::to_vec(&answer) else {
         return;
     };
-    if let Err(error) = client.publish(reply, body.into()).await {
+    if let Err(error) = bus.publish(reply, body.into()).await {
         tracing::warn!(%error, "could not answer a forwarded ack");
     }
 }

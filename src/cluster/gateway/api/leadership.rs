@@ -154,7 +154,7 @@ impl Gateway {
             .await
         } else {
             forward::request(
-                &self.inner.shared.client,
+                self.inner.shared.bus.as_ref(),
                 &self.inner.config.stream,
                 &self.inner.gone_routes,
                 forward::SettleRequest {

@@ -56,20 +56,18 @@ fn subject(stream: &str) -> String {
 /// Subscribes to announcements and answers each once this gateway's copy was brought up to
 /// date after it arrived, with this gateway's incarnation.
 pub(in crate::cluster::gateway) async fn serve(
-    client: &async_nats::Client,
+    bus: std::sync::Arc<dyn crate::cluster::bus::Bus>,
     stream: &str,
     registry: Arc<Registry>,
     incarnation: Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
-    let mut asks = client
-        .subscribe(subject(stream))
+    let mut asks = bus
+        .subscribe(&subject(stream))
         .await
         .map_err(|e| format!("cannot subscribe to registry announcements: {e}"))?;
-    client
-        .flush()
+    bus.flush()
         .await
         .map_err(|e| format!("cannot subscribe to registry announcements: {e}"))?;
-    let client = client.clone();
     Ok(tokio::spawn(async move {
         let mut answering = tokio::task::JoinSet::new();
         while let Some(message) = asks.next().await {
@@ -82,7 +80,7 @@ pub(in crate::cluster::gateway) async fn serve(
             // version) is answered once a listing after it succeeded.
             if let Ok(change) = serde_json::from_slice::<Change>(&message.payload) {
                 registry.apply(change);
-                answer(&client, reply, &incarnation).await;
+                answer(bus.as_ref(), &reply, &incarnation).await;
                 continue;
             }
             // Whatever follows, the copy may lack what was announced.
@@ -91,15 +89,14 @@ pub(in crate::cluster::gateway) async fn serve(
                 tracing::debug!("too many registry announcements at once: one left unanswered");
                 continue;
             }
-            let (client, registry, incarnation) =
-                (client.clone(), registry.clone(), incarnation.clone());
+            let (bus, registry, incarnation) = (bus.clone(), registry.clone(), incarnation.clone());
             answering.spawn(async move {
                 if !registry.refresh().await {
                     // Not listed: the announcer waits out its patience, and this copy stays
                     // not current (the next publish syncs).
                     return;
                 }
-                answer(&client, reply, &incarnation).await;
+                answer(bus.as_ref(), &reply, &incarnation).await;
             });
         }
     }))
@@ -107,8 +104,8 @@ pub(in crate::cluster::gateway) async fn serve(
 
 /// Says this gateway's copy has what was announced, with its incarnation.
 async fn answer(
-    client: &async_nats::Client,
-    reply: async_nats::Subject,
+    bus: &dyn crate::cluster::bus::Bus,
+    reply: &str,
     incarnation: &std::sync::atomic::AtomicU64,
 ) {
     let me = Refreshed {
@@ -117,7 +114,7 @@ async fn answer(
     let Ok(body) = serde_json::to_vec(&me) else {
         return;
     };
-    if let Err(error) = client.publish(reply, body.into()).await {
+    if let Err(error) = bus.publish(reply, body.into()).await {
         tracing::debug!(%error, "could not answer a registry announcement");
     }
 }
@@ -174,7 +171,7 @@ impl Gateway {
         expected.insert(me);
         let body = serde_json::to_vec(&change).unwrap_or_default();
         let gathered = crate::cluster::gateway::wire::ask::gather(
-            &self.inner.shared.client,
+            self.inner.shared.bus.as_ref(),
             subject(&self.inner.config.stream),
             body.into(),
             expected.clone(),

@@ -395,11 +395,11 @@ impl Fences {
     /// Follows the stream's consumer deletions ([`Fences::gone`]) until `client` closes.
     pub(in crate::cluster::gateway) async fn follow_deletions(
         self: Arc<Self>,
-        client: async_nats::Client,
+        bus: &dyn crate::cluster::bus::Bus,
     ) -> Result<tokio::task::JoinHandle<()>, String> {
         use tokio_stream::StreamExt;
-        let mut deleted = client
-            .subscribe(format!(
+        let mut deleted = bus
+            .subscribe(&format!(
                 "$JS.EVENT.ADVISORY.CONSUMER.DELETED.{}.*",
                 self.name
             ))

@@ -224,13 +224,13 @@ impl Registry {
     /// A registry for `stream`, kept by a task of its own (ended by aborting it), watching
     /// JetStream's consumer advisories on `client`.
     pub(in crate::cluster::gateway) async fn start(
-        client: &async_nats::Client,
+        bus: &dyn crate::cluster::bus::Bus,
         stream: jetstream::stream::Stream,
         connects: Arc<AtomicU64>,
     ) -> Result<(Arc<Self>, tokio::task::JoinHandle<()>), String> {
         let name = stream.cached_info().config.name.clone();
-        let mut advisories = client
-            .subscribe(format!("$JS.EVENT.ADVISORY.CONSUMER.*.{name}.*"))
+        let mut advisories = bus
+            .subscribe(&format!("$JS.EVENT.ADVISORY.CONSUMER.*.{name}.*"))
             .await
             .map_err(|e| format!("cannot watch the stream's consumers: {e}"))?;
         let registry = Arc::new(Self::empty(connects));

@@ -31,7 +31,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::ids::Route;
+use crate::cluster::{bus::BusError, ids::Route};
 use crate::{
     broker::{Broker, Fence},
     core::{Error, ErrorKind},
@@ -164,7 +164,7 @@ fn stale(subscription: &str, member: u64) -> Error {
 
 /// Forwards one settle and returns the holder's answer.
 pub(in crate::cluster::gateway) async fn request(
-    client: &async_nats::Client,
+    bus: &dyn crate::cluster::bus::Bus,
     stream: &str,
     gone: &GoneRoutes,
     settle: SettleRequest,
@@ -187,7 +187,7 @@ pub(in crate::cluster::gateway) async fn request(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut delay = Duration::from_millis(5);
     let answer = loop {
-        let request = client.request(subject.clone(), body.clone());
+        let request = bus.request(&subject, body.clone(), timeout);
         // A try sent just before the deadline still gets its answer: on a loaded machine the
         // server's "no responders" can take longer than what was left, and a settle whose
         // every try found no responders is stale, not "may or may not have been applied".
@@ -198,7 +198,7 @@ pub(in crate::cluster::gateway) async fn request(
                 break answer;
             }
             // No responders at this gateway's server (yet): see the module doc.
-            Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => {
+            Ok(Err(BusError::NoResponders)) => {
                 let now = tokio::time::Instant::now();
                 if known_gone || now + delay >= deadline {
                     gone.found_gone(route, since);
@@ -217,7 +217,7 @@ pub(in crate::cluster::gateway) async fn request(
                 delay = (delay * 2).min(NO_RESPONDERS_MAX_DELAY);
             }
             Err(_) => return Err(late()),
-            Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::TimedOut => {
+            Ok(Err(BusError::TimedOut)) => {
                 return Err(late());
             }
             Ok(Err(error)) => {

@@ -20,20 +20,16 @@ pub(in crate::cluster::gateway) struct Gathered<T> {
 /// # Errors
 /// The request could not be sent (NATS unreachable).
 pub(in crate::cluster::gateway) async fn gather<T: DeserializeOwned>(
-    client: &async_nats::Client,
+    bus: &dyn crate::cluster::bus::Bus,
     subject: String,
     body: bytes::Bytes,
     expected: BTreeSet<u64>,
     patience: Duration,
     gateway_of: impl Fn(&T) -> u64,
 ) -> Result<Gathered<T>, String> {
-    let inbox = client.new_inbox();
-    let mut replies = client
-        .subscribe(inbox.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    client
-        .publish_with_reply(subject, inbox, body)
+    let inbox = bus.new_inbox();
+    let mut replies = bus.subscribe(&inbox).await.map_err(|e| e.to_string())?;
+    bus.publish_with_reply(&subject, &inbox, body)
         .await
         .map_err(|e| e.to_string())?;
     let mut silent = expected;
