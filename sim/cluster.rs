@@ -36,7 +36,7 @@ use std::{
 
 use tinybroker::cluster::{
     backplane::{Backplane, Entry, KvError, Revision, Watch},
-    coordinator::{Command, Config, Coordinator, Effect, GatewayId, MemberUid, Op, SubValue},
+    coordinator::{Command, Config, Coordinator, Effect, GatewayId, Key, MemberUid, Op, SubValue},
 };
 
 use crate::{backplane::Model, cluster_checker::ClusterChecker, rng::Rng};
@@ -339,8 +339,7 @@ impl ClusterWorld {
             if let Some(cmd) = coord.poll_command() {
                 g.pending.insert(cmd.id, ());
                 let req = cmd.id;
-                let renewal =
-                    cmd.key == format!("lease.{}", id.0) && matches!(cmd.op, Op::Update(..));
+                let renewal = cmd.key == Key::Lease(id) && matches!(cmd.op, Op::Update(..));
                 let lat = self.latency();
                 self.at(self.now + lat, Ev::Apply(id, cmd));
                 self.at(self.now + ns(REQUEST_TIMEOUT), Ev::Timeout(slot, id, req));
@@ -555,17 +554,18 @@ impl ClusterWorld {
             Ev::Apply(id, cmd) => {
                 // Sent is sent: a crashed gateway's request still reaches the store.
                 let client = self.model.client(id.0);
+                let spelled = cmd.key.to_string();
                 // What the write replaces, for check (f) (read by a client never cut off).
                 let before = match &cmd.op {
-                    Op::Update(..) | Op::Delete(_) if cmd.key.starts_with("sub.") => {
-                        self.read_sub(&cmd.key)
+                    Op::Update(..) | Op::Delete(_) if cmd.key.line().is_some() => {
+                        self.read_sub(&spelled)
                     }
                     _ => None,
                 };
                 let slot = self.gateways.iter().position(|g| g.id == id);
                 if let Some(slot) = slot
                     && self.gateways[slot].fail_create
-                    && cmd.key.starts_with("lease.")
+                    && matches!(cmd.key, Key::Lease(_))
                     && matches!(cmd.op, Op::Create(_))
                 {
                     // No server took it: nothing stored, the answer says so.
@@ -577,15 +577,15 @@ impl ClusterWorld {
                 }
                 let deleting = matches!(cmd.op, Op::Delete(_));
                 let result = match cmd.op {
-                    Op::Create(v) => poll_now(&mut client.create(&cmd.key, v)),
+                    Op::Create(v) => poll_now(&mut client.create(&spelled, v)),
                     Op::Update(v, r) => {
-                        let written = poll_now(&mut client.update(&cmd.key, v.clone(), r));
+                        let written = poll_now(&mut client.update(&spelled, v.clone(), r));
                         if let (Ok(_), Some(before)) = (&written, &before) {
-                            self.check_hand_over(&cmd.key, id, before, &v);
+                            self.check_hand_over(&spelled, id, before, &v);
                         }
                         written
                     }
-                    Op::Delete(r) => poll_now(&mut client.delete(&cmd.key, r)),
+                    Op::Delete(r) => poll_now(&mut client.delete(&spelled, r)),
                 };
                 if let Some(slot) = self.gateways.iter().position(|g| g.id == id) {
                     let lat = self.latency();
@@ -594,7 +594,7 @@ impl ClusterWorld {
                         && before.epoch != 0
                     {
                         // The shell records the ended epoch once the delete's answer is in.
-                        let sub = cmd.key.trim_start_matches("sub.").to_string();
+                        let sub = cmd.key.line().unwrap_or_default().to_string();
                         self.line_emptied(slot, id, &sub, before.epoch, lat);
                     }
                     self.at(self.now + lat, Ev::Answer(slot, id, cmd.id, result));

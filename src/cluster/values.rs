@@ -108,9 +108,60 @@ impl SubValue {
     }
 }
 
+/// A key of the coordination bucket, as the coordinator names it in its commands and reads it
+/// from the watch: its shell writes `to_string()` and decides nothing from the spelling.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Key {
+    /// `lease.<gateway>`: a gateway incarnation's lease.
+    Lease(GatewayId),
+    /// `sub.<subscription>`: a subscription's line ([`SubValue`]).
+    Line(String),
+    /// `ids`: the cluster's epoch floor ([`IdsValue`]).
+    Ids,
+}
+
+impl Key {
+    /// The key spelled `key` in the bucket; `None` for one the coordinator does not keep
+    /// (`routes`, or one that does not parse).
+    pub fn parse(key: &str) -> Option<Self> {
+        if let Some(sub) = key.strip_prefix("sub.") {
+            return Some(Self::Line(sub.to_string()));
+        }
+        if let Some(gateway) = key.strip_prefix("lease.") {
+            return gateway.parse().ok().map(|g| Self::Lease(GatewayId(g)));
+        }
+        (key == IDS_KEY).then_some(Self::Ids)
+    }
+
+    /// The subscription whose line this is.
+    pub fn line(&self) -> Option<&str> {
+        match self {
+            Self::Line(sub) => Some(sub),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Lease(gateway) => write!(f, "lease.{}", gateway.0),
+            Self::Line(sub) => write!(f, "sub.{sub}"),
+            Self::Ids => f.write_str(IDS_KEY),
+        }
+    }
+}
+
+/// A key equals its spelling in the bucket.
+impl PartialEq<&str> for Key {
+    fn eq(&self, spelled: &&str) -> bool {
+        Self::parse(spelled).as_ref() == Some(self)
+    }
+}
+
 /// The key of a subscription's value.
 pub fn sub_key(subscription: &str) -> String {
-    format!("sub.{subscription}")
+    Key::Line(subscription.to_string()).to_string()
 }
 
 /// The key of the cluster's epoch floor ([`IdsValue`]).
@@ -142,7 +193,7 @@ pub struct RoutesValue {
 
 /// The key of a gateway's lease.
 pub fn lease_key(gateway: GatewayId) -> String {
-    format!("lease.{}", gateway.0)
+    Key::Lease(gateway).to_string()
 }
 
 /// Where a standby of priority `priority` enters `line` (whose members' priorities `of`
@@ -182,4 +233,31 @@ pub fn step_past(
         of,
     );
     line.insert(at, stepping);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The coordinator's keys are spelled in the bucket as before the type (old buckets read
+    // alike), parse back, and a key it does not keep parses to none.
+    #[test]
+    fn keys_spell_as_the_bucket_has_them_and_parse_back() {
+        for (key, spelled) in [
+            (Key::Lease(GatewayId(42)), "lease.42"),
+            (Key::Line("jobs.leader".into()), "sub.jobs.leader"),
+            (Key::Ids, "ids"),
+        ] {
+            assert_eq!(key.to_string(), spelled);
+            assert_eq!(Key::parse(spelled), Some(key.clone()));
+            assert!(key == spelled);
+        }
+        assert_eq!(sub_key("a"), "sub.a");
+        assert_eq!(lease_key(GatewayId(7)), "lease.7");
+        assert_eq!(Key::parse(ROUTES_KEY), None);
+        assert_eq!(Key::parse("lease.x"), None);
+        assert_eq!(Key::parse("other"), None);
+        assert_eq!(Key::Line("a".into()).line(), Some("a"));
+        assert_eq!(Key::Ids.line(), None);
+    }
 }

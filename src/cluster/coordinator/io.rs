@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use crate::cluster::backplane::Revision;
-use crate::cluster::values::StepDownCause;
+use crate::cluster::values::{Key, StepDownCause};
 
 /// An id matching a [`Command`] to its [`Coordinator::write_result`].
 pub type RequestId = u64;
@@ -15,7 +15,7 @@ pub struct Command {
     /// Echo it in [`Coordinator::write_result`].
     pub id: RequestId,
     /// The key.
-    pub key: String,
+    pub key: Key,
     /// What to do.
     pub op: Op,
 }

@@ -9,9 +9,7 @@ use super::{
     MAX_LINE_METADATA, Op, encode,
 };
 use crate::cluster::backplane::Revision;
-use crate::cluster::values::{
-    GatewayId, MemberUid, StepDownCause, SubValue, standby_place, sub_key,
-};
+use crate::cluster::values::{Key, MemberUid, StepDownCause, SubValue, standby_place};
 use crate::core::planted::{PlantedBug, active as planted};
 
 impl Coordinator {
@@ -62,17 +60,15 @@ impl Coordinator {
         }
     }
 
-    pub(super) fn revision_of(&self, key: &str) -> Revision {
-        if let Some(sub) = key.strip_prefix("sub.") {
-            return self.subs.get(sub).map_or(0, |(_, r)| *r);
-        }
-        if let Some(g) = key.strip_prefix("lease.").and_then(|g| g.parse().ok()) {
-            return match self.leases.get(&GatewayId(g)) {
+    pub(super) fn revision_of(&self, key: &Key) -> Revision {
+        match key {
+            Key::Line(sub) => self.subs.get(sub).map_or(0, |(_, r)| *r),
+            Key::Lease(g) => match self.leases.get(g) {
                 Some(LeaseView::Alive { revision, .. }) => *revision,
                 _ => 0,
-            };
+            },
+            Key::Ids => 0,
         }
-        0
     }
 
     pub(super) fn see_sub(&mut self, sub: &str, v: SubValue, revision: Revision) {
@@ -96,7 +92,7 @@ impl Coordinator {
                 self.asked.remove(sub);
             }
             self.subs.insert(sub.to_string(), (v, revision));
-            let key = sub_key(sub);
+            let key = Key::Line(sub.to_string());
             if let Some(Block::Conflict(r)) = self.blocks.get(&key)
                 && revision > *r
             {
@@ -113,7 +109,7 @@ impl Coordinator {
         self.subs.remove(sub);
         self.carry.remove(sub);
         self.asked.remove(sub);
-        let key = sub_key(sub);
+        let key = Key::Line(sub.to_string());
         if let Some(Block::Conflict(r)) = self.blocks.get(&key)
             && revision > *r
         {
@@ -268,7 +264,7 @@ impl Coordinator {
     }
 
     pub(super) fn reconcile(&mut self, now: Duration, sub: &str) {
-        let key = sub_key(sub);
+        let key = Key::Line(sub.to_string());
         if !self.writable(now, &key) {
             return;
         }

@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::{Block, Coordinator, Effect, EndStatus, LeaseView, Op, Pending};
 use crate::cluster::backplane::{KvError, Revision};
-use crate::cluster::values::{GatewayId, lease_key};
+use crate::cluster::values::{GatewayId, Key};
 use crate::core::planted::{PlantedBug, active as planted};
 
 impl Coordinator {
@@ -87,7 +87,7 @@ impl Coordinator {
                 self.fence();
             }
         }
-        let key = lease_key(g);
+        let key = Key::Lease(g);
         if let Some(Block::Conflict(r)) = self.blocks.get(&key)
             && revision > *r
         {
@@ -183,7 +183,7 @@ impl Coordinator {
         if self.renewal.is_some() || now < self.next_renewal {
             return;
         }
-        let key = lease_key(self.me);
+        let key = Key::Lease(self.me);
         let value = Bytes::from_static(b"{}");
         let op = match self.own_revision {
             Some(rev) => Op::Update(value, rev),
@@ -212,7 +212,7 @@ impl Coordinator {
             })
             .collect();
         for (g, rev) in stale {
-            let key = lease_key(g);
+            let key = Key::Lease(g);
             if self.writable(now, &key) {
                 self.issue(now, key, Op::Delete(rev), None);
             }

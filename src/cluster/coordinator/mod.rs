@@ -102,7 +102,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::backplane::{KvError, Revision};
-pub use super::values::{GatewayId, MemberUid, StepDownCause, SubValue, lease_key, sub_key};
+pub use super::values::{GatewayId, Key, MemberUid, StepDownCause, SubValue, lease_key, sub_key};
 use crate::core::planted::{PlantedBug, active as planted};
 
 mod io;
@@ -198,7 +198,7 @@ enum Block {
 }
 
 struct Pending {
-    key: String,
+    key: Key,
     /// The value written (sub keys), to update the mirror on success.
     value: Option<SubValue>,
     /// The revision compare-and-set against (0 for a create).
@@ -250,7 +250,7 @@ pub struct Coordinator {
     /// When a write of this gateway's was last answered (a refusal too).
     last_answer: Duration,
     fenced: bool,
-    blocks: BTreeMap<String, Block>,
+    blocks: BTreeMap<Key, Block>,
     pending: BTreeMap<RequestId, Pending>,
     next_id: RequestId,
     commands: VecDeque<Command>,
@@ -455,27 +455,25 @@ impl Coordinator {
         revision: Revision,
     ) {
         self.watched = self.watched.max(revision);
-        if let Some(sub) = key.strip_prefix("sub.") {
-            match value.map(serde_json::from_slice::<SubValue>) {
-                Some(Ok(v)) => self.see_sub(sub, v, revision),
+        match Key::parse(key) {
+            Some(Key::Line(sub)) => match value.map(serde_json::from_slice::<SubValue>) {
+                Some(Ok(v)) => self.see_sub(&sub, v, revision),
                 // The line emptied: forget it (the next join creates it again).
-                None => self.forget_sub(sub, revision),
+                None => self.forget_sub(&sub, revision),
                 Some(Err(_)) => self.bad_values += 1,
-            }
-        } else if let Some(g) = key.strip_prefix("lease.") {
-            match g.parse::<u64>() {
-                Ok(g) => self.see_lease(now, GatewayId(g), value.is_some(), revision),
-                Err(_) => self.bad_values += 1,
-            }
-        } else if key == super::values::IDS_KEY {
-            match value.map(serde_json::from_slice::<super::values::IdsValue>) {
+            },
+            Some(Key::Lease(g)) => self.see_lease(now, g, value.is_some(), revision),
+            Some(Key::Ids) => match value.map(serde_json::from_slice::<super::values::IdsValue>) {
                 // Only ever raised: a lower offset (a bad write) is not taken.
                 Some(Ok(ids)) if revision > self.floor.0 => {
                     self.floor = (revision, ids.epoch_offset.max(self.floor.1));
                 }
                 Some(Ok(_)) | None => {}
                 Some(Err(_)) => self.bad_values += 1,
-            }
+            },
+            // A lease key whose gateway does not parse is a bad value; `routes` is not ours.
+            None if key.starts_with("lease.") => self.bad_values += 1,
+            None => {}
         }
         self.step(now);
     }
@@ -550,7 +548,7 @@ impl Coordinator {
         }
         let block = match result {
             Ok(rev) => {
-                if let Some(sub) = p.key.strip_prefix("sub.") {
+                if let Some(sub) = p.key.line() {
                     match p.value {
                         Some(v) => self.see_sub(sub, v, rev),
                         None if p.deletes_sub => self.forget_sub(sub, rev),
@@ -573,9 +571,7 @@ impl Coordinator {
             // as no later revision of it need ever come.
             Err(e)
                 if e.is_conflict()
-                    && p.key
-                        .strip_prefix("sub.")
-                        .is_some_and(|sub| !self.subs.contains_key(sub)) =>
+                    && p.key.line().is_some_and(|sub| !self.subs.contains_key(sub)) =>
             {
                 None
             }
@@ -589,7 +585,7 @@ impl Coordinator {
                     && !planted(PlantedBug::WaitForExpiredDeletion) =>
             {
                 self.deletions_learned += 1;
-                if let Some(sub) = p.key.strip_prefix("sub.") {
+                if let Some(sub) = p.key.line() {
                     // At least one above the value seen: a later value on the watch still wins.
                     self.forget_sub(sub, p.expected + 1);
                 } else if let Some(g) = p.deletes_lease {
@@ -656,7 +652,7 @@ impl Coordinator {
                 && self.valid_until.is_some()
                 && !self.lapsed
                 && self.suspect.is_none()
-                && !self.blocks.contains_key(&lease_key(*g))
+                && !self.blocks.contains_key(&Key::Lease(*g))
             {
                 next.push(*observed + dead_after);
             }
@@ -702,7 +698,7 @@ impl Coordinator {
             .map(|(sub, (value, _))| (sub.as_str(), value))
     }
 
-    fn issue(&mut self, now: Duration, key: String, op: Op, value: Option<SubValue>) -> RequestId {
+    fn issue(&mut self, now: Duration, key: Key, op: Op, value: Option<SubValue>) -> RequestId {
         let id = self.next_id;
         self.next_id += 1;
         let (expected, deletes_lease) = match &op {
@@ -710,12 +706,13 @@ impl Coordinator {
             Op::Update(_, r) => (*r, None),
             Op::Delete(r) => (
                 *r,
-                key.strip_prefix("lease.")
-                    .and_then(|g| g.parse().ok())
-                    .map(GatewayId),
+                match key {
+                    Key::Lease(g) => Some(g),
+                    _ => None,
+                },
             ),
         };
-        let deletes_sub = matches!(op, Op::Delete(_)) && key.starts_with("sub.");
+        let deletes_sub = matches!(op, Op::Delete(_)) && matches!(key, Key::Line(_));
         self.pending.insert(
             id,
             Pending {
@@ -732,7 +729,7 @@ impl Coordinator {
         id
     }
 
-    fn writable(&self, now: Duration, key: &str) -> bool {
+    fn writable(&self, now: Duration, key: &Key) -> bool {
         match self.blocks.get(key) {
             None => true,
             Some(Block::RetryAt(at)) => now >= *at,

@@ -243,9 +243,9 @@ fn another_gateways_silence_counts_only_while_this_gateways_writes_are_answered(
     let cmds = tick_renewing(&mut c, due, &mut rev);
     assert_eq!(
         cmds.iter()
-            .map(|c| (c.key.as_str(), &c.op))
+            .map(|c| (c.key.to_string(), &c.op))
             .collect::<Vec<_>>(),
-        vec![("lease.8", &Op::Delete(2))]
+        vec![("lease.8".to_string(), &Op::Delete(2))]
     );
 }
 
@@ -286,8 +286,8 @@ fn stale_lease_is_deleted_only_after_the_wait_then_its_members_make_way() {
     let cmds = tick_renewing(&mut c, ms(10) + wait, &mut rev);
     assert_eq!(cmds.len(), 1);
     assert_eq!(
-        (cmds[0].key.as_str(), &cmds[0].op),
-        ("lease.8", &Op::Delete(2))
+        (cmds[0].key.to_string(), &cmds[0].op),
+        ("lease.8".to_string(), &Op::Delete(2))
     );
     c.write_result(ms(10) + wait, cmds[0].id, Ok(rev + 1));
     let (cmds, _) = drain(&mut c);
@@ -334,8 +334,8 @@ fn a_lease_whose_deletion_expired_unseen_counts_as_deleted_on_a_refusal_naming_n
     }
     let cmds = tick_renewing(&mut c, at, &mut rev);
     assert_eq!(
-        (cmds[0].key.as_str(), &cmds[0].op),
-        ("lease.8", &Op::Delete(2))
+        (cmds[0].key.to_string(), &cmds[0].op),
+        ("lease.8".to_string(), &Op::Delete(2))
     );
     c.write_result(
         at,
@@ -369,8 +369,12 @@ fn a_renewal_refused_with_no_value_fences_the_gateway_whose_lease_was_deleted_un
     c.tick(at);
     let (cmds, _) = drain(&mut c);
     assert_eq!(
-        (cmds.len(), cmds[0].key.as_str(), &cmds[0].op),
-        (1, "lease.7", &Op::Update(Bytes::from_static(b"{}"), 1)),
+        (cmds.len(), cmds[0].key.to_string(), &cmds[0].op),
+        (
+            1,
+            "lease.7".to_string(),
+            &Op::Update(Bytes::from_static(b"{}"), 1)
+        ),
         "{cmds:?}"
     );
     c.write_result(
@@ -540,7 +544,7 @@ fn slow_bucket_finds_a_dead_gateway(latency: Duration) {
         c.tick(t);
         let (cmds, _) = drain(&mut c);
         for cmd in cmds {
-            pending.push((cmd.id, t, cmd.op.clone(), cmd.key.clone(), false));
+            pending.push((cmd.id, t, cmd.op.clone(), cmd.key.to_string(), false));
         }
         for p in pending.iter_mut() {
             if !p.4 && t >= p.1 + bound {
@@ -555,7 +559,7 @@ fn slow_bucket_finds_a_dead_gateway(latency: Duration) {
             .collect();
         pending.retain(|p| t < p.1 + latency);
         for (id, _, op, key, _) in due {
-            let result = match (&op, key.as_str()) {
+            let result = match (&op, key.to_string().as_str()) {
                 (Op::Update(_, expected), "lease.7") => {
                     if *expected == lease7 {
                         next_rev += 1;

@@ -96,7 +96,7 @@ pub(super) fn written(c: &mut Coordinator, at: Duration, cmd: &Command, rev: Rev
         Op::Create(b) | Op::Update(b, _) => Some(b.clone()),
         Op::Delete(_) => None,
     };
-    c.backplane_changed(at, &cmd.key, value.as_deref(), rev);
+    c.backplane_changed(at, &cmd.key.to_string(), value.as_deref(), rev);
 }
 
 pub(super) fn value(cmd: &Command) -> SubValue {
@@ -376,7 +376,7 @@ fn a_create_refused_by_a_line_the_watch_already_saw_deleted_is_retried() {
     }
     assert!(!c.is_fenced(), "the lease was renewed throughout");
     assert!(
-        matches!(&retried[..], [Command { key, op: Op::Create(_), .. }] if key == "sub.jobs"),
+        matches!(&retried[..], [Command { key, op: Op::Create(_), .. }] if *key == "sub.jobs"),
         "the local member's line is created again: {retried:?}"
     );
 }
@@ -414,7 +414,7 @@ fn a_line_whose_deletion_expired_unseen_is_created_again_on_a_refusal_naming_no_
     );
     let (cmds, _) = drain(&mut c);
     assert!(
-        matches!(&cmds[..], [Command { key, op: Op::Create(_), .. }] if key == "sub.jobs"),
+        matches!(&cmds[..], [Command { key, op: Op::Create(_), .. }] if *key == "sub.jobs"),
         "the local member's line is created at once: {cmds:?}"
     );
     assert_eq!(value(&cmds[0]).line, vec![uid(7, 1)]);

@@ -58,10 +58,13 @@ const DELETE_BUDGET: Duration = Duration::from_secs(7);
 
 /// The gateway whose lease subject `subject` is (`<prefix>lease.<gateway>`).
 fn lease_of(subject: &str, prefix: &str) -> Option<u64> {
-    crate::cluster::nats::decode_key(subject.strip_prefix(prefix)?)
-        .strip_prefix("lease.")?
-        .parse()
-        .ok()
+    use crate::cluster::values::{GatewayId, Key};
+    match Key::parse(&crate::cluster::nats::decode_key(
+        subject.strip_prefix(prefix)?,
+    ))? {
+        Key::Lease(GatewayId(gateway)) => Some(gateway),
+        _ => None,
+    }
 }
 
 /// How long a delete may take to read the gateways' leases: each incarnation that ever ran left

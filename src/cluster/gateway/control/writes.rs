@@ -13,13 +13,13 @@ use std::{collections::VecDeque, future::Future, pin::Pin};
 
 use tokio::task::JoinSet;
 
-use crate::cluster::{backplane::KvError, coordinator::RequestId};
+use crate::cluster::{backplane::KvError, coordinator::RequestId, values::Key};
 
 /// Most writes other than renewals sent to the bucket and not yet answered.
 pub(in crate::cluster::gateway) const MAX_IN_FLIGHT: usize = 32;
 
 /// What a write answers: its request, its key, and the bucket's answer.
-pub(in crate::cluster::gateway) type Written = (RequestId, String, Result<u64, KvError>);
+pub(in crate::cluster::gateway) type Written = (RequestId, Key, Result<u64, KvError>);
 
 type Write = Pin<Box<dyn Future<Output = Written> + Send>>;
 
@@ -89,7 +89,7 @@ mod tests {
     use std::time::Duration;
 
     fn write(id: u64, key: &str, after: Duration) -> impl Future<Output = Written> + Send {
-        let key = key.to_string();
+        let key = Key::parse(key).expect("a coordinator's key");
         async move {
             tokio::time::sleep(after).await;
             (id, key, Ok(id))
@@ -108,7 +108,11 @@ mod tests {
         writes.submit(true, write(1_000, "lease.1", Duration::from_millis(1)));
         assert_eq!(writes.counts(), (MAX_IN_FLIGHT + 1, 100 - MAX_IN_FLIGHT));
         let first = writes.next().await.unwrap();
-        assert_eq!(first.1, "lease.1", "the renewal is answered first");
+        assert_eq!(
+            first.1.to_string(),
+            "lease.1",
+            "the renewal is answered first"
+        );
         let mut answered = Vec::new();
         while let Some((id, _, _)) = writes.next().await {
             answered.push(id);

@@ -36,7 +36,12 @@ use crate::cluster::gateway::{
 };
 use crate::{
     broker::{HandedOver, LeadershipWatch, Upstream},
-    cluster::{backplane::Revision, coordinator::Config, nats::NatsBackplane},
+    cluster::{
+        backplane::Revision,
+        coordinator::Config,
+        nats::NatsBackplane,
+        values::{GatewayId, Key},
+    },
     core::{Error, MemberId},
 };
 
@@ -125,10 +130,7 @@ type Leased = Arc<std::sync::Mutex<Option<std::collections::BTreeSet<u64>>>>;
 /// Applies one watched entry to the leased set: a lease key written adds its gateway, one
 /// deleted removes it.
 fn watched(leased: &Leased, key: &str, value: Option<&[u8]>) {
-    let Some(gateway) = key
-        .strip_prefix("lease.")
-        .and_then(|g| g.parse::<u64>().ok())
-    else {
+    let Some(Key::Lease(GatewayId(gateway))) = Key::parse(key) else {
         return;
     };
     let mut leased = leased

@@ -20,7 +20,7 @@ use crate::{
         backplane::{Backplane, BoxFuture, KvError, Watch},
         coordinator::{Command, Config, Coordinator, Effect, EndStatus, Op, Proclaimed, RequestId},
         nats::NatsBackplane,
-        values::GatewayId,
+        values::{GatewayId, Key},
     },
     core::{Error, MemberId},
 };
@@ -318,8 +318,8 @@ pub(super) async fn run(
                     Some(Ok(e)) => {
                         watched(&leased, &e.key, e.value.as_deref());
                         coordinator.backplane_changed(now(), &e.key, e.value.as_deref(), e.revision);
-                        if let Some(sub) = e.key.strip_prefix("sub.") {
-                            leaders.line_changed(&coordinator, sub);
+                        if let Some(Key::Line(sub)) = Key::parse(&e.key) {
+                            leaders.line_changed(&coordinator, &sub);
                             // A console looks again (docs/operations.md#console).
                             broker.note_change();
                         }
@@ -331,7 +331,7 @@ pub(super) async fn run(
                 done = writes.next(), if !writes.is_empty() => {
                     if let Some((request, key, result)) = done {
                         if let Err(error) = &result
-                            && key.starts_with("lease.")
+                            && matches!(key, Key::Lease(_))
                         {
                             tracing::warn!(gateway = id.0, %key, %error, "a write of this gateway's cluster lease failed");
                         }
@@ -428,10 +428,10 @@ fn carry_out(
     while let Some(Command { id, key, op }) = coordinator.poll_command() {
         let backplane = backplane.clone();
         // A line this write empties: its epoch ends (docs/semantics.md#cluster-fenced-publish).
-        let ending = match &op {
-            Op::Delete(_) => key
-                .strip_prefix("sub.")
-                .and_then(|sub| Some((sub.to_string(), coordinator.line(sub)?.epoch)))
+        let ending = match (&op, &key) {
+            (Op::Delete(_), Key::Line(sub)) => coordinator
+                .line(sub)
+                .map(|line| (sub.clone(), line.epoch))
                 .filter(|&(_, epoch)| epoch != 0)
                 .map(|ended| (recording.clone(), ended)),
             _ => None,
@@ -440,7 +440,7 @@ fn carry_out(
         // (Coordinator::write_slow), several within the lease, so the gateway renews as soon as
         // NATS has elected the bucket's next leader; the slow one runs on, and its answer still
         // counts when it comes.
-        let renewal = key.starts_with("lease.") && matches!(op, Op::Update(..));
+        let renewal = matches!((&key, &op), (Key::Lease(_), Op::Update(..)));
         if renewal {
             let bound = coordinator.config().lease / 6;
             slow.spawn(async move {
@@ -449,12 +449,13 @@ fn carry_out(
             });
         }
         // A renewal (or this gateway's first lease) is sent at once, ahead of queued writes.
-        let own_lease = key == crate::cluster::coordinator::lease_key(coordinator.id());
+        let own_lease = key == Key::Lease(coordinator.id());
         writes.submit(own_lease, async move {
+            let spelled = key.to_string();
             let result = match op {
-                Op::Create(value) => backplane.create(&key, value).await,
-                Op::Update(value, expected) => backplane.update(&key, value, expected).await,
-                Op::Delete(expected) => backplane.delete(&key, expected).await,
+                Op::Create(value) => backplane.create(&spelled, value).await,
+                Op::Update(value, expected) => backplane.update(&spelled, value, expected).await,
+                Op::Delete(expected) => backplane.delete(&spelled, expected).await,
             };
             if result.is_ok()
                 && let Some((recording, (subscription, epoch))) = ending
