@@ -21,6 +21,9 @@ mod cluster;
 mod cluster_campaign;
 mod cluster_checker;
 mod cluster_tests;
+mod jetstream;
+mod jetstream_contract;
+mod jetstream_nats;
 mod nats_harness;
 #[path = "../tests/support/nats.rs"]
 mod nats_server;

@@ -89,6 +89,8 @@ struct Shared {
     /// Core NATS between gateways, and JetStream's advisories ([`crate::cluster::bus`]).
     bus: Arc<dyn crate::cluster::bus::Bus>,
     js: jetstream::Context,
+    /// The stream's publishing side ([`crate::cluster::jetstream`]).
+    jetstream: Arc<dyn crate::cluster::jetstream::JetStream>,
     /// The local broker, with the operations only a gateway has.
     broker: Upstream,
     prefix: String,
@@ -273,7 +275,10 @@ impl Gateway {
                 Arc::new(crate::cluster::bus::NatsBus::new(client.clone()));
             let (registry, registry_task) =
                 registry::Registry::start(bus.as_ref(), stream.clone(), connects).await?;
-            let fences = Arc::new(fence::Fences::new(js.clone(), stream.clone()));
+            let fences = Arc::new(fence::Fences::new(
+                Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone())),
+                stream.clone(),
+            ));
             let fence_task = fences.clone().follow_deletions(bus.as_ref()).await?;
             let (singletons, coordination) = singleton::spawn(
                 backplane.clone(),
@@ -311,6 +316,7 @@ impl Gateway {
             let shared = Arc::new(Shared {
                 client: client.clone(),
                 bus: bus.clone(),
+                jetstream: Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone())),
                 js,
                 broker: broker.clone(),
                 prefix: config.stream.clone(),

@@ -32,6 +32,8 @@ use std::{
 
 use async_nats::jetstream;
 
+use crate::cluster::jetstream::{JetStream, Outgoing};
+
 use crate::cluster::gateway::{
     control::lease::LeaseGate,
     wire::codes::{EXPECTED_SEQUENCE, STREAM_FULL, WRONG_LAST_SEQUENCE, jetstream_code},
@@ -108,7 +110,7 @@ enum Tried {
 /// A gateway's fence records: written at activations and emptied lines, read by fenced
 /// publishes.
 pub(in crate::cluster::gateway) struct Fences {
-    js: jetstream::Context,
+    jetstream: Arc<dyn JetStream>,
     stream: jetstream::stream::Stream,
     name: String,
     /// The last record this gateway read or wrote on each fence subject, with its sequence:
@@ -129,12 +131,12 @@ impl std::fmt::Debug for Fences {
 
 impl Fences {
     pub(in crate::cluster::gateway) fn new(
-        js: jetstream::Context,
+        jetstream: Arc<dyn JetStream>,
         stream: jetstream::stream::Stream,
     ) -> Self {
         let name = stream.cached_info().config.name.clone();
         Self {
-            js,
+            jetstream,
             stream,
             name,
             known: Mutex::default(),
@@ -251,11 +253,14 @@ impl Fences {
             return Err("given up".into());
         }
         let expected = last.map_or(0, |(sequence, _)| sequence);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(EXPECTED_SEQUENCE, expected.to_string().as_str());
+        let message = Outgoing {
+            subject: subject.to_string(),
+            headers: vec![(EXPECTED_SEQUENCE.to_string(), expected.to_string())],
+            payload: wanted.encode().into(),
+        };
         let sent = self
-            .js
-            .publish_with_headers(subject.to_string(), headers, wanted.encode().into())
+            .jetstream
+            .publish(message)
             .await
             .map_err(|e| e.to_string())?;
         match sent.await {

@@ -10,7 +10,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use crate::cluster::jetstream::{Outgoing, PubAck, PublishError};
 
 use crate::cluster::gateway::{
     Shared,
@@ -62,18 +62,9 @@ enum Tried {
     Failed(Error),
 }
 
-/// Publishes `draft` to `subject` with `headers` through JetStream and awaits its `PubAck`.
-async fn confirmed(
-    shared: &Shared,
-    subject: String,
-    headers: async_nats::HeaderMap,
-    draft: &Draft,
-) -> Result<async_nats::jetstream::publish::PublishAck, PublishError> {
-    shared
-        .js
-        .publish_with_headers(subject, headers, draft.payload_bytes())
-        .await?
-        .await
+/// Publishes `message` through JetStream and awaits its `PubAck`.
+async fn confirmed(shared: &Shared, message: Outgoing) -> Result<PubAck, PublishError> {
+    shared.jetstream.publish(message).await?.await
 }
 
 impl Batch {
@@ -138,32 +129,30 @@ impl Batch {
         let batch_id = format!("{}-{}", self.id, self.tries);
         let last = self.drafts.len() - 1;
         for (n, draft) in self.drafts.iter().enumerate() {
-            let subject = names::subject(&shared.prefix, draft.topic().as_str());
-            let mut headers = match nats_headers(draft.envelope().headers()) {
-                Ok(headers) => headers,
-                Err(error) => return Tried::Failed(error),
+            let mut message = Outgoing {
+                subject: names::subject(&shared.prefix, draft.topic().as_str()),
+                headers: match nats_headers(draft.envelope().headers()) {
+                    Ok(headers) => headers,
+                    Err(error) => return Tried::Failed(error),
+                },
+                payload: draft.payload_bytes(),
             };
-            headers.insert(BATCH_ID, batch_id.as_str());
-            headers.insert(BATCH_SEQUENCE, (n + 1).to_string().as_str());
+            message.header(BATCH_ID, batch_id.as_str());
+            message.header(BATCH_SEQUENCE, (n + 1).to_string());
             if n < last {
                 // Answered by the commit only: a plain publish, in order on the connection.
-                if let Err(error) = shared
-                    .js
-                    .client()
-                    .publish_with_headers(subject, headers, draft.payload_bytes())
-                    .await
-                {
+                if let Err(error) = shared.jetstream.send(message).await {
                     tracing::debug!(batch = %self.id, %error, "NATS did not take a batch's message");
-                    if error.kind() != async_nats::client::PublishErrorKind::Send {
+                    if !matches!(error, PublishError::NotSent(_)) {
                         return Tried::Unsendable;
                     }
                     return Tried::Again(false);
                 }
                 continue;
             }
-            headers.insert(BATCH_COMMIT, "1");
-            headers.insert(MSG_ID, self.id.as_str());
-            return match confirmed(shared, subject, headers, draft).await {
+            message.header(BATCH_COMMIT, "1");
+            message.header(MSG_ID, self.id.as_str());
+            return match confirmed(shared, message).await {
                 Ok(ack) => Tried::Stored(ack.sequence),
                 Err(error) if codes::jetstream_code(&error) == Some(CONTAINS_DUPLICATE) => {
                     Tried::StoredBefore
@@ -173,16 +162,14 @@ impl Batch {
                     Tried::Refused(error)
                 }
                 Err(error)
-                    if error.kind() == PublishErrorKind::StreamNotFound
+                    if matches!(error, PublishError::NoResponders)
                         || codes::jetstream_code(&error) == Some(TOO_MANY_IN_FLIGHT) =>
                 {
                     Tried::Again(false)
                 }
                 Err(error)
-                    if matches!(
-                        error.kind(),
-                        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
-                    ) || codes::unavailable_for_now(&error)
+                    if matches!(error, PublishError::Unanswered(_))
+                        || codes::unavailable_for_now(&error)
                         || codes::jetstream_code(&error) == Some(codes::ID_IN_PROCESS) =>
                 {
                     Tried::Again(true)
@@ -201,16 +188,19 @@ impl Batch {
             .drafts
             .last()
             .expect("a batch has at least one message");
-        let subject = names::subject(&shared.prefix, draft.topic().as_str());
-        let mut headers = nats_headers(draft.envelope().headers())?;
-        headers.insert(MSG_ID, self.id.as_str());
+        let mut message = Outgoing {
+            subject: names::subject(&shared.prefix, draft.topic().as_str()),
+            headers: nats_headers(draft.envelope().headers())?,
+            payload: draft.payload_bytes(),
+        };
+        message.header(MSG_ID, self.id.as_str());
         let unknown = |why: String| {
             Error::Unavailable(format!(
                 "JetStream stored this publish's batch on an earlier try (message id {}) but did not name its sequences: {why}",
                 self.id
             ))
         };
-        let ack = confirmed(shared, subject, headers, draft)
+        let ack = confirmed(shared, message)
             .await
             .map_err(|error| unknown(error.to_string()))?;
         if ack.duplicate {

@@ -11,7 +11,6 @@
 //! the duplicate window), and is never stored twice.
 
 use std::{
-    future::IntoFuture,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -19,10 +18,7 @@ use std::{
     time::Duration,
 };
 
-use async_nats::jetstream::{
-    context::{PublishError, PublishErrorKind},
-    publish::PublishAck,
-};
+use crate::cluster::jetstream::{Confirmation, Outgoing, PubAck, PublishError};
 
 use crate::cluster::gateway::{
     DEAD_LETTER_OF, Shared,
@@ -178,11 +174,11 @@ enum Ack {
     /// is in: for a batch, which sends all its messages before it awaits any, and would
     /// otherwise hold permits for confirmations already in (several large batches together
     /// could hold them all, and every send would wait forever).
-    Task(tokio::task::JoinHandle<Result<PublishAck, PublishError>>),
+    Task(tokio::task::JoinHandle<Result<PubAck, PublishError>>),
     /// Awaited in place: for a `PublishStream`'s pipeline, which awaits its oldest
     /// confirmation whatever else it does and holds at most 256 (a task per publish cost a
     /// tenth to a third of the stream's publishes per second, in `bench --nats`).
-    Here(async_nats::jetstream::context::PublishAckFuture),
+    Here(Confirmation),
 }
 
 /// The JetStream context's in-flight permits (async-nats' default is 5,000): each
@@ -274,15 +270,8 @@ impl Sent {
                     queued_for,
                 })
             }
-            Err(error) if error.kind() == PublishErrorKind::StreamNotFound => again!(false),
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
-                ) =>
-            {
-                again!(true)
-            }
+            Err(PublishError::NoResponders) => again!(false),
+            Err(PublishError::Unanswered(_)) => again!(true),
             // A refusal first: JetStream answers a full stream with a 503 too.
             Err(error) => match refused(&self.shared, &error, count_refusal) {
                 Some(refusal) => Err(Unconfirmed::Failed(refusal)),
@@ -310,7 +299,7 @@ pub(in crate::cluster::gateway) fn refused(
     count: bool,
 ) -> Option<Error> {
     let broker = &shared.broker;
-    if error.kind() == PublishErrorKind::MaxPayloadExceeded {
+    if matches!(error, PublishError::TooLarge(_)) {
         if count {
             broker.count_rejected_publish();
         }
@@ -318,9 +307,11 @@ pub(in crate::cluster::gateway) fn refused(
             "the message, with its headers as NATS carries them, is larger than the NATS servers' max_payload; send a smaller one, or raise max_payload on the servers".into(),
         ));
     }
-    let text = std::error::Error::source(error)
-        .map(ToString::to_string)
-        .unwrap_or_default();
+    let text = match error {
+        PublishError::Refused(api) => api.to_string(),
+        PublishError::Other(text) => text.clone(),
+        _ => String::new(),
+    };
     let limit = if text.contains("maximum messages") {
         "max_msgs (--nats-max-messages when the gateway created it)"
     } else if text.contains("maximum bytes") {
@@ -385,27 +376,23 @@ async fn send_with(
     expect: Option<Expect>,
 ) -> Result<Sent, Error> {
     let count = dead_letter_of.is_none().then(|| shared.registry.admit());
-    let subject = names::subject(&shared.prefix, draft.topic().as_str());
-    let mut headers = nats_headers(draft.envelope().headers())?;
+    let mut message = Outgoing {
+        subject: names::subject(&shared.prefix, draft.topic().as_str()),
+        headers: nats_headers(draft.envelope().headers())?,
+        payload: draft.payload_bytes(),
+    };
     if let Some(subscription) = &dead_letter_of {
-        headers.insert(DEAD_LETTER_OF, subscription.as_str());
+        message.header(DEAD_LETTER_OF, subscription.as_str());
     }
-    headers.insert(MSG_ID, id.as_str());
+    message.header(MSG_ID, id.as_str());
     if let Some(expect) = &expect {
-        headers.insert(
-            codes::EXPECTED_SEQUENCE,
-            expect.sequence.to_string().as_str(),
-        );
-        headers.insert(codes::EXPECTED_SUBJECT, expect.subject.as_str());
+        message.header(codes::EXPECTED_SEQUENCE, expect.sequence.to_string());
+        message.header(codes::EXPECTED_SUBJECT, expect.subject.as_str());
     }
-    let ack = shared
-        .js
-        .publish_with_headers(subject, headers, draft.payload_bytes())
-        .await
-        .map_err(|e| {
-            refused(shared, &e, true)
-                .unwrap_or_else(|| unavailable("JetStream did not take the publish", e))
-        })?;
+    let ack = shared.jetstream.publish(message).await.map_err(|e| {
+        refused(shared, &e, true)
+            .unwrap_or_else(|| unavailable("JetStream did not take the publish", e))
+    })?;
     Ok(Sent {
         shared: shared.clone(),
         draft,
@@ -415,7 +402,7 @@ async fn send_with(
         ack: if awaited_in_order {
             Ack::Here(ack)
         } else {
-            Ack::Task(tokio::spawn(ack.into_future()))
+            Ack::Task(tokio::spawn(ack))
         },
         count,
     })

@@ -1,7 +1,7 @@
 //! What JetStream reads and answers on the wire: the headers that instruct it and the error
 //! codes the gateway acts on (each named where it is acted on, with what it means).
 
-use async_nats::jetstream::context::PublishError;
+use crate::cluster::jetstream::PublishError;
 
 /// The NATS header JetStream deduplicates publishes by, within the stream's duplicate window.
 pub(in crate::cluster::gateway) const MSG_ID: &str = "Nats-Msg-Id";
@@ -51,18 +51,10 @@ pub(in crate::cluster::gateway) const TOO_MANY_IN_FLIGHT: u64 = 10210;
 /// Whether JetStream answered "unavailable for now" (503: its cluster or the stream's leader
 /// is not ready), which a later try can get past.
 pub(in crate::cluster::gateway) fn unavailable_for_now(error: &PublishError) -> bool {
-    jetstream_error(error).is_some_and(|error| error.code() == 503)
-}
-
-/// What JetStream answered, when it refused a publish.
-pub(in crate::cluster::gateway) fn jetstream_error(
-    error: &PublishError,
-) -> Option<&async_nats::jetstream::Error> {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+    error.api().is_some_and(|api| api.status == 503)
 }
 
 /// JetStream's error code, when it refused a publish.
 pub(in crate::cluster::gateway) fn jetstream_code(error: &PublishError) -> Option<u64> {
-    jetstream_error(error).map(|error| error.error_code().0)
+    error.code()
 }

@@ -9,7 +9,7 @@
 //! `%XX`; one that starts with the marker itself is escaped too, so decoding is exact. Names
 //! keep their case: neither NATS nor JetStream folds it.
 
-use async_nats::{HeaderMap, HeaderName, HeaderValue};
+use async_nats::{HeaderName, HeaderValue};
 
 use crate::core::{Error, Headers};
 
@@ -84,8 +84,10 @@ fn unescape(marker: &str, text: &str) -> Option<String> {
 /// # Errors
 /// [`Error::Cluster`] (internal) if an escaped name or value were no NATS header's: escaping
 /// leaves only printable ASCII, so it never is.
-pub(in crate::cluster::gateway) fn nats_headers(headers: &Headers) -> Result<HeaderMap, Error> {
-    let mut map = HeaderMap::new();
+pub(in crate::cluster::gateway) fn nats_headers(
+    headers: &Headers,
+) -> Result<Vec<(String, String)>, Error> {
+    let mut lines = Vec::with_capacity(headers.len());
     for (name, value) in headers {
         let name = if plain_name(name) {
             name.clone()
@@ -103,11 +105,11 @@ pub(in crate::cluster::gateway) fn nats_headers(headers: &Headers) -> Result<Hea
                 format!("an escaped header {what} is not a NATS header {what}: {name:?}"),
             )
         };
-        let name: HeaderName = name.parse().map_err(|_| invalid("name"))?;
-        let value: HeaderValue = value.parse().map_err(|_| invalid("value"))?;
-        map.insert(name, value);
+        name.parse::<HeaderName>().map_err(|_| invalid("name"))?;
+        value.parse::<HeaderValue>().map_err(|_| invalid("value"))?;
+        lines.push((name, value));
     }
-    Ok(map)
+    Ok(lines)
 }
 
 /// A client header as NATS carried it (`name`, `value` as a NATS client parsed them): what the
@@ -121,7 +123,21 @@ pub(in crate::cluster::gateway) fn client_header(name: &str, value: &str) -> (St
 
 #[cfg(test)]
 mod tests {
+    use async_nats::HeaderMap;
+
     use super::*;
+
+    /// The header block the lines go out as (`NatsJetStream` builds it so).
+    fn as_map(lines: &[(String, String)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in lines {
+            map.insert(
+                name.parse::<HeaderName>().unwrap(),
+                value.parse::<HeaderValue>().unwrap(),
+            );
+        }
+        map
+    }
 
     /// What a NATS client reads back from the header block `map` is written as.
     fn through_nats(map: &HeaderMap) -> Headers {
@@ -160,7 +176,7 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let map = nats_headers(&headers).unwrap();
+        let map = as_map(&nats_headers(&headers).unwrap());
         assert_eq!(through_nats(&map), headers);
         // Nothing escaped instructs JetStream or passes for the gateway's marker.
         for (name, _) in map.iter() {
@@ -170,7 +186,7 @@ mod tests {
         }
         // Plain ones go as they are.
         let plain = nats_headers(&Headers::from([("trace-id".into(), "abc".into())])).unwrap();
-        assert_eq!(plain.get("trace-id").map(HeaderValue::as_str), Some("abc"));
+        assert_eq!(plain, [("trace-id".to_string(), "abc".to_string())]);
     }
 
     // A NATS header that is no escape of this gateway's (sent by another NATS client) is taken
