@@ -4,15 +4,26 @@
 //! expected last subject sequences, atomic batches, and the stream's message limit (discard
 //! new). Faults, set by the driver: the stream answers "no responders" (no leader); the next
 //! answers are lost after the message was stored (the outcome unknown to the sender).
+//! Its pull consumers are in `jetstream_consumers.rs`; [`ModelConsumer`] is one's handle.
 
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use tinybroker::cluster::jetstream::{
-    ApiError, BoxFuture, Confirmation, JetStream, Outgoing, PubAck, PublishError,
+    AckError, AckReply, Answer, ApiError, BoxFuture, Confirmation, Consumer, ConsumerConfig,
+    ConsumerError, ConsumerInfo, CreateError, Deliveries, Found, JetStream, Outgoing, PubAck,
+    PublishError, PullError, Stream,
 };
+use tokio::{sync::Notify, time::Instant};
+
+use crate::jetstream_consumers::{ConsumerModel, parse_reply};
+
+/// The store times the model reports start here (nanoseconds since the Unix epoch), and move
+/// with tokio's clock.
+const EPOCH_NANOS: i128 = 1_800_000_000_000_000_000;
 
 const MSG_ID: &str = "Nats-Msg-Id";
 const EXPECTED_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
@@ -27,10 +38,17 @@ pub struct Stored {
     pub subject: String,
     pub headers: Vec<(String, String)>,
     pub payload: bytes::Bytes,
+    /// When it was stored, in nanoseconds since the Unix epoch.
+    pub published_nanos: i128,
 }
 
-#[derive(Default)]
 struct State {
+    /// What tokio's clock said when the model was made.
+    epoch: Instant,
+    consumers: BTreeMap<String, ConsumerModel>,
+    /// Consumers made so far (each one's creation instant is unique).
+    made: i128,
+    max_consumers: Option<usize>,
     /// Only subjects under `<prefix>.` are this stream's.
     prefix: String,
     last: u64,
@@ -46,9 +64,17 @@ struct State {
     lose_answers: u32,
 }
 
+struct Shared {
+    /// The stream's name: its prefix.
+    name: String,
+    state: Mutex<State>,
+    /// Woken when a message is stored or given back: open pulls look again.
+    wake: Notify,
+}
+
 /// The shared stream.
-#[derive(Clone, Default)]
-pub struct StreamModel(Arc<Mutex<State>>);
+#[derive(Clone)]
+pub struct StreamModel(Arc<Shared>);
 
 fn header<'a>(message: &'a Outgoing, name: &str) -> Option<&'a str> {
     message
@@ -69,13 +95,30 @@ fn refused(status: u16, code: u64, description: &str) -> PublishError {
 impl StreamModel {
     /// A stream of the subjects `<prefix>.>`.
     pub fn new(prefix: &str) -> Self {
-        let model = Self::default();
-        model.lock().prefix = prefix.to_string();
-        model
+        Self(Arc::new(Shared {
+            name: prefix.to_string(),
+            state: Mutex::new(State {
+                epoch: Instant::now(),
+                consumers: BTreeMap::new(),
+                made: 0,
+                max_consumers: None,
+                prefix: prefix.to_string(),
+                last: 0,
+                messages: BTreeMap::new(),
+                last_of_subject: HashMap::new(),
+                ids: HashMap::new(),
+                staged: HashMap::new(),
+                max_messages: None,
+                leaderless: false,
+                lose_answers: 0,
+            }),
+            wake: Notify::new(),
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.0
+            .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -100,6 +143,59 @@ impl StreamModel {
         self.lock().messages.values().cloned().collect()
     }
 
+    /// At most `limit` consumers.
+    pub fn limit_consumers(&self, limit: usize) {
+        self.lock().max_consumers = Some(limit);
+    }
+
+    fn handle(
+        &self,
+        name: &str,
+        consumer: &ConsumerModel,
+        messages: &BTreeMap<u64, Stored>,
+    ) -> Found {
+        let handle = ModelConsumer {
+            stream: self.clone(),
+            name: name.to_string(),
+            created: consumer.created,
+        };
+        (Box::new(handle), consumer.info(messages))
+    }
+
+    /// Makes the consumer `config` describes: the one of its name if its configuration is the
+    /// same, refused if it is another.
+    fn create(&self, config: ConsumerConfig) -> Result<Found, CreateError> {
+        let mut state = self.lock();
+        let state = &mut *state;
+        if state.leaderless {
+            return Err(CreateError::ForNow("timed out".to_string()));
+        }
+        if let Some(existing) = state.consumers.get(&config.name) {
+            return if existing.config == config {
+                Ok(self.handle(&config.name, existing, &state.messages))
+            } else {
+                Err(CreateError::Refused(
+                    "consumer already exists (code 400, error code 10148)".to_string(),
+                ))
+            };
+        }
+        if state
+            .max_consumers
+            .is_some_and(|limit| state.consumers.len() >= limit)
+        {
+            return Err(CreateError::Limit);
+        }
+        state.made += 1;
+        let created = EPOCH_NANOS + state.made;
+        let name = config.name.clone();
+        let mut consumer = ConsumerModel::new(config, created);
+        // It delivers what is stored from now on.
+        consumer.skip_to(state.last + 1);
+        let found = self.handle(&name, &consumer, &state.messages);
+        state.consumers.insert(name, consumer);
+        Ok(found)
+    }
+
     fn store(state: &mut State, message: Outgoing) -> u64 {
         state.last += 1;
         let sequence = state.last;
@@ -116,6 +212,7 @@ impl StreamModel {
                 subject: message.subject,
                 headers: message.headers,
                 payload: message.payload,
+                published_nanos: EPOCH_NANOS + (Instant::now() - state.epoch).as_nanos() as i128,
             },
         );
         sequence
@@ -128,7 +225,7 @@ impl StreamModel {
     }
 
     /// What JetStream answers `message` (a publish, or a batch's commit).
-    fn answer(&self, message: Outgoing) -> Result<PubAck, PublishError> {
+    fn decide(&self, message: Outgoing) -> Result<PubAck, PublishError> {
         let mut state = self.lock();
         let state = &mut *state;
         if state.leaderless || !message.subject.starts_with(&format!("{}.", state.prefix)) {
@@ -188,6 +285,7 @@ impl StreamModel {
                 }
             }
         };
+        self.0.wake.notify_waiters();
         if state.lose_answers > 0 {
             state.lose_answers -= 1;
             return Err(PublishError::Unanswered(
@@ -207,7 +305,7 @@ impl std::fmt::Debug for StreamModel {
 impl JetStream for StreamModel {
     fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<Confirmation, PublishError>> {
         // Stored (or refused) as it is sent: the answer is what the confirmation awaits.
-        let answer = self.answer(message);
+        let answer = self.decide(message);
         Box::pin(async move {
             let confirmation: Confirmation = Box::pin(async move { answer });
             Ok(confirmation)
@@ -223,10 +321,196 @@ impl JetStream for StreamModel {
                 }
                 // A plain message on the stream's subjects is stored as any publish, unanswered.
                 None => {
-                    let _ = self.answer(message);
+                    let _ = self.decide(message);
                 }
             }
             Ok(())
         })
+    }
+
+    fn answer(&self, reply: &AckReply, answer: Answer) -> BoxFuture<'_, Result<(), AckError>> {
+        let _ = self.apply(reply, answer);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn confirm(
+        &self,
+        reply: &AckReply,
+        answer: Answer,
+        _timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), AckError>> {
+        let applied = self.apply(reply, answer);
+        Box::pin(async move { applied })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), AckError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl StreamModel {
+    /// Applies an answer to the delivery `reply` names: "no responders" when its consumer is
+    /// gone (or was never this model's).
+    fn apply(&self, reply: &AckReply, answer: Answer) -> Result<(), AckError> {
+        let Some((_, name, sequence)) = parse_reply(reply) else {
+            return Err(AckError::NoResponders);
+        };
+        let mut state = self.lock();
+        let consumer = state
+            .consumers
+            .get_mut(name)
+            .ok_or(AckError::NoResponders)?;
+        consumer.answer(sequence, answer, Instant::now());
+        if matches!(answer, Answer::Nak(_)) {
+            self.0.wake.notify_waiters();
+        }
+        Ok(())
+    }
+}
+
+/// A handle on one of the model's consumers, as a bridge holds it.
+#[derive(Clone)]
+pub struct ModelConsumer {
+    stream: StreamModel,
+    name: String,
+    created: i128,
+}
+
+impl std::fmt::Debug for ModelConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelConsumer")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the consumer `name`, made at `created`, is still there.
+fn still_there(state: &State, name: &str, created: i128) -> bool {
+    state
+        .consumers
+        .get(name)
+        .is_some_and(|consumer| consumer.created == created)
+}
+
+impl Consumer for ModelConsumer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn created(&self) -> i128 {
+        self.created
+    }
+
+    fn pull(
+        &self,
+        max_messages: usize,
+        expires: Duration,
+    ) -> BoxFuture<'_, Result<Deliveries, PullError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            if !still_there(&this.stream.lock(), &this.name, this.created) {
+                return Err(PullError("consumer not found".to_string()));
+            }
+            let deadline = Instant::now() + expires;
+            let deliveries: Deliveries = Box::pin(async_stream::stream! {
+                let mut brought = 0;
+                while brought < max_messages {
+                    let shared = this.stream.0.clone();
+                    let woken = shared.wake.notified();
+                    tokio::pin!(woken);
+                    woken.as_mut().enable();
+                    let now = Instant::now();
+                    let (batch, next_due) = {
+                        let mut state = this.stream.lock();
+                        let state = &mut *state;
+                        if !still_there(state, &this.name, this.created) {
+                            break;
+                        }
+                        let Some(consumer) = state.consumers.get_mut(&this.name) else {
+                            break;
+                        };
+                        let batch = consumer.take(
+                            (&state.prefix, &this.name),
+                            &state.messages,
+                            max_messages - brought,
+                            now,
+                        );
+                        (batch, consumer.next_due())
+                    };
+                    for delivery in batch {
+                        brought += 1;
+                        yield Ok(delivery);
+                    }
+                    if brought >= max_messages || Instant::now() >= deadline {
+                        break;
+                    }
+                    let until = next_due.map_or(deadline, |due| due.clamp(Instant::now(), deadline));
+                    tokio::select! {
+                        () = &mut woken => {}
+                        () = tokio::time::sleep_until(until) => {}
+                    }
+                }
+            });
+            Ok(deliveries)
+        })
+    }
+
+    fn info(&self) -> BoxFuture<'_, Result<ConsumerInfo, ConsumerError>> {
+        self.stream.consumer_info(&self.name)
+    }
+}
+
+impl Stream for StreamModel {
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    fn consumer(&self, name: &str) -> BoxFuture<'_, Result<Option<Found>, ConsumerError>> {
+        let found = {
+            let state = self.lock();
+            state
+                .consumers
+                .get(name)
+                .map(|consumer| self.handle(name, consumer, &state.messages))
+        };
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<Found, CreateError>> {
+        let made = self.create(config);
+        Box::pin(async move { made })
+    }
+
+    fn consumer_info(&self, name: &str) -> BoxFuture<'_, Result<ConsumerInfo, ConsumerError>> {
+        let info = {
+            let state = self.lock();
+            match state.consumers.get(name) {
+                Some(consumer) => Ok(consumer.info(&state.messages)),
+                None => Err(ConsumerError::NotFound),
+            }
+        };
+        Box::pin(async move { info })
+    }
+
+    fn consumers(&self) -> BoxFuture<'_, Result<Vec<ConsumerInfo>, ConsumerError>> {
+        let listed = {
+            let state = self.lock();
+            state
+                .consumers
+                .values()
+                .map(|consumer| consumer.info(&state.messages))
+                .collect()
+        };
+        Box::pin(async move { Ok(listed) })
+    }
+
+    fn consumer_count(&self) -> BoxFuture<'_, Result<usize, ConsumerError>> {
+        let count = self.lock().consumers.len();
+        Box::pin(async move { Ok(count) })
+    }
+
+    fn delete_consumer(&self, name: &str) -> BoxFuture<'_, Result<(), ConsumerError>> {
+        let deleted = self.lock().consumers.remove(name);
+        Box::pin(async move { deleted.map(|_| ()).ok_or(ConsumerError::NotFound) })
     }
 }

@@ -14,9 +14,11 @@
 //! - [`bus`]: the seam to core NATS: what gateways say to each other (request/reply, asks of
 //!   every gateway) and hear from JetStream (advisories). Implemented by [`bus::NatsBus`] and by
 //!   the in-memory model in `sim/bus.rs`; one contract suite holds both.
-//! - [`jetstream`]: the seam to JetStream's publishing side: a publish and its `PubAck`, message
-//!   ids, expectations, atomic batches. Implemented by [`jetstream::NatsJetStream`] and by the
-//!   in-memory model in `sim/jetstream.rs`; one contract suite holds both.
+//! - [`jetstream`]: the seam to JetStream: a publish and its `PubAck`, message ids,
+//!   expectations, atomic batches; a consumer's pulls, the answers to its messages (acks, naks,
+//!   terms, progress) and its state. Implemented by [`jetstream::NatsJetStream`] and
+//!   [`jetstream::NatsConsumer`] and by the in-memory model in `sim/jetstream.rs`; two contract
+//!   suites hold both.
 //! - [`nats`]: the backplane over a JetStream KV bucket (`async-nats`).
 //! - [`ids`]: the ids cluster mode names things by (gateway incarnations, members, routes).
 //! - [`values`]: what gateways keep in the backplane: keys, a subscription's line.

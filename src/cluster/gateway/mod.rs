@@ -89,8 +89,11 @@ struct Shared {
     /// Core NATS between gateways, and JetStream's advisories ([`crate::cluster::bus`]).
     bus: Arc<dyn crate::cluster::bus::Bus>,
     js: jetstream::Context,
-    /// The stream's publishing side ([`crate::cluster::jetstream`]).
+    /// The stream's publishing side, and the answers to its consumers' deliveries
+    /// ([`crate::cluster::jetstream`]).
     jetstream: Arc<dyn crate::cluster::jetstream::JetStream>,
+    /// The stream's consumers: made, found, listed, deleted ([`crate::cluster::jetstream`]).
+    stream: Arc<dyn crate::cluster::jetstream::Stream>,
     /// The local broker, with the operations only a gateway has.
     broker: Upstream,
     prefix: String,
@@ -273,11 +276,15 @@ impl Gateway {
             let (local, broker) = Broker::gateway(limits, clock, router.clone(), route);
             let bus: Arc<dyn crate::cluster::bus::Bus> =
                 Arc::new(crate::cluster::bus::NatsBus::new(client.clone()));
+            // The stream's consumers, asked with the context's own timeout (not the publishes').
+            let consumers: Arc<dyn crate::cluster::jetstream::Stream> =
+                Arc::new(crate::cluster::jetstream::NatsStream::new(stream.clone()));
             let (registry, registry_task) =
-                registry::Registry::start(bus.as_ref(), stream.clone(), connects).await?;
+                registry::Registry::start(bus.as_ref(), consumers.clone(), connects).await?;
             let fences = Arc::new(fence::Fences::new(
                 Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone())),
                 stream.clone(),
+                consumers.clone(),
             ));
             let fence_task = fences.clone().follow_deletions(bus.as_ref()).await?;
             let (singletons, coordination) = singleton::spawn(
@@ -317,6 +324,7 @@ impl Gateway {
                 client: client.clone(),
                 bus: bus.clone(),
                 jetstream: Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone())),
+                stream: consumers,
                 js,
                 broker: broker.clone(),
                 prefix: config.stream.clone(),

@@ -32,9 +32,7 @@ use std::{
     time::Duration,
 };
 
-use async_nats::jetstream::{
-    ErrorCode, consumer, context::ConsumerInfoErrorKind, stream::ConsumerErrorKind,
-};
+use crate::cluster::jetstream::{ConsumerError, ConsumerInfo};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_stream::StreamExt;
@@ -353,7 +351,7 @@ impl Gateway {
             }
             let deleted = tokio::time::timeout(
                 REQUEST_PATIENCE,
-                self.inner.stream.delete_consumer(&info.name),
+                self.inner.shared.stream.delete_consumer(&info.name),
             )
             .await
             .map_err(|_| {
@@ -367,12 +365,7 @@ impl Gateway {
                 Ok(_) => removed.push(info.name.clone()),
                 // Gone meanwhile (another delete of it, or its inactivity threshold ran out):
                 // nothing left to delete, and not this delete's to count.
-                Err(error)
-                    if matches!(error.kind(), ConsumerErrorKind::JetStream(e)
-                        if e.error_code() == ErrorCode::CONSUMER_NOT_FOUND) =>
-                {
-                    continue;
-                }
+                Err(ConsumerError::NotFound) => continue,
                 Err(error) => {
                     return Err(unavailable(
                         &format!("JetStream did not delete consumer {}", info.name),
@@ -380,7 +373,7 @@ impl Gateway {
                     ));
                 }
             }
-            discarded += info.num_pending + info.num_ack_pending as u64;
+            discarded += info.pending + info.ack_pending;
         }
         if removed.is_empty() {
             return Err(not_found());
@@ -545,15 +538,18 @@ impl Gateway {
     }
 
     /// The consumer `name` if it exists and records subscription `id`.
-    async fn consumer_of(&self, id: &str, name: &str) -> Result<Option<consumer::Info>, Error> {
-        let info = tokio::time::timeout(REQUEST_PATIENCE, self.inner.stream.consumer_info(name))
-            .await
-            .map_err(|_| unavailable("JetStream did not answer for the consumer", "timed out"))?;
+    async fn consumer_of(&self, id: &str, name: &str) -> Result<Option<ConsumerInfo>, Error> {
+        let info = tokio::time::timeout(
+            REQUEST_PATIENCE,
+            self.inner.shared.stream.consumer_info(name),
+        )
+        .await
+        .map_err(|_| unavailable("JetStream did not answer for the consumer", "timed out"))?;
         match info {
-            Ok(info) => Ok(names::recorded(&info.config.metadata)
+            Ok(info) => Ok(names::recorded(&info.metadata)
                 .is_ok_and(|(of, _)| of == id)
                 .then_some(info)),
-            Err(error) if matches!(error.kind(), ConsumerInfoErrorKind::NotFound) => Ok(None),
+            Err(ConsumerError::NotFound) => Ok(None),
             Err(error) => Err(unavailable(
                 "JetStream did not answer for the consumer",
                 error,

@@ -7,7 +7,7 @@
 //! own; elsewhere it is found in the registry (the first by name when gateways each have one
 //! of that id) and described from it as well.
 
-use async_nats::jetstream::consumer;
+use crate::cluster::jetstream::ConsumerInfo;
 
 use crate::cluster::gateway::{Gateway, wire::names};
 use crate::{
@@ -113,7 +113,7 @@ impl Gateway {
         };
         // As a join finds it: a consumer tinybroker did not make is named, not denied; one of
         // another subscription whose name collides is not this one.
-        let spec = match names::recorded(&consumer.config.metadata) {
+        let spec = match names::recorded(&consumer.metadata) {
             Ok((of, spec)) if of == id => spec,
             Ok(_) => return Err(not_found()),
             Err(why) => {
@@ -134,7 +134,7 @@ impl Gateway {
         &self,
         id: &str,
         spec: SubscriptionSpec,
-        consumer: &consumer::Info,
+        consumer: &ConsumerInfo,
     ) -> Description {
         let singleton = spec.mode == Mode::Singleton;
         let mut described = without_members(id, spec, consumer);
@@ -173,7 +173,7 @@ impl Gateway {
     pub(in crate::cluster::gateway) async fn singleton_consumer(
         &self,
         id: &str,
-    ) -> Result<Option<consumer::Info>, String> {
+    ) -> Result<Option<ConsumerInfo>, String> {
         self.consumer_backlog(Mode::Singleton, id).await
     }
 
@@ -182,39 +182,39 @@ impl Gateway {
     ///
     /// # Errors
     /// Why the servers did not answer.
-    async fn consumer_backlog(
-        &self,
-        mode: Mode,
-        id: &str,
-    ) -> Result<Option<consumer::Info>, String> {
+    async fn consumer_backlog(&self, mode: Mode, id: &str) -> Result<Option<ConsumerInfo>, String> {
         Ok(self
             .any_consumer(mode, id)
             .await?
-            .filter(|info| names::recorded(&info.config.metadata).is_ok_and(|(of, _)| of == id)))
+            .filter(|info| names::recorded(&info.metadata).is_ok_and(|(of, _)| of == id)))
     }
 
     /// The consumer of the subscription's name, whatever its metadata records.
     ///
     /// # Errors
     /// Why the servers did not answer.
-    async fn any_consumer(&self, mode: Mode, id: &str) -> Result<Option<consumer::Info>, String> {
+    async fn any_consumer(&self, mode: Mode, id: &str) -> Result<Option<ConsumerInfo>, String> {
         self.named_consumer(&names::consumer_name(mode, id, &self.inner.id))
             .await
             .inspect_err(|_| tracing::debug!(subscription = id, "no consumer info"))
     }
 
     /// The consumer named `name`, as the servers report it now ([`named_consumer`](crate::cluster::gateway::wire::stream::named_consumer)).
-    async fn named_consumer(&self, name: &str) -> Result<Option<consumer::Info>, String> {
-        crate::cluster::gateway::wire::stream::named_consumer(&self.inner.stream, name).await
+    async fn named_consumer(&self, name: &str) -> Result<Option<ConsumerInfo>, String> {
+        crate::cluster::gateway::wire::stream::named_consumer(
+            self.inner.shared.stream.as_ref(),
+            name,
+        )
+        .await
     }
 }
 
-pub(in crate::cluster::gateway) fn backlog(info: &consumer::Info) -> UpstreamBacklog {
+pub(in crate::cluster::gateway) fn backlog(info: &ConsumerInfo) -> UpstreamBacklog {
     UpstreamBacklog {
         consumer: info.name.clone(),
-        pending: info.num_pending,
-        unacked: info.num_ack_pending as u64,
-        redelivered: info.num_redelivered as u64,
+        pending: info.pending,
+        unacked: info.ack_pending,
+        redelivered: info.redelivered,
     }
 }
 
@@ -222,7 +222,7 @@ pub(in crate::cluster::gateway) fn backlog(info: &consumer::Info) -> UpstreamBac
 pub(in crate::cluster::gateway) fn without_members(
     id: &str,
     spec: SubscriptionSpec,
-    consumer: &consumer::Info,
+    consumer: &ConsumerInfo,
 ) -> Description {
     Description {
         upstream: Some(backlog(consumer)),

@@ -4,14 +4,13 @@
 
 use std::{sync::Arc, time::Duration};
 
-use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, PullConsumer};
-
 use crate::cluster::gateway::{
     Gateway,
     control::lease::JOIN_LEASE_PATIENCE,
     data::{acks::acked_upstream, bridge, router},
     wire::names,
 };
+use crate::cluster::jetstream::{ConsumerConfig, ConsumerInfo, CreateError, Found, Stream};
 use crate::{
     broker::{ConnectionId, MemberStream},
     core::{Error, ErrorKind, Mode, OpenRequest},
@@ -33,13 +32,10 @@ impl Gateway {
         // Counted as under way until its member is in the local broker, and waits while a
         // delete holds the id (docs/semantics.md#deleting): it finds the old consumer or none.
         let _joining = self.inner.holds.enter(&request.subscription_id).await;
-        let (mut consumer, recorded, announce) = self.consumer(request).await?;
+        let ((consumer, info), recorded, announce) = self.consumer(request).await?;
         // Beside the waits below: every gateway's registry has the consumer before the join is
         // answered (docs/cluster-internals.md#queued_for-across-gateways).
-        let (made, metadata) = {
-            let info = consumer.cached_info();
-            (info.name.clone(), info.config.metadata.clone())
-        };
+        let (made, metadata) = (info.name.clone(), info.metadata.clone());
         let announced = async {
             match announce {
                 Announce::Made => {
@@ -71,7 +67,7 @@ impl Gateway {
                 ),
                 false => None,
             };
-            await_replicas(&mut consumer).await;
+            await_replicas(self.inner.shared.stream.as_ref(), &info).await;
             Ok::<_, Error>(incarnation)
         };
         let (admitted, ()) = tokio::join!(admitted, announced);
@@ -169,13 +165,13 @@ impl Gateway {
     async fn consumer(
         &self,
         request: &OpenRequest,
-    ) -> Result<(PullConsumer, crate::core::SubscriptionSpec, Announce), Error> {
+    ) -> Result<(Found, crate::core::SubscriptionSpec, Announce), Error> {
         let spec = &request.spec;
         let name = names::consumer_name(spec.mode, &request.subscription_id, &self.inner.id);
-        let stream = &self.inner.stream;
+        let stream = &self.inner.shared.stream;
         let refused = |message: String| Error::cluster(ErrorKind::FailedPrecondition, message);
-        let check = |info: &consumer::Info| -> Result<crate::core::SubscriptionSpec, Error> {
-            let (id, recorded) = names::recorded(&info.config.metadata).map_err(|why| {
+        let check = |info: &ConsumerInfo| -> Result<crate::core::SubscriptionSpec, Error> {
+            let (id, recorded) = names::recorded(&info.metadata).map_err(|why| {
                 refused(format!(
                     "subscription {:?} cannot use JetStream consumer {name}: {why}",
                     request.subscription_id
@@ -195,55 +191,51 @@ impl Gateway {
                 ))),
             }
         };
-        if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
-            let recorded = check(consumer.cached_info())?;
-            return Ok((consumer, recorded, Announce::IfNew(name)));
+        if let Ok(Some(found)) = stream.consumer(&name).await {
+            let recorded = check(&found.1)?;
+            return Ok((found, recorded, Announce::IfNew(name)));
         }
-        let config = consumer::pull::Config {
-            durable_name: Some(name.clone()),
+        let config = ConsumerConfig {
+            name: name.clone(),
             // Patterns that overlap are not filters JetStream takes as they are.
-            filter_subjects: names::filters(&spec.patterns)
+            filters: names::filters(&spec.patterns)
                 .0
                 .iter()
                 .map(|p| names::subject(&self.inner.shared.prefix, p))
                 .collect(),
-            deliver_policy: DeliverPolicy::New,
-            ack_policy: if acked_upstream(spec) {
-                AckPolicy::Explicit
-            } else {
-                AckPolicy::None
-            },
+            explicit: acked_upstream(spec),
             ack_wait: self.ack_wait(spec.mode),
-            max_deliver: -1,
             // Every gateway pulls at most its members' windows; this bounds them all together.
             max_ack_pending: i64::try_from(self.inner.shared.broker.limits().max_queue_messages)
                 .unwrap_or(i64::MAX),
             inactive_threshold: self.inner.config.idle_timeout,
             metadata: names::metadata(&request.subscription_id, spec),
-            ..Default::default()
         };
         // JetStream "temporarily unavailable" (a leader being elected, a node gone) or not
         // answering is waited out, as publishes wait for an election (docs/semantics.md#cluster-durability).
         let deadline = tokio::time::Instant::now() + JOIN_LEASE_PATIENCE;
         let mut delay = Duration::from_millis(50);
         loop {
-            let error = match stream.create_consumer_strict(config.clone()).await {
-                Ok(consumer) => return Ok((consumer, spec.clone(), Announce::Made)),
+            let error = match stream.create_consumer(config.clone()).await {
+                Ok(found) => return Ok((found, spec.clone(), Announce::Made)),
                 Err(error) => error,
             };
             // Another gateway may have created it first, with other settings.
-            if let Ok(consumer) = stream.get_consumer::<consumer::pull::Config>(&name).await {
-                let recorded = check(consumer.cached_info())?;
-                return Ok((consumer, recorded, Announce::IfNew(name)));
+            if let Ok(Some(found)) = stream.consumer(&name).await {
+                let recorded = check(&found.1)?;
+                return Ok((found, recorded, Announce::IfNew(name)));
             }
-            if at_consumer_limit(&error) {
-                return Err(self.consumer_limit_reached(&request.subscription_id));
-            }
-            if !for_now(&error) {
-                return Err(refused(format!(
-                    "JetStream refused the consumer of subscription {:?}: {error}",
-                    request.subscription_id
-                )));
+            match error {
+                CreateError::Limit => {
+                    return Err(self.consumer_limit_reached(&request.subscription_id));
+                }
+                CreateError::Refused(_) => {
+                    return Err(refused(format!(
+                        "JetStream refused the consumer of subscription {:?}: {error}",
+                        request.subscription_id
+                    )));
+                }
+                CreateError::ForNow(_) => {}
             }
             if tokio::time::Instant::now() + delay > deadline {
                 return Err(Error::Unavailable(format!(
@@ -255,12 +247,6 @@ impl Gateway {
             delay = (delay * 2).min(Duration::from_millis(500));
         }
     }
-}
-
-/// Whether JetStream refused a consumer because its stream (or account) holds its most.
-fn at_consumer_limit(error: &async_nats::jetstream::stream::ConsumerCreateStrictError) -> bool {
-    use async_nats::jetstream::{ErrorCode, stream::ConsumerCreateStrictErrorKind as Kind};
-    matches!(error.kind(), Kind::JetStream(error) if error.error_code() == ErrorCode::MAXIMUM_CONSUMERS_LIMIT)
 }
 
 impl Gateway {
@@ -282,22 +268,6 @@ impl Gateway {
         )
     }
 }
-
-/// Whether JetStream could not make a consumer only for now: "temporarily unavailable" (its
-/// meta leader or the stream's being elected), a 503, or no answer.
-fn for_now(error: &async_nats::jetstream::stream::ConsumerCreateStrictError) -> bool {
-    use async_nats::jetstream::stream::ConsumerCreateStrictErrorKind as Kind;
-    match error.kind() {
-        Kind::TimedOut | Kind::Request => true,
-        Kind::JetStream(error) => {
-            error.code() == 503 || error.error_code().0 == JETSTREAM_UNAVAILABLE
-        }
-        _ => false,
-    }
-}
-
-/// JetStream's "temporarily unavailable" (its meta leader or the stream's being elected).
-const JETSTREAM_UNAVAILABLE: u64 = 10008;
 
 /// What a join announces to the other gateways about the consumer it found or made.
 enum Announce {
@@ -327,24 +297,13 @@ const REPLICA_PATIENCE: Duration = Duration::from_secs(3);
 /// created longer ago than that is not waited for either: a replica that is not current then
 /// is down or far behind (a killed node stays "not current, not offline" for minutes), and
 /// every later join would otherwise wait the whole patience for it.
-async fn await_replicas(consumer: &mut PullConsumer) {
-    let held_everywhere = |info: &consumer::Info| {
-        let Some(cluster) = &info.cluster else {
-            return true;
-        };
-        let replicas = match info.config.num_replicas {
-            0 => cluster.replicas.len() + 1,
-            n => n,
-        };
-        cluster.replicas.len() + 1 >= replicas
-            && cluster.replicas.iter().all(|r| r.current || r.offline)
-    };
-    let created = consumer.cached_info().created.unix_timestamp_nanos();
+async fn await_replicas(stream: &dyn Stream, info: &ConsumerInfo) {
+    let created = info.created;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128);
     let old = now - created > REPLICA_PATIENCE.as_nanos() as i128;
-    if old || held_everywhere(consumer.cached_info()) {
+    if old || info.everywhere {
         return;
     }
     let deadline = tokio::time::Instant::now() + REPLICA_PATIENCE;
@@ -354,15 +313,16 @@ async fn await_replicas(consumer: &mut PullConsumer) {
         delay = (delay * 2).min(Duration::from_millis(100));
         // Bounded by the deadline: a JetStream request waits up to its context's 5 s when the
         // consumer has no leader.
-        let seen = tokio::time::timeout_at(deadline, consumer.info()).await;
-        if matches!(seen, Ok(Ok(info)) if held_everywhere(info)) {
-            return;
-        }
+        let seen = tokio::time::timeout_at(deadline, stream.consumer_info(&info.name)).await;
+        let behind = match seen {
+            Ok(Ok(seen)) if seen.everywhere => return,
+            Ok(Ok(seen)) => seen.behind,
+            _ => info.behind.clone(),
+        };
         if tokio::time::Instant::now() >= deadline {
-            let info = consumer.cached_info();
             tracing::warn!(
                 consumer = %info.name,
-                replicas = ?info.cluster.as_ref().map(|c| &c.replicas),
+                ?behind,
                 "a replica of the consumer was not current within {REPLICA_PATIENCE:?}: the join is answered, but messages published before that server applies the consumer's creation may be kept only by the other servers"
             );
             return;

@@ -277,7 +277,7 @@ fn lock(
 async fn follow(
     gateway: Weak<Inner>,
     subscription: String,
-    created: async_nats::datetime::DateTime,
+    created: i128,
     mut cluster: LeadershipWatch,
     sender: Arc<watch::Sender<Leadership>>,
 ) {

@@ -8,10 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use async_nats::jetstream::consumer;
-use tokio_stream::StreamExt;
-
 use crate::cluster::gateway::{Gateway, api::describe::backlog, wire::names};
+use crate::cluster::jetstream::ConsumerInfo;
 use crate::{
     broker::{BrokerStats, Description},
     core::{Error, Mode, SubscriptionSpec},
@@ -107,15 +105,12 @@ impl Gateway {
     /// recorded settings: for a QUEUE or SINGLETON id the one named as a join would name it (a
     /// consumer whose name collides with another subscription's is left out); for a BROADCAST
     /// id this gateway's, else the first by name of another gateway's, as `describe` finds it.
-    async fn consumers(
-        &self,
-    ) -> Result<BTreeMap<String, (SubscriptionSpec, consumer::Info)>, Error> {
+    async fn consumers(&self) -> Result<BTreeMap<String, (SubscriptionSpec, ConsumerInfo)>, Error> {
         let listed = tokio::time::timeout(PATIENCE, async {
             let mut found = BTreeMap::new();
-            let mut consumers = self.inner.stream.consumers();
-            while let Some(info) = consumers.next().await {
-                let info = info.map_err(|e| e.to_string())?;
-                let Ok((id, spec)) = names::recorded(&info.config.metadata) else {
+            let consumers = self.inner.shared.stream.consumers().await;
+            for info in consumers.map_err(|e| e.to_string())? {
+                let Ok((id, spec)) = names::recorded(&info.metadata) else {
                     continue;
                 };
                 let own = names::consumer_name(spec.mode, &id, &self.inner.id) == info.name;
@@ -125,7 +120,7 @@ impl Gateway {
                     // Listed in name order: the first of another gateway's, unless this one's.
                     let mine = names::consumer_name(Mode::Broadcast, &id, &self.inner.id);
                     let keep = found.get(&id).is_some_and(
-                        |(kept_spec, kept): &(SubscriptionSpec, consumer::Info)| {
+                        |(kept_spec, kept): &(SubscriptionSpec, ConsumerInfo)| {
                             kept_spec.mode != Mode::Broadcast
                                 || kept.name == mine
                                 || kept.name < info.name

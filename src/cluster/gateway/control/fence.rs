@@ -112,6 +112,8 @@ enum Tried {
 pub(in crate::cluster::gateway) struct Fences {
     jetstream: Arc<dyn JetStream>,
     stream: jetstream::stream::Stream,
+    /// The stream's consumers: whether a gone subscription's consumer is really gone.
+    consumers: Arc<dyn crate::cluster::jetstream::Stream>,
     name: String,
     /// The last record this gateway read or wrote on each fence subject, with its sequence:
     /// a fenced publish names it without reading it again (JetStream refuses it if it moved).
@@ -133,11 +135,13 @@ impl Fences {
     pub(in crate::cluster::gateway) fn new(
         jetstream: Arc<dyn JetStream>,
         stream: jetstream::stream::Stream,
+        consumers: Arc<dyn crate::cluster::jetstream::Stream>,
     ) -> Self {
         let name = stream.cached_info().config.name.clone();
         Self {
             jetstream,
             stream,
+            consumers,
             name,
             known: Mutex::default(),
             turns: Mutex::default(),
@@ -147,11 +151,6 @@ impl Fences {
     /// The stream's name.
     pub(in crate::cluster::gateway) fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The stream the records are kept in.
-    pub(in crate::cluster::gateway) fn stream(&self) -> &jetstream::stream::Stream {
-        &self.stream
     }
 
     /// The last record this gateway read or wrote on `subject`, with its sequence.
@@ -392,7 +391,8 @@ impl Fences {
     /// Whether the consumer `name` exists (taken as existing when JetStream does not say).
     async fn consumer_exists(&self, name: &str) -> bool {
         !matches!(
-            crate::cluster::gateway::wire::stream::named_consumer(&self.stream, name).await,
+            crate::cluster::gateway::wire::stream::named_consumer(self.consumers.as_ref(), name)
+                .await,
             Ok(None)
         )
     }

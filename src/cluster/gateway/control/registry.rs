@@ -35,7 +35,6 @@ use std::{
     time::Duration,
 };
 
-use async_nats::jetstream;
 use tokio::sync::{Notify, watch};
 use tokio_stream::StreamExt;
 
@@ -225,10 +224,10 @@ impl Registry {
     /// JetStream's consumer advisories on `client`.
     pub(in crate::cluster::gateway) async fn start(
         bus: &dyn crate::cluster::bus::Bus,
-        stream: jetstream::stream::Stream,
+        stream: Arc<dyn crate::cluster::jetstream::Stream>,
         connects: Arc<AtomicU64>,
     ) -> Result<(Arc<Self>, tokio::task::JoinHandle<()>), String> {
-        let name = stream.cached_info().config.name.clone();
+        let name = stream.name().to_string();
         let mut advisories = bus
             .subscribe(&format!("$JS.EVENT.ADVISORY.CONSUMER.*.{name}.*"))
             .await
@@ -244,7 +243,7 @@ impl Registry {
                         // one that began just before it would add its whole round trip.
                         () = registry.wake.notified(), if running.len() < SYNCS => {
                             let (registry, stream) = (registry.clone(), stream.clone());
-                            running.spawn(async move { registry.sync(&stream).await });
+                            running.spawn(async move { registry.sync(stream.as_ref()).await });
                         }
                         Some(_) = running.join_next() => {
                             // Tickets taken while SYNCS ran: their wake may have been spent.
@@ -475,7 +474,7 @@ impl Registry {
 
     /// Reads the stream's consumer count and, when the copy may be out of date, lists the
     /// consumers; then covers every ticket taken before it began.
-    async fn sync(&self, stream: &jetstream::stream::Stream) {
+    async fn sync(&self, stream: &dyn crate::cluster::jetstream::Stream) {
         let covers = self.requested.load(Ordering::SeqCst);
         // Read before the connection count: a reconnection after it makes the copy not current.
         let connects = self.connects.load(Ordering::SeqCst);
@@ -486,9 +485,9 @@ impl Registry {
             .map(|incarnation| (incarnation, connects));
         let mut up_to_date = false;
         let marks = self.stale_marks.load(Ordering::SeqCst);
-        let count = tokio::time::timeout(PATIENCE, stream.get_info()).await;
+        let count = tokio::time::timeout(PATIENCE, stream.consumer_count()).await;
         let count = match count {
-            Ok(Ok(info)) => Some(info.state.consumer_count),
+            Ok(Ok(count)) => Some(count),
             Ok(Err(error)) => {
                 tracing::debug!(%error, "the stream's consumer count did not come");
                 None
@@ -564,15 +563,13 @@ impl Registry {
 
 /// Every consumer of the stream: its name and metadata.
 async fn list(
-    stream: &jetstream::stream::Stream,
+    stream: &dyn crate::cluster::jetstream::Stream,
 ) -> Result<BTreeMap<String, std::collections::HashMap<String, String>>, String> {
-    let mut listed = BTreeMap::new();
-    let mut consumers = stream.consumers();
-    while let Some(info) = consumers.next().await {
-        let info = info.map_err(|e| e.to_string())?;
-        listed.insert(info.name, info.config.metadata);
-    }
-    Ok(listed)
+    let listed = stream.consumers().await.map_err(|e| e.to_string())?;
+    Ok(listed
+        .into_iter()
+        .map(|info| (info.name, info.metadata))
+        .collect())
 }
 
 #[cfg(test)]

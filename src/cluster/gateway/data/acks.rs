@@ -2,10 +2,8 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use async_nats::{Subject, jetstream::AckKind};
-use bytes::Bytes;
-
 use crate::cluster::gateway::{Shared, control::lease::LeaseGate};
+use crate::cluster::jetstream::{AckError, AckReply, Answer};
 
 /// A singleton's lease check, read before every try of its acks
 /// (docs/semantics.md#cluster-lease-checks): the gateway's lease, and the incarnation its held
@@ -38,7 +36,7 @@ pub(in crate::cluster::gateway) const CONFIRM_ON_STOP: Duration = Duration::from
 pub(in crate::cluster::gateway) struct Confirming {
     pub(in crate::cluster::gateway) tasks: tokio::task::JoinSet<u64>,
     /// By stream sequence, what is being confirmed (and how many tasks for it).
-    pub(in crate::cluster::gateway) sequences: BTreeMap<u64, (AckKind, usize)>,
+    pub(in crate::cluster::gateway) sequences: BTreeMap<u64, (Answer, usize)>,
 }
 
 impl Confirming {
@@ -80,8 +78,8 @@ impl Confirming {
 pub(in crate::cluster::gateway) async fn confirm(
     shared: Arc<Shared>,
     subscription: Arc<str>,
-    reply: Subject,
-    kind: AckKind,
+    reply: AckReply,
+    kind: Answer,
     sequence: u64,
     patience: Duration,
     gate: Option<Gate>,
@@ -116,10 +114,7 @@ pub(in crate::cluster::gateway) async fn confirm(
             }
         }
         tries += 1;
-        let request = async_nats::Request::new()
-            .payload(Bytes::from(kind))
-            .timeout(Some(ACK_TRY));
-        let error = match shared.client.send_request(reply.clone(), request).await {
+        let error = match shared.jetstream.confirm(&reply, kind, ACK_TRY).await {
             Ok(_) => {
                 if tries > 1 {
                     tracing::debug!(%subscription, sequence, tries, "JetStream confirmed an ack sent again");
@@ -135,7 +130,7 @@ pub(in crate::cluster::gateway) async fn confirm(
         }
         // "No responders" (the consumer's leader moving) or a broken connection come at once:
         // paced, 5 ms doubling to 200 ms. A try not answered in time has already waited.
-        if error.kind() != async_nats::RequestErrorKind::TimedOut {
+        if error != AckError::TimedOut {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_millis(200));
         }

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 
-use async_nats::jetstream::Message;
+use crate::cluster::jetstream::Delivery;
 
 /// At most this many messages beyond the members' windows per bridge: what a gateway takes
 /// away from the members of the same QUEUE subscription at other gateways, for as long as its
@@ -23,7 +23,7 @@ use async_nats::jetstream::Message;
 pub(in crate::cluster::gateway) const READ_AHEAD: u64 = 32;
 
 /// Messages pulled beyond the members' room, oldest first.
-pub(in crate::cluster::gateway) struct Ahead<M = Message> {
+pub(in crate::cluster::gateway) struct Ahead<M = Delivery> {
     /// How many may wait here: [`READ_AHEAD`], or 0 where reading ahead is off.
     limit: u64,
     waiting: VecDeque<(u64, M)>,

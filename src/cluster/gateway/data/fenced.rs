@@ -110,8 +110,8 @@ async fn no_record(shared: &Arc<Shared>, fence: &PublishFence) -> Error {
 /// that id ([`Error::SubscriptionNotFound`]) or one of another mode ([`Error::NotSingleton`]).
 async fn not_singleton(shared: &Arc<Shared>, subscription: &str) -> Option<Error> {
     let name = names::consumer_name(Mode::Singleton, subscription, "");
-    match named_consumer(shared.fences.stream(), &name).await {
-        Ok(Some(info)) => match names::recorded(&info.config.metadata) {
+    match named_consumer(shared.stream.as_ref(), &name).await {
+        Ok(Some(info)) => match names::recorded(&info.metadata) {
             Ok((id, spec)) if id == subscription && spec.mode == Mode::Singleton => None,
             Ok((id, spec)) if id == subscription => Some(Error::NotSingleton {
                 subscription: subscription.to_string(),

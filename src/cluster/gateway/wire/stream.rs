@@ -354,9 +354,9 @@ const CONSUMER_INFO_PATIENCE: std::time::Duration = std::time::Duration::from_se
 /// # Errors
 /// Why the servers did not answer.
 pub(in crate::cluster::gateway) async fn named_consumer(
-    stream: &jetstream::stream::Stream,
+    stream: &dyn crate::cluster::jetstream::Stream,
     name: &str,
-) -> Result<Option<jetstream::consumer::Info>, String> {
+) -> Result<Option<crate::cluster::jetstream::ConsumerInfo>, String> {
     // JetStream's API requests wait the NATS client's request timeout (10 s), not the
     // context's: bound this one as an ack forwarded to another gateway is.
     let info = tokio::time::timeout(CONSUMER_INFO_PATIENCE, stream.consumer_info(name))
@@ -364,14 +364,7 @@ pub(in crate::cluster::gateway) async fn named_consumer(
         .map_err(|_| format!("no answer within {CONSUMER_INFO_PATIENCE:?}"))?;
     match info {
         Ok(info) => Ok(Some(info)),
-        Err(error)
-            if matches!(
-                error.kind(),
-                jetstream::context::ConsumerInfoErrorKind::NotFound
-            ) =>
-        {
-            Ok(None)
-        }
+        Err(crate::cluster::jetstream::ConsumerError::NotFound) => Ok(None),
         Err(error) => {
             tracing::debug!(consumer = %name, %error, "no consumer info");
             Err(error.to_string())

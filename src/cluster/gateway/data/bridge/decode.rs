@@ -9,37 +9,26 @@ use crate::core::{Envelope, Headers, Message, Topic};
 /// `last`; one without headers to another topic becomes the new `last`.
 pub(super) fn decode(
     prefix: &str,
-    message: &async_nats::Message,
+    message: &crate::cluster::jetstream::Delivery,
     sequence: u64,
     published_nanos: i128,
     last: &mut Option<Envelope>,
 ) -> Result<(Message, Option<String>), String> {
-    let topic = crate::cluster::gateway::wire::names::topic_of(prefix, message.subject.as_str())
-        .ok_or_else(|| format!("subject {} is outside {prefix}.>", message.subject))?;
+    let topic = crate::cluster::gateway::wire::names::topic_of(prefix, message.subject())
+        .ok_or_else(|| format!("subject {} is outside {prefix}.>", message.subject()))?;
     let mut headers = Headers::new();
     let mut dead_letter_of = None;
-    if let Some(map) = &message.headers {
-        for (name, values) in map.iter() {
-            let name_text: &str = name.as_ref();
-            // The gateway's own headers: its dead-letter mark, and JetStream's (`Nats-`: each
-            // publish's message id, an atomic batch's id, place and commit). A client's header
-            // named so travels escaped.
-            if name_text == DEAD_LETTER_OF {
-                dead_letter_of = values.last().map(|v| v.as_str().to_string());
-                continue;
-            }
-            if is_jetstream_header(name_text) {
-                continue;
-            }
-            if let Some(value) = values.last() {
-                let (name, value) = crate::cluster::gateway::wire::headers::client_header(
-                    name.as_ref(),
-                    value.as_str(),
-                );
-                headers.insert(name, value);
-            }
+    message.for_each_header(|name, value| {
+        // The gateway's own headers: its dead-letter mark, and JetStream's (`Nats-`: each
+        // publish's message id, an atomic batch's id, place and commit). A client's header
+        // named so travels escaped.
+        if name == DEAD_LETTER_OF {
+            dead_letter_of = Some(value.to_string());
+        } else if !is_jetstream_header(name) {
+            let (name, value) = crate::cluster::gateway::wire::headers::client_header(name, value);
+            headers.insert(name, value);
         }
-    }
+    });
     let envelope = match last {
         Some(envelope) if headers.is_empty() && envelope.topic().as_str() == topic => {
             envelope.clone()
@@ -57,7 +46,7 @@ pub(super) fn decode(
         sequence,
         u64::try_from(published_nanos / 1_000_000).unwrap_or(0),
         envelope,
-        &message.payload,
+        message.payload(),
     );
     Ok((decoded, dead_letter_of))
 }
@@ -77,23 +66,17 @@ mod tests {
     // docs/cluster.md#subscriptions-and-consumers: an idle leader's pulls wait 15, 30, 60, 120,
     // then 240 ms at most; the first pull after a message waits 15 ms again.
 
-    fn nats_message(subject: &str, headers: &[(&str, &str)]) -> async_nats::Message {
-        let headers = (!headers.is_empty()).then(|| {
-            let mut map = async_nats::HeaderMap::new();
-            for (name, value) in headers {
-                map.insert(*name, *value);
-            }
-            map
-        });
-        async_nats::Message {
-            subject: subject.into(),
-            reply: None,
-            payload: bytes::Bytes::from_static(b"payload"),
-            headers,
-            status: None,
-            description: None,
-            length: 0,
-        }
+    fn delivery(subject: &str, headers: &[(&str, &str)]) -> crate::cluster::jetstream::Delivery {
+        crate::cluster::jetstream::Delivery::new(
+            subject.to_string(),
+            headers
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
+            bytes::Bytes::from_static(b"payload"),
+            None,
+            Err("not needed here".to_string()),
+        )
     }
 
     fn decoded(
@@ -101,7 +84,7 @@ mod tests {
         subject: &str,
         headers: &[(&str, &str)],
     ) -> Result<(Message, Option<String>), String> {
-        decode("p", &nats_message(subject, headers), 1, 0, last)
+        decode("p", &delivery(subject, headers), 1, 0, last)
     }
 
     // Messages to one topic without headers share one envelope; a message with headers, to

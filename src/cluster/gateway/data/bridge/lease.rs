@@ -70,15 +70,10 @@ impl Bridge {
         let Some(incarnation) = lease.wait_valid(self.pull_expires).await else {
             return;
         };
-        let created = self.consumer.cached_info().created;
-        let same = match self.consumer.get_info().await {
-            Ok(info) => info.created == created,
-            Err(error)
-                if error.kind()
-                    == async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound =>
-            {
-                false
-            }
+        let created = self.consumer.created();
+        let same = match self.consumer.info().await {
+            Ok(state) => state.created == created,
+            Err(crate::cluster::jetstream::ConsumerError::NotFound) => false,
             Err(error) => {
                 tracing::warn!(subscription = %self.subscription, %error, "cannot tell whether the consumer outlived this gateway's lease lapse; asking again");
                 return;

@@ -20,11 +20,6 @@ use std::{
     time::Duration,
 };
 
-use async_nats::{
-    Subject,
-    jetstream::{AckKind, consumer::PullConsumer},
-};
-use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
 
@@ -35,6 +30,7 @@ use crate::cluster::gateway::{
     data::acks::{CONFIRM_ON_STOP, Confirming, MAX_CONFIRMING},
     data::ahead::{Ahead, READ_AHEAD},
 };
+use crate::cluster::jetstream::{AckReply, Answer, Consumer, Delivery};
 use crate::core::{AckMode, Draft, Envelope, Error, ErrorKind, MemberId, Mode, SubscriptionSpec};
 
 /// How long one pull request waits for messages. A request asks for the room the members had
@@ -148,7 +144,7 @@ enum Kind {
 pub(in crate::cluster::gateway) struct Bridge {
     shared: Arc<Shared>,
     subscription: Arc<str>,
-    consumer: PullConsumer,
+    consumer: Box<dyn Consumer>,
     kind: Kind,
     /// Whether JetStream expects acks (false for an ack-free QUEUE or BROADCAST subscription:
     /// its consumer is `AckNone`, and a message is done once delivered to the gateway; an
@@ -165,7 +161,7 @@ pub(in crate::cluster::gateway) struct Bridge {
     /// Whether the local subscription this bridge was started for still exists (see `Link`).
     live: Arc<AtomicBool>,
     /// Messages injected and not yet settled, by stream sequence: their ack subjects.
-    held: BTreeMap<u64, Subject>,
+    held: BTreeMap<u64, AckReply>,
     /// Acks and terms sent and not yet confirmed by JetStream.
     confirming: Confirming,
     /// Held messages the local subscription refused (they came in an open pull after the
@@ -209,7 +205,7 @@ impl Bridge {
     pub(in crate::cluster::gateway) fn new(
         shared: Arc<Shared>,
         subscription: Arc<str>,
-        consumer: PullConsumer,
+        consumer: Box<dyn Consumer>,
         spec: &SubscriptionSpec,
         wiring: Wiring,
         ack_wait: Duration,
@@ -299,7 +295,7 @@ impl Bridge {
     /// Runs until told to stop (the local subscription expired, or the gateway stops), then
     /// gives back (naks) what it still holds.
     pub(in crate::cluster::gateway) async fn run(mut self) {
-        tracing::debug!(subscription = %self.subscription, consumer = %self.consumer.cached_info().name, "bridge started");
+        tracing::debug!(subscription = %self.subscription, consumer = %self.consumer.name(), "bridge started");
         // Ack-pending messages are kept alive while the gateway holds them: JetStream would
         // otherwise redeliver them elsewhere after `ack_wait`, while a member still works on them.
         let mut progress = tokio::time::interval(self.progress_every);
@@ -339,10 +335,10 @@ impl Bridge {
             }
             let batch = self
                 .consumer
-                .batch()
-                .max_messages(want.min(u64::from(u32::MAX)) as usize)
-                .expires(self.next_pull_expires())
-                .messages()
+                .pull(
+                    want.min(u64::from(u32::MAX)) as usize,
+                    self.next_pull_expires(),
+                )
                 .await;
             let mut batch = match batch {
                 Ok(batch) => batch,
@@ -441,8 +437,8 @@ impl Bridge {
 
     async fn handle(&mut self, event: Option<Event>) -> Flow {
         let (sequence, kind) = match event {
-            Some(Event::Acked(sequence)) => (sequence, AckKind::Ack),
-            Some(Event::Dropped(sequence)) => (sequence, AckKind::Term),
+            Some(Event::Acked(sequence)) => (sequence, Answer::Ack),
+            Some(Event::Dropped(sequence)) => (sequence, Answer::Term),
             Some(Event::Left(member)) => return Flow::Vacated(Vacating::Left(member)),
             Some(Event::Yielded(member)) => return Flow::Vacated(Vacating::Yielded(member)),
             Some(Event::DeadLettered(sequence, draft)) => {
@@ -458,7 +454,7 @@ impl Bridge {
     }
 
     /// Sends an ack or a term to JetStream and has it confirmed ([`Confirming`]).
-    fn confirm(&mut self, sequence: u64, reply: Subject, kind: AckKind) {
+    fn confirm(&mut self, sequence: u64, reply: AckReply, kind: Answer) {
         self.confirming.reap();
         let entry = self
             .confirming
@@ -481,20 +477,20 @@ impl Bridge {
 
     /// Tells JetStream how a held message was settled: an ack or a term confirmed, anything
     /// else sent as it is.
-    async fn settle(&mut self, sequence: u64, reply: Subject, kind: AckKind) {
+    async fn settle(&mut self, sequence: u64, reply: AckReply, kind: Answer) {
         self.confirming.reap();
         // An ack or a term while the lease is lapsed waits for its renewal in its confirmation
         // task (docs/semantics.md#cluster-lease-lapse); anything else is not sent.
-        let waits = matches!(kind, AckKind::Ack | AckKind::Term) && self.lapsed_in_incarnation();
+        let waits = matches!(kind, Answer::Ack | Answer::Term) && self.lapsed_in_incarnation();
         if !self.leased() && !waits {
             tracing::debug!(subscription = %self.subscription, sequence, ?kind, "past this gateway's lease: nothing sent to JetStream, which redelivers");
             return;
         }
         match kind {
-            AckKind::Ack | AckKind::Term if self.confirming.sequences.len() < MAX_CONFIRMING => {
+            Answer::Ack | Answer::Term if self.confirming.sequences.len() < MAX_CONFIRMING => {
                 self.confirm(sequence, reply, kind);
             }
-            AckKind::Ack | AckKind::Term => {
+            Answer::Ack | Answer::Term => {
                 self.shared.broker.count_unconfirmed_ack();
                 tracing::warn!(subscription = %self.subscription, sequence, "{MAX_CONFIRMING} acks wait for JetStream's confirmation: sent this one unconfirmed");
                 self.reply(reply, kind).await;
@@ -521,15 +517,15 @@ impl Bridge {
         {
             Ok(published) => {
                 tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, dead_letter = published.system_id, "message reached max_delivery_attempts; dead-lettered it to JetStream");
-                AckKind::Term
+                Answer::Term
             }
             Err(error) if error.kind() != ErrorKind::Unavailable => {
                 tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, %error, "JetStream refused a dead letter; dropping it");
-                AckKind::Term
+                Answer::Term
             }
             Err(error) => {
                 tracing::warn!(subscription = %self.subscription, sequence, dead_letter_topic = %topic, %error, "JetStream did not store a dead letter; giving its message back to come again");
-                AckKind::Nak(Some(DEAD_LETTER_RETRY))
+                Answer::Nak(Some(DEAD_LETTER_RETRY))
             }
         };
         if let Some(reply) = self.held.remove(&sequence) {
@@ -537,28 +533,28 @@ impl Bridge {
         }
     }
 
-    async fn reply(&self, reply: Subject, kind: AckKind) {
+    async fn reply(&self, reply: AckReply, kind: Answer) {
         if !self.leased() {
             tracing::debug!(subscription = %self.subscription, ?kind, "past this gateway's lease: nothing sent to JetStream, which redelivers");
             return;
         }
-        if let Err(error) = self.shared.client.publish(reply, Bytes::from(kind)).await {
+        if let Err(error) = self.shared.jetstream.answer(&reply, kind).await {
             // JetStream redelivers after `ack_wait`: late, never lost.
             tracing::warn!(subscription = %self.subscription, %error, "could not send an ack to JetStream");
         }
     }
 
     async fn progress(&self) {
-        let waiting = self.ahead.waiting().filter_map(|m| m.reply.as_ref());
+        let waiting = self.ahead.waiting().filter_map(Delivery::reply);
         for reply in self.held.values().chain(waiting) {
-            self.reply(reply.clone(), AckKind::Progress).await;
+            self.reply(reply.clone(), Answer::Progress).await;
         }
     }
 
     /// A message the open pull brought: handed to the local subscription, or, when the bridge
     /// reads ahead and the members have no room (or others wait already, or the bridge is
     /// stopping), kept in the read-ahead.
-    async fn arrive(&mut self, message: async_nats::jetstream::Message, stopping: bool) {
+    async fn arrive(&mut self, message: Delivery, stopping: bool) {
         let wait = self.ahead.on()
             && (stopping
                 || self
@@ -593,11 +589,11 @@ impl Bridge {
         // In stream order: what members held, then what was read ahead.
         let replies = held
             .into_values()
-            .chain(ahead.into_iter().filter_map(|m| m.message.reply));
+            .chain(ahead.into_iter().filter_map(Delivery::into_reply));
         for reply in replies {
-            self.reply(reply, AckKind::Nak(None)).await;
+            self.reply(reply, Answer::Nak(None)).await;
         }
-        if let Err(error) = self.shared.client.flush().await {
+        if let Err(error) = self.shared.jetstream.flush().await {
             tracing::warn!(subscription = %self.subscription, %error, "could not flush the naks");
         }
         // Acks still being confirmed go on by themselves past this bridge (a gateway stopping
@@ -612,18 +608,14 @@ impl Bridge {
     }
 
     /// Hands one JetStream message to the local subscription.
-    async fn inject(&mut self, message: async_nats::jetstream::Message) {
-        let reply = message.reply.clone();
+    async fn inject(&mut self, message: Delivery) {
+        let reply = message.reply().cloned();
         let info = match message.info() {
-            Ok(info) => (
-                info.stream_sequence,
-                info.delivered,
-                info.published.unix_timestamp_nanos(),
-            ),
+            Ok(info) => (info.stream_sequence, info.delivered, info.published_nanos),
             Err(error) => {
                 tracing::warn!(subscription = %self.subscription, %error, "a JetStream message without its metadata; terminating it");
                 if let Some(reply) = reply {
-                    self.reply(reply, AckKind::Term).await;
+                    self.reply(reply, Answer::Term).await;
                 }
                 return;
             }
@@ -681,7 +673,7 @@ impl Bridge {
             // bridge has made sure its consumer is the one its members joined: the message
             // goes back at once.
             if let Some(reply) = reply {
-                self.reply(reply, AckKind::Nak(None)).await;
+                self.reply(reply, Answer::Nak(None)).await;
             }
             if let Kind::Shared { await_lease, .. } = &mut self.kind {
                 *await_lease = true;
@@ -690,7 +682,7 @@ impl Bridge {
         }
         let decoded = decode(
             &self.shared.prefix,
-            &message.message,
+            &message,
             sequence,
             published_nanos,
             &mut self.last_envelope,
@@ -700,7 +692,7 @@ impl Bridge {
             Err(why) => {
                 tracing::warn!(subscription = %self.subscription, sequence, why, "an undeliverable JetStream message; terminating it");
                 if let Some(reply) = reply {
-                    self.reply(reply, AckKind::Term).await;
+                    self.reply(reply, Answer::Term).await;
                 }
                 return;
             }
@@ -715,7 +707,7 @@ impl Bridge {
             if self.explicit
                 && let Some(reply) = reply
             {
-                self.reply(reply, AckKind::Ack).await;
+                self.reply(reply, Answer::Ack).await;
             }
             return;
         }
@@ -725,7 +717,7 @@ impl Bridge {
             // Marked by the gateway that stored it, not by `tinybroker-dead-letter-*`, which
             // a client's message may carry (a dead letter sent back to be tried again).
             if let Some(reply) = reply {
-                self.reply(reply, AckKind::Ack).await;
+                self.reply(reply, Answer::Ack).await;
             }
             return;
         }
@@ -752,7 +744,7 @@ impl Bridge {
             }
             Err(error) => {
                 if let Some(reply) = self.held.remove(&sequence) {
-                    self.reply(reply, AckKind::Nak(None)).await;
+                    self.reply(reply, Answer::Nak(None)).await;
                 }
                 if !matches!(
                     error,

@@ -3,10 +3,8 @@
 
 use std::{sync::PoisonError, time::Duration};
 
-use async_nats::jetstream::AckKind;
-use bytes::Bytes;
-
 use super::{Bridge, Kind, NAK_CONFIRM, RETRY, Vacating};
+use crate::cluster::jetstream::Answer;
 use crate::core::MemberId;
 
 impl Bridge {
@@ -18,13 +16,13 @@ impl Bridge {
         if !self.singleton() || !self.shared.broker.owes_count(&self.subscription) {
             return None;
         }
-        match self.consumer.get_info().await {
-            Ok(info) => {
-                let unacked = (info.num_ack_pending as u64).saturating_sub(self.held.len() as u64);
+        match self.consumer.info().await {
+            Ok(state) => {
+                let unacked = state.ack_pending.saturating_sub(self.held.len() as u64);
                 self.shared.broker.count_owed(
                     &self.subscription,
                     unacked,
-                    info.delivered.stream_sequence,
+                    state.delivered_stream_sequence,
                 );
                 None
             }
@@ -89,14 +87,12 @@ impl Bridge {
                     carried.entry(sequence).or_insert(came_with);
                     continue;
                 }
-                let confirmed = tokio::time::timeout(
-                    NAK_CONFIRM,
-                    self.shared
-                        .client
-                        .request(reply, Bytes::from(AckKind::Nak(None))),
-                )
-                .await;
-                if !matches!(confirmed, Ok(Ok(_))) {
+                let confirmed = self
+                    .shared
+                    .jetstream
+                    .confirm(&reply, Answer::Nak(None), NAK_CONFIRM)
+                    .await;
+                if confirmed.is_err() {
                     // JetStream still redelivers it after its ack wait (the lease for singleton
                     // consumers), so it is late, never lost.
                     tracing::warn!(subscription = %self.subscription, sequence, "JetStream did not confirm a nak in time");

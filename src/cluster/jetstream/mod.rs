@@ -1,10 +1,13 @@
-//! The JetStream seam, its publishing side: how a gateway stores a message in the stream and
-//! learns that it was (its `PubAck`). Two implementations: NATS in production
-//! ([`NatsJetStream`], over `async-nats`) and the in-memory model in `sim/jetstream.rs`; one
-//! contract suite (`sim/jetstream_contract.rs`) holds both to the semantics below, the NATS one
-//! against a real nats-server.
+//! The JetStream seam: how a gateway stores a message in the stream and learns that it was (its
+//! `PubAck`), and how it pulls a consumer's messages and answers them (acks, naks, terms,
+//! progress, each confirmed when asked), and how it makes, finds, lists and deletes the stream's
+//! consumers. Two implementations: NATS in production ([`NatsJetStream`], [`NatsStream`] and
+//! [`NatsConsumer`], over `async-nats`) and the in-memory model in
+//! `sim/jetstream.rs`; one contract suite (`sim/jetstream_contract.rs`) holds both to the
+//! semantics below, the NATS one against a real nats-server.
 //!
 //! # Semantics every implementation must keep
+//! ## Publishing
 //! - [`JetStream::publish`] sends a message and returns its confirmation to await: a
 //!   [`PubAck`] with the stream sequence it was stored at. Messages one gateway sends one after
 //!   another are stored in that order.
@@ -26,9 +29,45 @@
 //!   broke) may or may not have been stored; [`PublishError::NoResponders`] and every
 //!   [`PublishError::Refused`] were not.
 //!
-//! No NATS type appears here: the gateway's data path speaks only this.
+//! ## Consuming
+//! - [`Consumer::pull`] asks for up to a number of messages and waits at most its `expires` for
+//!   them: the [`Deliveries`] end once that many came or the wait expired. A pull brings the
+//!   messages of the consumer's filter in stream order, messages given back (naked, or past
+//!   their ack wait) ahead of new ones, each with its stream sequence, delivery count (1 the
+//!   first time, one more each time it comes again) and store time, its subject, headers and
+//!   body as stored, and a reply subject ([`AckReply`]) for its answer.
+//! - An [`Answer`] on that reply subject ([`JetStream::answer`], or [`JetStream::confirm`],
+//!   which waits for the consumer to say it applied it): an ack or a term and the message never
+//!   comes again; a nak and it comes again at once (or after its delay); progress and its ack
+//!   wait starts again. A message not answered within the consumer's ack wait comes again.
+//! - A consumer that takes no acks (`AckNone`) counts a message done once delivered: it never
+//!   comes again.
+//! - [`Consumer::info`] reports what is pending, delivered and unacked, and when the consumer
+//!   was created; [`ConsumerError::NotFound`] once it was deleted.
+//!
+//! ## A stream's consumers
+//! - [`Stream::create_consumer`] makes a durable pull consumer delivering what is stored from
+//!   then on; made again with the same configuration it is the same consumer, with another it
+//!   is refused ([`CreateError::Refused`]); [`CreateError::Limit`] when the stream holds its
+//!   most consumers.
+//! - [`Stream::consumer`] finds one by name (none once deleted), [`Stream::consumers`] lists
+//!   them all in name order with what each records (its metadata), [`Stream::delete_consumer`]
+//!   deletes one ([`ConsumerError::NotFound`] when it is gone already).
+//!
+//! No NATS type appears in the seam's API: the gateway's data path speaks only this.
 
-use std::{fmt, future::IntoFuture};
+mod admin;
+mod consume;
+mod nats;
+
+pub use admin::{ConsumerConfig, ConsumerInfo, CreateError, Found, Stream};
+pub use consume::{
+    AckError, AckReply, Answer, Consumer, ConsumerError, Deliveries, Delivery, DeliveryInfo,
+    PullError,
+};
+pub use nats::{NatsConsumer, NatsJetStream, NatsStream};
+
+use std::{fmt, time::Duration};
 
 use bytes::Bytes;
 
@@ -131,7 +170,7 @@ impl PublishError {
 /// A publish's confirmation, to await.
 pub type Confirmation = BoxFuture<'static, Result<PubAck, PublishError>>;
 
-/// The stream's publishing side. Object-safe, so the gateway holds an `Arc<dyn JetStream>`.
+/// The stream: its publishing side, and the answers to its consumers' deliveries. Object-safe, so the gateway holds an `Arc<dyn JetStream>`.
 pub trait JetStream: Send + Sync + fmt::Debug {
     /// Sends `message`; the confirmation is awaited apart, so publishes can be pipelined.
     ///
@@ -146,102 +185,30 @@ pub trait JetStream: Send + Sync + fmt::Debug {
     /// [`PublishError::NotSent`] when the connection did not take it; anything else when it
     /// never will ([`PublishError::TooLarge`], [`PublishError::Other`]).
     fn send(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>>;
-}
 
-/// The stream's publishing side over an `async-nats` JetStream context.
-#[derive(Debug, Clone)]
-pub struct NatsJetStream {
-    js: async_nats::jetstream::Context,
-}
+    /// Sends `answer` to a delivery's `reply` subject, unconfirmed: it may be lost, and then the
+    /// message comes again after its ack wait.
+    ///
+    /// # Errors
+    /// [`AckError::Unavailable`] when the connection did not take it.
+    fn answer(&self, reply: &AckReply, answer: Answer) -> BoxFuture<'_, Result<(), AckError>>;
 
-impl NatsJetStream {
-    /// Publishes through `js` (its timeout bounds each try's wait for a `PubAck`).
-    pub fn new(js: async_nats::jetstream::Context) -> Self {
-        Self { js }
-    }
-}
+    /// Sends `answer` to `reply` and waits, at most `timeout`, for the consumer to confirm that
+    /// it applied it.
+    ///
+    /// # Errors
+    /// [`AckError::NoResponders`] (not applied), [`AckError::TimedOut`] (not known),
+    /// [`AckError::Unavailable`].
+    fn confirm(
+        &self,
+        reply: &AckReply,
+        answer: Answer,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), AckError>>;
 
-/// `message`'s header lines as NATS headers.
-fn header_map(message: &Outgoing) -> Result<async_nats::HeaderMap, PublishError> {
-    let mut map = async_nats::HeaderMap::new();
-    for (name, value) in &message.headers {
-        let name: async_nats::HeaderName = name
-            .parse()
-            .map_err(|_| PublishError::Other(format!("not a NATS header name: {name:?}")))?;
-        let value: async_nats::HeaderValue = value
-            .parse()
-            .map_err(|_| PublishError::Other(format!("not a NATS header value: {value:?}")))?;
-        map.insert(name, value);
-    }
-    Ok(map)
-}
-
-/// What async-nats' publish error says, in the seam's terms.
-fn from_nats(error: async_nats::jetstream::context::PublishError) -> PublishError {
-    use async_nats::jetstream::context::PublishErrorKind as Kind;
-    let api = std::error::Error::source(&error)
-        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
-        .map(|api| ApiError {
-            status: u16::try_from(api.code()).unwrap_or(u16::MAX),
-            code: api.error_code().0,
-            description: api.to_string().rsplit_once(" (code ").map_or_else(
-                || api.to_string(),
-                |(description, _)| description.to_string(),
-            ),
-        });
-    match (error.kind(), api) {
-        (Kind::StreamNotFound, _) => PublishError::NoResponders,
-        (Kind::TimedOut, _) => PublishError::Unanswered("timed out: didn't receive ack in time"),
-        (Kind::BrokenPipe, _) => PublishError::Unanswered("broken pipe"),
-        (Kind::MaxPayloadExceeded, _) => PublishError::TooLarge(
-            std::error::Error::source(&error).map_or_else(String::new, ToString::to_string),
-        ),
-        (_, Some(api)) => PublishError::Refused(api),
-        (_, None) => PublishError::Other(
-            std::error::Error::source(&error)
-                .map_or_else(|| error.kind().to_string(), ToString::to_string),
-        ),
-    }
-}
-
-impl JetStream for NatsJetStream {
-    fn publish(&self, message: Outgoing) -> BoxFuture<'_, Result<Confirmation, PublishError>> {
-        Box::pin(async move {
-            let headers = header_map(&message)?;
-            let sent = self
-                .js
-                .publish_with_headers(message.subject, headers, message.payload)
-                .await
-                .map_err(from_nats)?;
-            let confirmation: Confirmation = Box::pin(async move {
-                sent.into_future()
-                    .await
-                    .map(|ack| PubAck {
-                        sequence: ack.sequence,
-                        duplicate: ack.duplicate,
-                    })
-                    .map_err(from_nats)
-            });
-            Ok(confirmation)
-        })
-    }
-
-    fn send(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
-        Box::pin(async move {
-            let headers = header_map(&message)?;
-            self.js
-                .client()
-                .publish_with_headers(message.subject, headers, message.payload)
-                .await
-                .map_err(|error| match error.kind() {
-                    async_nats::client::PublishErrorKind::Send => {
-                        PublishError::NotSent(error.to_string())
-                    }
-                    async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                        PublishError::TooLarge(error.to_string())
-                    }
-                    _ => PublishError::Other(error.to_string()),
-                })
-        })
-    }
+    /// Returns once the servers have every answer sent before it.
+    ///
+    /// # Errors
+    /// [`AckError::Unavailable`] when the connection cannot take it.
+    fn flush(&self) -> BoxFuture<'_, Result<(), AckError>>;
 }
