@@ -34,6 +34,7 @@ macro_rules! every_consumer_contract_check {
         $run!(a_consumer_made_again_with_other_settings_is_refused);
         $run!(a_consumer_delivers_only_what_is_stored_after_its_making);
         $run!(a_stream_at_its_consumer_limit_refuses_one_more);
+        $run!(a_subjects_last_message_is_read_and_older_ones_purged);
     };
 }
 
@@ -417,6 +418,61 @@ pub async fn a_stream_at_its_consumer_limit_refuses_one_more(f: &impl Consumers)
     assert_eq!(refused, Err(CreateError::Limit));
     f.stream().delete_consumer("a").await.unwrap();
     make(f, "c", &format!("{p}.c"), true, LONG).await;
+}
+
+/// A subject's last message is read with its sequence, headers and body (none when it has
+/// none); a purge below a sequence removes that subject's older messages only, and an
+/// expectation then names the last one left.
+pub async fn a_subjects_last_message_is_read_and_older_ones_purged(f: &impl Consumers) {
+    let p = f.prefix().to_string();
+    let (a, b) = (format!("{p}.a"), format!("{p}.b"));
+    let stream = f.stream();
+    assert_eq!(stream.last_message(&a).await.unwrap(), None);
+    let a1 = publish(f.js(), a.clone(), "a1", &[]).await;
+    let b1 = publish(f.js(), b.clone(), "b1", &[]).await;
+    let a2 = publish(f.js(), a.clone(), "a2", &[("k", "v")]).await;
+    let last = stream
+        .last_message(&a)
+        .await
+        .unwrap()
+        .expect("a has messages");
+    assert_eq!(last.sequence, a2);
+    assert_eq!(last.payload, Bytes::from_static(b"a2"));
+    assert!(
+        last.headers.contains(&("k".to_string(), "v".to_string())),
+        "{last:?}"
+    );
+    stream.purge(&a, a2).await.unwrap();
+    assert_eq!(
+        stream.last_message(&a).await.unwrap().map(|m| m.sequence),
+        Some(a2)
+    );
+    assert_eq!(
+        stream.last_message(&b).await.unwrap().map(|m| m.sequence),
+        Some(b1)
+    );
+    // What the purge kept is still the subject's last: an expectation of a1 is refused.
+    let expecting = |sequence: u64, body: &str| Outgoing {
+        subject: a.clone(),
+        headers: vec![(
+            "Nats-Expected-Last-Subject-Sequence".to_string(),
+            sequence.to_string(),
+        )],
+        payload: Bytes::copy_from_slice(body.as_bytes()),
+    };
+    let stale = f.js().publish(expecting(a1, "stale")).await.unwrap().await;
+    assert_eq!(stale.err().and_then(|e| e.code()), Some(10071));
+    stream.purge(&a, a2 + 1).await.unwrap();
+    assert_eq!(
+        stream.last_message(&a).await.unwrap(),
+        None,
+        "all of a purged"
+    );
+    let fresh = f.js().publish(expecting(0, "fresh")).await.unwrap().await;
+    assert!(
+        fresh.is_ok(),
+        "none left: an expectation of none stores: {fresh:?}"
+    );
 }
 
 /// The model as a [`Consumers`] fixture.

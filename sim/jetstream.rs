@@ -15,7 +15,7 @@ use std::{
 use tinybroker::cluster::jetstream::{
     AckError, AckReply, Answer, ApiError, BoxFuture, Confirmation, Consumer, ConsumerConfig,
     ConsumerError, ConsumerInfo, CreateError, Deliveries, Found, JetStream, Outgoing, PubAck,
-    PublishError, PullError, Stream,
+    PublishError, PullError, StoredMessage, Stream, StreamError,
 };
 use tokio::{sync::Notify, time::Instant};
 
@@ -507,6 +507,59 @@ impl Stream for StreamModel {
     fn consumer_count(&self) -> BoxFuture<'_, Result<usize, ConsumerError>> {
         let count = self.lock().consumers.len();
         Box::pin(async move { Ok(count) })
+    }
+
+    fn last_message(
+        &self,
+        subject: &str,
+    ) -> BoxFuture<'_, Result<Option<StoredMessage>, StreamError>> {
+        let last = {
+            let state = self.lock();
+            match state.leaderless {
+                true => Err(StreamError("timed out".to_string())),
+                false => Ok(state
+                    .last_of_subject
+                    .get(subject)
+                    .and_then(|sequence| state.messages.get(sequence))
+                    .map(|stored| StoredMessage {
+                        sequence: stored.sequence,
+                        headers: stored.headers.clone(),
+                        payload: stored.payload.clone(),
+                    })),
+            }
+        };
+        Box::pin(async move { last })
+    }
+
+    fn purge(&self, subject: &str, below: u64) -> BoxFuture<'_, Result<(), StreamError>> {
+        let purged = {
+            let mut state = self.lock();
+            let state = &mut *state;
+            if state.leaderless {
+                Err(StreamError("timed out".to_string()))
+            } else {
+                state
+                    .messages
+                    .retain(|&sequence, stored| sequence >= below || stored.subject != subject);
+                // The subject's last message is now the last one left, if any is.
+                match state
+                    .messages
+                    .values()
+                    .rev()
+                    .find(|stored| stored.subject == subject)
+                {
+                    Some(last) => {
+                        let sequence = last.sequence;
+                        state.last_of_subject.insert(subject.to_string(), sequence);
+                    }
+                    None => {
+                        state.last_of_subject.remove(subject);
+                    }
+                }
+                Ok(())
+            }
+        };
+        Box::pin(async move { purged })
     }
 
     fn delete_consumer(&self, name: &str) -> BoxFuture<'_, Result<(), ConsumerError>> {

@@ -283,7 +283,6 @@ impl Gateway {
                 registry::Registry::start(bus.as_ref(), consumers.clone(), connects).await?;
             let fences = Arc::new(fence::Fences::new(
                 Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone())),
-                stream.clone(),
                 consumers.clone(),
             ));
             let fence_task = fences.clone().follow_deletions(bus.as_ref()).await?;

@@ -64,6 +64,22 @@ pub enum CreateError {
     Refused(String),
 }
 
+/// A stored message, as the stream's leader reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// Its stream sequence.
+    pub sequence: u64,
+    /// Its header lines (each name once).
+    pub headers: Vec<(String, String)>,
+    /// Its body.
+    pub payload: bytes::Bytes,
+}
+
+/// Why the stream did not answer a read or a purge.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StreamError(pub String);
+
 /// A consumer found or made, and its state then.
 pub type Found = (Box<dyn Consumer>, ConsumerInfo);
 
@@ -103,6 +119,22 @@ pub trait Stream: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`ConsumerError::Other`] when the servers did not answer.
     fn consumer_count(&self) -> BoxFuture<'_, Result<usize, ConsumerError>>;
+
+    /// The last message stored on `subject`, read from the stream's leader (not a replica
+    /// that may be behind); `None` when it has none.
+    ///
+    /// # Errors
+    /// [`StreamError`] when the servers did not answer.
+    fn last_message(
+        &self,
+        subject: &str,
+    ) -> BoxFuture<'_, Result<Option<StoredMessage>, StreamError>>;
+
+    /// Removes the messages of `subject` below stream sequence `below` (none at or above it).
+    ///
+    /// # Errors
+    /// [`StreamError`] when the servers did not answer, or refused.
+    fn purge(&self, subject: &str, below: u64) -> BoxFuture<'_, Result<(), StreamError>>;
 
     /// Deletes the consumer `name`.
     ///

@@ -53,6 +53,9 @@
 //! - [`Stream::consumer`] finds one by name (none once deleted), [`Stream::consumers`] lists
 //!   them all in name order with what each records (its metadata), [`Stream::delete_consumer`]
 //!   deletes one ([`ConsumerError::NotFound`] when it is gone already).
+//! - [`Stream::last_message`] reads a subject's last message from the stream's leader (none
+//!   when it has none); [`Stream::purge`] removes a subject's messages below a sequence, and
+//!   the subject's last message is then the last one left (none when none is).
 //!
 //! No NATS type appears in the seam's API: the gateway's data path speaks only this.
 
@@ -60,7 +63,9 @@ mod admin;
 mod consume;
 mod nats;
 
-pub use admin::{ConsumerConfig, ConsumerInfo, CreateError, Found, Stream};
+pub use admin::{
+    ConsumerConfig, ConsumerInfo, CreateError, Found, StoredMessage, Stream, StreamError,
+};
 pub use consume::{
     AckError, AckReply, Answer, Consumer, ConsumerError, Deliveries, Delivery, DeliveryInfo,
     PullError,

@@ -1,4 +1,4 @@
-//! The JetStream seam over `async-nats`: [`NatsJetStream`] and [`NatsConsumer`].
+//! The JetStream seam over `async-nats`: [`NatsJetStream`], [`NatsStream`] and [`NatsConsumer`].
 
 use std::{future::IntoFuture, time::Duration};
 
@@ -11,7 +11,7 @@ use bytes::Bytes;
 use super::{
     AckError, AckReply, Answer, ApiError, BoxFuture, Confirmation, Consumer, ConsumerConfig,
     ConsumerError, ConsumerInfo, CreateError, Deliveries, Delivery, DeliveryInfo, Found, JetStream,
-    Outgoing, PubAck, PublishError, PullError, Stream,
+    Outgoing, PubAck, PublishError, PullError, StoredMessage, Stream, StreamError,
 };
 
 /// The stream over an `async-nats` JetStream context.
@@ -418,6 +418,45 @@ impl Stream for NatsStream {
                 .await
                 .map(|info| info.state.consumer_count)
                 .map_err(|error| ConsumerError::Other(error.to_string()))
+        })
+    }
+
+    fn last_message(
+        &self,
+        subject: &str,
+    ) -> BoxFuture<'_, Result<Option<StoredMessage>, StreamError>> {
+        let subject = subject.to_string();
+        Box::pin(async move {
+            use async_nats::jetstream::stream::LastRawMessageErrorKind;
+            match self.stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(message) => Ok(Some(StoredMessage {
+                    sequence: message.sequence,
+                    headers: message
+                        .headers
+                        .iter()
+                        .filter_map(|(name, values)| {
+                            Some((name.to_string(), values.last()?.to_string()))
+                        })
+                        .collect(),
+                    payload: message.payload,
+                })),
+                Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+                Err(error) => Err(StreamError(error.to_string())),
+            }
+        })
+    }
+
+    fn purge(&self, subject: &str, below: u64) -> BoxFuture<'_, Result<(), StreamError>> {
+        let subject = subject.to_string();
+        Box::pin(async move {
+            self.stream
+                .purge()
+                .filter(subject)
+                .sequence(below)
+                .into_future()
+                .await
+                .map(|_| ())
+                .map_err(|error| StreamError(error.to_string()))
         })
     }
 

@@ -30,8 +30,6 @@ use std::{
     time::Duration,
 };
 
-use async_nats::jetstream;
-
 use crate::cluster::jetstream::{JetStream, Outgoing};
 
 use crate::cluster::gateway::{
@@ -111,8 +109,8 @@ enum Tried {
 /// publishes.
 pub(in crate::cluster::gateway) struct Fences {
     jetstream: Arc<dyn JetStream>,
-    stream: jetstream::stream::Stream,
-    /// The stream's consumers: whether a gone subscription's consumer is really gone.
+    /// The stream the records are kept in: read, purged, and asked whether a gone
+    /// subscription's consumer is really gone.
     consumers: Arc<dyn crate::cluster::jetstream::Stream>,
     name: String,
     /// The last record this gateway read or wrote on each fence subject, with its sequence:
@@ -134,13 +132,11 @@ impl std::fmt::Debug for Fences {
 impl Fences {
     pub(in crate::cluster::gateway) fn new(
         jetstream: Arc<dyn JetStream>,
-        stream: jetstream::stream::Stream,
         consumers: Arc<dyn crate::cluster::jetstream::Stream>,
     ) -> Self {
-        let name = stream.cached_info().config.name.clone();
+        let name = consumers.name().to_string();
         Self {
             jetstream,
-            stream,
             consumers,
             name,
             known: Mutex::default(),
@@ -267,10 +263,10 @@ impl Fences {
                 self.remember(subject, ack.sequence, wanted);
                 if expected != 0 {
                     // The replaced record, and any older one left behind: nothing names them.
-                    let stream = self.stream.clone();
+                    let stream = self.consumers.clone();
                     let subject = subject.to_string();
                     tokio::spawn(async move {
-                        let _ = purge_through(&stream, &subject, expected).await;
+                        let _ = purge_through(stream.as_ref(), &subject, expected).await;
                     });
                 }
                 Ok(Tried::Done)
@@ -283,7 +279,7 @@ impl Fences {
                         // older one a lost clean-up left behind (which would be the last
                         // again). A record at or above it written meanwhile is never removed:
                         // it comes after the one read.
-                        purge_through(&self.stream, subject, expected).await?;
+                        purge_through(self.consumers.as_ref(), subject, expected).await?;
                         self.forget(subject);
                     }
                     Ok(Tried::Full)
@@ -298,14 +294,11 @@ impl Fences {
         &self,
         subject: &str,
     ) -> Result<Option<(u64, Record)>, String> {
-        let read = tokio::time::timeout(
-            PATIENCE,
-            self.stream.get_last_raw_message_by_subject(subject),
-        )
-        .await
-        .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
+        let read = tokio::time::timeout(PATIENCE, self.consumers.last_message(subject))
+            .await
+            .map_err(|_| format!("no answer within {PATIENCE:?}"))?;
         match read {
-            Ok(message) => {
+            Ok(Some(message)) => {
                 let record = Record::decode(&message.payload).ok_or_else(|| {
                     format!(
                         "the fence record {} on {subject} is unreadable",
@@ -315,9 +308,7 @@ impl Fences {
                 self.remember(subject, message.sequence, record);
                 Ok(Some((message.sequence, record)))
             }
-            Err(error)
-                if error.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-            {
+            Ok(None) => {
                 self.forget(subject);
                 Ok(None)
             }
@@ -374,7 +365,7 @@ impl Fences {
                     let orphan = record.ended || !this.consumer_exists(&consumer).await;
                     if orphan {
                         this.forget(&subject);
-                        purge_through(&this.stream, &subject, sequence).await
+                        purge_through(this.consumers.as_ref(), &subject, sequence).await
                     } else {
                         Ok(())
                     }
@@ -615,15 +606,12 @@ pub(in crate::cluster::gateway) fn unavailable(why: String) -> Error {
 /// Removes every message of `subject` up to and including `sequence` (records a newer one
 /// replaced, never one after it).
 async fn purge_through(
-    stream: &jetstream::stream::Stream,
+    stream: &dyn crate::cluster::jetstream::Stream,
     subject: &str,
     sequence: u64,
 ) -> Result<(), String> {
-    let purge = stream
-        .purge()
-        .filter(subject.to_string())
-        .sequence(sequence + 1);
-    match tokio::time::timeout(PATIENCE, purge.into_future()).await {
+    let purge = stream.purge(subject, sequence + 1);
+    match tokio::time::timeout(PATIENCE, purge).await {
         Err(_) => Err(format!("the old fence records of {subject}: no answer")),
         Ok(Ok(_)) => Ok(()),
         Ok(Err(error)) => Err(format!("the old fence records of {subject}: {error}")),
