@@ -213,6 +213,20 @@ impl Backplane for ModelClient {
         self.run(|s| Ok(s.keys.get(key).cloned()))
     }
 
+    fn live_keys(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<String>, KvError>> {
+        let prefix = prefix.to_string();
+        self.run(move |s| {
+            let mut keys: Vec<String> = s
+                .keys
+                .values()
+                .filter(|e| e.key.starts_with(&prefix) && e.value.is_some())
+                .map(|e| e.key.clone())
+                .collect();
+            keys.sort();
+            Ok(keys)
+        })
+    }
+
     fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<Watch, KvError>> {
         let model = self.model.clone();
         let client = self.client;

@@ -18,6 +18,7 @@ macro_rules! every_contract_check {
         $run!(compare_and_set);
         $run!(revisions_increase_across_keys);
         $run!(watch_delivers_every_change_in_order);
+        $run!(live_keys_name_every_key_holding_a_value);
     };
 }
 
@@ -72,6 +73,30 @@ pub async fn compare_and_set(kv: &impl Backplane) {
         "a deleted key can be created again, at a newer revision"
     );
     assert_eq!(kv.get("never").await.unwrap(), None);
+}
+
+/// The live keys under a prefix are those whose latest entry is a value, in key order: a
+/// deleted key is not among them, one made again is; keys needing escapes come back as
+/// written.
+pub async fn live_keys_name_every_key_holding_a_value(kv: &impl Backplane) {
+    for key in ["lease.10", "lease.2", "sub.a", "lease.1", "lease.a b/c"] {
+        kv.create(key, b("v")).await.unwrap();
+    }
+    let r = kv.get("lease.2").await.unwrap().unwrap().revision;
+    kv.delete("lease.2", r).await.unwrap();
+    assert_eq!(
+        kv.live_keys("lease.").await.unwrap(),
+        ["lease.1", "lease.10", "lease.a b/c"]
+    );
+    kv.create("lease.2", b("again")).await.unwrap();
+    assert_eq!(
+        kv.live_keys("").await.unwrap(),
+        ["lease.1", "lease.10", "lease.2", "lease.a b/c", "sub.a"]
+    );
+    assert_eq!(
+        kv.live_keys("nothing.").await.unwrap(),
+        Vec::<String>::new()
+    );
 }
 
 /// Every write to any key gets a revision above all earlier ones.
@@ -144,6 +169,11 @@ fn cluster_backplane_model_revisions_increase_across_keys() {
 #[test]
 fn cluster_backplane_model_watch_delivers_every_change_in_order() {
     run(async |kv| watch_delivers_every_change_in_order(kv).await);
+}
+
+#[test]
+fn cluster_backplane_model_live_keys_name_every_key_holding_a_value() {
+    run(async |kv| live_keys_name_every_key_holding_a_value(kv).await);
 }
 
 // The model's fault hook: a cut-off client fails every operation and its watch stops, then

@@ -43,6 +43,10 @@ pub struct Stored {
 }
 
 struct State {
+    /// Subjects (wildcards allowed) the stream takes besides `<prefix>.>`.
+    also: Vec<String>,
+    /// Where consumer advisories go (created, deleted), when set.
+    advisories: Option<crate::bus::BusClient>,
     /// What tokio's clock said when the model was made.
     epoch: Instant,
     consumers: BTreeMap<String, ConsumerModel>,
@@ -98,6 +102,8 @@ impl StreamModel {
         Self(Arc::new(Shared {
             name: prefix.to_string(),
             state: Mutex::new(State {
+                also: Vec::new(),
+                advisories: None,
                 epoch: Instant::now(),
                 consumers: BTreeMap::new(),
                 made: 0,
@@ -143,6 +149,35 @@ impl StreamModel {
         self.lock().messages.values().cloned().collect()
     }
 
+    /// The stream takes `subjects` (wildcards allowed) too.
+    pub fn take_subjects(&self, subjects: &str) {
+        self.lock().also.push(subjects.to_string());
+    }
+
+    /// Consumer advisories (`$JS.EVENT.ADVISORY.CONSUMER.{CREATED,DELETED}.<stream>.<name>`)
+    /// go out on `bus`, as JetStream sends them.
+    pub fn advise_on(&self, bus: crate::bus::BusClient) {
+        self.lock().advisories = Some(bus);
+    }
+
+    /// Sends the advisory of `what` (`CREATED`, `DELETED`) happening to consumer `name`.
+    fn advise(&self, what: &str, name: &str) {
+        let bus = self.lock().advisories.clone();
+        if let Some(bus) = bus {
+            let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.{what}.{}.{name}", self.0.name);
+            tokio::spawn(async move {
+                use tinybroker::cluster::bus::Bus;
+                let _ = bus.publish(&subject, bytes::Bytes::new()).await;
+            });
+        }
+    }
+
+    /// Whether the stream takes `subject`.
+    fn takes(state: &State, subject: &str) -> bool {
+        subject.starts_with(&format!("{}.", state.prefix))
+            || state.also.iter().any(|p| crate::bus::matches(p, subject))
+    }
+
     /// At most `limit` consumers.
     pub fn limit_consumers(&self, limit: usize) {
         self.lock().max_consumers = Some(limit);
@@ -165,6 +200,16 @@ impl StreamModel {
     /// Makes the consumer `config` describes: the one of its name if its configuration is the
     /// same, refused if it is another.
     fn create(&self, config: ConsumerConfig) -> Result<Found, CreateError> {
+        let name = config.name.clone();
+        let made = self.make(config);
+        if matches!(made, Ok((_, true))) {
+            self.advise("CREATED", &name);
+        }
+        made.map(|(found, _)| found)
+    }
+
+    /// The consumer `config` describes, and whether it was made now.
+    fn make(&self, config: ConsumerConfig) -> Result<(Found, bool), CreateError> {
         let mut state = self.lock();
         let state = &mut *state;
         if state.leaderless {
@@ -172,7 +217,7 @@ impl StreamModel {
         }
         if let Some(existing) = state.consumers.get(&config.name) {
             return if existing.config == config {
-                Ok(self.handle(&config.name, existing, &state.messages))
+                Ok((self.handle(&config.name, existing, &state.messages), false))
             } else {
                 Err(CreateError::Refused(
                     "consumer already exists (code 400, error code 10148)".to_string(),
@@ -193,7 +238,7 @@ impl StreamModel {
         consumer.skip_to(state.last + 1);
         let found = self.handle(&name, &consumer, &state.messages);
         state.consumers.insert(name, consumer);
-        Ok(found)
+        Ok((found, true))
     }
 
     fn store(state: &mut State, message: Outgoing) -> u64 {
@@ -228,7 +273,7 @@ impl StreamModel {
     fn decide(&self, message: Outgoing) -> Result<PubAck, PublishError> {
         let mut state = self.lock();
         let state = &mut *state;
-        if state.leaderless || !message.subject.starts_with(&format!("{}.", state.prefix)) {
+        if state.leaderless || !Self::takes(state, &message.subject) {
             return Err(PublishError::NoResponders);
         }
         let batch = header(&message, BATCH_ID).map(str::to_string);
@@ -564,6 +609,9 @@ impl Stream for StreamModel {
 
     fn delete_consumer(&self, name: &str) -> BoxFuture<'_, Result<(), ConsumerError>> {
         let deleted = self.lock().consumers.remove(name);
+        if deleted.is_some() {
+            self.advise("DELETED", name);
+        }
         Box::pin(async move { deleted.map(|_| ()).ok_or(ConsumerError::NotFound) })
     }
 }

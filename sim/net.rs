@@ -69,7 +69,12 @@ pub fn incoming(listener: TcpListener) -> impl Stream<Item = io::Result<Accepted
 
 /// A channel to the broker host, over turmoil's network, with keepalive.
 pub async fn connect() -> Result<Channel, tonic::transport::Error> {
-    Endpoint::new(format!("http://broker:{PORT}"))?
+    connect_to("broker").await
+}
+
+/// A channel to `host` (a broker or a gateway), over turmoil's network, with keepalive.
+pub async fn connect_to(host: &str) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::new(format!("http://{host}:{PORT}"))?
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)

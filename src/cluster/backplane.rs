@@ -132,6 +132,13 @@ pub trait Backplane: Send + Sync {
     /// # Errors
     /// [`KvError::Unavailable`] if the watch cannot start.
     fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<Watch, KvError>>;
+
+    /// Every key that starts with `prefix` whose latest entry is a value (not a deletion), in
+    /// key order: none written before the call is left out, and none deleted before it is in.
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`].
+    fn live_keys(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<String>, KvError>>;
 }
 
 impl fmt::Display for Entry {

@@ -121,13 +121,16 @@ pub enum Key {
 }
 
 impl Key {
+    /// What every lease key starts with.
+    pub const LEASES: &'static str = "lease.";
+
     /// The key spelled `key` in the bucket; `None` for one the coordinator does not keep
     /// (`routes`, or one that does not parse).
     pub fn parse(key: &str) -> Option<Self> {
         if let Some(sub) = key.strip_prefix("sub.") {
             return Some(Self::Line(sub.to_string()));
         }
-        if let Some(gateway) = key.strip_prefix("lease.") {
+        if let Some(gateway) = key.strip_prefix(Self::LEASES) {
             return gateway.parse().ok().map(|g| Self::Lease(GatewayId(g)));
         }
         (key == IDS_KEY).then_some(Self::Ids)

@@ -58,12 +58,12 @@ pub mod api;
 mod config;
 pub mod control;
 pub mod data;
+mod start;
 pub mod wire;
 
 use std::{sync::Arc, time::Duration};
 
 use api::{delete, forwarded, leadership};
-use async_nats::jetstream;
 pub use config::{
     DEAD_LETTER_HEADROOM, DEFAULT_MAX_BYTES, DEFAULT_MAX_CONSUMERS, DEFAULT_MAX_MESSAGES,
     GatewayConfig, parse_urls,
@@ -74,7 +74,6 @@ use data::{atomic, fenced, forward, publish, router::Router};
 use wire::{
     connection,
     headers::{DEAD_LETTER_OF, nats_headers},
-    stream::{self, await_stream, ensure_stream},
 };
 
 use crate::{
@@ -83,12 +82,60 @@ use crate::{
     core::{Draft, Error, ErrorKind, Limits},
 };
 
+/// The stream as JetStream described it when the gateway started.
+#[derive(Debug, Clone)]
+pub struct StreamSettings {
+    /// Its name.
+    pub name: String,
+    /// Its replicas.
+    pub replicas: usize,
+    /// "file" or "memory".
+    pub storage: &'static str,
+    /// Its most consumers (0 or less: the servers' default).
+    pub max_consumers: i32,
+    /// Its first sequence, when it was made with one.
+    pub first_sequence: Option<u64>,
+    /// How long it remembers a message id (zero: the servers' default).
+    pub duplicate_window: Duration,
+}
+
+/// What a gateway runs over: its seams to NATS, and what its start learned. Over NATS,
+/// [`Gateway::connect`] makes them; a simulation passes its models.
+pub struct Parts {
+    /// Core NATS: what gateways say to each other, and JetStream's advisories.
+    pub bus: Arc<dyn crate::cluster::bus::Bus>,
+    /// The stream's publishing side for clients' publishes (each try waiting for its
+    /// `PubAck` as long as a publish try does), and the answers to deliveries.
+    pub jetstream: Arc<dyn crate::cluster::jetstream::JetStream>,
+    /// The stream's publishing side for the fence records.
+    pub records: Arc<dyn crate::cluster::jetstream::JetStream>,
+    /// The stream's consumers, and its subjects' last messages.
+    pub stream: Arc<dyn crate::cluster::jetstream::Stream>,
+    /// The coordination bucket.
+    pub backplane: Arc<dyn crate::cluster::backplane::Backplane>,
+    /// The stream as JetStream described it.
+    pub settings: StreamSettings,
+    /// Whether the stream takes atomic batches.
+    pub batches: bool,
+    /// The largest message a client may publish here, as the broker counts size.
+    pub largest_message: usize,
+    /// The cluster's epoch floor this start raised (docs/semantics.md#cluster-restart-identity).
+    pub epoch_floor: u64,
+    /// The member-id route this start claimed.
+    pub route: u64,
+    /// Names this gateway's own consumers (BROADCAST).
+    pub id: String,
+    /// How many times the connection to NATS was made (a reconnection makes the registry's
+    /// copy not current).
+    pub connects: Arc<std::sync::atomic::AtomicU64>,
+    /// The server the gateway is connected to now, named.
+    pub server: Arc<dyn Fn() -> String + Send + Sync>,
+}
+
 /// What every part of the gateway shares.
 struct Shared {
-    client: async_nats::Client,
     /// Core NATS between gateways, and JetStream's advisories ([`crate::cluster::bus`]).
     bus: Arc<dyn crate::cluster::bus::Bus>,
-    js: jetstream::Context,
     /// The stream's publishing side, and the answers to its consumers' deliveries
     /// ([`crate::cluster::jetstream`]).
     jetstream: Arc<dyn crate::cluster::jetstream::JetStream>,
@@ -125,7 +172,8 @@ struct Inner {
     /// The local broker as the service sees it (the same one as `shared.broker`).
     local: Broker,
     shared: Arc<Shared>,
-    stream: jetstream::stream::Stream,
+    /// The stream as JetStream described it at start.
+    settings: StreamSettings,
     router: Arc<Router>,
     /// Names this gateway's own consumers (BROADCAST).
     id: String,
@@ -139,8 +187,10 @@ struct Inner {
     registry_task: tokio::task::JoinHandle<()>,
     /// Removes the ended fence records of deleted consumers (`fence`).
     fence_task: tokio::task::JoinHandle<()>,
+    /// The server the gateway is connected to now, named.
+    server: Arc<dyn Fn() -> String + Send + Sync>,
     /// The coordination bucket, read by `describe` for a singleton's line.
-    backplane: crate::cluster::nats::NatsBackplane,
+    backplane: Arc<dyn crate::cluster::backplane::Backplane>,
     /// Every epoch this gateway's coordinator makes is above this: the epoch floor it raised
     /// at start (docs/semantics.md#cluster-restart-identity).
     epoch_floor: u64,
@@ -199,7 +249,6 @@ impl Gateway {
         limits: Limits,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {
-        let router = Router::new();
         let limits = config::local_limits(limits);
         if config.stream.is_empty()
             || !config
@@ -225,177 +274,9 @@ impl Gateway {
         tracing::debug!(elapsed = ?started.elapsed(), "gateway start: connected to NATS");
         let urls_named = config.urls.clone();
         let start = async move {
-            let mut js = jetstream::ContextBuilder::new()
-                .max_ack_inflight(publish::IN_FLIGHT)
-                .build(client.clone());
-            let mut stream = ensure_stream(&js, &config).await?;
-            let batches = stream::allow_atomic(&js, &mut stream).await;
-            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} found or created", config.stream);
-            await_stream(&js, &config.stream).await?;
-            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: stream {} answers publishes", config.stream);
-            stream::keep_fences(&stream).await?;
-            let id = format!(
-                "{:x}{:x}",
-                crate::clock::system_unix_micros(),
-                std::process::id()
-            );
-            let backplane = crate::cluster::nats::NatsBackplane::open(
-                client.clone(),
-                &crate::cluster::nats::NatsConfig {
-                    bucket: format!("{}-coordination", config.stream),
-                    // The stream's own, which every gateway reads alike (a count from the servers
-                    // a client learned can differ between gateways started together, and a bucket
-                    // created twice with different settings is refused).
-                    replicas: Some(stream.cached_info().config.num_replicas),
-                    ..crate::cluster::nats::NatsConfig::new(Vec::<String>::new())
-                },
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: coordination bucket bound");
-            // Before the coordinator runs: every epoch it makes is above this start
-            // (docs/semantics.md#cluster-restart-identity).
-            let epoch_floor = backplane
-                .raise_epoch_floor(crate::clock::system_unix_micros())
-                .await
-                .map_err(|e| {
-                    format!(
-                        "cannot raise the cluster's epoch floor in the coordination bucket: {e}"
-                    )
-                })?;
-            // Member ids above every earlier gateway's, and above this start.
-            let route = backplane
-                .claim_route(
-                    crate::clock::system_unix_micros(),
-                    crate::broker::GATEWAY_ROUTE_SHIFT,
-                )
-                .await
-                .map_err(|e| {
-                    format!("cannot claim a member-id route in the coordination bucket: {e}")
-                })?;
-            let (local, broker) = Broker::gateway(limits, clock, router.clone(), route);
-            let bus: Arc<dyn crate::cluster::bus::Bus> =
-                Arc::new(crate::cluster::bus::NatsBus::new(client.clone()));
-            // The stream's consumers, asked with the context's own timeout (not the publishes').
-            let consumers: Arc<dyn crate::cluster::jetstream::Stream> =
-                Arc::new(crate::cluster::jetstream::NatsStream::new(stream.clone()));
-            let (registry, registry_task) =
-                registry::Registry::start(bus.as_ref(), consumers.clone(), connects).await?;
-            let fences = Arc::new(fence::Fences::new(
-                Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone())),
-                consumers.clone(),
-            ));
-            let fence_task = fences.clone().follow_deletions(bus.as_ref()).await?;
-            let (singletons, coordination) = singleton::spawn(
-                backplane.clone(),
-                broker.clone(),
-                singleton::config(config.lease, config.lapse_patience),
-                fences.clone(),
-            );
-            let incarnation = singletons.incarnation();
-            let announcements = announce::serve(
-                bus.clone(),
-                &config.stream,
-                registry.clone(),
-                incarnation.clone(),
-            )
-            .await?;
-            // Only now that announcements reach it may a sync make its copy current.
-            registry.watch_lease(singletons.lease().clone());
-            let window = stream.cached_info().config.duplicate_window;
-            let patience = if window.is_zero() {
-                config.publish_timeout
-            } else {
-                config.publish_timeout.min(window)
-            };
-            if patience < config.publish_timeout {
-                tracing::warn!(
-                    stream = %config.stream,
-                    duplicate_window = ?window,
-                    "JetStream stream {} deduplicates publishes for {window:?} only: a publish JetStream does not confirm is sent again for that long, not --nats-publish-timeout {:?} (a later try could be stored twice); raise it with `nats stream edit --dupe-window`",
-                    config.stream,
-                    config.publish_timeout
-                );
-            }
-            // Publishes only: each try waits this long for its `PubAck`, then is sent again.
-            js.set_timeout(publish::PUBLISH_TRY);
-            let shared = Arc::new(Shared {
-                client: client.clone(),
-                bus: bus.clone(),
-                jetstream: Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone())),
-                stream: consumers,
-                js,
-                broker: broker.clone(),
-                prefix: config.stream.clone(),
-                largest_message,
-                singletons,
-                ids: publish::MessageIds::new(),
-                patience,
-                registry,
-                fences,
-                batches,
-            });
-            let responder = forwarded::serve(
-                bus.clone(),
-                &config.stream,
-                local.clone(),
-                shared.singletons.clone(),
-            )
-            .await?;
-            tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
-            let holds = Arc::new(delete::Holds::default());
-            let deletes = delete::serve(
-                bus.clone(),
-                &config.stream,
-                local.clone(),
-                holds.clone(),
-                incarnation.clone(),
-            )
-            .await?;
-            // Serve singletons from the start: the first lease, confirmed (a join waits for it, and
-            // is refused past its bound, while the gateway holds none).
-            let leased = shared
-                .singletons
-                .lease()
-                .wait_valid(START_LEASE_PATIENCE)
-                .await;
-            match leased {
-                Some(_) => {
-                    tracing::debug!(elapsed = ?started.elapsed(), "gateway start: cluster lease held");
-                }
-                None => tracing::warn!(
-                    "NATS did not confirm this gateway's cluster lease within {START_LEASE_PATIENCE:?}: serving all the same; singleton joins wait for the lease, up to {:?}, and are refused with UNAVAILABLE past it",
-                    control::lease::JOIN_LEASE_PATIENCE
-                ),
-            }
-            Ok::<Self, String>(Self {
-                inner: Arc::new(Inner {
-                    local,
-                    shared,
-                    stream,
-                    router,
-                    id,
-                    config,
-                    bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
-                    responder,
-                    gone_routes: forward::GoneRoutes::default(),
-                    coordination,
-                    registry_task,
-                    fence_task,
-                    backplane,
-                    epoch_floor,
-                    holds,
-                    deletes,
-                    announcements,
-                    // Unique across gateways with overwhelming probability (two would have to
-                    // start in the same microsecond), so one delete never releases another's hold.
-                    delete_tokens: std::sync::atomic::AtomicU64::new(
-                        broker.id_floor().unix_micros() << 8,
-                    ),
-                    incarnation,
-                    watched: Default::default(),
-                }),
-            })
+            let parts =
+                start::over_nats(&config, client, connects, largest_message, started).await?;
+            Self::assemble(config, limits, clock, parts).await
         };
         tokio::select! {
             biased;
@@ -406,10 +287,154 @@ impl Gateway {
         }
     }
 
+    /// The gateway over `parts` (its seams, and what its start learned): its local broker
+    /// (with `limits` as a gateway needs them, time from `clock`) and the router observing it,
+    /// the registry, the fence records, the singleton shell, and what answers other gateways.
+    /// Returns once its first cluster lease is held (or [`START_LEASE_PATIENCE`] passed).
+    ///
+    /// # Errors
+    /// A sentence saying what failed: a subscription the bus refused.
+    pub async fn assemble(
+        config: GatewayConfig,
+        limits: Limits,
+        clock: Arc<dyn Clock>,
+        parts: Parts,
+    ) -> Result<Self, String> {
+        let started = std::time::Instant::now();
+        let router = Router::new();
+        let limits = config::local_limits(limits);
+        let Parts {
+            bus,
+            jetstream,
+            records,
+            stream: consumers,
+            backplane,
+            settings,
+            batches,
+            largest_message,
+            epoch_floor,
+            route,
+            id,
+            connects,
+            server,
+        } = parts;
+        let (local, broker) = Broker::gateway(limits, clock, router.clone(), route);
+        let (registry, registry_task) =
+            registry::Registry::start(bus.as_ref(), consumers.clone(), connects).await?;
+        let fences = Arc::new(fence::Fences::new(records, consumers.clone()));
+        let fence_task = fences.clone().follow_deletions(bus.as_ref()).await?;
+        let (singletons, coordination) = singleton::spawn(
+            backplane.clone(),
+            broker.clone(),
+            singleton::config(config.lease, config.lapse_patience),
+            fences.clone(),
+        );
+        let incarnation = singletons.incarnation();
+        let announcements = announce::serve(
+            bus.clone(),
+            &config.stream,
+            registry.clone(),
+            incarnation.clone(),
+        )
+        .await?;
+        // Only now that announcements reach it may a sync make its copy current.
+        registry.watch_lease(singletons.lease().clone());
+        let window = settings.duplicate_window;
+        let patience = if window.is_zero() {
+            config.publish_timeout
+        } else {
+            config.publish_timeout.min(window)
+        };
+        if patience < config.publish_timeout {
+            tracing::warn!(
+                stream = %config.stream,
+                duplicate_window = ?window,
+                "JetStream stream {} deduplicates publishes for {window:?} only: a publish JetStream does not confirm is sent again for that long, not --nats-publish-timeout {:?} (a later try could be stored twice); raise it with `nats stream edit --dupe-window`",
+                config.stream,
+                config.publish_timeout
+            );
+        }
+        let shared = Arc::new(Shared {
+            bus: bus.clone(),
+            jetstream,
+            stream: consumers,
+            broker: broker.clone(),
+            prefix: config.stream.clone(),
+            largest_message,
+            singletons,
+            ids: publish::MessageIds::new(),
+            patience,
+            registry,
+            fences,
+            batches,
+        });
+        let responder = forwarded::serve(
+            bus.clone(),
+            &config.stream,
+            local.clone(),
+            shared.singletons.clone(),
+        )
+        .await?;
+        tracing::debug!(elapsed = ?started.elapsed(), "gateway start: serving forwarded acks");
+        let holds = Arc::new(delete::Holds::default());
+        let deletes = delete::serve(
+            bus.clone(),
+            &config.stream,
+            local.clone(),
+            holds.clone(),
+            incarnation.clone(),
+        )
+        .await?;
+        // Serve singletons from the start: the first lease, confirmed (a join waits for it, and
+        // is refused past its bound, while the gateway holds none).
+        let leased = shared
+            .singletons
+            .lease()
+            .wait_valid(START_LEASE_PATIENCE)
+            .await;
+        match leased {
+            Some(_) => {
+                tracing::debug!(elapsed = ?started.elapsed(), "gateway start: cluster lease held");
+            }
+            None => tracing::warn!(
+                "NATS did not confirm this gateway's cluster lease within {START_LEASE_PATIENCE:?}: serving all the same; singleton joins wait for the lease, up to {:?}, and are refused with UNAVAILABLE past it",
+                control::lease::JOIN_LEASE_PATIENCE
+            ),
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                local,
+                shared,
+                settings,
+                server,
+                router,
+                id,
+                config,
+                bridges: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
+                responder,
+                gone_routes: forward::GoneRoutes::default(),
+                coordination,
+                registry_task,
+                fence_task,
+                backplane,
+                epoch_floor,
+                holds,
+                deletes,
+                announcements,
+                // Unique across gateways with overwhelming probability (two would have to
+                // start in the same microsecond), so one delete never releases another's hold.
+                delete_tokens: std::sync::atomic::AtomicU64::new(
+                    broker.id_floor().unix_micros() << 8,
+                ),
+                incarnation,
+                watched: Default::default(),
+            }),
+        })
+    }
+
     /// The server this gateway is connected to now (for the start-up log line).
     pub fn connected_to(&self) -> String {
-        let info = self.inner.shared.client.server_info();
-        format!("{}:{} ({})", info.host, info.port, info.server_name)
+        (self.inner.server)()
     }
 
     /// The local broker: where this gateway's members, windows and frames live (for
@@ -420,21 +445,18 @@ impl Gateway {
 
     /// The stream's name and replicas.
     pub fn stream(&self) -> (String, usize) {
-        let config = &self.inner.stream.cached_info().config;
-        (config.name.clone(), config.num_replicas)
+        let settings = &self.inner.settings;
+        (settings.name.clone(), settings.replicas)
     }
 
     /// The stream every confirmed publish is kept in, as JetStream described it at start.
     pub fn storage(&self) -> crate::backend::Storage {
-        let config = &self.inner.stream.cached_info().config;
+        let settings = &self.inner.settings;
         crate::backend::Storage::JetStream {
-            stream: config.name.clone(),
-            storage: match config.storage {
-                jetstream::stream::StorageType::File => "file",
-                jetstream::stream::StorageType::Memory => "memory",
-            },
-            replicas: config.num_replicas,
-            max_consumers: config.max_consumers,
+            stream: settings.name.clone(),
+            storage: settings.storage,
+            replicas: settings.replicas,
+            max_consumers: settings.max_consumers,
         }
     }
 
@@ -444,7 +466,7 @@ impl Gateway {
     /// this gateway raised at start (every epoch its coordinator makes is above it: its start
     /// time in µs, or more).
     pub fn id_floors(&self) -> (Option<u64>, u64) {
-        let stream = self.inner.stream.cached_info().config.first_sequence;
+        let stream = self.inner.settings.first_sequence;
         (stream, self.inner.epoch_floor)
     }
 
@@ -662,6 +684,6 @@ impl Gateway {
             while bridges.join_next().await.is_some() {}
         })
         .await;
-        let _ = self.inner.shared.client.flush().await;
+        let _ = self.inner.shared.bus.flush().await;
     }
 }

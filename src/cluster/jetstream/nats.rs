@@ -110,14 +110,24 @@ impl JetStream for NatsJetStream {
             self.client
                 .publish_with_headers(message.subject, headers, message.payload)
                 .await
-                .map_err(|error| match error.kind() {
-                    async_nats::client::PublishErrorKind::Send => {
-                        PublishError::NotSent(error.to_string())
+                .map_err(|error| {
+                    // The seam's errors say what kind they are: only the cause goes in them.
+                    let text = error.to_string();
+                    let cause = |kind: &str| {
+                        text.strip_prefix(kind)
+                            .and_then(|rest| rest.strip_prefix(": "))
+                            .unwrap_or(&text)
+                            .to_string()
+                    };
+                    match error.kind() {
+                        async_nats::client::PublishErrorKind::Send => {
+                            PublishError::NotSent(cause("failed to send message"))
+                        }
+                        async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                            PublishError::TooLarge(cause("max payload size exceeded"))
+                        }
+                        _ => PublishError::Other(text.clone()),
                     }
-                    async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                        PublishError::TooLarge(error.to_string())
-                    }
-                    _ => PublishError::Other(error.to_string()),
                 })
         })
     }

@@ -68,6 +68,7 @@ use bytes::Bytes;
 use tokio_stream::StreamExt;
 
 mod keys;
+mod live;
 
 pub(crate) use keys::is_deletion;
 pub use keys::{decode_key, encode_key};
@@ -716,6 +717,11 @@ impl Backplane for NatsBackplane {
             });
             Ok(Box::pin(entries) as Watch)
         })
+    }
+
+    fn live_keys(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<String>, KvError>> {
+        let prefix = prefix.to_string();
+        Box::pin(async move { self.live_keys_under(&prefix).await })
     }
 }
 

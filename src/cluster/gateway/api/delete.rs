@@ -40,7 +40,7 @@ use tokio_stream::StreamExt;
 use crate::cluster::gateway::{Gateway, unavailable, wire::names};
 use crate::{
     broker::{Broker, Deleted},
-    cluster::{backplane::Backplane, values},
+    cluster::values,
     core::{Error, ErrorKind, Mode},
 };
 
@@ -53,17 +53,6 @@ const ASK_PATIENCE: Duration = Duration::from_secs(2);
 /// The deleting gateway deletes no consumer once this much time has passed since it asked:
 /// below [`HOLD`] by far more than the clocks' drift can eat.
 const DELETE_BUDGET: Duration = Duration::from_secs(7);
-
-/// The gateway whose lease subject `subject` is (`<prefix>lease.<gateway>`).
-fn lease_of(subject: &str, prefix: &str) -> Option<u64> {
-    use crate::cluster::values::{GatewayId, Key};
-    match Key::parse(&crate::cluster::nats::decode_key(
-        subject.strip_prefix(prefix)?,
-    ))? {
-        Key::Lease(GatewayId(gateway)) => Some(gateway),
-        _ => None,
-    }
-}
 
 /// How long a delete may take to read the gateways' leases: each incarnation that ever ran left
 /// its lease's delete marker, and they stream at thousands a second or more.
@@ -423,118 +412,28 @@ impl Gateway {
     }
 
     /// The incarnations holding a lease in the coordination bucket: every live gateway, and
-    /// dead ones whose lease has not lapsed yet.
-    ///
-    /// Every incarnation that ever ran left its lease's delete marker there for good, so the
-    /// leases are many more than the gateways. They are read in bulk through a consumer of the
-    /// lease keys (their last message each, headers only), which streams tens of thousands a
-    /// second; it is deleted once read. Such a consumer is served by any replica of the
-    /// bucket's stream, which may be behind the leader. Behind can only hide a lease made
-    /// recently: a lease key is made once (its incarnation's own), renewed, then deleted for
-    /// good, so a replica that shows a key shows it live only if it was (a deletion it has not
-    /// seen yet keeps a dead gateway counted, which makes the delete wait for an answer, not
-    /// go past a member). So the stream's leader then names every lease subject it holds, and
-    /// any the consumer did not bring is read from the leader.
+    /// dead ones whose lease has not lapsed yet, as the bucket's leader holds them
+    /// ([`Backplane::live_keys`](crate::cluster::backplane::Backplane::live_keys): a lease
+    /// made before the read is never missed).
     pub(in crate::cluster::gateway) async fn leased_gateways(
         &self,
     ) -> Result<BTreeSet<u64>, Error> {
-        let bucket = format!("{}-coordination", self.inner.config.stream);
-        let js = &self.inner.shared.js;
-        let prefix = format!("$KV.{bucket}.");
+        use crate::cluster::values::{GatewayId, Key};
         let failed = |e: String| unavailable("the coordination bucket did not list the leases", e);
-        let stream = tokio::time::timeout(REQUEST_PATIENCE, js.get_stream(format!("KV_{bucket}")))
-            .await
-            .map_err(|_| failed("timed out".into()))?
-            .map_err(|e| failed(e.to_string()))?;
-        let read = async {
-            let seen = self.lease_subjects(&stream, &prefix).await?;
-            // The leader's list, taken after the bulk read: every lease made before it.
-            let mut listed = stream
-                .info_with_subjects(format!("{prefix}lease.>"))
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut unseen = Vec::new();
-            while let Some(subject) = listed.next().await {
-                let (subject, _) = subject.map_err(|e| e.to_string())?;
-                if !seen.contains_key(&subject) {
-                    unseen.push(subject);
-                }
-            }
-            let mut live: BTreeSet<u64> = seen
-                .into_iter()
-                .filter(|(_, live)| *live)
-                .filter_map(|(subject, _)| lease_of(&subject, &prefix))
-                .collect();
-            for subject in unseen {
-                // From the leader (not a direct get, which any replica answers).
-                match stream.get_last_raw_message_by_subject(&subject).await {
-                    Ok(message) if !crate::cluster::nats::is_deletion(&message.headers) => {
-                        live.extend(lease_of(&subject, &prefix));
-                    }
-                    Ok(_) => {}
-                    Err(error)
-                        if error.kind()
-                            == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {}
-                    Err(error) => return Err(error.to_string()),
-                }
-            }
-            Ok::<_, String>(live)
-        };
-        tokio::time::timeout(LEASE_LIST_PATIENCE, read)
-            .await
-            .map_err(|_| failed("timed out".into()))?
-            .map_err(failed)
-    }
-
-    /// Every lease subject a consumer of the bucket's stream holds, and whether its last
-    /// message is a live lease (not a deletion). The consumer is deleted once read.
-    async fn lease_subjects(
-        &self,
-        stream: &async_nats::jetstream::stream::Stream,
-        prefix: &str,
-    ) -> Result<BTreeMap<String, bool>, String> {
-        use async_nats::jetstream::consumer::{DeliverPolicy, ReplayPolicy, push::OrderedConfig};
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                deliver_subject: self.inner.shared.client.new_inbox(),
-                description: Some("tinybroker: a delete reading the gateways' leases".into()),
-                filter_subject: format!("{prefix}lease.>"),
-                headers_only: true,
-                replay_policy: ReplayPolicy::Instant,
-                deliver_policy: DeliverPolicy::LastPerSubject,
-                ..Default::default()
+        let keys = tokio::time::timeout(
+            LEASE_LIST_PATIENCE,
+            self.inner.backplane.live_keys(Key::LEASES),
+        )
+        .await
+        .map_err(|_| failed("timed out".into()))?
+        .map_err(|e| failed(e.to_string()))?;
+        Ok(keys
+            .iter()
+            .filter_map(|key| match Key::parse(key)? {
+                Key::Lease(GatewayId(gateway)) => Some(gateway),
+                _ => None,
             })
-            .await
-            .map_err(|e| e.to_string())?;
-        let name = consumer.cached_info().name.clone();
-        let pending = consumer.cached_info().num_pending;
-        let read = async {
-            let mut seen = BTreeMap::new();
-            if pending == 0 {
-                return Ok(seen);
-            }
-            let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
-            while let Some(message) = messages.next().await {
-                let message = message.map_err(|e| e.to_string())?;
-                let live = !message
-                    .headers
-                    .as_ref()
-                    .is_some_and(crate::cluster::nats::is_deletion);
-                seen.insert(message.subject.to_string(), live);
-                if message.info().map_err(|e| e.to_string())?.pending == 0 {
-                    return Ok(seen);
-                }
-            }
-            Err("the read of the leases ended before it was done".to_string())
-        };
-        let seen = read.await;
-        // Not waited for (one left behind, say after the read timed out, goes by itself after
-        // 30 s idle).
-        let stream = stream.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(REQUEST_PATIENCE, stream.delete_consumer(&name)).await;
-        });
-        seen
+            .collect())
     }
 
     /// The consumer `name` if it exists and records subscription `id`.

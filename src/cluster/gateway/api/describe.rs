@@ -12,7 +12,7 @@ use crate::cluster::jetstream::ConsumerInfo;
 use crate::cluster::gateway::{Gateway, wire::names};
 use crate::{
     broker::{Description, SubscriptionView, UpstreamBacklog},
-    cluster::{backplane::Backplane, values},
+    cluster::values,
     core::{Error, ErrorKind, Mode, SubscriptionSpec},
 };
 

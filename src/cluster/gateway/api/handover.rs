@@ -7,10 +7,7 @@ use std::sync::Arc;
 
 use crate::cluster::gateway::Gateway;
 use crate::{
-    cluster::{
-        backplane::Backplane,
-        values::{self},
-    },
+    cluster::values::{self},
     core::{Error, Mode},
 };
 

@@ -254,7 +254,7 @@ impl Gateway {
     /// and the setting to raise (docs/cluster.md#subscriptions-and-consumers).
     fn consumer_limit_reached(&self, subscription: &str) -> Error {
         let stream = &self.inner.config.stream;
-        let limit = self.inner.stream.cached_info().config.max_consumers;
+        let limit = self.inner.settings.max_consumers;
         let limit = if limit > 0 {
             format!("{limit}, its max_consumers, or its account's limit")
         } else {

@@ -39,7 +39,6 @@ use crate::{
     cluster::{
         backplane::Revision,
         coordinator::Config,
-        nats::NatsBackplane,
         values::{GatewayId, Key},
     },
     core::{Error, MemberId},
@@ -291,7 +290,7 @@ impl Handle {
 
 /// Starts the shell; it runs until every [`Handle`] is dropped.
 pub(in crate::cluster::gateway) fn spawn(
-    backplane: NatsBackplane,
+    backplane: Arc<dyn crate::cluster::backplane::Backplane>,
     broker: Upstream,
     config: Config,
     fences: Arc<Fences>,

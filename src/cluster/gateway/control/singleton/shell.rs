@@ -19,7 +19,6 @@ use crate::{
     cluster::{
         backplane::{Backplane, BoxFuture, KvError, Watch},
         coordinator::{Command, Config, Coordinator, Effect, EndStatus, Op, Proclaimed, RequestId},
-        nats::NatsBackplane,
         values::{GatewayId, Key},
     },
     core::{Error, MemberId},
@@ -55,7 +54,7 @@ pub(super) struct Views {
 }
 
 pub(super) async fn run(
-    backplane: NatsBackplane,
+    backplane: Arc<dyn Backplane>,
     broker: Upstream,
     config: Config,
     mut inputs: mpsc::UnboundedReceiver<Input>,
@@ -79,7 +78,7 @@ pub(super) async fn run(
         incarnation += 1;
         lease.publish(incarnation, None);
         let mut coordinator = Coordinator::new(id, config, now());
-        tracing::info!(gateway = id.0, bucket = backplane.bucket(), lease = ?config.lease, "singleton coordination started");
+        tracing::info!(gateway = id.0, lease = ?config.lease, "singleton coordination started");
         let mut watch: Option<Watch> = None;
         // (Re)opening the watch is one more event of the loop, never a wait outside it: the
         // lease's timer, renewals and members are served meanwhile, so a gateway whose lease
@@ -414,7 +413,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 fn carry_out(
     now: Duration,
     coordinator: &mut Coordinator,
-    backplane: &NatsBackplane,
+    backplane: &Arc<dyn Backplane>,
     broker: &Upstream,
     (writes, slow): (&mut Writes, &mut JoinSet<RequestId>),
     (joining, proclaiming, after_activation, telling): (

@@ -1,0 +1,237 @@
+//! The production gateway ([`Gateway::assemble`]) over the models of everything it asks of NATS:
+//! the bus (`bus.rs`), the stream and its consumers (`jetstream.rs`), and the coordination
+//! bucket (`backplane.rs`). No nats-server runs here; the gateway's own code does, bridges,
+//! acks, registry, fence records and singleton shell included. The first step of putting the
+//! real gateway on turmoil hosts (docs/testing.md#the-real-gateway-over-the-models).
+
+use std::{
+    sync::{Arc, atomic::AtomicU64},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use tinybroker::{
+    broker::{Fence, MemberStream, Outbound},
+    cluster::gateway::{Gateway, GatewayConfig, Parts, StreamSettings},
+    core::{
+        AckMode, Draft, Headers, Limits, MemberOptions, Mode, OpenRequest, Overflow, Pattern,
+        SubscriptionSpec, Topic,
+    },
+};
+
+use crate::{backplane::Model, bus::BusModel, jetstream::StreamModel};
+
+/// The stream's name (and subjects' prefix).
+const STREAM: &str = "tb";
+/// Bound on anything that should come.
+const SOON: Duration = Duration::from_secs(30);
+
+/// The models one cluster shares.
+#[derive(Clone)]
+pub struct Models {
+    bus: BusModel,
+    stream: StreamModel,
+    kv: Model,
+}
+
+impl Models {
+    pub fn new() -> Self {
+        let bus = BusModel::new();
+        let stream = StreamModel::new(STREAM);
+        stream.take_subjects(&format!("$TBFENCE.{STREAM}.>"));
+        stream.advise_on(bus.client(0));
+        Self {
+            bus,
+            stream,
+            kv: Model::new(),
+        }
+    }
+
+    /// Gateway `n` (1, 2, ...) over the models.
+    pub async fn gateway(&self, n: u64) -> Gateway {
+        let parts = Parts {
+            bus: Arc::new(self.bus.client(n)),
+            jetstream: Arc::new(self.stream.clone()),
+            records: Arc::new(self.stream.clone()),
+            stream: Arc::new(self.stream.clone()),
+            backplane: Arc::new(self.kv.client(n)),
+            settings: StreamSettings {
+                name: STREAM.into(),
+                replicas: 3,
+                storage: "file",
+                max_consumers: 1000,
+                first_sequence: None,
+                duplicate_window: Duration::from_secs(120),
+            },
+            batches: true,
+            largest_message: 1 << 20,
+            epoch_floor: 1,
+            route: n,
+            id: format!("g{n}"),
+            connects: Arc::new(AtomicU64::new(1)),
+            server: Arc::new(move || format!("model {n}")),
+        };
+        let config = GatewayConfig {
+            stream: STREAM.into(),
+            ..GatewayConfig::new("model")
+        };
+        let clock = Arc::new(tinybroker::clock::TokioClock::new());
+        Gateway::assemble(config, Limits::default(), clock, parts)
+            .await
+            .expect("the gateway assembles over the models")
+    }
+}
+
+fn request(id: &str, mode: Mode, pattern: &str) -> OpenRequest {
+    OpenRequest {
+        subscription_id: id.into(),
+        spec: SubscriptionSpec {
+            mode,
+            consumer_group: "g".into(),
+            patterns: vec![Pattern::parse(pattern).unwrap()],
+            max_delivery_attempts: 0,
+            dead_letter_topic: None,
+            ack_mode: AckMode::Explicit,
+            overflow: Overflow::RejectPublish,
+        },
+        member: MemberOptions {
+            max_in_flight: 10,
+            ..MemberOptions::default()
+        },
+        metadata: "".into(),
+    }
+}
+
+fn draft(topic: &str, body: &str) -> Draft {
+    Draft::new(
+        Topic::parse(topic).unwrap(),
+        Bytes::copy_from_slice(body.as_bytes()),
+        Headers::new(),
+        &Limits::default(),
+    )
+    .unwrap()
+}
+
+/// The member's next frame, bounded.
+async fn next(member: &mut MemberStream) -> Outbound {
+    tokio::time::timeout(SOON, member.next())
+        .await
+        .expect("a frame within the bound")
+        .expect("the stream is open")
+}
+
+fn run(test: impl AsyncFnOnce()) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(test());
+}
+
+// docs/semantics.md#ack-redelivery: a QUEUE message published through the gateway is stored
+// in the stream, delivered to the member through the gateway's bridge, and acked there: the
+// consumer then holds nothing unacked.
+#[test]
+fn cluster_gateway_over_the_models_delivers_and_acks_a_queue_message() {
+    run(async || {
+        let models = Models::new();
+        let gateway = models.gateway(1).await;
+        let mut member = gateway
+            .open(&request("orders", Mode::Queue, "orders.>"), None)
+            .await
+            .unwrap();
+        let Outbound::Confirm { member_id, .. } = next(&mut member).await else {
+            panic!("a confirmation first");
+        };
+        let published = gateway.publish(draft("orders.new", "one")).await.unwrap();
+        let Outbound::Message {
+            message, attempt, ..
+        } = next(&mut member).await
+        else {
+            panic!("the message");
+        };
+        assert_eq!(
+            (message.system_id(), attempt, message.payload()),
+            (published.system_id, 1, &b"one"[..])
+        );
+        gateway
+            .settle(
+                "orders",
+                Fence::Member(member_id),
+                published.system_id,
+                false,
+            )
+            .await
+            .unwrap();
+        let consumer = models
+            .stream
+            .stored()
+            .iter()
+            .filter(|m| m.subject == "tb.orders.new")
+            .count();
+        assert_eq!(consumer, 1, "stored once");
+        tokio::time::timeout(SOON, async {
+            use tinybroker::cluster::jetstream::Stream;
+            loop {
+                let listed = models.stream.consumers().await.unwrap();
+                if listed.iter().all(|c| c.ack_pending == 0) && !listed.is_empty() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the ack reached the consumer");
+    });
+}
+
+// docs/semantics.md#singleton-failover through two real gateways over the models: the member
+// that joined first (at gateway 1) is active; the one at gateway 2 stands by. When the active
+// member's stream closes holding a message, the standby is promoted with a higher epoch and
+// gets that message first, its attempt one higher.
+#[test]
+fn cluster_gateways_over_the_models_promote_the_standby_with_the_unacked_message_first() {
+    run(async || {
+        let models = Models::new();
+        let (one, two) = (models.gateway(1).await, models.gateway(2).await);
+        let jobs = request("jobs", Mode::Singleton, "jobs.>");
+        let mut first = one.open(&jobs, None).await.unwrap();
+        let Outbound::Confirm { epoch: deposed, .. } = next(&mut first).await else {
+            panic!("the first member is active");
+        };
+        let mut second = two.open(&jobs, None).await.unwrap();
+        let published = two.publish(draft("jobs.run", "a")).await.unwrap();
+        let Outbound::Message {
+            message,
+            attempt: 1,
+            ..
+        } = next(&mut first).await
+        else {
+            panic!("the active member gets the message");
+        };
+        assert_eq!(message.system_id(), published.system_id);
+        drop(first);
+        let promoted = loop {
+            match next(&mut second).await {
+                Outbound::Confirm { epoch, .. } => break epoch,
+                Outbound::Standby { .. } => continue,
+                other => panic!("a standby gets nothing before its promotion: {other:?}"),
+            }
+        };
+        assert!(promoted > deposed, "epoch {promoted} after {deposed}");
+        let Outbound::Message {
+            message,
+            attempt,
+            epoch,
+            ..
+        } = next(&mut second).await
+        else {
+            panic!("the in-flight message first");
+        };
+        assert_eq!(
+            (message.system_id(), attempt, epoch),
+            (published.system_id, 2, promoted)
+        );
+    });
+}
