@@ -23,6 +23,7 @@ mod cluster_checker;
 mod cluster_tests;
 mod consumer_contract;
 mod gateway_models;
+mod gateway_world;
 mod jetstream;
 mod jetstream_consumers;
 mod jetstream_contract;
