@@ -32,6 +32,8 @@ pub struct Models {
     bus: BusModel,
     stream: StreamModel,
     kv: Model,
+    /// Starts so far: each claims a route and an id of its own, as a gateway's start does.
+    starts: Arc<AtomicU64>,
 }
 
 impl Models {
@@ -44,11 +46,17 @@ impl Models {
             bus,
             stream,
             kv: Model::new(),
+            starts: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    /// Gateway `n` (1, 2, ...) over the models.
+    /// Gateway `n` (1, 2, ...) over the models: its bus and bucket clients are `n`'s (cut off
+    /// together by the models' partitions); each start claims a fresh route and id.
     pub async fn gateway(&self, n: u64) -> Gateway {
+        let start = self
+            .starts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         let parts = Parts {
             bus: Arc::new(self.bus.client(n)),
             jetstream: Arc::new(self.stream.clone()),
@@ -66,8 +74,8 @@ impl Models {
             batches: true,
             largest_message: 1 << 20,
             epoch_floor: 1,
-            route: n,
-            id: format!("g{n}"),
+            route: start,
+            id: format!("g{n}s{start}"),
             connects: Arc::new(AtomicU64::new(1)),
             server: Arc::new(move || format!("model {n}")),
         };

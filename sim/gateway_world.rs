@@ -19,7 +19,7 @@ use crate::{gateway_models::Models, net};
 /// What the clients saw, in the order they saw it.
 type Seen = Rc<RefCell<Vec<String>>>;
 
-fn world(seed: u64) -> Sim<'static> {
+pub fn world(seed: u64) -> Sim<'static> {
     turmoil::Builder::new()
         .rng_seed(seed)
         .tick_duration(Duration::from_millis(1))
@@ -30,7 +30,7 @@ fn world(seed: u64) -> Sim<'static> {
 }
 
 /// Host `name` runs gateway `n` over `models`, serving gRPC on the port.
-fn gateway_host(sim: &mut Sim<'static>, name: &str, n: u64, models: &Models) {
+pub fn gateway_host(sim: &mut Sim<'static>, name: &str, n: u64, models: &Models) {
     let models = models.clone();
     sim.host(name, move || {
         let models = models.clone();
@@ -50,7 +50,7 @@ fn gateway_host(sim: &mut Sim<'static>, name: &str, n: u64, models: &Models) {
     });
 }
 
-async fn client_of(gateway: &str) -> BrokerClient<Channel> {
+pub async fn client_of(gateway: &str) -> BrokerClient<Channel> {
     loop {
         if let Ok(channel) = net::connect_to(gateway).await {
             return BrokerClient::new(channel);
@@ -59,7 +59,7 @@ async fn client_of(gateway: &str) -> BrokerClient<Channel> {
     }
 }
 
-fn singleton(id: &str) -> pb::OpenSubscription {
+pub fn singleton(id: &str) -> pb::OpenSubscription {
     pb::OpenSubscription {
         subscription_id: id.into(),
         topic_patterns: vec!["jobs.*".into()],

@@ -22,6 +22,7 @@ mod cluster_campaign;
 mod cluster_checker;
 mod cluster_tests;
 mod consumer_contract;
+mod gateway_campaign;
 mod gateway_models;
 mod gateway_world;
 mod jetstream;

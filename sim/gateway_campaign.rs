@@ -1,0 +1,449 @@
+//! A seeded campaign of real gateways on turmoil hosts (`gateway_world.rs`): two or three
+//! gateways, three SINGLETON members on gateways drawn from the seed, a publisher, and faults
+//! drawn from the seed (a member's host crashed and restarted, a gateway's host crashed and
+//! restarted, a member cut off from its gateway for a while). What the clients saw is judged:
+//!
+//! - (a) no epoch is confirmed to two activations, and each member's epochs rise;
+//! - (b) deliveries' epochs never go back (once a member got a message under epoch e, none is
+//!   delivered under an earlier epoch): the deposed stay silent;
+//! - (c) a message whose ack was answered is not delivered again, unless the gateway that
+//!   answered it crashed within [`ACK_RESIDUE`] of answering (docs/semantics.md#cluster-ack-final:
+//!   counted apart, as the documented residue);
+//! - (d) every published message is acked by the end, once the faults healed;
+//! - (e) each delivery of a message comes with a higher attempt than the one before.
+
+use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
+
+use tinybroker::pb::{self, subscription_frame::Frame};
+
+use crate::{
+    gateway_models::Models,
+    gateway_world::{client_of, gateway_host, singleton, world},
+    rng::Rng,
+};
+
+/// How long after answering an ack a gateway's crash may still lose it (the ack's confirmation
+/// to JetStream not yet applied).
+const ACK_RESIDUE: Duration = Duration::from_millis(50);
+/// Messages the publisher sends.
+const MESSAGES: usize = 12;
+/// Faults stop by then; the campaign then waits for every message to be acked.
+const HEALED_BY: Duration = Duration::from_secs(16);
+/// How long after healing everything must be acked.
+const SETTLE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+enum Seen {
+    Active {
+        member: String,
+        epoch: u64,
+    },
+    Delivered {
+        member: String,
+        system_id: u64,
+        attempt: u32,
+        epoch: u64,
+    },
+    Acked {
+        member: String,
+        gateway: String,
+        system_id: u64,
+    },
+    Ended {
+        member: String,
+    },
+    Published {
+        system_id: u64,
+    },
+    Crashed {
+        host: String,
+    },
+}
+
+type Log = Rc<RefCell<Vec<(Duration, Seen)>>>;
+
+fn note(log: &Log, seen: Seen) {
+    let at = turmoil::sim_elapsed().unwrap_or_default();
+    log.borrow_mut().push((at, seen));
+}
+
+/// What a seed did and what it broke.
+pub struct Outcome {
+    pub violations: Vec<String>,
+    /// Acked messages delivered again within the documented residue.
+    pub residue: u64,
+    pub activations: u64,
+    pub deliveries: u64,
+    pub faults: Vec<String>,
+    pub log: Vec<String>,
+}
+
+/// A member host: joins `jobs` at `gateway` (again after its stream ends), acks each message
+/// after a delay drawn from its own seed.
+fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed: u64, log: &Log) {
+    let (me, gateway, log) = (name.to_string(), gateway.to_string(), log.clone());
+    sim.host(name, move || {
+        let (me, gateway, log) = (me.clone(), gateway.clone(), log.clone());
+        async move {
+            let mut rng = Rng::new(seed);
+            tokio::time::sleep(Duration::from_millis(rng.range(0, 800))).await;
+            loop {
+                let mut client = client_of(&gateway).await;
+                let open = pb::OpenSubscription {
+                    max_in_flight: 1,
+                    ..singleton("jobs")
+                };
+                let mut frames = match client.subscribe(open).await {
+                    Ok(frames) => frames.into_inner(),
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                };
+                let mut member_id = 0;
+                loop {
+                    let frame = match frames.message().await {
+                        Ok(Some(frame)) => frame,
+                        _ => break,
+                    };
+                    match frame.frame {
+                        Some(Frame::Confirmation(c)) => {
+                            member_id = c.member_id;
+                            note(
+                                &log,
+                                Seen::Active {
+                                    member: me.clone(),
+                                    epoch: c.epoch,
+                                },
+                            );
+                        }
+                        Some(Frame::Message(m)) => {
+                            note(
+                                &log,
+                                Seen::Delivered {
+                                    member: me.clone(),
+                                    system_id: m.system_id,
+                                    attempt: m.delivery_attempt,
+                                    epoch: m.epoch,
+                                },
+                            );
+                            tokio::time::sleep(Duration::from_millis(rng.range(5, 150))).await;
+                            let ack = pb::Ack {
+                                subscription_id: "jobs".into(),
+                                system_id: m.system_id,
+                                member_id,
+                            };
+                            if client.ack(ack).await.is_ok() {
+                                note(
+                                    &log,
+                                    Seen::Acked {
+                                        member: me.clone(),
+                                        gateway: gateway.clone(),
+                                        system_id: m.system_id,
+                                    },
+                                );
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                note(&log, Seen::Ended { member: me.clone() });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+}
+
+/// Runs seed `seed`.
+pub fn run(seed: u64) -> Outcome {
+    let mut rng = Rng::new(seed);
+    let mut sim = world(seed);
+    let models = Models::new();
+    let log: Log = Rc::default();
+    let gateways: Vec<String> = (1..=rng.range(2, 3)).map(|n| format!("gw{n}")).collect();
+    for (n, name) in gateways.iter().enumerate() {
+        gateway_host(&mut sim, name, n as u64 + 1, &models);
+    }
+    let members: Vec<(String, String)> = (1..=3)
+        .map(|n| {
+            let gateway = gateways[rng.range(0, gateways.len() as u64 - 1) as usize].clone();
+            (format!("m{n}"), gateway)
+        })
+        .collect();
+    for (n, (member, gateway)) in members.iter().enumerate() {
+        member_host(&mut sim, member, gateway, seed ^ (n as u64 + 1) << 32, &log);
+    }
+    let publisher_seed = rng.next_u64();
+    let (plog, pgateways) = (log.clone(), gateways.clone());
+    sim.client("publisher", async move {
+        let mut rng = Rng::new(publisher_seed);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut sent = 0;
+        while sent < MESSAGES {
+            let gateway = &pgateways[rng.range(0, pgateways.len() as u64 - 1) as usize];
+            let mut client = client_of(gateway).await;
+            let request = pb::PublishRequest {
+                topic: "jobs.run".into(),
+                payload: format!("job {sent}").into_bytes().into(),
+                ..Default::default()
+            };
+            if let Ok(reply) = client.publish(request).await {
+                note(
+                    &plog,
+                    Seen::Published {
+                        system_id: reply.into_inner().system_id,
+                    },
+                );
+                sent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.range(100, 600))).await;
+        }
+        Ok(())
+    });
+    // Faults: (start, end, what).
+    let mut faults: Vec<(Duration, Duration, Fault)> = Vec::new();
+    for _ in 0..rng.range(1, 3) {
+        let at = Duration::from_millis(rng.range(2_500, 11_000));
+        let lasting = Duration::from_millis(rng.range(300, 4_000));
+        let fault = match rng.range(0, 2) {
+            0 => Fault::Crash(members[rng.range(0, 2) as usize].0.clone()),
+            1 => Fault::Crash(gateways[rng.range(0, gateways.len() as u64 - 1) as usize].clone()),
+            _ => {
+                let (member, gateway) = members[rng.range(0, 2) as usize].clone();
+                Fault::Cut(member, gateway)
+            }
+        };
+        faults.push((at, at + lasting, fault));
+    }
+    let described = faults
+        .iter()
+        .map(|(at, end, f)| format!("{f:?} {at:?}..{end:?}"))
+        .collect();
+    let mut started = vec![false; faults.len()];
+    let mut ended = vec![false; faults.len()];
+    let all_acked = |log: &Log| {
+        let log = log.borrow();
+        let published: Vec<u64> = log
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Seen::Published { system_id } => Some(*system_id),
+                _ => None,
+            })
+            .collect();
+        published.len() == MESSAGES
+            && published.iter().all(|id| {
+                log.iter()
+                    .any(|(_, s)| matches!(s, Seen::Acked { system_id, .. } if system_id == id))
+            })
+    };
+    let deadline = HEALED_BY + SETTLE;
+    let mut violations = Vec::new();
+    loop {
+        let now = sim.elapsed();
+        for (i, (at, end, fault)) in faults.iter().enumerate() {
+            if !started[i] && now >= *at {
+                started[i] = true;
+                match fault {
+                    Fault::Crash(host) => {
+                        note_at(&log, now, Seen::Crashed { host: host.clone() });
+                        sim.crash(host.as_str());
+                    }
+                    Fault::Cut(a, b) => sim.partition(a.as_str(), b.as_str()),
+                }
+            }
+            if started[i] && !ended[i] && (now >= *end || now >= HEALED_BY) {
+                ended[i] = true;
+                match fault {
+                    Fault::Crash(host) => sim.bounce(host.as_str()),
+                    Fault::Cut(a, b) => sim.repair(a.as_str(), b.as_str()),
+                }
+            }
+        }
+        if now >= HEALED_BY && all_acked(&log) {
+            break;
+        }
+        if now >= deadline {
+            violations.push(format!("(d) not every message acked by {deadline:?}"));
+            break;
+        }
+        if let Err(error) = sim.step() {
+            violations.push(format!("the simulation failed: {error}"));
+            break;
+        }
+    }
+    let log = log.borrow().clone();
+    let (mut judged, residue) = judge(&log);
+    violations.append(&mut judged);
+    Outcome {
+        violations,
+        residue,
+        activations: log
+            .iter()
+            .filter(|(_, s)| matches!(s, Seen::Active { .. }))
+            .count() as u64,
+        deliveries: log
+            .iter()
+            .filter(|(_, s)| matches!(s, Seen::Delivered { .. }))
+            .count() as u64,
+        faults: described,
+        log: log
+            .iter()
+            .map(|(at, s)| format!("{at:?} {}", describe(s)))
+            .collect(),
+    }
+}
+
+/// One line of a seed's log.
+fn describe(seen: &Seen) -> String {
+    match seen {
+        Seen::Active { member, epoch } => format!("{member} active under epoch {epoch}"),
+        Seen::Delivered {
+            member,
+            system_id,
+            attempt,
+            epoch,
+        } => {
+            format!("{member} got #{system_id}, attempt {attempt}, epoch {epoch}")
+        }
+        Seen::Acked {
+            member,
+            gateway,
+            system_id,
+        } => {
+            format!("{member} acked #{system_id} at {gateway}")
+        }
+        Seen::Ended { member } => format!("{member}'s stream ended"),
+        Seen::Published { system_id } => format!("published #{system_id}"),
+        Seen::Crashed { host } => format!("{host} crashed"),
+    }
+}
+
+fn note_at(log: &Log, at: Duration, seen: Seen) {
+    log.borrow_mut().push((at, seen));
+}
+
+#[derive(Debug, Clone)]
+enum Fault {
+    /// A host crashed, restarted at the fault's end.
+    Crash(String),
+    /// A member cut off from its gateway, repaired at the fault's end.
+    Cut(String, String),
+}
+
+/// Checks (a) to (c) on what was seen; the acked messages delivered again within the residue.
+fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, u64) {
+    let mut violations = Vec::new();
+    let mut epochs: BTreeMap<u64, String> = BTreeMap::new();
+    let mut last_of: BTreeMap<String, u64> = BTreeMap::new();
+    let mut highest_delivery = 0;
+    let mut acked: BTreeMap<u64, (Duration, String)> = BTreeMap::new();
+    let mut residue = 0;
+    let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
+    for (at, seen) in log {
+        match seen {
+            Seen::Active { member, epoch } => {
+                if let Some(other) = epochs.insert(*epoch, member.clone()) {
+                    violations.push(format!(
+                        "(a) epoch {epoch} confirmed to {other} and to {member} ({at:?})"
+                    ));
+                }
+                if let Some(last) = last_of.insert(member.clone(), *epoch)
+                    && last >= *epoch
+                {
+                    violations.push(format!(
+                        "(a) {member} confirmed epoch {epoch} after {last} ({at:?})"
+                    ));
+                }
+            }
+            Seen::Delivered {
+                member,
+                system_id,
+                epoch,
+                attempt,
+            } => {
+                if let Some(last) = attempts.insert(*system_id, *attempt)
+                    && last >= *attempt
+                {
+                    violations.push(format!(
+                        "(e) #{system_id} came to {member} with attempt {attempt} after attempt {last} ({at:?})"
+                    ));
+                }
+                if *epoch < highest_delivery {
+                    violations.push(format!(
+                        "(b) {member} got #{system_id} under epoch {epoch} after a delivery under {highest_delivery} ({at:?})"
+                    ));
+                }
+                highest_delivery = highest_delivery.max(*epoch);
+                if let Some((acked_at, gateway)) = acked.get(system_id) {
+                    let crashed_soon = log.iter().any(|(t, s)| {
+                        matches!(s, Seen::Crashed { host } if host == gateway)
+                            && *t >= *acked_at
+                            && *t <= *acked_at + ACK_RESIDUE
+                    });
+                    if crashed_soon {
+                        residue += 1;
+                    } else {
+                        violations.push(format!(
+                            "(c) #{system_id} delivered to {member} at {at:?}, acked at {acked_at:?} through {gateway}"
+                        ));
+                    }
+                }
+            }
+            Seen::Acked {
+                gateway, system_id, ..
+            } => {
+                acked.entry(*system_id).or_insert((*at, gateway.clone()));
+            }
+            _ => {}
+        }
+    }
+    (violations, residue)
+}
+
+/// Seeds run by default; `TINYBROKER_SIM_SEEDS` overrides.
+const DEFAULT_SEEDS: u64 = 24;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+// The real-gateway campaign: checks (a)-(d) on every seed. `TINYBROKER_GATEWAY_SEED=<s>` replays
+// one seed and prints what it saw; `TINYBROKER_SIM_SEEDS=<n>` runs n seeds from
+// `TINYBROKER_SIM_SEED_BASE` and prints seeds per minute.
+#[test]
+fn cluster_real_gateway_campaign_holds_every_invariant() {
+    if let Some(seed) = env_u64("TINYBROKER_GATEWAY_SEED") {
+        let outcome = run(seed);
+        println!("faults: {:?}\n{}", outcome.faults, outcome.log.join("\n"));
+        assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
+        return;
+    }
+    let count = env_u64("TINYBROKER_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
+    let base = env_u64("TINYBROKER_SIM_SEED_BASE").unwrap_or(0);
+    let started = std::time::Instant::now();
+    let (mut activations, mut deliveries, mut residue) = (0, 0, 0);
+    let mut failed = Vec::new();
+    for seed in base..base + count {
+        let outcome = run(seed);
+        activations += outcome.activations;
+        deliveries += outcome.deliveries;
+        residue += outcome.residue;
+        if !outcome.violations.is_empty() {
+            failed.push(format!(
+                "seed {seed}: {:?} (faults {:?})",
+                outcome.violations, outcome.faults
+            ));
+        }
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "real-gateway campaign: {count} seeds in {elapsed:.1?} ({:.0} seeds a minute), {activations} activations, {deliveries} deliveries, {residue} acked messages delivered again within the documented residue",
+        count as f64 * 60.0 / elapsed.as_secs_f64().max(1e-9)
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {count} seeds failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
