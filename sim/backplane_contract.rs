@@ -180,11 +180,7 @@ fn cluster_backplane_model_live_keys_name_every_key_holding_a_value() {
 // resumes with what it missed.
 #[test]
 fn cluster_backplane_model_partition_fails_operations_and_pauses_the_watch() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = crate::clock::paused_runtime();
     rt.block_on(async {
         let model = Model::new();
         let (cut, other) = (model.client(1), model.client(2));

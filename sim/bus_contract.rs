@@ -192,11 +192,7 @@ pub async fn a_dropped_subscription_takes_its_interest_with_it(
 type Client = crate::bus::BusClient;
 
 fn run(check: impl AsyncFnOnce(&BusModel, &Client, &Client, &Client)) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = crate::clock::paused_runtime();
     rt.block_on(async {
         let model = BusModel::new();
         let (a, b, c) = (model.client(1), model.client(2), model.client(3));

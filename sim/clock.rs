@@ -43,3 +43,13 @@ impl Clock for SimClock {
         self.inner.sleep_until(deadline)
     }
 }
+
+/// A current-thread runtime on tokio's paused clock: time moves only when every task waits,
+/// straight to the next timer (the models' contract checks and the in-process gateway tests).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime")
+}

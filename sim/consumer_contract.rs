@@ -496,11 +496,7 @@ impl Consumers for Model {
 }
 
 fn run(check: impl AsyncFnOnce(&Model)) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = crate::clock::paused_runtime();
     rt.block_on(async {
         let model = StreamModel::new("contract");
         model.limit_consumers(MAX_CONSUMERS);

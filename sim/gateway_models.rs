@@ -129,11 +129,7 @@ async fn next(member: &mut MemberStream) -> Outbound {
 }
 
 fn run(test: impl AsyncFnOnce()) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = crate::clock::paused_runtime();
     rt.block_on(test());
 }
 

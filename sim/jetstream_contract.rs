@@ -224,11 +224,7 @@ pub async fn a_full_stream_refuses_with_its_limit(js: &impl JetStream, prefix: &
 }
 
 fn run(limited: bool, check: impl AsyncFnOnce(&StreamModel, &str)) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = crate::clock::paused_runtime();
     rt.block_on(async {
         let model = StreamModel::new("contract");
         if limited {
