@@ -1,5 +1,6 @@
 //! A seeded campaign of real gateways on turmoil hosts (`gateway_world.rs`): two or three
-//! gateways, three SINGLETON members on gateways drawn from the seed, a publisher, and faults
+//! gateways, three SINGLETON members on gateways drawn from the seed (windows of 1 to 3), a
+//! publisher, and faults
 //! drawn from the seed (a member's host crashed and restarted, a gateway's host crashed and
 //! restarted, a member cut off from its gateway for a while). What the clients saw is judged:
 //!
@@ -92,19 +93,21 @@ pub struct Outcome {
     pub log: Vec<String>,
 }
 
-/// A member host: joins `jobs` at `gateway` (again after its stream ends), acks each message
-/// after a delay drawn from its own seed.
+/// A member host: joins `jobs` at `gateway` (again after its stream ends) with a window of 1
+/// to 3, acks each message after a delay, both drawn from its own seed.
 fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed: u64, log: &Log) {
     let (me, gateway, log) = (name.to_string(), gateway.to_string(), log.clone());
     sim.host(name, move || {
         let (me, gateway, log) = (me.clone(), gateway.clone(), log.clone());
         async move {
             let mut rng = Rng::new(seed);
+            // Its window: 1 to 3 messages in flight (read and acked one at a time).
+            let window = rng.range(1, 3) as u32;
             tokio::time::sleep(Duration::from_millis(rng.range(0, 800))).await;
             loop {
                 let mut client = client_of(&gateway).await;
                 let open = pb::OpenSubscription {
-                    max_in_flight: 1,
+                    max_in_flight: window,
                     ..singleton("jobs")
                 };
                 let mut frames = match client.subscribe(open).await {
