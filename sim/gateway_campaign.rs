@@ -2,7 +2,8 @@
 //! gateways, three SINGLETON members on gateways drawn from the seed (windows of 1 to 3), a
 //! publisher, and faults
 //! drawn from the seed (a member's host crashed and restarted, a gateway's host crashed and
-//! restarted, a member cut off from its gateway for a while). What the clients saw is judged:
+//! restarted, a member cut off from its gateway for a while, JetStream without leaders for a
+//! while: publishes, pulls, answers and consumer requests fail meanwhile). What the clients saw is judged:
 //!
 //! - (a) no epoch is confirmed to two activations, and each member's epochs rise;
 //! - (b) deliveries' epochs never go back (once a member got a message under epoch e, none is
@@ -71,6 +72,8 @@ enum Seen {
     Cut {
         member: String,
     },
+    /// JetStream lost its leaders (true) or has them again (false).
+    Leaderless(bool),
 }
 
 type Log = Rc<RefCell<Vec<(Duration, Seen)>>>;
@@ -230,9 +233,10 @@ pub fn run(seed: u64) -> Outcome {
     for _ in 0..rng.range(1, 3) {
         let at = Duration::from_millis(rng.range(2_500, 11_000));
         let lasting = Duration::from_millis(rng.range(300, 4_000));
-        let fault = match rng.range(0, 2) {
+        let fault = match rng.range(0, 3) {
             0 => Fault::Crash(members[rng.range(0, 2) as usize].0.clone()),
             1 => Fault::Crash(gateways[rng.range(0, gateways.len() as u64 - 1) as usize].clone()),
+            2 => Fault::Leaderless,
             _ => {
                 let (member, gateway) = members[rng.range(0, 2) as usize].clone();
                 Fault::Cut(member, gateway)
@@ -278,6 +282,10 @@ pub fn run(seed: u64) -> Outcome {
                         note_at(&log, now, Seen::Cut { member: a.clone() });
                         sim.partition(a.as_str(), b.as_str());
                     }
+                    Fault::Leaderless => {
+                        note_at(&log, now, Seen::Leaderless(true));
+                        models.jetstream_leaderless(true);
+                    }
                 }
             }
             if started[i] && !ended[i] && (now >= *end || now >= HEALED_BY) {
@@ -285,6 +293,10 @@ pub fn run(seed: u64) -> Outcome {
                 match fault {
                     Fault::Crash(host) => sim.bounce(host.as_str()),
                     Fault::Cut(a, b) => sim.repair(a.as_str(), b.as_str()),
+                    Fault::Leaderless => {
+                        note_at(&log, now, Seen::Leaderless(false));
+                        models.jetstream_leaderless(false);
+                    }
                 }
             }
         }
@@ -399,6 +411,8 @@ fn describe(seen: &Seen) -> String {
             format!("{member} acked #{system_id} at {gateway}")
         }
         Seen::Cut { member } => format!("{member} cut off from its gateway"),
+        Seen::Leaderless(true) => "JetStream without leaders".to_string(),
+        Seen::Leaderless(false) => "JetStream has leaders again".to_string(),
         Seen::Ended { member } => format!("{member}'s stream ended"),
         Seen::Published { system_id } => format!("published #{system_id}"),
         Seen::Crashed { host } => format!("{host} crashed"),
@@ -415,6 +429,9 @@ enum Fault {
     Crash(String),
     /// A member cut off from its gateway, repaired at the fault's end.
     Cut(String, String),
+    /// The stream and its consumers without a leader (JetStream electing one) until the
+    /// fault's end.
+    Leaderless,
 }
 
 /// Checks (a) to (c) on what was seen; the acked messages delivered again within the residue.

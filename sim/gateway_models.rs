@@ -50,6 +50,11 @@ impl Models {
         }
     }
 
+    /// The stream and its consumers lose their leaders (true), or have them again (false).
+    pub fn jetstream_leaderless(&self, leaderless: bool) {
+        self.stream.leaderless(leaderless);
+    }
+
     /// Gateway `n` (1, 2, ...) over the models: its bus and bucket clients are `n`'s (cut off
     /// together by the models' partitions); each start claims a fresh route and id.
     pub async fn gateway(&self, n: u64) -> Gateway {

@@ -134,9 +134,15 @@ impl StreamModel {
         self.lock().max_messages = Some(limit);
     }
 
-    /// The stream has no leader (true) or has one again (false).
+    /// The stream and its consumers have no leader (true), as while JetStream elects one,
+    /// or have one again (false). Meanwhile publishes find no responders, pulls fail and
+    /// open ones end, answers are not applied (a confirmed one finds no responders), and
+    /// nothing is made, read, listed or deleted.
     pub fn leaderless(&self, leaderless: bool) {
         self.lock().leaderless = leaderless;
+        if leaderless {
+            self.0.wake.notify_waiters();
+        }
     }
 
     /// The next `n` answers are lost after their message was stored.
@@ -401,6 +407,9 @@ impl StreamModel {
             return Err(AckError::NoResponders);
         };
         let mut state = self.lock();
+        if state.leaderless {
+            return Err(AckError::NoResponders);
+        }
         let consumer = state
             .consumers
             .get_mut(name)
@@ -453,8 +462,14 @@ impl Consumer for ModelConsumer {
     ) -> BoxFuture<'_, Result<Deliveries, PullError>> {
         let this = self.clone();
         Box::pin(async move {
-            if !still_there(&this.stream.lock(), &this.name, this.created) {
-                return Err(PullError("consumer not found".to_string()));
+            {
+                let state = this.stream.lock();
+                if state.leaderless {
+                    return Err(PullError("no responders".to_string()));
+                }
+                if !still_there(&state, &this.name, this.created) {
+                    return Err(PullError("consumer not found".to_string()));
+                }
             }
             let deadline = Instant::now() + expires;
             let deliveries: Deliveries = Box::pin(async_stream::stream! {
@@ -468,7 +483,7 @@ impl Consumer for ModelConsumer {
                     let (batch, next_due) = {
                         let mut state = this.stream.lock();
                         let state = &mut *state;
-                        if !still_there(state, &this.name, this.created) {
+                        if state.leaderless || !still_there(state, &this.name, this.created) {
                             break;
                         }
                         let Some(consumer) = state.consumers.get_mut(&this.name) else {
@@ -513,12 +528,15 @@ impl Stream for StreamModel {
     fn consumer(&self, name: &str) -> BoxFuture<'_, Result<Option<Found>, ConsumerError>> {
         let found = {
             let state = self.lock();
-            state
-                .consumers
-                .get(name)
-                .map(|consumer| self.handle(name, consumer, &state.messages))
+            match state.leaderless {
+                true => Err(ConsumerError::Other("timed out".to_string())),
+                false => Ok(state
+                    .consumers
+                    .get(name)
+                    .map(|consumer| self.handle(name, consumer, &state.messages))),
+            }
         };
-        Box::pin(async move { Ok(found) })
+        Box::pin(async move { found })
     }
 
     fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<Found, CreateError>> {
@@ -530,6 +548,7 @@ impl Stream for StreamModel {
         let info = {
             let state = self.lock();
             match state.consumers.get(name) {
+                _ if state.leaderless => Err(ConsumerError::Other("timed out".to_string())),
                 Some(consumer) => Ok(consumer.info(&state.messages)),
                 None => Err(ConsumerError::NotFound),
             }
@@ -540,18 +559,27 @@ impl Stream for StreamModel {
     fn consumers(&self) -> BoxFuture<'_, Result<Vec<ConsumerInfo>, ConsumerError>> {
         let listed = {
             let state = self.lock();
-            state
-                .consumers
-                .values()
-                .map(|consumer| consumer.info(&state.messages))
-                .collect()
+            match state.leaderless {
+                true => Err(ConsumerError::Other("timed out".to_string())),
+                false => Ok(state
+                    .consumers
+                    .values()
+                    .map(|consumer| consumer.info(&state.messages))
+                    .collect()),
+            }
         };
-        Box::pin(async move { Ok(listed) })
+        Box::pin(async move { listed })
     }
 
     fn consumer_count(&self) -> BoxFuture<'_, Result<usize, ConsumerError>> {
-        let count = self.lock().consumers.len();
-        Box::pin(async move { Ok(count) })
+        let count = {
+            let state = self.lock();
+            match state.leaderless {
+                true => Err(ConsumerError::Other("timed out".to_string())),
+                false => Ok(state.consumers.len()),
+            }
+        };
+        Box::pin(async move { count })
     }
 
     fn last_message(
@@ -608,10 +636,20 @@ impl Stream for StreamModel {
     }
 
     fn delete_consumer(&self, name: &str) -> BoxFuture<'_, Result<(), ConsumerError>> {
-        let deleted = self.lock().consumers.remove(name);
-        if deleted.is_some() {
+        let deleted = {
+            let mut state = self.lock();
+            match state.leaderless {
+                true => Err(ConsumerError::Other("timed out".to_string())),
+                false => state
+                    .consumers
+                    .remove(name)
+                    .map(|_| ())
+                    .ok_or(ConsumerError::NotFound),
+            }
+        };
+        if deleted.is_ok() {
             self.advise("DELETED", name);
         }
-        Box::pin(async move { deleted.map(|_| ()).ok_or(ConsumerError::NotFound) })
+        Box::pin(async move { deleted })
     }
 }
