@@ -558,3 +558,46 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
         failed.join("\n")
     );
 }
+
+/// Seeds from `base` until one with `bug` planted breaks the check named `check` (say "(c)"),
+/// at most `limit`: how many it took, `None` when none did.
+fn seeds_to_first_catch(
+    bug: tinybroker::core::planted::PlantedBug,
+    check: &str,
+    base: u64,
+    limit: u64,
+) -> Option<u64> {
+    tinybroker::core::planted::plant(Some(bug));
+    let caught = (base..base + limit).position(|seed| {
+        run(seed)
+            .violations
+            .iter()
+            .any(|violation| violation.starts_with(check))
+    });
+    tinybroker::core::planted::plant(None);
+    caught.map(|n| n as u64 + 1)
+}
+
+// The planted AckGivenUpWithoutLeader (the real gateway's ack not sent again once it found no
+// responders) is caught by check (c) of the real-gateway campaign. `TINYBROKER_SIM_CAMPAIGNS=<k>`
+// runs k campaigns (bases 0, 100,000, ...) and prints the median seeds to the first catch.
+#[test]
+fn cluster_real_gateway_campaign_catches_an_ack_given_up_without_a_leader() {
+    let campaigns = env_u64("TINYBROKER_SIM_CAMPAIGNS").unwrap_or(1);
+    let mut firsts: Vec<u64> = (0..campaigns)
+        .map(|k| {
+            seeds_to_first_catch(
+                tinybroker::core::planted::PlantedBug::AckGivenUpWithoutLeader,
+                "(c)",
+                k * 100_000,
+                500,
+            )
+            .unwrap_or_else(|| panic!("campaign {k}: not caught within 500 seeds"))
+        })
+        .collect();
+    firsts.sort_unstable();
+    println!(
+        "AckGivenUpWithoutLeader: seeds to the first catch {firsts:?}, median {}",
+        firsts[firsts.len() / 2]
+    );
+}

@@ -72,6 +72,11 @@ pub enum PlantedBug {
     /// members though others promoted past them (breaks docs/semantics.md#cluster-lease-lapse).
     /// Planted in `cluster::coordinator`.
     LapseResumesOnAnyAnswer,
+    /// Cluster mode: an ack whose confirmation finds no responders (its consumer's leader being
+    /// elected) is not sent again, so JetStream delivers the acked message again after its ack
+    /// wait (breaks docs/semantics.md#cluster-ack-final). Planted in the real gateway
+    /// (`cluster::gateway::data::acks`), caught by the real-gateway campaign.
+    AckGivenUpWithoutLeader,
 }
 
 #[cfg(feature = "planted-bugs")]
