@@ -35,6 +35,8 @@ macro_rules! every_consumer_contract_check {
         $run!(a_consumer_delivers_only_what_is_stored_after_its_making);
         $run!(a_stream_at_its_consumer_limit_refuses_one_more);
         $run!(a_subjects_last_message_is_read_and_older_ones_purged);
+        $run!(a_handle_pulls_the_consumer_made_again_under_its_name);
+        $run!(a_consumer_delivers_at_most_max_ack_pending_unanswered);
     };
 }
 
@@ -472,6 +474,40 @@ pub async fn a_subjects_last_message_is_read_and_older_ones_purged(f: &impl Cons
     assert!(
         fresh.is_ok(),
         "none left: an expectation of none stores: {fresh:?}"
+    );
+}
+
+/// A handle pulls the consumer of its name: one deleted and made again under the name is the
+/// one it pulls (a bridge tells them apart by the creation time).
+pub async fn a_handle_pulls_the_consumer_made_again_under_its_name(f: &impl Consumers) {
+    let p = f.prefix().to_string();
+    let old = make(f, "c", &format!("{p}.>"), true, LONG).await;
+    f.stream().delete_consumer("c").await.unwrap();
+    let again = make(f, "c", &format!("{p}.>"), true, LONG).await;
+    let a = publish(f.js(), format!("{p}.a"), "a", &[]).await;
+    assert_eq!(seen(&pull(old.as_ref(), 10, QUIET).await), [(a, 1)]);
+    assert_ne!(old.created(), again.created());
+}
+
+/// A consumer delivers at most `max_ack_pending` messages unanswered; an ack makes room.
+pub async fn a_consumer_delivers_at_most_max_ack_pending_unanswered(f: &impl Consumers) {
+    let p = f.prefix().to_string();
+    let mut config = config("c", &format!("{p}.>"), true, LONG);
+    config.max_ack_pending = 2;
+    let consumer = f.stream().create_consumer(config).await.unwrap().0;
+    let mut sequences = Vec::new();
+    for n in 0..3 {
+        sequences.push(publish(f.js(), format!("{p}.a"), &n.to_string(), &[]).await);
+    }
+    let first = pull(consumer.as_ref(), 10, QUIET).await;
+    assert_eq!(seen(&first), [(sequences[0], 1), (sequences[1], 1)]);
+    f.js()
+        .confirm(&first[0].reply, Answer::Ack, SOON)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen(&pull(consumer.as_ref(), 10, QUIET).await),
+        [(sequences[2], 1)]
     );
 }
 

@@ -221,6 +221,7 @@ fn cluster_gateways_over_the_models_promote_the_standby_with_the_unacked_message
         };
         assert_eq!(message.system_id(), published.system_id);
         drop(first);
+        let closed = tokio::time::Instant::now();
         let promoted = loop {
             match next(&mut second).await {
                 Outbound::Confirm { epoch, .. } => break epoch,
@@ -241,6 +242,12 @@ fn cluster_gateways_over_the_models_promote_the_standby_with_the_unacked_message
         assert_eq!(
             (message.system_id(), attempt, epoch),
             (published.system_id, 2, promoted)
+        );
+        // Given back at once (a nak), not left to the consumer's ack wait (1.5 s here).
+        assert!(
+            closed.elapsed() < Duration::from_millis(500),
+            "redelivered {:?} after the close",
+            closed.elapsed()
         );
     });
 }

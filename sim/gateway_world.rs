@@ -197,10 +197,17 @@ fn b_took_over_with_the_message_first(seen: &Seen, system_id: u64, deposed: u64)
 fn cluster_real_gateways_on_turmoil_promote_the_standby_when_the_active_members_host_crashes() {
     let seen: Seen = Rc::default();
     let (mut sim, system_id, deposed) = a_holds_a_message(7, &seen);
+    let crashed_at = sim.elapsed();
     sim.crash("a");
     until(&mut sim, &seen, Duration::from_secs(30), |seen| {
         seen.iter().any(|l| l.starts_with("b message"))
     });
+    // Given back at once (a nak), not left to the consumer's ack wait (1.5 s here).
+    assert!(
+        sim.elapsed() - crashed_at < Duration::from_millis(500),
+        "redelivered {:?} after the crash",
+        sim.elapsed() - crashed_at
+    );
     b_took_over_with_the_message_first(&seen, system_id, deposed);
 }
 

@@ -438,14 +438,6 @@ impl std::fmt::Debug for ModelConsumer {
     }
 }
 
-/// Whether the consumer `name`, made at `created`, is still there.
-fn still_there(state: &State, name: &str, created: i128) -> bool {
-    state
-        .consumers
-        .get(name)
-        .is_some_and(|consumer| consumer.created == created)
-}
-
 impl Consumer for ModelConsumer {
     fn name(&self) -> &str {
         &self.name
@@ -467,7 +459,9 @@ impl Consumer for ModelConsumer {
                 if state.leaderless {
                     return Err(PullError("no responders".to_string()));
                 }
-                if !still_there(&state, &this.name, this.created) {
+                // By name, as NATS pulls: a handle of a consumer deleted and made again under
+                // its name pulls the new one.
+                if !state.consumers.contains_key(&this.name) {
                     return Err(PullError("consumer not found".to_string()));
                 }
             }
@@ -483,7 +477,7 @@ impl Consumer for ModelConsumer {
                     let (batch, next_due) = {
                         let mut state = this.stream.lock();
                         let state = &mut *state;
-                        if state.leaderless || !still_there(state, &this.name, this.created) {
+                        if state.leaderless {
                             break;
                         }
                         let Some(consumer) = state.consumers.get_mut(&this.name) else {

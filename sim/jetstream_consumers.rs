@@ -82,7 +82,14 @@ impl ConsumerModel {
             .map(|(&sequence, _)| sequence)
             .take(max)
             .collect();
-        let room = max - due.len();
+        // At most `max_ack_pending` delivered and unanswered: no new one past it.
+        let unanswered_room = match self.config.max_ack_pending {
+            limit if self.config.explicit && limit > 0 => {
+                (limit as usize).saturating_sub(self.pending.len())
+            }
+            _ => usize::MAX,
+        };
+        let room = (max - due.len()).min(unanswered_room);
         let fresh: Vec<u64> = messages
             .range(self.next..)
             .filter(|(_, stored)| wanted(&self.config, &stored.subject))

@@ -134,7 +134,9 @@ pub trait Backplane: Send + Sync {
     fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<Watch, KvError>>;
 
     /// Every key that starts with `prefix` whose latest entry is a value (not a deletion), in
-    /// key order: none written before the call is left out, and none deleted before it is in.
+    /// key order: none written before the call is left out. One deleted just before may still
+    /// be in (read from a replica behind its leader): a caller counting live gateways errs on
+    /// the side of one more.
     ///
     /// # Errors
     /// [`KvError::Unavailable`].

@@ -153,12 +153,9 @@ impl JetStream for NatsJetStream {
             let request = async_nats::Request::new()
                 .payload(Bytes::from(ack_kind(answer)))
                 .timeout(Some(timeout));
-            let answered = tokio::time::timeout(
-                // The request's own timeout, with a margin for a request not sent at once.
-                timeout + timeout / 2,
-                self.client.send_request(subject, request),
-            )
-            .await;
+            // The whole wait, queueing the request included, is bounded by `timeout`.
+            let answered =
+                tokio::time::timeout(timeout, self.client.send_request(subject, request)).await;
             match answered {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(error)) => Err(match error.kind() {
