@@ -138,7 +138,7 @@ fn run(test: impl AsyncFnOnce()) {
     rt.block_on(test());
 }
 
-// docs/semantics.md#ack-redelivery: a QUEUE message published through the gateway is stored
+// docs/semantics.md#cluster-ack-final: a QUEUE message published through the gateway is stored
 // in the stream, delivered to the member through the gateway's bridge, and acked there: the
 // consumer then holds nothing unacked.
 #[test]
@@ -195,7 +195,7 @@ fn cluster_gateway_over_the_models_delivers_and_acks_a_queue_message() {
     });
 }
 
-// docs/semantics.md#singleton-failover through two real gateways over the models: the member
+// docs/semantics.md#cluster-singleton through two real gateways over the models: the member
 // that joined first (at gateway 1) is active; the one at gateway 2 stands by. When the active
 // member's stream closes holding a message, the standby is promoted with a higher epoch and
 // gets that message first, its attempt one higher.

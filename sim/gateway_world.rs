@@ -190,7 +190,7 @@ fn b_took_over_with_the_message_first(seen: &Seen, system_id: u64, deposed: u64)
     );
 }
 
-// docs/semantics.md#singleton-failover through two real gateways on turmoil hosts: member `a`
+// docs/semantics.md#cluster-singleton through two real gateways on turmoil hosts: member `a`
 // (at gateway 1) is active and holds a message published at gateway 2; its host crashes; member
 // `b` (at gateway 2) is promoted with a higher epoch and gets that message first, attempt 2.
 #[test]
