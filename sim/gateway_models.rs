@@ -19,7 +19,7 @@ use tinybroker::{
     },
 };
 
-use crate::{backplane::Model, bus::BusModel, jetstream::StreamModel};
+use crate::{backplane::Model, bus::BusModel, jetstream::StreamModel, true_time::TrueTime};
 
 /// The stream's name (and subjects' prefix).
 const STREAM: &str = "tb";
@@ -37,9 +37,15 @@ pub struct Models {
 }
 
 impl Models {
+    /// Models for a world on one tokio runtime.
     pub fn new() -> Self {
+        Self::on(TrueTime::tokio())
+    }
+
+    /// Models keeping time by `clock`.
+    pub fn on(clock: TrueTime) -> Self {
         let bus = BusModel::new();
-        let stream = StreamModel::new(STREAM);
+        let stream = StreamModel::on(STREAM, clock);
         stream.take_subjects(&format!("$TBFENCE.{STREAM}.>"));
         stream.advise_on(bus.client(0));
         Self {
@@ -48,6 +54,11 @@ impl Models {
             kv: Model::new(),
             starts: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The consumers' leaders are lost, nobody told (true), or elected again (false).
+    pub fn consumers_unanswering(&self, unanswering: bool) {
+        self.stream.consumers_unanswering(unanswering);
     }
 
     /// The stream and its consumers lose their leaders (true), or have them again (false).

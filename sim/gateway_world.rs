@@ -14,10 +14,10 @@ use tinybroker::{
 use tonic::transport::Channel;
 use turmoil::Sim;
 
-use crate::{gateway_models::Models, net};
+use crate::{gateway_models::Models, net, true_time::TrueTime};
 
 /// What the clients saw, in the order they saw it.
-type Seen = Rc<RefCell<Vec<String>>>;
+pub type Seen = Rc<RefCell<Vec<String>>>;
 
 pub fn world(seed: u64) -> Sim<'static> {
     turmoil::Builder::new()
@@ -51,8 +51,14 @@ pub fn gateway_host(sim: &mut Sim<'static>, name: &str, n: u64, models: &Models)
 }
 
 pub async fn client_of(gateway: &str) -> BrokerClient<Channel> {
+    client_with(gateway, net::KEEPALIVE_TIMEOUT).await
+}
+
+/// A client of `gateway`, once it connects, whose keepalive gives up on a gateway that does
+/// not answer after `patience`.
+pub async fn client_with(gateway: &str, patience: Duration) -> BrokerClient<Channel> {
     loop {
-        if let Ok(channel) = net::connect_to(gateway).await {
+        if let Ok(channel) = net::connect_with(gateway, net::KEEPALIVE_INTERVAL, patience).await {
             return BrokerClient::new(channel);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -71,15 +77,29 @@ pub fn singleton(id: &str) -> pb::OpenSubscription {
 }
 
 /// Host `name` joins SINGLETON `jobs` at `gateway` after `after`, and notes each frame in
-/// `seen` as `<name> <kind> <fields>`; it never acks.
-fn member_host(sim: &mut Sim<'static>, name: &str, gateway: &str, after: Duration, seen: &Seen) {
+/// `seen` as `<name> <kind> <fields>`, with a window of `window` messages. It acks each message
+/// once `acks` (when given) holds, noting `<name> acked <id>` when answered; otherwise never.
+/// Its keepalive gives up on a silent gateway after `patience`.
+pub fn member_host(
+    sim: &mut Sim<'static>,
+    name: &str,
+    gateway: &str,
+    after: Duration,
+    (window, patience, acks): (u32, Duration, Option<Rc<std::cell::Cell<bool>>>),
+    seen: &Seen,
+) {
     let (me, gateway, seen) = (name.to_string(), gateway.to_string(), seen.clone());
     sim.host(name, move || {
-        let (me, gateway, seen) = (me.clone(), gateway.clone(), seen.clone());
+        let (me, gateway, seen, acks) = (me.clone(), gateway.clone(), seen.clone(), acks.clone());
         async move {
             tokio::time::sleep(after).await;
-            let mut client = client_of(&gateway).await;
-            let mut frames = client.subscribe(singleton("jobs")).await?.into_inner();
+            let mut client = client_with(&gateway, patience).await;
+            let open = pb::OpenSubscription {
+                max_in_flight: window,
+                ..singleton("jobs")
+            };
+            let mut frames = client.subscribe(open).await?.into_inner();
+            let mut member_id = 0;
             loop {
                 let frame = match frames.message().await {
                     Ok(Some(frame)) => frame,
@@ -92,8 +112,29 @@ fn member_host(sim: &mut Sim<'static>, name: &str, gateway: &str, after: Duratio
                     }
                 };
                 let line = match frame.frame {
-                    Some(Frame::Confirmation(c)) => format!("{me} active {}", c.epoch),
+                    Some(Frame::Confirmation(c)) => {
+                        member_id = c.member_id;
+                        format!("{me} active {}", c.epoch)
+                    }
                     Some(Frame::Message(m)) => {
+                        if let Some(acks) = &acks {
+                            let (acks, mut client, seen, me) =
+                                (acks.clone(), client.clone(), seen.clone(), me.clone());
+                            tokio::task::spawn_local(async move {
+                                while !acks.get() {
+                                    tokio::time::sleep(Duration::from_millis(10)).await;
+                                }
+                                let ack = pb::Ack {
+                                    subscription_id: "jobs".into(),
+                                    system_id: m.system_id,
+                                    member_id,
+                                };
+                                if client.ack(ack).await.is_ok() {
+                                    seen.borrow_mut()
+                                        .push(format!("{me} acked {}", m.system_id));
+                                }
+                            });
+                        }
                         format!(
                             "{me} message {} {} {}",
                             m.system_id, m.delivery_attempt, m.epoch
@@ -109,8 +150,15 @@ fn member_host(sim: &mut Sim<'static>, name: &str, gateway: &str, after: Duratio
     });
 }
 
-/// Steps until `done` holds of what was seen, or `budget` of simulated time passes.
-fn until(sim: &mut Sim<'static>, seen: &Seen, budget: Duration, done: impl Fn(&[String]) -> bool) {
+/// Steps until `done` holds of what was seen, or `budget` of simulated time passes; the models'
+/// `clock` follows.
+fn until(
+    sim: &mut Sim<'static>,
+    clock: &TrueTime,
+    seen: &Seen,
+    budget: Duration,
+    done: impl Fn(&[String]) -> bool,
+) {
     let deadline = sim.elapsed() + budget;
     while !done(&seen.borrow()) {
         assert!(
@@ -118,11 +166,12 @@ fn until(sim: &mut Sim<'static>, seen: &Seen, budget: Duration, done: impl Fn(&[
             "not within {budget:?}; seen: {:?}",
             seen.borrow()
         );
+        clock.set(sim.elapsed());
         sim.step().expect("simulation step");
     }
 }
 
-fn field(line: &str, n: usize) -> u64 {
+pub fn field(line: &str, n: usize) -> u64 {
     line.split(' ')
         .nth(n)
         .and_then(|f| f.parse().ok())
@@ -130,15 +179,31 @@ fn field(line: &str, n: usize) -> u64 {
 }
 
 /// Two gateways; member `a` joins at gateway 1, then `b` at gateway 2; a message published at
-/// gateway 2 reaches `a`, which holds it. Returns the world once `a` holds it, with the
-/// message's id and the epoch `a` was active under.
-fn a_holds_a_message(seed: u64, seen: &Seen) -> (Sim<'static>, u64, u64) {
+/// gateway 2 reaches `a`, which holds it. Returns the world (and its models' clock) once `a`
+/// holds it, with the message's id and the epoch `a` was active under.
+fn a_holds_a_message(seed: u64, seen: &Seen) -> (Sim<'static>, TrueTime, u64, u64) {
     let mut sim = world(seed);
-    let models = Models::new();
+    let clock = TrueTime::stepped();
+    let models = Models::on(clock.clone());
     gateway_host(&mut sim, "gw1", 1, &models);
     gateway_host(&mut sim, "gw2", 2, &models);
-    member_host(&mut sim, "a", "gw1", Duration::from_millis(500), seen);
-    member_host(&mut sim, "b", "gw2", Duration::from_millis(1500), seen);
+    let patience = net::KEEPALIVE_TIMEOUT;
+    member_host(
+        &mut sim,
+        "a",
+        "gw1",
+        Duration::from_millis(500),
+        (1, patience, None),
+        seen,
+    );
+    member_host(
+        &mut sim,
+        "b",
+        "gw2",
+        Duration::from_millis(1500),
+        (1, patience, None),
+        seen,
+    );
     let published: Rc<RefCell<Option<u64>>> = Rc::default();
     let noted = published.clone();
     sim.client("publisher", async move {
@@ -155,7 +220,7 @@ fn a_holds_a_message(seed: u64, seen: &Seen) -> (Sim<'static>, u64, u64) {
         *noted.borrow_mut() = Some(reply.system_id);
         Ok(())
     });
-    until(&mut sim, seen, Duration::from_secs(30), |seen| {
+    until(&mut sim, &clock, seen, Duration::from_secs(30), |seen| {
         seen.iter().any(|l| l.starts_with("a message")) && published.borrow().is_some()
     });
     let system_id = published.borrow().expect("published");
@@ -167,7 +232,12 @@ fn a_holds_a_message(seed: u64, seen: &Seen) -> (Sim<'static>, u64, u64) {
         !seen.iter().any(|l| l.starts_with("b active")),
         "one active member: {seen:?}"
     );
-    (sim, system_id, field(active.expect("a was active"), 2))
+    (
+        sim,
+        clock,
+        system_id,
+        field(active.expect("a was active"), 2),
+    )
 }
 
 /// After a failover: `b` was promoted above epoch `deposed` and got message `system_id` first,
@@ -196,10 +266,10 @@ fn b_took_over_with_the_message_first(seen: &Seen, system_id: u64, deposed: u64)
 #[test]
 fn cluster_real_gateways_on_turmoil_promote_the_standby_when_the_active_members_host_crashes() {
     let seen: Seen = Rc::default();
-    let (mut sim, system_id, deposed) = a_holds_a_message(7, &seen);
+    let (mut sim, clock, system_id, deposed) = a_holds_a_message(7, &seen);
     let crashed_at = sim.elapsed();
     sim.crash("a");
-    until(&mut sim, &seen, Duration::from_secs(30), |seen| {
+    until(&mut sim, &clock, &seen, Duration::from_secs(30), |seen| {
         seen.iter().any(|l| l.starts_with("b message"))
     });
     // Given back at once (a nak), not left to the consumer's ack wait (1.5 s here).
@@ -218,10 +288,10 @@ fn cluster_real_gateways_on_turmoil_promote_the_standby_when_the_active_members_
 #[test]
 fn cluster_real_gateways_on_turmoil_promote_the_standby_when_the_active_gateway_crashes() {
     let seen: Seen = Rc::default();
-    let (mut sim, system_id, deposed) = a_holds_a_message(11, &seen);
+    let (mut sim, clock, system_id, deposed) = a_holds_a_message(11, &seen);
     let crashed_at = sim.elapsed();
     sim.crash("gw1");
-    until(&mut sim, &seen, Duration::from_secs(30), |seen| {
+    until(&mut sim, &clock, &seen, Duration::from_secs(30), |seen| {
         seen.iter().any(|l| l.starts_with("b message"))
     });
     let lease = tinybroker::cluster::gateway::GatewayConfig::new("").lease;

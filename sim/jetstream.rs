@@ -17,7 +17,9 @@ use tinybroker::cluster::jetstream::{
     ConsumerError, ConsumerInfo, CreateError, Deliveries, Found, JetStream, Outgoing, PubAck,
     PublishError, PullError, StoredMessage, Stream, StreamError,
 };
-use tokio::{sync::Notify, time::Instant};
+use tokio::sync::Notify;
+
+use crate::true_time::TrueTime;
 
 use crate::jetstream_consumers::{ConsumerModel, parse_reply};
 
@@ -47,8 +49,8 @@ struct State {
     also: Vec<String>,
     /// Where consumer advisories go (created, deleted), when set.
     advisories: Option<crate::bus::BusClient>,
-    /// What tokio's clock said when the model was made.
-    epoch: Instant,
+    /// The clock the model keeps time by.
+    clock: TrueTime,
     consumers: BTreeMap<String, ConsumerModel>,
     /// Consumers made so far (each one's creation instant is unique).
     made: i128,
@@ -64,6 +66,9 @@ struct State {
     max_messages: Option<usize>,
     /// No leader: every publish is answered "no responders".
     leaderless: bool,
+    /// The consumers' leaders stopped, none elected yet, and nobody told: answers and pulls
+    /// sent to them vanish (no reply, nothing applied, nothing delivered).
+    unanswering: bool,
     /// Answers to lose (the message is stored, the sender hears nothing).
     lose_answers: u32,
 }
@@ -97,14 +102,19 @@ fn refused(status: u16, code: u64, description: &str) -> PublishError {
 }
 
 impl StreamModel {
-    /// A stream of the subjects `<prefix>.>`.
+    /// A stream of the subjects `<prefix>.>`, on one tokio runtime's clock.
     pub fn new(prefix: &str) -> Self {
+        Self::on(prefix, TrueTime::tokio())
+    }
+
+    /// A stream of the subjects `<prefix>.>`, keeping time by `clock`.
+    pub fn on(prefix: &str, clock: TrueTime) -> Self {
         Self(Arc::new(Shared {
             name: prefix.to_string(),
             state: Mutex::new(State {
                 also: Vec::new(),
                 advisories: None,
-                epoch: Instant::now(),
+                clock,
                 consumers: BTreeMap::new(),
                 made: 0,
                 max_consumers: None,
@@ -116,6 +126,7 @@ impl StreamModel {
                 staged: HashMap::new(),
                 max_messages: None,
                 leaderless: false,
+                unanswering: false,
                 lose_answers: 0,
             }),
             wake: Notify::new(),
@@ -143,6 +154,15 @@ impl StreamModel {
         if leaderless {
             self.0.wake.notify_waiters();
         }
+    }
+
+    /// The consumers' leaders stop (true), as when the NATS node leading them is lost, until
+    /// new ones are elected (false). Meanwhile answers are not applied and get no reply (a
+    /// confirmed one times out), and pulls bring nothing until they expire; messages already
+    /// delivered come again after their ack wait, once there is a leader.
+    pub fn consumers_unanswering(&self, unanswering: bool) {
+        self.lock().unanswering = unanswering;
+        self.0.wake.notify_waiters();
     }
 
     /// The next `n` answers are lost after their message was stored.
@@ -263,7 +283,7 @@ impl StreamModel {
                 subject: message.subject,
                 headers: message.headers,
                 payload: message.payload,
-                published_nanos: EPOCH_NANOS + (Instant::now() - state.epoch).as_nanos() as i128,
+                published_nanos: EPOCH_NANOS + state.clock.now().as_nanos() as i128,
             },
         );
         sequence
@@ -388,8 +408,14 @@ impl JetStream for StreamModel {
         &self,
         reply: &AckReply,
         answer: Answer,
-        _timeout: Duration,
+        timeout: Duration,
     ) -> BoxFuture<'_, Result<(), AckError>> {
+        if self.lock().unanswering {
+            return Box::pin(async move {
+                tokio::time::sleep(timeout).await;
+                Err(AckError::TimedOut)
+            });
+        }
         let applied = self.apply(reply, answer);
         Box::pin(async move { applied })
     }
@@ -410,11 +436,15 @@ impl StreamModel {
         if state.leaderless {
             return Err(AckError::NoResponders);
         }
+        if state.unanswering {
+            return Err(AckError::TimedOut);
+        }
+        let now = state.clock.now();
         let consumer = state
             .consumers
             .get_mut(name)
             .ok_or(AckError::NoResponders)?;
-        consumer.answer(sequence, answer, Instant::now());
+        consumer.answer(sequence, answer, now);
         if matches!(answer, Answer::Nak(_)) {
             self.0.wake.notify_waiters();
         }
@@ -465,7 +495,8 @@ impl Consumer for ModelConsumer {
                     return Err(PullError("consumer not found".to_string()));
                 }
             }
-            let deadline = Instant::now() + expires;
+            let clock = this.stream.lock().clock.clone();
+            let deadline = clock.now() + expires;
             let deliveries: Deliveries = Box::pin(async_stream::stream! {
                 let mut brought = 0;
                 while brought < max_messages {
@@ -473,8 +504,8 @@ impl Consumer for ModelConsumer {
                     let woken = shared.wake.notified();
                     tokio::pin!(woken);
                     woken.as_mut().enable();
-                    let now = Instant::now();
-                    let (batch, next_due) = {
+                    let now = clock.now();
+                    let taken = {
                         let mut state = this.stream.lock();
                         let state = &mut *state;
                         if state.leaderless {
@@ -483,25 +514,32 @@ impl Consumer for ModelConsumer {
                         let Some(consumer) = state.consumers.get_mut(&this.name) else {
                             break;
                         };
-                        let batch = consumer.take(
-                            (&state.prefix, &this.name),
-                            &state.messages,
-                            max_messages - brought,
-                            now,
-                        );
-                        (batch, consumer.next_due())
+                        // Sent to a leader that is gone: nothing comes until it expires.
+                        (!state.unanswering).then(|| {
+                            let batch = consumer.take(
+                                (&state.prefix, &this.name),
+                                &state.messages,
+                                max_messages - brought,
+                                now,
+                            );
+                            (batch, consumer.next_due())
+                        })
+                    };
+                    let Some((batch, next_due)) = taken else {
+                        clock.sleep_until(deadline).await;
+                        break;
                     };
                     for delivery in batch {
                         brought += 1;
                         yield Ok(delivery);
                     }
-                    if brought >= max_messages || Instant::now() >= deadline {
+                    if brought >= max_messages || clock.now() >= deadline {
                         break;
                     }
-                    let until = next_due.map_or(deadline, |due| due.clamp(Instant::now(), deadline));
+                    let until = next_due.map_or(deadline, |due| due.clamp(clock.now(), deadline));
                     tokio::select! {
                         () = &mut woken => {}
-                        () = tokio::time::sleep_until(until) => {}
+                        () = clock.sleep_until(until) => {}
                     }
                 }
             });

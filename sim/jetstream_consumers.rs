@@ -2,23 +2,27 @@
 //! one stream, with what the gateway relies on (`tinybroker::cluster::jetstream`'s module doc):
 //! deliveries in stream order with redeliveries first, delivery counts, acks, naks (with a
 //! delay), terms, progress, the ack wait, ack-free consumers, and a consumer deleted or made
-//! again under its name. Time is tokio's (turmoil's or a paused clock in the simulation).
+//! again under its name. Time is the stream model's true time (`true_time.rs`), passed in.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use tinybroker::cluster::jetstream::{
     AckReply, Answer, ConsumerConfig, ConsumerInfo, Delivery, DeliveryInfo,
 };
-use tokio::time::Instant;
 
 use crate::jetstream::Stored;
+
+/// The least time a nak'd message takes to come again (JetStream's round trip): a bridge that
+/// naks every redelivery then loops with time going on, as over a network, not forever within
+/// one instant of the simulated clock.
+const REDELIVERY_LATENCY: Duration = Duration::from_millis(1);
 
 /// A delivered message not yet acked or terminated.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     delivered: i64,
     /// When it comes again (its ack wait, or a nak's delay, from its last answer).
-    due: Instant,
+    due: Duration,
 }
 
 /// One consumer's state.
@@ -73,7 +77,7 @@ impl ConsumerModel {
         (stream, name): (&str, &str),
         messages: &BTreeMap<u64, Stored>,
         max: usize,
-        now: Instant,
+        now: Duration,
     ) -> Vec<Delivery> {
         let mut due: Vec<u64> = self
             .pending
@@ -153,19 +157,19 @@ impl ConsumerModel {
     }
 
     /// When the next message given back comes due, if one waits.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub fn next_due(&self) -> Option<Duration> {
         self.pending.values().map(|pending| pending.due).min()
     }
 
     /// Applies `answer` to stream message `sequence` at `now`.
-    pub fn answer(&mut self, sequence: u64, answer: Answer, now: Instant) {
+    pub fn answer(&mut self, sequence: u64, answer: Answer, now: Duration) {
         match answer {
             Answer::Ack | Answer::Term => {
                 self.pending.remove(&sequence);
             }
             Answer::Nak(delay) => {
                 if let Some(pending) = self.pending.get_mut(&sequence) {
-                    pending.due = now + delay.unwrap_or_default();
+                    pending.due = now + delay.unwrap_or_default().max(REDELIVERY_LATENCY);
                 }
             }
             Answer::Progress => {

@@ -21,16 +21,17 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 /// See [`KEEPALIVE_INTERVAL`].
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A turmoil TCP stream that tonic's server accepts.
-pub struct Accepted(TcpStream);
+/// A connection tonic's server accepts: a turmoil TCP stream, or a process's end of a pipe
+/// (`gateway_process.rs`).
+pub struct Accepted<S = TcpStream>(pub S);
 
-impl Connected for Accepted {
+impl<S> Connected for Accepted<S> {
     type ConnectInfo = ();
 
     fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
-impl AsyncRead for Accepted {
+impl<S: AsyncRead + Unpin> AsyncRead for Accepted<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -40,7 +41,7 @@ impl AsyncRead for Accepted {
     }
 }
 
-impl AsyncWrite for Accepted {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Accepted<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -74,9 +75,19 @@ pub async fn connect() -> Result<Channel, tonic::transport::Error> {
 
 /// A channel to `host` (a broker or a gateway), over turmoil's network, with keepalive.
 pub async fn connect_to(host: &str) -> Result<Channel, tonic::transport::Error> {
+    connect_with(host, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT).await
+}
+
+/// A channel to `host` whose keepalive pings every `interval` and gives up after `timeout`
+/// without an answer.
+pub async fn connect_with(
+    host: &str,
+    interval: Duration,
+    timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
     Endpoint::new(format!("http://{host}:{PORT}"))?
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .http2_keep_alive_interval(interval)
+        .keep_alive_timeout(timeout)
         .keep_alive_while_idle(true)
         .connect_with_connector(tower::service_fn(|uri: Uri| async move {
             let authority = uri
