@@ -1,0 +1,340 @@
+//! The judge of the real-gateway campaign (`gateway_campaign.rs`): what the clients saw, and
+//! the checks on it.
+//!
+//! - (a) no epoch is confirmed to two activations, and each member's epochs rise;
+//! - (b) deliveries' epochs never go back (once a member got a message under epoch e, none is
+//!   delivered under an earlier epoch): the deposed stay silent;
+//! - (c) a message whose ack was answered is not delivered again, unless the gateway that
+//!   answered it crashed or froze before JetStream could apply it: within [`ACK_RESIDUE`] of
+//!   answering or of JetStream having leaders again, when it had none
+//!   (docs/semantics.md#cluster-ack-final: counted apart, as the documented residue), or
+//!   answered it within [`FRAME_RESIDUE`] of thawing past its lease (docs/semantics.md#cluster-lease-checks:
+//!   counted apart);
+//! - (d) every published message is acked by the end, once the faults healed, or its ack was
+//!   sent and its member or that member's gateway lost (crashed, cut off, frozen) before the
+//!   answer came (an ack in doubt: it may have been applied; counted apart);
+//! - (e) each delivery of a message comes with a higher attempt than the one before;
+//! - (f) one active member at a time: once a member was confirmed active under epoch e, no
+//!   message arrives under an earlier epoch later than a frame's flight ([`IN_FLIGHT`]).
+//!
+//! A frame under an old epoch breaking (b), (e) or (f) right after its gateway thawed, of a
+//! message published before the freeze, is the documented residue of a pause
+//! (docs/semantics.md#cluster-lease-checks: handed to the transport before the freeze, written
+//! after it): counted apart, never as a pass.
+
+use std::{collections::BTreeMap, time::Duration};
+
+/// How long after answering an ack a gateway's crash may still lose it (the ack's confirmation
+/// to JetStream not yet applied).
+pub const ACK_RESIDUE: Duration = Duration::from_millis(50);
+/// How long a frame may take from a gateway to its member (turmoil's latency is at most
+/// 20 ms, plus the gateway's network host).
+pub const IN_FLIGHT: Duration = Duration::from_millis(100);
+/// How soon after a thaw a frame handed to the transport before the freeze is written.
+pub const FRAME_RESIDUE: Duration = Duration::from_millis(100);
+
+/// One thing the clients (or the world's loop, for faults) saw, at a simulated time.
+#[derive(Debug, Clone)]
+pub enum Seen {
+    Active {
+        member: String,
+        epoch: u64,
+    },
+    Delivered {
+        member: String,
+        /// The member's gateway.
+        gateway: String,
+        system_id: u64,
+        attempt: u32,
+        epoch: u64,
+    },
+    /// An ack about to be sent: if its member or gateway is lost before the answer, it may
+    /// have been applied all the same.
+    AckSending {
+        member: String,
+        gateway: String,
+        system_id: u64,
+    },
+    Acked {
+        member: String,
+        gateway: String,
+        system_id: u64,
+    },
+    Ended {
+        member: String,
+    },
+    Published {
+        system_id: u64,
+    },
+    Crashed {
+        host: String,
+    },
+    /// A gateway process stopped (SIGSTOP): nothing of it runs until it is thawed.
+    Frozen {
+        gateway: String,
+    },
+    Thawed {
+        gateway: String,
+    },
+    Cut {
+        member: String,
+    },
+    /// JetStream lost its leaders (true) or has them again (false).
+    Leaderless(bool),
+    /// The consumers' leaders lost, nobody told (true), or new ones elected (false).
+    ConsumersUnanswering(bool),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Its ack was answered.
+    Acked,
+    /// Its ack was sent, and its member or the member's gateway was lost before the answer:
+    /// it may have been applied.
+    InDoubt,
+    /// Neither: it must still come, and be acked.
+    Open,
+}
+
+/// What became of message `id`, as the clients saw it.
+pub fn settled(log: &[(Duration, Seen)], id: u64) -> Settled {
+    if log
+        .iter()
+        .any(|(_, s)| matches!(s, Seen::Acked { system_id, .. } if *system_id == id))
+    {
+        return Settled::Acked;
+    }
+    let lost_after = |at: Duration, member: &str, gateway: &str| {
+        log.iter().any(|(t, s)| {
+            *t >= at
+                && match s {
+                    Seen::Crashed { host } => host == member || host == gateway,
+                    Seen::Frozen { gateway: frozen } => frozen == gateway,
+                    Seen::Cut { member: cut } => cut == member,
+                    _ => false,
+                }
+        })
+    };
+    let in_doubt = log.iter().any(|(at, s)| {
+        matches!(s, Seen::AckSending { member, gateway, system_id }
+            if *system_id == id && lost_after(*at, member, gateway))
+    });
+    if in_doubt {
+        Settled::InDoubt
+    } else {
+        Settled::Open
+    }
+}
+
+/// One line of a seed's log.
+pub fn describe(seen: &Seen) -> String {
+    match seen {
+        Seen::Active { member, epoch } => format!("{member} active under epoch {epoch}"),
+        Seen::Delivered {
+            member,
+            gateway,
+            system_id,
+            attempt,
+            epoch,
+        } => {
+            format!("{member} got #{system_id} from {gateway}, attempt {attempt}, epoch {epoch}")
+        }
+        Seen::AckSending {
+            member,
+            gateway,
+            system_id,
+        } => format!("{member} sends its ack of #{system_id} to {gateway}"),
+        Seen::Acked {
+            member,
+            gateway,
+            system_id,
+        } => {
+            format!("{member} acked #{system_id} at {gateway}")
+        }
+        Seen::Cut { member } => format!("{member} cut off from its gateway"),
+        Seen::Leaderless(true) => "JetStream without leaders".to_string(),
+        Seen::Leaderless(false) => "JetStream has leaders again".to_string(),
+        Seen::ConsumersUnanswering(true) => {
+            "the consumers' leaders lost: answers and pulls vanish".to_string()
+        }
+        Seen::ConsumersUnanswering(false) => "the consumers have leaders again".to_string(),
+        Seen::Ended { member } => format!("{member}'s stream ended"),
+        Seen::Published { system_id } => format!("published #{system_id}"),
+        Seen::Crashed { host } => format!("{host} crashed"),
+        Seen::Frozen { gateway } => format!("{gateway} frozen"),
+        Seen::Thawed { gateway } => format!("{gateway} thawed"),
+    }
+}
+
+/// When JetStream had leaders for its consumers at or after `at`: `at` itself, or the end of
+/// the period without (of either fault, or both overlapping) it fell in.
+fn leaders_back(log: &[(Duration, Seen)], at: Duration) -> Duration {
+    let mut lost = 0;
+    let mut since = None;
+    for (t, seen) in log {
+        let change = match seen {
+            Seen::Leaderless(l) | Seen::ConsumersUnanswering(l) => *l,
+            _ => continue,
+        };
+        if change {
+            lost += 1;
+            since.get_or_insert(*t);
+        } else {
+            lost -= 1;
+            if lost == 0 {
+                if since.is_some_and(|since| since <= at) && at < *t {
+                    return *t;
+                }
+                since = None;
+            }
+        }
+    }
+    match since {
+        Some(since) if since <= at => Duration::MAX,
+        _ => at,
+    }
+}
+
+/// Whether delivery of `id` by `gateway` at `at` can be a frame the gateway handed to its
+/// transport before it was frozen and that was written when it thawed: it came within
+/// [`FRAME_RESIDUE`] of a thaw, and the message was published before that freeze began.
+fn written_on_thaw(log: &[(Duration, Seen)], at: Duration, gateway: &str, id: u64) -> bool {
+    let published = log.iter().find_map(|(t, s)| match s {
+        Seen::Published { system_id } if *system_id == id => Some(*t),
+        _ => None,
+    });
+    let mut frozen_at = None;
+    for (t, seen) in log {
+        match seen {
+            Seen::Frozen { gateway: g } if g == gateway => frozen_at = Some(*t),
+            Seen::Thawed { gateway: g } if g == gateway => {
+                if let Some(frozen_at) = frozen_at
+                    && *t <= at
+                    && at <= *t + FRAME_RESIDUE
+                    // Its publish answered at most a network's latency after the store.
+                    && published.is_some_and(|p| p <= frozen_at + IN_FLIGHT)
+                {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// What the judge found besides violations.
+#[derive(Default)]
+pub struct Residue {
+    /// Acked messages delivered again within the documented residue.
+    pub acks: u64,
+    /// Frames written on a thaw under the epoch they were handed over with.
+    pub frames: u64,
+    /// Acks a gateway thawed past its lease answered before it saw its lease ended, and never
+    /// sent to JetStream, whose messages were delivered again.
+    pub thaw_acks: u64,
+}
+
+/// Checks (a) to (c), (e) and (f) on what was seen.
+pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
+    let mut violations = Vec::new();
+    let mut epochs: BTreeMap<u64, String> = BTreeMap::new();
+    let mut last_of: BTreeMap<String, u64> = BTreeMap::new();
+    let mut highest_delivery = 0;
+    // The highest epoch confirmed so far: to whom, when.
+    let mut highest_confirmed: Option<(u64, String, Duration)> = None;
+    let mut acked: BTreeMap<u64, (Duration, String)> = BTreeMap::new();
+    let mut residue = Residue::default();
+    let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
+    for (at, seen) in log {
+        match seen {
+            Seen::Active { member, epoch } => {
+                if let Some(other) = epochs.insert(*epoch, member.clone()) {
+                    violations.push(format!(
+                        "(a) epoch {epoch} confirmed to {other} and to {member} ({at:?})"
+                    ));
+                }
+                if let Some(last) = last_of.insert(member.clone(), *epoch)
+                    && last >= *epoch
+                {
+                    violations.push(format!(
+                        "(a) {member} confirmed epoch {epoch} after {last} ({at:?})"
+                    ));
+                }
+                if highest_confirmed
+                    .as_ref()
+                    .is_none_or(|(highest, _, _)| highest < epoch)
+                {
+                    highest_confirmed = Some((*epoch, member.clone(), *at));
+                }
+            }
+            Seen::Delivered {
+                member,
+                gateway,
+                system_id,
+                epoch,
+                attempt,
+            } => {
+                let mut broken = Vec::new();
+                if let Some(last) = attempts.insert(*system_id, *attempt)
+                    && last >= *attempt
+                {
+                    broken.push(format!(
+                        "(e) #{system_id} came to {member} with attempt {attempt} after attempt {last} ({at:?})"
+                    ));
+                }
+                if *epoch < highest_delivery {
+                    broken.push(format!(
+                        "(b) {member} got #{system_id} under epoch {epoch} after a delivery under {highest_delivery} ({at:?})"
+                    ));
+                }
+                if let Some((confirmed, to, since)) = &highest_confirmed
+                    && confirmed > epoch
+                    && *at > *since + IN_FLIGHT
+                {
+                    broken.push(format!(
+                        "(f) {member} got #{system_id} under epoch {epoch} at {at:?}, after {to} was confirmed active under {confirmed} at {since:?}"
+                    ));
+                }
+                if !broken.is_empty() {
+                    if written_on_thaw(log, *at, gateway, *system_id) {
+                        residue.frames += 1;
+                    } else {
+                        violations.append(&mut broken);
+                    }
+                }
+                highest_delivery = highest_delivery.max(*epoch);
+                if let Some((acked_at, gateway)) = acked.get(system_id) {
+                    // JetStream could apply the ack once it had leaders again, if it had none.
+                    let applicable = leaders_back(log, *acked_at);
+                    let lost_soon = log.iter().any(|(t, s)| {
+                        matches!(s, Seen::Crashed { host: lost } | Seen::Frozen { gateway: lost } if lost == gateway)
+                            && *t >= *acked_at
+                            && *t <= applicable + ACK_RESIDUE
+                    });
+                    let answered_on_thaw = log.iter().any(|(t, s)| {
+                        matches!(s, Seen::Thawed { gateway: thawed } if thawed == gateway)
+                            && *t <= *acked_at
+                            && *acked_at <= *t + FRAME_RESIDUE
+                    });
+                    if lost_soon {
+                        residue.acks += 1;
+                    } else if answered_on_thaw {
+                        residue.thaw_acks += 1;
+                    } else {
+                        violations.push(format!(
+                            "(c) #{system_id} delivered to {member} at {at:?}, acked at {acked_at:?} through {gateway}"
+                        ));
+                    }
+                }
+            }
+            Seen::Acked {
+                gateway, system_id, ..
+            } => {
+                acked.entry(*system_id).or_insert((*at, gateway.clone()));
+            }
+            _ => {}
+        }
+    }
+    (violations, residue)
+}
