@@ -15,7 +15,10 @@
 //!   answer came (an ack in doubt: it may have been applied; counted apart);
 //! - (e) each delivery of a message comes with a higher attempt than the one before;
 //! - (f) one active member at a time: once a member was confirmed active under epoch e, no
-//!   message arrives under an earlier epoch later than a frame's flight ([`IN_FLIGHT`]).
+//!   message arrives under an earlier epoch later than a frame's flight ([`IN_FLIGHT`]);
+//! - (h) no message in flight to two members at once: a message comes to a member only once
+//!   every other member that got it acked it or let it go (its stream ended; it, its gateway
+//!   or its link was lost; or its gateway was frozen long enough for its lease to end).
 //!
 //! A frame under an old epoch breaking (b), (e) or (f) right after its gateway thawed, of a
 //! message published before the freeze, is the documented residue of a pause
@@ -30,6 +33,9 @@ pub const ACK_RESIDUE: Duration = Duration::from_millis(50);
 /// How long a frame may take from a gateway to its member (turmoil's latency is at most
 /// 20 ms, plus the gateway's network host).
 pub const IN_FLIGHT: Duration = Duration::from_millis(100);
+/// The least time a frozen gateway's lease lasts past the freeze: two thirds of the default
+/// 3 s lease (renewals go every third of a lease).
+const LEASE_FLOOR: Duration = Duration::from_secs(2);
 /// How soon after a thaw a frame handed to the transport before the freeze is written.
 pub const FRAME_RESIDUE: Duration = Duration::from_millis(100);
 
@@ -223,6 +229,58 @@ fn written_on_thaw(log: &[(Duration, Seen)], at: Duration, gateway: &str, id: u6
     false
 }
 
+/// Another member that holds message `id` when it is delivered to `member` at `at`: it got the
+/// message, sent no ack for it, and meanwhile neither its stream ended nor it, its gateway or
+/// its link to it was lost, nor its gateway's lease could have ended (a gateway frozen at `f`
+/// holds a lease until `f` plus two thirds of one at the earliest: renewals go every third).
+/// The holder and when it got the message.
+fn held_elsewhere(
+    log: &[(Duration, Seen)],
+    at: Duration,
+    member: &str,
+    id: u64,
+) -> Option<(String, Duration)> {
+    let mut holders: BTreeMap<&str, (Duration, &str)> = BTreeMap::new();
+    for (t, seen) in log {
+        if *t >= at {
+            break;
+        }
+        match seen {
+            Seen::Delivered {
+                member: m,
+                gateway,
+                system_id,
+                ..
+            } if *system_id == id && m != member => {
+                if !written_on_thaw(log, *t, gateway, id) {
+                    holders.insert(m, (*t, gateway));
+                }
+            }
+            Seen::AckSending {
+                member: m,
+                system_id,
+                ..
+            } if *system_id == id => {
+                holders.remove(m.as_str());
+            }
+            Seen::Ended { member: m } | Seen::Cut { member: m } => {
+                holders.remove(m.as_str());
+            }
+            Seen::Crashed { host } => {
+                holders.retain(|m, (_, g)| m != host && g != host);
+            }
+            Seen::Frozen { gateway } if *t + LEASE_FLOOR <= at => {
+                holders.retain(|_, (_, g)| g != gateway);
+            }
+            _ => {}
+        }
+    }
+    holders
+        .into_iter()
+        .next()
+        .map(|(holder, (since, _))| (holder.to_string(), since))
+}
+
 /// What the judge found besides violations.
 #[derive(Default)]
 pub struct Residue {
@@ -235,7 +293,7 @@ pub struct Residue {
     pub thaw_acks: u64,
 }
 
-/// Checks (a) to (c), (e) and (f) on what was seen.
+/// Checks (a) to (c), (e), (f) and (h) on what was seen.
 pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
     let mut violations = Vec::new();
     let mut epochs: BTreeMap<u64, String> = BTreeMap::new();
@@ -296,6 +354,11 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
                         "(f) {member} got #{system_id} under epoch {epoch} at {at:?}, after {to} was confirmed active under {confirmed} at {since:?}"
                     ));
                 }
+                if let Some((holder, since)) = held_elsewhere(log, *at, member, *system_id) {
+                    broken.push(format!(
+                        "(h) #{system_id} delivered to {member} at {at:?} while {holder} held it (delivered at {since:?}, neither acked nor let go)"
+                    ));
+                }
                 if !broken.is_empty() {
                     if written_on_thaw(log, *at, gateway, *system_id) {
                         residue.frames += 1;
@@ -337,4 +400,56 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
         }
     }
     (violations, residue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn delivered(member: &str, gateway: &str, id: u64, (attempt, epoch): (u32, u64)) -> Seen {
+        Seen::Delivered {
+            member: member.into(),
+            gateway: gateway.into(),
+            system_id: id,
+            attempt,
+            epoch,
+        }
+    }
+
+    fn checks(log: &[(Duration, Seen)]) -> Vec<String> {
+        judge(log).0.iter().map(|v| v[..3].to_string()).collect()
+    }
+
+    // Checks (f) and (h) can fail: a message to a second member while the first holds it, under
+    // an epoch below one confirmed seconds before.
+    #[test]
+    fn cluster_real_gateway_judge_catches_a_message_in_flight_to_two_members_and_a_late_epoch() {
+        let active = |member: &str, epoch| Seen::Active {
+            member: member.into(),
+            epoch,
+        };
+        let mut log = vec![
+            (ms(0), active("m1", 3)),
+            (ms(10), delivered("m1", "gw1", 7, (1, 3))),
+            (ms(5_000), active("m2", 6)),
+            (ms(5_001), delivered("m2", "gw2", 7, (2, 6))),
+        ];
+        assert_eq!(checks(&log), ["(h)"], "m1 still holds #7");
+        log.insert(
+            2,
+            (
+                ms(3_000),
+                Seen::Ended {
+                    member: "m1".into(),
+                },
+            ),
+        );
+        assert!(checks(&log).is_empty(), "m1 let it go: {:?}", judge(&log).0);
+        log.push((ms(6_000), delivered("m1", "gw1", 8, (1, 3))));
+        assert_eq!(checks(&log), ["(b)", "(f)"], "m1 late, under epoch 3");
+    }
 }
