@@ -251,10 +251,8 @@ fn held_elsewhere(
                 gateway,
                 system_id,
                 ..
-            } if *system_id == id && m != member => {
-                if !written_on_thaw(log, *t, gateway, id) {
-                    holders.insert(m, (*t, gateway));
-                }
+            } if *system_id == id && m != member && !written_on_thaw(log, *t, gateway, id) => {
+                holders.insert(m, (*t, gateway));
             }
             Seen::AckSending {
                 member: m,
