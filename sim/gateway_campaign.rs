@@ -454,7 +454,7 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-// The real-gateway campaign: checks (a)-(d) on every seed. `TINYBROKER_GATEWAY_SEED=<s>` replays
+// The real-gateway campaign: every check of `gateway_judge.rs`, and (d), on every seed. `TINYBROKER_GATEWAY_SEED=<s>` replays
 // one seed and prints what it saw; `TINYBROKER_SIM_SEEDS=<n>` runs n seeds from
 // `TINYBROKER_SIM_SEED_BASE` and prints seeds per minute.
 #[test]

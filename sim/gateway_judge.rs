@@ -5,14 +5,14 @@
 //! - (b) deliveries' epochs never go back (once a member got a message under epoch e, none is
 //!   delivered under an earlier epoch): the deposed stay silent;
 //! - (c) a message whose ack was answered is not delivered again, unless the gateway that
-//!   answered it crashed or froze before JetStream could apply it: within [`ACK_RESIDUE`] of
-//!   answering or of JetStream having leaders again, when it had none
-//!   (docs/semantics.md#cluster-ack-final: counted apart, as the documented residue), or
-//!   answered it within [`FRAME_RESIDUE`] of thawing past its lease (docs/semantics.md#cluster-lease-checks:
-//!   counted apart);
+//!   answered it crashed, or froze past its lease, before JetStream could apply it: within
+//!   [`ACK_RESIDUE`] of answering or of JetStream having leaders again, when it had none
+//!   (docs/semantics.md#cluster-ack-final: counted apart, as the documented residue), or the
+//!   ack was sent while its gateway was frozen past its lease and answered within
+//!   [`FRAME_RESIDUE`] of the thaw (docs/semantics.md#cluster-lease-checks: counted apart);
 //! - (d) every published message is acked by the end, once the faults healed, or its ack was
-//!   sent and its member or that member's gateway lost (crashed, cut off, frozen) before the
-//!   answer came (an ack in doubt: it may have been applied; counted apart);
+//!   sent and its member or that member's gateway lost (crashed, cut off, frozen past its
+//!   lease) before the answer came (an ack in doubt: it may have been applied; counted apart);
 //! - (e) each delivery of a message comes with a higher attempt than the one before;
 //! - (f) one active member at a time: once a member was confirmed active under epoch e, no
 //!   message arrives under an earlier epoch later than a frame's flight ([`IN_FLIGHT`]);
@@ -20,8 +20,9 @@
 //!   every other member that got it acked it or let it go (its stream ended; it, its gateway
 //!   or its link was lost; or its gateway was frozen long enough for its lease to end).
 //!
-//! A frame under an old epoch breaking (b), (e) or (f) right after its gateway thawed, of a
-//! message published before the freeze, is the documented residue of a pause
+//! A frame under an old epoch breaking (b), (e), (f) or (h) right after its gateway thawed, of a
+//! message published before the freeze, one per member and thaw, is the documented residue of
+//! a pause
 //! (docs/semantics.md#cluster-lease-checks: handed to the transport before the freeze, written
 //! after it): counted apart, never as a pass.
 
@@ -115,7 +116,9 @@ pub fn settled(log: &[(Duration, Seen)], id: u64) -> Settled {
             *t >= at
                 && match s {
                     Seen::Crashed { host } => host == member || host == gateway,
-                    Seen::Frozen { gateway: frozen } => frozen == gateway,
+                    Seen::Frozen { gateway: frozen } => {
+                        frozen == gateway && frozen_past_the_lease(log, gateway, *t)
+                    }
                     Seen::Cut { member: cut } => cut == member,
                     _ => false,
                 }
@@ -204,7 +207,12 @@ fn leaders_back(log: &[(Duration, Seen)], at: Duration) -> Duration {
 /// Whether delivery of `id` by `gateway` at `at` can be a frame the gateway handed to its
 /// transport before it was frozen and that was written when it thawed: it came within
 /// [`FRAME_RESIDUE`] of a thaw, and the message was published before that freeze began.
-fn written_on_thaw(log: &[(Duration, Seen)], at: Duration, gateway: &str, id: u64) -> bool {
+fn written_on_thaw(
+    log: &[(Duration, Seen)],
+    at: Duration,
+    gateway: &str,
+    id: u64,
+) -> Option<Duration> {
     let published = log.iter().find_map(|(t, s)| match s {
         Seen::Published { system_id } if *system_id == id => Some(*t),
         _ => None,
@@ -220,13 +228,33 @@ fn written_on_thaw(log: &[(Duration, Seen)], at: Duration, gateway: &str, id: u6
                     // Its publish answered at most a network's latency after the store.
                     && published.is_some_and(|p| p <= frozen_at + IN_FLIGHT)
                 {
-                    return true;
+                    return Some(*t);
                 }
             }
             _ => {}
         }
     }
-    false
+    None
+}
+
+/// Whether `gateway`, frozen at `at`, stayed frozen for at least [`LEASE_FLOOR`], so its lease
+/// may have ended meanwhile (a shorter freeze is within the lease: it renews on thawing).
+fn frozen_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at: Duration) -> bool {
+    let thawed = log.iter().find_map(|(t, s)| match s {
+        Seen::Thawed { gateway: g } if g == gateway && *t >= at => Some(*t),
+        _ => None,
+    });
+    thawed.is_none_or(|thawed| thawed >= at + LEASE_FLOOR)
+}
+
+/// The freeze of `gateway` that ended with the thaw at `thawed`: when it began.
+fn frozen_before(log: &[(Duration, Seen)], gateway: &str, thawed: Duration) -> Option<Duration> {
+    log.iter()
+        .filter_map(|(t, s)| match s {
+            Seen::Frozen { gateway: g } if g == gateway && *t <= thawed => Some(*t),
+            _ => None,
+        })
+        .next_back()
 }
 
 /// Another member that holds message `id` when it is delivered to `member` at `at`: it got the
@@ -251,7 +279,10 @@ fn held_elsewhere(
                 gateway,
                 system_id,
                 ..
-            } if *system_id == id && m != member && !written_on_thaw(log, *t, gateway, id) => {
+            } if *system_id == id
+                && m != member
+                && written_on_thaw(log, *t, gateway, id).is_none() =>
+            {
                 holders.insert(m, (*t, gateway));
             }
             Seen::AckSending {
@@ -267,7 +298,9 @@ fn held_elsewhere(
             Seen::Crashed { host } => {
                 holders.retain(|m, (_, g)| m != host && g != host);
             }
-            Seen::Frozen { gateway } if *t + LEASE_FLOOR <= at => {
+            Seen::Frozen { gateway }
+                if *t + LEASE_FLOOR <= at && frozen_past_the_lease(log, gateway, *t) =>
+            {
                 holders.retain(|_, (_, g)| g != gateway);
             }
             _ => {}
@@ -302,6 +335,8 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
     let mut acked: BTreeMap<u64, (Duration, String)> = BTreeMap::new();
     let mut residue = Residue::default();
     let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
+    // (member, thaw) of the frames counted as written on a thaw.
+    let mut written: std::collections::BTreeSet<(String, Duration)> = Default::default();
     for (at, seen) in log {
         match seen {
             Seen::Active { member, epoch } => {
@@ -358,10 +393,12 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
                     ));
                 }
                 if !broken.is_empty() {
-                    if written_on_thaw(log, *at, gateway, *system_id) {
-                        residue.frames += 1;
-                    } else {
-                        violations.append(&mut broken);
+                    // One frame per member and thaw: the one handed over when it froze.
+                    match written_on_thaw(log, *at, gateway, *system_id) {
+                        Some(thawed) if written.insert((member.clone(), thawed)) => {
+                            residue.frames += 1;
+                        }
+                        _ => violations.append(&mut broken),
                     }
                 }
                 highest_delivery = highest_delivery.max(*epoch);
@@ -369,14 +406,28 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
                     // JetStream could apply the ack once it had leaders again, if it had none.
                     let applicable = leaders_back(log, *acked_at);
                     let lost_soon = log.iter().any(|(t, s)| {
-                        matches!(s, Seen::Crashed { host: lost } | Seen::Frozen { gateway: lost } if lost == gateway)
-                            && *t >= *acked_at
-                            && *t <= applicable + ACK_RESIDUE
+                        let lost = match s {
+                            Seen::Crashed { host } => host == gateway,
+                            Seen::Frozen { gateway: frozen } => {
+                                frozen == gateway && frozen_past_the_lease(log, gateway, *t)
+                            }
+                            _ => false,
+                        };
+                        lost && *t >= *acked_at && *t <= applicable + ACK_RESIDUE
                     });
+                    // Sent while its gateway was frozen past its lease, answered as it thawed.
                     let answered_on_thaw = log.iter().any(|(t, s)| {
                         matches!(s, Seen::Thawed { gateway: thawed } if thawed == gateway)
                             && *t <= *acked_at
                             && *acked_at <= *t + FRAME_RESIDUE
+                            && frozen_before(log, gateway, *t).is_some_and(|frozen| {
+                                frozen_past_the_lease(log, gateway, frozen)
+                                    && log.iter().any(|(sent, s)| {
+                                        matches!(s, Seen::AckSending { gateway: g, system_id: id, .. }
+                                            if g == gateway && id == system_id)
+                                            && (frozen..=*t).contains(sent)
+                                    })
+                            })
                     });
                     if lost_soon {
                         residue.acks += 1;
@@ -449,5 +500,35 @@ mod tests {
         assert!(checks(&log).is_empty(), "m1 let it go: {:?}", judge(&log).0);
         log.push((ms(6_000), delivered("m1", "gw1", 8, (1, 3))));
         assert_eq!(checks(&log), ["(b)", "(f)"], "m1 late, under epoch 3");
+    }
+
+    // A freeze lets a holder go only when it lasted long enough for its gateway's lease to end:
+    // a gateway thawed within its lease renews it and goes on holding.
+    #[test]
+    fn cluster_real_gateway_judge_excuses_only_a_freeze_past_the_lease() {
+        let frozen = |at, thawed| {
+            vec![
+                (ms(10), delivered("m1", "gw1", 7, (1, 3))),
+                (
+                    ms(at),
+                    Seen::Frozen {
+                        gateway: "gw1".into(),
+                    },
+                ),
+                (
+                    ms(thawed),
+                    Seen::Thawed {
+                        gateway: "gw1".into(),
+                    },
+                ),
+                (ms(5_000), delivered("m2", "gw2", 7, (2, 6))),
+            ]
+        };
+        assert_eq!(
+            checks(&frozen(1_000, 1_100)),
+            ["(h)"],
+            "thawed within its lease"
+        );
+        assert!(checks(&frozen(1_000, 4_000)).is_empty(), "frozen 3 s");
     }
 }
