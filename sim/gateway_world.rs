@@ -14,7 +14,12 @@ use tinybroker::{
 use tonic::transport::Channel;
 use turmoil::Sim;
 
-use crate::{gateway_models::Models, net, true_time::TrueTime};
+use crate::{
+    gateway_models::Models,
+    gateway_process::{Process, step},
+    net,
+    true_time::TrueTime,
+};
 
 /// What the clients saw, in the order they saw it.
 pub type Seen = Rc<RefCell<Vec<String>>>;
@@ -150,11 +155,12 @@ pub fn member_host(
     });
 }
 
-/// Steps until `done` holds of what was seen, or `budget` of simulated time passes; the models'
-/// `clock` follows.
-fn until(
+/// Steps `sim` and `processes` (gateway processes, if any) until `done` holds of what was
+/// seen, or `budget` of simulated time passes; the models' `clock` follows.
+pub fn until(
     sim: &mut Sim<'static>,
     clock: &TrueTime,
+    processes: &mut [&mut Process],
     seen: &Seen,
     budget: Duration,
     done: impl Fn(&[String]) -> bool,
@@ -166,8 +172,7 @@ fn until(
             "not within {budget:?}; seen: {:?}",
             seen.borrow()
         );
-        clock.set(sim.elapsed());
-        sim.step().expect("simulation step");
+        step(sim, clock, processes.iter_mut().map(|p| &mut **p)).expect("simulation step");
     }
 }
 
@@ -187,23 +192,11 @@ fn a_holds_a_message(seed: u64, seen: &Seen) -> (Sim<'static>, TrueTime, u64, u6
     let models = Models::on(clock.clone());
     gateway_host(&mut sim, "gw1", 1, &models);
     gateway_host(&mut sim, "gw2", 2, &models);
-    let patience = net::KEEPALIVE_TIMEOUT;
-    member_host(
-        &mut sim,
-        "a",
-        "gw1",
-        Duration::from_millis(500),
-        (1, patience, None),
-        seen,
-    );
-    member_host(
-        &mut sim,
-        "b",
-        "gw2",
-        Duration::from_millis(1500),
-        (1, patience, None),
-        seen,
-    );
+    for (member, gateway, after) in [("a", "gw1", 500), ("b", "gw2", 1500)] {
+        let after = Duration::from_millis(after);
+        let options = (1, net::KEEPALIVE_TIMEOUT, None);
+        member_host(&mut sim, member, gateway, after, options, seen);
+    }
     let published: Rc<RefCell<Option<u64>>> = Rc::default();
     let noted = published.clone();
     sim.client("publisher", async move {
@@ -220,9 +213,14 @@ fn a_holds_a_message(seed: u64, seen: &Seen) -> (Sim<'static>, TrueTime, u64, u6
         *noted.borrow_mut() = Some(reply.system_id);
         Ok(())
     });
-    until(&mut sim, &clock, seen, Duration::from_secs(30), |seen| {
-        seen.iter().any(|l| l.starts_with("a message")) && published.borrow().is_some()
-    });
+    until(
+        &mut sim,
+        &clock,
+        &mut [],
+        seen,
+        Duration::from_secs(30),
+        |seen| seen.iter().any(|l| l.starts_with("a message")) && published.borrow().is_some(),
+    );
     let system_id = published.borrow().expect("published");
     let seen = seen.borrow();
     let active = seen.iter().find(|l| l.starts_with("a active"));
@@ -238,6 +236,13 @@ fn a_holds_a_message(seed: u64, seen: &Seen) -> (Sim<'static>, TrueTime, u64, u6
         system_id,
         field(active.expect("a was active"), 2),
     )
+}
+
+/// Steps until `b` got a message (within 30 s).
+fn until_b_gets_a_message(sim: &mut Sim<'static>, clock: &TrueTime, seen: &Seen) {
+    until(sim, clock, &mut [], seen, Duration::from_secs(30), |seen| {
+        seen.iter().any(|l| l.starts_with("b message"))
+    });
 }
 
 /// After a failover: `b` was promoted above epoch `deposed` and got message `system_id` first,
@@ -269,9 +274,7 @@ fn cluster_real_gateways_on_turmoil_promote_the_standby_when_the_active_members_
     let (mut sim, clock, system_id, deposed) = a_holds_a_message(7, &seen);
     let crashed_at = sim.elapsed();
     sim.crash("a");
-    until(&mut sim, &clock, &seen, Duration::from_secs(30), |seen| {
-        seen.iter().any(|l| l.starts_with("b message"))
-    });
+    until_b_gets_a_message(&mut sim, &clock, &seen);
     // Given back at once (a nak), not left to the consumer's ack wait (1.5 s here).
     assert!(
         sim.elapsed() - crashed_at < Duration::from_millis(500),
@@ -291,9 +294,7 @@ fn cluster_real_gateways_on_turmoil_promote_the_standby_when_the_active_gateway_
     let (mut sim, clock, system_id, deposed) = a_holds_a_message(11, &seen);
     let crashed_at = sim.elapsed();
     sim.crash("gw1");
-    until(&mut sim, &clock, &seen, Duration::from_secs(30), |seen| {
-        seen.iter().any(|l| l.starts_with("b message"))
-    });
+    until_b_gets_a_message(&mut sim, &clock, &seen);
     let lease = tinybroker::cluster::gateway::GatewayConfig::new("").lease;
     assert!(
         sim.elapsed() - crashed_at >= lease,
@@ -301,4 +302,128 @@ fn cluster_real_gateways_on_turmoil_promote_the_standby_when_the_active_gateway_
         sim.elapsed() - crashed_at
     );
     b_took_over_with_the_message_first(&seen, system_id, deposed);
+}
+
+/// Member `a` (at gateway 1, whose keepalive outlasts the pause) is active and holds a message;
+/// gateway 1 is frozen past its lease; `b` (at gateway 2) is promoted and takes the message;
+/// meanwhile `a` acks its message and a second message is sent to gateway 1, which reads both
+/// when it thaws, every timer of its due at once. What `a` got after the thaw (messages, and
+/// an answer to its ack), and all that was seen.
+fn frozen_past_the_lease() -> (Vec<String>, Vec<String>) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let seen: Seen = Rc::default();
+    let mut sim = world(3);
+    let clock = TrueTime::stepped();
+    let models = Models::on(clock.clone());
+    let mut gw1 = Process::new(&mut sim, "gw1", 1, &models);
+    let mut gw2 = Process::new(&mut sim, "gw2", 2, &models);
+    let patience = Duration::from_secs(60);
+    // `a` acks what it holds once this is set.
+    let ack: Rc<std::cell::Cell<bool>> = Rc::default();
+    member_host(
+        &mut sim,
+        "a",
+        "gw1",
+        Duration::from_millis(500),
+        (1, patience, Some(ack.clone())),
+        &seen,
+    );
+    member_host(
+        &mut sim,
+        "b",
+        "gw2",
+        Duration::from_millis(1500),
+        (1, patience, None),
+        &seen,
+    );
+    // Steps until `done` holds of what was seen (within 30 s).
+    let wait = |sim: &mut Sim<'static>,
+                [gw1, gw2]: [&mut Process; 2],
+                done: &dyn Fn(&[String]) -> bool| {
+        until(
+            sim,
+            &clock,
+            &mut [gw1, gw2],
+            &seen,
+            Duration::from_secs(30),
+            done,
+        )
+    };
+    let publish = |sim: &mut Sim<'static>, name: &str, gateway: &'static str| {
+        let noted = seen.clone();
+        let name = name.to_string();
+        sim.client(name.clone(), async move {
+            let mut client = client_of(gateway).await;
+            noted.borrow_mut().push(format!("{name} sending"));
+            let reply = client
+                .publish(pb::PublishRequest {
+                    topic: "jobs.run".into(),
+                    payload: name.as_bytes().to_vec().into(),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            noted
+                .borrow_mut()
+                .push(format!("{name} published {}", reply.system_id));
+            Ok(())
+        });
+    };
+    wait(&mut sim, [&mut gw1, &mut gw2], &|s| {
+        s.iter().any(|l| l.starts_with("a active"))
+    });
+    publish(&mut sim, "first", "gw2");
+    wait(&mut sim, [&mut gw1, &mut gw2], &|s| {
+        s.iter().any(|l| l.starts_with("a message"))
+    });
+    gw1.freeze();
+    wait(&mut sim, [&mut gw1, &mut gw2], &|s| {
+        s.iter().any(|l| l.starts_with("b message"))
+    });
+    // While gateway 1 is frozen, `a` acks the message it holds and a second message is sent to
+    // gateway 1.
+    ack.set(true);
+    publish(&mut sim, "second", "gw1");
+    wait(&mut sim, [&mut gw1, &mut gw2], &|s| {
+        s.iter().any(|l| l.starts_with("second sending"))
+    });
+    // Its request crosses the network (20 ms at most) into gateway 1's buffers.
+    let sent = sim.elapsed();
+    while sim.elapsed() < sent + Duration::from_millis(100) {
+        step(&mut sim, &clock, [&mut gw1, &mut gw2]).expect("simulation step");
+    }
+    let frozen_lines = seen.borrow().len();
+    gw1.thaw();
+    // The thawed gateway stores the second message, and its lapse ends `a`'s stream (a new
+    // incarnation starts): nothing reaches `a` first.
+    wait(&mut sim, [&mut gw1, &mut gw2], &|s| {
+        s[frozen_lines..].iter().any(|l| l.starts_with("a ended"))
+            && s.iter().any(|l| l.starts_with("second published"))
+    });
+    let seen = seen.borrow();
+    let after: Vec<&String> = seen[frozen_lines..]
+        .iter()
+        .filter(|l| l.starts_with("a message") || l.starts_with("a acked"))
+        .collect();
+    (after.into_iter().cloned().collect(), seen.clone())
+}
+
+// docs/semantics.md#cluster-lease-checks, the SIGSTOP case, through two real gateway processes:
+// the deposed stay silent when their gateway thaws, whichever of its tasks runs first: no
+// message, and no ack answered. (Here the thawed gateway's lapse runs first; the campaign's
+// frozen gateways reach other orders, and catch the lease check planted away, GatewaySkipsLeaseCheck.)
+#[test]
+fn cluster_real_gateway_frozen_past_its_lease_hands_its_deposed_member_nothing_when_thawed() {
+    let (after, seen) = frozen_past_the_lease();
+    assert!(
+        seen.iter().any(|l| l.starts_with("b message")),
+        "b was promoted: {seen:?}"
+    );
+    assert!(
+        after.is_empty(),
+        "the deposed member got {after:?} after the thaw; seen: {seen:?}"
+    );
 }
