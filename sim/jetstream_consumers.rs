@@ -12,11 +12,6 @@ use tinybroker::cluster::jetstream::{
 
 use crate::jetstream::Stored;
 
-/// The least time a nak'd message takes to come again (JetStream's round trip): a bridge that
-/// naks every redelivery then loops with time going on, as over a network, not forever within
-/// one instant of the simulated clock.
-const REDELIVERY_LATENCY: Duration = Duration::from_millis(1);
-
 /// A delivered message not yet acked or terminated.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -169,7 +164,7 @@ impl ConsumerModel {
             }
             Answer::Nak(delay) => {
                 if let Some(pending) = self.pending.get_mut(&sequence) {
-                    pending.due = now + delay.unwrap_or_default().max(REDELIVERY_LATENCY);
+                    pending.due = now + delay.unwrap_or_default();
                 }
             }
             Answer::Progress => {
