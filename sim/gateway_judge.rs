@@ -204,57 +204,58 @@ fn leaders_back(log: &[(Duration, Seen)], at: Duration) -> Duration {
     }
 }
 
+/// Each gateway's freezes in `log`: the gateway, when it froze, and when it thawed (`None`:
+/// frozen to the end).
+fn freezes(log: &[(Duration, Seen)]) -> impl Iterator<Item = (&str, Duration, Option<Duration>)> {
+    log.iter().filter_map(move |(from, seen)| match seen {
+        Seen::Frozen { gateway } => {
+            let thawed = log.iter().find_map(|(t, s)| match s {
+                Seen::Thawed { gateway: g } if g == gateway && t >= from => Some(*t),
+                _ => None,
+            });
+            Some((gateway.as_str(), *from, thawed))
+        }
+        _ => None,
+    })
+}
+
 /// Whether delivery of `id` by `gateway` at `at` can be a frame the gateway handed to its
 /// transport before it was frozen and that was written when it thawed: it came within
-/// [`FRAME_RESIDUE`] of a thaw, and the message was published before that freeze began.
+/// [`FRAME_RESIDUE`] of a thaw, and the message was published before that freeze began. The
+/// thaw's time.
 fn written_on_thaw(
     log: &[(Duration, Seen)],
     at: Duration,
     gateway: &str,
     id: u64,
 ) -> Option<Duration> {
+    // Its publish answered at most a network's latency after the store.
     let published = log.iter().find_map(|(t, s)| match s {
         Seen::Published { system_id } if *system_id == id => Some(*t),
         _ => None,
-    });
-    let mut frozen_at = None;
-    for (t, seen) in log {
-        match seen {
-            Seen::Frozen { gateway: g } if g == gateway => frozen_at = Some(*t),
-            Seen::Thawed { gateway: g } if g == gateway => {
-                if let Some(frozen_at) = frozen_at
-                    && *t <= at
-                    && at <= *t + FRAME_RESIDUE
-                    // Its publish answered at most a network's latency after the store.
-                    && published.is_some_and(|p| p <= frozen_at + IN_FLIGHT)
-                {
-                    return Some(*t);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+    })?;
+    freezes(log).find_map(|(g, from, thawed)| {
+        thawed.filter(|&thawed| {
+            g == gateway
+                && (thawed..=thawed + FRAME_RESIDUE).contains(&at)
+                && published <= from + IN_FLIGHT
+        })
+    })
 }
 
 /// Whether `gateway`, frozen at `at`, stayed frozen for at least [`LEASE_FLOOR`], so its lease
 /// may have ended meanwhile (a shorter freeze is within the lease: it renews on thawing).
 fn frozen_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at: Duration) -> bool {
-    let thawed = log.iter().find_map(|(t, s)| match s {
-        Seen::Thawed { gateway: g } if g == gateway && *t >= at => Some(*t),
-        _ => None,
-    });
-    thawed.is_none_or(|thawed| thawed >= at + LEASE_FLOOR)
+    freezes(log)
+        .find(|&(g, from, _)| g == gateway && from == at)
+        .is_none_or(|(_, from, thawed)| thawed.is_none_or(|thawed| thawed >= from + LEASE_FLOOR))
 }
 
 /// The freeze of `gateway` that ended with the thaw at `thawed`: when it began.
 fn frozen_before(log: &[(Duration, Seen)], gateway: &str, thawed: Duration) -> Option<Duration> {
-    log.iter()
-        .filter_map(|(t, s)| match s {
-            Seen::Frozen { gateway: g } if g == gateway && *t <= thawed => Some(*t),
-            _ => None,
-        })
-        .next_back()
+    freezes(log)
+        .find(|&(g, _, t)| g == gateway && t == Some(thawed))
+        .map(|(_, from, _)| from)
 }
 
 /// Another member that holds message `id` when it is delivered to `member` at `at`: it got the

@@ -484,7 +484,7 @@ impl Consumer for ModelConsumer {
     ) -> BoxFuture<'_, Result<Deliveries, PullError>> {
         let this = self.clone();
         Box::pin(async move {
-            {
+            let clock = {
                 let state = this.stream.lock();
                 if state.leaderless {
                     return Err(PullError("no responders".to_string()));
@@ -494,8 +494,8 @@ impl Consumer for ModelConsumer {
                 if !state.consumers.contains_key(&this.name) {
                     return Err(PullError("consumer not found".to_string()));
                 }
-            }
-            let clock = this.stream.lock().clock.clone();
+                state.clock.clone()
+            };
             let deadline = clock.now() + expires;
             let deliveries: Deliveries = Box::pin(async_stream::stream! {
                 let mut brought = 0;
