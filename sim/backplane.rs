@@ -227,6 +227,10 @@ impl Backplane for ModelClient {
         })
     }
 
+    fn last_revision(&self) -> BoxFuture<'_, Result<Revision, KvError>> {
+        self.run(|s| Ok(s.revision))
+    }
+
     fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<Watch, KvError>> {
         let model = self.model.clone();
         let client = self.client;

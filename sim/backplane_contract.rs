@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tinybroker::cluster::backplane::{Backplane, Entry, KvError, Watch};
+use tinybroker::cluster::backplane::{Backplane, BoxFuture, Entry, KvError, Revision, Watch};
 
 use crate::backplane::Model;
 
@@ -19,6 +19,8 @@ macro_rules! every_contract_check {
         $run!(revisions_increase_across_keys);
         $run!(watch_delivers_every_change_in_order);
         $run!(live_keys_name_every_key_holding_a_value);
+        $run!(last_revision_is_the_latest_write_of_any_key);
+        $run!(gateways_started_together_claim_routes_of_their_own_and_raise_the_floor);
     };
 }
 
@@ -112,6 +114,126 @@ pub async fn revisions_increase_across_keys(kv: &impl Backplane) {
     }
 }
 
+/// The bucket's last revision is its latest write's, whatever the key, a deletion included.
+pub async fn last_revision_is_the_latest_write_of_any_key(kv: &impl Backplane) {
+    let r1 = kv.create("lr.a", b("1")).await.unwrap();
+    assert_eq!(kv.last_revision().await.unwrap(), r1);
+    let r2 = kv.create("lr.b", b("1")).await.unwrap();
+    assert_eq!(kv.last_revision().await.unwrap(), r2);
+    let r3 = kv.delete("lr.a", r1).await.unwrap();
+    assert_eq!(kv.last_revision().await.unwrap(), r3, "a deletion too");
+    assert!(kv.update("lr.b", b("2"), r1).await.is_err());
+    assert_eq!(
+        kv.last_revision().await.unwrap(),
+        r3,
+        "a refused write is none"
+    );
+}
+
+/// docs/semantics.md#cluster-restart-identity, through the seam: gateways starting at once
+/// each claim a member-id route of their own, above every one before and above the time, and
+/// each raises the epoch floor above the time, whatever order their compare-and-sets land in.
+pub async fn gateways_started_together_claim_routes_of_their_own_and_raise_the_floor(
+    kv: &impl Backplane,
+) {
+    use tinybroker::cluster::identity::{claim_route, raise_epoch_floor};
+    const SHIFT: u32 = tinybroker::broker::GATEWAY_ROUTE_SHIFT;
+    // Each operation lets the others run first, so their compare-and-sets interleave (the
+    // model answers at once).
+    let kv = &Interleaved(kv);
+    // A start time past any first sequence the bucket may have been given.
+    let now = tinybroker::clock::system_unix_micros() + 3_600_000_000;
+    let (a, b_, c, d) = tokio::join!(
+        claim_route(kv, now, SHIFT),
+        claim_route(kv, now, SHIFT),
+        claim_route(kv, now, SHIFT),
+        claim_route(kv, now, SHIFT),
+    );
+    let mut routes = [a.unwrap(), b_.unwrap(), c.unwrap(), d.unwrap()];
+    routes.sort_unstable();
+    assert!(
+        routes.windows(2).all(|w| w[0] < w[1]),
+        "one route each: {routes:?}"
+    );
+    assert!(routes[0] << SHIFT > now, "ids above the start time");
+    let later = claim_route(kv, now, SHIFT).await.unwrap();
+    assert!(later > routes[3], "a later start's route is above all");
+    let (a, b_, c) = tokio::join!(
+        raise_epoch_floor(kv, now),
+        raise_epoch_floor(kv, now),
+        raise_epoch_floor(kv, now),
+    );
+    for floor in [a, b_, c] {
+        let floor = floor.unwrap();
+        assert!(
+            floor > now,
+            "epochs above the start: floor {floor}, start {now}"
+        );
+    }
+    // The next epoch, from any revision the bucket gives later, stays above the time.
+    let held = kv.get("ids").await.unwrap().expect("the floor is written");
+    let offset: tinybroker::cluster::values::IdsValue =
+        serde_json::from_slice(held.value.as_deref().unwrap()).unwrap();
+    let next = kv.create("after", b("")).await.unwrap();
+    assert!(next + offset.epoch_offset > now);
+}
+
+/// A backplane whose every operation first yields to the other tasks polled with it.
+struct Interleaved<'a, K>(&'a K);
+
+impl<K: Backplane> Interleaved<'_, K> {
+    fn after_a_yield<'s, T: 's>(
+        &'s self,
+        op: impl FnOnce(&'s K) -> BoxFuture<'s, T> + Send + 's,
+    ) -> BoxFuture<'s, T> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            op(self.0).await
+        })
+    }
+}
+
+impl<K: Backplane> Backplane for Interleaved<'_, K> {
+    fn create(&self, key: &str, value: Bytes) -> BoxFuture<'_, Result<Revision, KvError>> {
+        let key = key.to_string();
+        self.after_a_yield(move |kv| Box::pin(async move { kv.create(&key, value).await }))
+    }
+
+    fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> BoxFuture<'_, Result<Revision, KvError>> {
+        let key = key.to_string();
+        self.after_a_yield(move |kv| {
+            Box::pin(async move { kv.update(&key, value, expected).await })
+        })
+    }
+
+    fn delete(&self, key: &str, expected: Revision) -> BoxFuture<'_, Result<Revision, KvError>> {
+        let key = key.to_string();
+        self.after_a_yield(move |kv| Box::pin(async move { kv.delete(&key, expected).await }))
+    }
+
+    fn get(&self, key: &str) -> BoxFuture<'_, Result<Option<Entry>, KvError>> {
+        let key = key.to_string();
+        self.after_a_yield(move |kv| Box::pin(async move { kv.get(&key).await }))
+    }
+
+    fn watch(&self, prefix: &str) -> BoxFuture<'_, Result<Watch, KvError>> {
+        self.0.watch(prefix)
+    }
+
+    fn live_keys(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<String>, KvError>> {
+        self.0.live_keys(prefix)
+    }
+
+    fn last_revision(&self) -> BoxFuture<'_, Result<Revision, KvError>> {
+        self.after_a_yield(|kv| kv.last_revision())
+    }
+}
+
 /// A watch delivers the latest entry of each matching key, then the changes, in revision order,
 /// deletions included, and nothing outside its prefix. A change overwritten before the watch
 /// read it may be skipped (the bucket keeps one revision per key); the last one of each key
@@ -169,6 +291,18 @@ fn cluster_backplane_model_revisions_increase_across_keys() {
 #[test]
 fn cluster_backplane_model_watch_delivers_every_change_in_order() {
     run(async |kv| watch_delivers_every_change_in_order(kv).await);
+}
+
+#[test]
+fn cluster_backplane_model_last_revision_is_the_latest_write_of_any_key() {
+    run(async |kv| last_revision_is_the_latest_write_of_any_key(kv).await);
+}
+
+#[test]
+fn cluster_backplane_model_gateways_started_together_claim_routes_of_their_own() {
+    run(async |kv| {
+        gateways_started_together_claim_routes_of_their_own_and_raise_the_floor(kv).await;
+    });
 }
 
 #[test]

@@ -32,9 +32,14 @@ pub struct Models {
     bus: BusModel,
     stream: StreamModel,
     kv: Model,
-    /// Starts so far: each claims a route and an id of its own, as a gateway's start does.
+    /// Starts so far: each names a gateway id of its own.
     starts: Arc<AtomicU64>,
+    clock: TrueTime,
 }
+
+/// The world's wall clock at its start, in µs since the Unix epoch (2027-01-15): what a
+/// gateway's start reads as the time when it raises the epoch floor and claims a route.
+const UNIX_START_MICROS: u64 = 1_800_000_000_000_000;
 
 impl Models {
     /// Models for a world on one tokio runtime.
@@ -45,7 +50,7 @@ impl Models {
     /// Models keeping time by `clock`.
     pub fn on(clock: TrueTime) -> Self {
         let bus = BusModel::new();
-        let stream = StreamModel::on(STREAM, clock);
+        let stream = StreamModel::on(STREAM, clock.clone());
         stream.take_subjects(&format!("$TBFENCE.{STREAM}.>"));
         stream.advise_on(bus.client(0));
         Self {
@@ -53,6 +58,7 @@ impl Models {
             stream,
             kv: Model::new(),
             starts: Arc::new(AtomicU64::new(0)),
+            clock,
         }
     }
 
@@ -67,18 +73,32 @@ impl Models {
     }
 
     /// Gateway `n` (1, 2, ...) over the models: its bus and bucket clients are `n`'s (cut off
-    /// together by the models' partitions); each start claims a fresh route and id.
+    /// together by the models' partitions). Each start raises the epoch floor and claims a
+    /// route in the bucket, as production's does (`tinybroker::cluster::identity`), and gets
+    /// an id of its own.
     pub async fn gateway(&self, n: u64) -> Gateway {
         let start = self
             .starts
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
             + 1;
+        let kv = self.kv.client(n);
+        let now = UNIX_START_MICROS + self.clock.now().as_micros() as u64;
+        let epoch_floor = tinybroker::cluster::identity::raise_epoch_floor(&kv, now)
+            .await
+            .expect("the model bucket raises the epoch floor");
+        let route = tinybroker::cluster::identity::claim_route(
+            &kv,
+            now,
+            tinybroker::broker::GATEWAY_ROUTE_SHIFT,
+        )
+        .await
+        .expect("the model bucket gives a route");
         let parts = Parts {
             bus: Arc::new(self.bus.client(n)),
             jetstream: Arc::new(self.stream.clone()),
             records: Arc::new(self.stream.clone()),
             stream: Arc::new(self.stream.clone()),
-            backplane: Arc::new(self.kv.client(n)),
+            backplane: Arc::new(kv),
             settings: StreamSettings {
                 name: STREAM.into(),
                 replicas: 3,
@@ -89,8 +109,8 @@ impl Models {
             },
             batches: true,
             largest_message: 1 << 20,
-            epoch_floor: 1,
-            route: start,
+            epoch_floor,
+            route,
             id: format!("g{n}s{start}"),
             connects: Arc::new(AtomicU64::new(1)),
             server: Arc::new(move || format!("model {n}")),

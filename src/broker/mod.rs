@@ -37,6 +37,10 @@ use member::{Locked, SubState};
 /// A gateway's lease check for arbitrated singletons: the term of its lease valid now, or
 /// `None` ([`crate::cluster`]'s lease gate).
 pub(crate) type SingletonGate = Arc<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// A gateway's check before a member of an arbitrated singleton settles a message it holds:
+/// `true` when the settle may be applied now ([`crate::cluster`]'s lease gate).
+pub(crate) type SettleGate = Arc<dyn Fn() -> bool + Send + Sync>;
 pub use observe::{Input, Observation, Observer};
 pub use timing::Timings;
 pub(crate) use upstream::Upstream;
@@ -101,6 +105,9 @@ struct Inner {
     /// A gateway's lease check for arbitrated singletons: while it says no, member streams
     /// write none of their messages (`Upstream::gate_singleton_deliveries`).
     singleton_gate: std::sync::OnceLock<SingletonGate>,
+    /// A gateway's lease check for arbitrated singletons' settles: while it says no, an ack,
+    /// nack or release of a held message is refused (`Upstream::gate_singleton_settles`).
+    settle_gate: std::sync::OnceLock<SettleGate>,
     /// Where the last eviction from the drop-oldest pool stopped (a subscription key).
     evict_cursor: AtomicU64,
     /// Cluster mode: singleton subscriptions' active members are chosen by the cluster
@@ -303,6 +310,7 @@ impl Broker {
                 observer,
                 timings: std::sync::OnceLock::new(),
                 singleton_gate: std::sync::OnceLock::new(),
+                settle_gate: std::sync::OnceLock::new(),
                 arbitrated: false,
                 upstream_dead_letters: false,
                 changes: changes::Changes::default(),
@@ -761,6 +769,7 @@ impl Broker {
         let result = self
             .resolve_fence(state, fence, system_id, unsent)
             .and_then(|member| {
+                self.settle_gated(state, system_id, kind)?;
                 match kind {
                     Settlement::Ack => state.core.ack(member, system_id),
                     Settlement::Nack => state.core.nack(member, system_id),
@@ -801,6 +810,33 @@ impl Broker {
             self.time_ack(published_at);
         }
         outcome
+    }
+
+    /// A gateway's arbitrated singleton whose lease ended refuses to settle a held message
+    /// (docs/semantics.md#cluster-lease-checks): the gateway would never tell JetStream, so an
+    /// ack answered now would be a promise broken when the member promoted next gets the
+    /// message again. Refused, nothing changes, and the member's stream is about to end.
+    fn settle_gated(
+        &self,
+        state: &SubState,
+        system_id: SystemId,
+        kind: Settlement,
+    ) -> Result<(), Error> {
+        let Some(gate) = self.inner.settle_gate.get() else {
+            return Ok(());
+        };
+        if !state.core.is_arbitrated() || state.core.holder(system_id).is_none() || gate() {
+            return Ok(());
+        }
+        let what = match kind {
+            Settlement::Ack => "ack",
+            Settlement::Nack => "nack",
+            Settlement::Release => "release",
+        };
+        Err(Error::Unavailable(format!(
+            "this gateway's lease on {} ended (the gateway was paused or lost the coordination bucket): the {what} of message {system_id} was not applied; this member's stream ends, and the member promoted next gets the message",
+            state.core.id()
+        )))
     }
 
     /// Turns a fence into the member the core should check against, refusing what can never be

@@ -153,6 +153,13 @@ impl Upstream {
         let _ = self.inner.singleton_gate.set(gate);
     }
 
+    /// Installs the gateway's settle check (once): while `gate` says no, an ack, nack or
+    /// release of a message held by a member of an arbitrated singleton is refused with
+    /// `UNAVAILABLE` and changes nothing (docs/semantics.md#cluster-lease-checks).
+    pub fn gate_singleton_settles(&self, gate: super::SettleGate) {
+        let _ = self.inner.settle_gate.set(gate);
+    }
+
     /// Makes `member` the active member of the arbitrated singleton `subscription_id`, as the
     /// cluster decided (`activation`): it gets the confirmation frame, then what waits here.
     ///

@@ -4,7 +4,7 @@ use std::{sync::atomic::Ordering, time::Duration};
 
 use super::*;
 use crate::{
-    broker::{MemberStream, Observation, Outbound},
+    broker::{Fence, MemberStream, Observation, Outbound},
     clock::VirtualClock,
     core::{MemberOptions, Mode, OpenRequest, Pattern, SubscriptionSpec},
 };
@@ -671,4 +671,55 @@ async fn a_message_taken_before_the_lapse_is_not_written_after_the_member_was_en
         Ok(Some(Outbound::End(Error::Unavailable(_)))) => {}
         other => panic!("message 2 written to a member ended past its lease: {other:?}"),
     }
+}
+
+// docs/semantics.md#cluster-lease-checks: past its lease (no lapse patience), a gateway's
+// member of an arbitrated singleton settles nothing it holds, whichever way the settle comes
+// (unary naming the member, or on its own stream): refused `UNAVAILABLE`, and nothing changes,
+// so the message is still the member's until it is ended and given back. A settle of a
+// message it does not hold gets its usual answer.
+#[tokio::test(start_paused = true)]
+async fn past_the_lease_a_settle_of_a_held_message_is_refused_and_changes_nothing() {
+    let (broker, mut s, live) = promoted(4, Vec::new()).await;
+    let open = Arc::new(AtomicBool::new(true));
+    let gate = open.clone();
+    broker.gate_singleton_settles(Arc::new(move || gate.load(Ordering::SeqCst)));
+    for id in [1, 2] {
+        broker.inject("s", message(id), 1, &live).unwrap();
+    }
+    assert_eq!(delivered(&mut s).await, Some((1, 1)));
+    assert_eq!(delivered(&mut s).await, Some((2, 1)));
+    let member = s.member_id();
+    open.store(false, Ordering::SeqCst);
+    for (nack, what) in [(false, "ack"), (true, "nack")] {
+        let refused = if nack {
+            broker.nack("s", Fence::Member(member), 1)
+        } else {
+            broker.ack("s", Fence::Member(member), 1)
+        };
+        match refused {
+            Err(Error::Unavailable(why)) => assert!(
+                why.contains("lease") && why.contains(&format!("the {what} of message 1")),
+                "{why}"
+            ),
+            other => panic!("a {what} past the lease was answered {other:?}"),
+        }
+    }
+    let refused = s.settler().settle(&[2], &[], &[]).unwrap();
+    assert!(
+        matches!(refused.as_slice(), [(2, _, Error::Unavailable(_))]),
+        "{refused:?}"
+    );
+    assert!(
+        matches!(
+            broker.ack("s", Fence::Member(member), 9),
+            Err(Error::NotInFlight { .. })
+        ),
+        "a message not held gets its usual answer"
+    );
+    assert_eq!(delivered(&mut s).await, None, "the nack changed nothing");
+    // The lease valid again (a lapse renewed): both are still held, and settle.
+    open.store(true, Ordering::SeqCst);
+    broker.ack("s", Fence::Member(member), 1).unwrap();
+    assert!(s.settler().settle(&[2], &[], &[]).unwrap().is_empty());
 }

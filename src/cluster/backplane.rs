@@ -141,6 +141,13 @@ pub trait Backplane: Send + Sync {
     /// # Errors
     /// [`KvError::Unavailable`].
     fn live_keys(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<String>, KvError>>;
+
+    /// The bucket's last revision: the latest write's, whatever its key, deletions included
+    /// (0 before the first).
+    ///
+    /// # Errors
+    /// [`KvError::Unavailable`].
+    fn last_revision(&self) -> BoxFuture<'_, Result<Revision, KvError>>;
 }
 
 impl fmt::Display for Entry {

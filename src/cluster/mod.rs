@@ -20,6 +20,8 @@
 //!   [`jetstream::NatsConsumer`] and by the in-memory model in `sim/jetstream.rs`; two contract
 //!   suites hold both.
 //! - [`nats`]: the backplane over a JetStream KV bucket (`async-nats`).
+//! - [`identity`]: what a starting gateway claims in the backplane: the epoch floor and its
+//!   member-id route.
 //! - [`ids`]: the ids cluster mode names things by (gateway incarnations, members, routes).
 //! - [`values`]: what gateways keep in the backplane: keys, a subscription's line.
 //! - [`coordinator`]: one gateway's sans-IO state machine for singleton subscriptions: the line
@@ -34,6 +36,7 @@ pub mod backplane;
 pub mod bus;
 pub mod coordinator;
 pub mod gateway;
+pub mod identity;
 pub mod ids;
 pub mod jetstream;
 pub mod nats;

@@ -57,20 +57,20 @@ pub(in crate::cluster::gateway) async fn over_nats(
     tracing::debug!(elapsed = ?started.elapsed(), bucket = backplane.bucket(), "gateway start: coordination bucket bound");
     // Before the coordinator runs: every epoch it makes is above this start
     // (docs/semantics.md#cluster-restart-identity).
-    let epoch_floor = backplane
-        .raise_epoch_floor(crate::clock::system_unix_micros())
-        .await
-        .map_err(|e| {
-            format!("cannot raise the cluster's epoch floor in the coordination bucket: {e}")
-        })?;
+    let epoch_floor =
+        crate::cluster::identity::raise_epoch_floor(&backplane, crate::clock::system_unix_micros())
+            .await
+            .map_err(|e| {
+                format!("cannot raise the cluster's epoch floor in the coordination bucket: {e}")
+            })?;
     // Member ids above every earlier gateway's, and above this start.
-    let route = backplane
-        .claim_route(
-            crate::clock::system_unix_micros(),
-            crate::broker::GATEWAY_ROUTE_SHIFT,
-        )
-        .await
-        .map_err(|e| format!("cannot claim a member-id route in the coordination bucket: {e}"))?;
+    let route = crate::cluster::identity::claim_route(
+        &backplane,
+        crate::clock::system_unix_micros(),
+        crate::broker::GATEWAY_ROUTE_SHIFT,
+    )
+    .await
+    .map_err(|e| format!("cannot claim a member-id route in the coordination bucket: {e}"))?;
     // The fence records and the stream's consumers are asked with the context's own timeout;
     // publishes wait PUBLISH_TRY for each `PubAck`, then are sent again.
     let records = Arc::new(crate::cluster::jetstream::NatsJetStream::new(js.clone()));

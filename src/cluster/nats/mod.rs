@@ -290,115 +290,6 @@ impl NatsBackplane {
         &self.store.name
     }
 
-    /// The value of `key` as `T` (its default when it has none, or one that does not parse,
-    /// which a write replaces), and the revision to compare-and-set against (0: none).
-    async fn read_json<T: serde::de::DeserializeOwned + Default>(
-        &self,
-        key: &str,
-    ) -> Result<(T, Revision), KvError> {
-        Ok(match self.get(key).await? {
-            Some(entry) => {
-                let value = entry
-                    .value
-                    .as_deref()
-                    .and_then(|bytes| serde_json::from_slice(bytes).ok())
-                    .unwrap_or_default();
-                (value, entry.revision)
-            }
-            None => (T::default(), 0),
-        })
-    }
-
-    /// Writes `value` to `key` if its revision is still `expected` (0: it has none).
-    async fn write_json<T: serde::Serialize>(
-        &self,
-        key: &str,
-        value: &T,
-        expected: Revision,
-    ) -> Result<Revision, KvError> {
-        let bytes = Bytes::from(serde_json::to_vec(value).unwrap_or_default());
-        if expected == 0 {
-            self.create_entry(key, bytes).await
-        } else {
-            self.write_at(key, Some(bytes), expected).await
-        }
-    }
-
-    /// Raises the cluster's epoch floor ([`crate::cluster::values::IdsValue`]) so that every
-    /// epoch made from now on is above `now_micros`: its offset becomes `now_micros` less the
-    /// bucket's last revision, unless it is higher already (another gateway's clock ahead, or
-    /// one started later). A gateway calls it at start, before its coordinator runs; epochs
-    /// are then above the time it started, so above every id an embedded broker that ran
-    /// before handed out (docs/semantics.md#cluster-restart-identity). Returns the floor the
-    /// next epoch is above: the floor's revision plus its offset.
-    ///
-    /// # Errors
-    /// [`KvError::Unavailable`] when the bucket does not answer, or other gateways keep
-    /// raising it at once (ten tries).
-    pub async fn raise_epoch_floor(&self, now_micros: u64) -> Result<u64, KvError> {
-        use crate::cluster::values::{IDS_KEY, IdsValue};
-        for _ in 0..10 {
-            let (held, expected): (IdsValue, _) = self.read_json(IDS_KEY).await?;
-            let info = self
-                .store
-                .stream
-                .get_info()
-                .await
-                .map_err(|e| KvError::Unavailable(format!("the bucket's stream info: {e}")))?;
-            let last = info.state.last_sequence;
-            let wanted = now_micros.saturating_sub(last);
-            if wanted <= held.epoch_offset {
-                return Ok(expected.max(1).saturating_add(held.epoch_offset));
-            }
-            let value = IdsValue {
-                epoch_offset: wanted,
-            };
-            match self.write_json(IDS_KEY, &value, expected).await {
-                Ok(revision) => return Ok(revision.saturating_add(wanted)),
-                // Another gateway raised it meanwhile: look again.
-                Err(error) if error.is_conflict() => {}
-                Err(error) => return Err(error),
-            }
-        }
-        Err(KvError::Unavailable(
-            "the epoch floor kept changing under ten tries".into(),
-        ))
-    }
-
-    /// Claims this gateway's member-id route: the next above every route claimed before and
-    /// above `now_micros` (its ids, `route << shift` and up, are then above its start time in
-    /// µs), so member ids rise across gateway starts and stand above every id an embedded
-    /// broker handed out before (docs/semantics.md#cluster-restart-identity).
-    ///
-    /// # Errors
-    /// [`KvError::Unavailable`] when the bucket does not answer, other gateways keep claiming
-    /// at once (ten tries), or the route would put ids past 2^53 (a clock past the year 2255).
-    pub async fn claim_route(&self, now_micros: u64, shift: u32) -> Result<u64, KvError> {
-        use crate::cluster::values::{ROUTES_KEY, RoutesValue};
-        let by_time = (now_micros >> shift) + 1;
-        for _ in 0..10 {
-            let (held, expected): (RoutesValue, _) = self.read_json(ROUTES_KEY).await?;
-            let route = by_time.max(held.last.saturating_add(1));
-            if route >= 1 << (53 - shift) {
-                return Err(KvError::Unavailable(format!(
-                    "no member-id route is left below 2^53 (route {route})"
-                )));
-            }
-            match self
-                .write_json(ROUTES_KEY, &RoutesValue { last: route }, expected)
-                .await
-            {
-                Ok(_) => return Ok(route),
-                // Another gateway claimed one meanwhile: look again.
-                Err(error) if error.is_conflict() => {}
-                Err(error) => return Err(error),
-            }
-        }
-        Err(KvError::Unavailable(
-            "the member-id routes kept changing under ten tries".into(),
-        ))
-    }
-
     /// How many replicas the bucket's stream has (as it was when bound).
     pub fn replicas(&self) -> usize {
         self.store.stream.cached_info().config.num_replicas
@@ -722,6 +613,18 @@ impl Backplane for NatsBackplane {
     fn live_keys(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<String>, KvError>> {
         let prefix = prefix.to_string();
         Box::pin(async move { self.live_keys_under(&prefix).await })
+    }
+
+    fn last_revision(&self) -> BoxFuture<'_, Result<Revision, KvError>> {
+        Box::pin(async move {
+            let info = self
+                .store
+                .stream
+                .get_info()
+                .await
+                .map_err(|e| unavailable("the bucket's stream info", e))?;
+            Ok(info.state.last_sequence)
+        })
     }
 }
 
