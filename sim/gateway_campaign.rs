@@ -6,7 +6,9 @@
 //! none of its tasks runs, its clock stands still) and thawed, often past its lease; a member cut
 //! off from its gateway for a while; JetStream without leaders for a while (publishes, pulls,
 //! answers and consumer requests fail meanwhile); the consumers' leaders lost for a while
-//! (answers and pulls vanish unanswered). What the clients saw is judged by `gateway_judge.rs`.
+//! (answers and pulls vanish unanswered); the answers to the next few publishes lost once
+//! stored. What the clients saw is judged by `gateway_judge.rs`; that each publish request was
+//! stored once, (g), is read off the model's stream here.
 
 use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
 
@@ -201,12 +203,16 @@ pub fn run(seed: u64) -> Outcome {
         let mut rng = Rng::new(publisher_seed);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut sent = 0;
+        // Each request has a payload of its own (a try again after an error is another
+        // request), so check (g) can tell a request stored twice.
+        let mut tries = 0;
         while sent < MESSAGES {
             let gateway = &pgateways[rng.range(0, pgateways.len() as u64 - 1) as usize];
             let mut client = client_with(gateway, net::KEEPALIVE_TIMEOUT).await;
+            tries += 1;
             let request = pb::PublishRequest {
                 topic: "jobs.run".into(),
-                payload: format!("job {sent}").into_bytes().into(),
+                payload: format!("job {sent} request {tries}").into_bytes().into(),
                 ..Default::default()
             };
             if let Ok(reply) = client.publish(request).await {
@@ -228,7 +234,8 @@ pub fn run(seed: u64) -> Outcome {
         let at = Duration::from_millis(rng.range(2_500, 11_000));
         let mut lasting = Duration::from_millis(rng.range(300, 4_000));
         let gateway = gateways[rng.range(0, gateways.len() as u64 - 1) as usize].clone();
-        let fault = match rng.range(0, 5) {
+        let fault = match rng.range(0, 6) {
+            5 => Fault::LostAnswers(rng.range(1, 3) as u32),
             0 => Fault::Crash(members[rng.range(0, 2) as usize].0.clone()),
             1 => Fault::Crash(gateway),
             2 => Fault::Leaderless,
@@ -323,6 +330,7 @@ pub fn run(seed: u64) -> Outcome {
                             note_at(&log, now, Seen::ConsumersUnanswering(true));
                             models.consumers_unanswering(true);
                         }
+                        Fault::LostAnswers(n) => models.lose_answers(*n),
                     }
                 }
                 resolved[i] = Some(fault);
@@ -359,6 +367,8 @@ pub fn run(seed: u64) -> Outcome {
                             note_at(&log, now, Seen::ConsumersUnanswering(false));
                             models.consumers_unanswering(false);
                         }
+                        // What was not lost by the end is not lost.
+                        Fault::LostAnswers(_) => models.lose_answers(0),
                     }
                 }
             }
@@ -377,6 +387,19 @@ pub fn run(seed: u64) -> Outcome {
             violations.push(format!("the simulation failed: {error}"));
             break;
         }
+    }
+    // (g) a publish request is stored once (docs/semantics.md#cluster-mode: sent again with its
+    // message id), whatever answers were lost.
+    let mut stored: BTreeMap<bytes::Bytes, Vec<u64>> = BTreeMap::new();
+    for (sequence, payload) in models.stored_on("tb.jobs.run") {
+        stored.entry(payload).or_default().push(sequence);
+    }
+    for (payload, sequences) in stored.into_iter().filter(|(_, s)| s.len() > 1) {
+        violations.push(format!(
+            "(g) {:?} stored {} times: sequences {sequences:?}",
+            String::from_utf8_lossy(&payload),
+            sequences.len()
+        ));
     }
     let log = log.borrow().clone();
     let (mut judged, residue) = judge(&log);
@@ -429,6 +452,9 @@ enum Fault {
     /// The consumers' leaders lost (the NATS node leading them gone) until the fault's end:
     /// answers and pulls vanish unanswered meanwhile.
     ConsumersUnanswering,
+    /// The answers to the next n publishes lost once their messages were stored (until the
+    /// fault's end).
+    LostAnswers(u32),
 }
 
 /// The gateway of the member last confirmed active, if any was.
@@ -466,6 +492,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
             GatewaySkipsLeaseCheck,
             GatewayActsAfterLeaseExpiry,
             LapseResumesOnAnyAnswer,
+            PublishWithoutMessageId,
         ]
         .into_iter()
         .find(|bug| format!("{bug:?}") == name);
@@ -593,6 +620,18 @@ fn cluster_real_gateway_campaign_catches_a_gateway_delivering_past_its_lease_on_
     campaigns_catch(
         tinybroker::core::planted::PlantedBug::GatewaySkipsLeaseCheck,
         &["(b)", "(f)"],
+        500,
+    );
+}
+
+// The planted PublishWithoutMessageId (a publish sent to JetStream without its message id, so
+// one sent again after its answer was lost is stored twice) is caught by check (g) once the
+// campaign loses publish answers.
+#[test]
+fn cluster_real_gateway_campaign_catches_a_publish_stored_twice() {
+    campaigns_catch(
+        tinybroker::core::planted::PlantedBug::PublishWithoutMessageId,
+        &["(g)"],
         500,
     );
 }

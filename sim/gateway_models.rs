@@ -67,6 +67,22 @@ impl Models {
         self.stream.consumers_unanswering(unanswering);
     }
 
+    /// The next `n` publish answers are lost after their message was stored (the outcome
+    /// unknown to the gateway, which sends it again with its message id).
+    pub fn lose_answers(&self, n: u32) {
+        self.stream.lose_answers(n);
+    }
+
+    /// The payloads of the messages stored on `subject`, in stream order, with their sequences.
+    pub fn stored_on(&self, subject: &str) -> Vec<(u64, bytes::Bytes)> {
+        self.stream
+            .stored()
+            .into_iter()
+            .filter(|m| m.subject == subject)
+            .map(|m| (m.sequence, m.payload))
+            .collect()
+    }
+
     /// The stream and its consumers lose their leaders (true), or have them again (false).
     pub fn jetstream_leaderless(&self, leaderless: bool) {
         self.stream.leaderless(leaderless);

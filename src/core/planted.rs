@@ -77,6 +77,11 @@ pub enum PlantedBug {
     /// wait (breaks docs/semantics.md#cluster-ack-final). Planted in the real gateway
     /// (`cluster::gateway::data::acks`), caught by the real-gateway campaign.
     AckGivenUpWithoutLeader,
+    /// Cluster mode: a publish goes to JetStream without its message id, so one whose answer
+    /// was lost and that the gateway sends again is stored twice (breaks "stored once",
+    /// docs/semantics.md#cluster-mode). Planted in the real gateway
+    /// (`cluster::gateway::data::publish`), caught by the real-gateway campaign.
+    PublishWithoutMessageId,
 }
 
 #[cfg(feature = "planted-bugs")]

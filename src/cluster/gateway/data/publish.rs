@@ -384,7 +384,9 @@ async fn send_with(
     if let Some(subscription) = &dead_letter_of {
         message.header(DEAD_LETTER_OF, subscription.as_str());
     }
-    message.header(MSG_ID, id.as_str());
+    if !crate::core::planted::active(crate::core::planted::PlantedBug::PublishWithoutMessageId) {
+        message.header(MSG_ID, id.as_str());
+    }
     if let Some(expect) = &expect {
         message.header(codes::EXPECTED_SEQUENCE, expect.sequence.to_string());
         message.header(codes::EXPECTED_SUBJECT, expect.subject.as_str());
