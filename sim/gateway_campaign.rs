@@ -7,7 +7,7 @@
 //! off from its gateway for a while; JetStream without leaders for a while (publishes, pulls,
 //! answers and consumer requests fail meanwhile); the consumers' leaders lost for a while
 //! (answers and pulls vanish unanswered); the answers to the next few publishes lost once
-//! stored. What the clients saw is judged by `gateway_judge.rs`; that each publish request was
+//! stored; a gateway cut off from NATS while its clients and the other gateways go on. What the clients saw is judged by `gateway_judge.rs`; that each publish request was
 //! stored once, (g), is read off the model's stream here.
 
 use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
@@ -46,6 +46,9 @@ pub struct Outcome {
     /// Frames written on a thaw under the epoch they were handed over with (the documented
     /// residue of a freeze).
     pub frames_on_thaw: u64,
+    /// Acks answered while their gateway was cut off from NATS, whose messages came again
+    /// (never confirmed: the documented residue).
+    pub cut_acks: u64,
     /// Messages whose ack was sent but not answered, its member or gateway lost meanwhile.
     pub in_doubt: u64,
     pub activations: u64,
@@ -234,8 +237,9 @@ pub fn run(seed: u64) -> Outcome {
         let at = Duration::from_millis(rng.range(2_500, 11_000));
         let mut lasting = Duration::from_millis(rng.range(300, 4_000));
         let gateway = gateways[rng.range(0, gateways.len() as u64 - 1) as usize].clone();
-        let fault = match rng.range(0, 6) {
+        let fault = match rng.range(0, 7) {
             5 => Fault::LostAnswers(rng.range(1, 3) as u32),
+            6 => Fault::CutFromNats(gateway),
             0 => Fault::Crash(members[rng.range(0, 2) as usize].0.clone()),
             1 => Fault::Crash(gateway),
             2 => Fault::Leaderless,
@@ -331,6 +335,17 @@ pub fn run(seed: u64) -> Outcome {
                             models.consumers_unanswering(true);
                         }
                         Fault::LostAnswers(n) => models.lose_answers(*n),
+                        Fault::CutFromNats(gateway) => {
+                            note_at(
+                                &log,
+                                now,
+                                Seen::CutFromNats {
+                                    gateway: gateway.clone(),
+                                    cut: true,
+                                },
+                            );
+                            models.cut_from_nats(gateway_number(gateway), true);
+                        }
                     }
                 }
                 resolved[i] = Some(fault);
@@ -369,6 +384,17 @@ pub fn run(seed: u64) -> Outcome {
                         }
                         // What was not lost by the end is not lost.
                         Fault::LostAnswers(_) => models.lose_answers(0),
+                        Fault::CutFromNats(gateway) => {
+                            note_at(
+                                &log,
+                                now,
+                                Seen::CutFromNats {
+                                    gateway: gateway.clone(),
+                                    cut: false,
+                                },
+                            );
+                            models.cut_from_nats(gateway_number(gateway), false);
+                        }
                     }
                 }
             }
@@ -416,6 +442,7 @@ pub fn run(seed: u64) -> Outcome {
         violations,
         residue: residue.acks,
         frames_on_thaw: residue.frames,
+        cut_acks: residue.cut_acks,
         in_doubt,
         activations: log
             .iter()
@@ -455,6 +482,16 @@ enum Fault {
     /// The answers to the next n publishes lost once their messages were stored (until the
     /// fault's end).
     LostAnswers(u32),
+    /// A gateway cut off from NATS (bus, bucket and stream) while the others reach it, until
+    /// the fault's end: its clients still reach it.
+    CutFromNats(String),
+}
+
+/// The number of gateway `name` ("gw2": 2), as the models know its connections.
+fn gateway_number(name: &str) -> u64 {
+    name.trim_start_matches("gw")
+        .parse()
+        .expect("gateways are named gw<n>")
 }
 
 /// The gateway of the member last confirmed active, if any was.
@@ -514,7 +551,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
     let base = env_u64("TINYBROKER_SIM_SEED_BASE").unwrap_or(0);
     let started = std::time::Instant::now();
     let (mut activations, mut deliveries, mut residue, mut in_doubt) = (0, 0, 0, 0);
-    let mut frames = 0;
+    let (mut frames, mut cut_acks) = (0, 0);
     let mut failed = Vec::new();
     for seed in base..base + count {
         let outcome = run(seed);
@@ -522,6 +559,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
         deliveries += outcome.deliveries;
         residue += outcome.residue;
         frames += outcome.frames_on_thaw;
+        cut_acks += outcome.cut_acks;
         in_doubt += outcome.in_doubt;
         if !outcome.violations.is_empty() {
             println!("seed {seed} failed: {:?}", outcome.violations);
@@ -534,7 +572,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
         let done = seed - base + 1;
         if done.is_multiple_of(PROGRESS_EVERY) && done < count {
             println!(
-                "real-gateway campaign: seeds {base}..={seed} judged in {:.0?}: {} failed, {activations} activations, {deliveries} deliveries, {residue} in the ack residue, {frames} frames on a thaw",
+                "real-gateway campaign: seeds {base}..={seed} judged in {:.0?}: {} failed, {activations} activations, {deliveries} deliveries, {residue} in the ack residue, {cut_acks} answered cut off from NATS, {frames} frames on a thaw",
                 started.elapsed(),
                 failed.len(),
             );
@@ -542,7 +580,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
     }
     let elapsed = started.elapsed();
     println!(
-        "real-gateway campaign: {count} seeds in {elapsed:.1?} ({:.0} seeds a minute), {activations} activations, {deliveries} deliveries, {residue} acked messages delivered again within the documented residue, {in_doubt} acks in doubt (sent, their member or gateway lost before the answer), {frames} frames written on a thaw under their old epoch",
+        "real-gateway campaign: {count} seeds in {elapsed:.1?} ({:.0} seeds a minute), {activations} activations, {deliveries} deliveries, {residue} acked messages delivered again within the documented residue, {in_doubt} acks in doubt (sent, their member or gateway lost before the answer), {frames} frames written on a thaw under their old epoch, {cut_acks} acks answered while their gateway was cut off from NATS and delivered again",
         count as f64 * 60.0 / elapsed.as_secs_f64().max(1e-9)
     );
     assert!(

@@ -5,9 +5,10 @@
 //! - (b) deliveries' epochs never go back (once a member got a message under epoch e, none is
 //!   delivered under an earlier epoch): the deposed stay silent;
 //! - (c) a message whose ack was answered is not delivered again, unless the gateway that
-//!   answered it crashed, or froze past its lease, before JetStream could apply it: within
-//!   [`ACK_RESIDUE`] of answering or of JetStream having leaders again, when it had none
-//!   (docs/semantics.md#cluster-ack-final: counted apart, as the documented residue). An ack
+//!   answered it crashed, froze past its lease or was cut off from NATS before JetStream could
+//!   apply it (within [`ACK_RESIDUE`] of answering or of JetStream having leaders again, when
+//!   it had none), or answered it while cut off from NATS (docs/semantics.md#cluster-ack-final:
+//!   such an ack is never confirmed; both counted apart, as the documented residue). An ack
 //!   sent while its gateway was frozen past its lease is refused when it thaws, not answered
 //!   (docs/semantics.md#cluster-lease-checks): answered and delivered again, it breaks (c);
 //! - (d) every published message is acked by the end, once the faults healed, or its ack was
@@ -86,6 +87,12 @@ pub enum Seen {
     Cut {
         member: String,
     },
+    /// A gateway cut off from NATS (true: its bus, bucket and stream answer it nothing), or
+    /// reconnected (false).
+    CutFromNats {
+        gateway: String,
+        cut: bool,
+    },
     /// JetStream lost its leaders (true) or has them again (false).
     Leaderless(bool),
     /// The consumers' leaders lost, nobody told (true), or new ones elected (false).
@@ -161,6 +168,11 @@ pub fn describe(seen: &Seen) -> String {
             format!("{member} acked #{system_id} at {gateway}")
         }
         Seen::Cut { member } => format!("{member} cut off from its gateway"),
+        Seen::CutFromNats { gateway, cut: true } => format!("{gateway} cut off from NATS"),
+        Seen::CutFromNats {
+            gateway,
+            cut: false,
+        } => format!("{gateway} reconnected to NATS"),
         Seen::Leaderless(true) => "JetStream without leaders".to_string(),
         Seen::Leaderless(false) => "JetStream has leaders again".to_string(),
         Seen::ConsumersUnanswering(true) => {
@@ -173,6 +185,18 @@ pub fn describe(seen: &Seen) -> String {
         Seen::Frozen { gateway } => format!("{gateway} frozen"),
         Seen::Thawed { gateway } => format!("{gateway} thawed"),
     }
+}
+
+/// Whether `gateway` was cut off from NATS at `at` (by the last change of its link before).
+fn cut_from_nats_at(log: &[(Duration, Seen)], gateway: &str, at: Duration) -> bool {
+    log.iter()
+        .take_while(|(t, _)| *t <= at)
+        .filter_map(|(_, s)| match s {
+            Seen::CutFromNats { gateway: g, cut } if g == gateway => Some(*cut),
+            _ => None,
+        })
+        .last()
+        .unwrap_or(false)
 }
 
 /// When JetStream had leaders for its consumers at or after `at`: `at` itself, or the end of
@@ -313,6 +337,8 @@ pub struct Residue {
     pub acks: u64,
     /// Frames written on a thaw under the epoch they were handed over with.
     pub frames: u64,
+    /// Acks answered while their gateway was cut off from NATS, whose messages came again.
+    pub cut_acks: u64,
 }
 
 /// Checks (a) to (c), (e), (f) and (h) on what was seen.
@@ -399,6 +425,10 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
                     let lost_soon = log.iter().any(|(t, s)| {
                         let lost = match s {
                             Seen::Crashed { host } => host == gateway,
+                            Seen::CutFromNats {
+                                gateway: cut,
+                                cut: true,
+                            } => cut == gateway,
                             Seen::Frozen { gateway: frozen } => {
                                 frozen == gateway && frozen_past_the_lease(log, gateway, *t)
                             }
@@ -408,6 +438,10 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
                     });
                     if lost_soon {
                         residue.acks += 1;
+                    } else if cut_from_nats_at(log, gateway, *acked_at) {
+                        // Answered while its gateway could not tell JetStream: never confirmed
+                        // (docs/semantics.md#cluster-ack-final).
+                        residue.cut_acks += 1;
                     } else {
                         violations.push(format!(
                             "(c) #{system_id} delivered to {member} at {at:?}, acked at {acked_at:?} through {gateway}"

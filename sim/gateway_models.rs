@@ -67,6 +67,19 @@ impl Models {
         self.stream.consumers_unanswering(unanswering);
     }
 
+    /// Gateway `n` cut off from NATS (true), or reconnected (false): its bus, its bucket and
+    /// the stream answer it nothing meanwhile, while the other gateways reach them.
+    pub fn cut_from_nats(&self, n: u64, cut: bool) {
+        if cut {
+            self.bus.partition(n);
+            self.kv.partition(n);
+        } else {
+            self.bus.heal(n);
+            self.kv.heal(n);
+        }
+        self.stream.cut_off(n, cut);
+    }
+
     /// The next `n` publish answers are lost after their message was stored (the outcome
     /// unknown to the gateway, which sends it again with its message id).
     pub fn lose_answers(&self, n: u32) {
@@ -91,8 +104,21 @@ impl Models {
     /// Gateway `n` (1, 2, ...) over the models: its bus and bucket clients are `n`'s (cut off
     /// together by the models' partitions). Each start raises the epoch floor and claims a
     /// route in the bucket, as production's does (`tinybroker::cluster::identity`), and gets
-    /// an id of its own.
+    /// an id of its own. A start that fails (its gateway cut off from NATS) is made again by
+    /// its supervisor, here every 500 ms, until one gets through.
     pub async fn gateway(&self, n: u64) -> Gateway {
+        loop {
+            match self.start(n).await {
+                Ok(gateway) => return gateway,
+                Err(error) => {
+                    tracing::debug!(n, %error, "a model gateway's start failed; starting it again");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
+    async fn start(&self, n: u64) -> Result<Gateway, String> {
         let start = self
             .starts
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
@@ -101,19 +127,19 @@ impl Models {
         let now = UNIX_START_MICROS + self.clock.now().as_micros() as u64;
         let epoch_floor = tinybroker::cluster::identity::raise_epoch_floor(&kv, now)
             .await
-            .expect("the model bucket raises the epoch floor");
+            .map_err(|e| e.to_string())?;
         let route = tinybroker::cluster::identity::claim_route(
             &kv,
             now,
             tinybroker::broker::GATEWAY_ROUTE_SHIFT,
         )
         .await
-        .expect("the model bucket gives a route");
+        .map_err(|e| e.to_string())?;
         let parts = Parts {
             bus: Arc::new(self.bus.client(n)),
-            jetstream: Arc::new(self.stream.clone()),
-            records: Arc::new(self.stream.clone()),
-            stream: Arc::new(self.stream.clone()),
+            jetstream: Arc::new(self.stream.client(n)),
+            records: Arc::new(self.stream.client(n)),
+            stream: Arc::new(self.stream.client(n)),
             backplane: Arc::new(kv),
             settings: StreamSettings {
                 name: STREAM.into(),
@@ -136,9 +162,7 @@ impl Models {
             ..GatewayConfig::new("model")
         };
         let clock = Arc::new(tinybroker::clock::TokioClock::new());
-        Gateway::assemble(config, Limits::default(), clock, parts)
-            .await
-            .expect("the gateway assembles over the models")
+        Gateway::assemble(config, Limits::default(), clock, parts).await
     }
 }
 
@@ -295,6 +319,88 @@ fn cluster_gateways_over_the_models_promote_the_standby_with_the_unacked_message
             closed.elapsed() < Duration::from_millis(500),
             "redelivered {:?} after the close",
             closed.elapsed()
+        );
+    });
+}
+
+// docs/semantics.md#cluster-ack-final, "what is left": a gateway cut off from NATS answers an
+// ack of its active member while its lease lasts, but cannot tell JetStream; once its lease
+// ended it sends nothing, counts the ack unconfirmed, and ends its member, and the message
+// comes again to the member promoted at the other gateway, under a higher epoch. Past its
+// lease, the cut-off gateway answers no settle as taken.
+#[test]
+fn cluster_gateway_cut_off_from_nats_counts_the_ack_it_could_not_send() {
+    run(async || {
+        let models = Models::new();
+        let (one, two) = (models.gateway(1).await, models.gateway(2).await);
+        let jobs = request("jobs", Mode::Singleton, "jobs.>");
+        let mut first = one.open(&jobs, None).await.unwrap();
+        let Outbound::Confirm {
+            member_id,
+            epoch: deposed,
+            ..
+        } = next(&mut first).await
+        else {
+            panic!("the first member is active");
+        };
+        let mut second = two.open(&jobs, None).await.unwrap();
+        let published = two.publish(draft("jobs.run", "a")).await.unwrap();
+        let second_message = two.publish(draft("jobs.run", "b")).await.unwrap();
+        for expected in [published.system_id, second_message.system_id] {
+            let Outbound::Message { message, .. } = next(&mut first).await else {
+                panic!("the active member gets the messages");
+            };
+            assert_eq!(message.system_id(), expected);
+        }
+        models.cut_from_nats(1, true);
+        // Within its lease: answered.
+        one.settle("jobs", Fence::Member(member_id), published.system_id, false)
+            .await
+            .expect("answered within the lease");
+        assert_eq!(one.broker().list().1.unconfirmed_acks, 0);
+        // The lease ends (3 s): the member's stream ends, the ack was never sent.
+        loop {
+            match next(&mut first).await {
+                Outbound::End(_) => break,
+                Outbound::Message { .. } => panic!("nothing handed over while cut off"),
+                _ => {}
+            }
+        }
+        // Past the lease nothing is answered as taken (the member ended, its messages given
+        // back: not in flight).
+        let late = one
+            .settle(
+                "jobs",
+                Fence::Member(member_id),
+                second_message.system_id,
+                false,
+            )
+            .await;
+        assert!(
+            late.is_err(),
+            "a settle past the lease was answered {late:?}"
+        );
+        tokio::time::timeout(SOON, async {
+            while one.broker().list().1.unconfirmed_acks != 1 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the unsent ack counted");
+        let promoted = loop {
+            match next(&mut second).await {
+                Outbound::Confirm { epoch, .. } => break epoch,
+                Outbound::Standby { .. } => continue,
+                other => panic!("nothing before the promotion: {other:?}"),
+            }
+        };
+        assert!(promoted > deposed);
+        let Outbound::Message { message, epoch, .. } = next(&mut second).await else {
+            panic!("the acked message comes again");
+        };
+        assert_eq!(
+            (message.system_id(), epoch),
+            (published.system_id, promoted)
         );
     });
 }

@@ -7,7 +7,7 @@
 //! Its pull consumers are in `jetstream_consumers.rs`; [`ModelConsumer`] is one's handle.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -71,6 +71,8 @@ struct State {
     unanswering: bool,
     /// Answers to lose (the message is stored, the sender hears nothing).
     lose_answers: u32,
+    /// Connections cut off ([`StreamModel::cut_off`]).
+    cut: BTreeSet<u64>,
 }
 
 struct Shared {
@@ -83,7 +85,11 @@ struct Shared {
 
 /// The shared stream.
 #[derive(Clone)]
-pub struct StreamModel(Arc<Shared>);
+pub struct StreamModel {
+    shared: Arc<Shared>,
+    /// Whose connection this handle is (a gateway's number; 0: nobody's, never cut off).
+    client: u64,
+}
 
 fn header<'a>(message: &'a Outgoing, name: &str) -> Option<&'a str> {
     message
@@ -109,32 +115,65 @@ impl StreamModel {
 
     /// A stream of the subjects `<prefix>.>`, keeping time by `clock`.
     pub fn on(prefix: &str, clock: TrueTime) -> Self {
-        Self(Arc::new(Shared {
-            name: prefix.to_string(),
-            state: Mutex::new(State {
-                also: Vec::new(),
-                advisories: None,
-                clock,
-                consumers: BTreeMap::new(),
-                made: 0,
-                max_consumers: None,
-                prefix: prefix.to_string(),
-                last: 0,
-                messages: BTreeMap::new(),
-                last_of_subject: HashMap::new(),
-                ids: HashMap::new(),
-                staged: HashMap::new(),
-                max_messages: None,
-                leaderless: false,
-                unanswering: false,
-                lose_answers: 0,
+        Self {
+            shared: Arc::new(Shared {
+                name: prefix.to_string(),
+                state: Mutex::new(State {
+                    also: Vec::new(),
+                    advisories: None,
+                    clock,
+                    consumers: BTreeMap::new(),
+                    made: 0,
+                    max_consumers: None,
+                    prefix: prefix.to_string(),
+                    last: 0,
+                    messages: BTreeMap::new(),
+                    last_of_subject: HashMap::new(),
+                    ids: HashMap::new(),
+                    staged: HashMap::new(),
+                    max_messages: None,
+                    leaderless: false,
+                    unanswering: false,
+                    lose_answers: 0,
+                    cut: BTreeSet::new(),
+                }),
+                wake: Notify::new(),
             }),
-            wake: Notify::new(),
-        }))
+            client: 0,
+        }
+    }
+
+    /// The same stream through gateway `client`'s connection, which [`StreamModel::cut_off`]
+    /// can cut.
+    pub fn client(&self, client: u64) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            client,
+        }
+    }
+
+    /// Cuts `client`'s connection off (true), or restores it (false). Meanwhile, through it, the
+    /// stream and its consumers answer as if they had no leader (publishes find no responders,
+    /// pulls fail and open ones end, answers are not applied, nothing is made, read, listed or
+    /// deleted), while every other connection goes on.
+    pub fn cut_off(&self, client: u64, cut: bool) {
+        let mut state = self.lock();
+        if cut {
+            state.cut.insert(client);
+        } else {
+            state.cut.remove(&client);
+        }
+        drop(state);
+        self.shared.wake.notify_waiters();
+    }
+
+    /// Whether nothing reaches the stream through this handle: no leader, or its connection cut.
+    fn down(&self, state: &State) -> bool {
+        state.leaderless || state.cut.contains(&self.client)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.0
+        self.shared
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -152,7 +191,7 @@ impl StreamModel {
     pub fn leaderless(&self, leaderless: bool) {
         self.lock().leaderless = leaderless;
         if leaderless {
-            self.0.wake.notify_waiters();
+            self.shared.wake.notify_waiters();
         }
     }
 
@@ -162,7 +201,7 @@ impl StreamModel {
     /// delivered come again after their ack wait, once there is a leader.
     pub fn consumers_unanswering(&self, unanswering: bool) {
         self.lock().unanswering = unanswering;
-        self.0.wake.notify_waiters();
+        self.shared.wake.notify_waiters();
     }
 
     /// The next `n` answers are lost after their message was stored.
@@ -190,7 +229,10 @@ impl StreamModel {
     fn advise(&self, what: &str, name: &str) {
         let bus = self.lock().advisories.clone();
         if let Some(bus) = bus {
-            let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.{what}.{}.{name}", self.0.name);
+            let subject = format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.{what}.{}.{name}",
+                self.shared.name
+            );
             tokio::spawn(async move {
                 use tinybroker::cluster::bus::Bus;
                 let _ = bus.publish(&subject, bytes::Bytes::new()).await;
@@ -238,7 +280,7 @@ impl StreamModel {
     fn make(&self, config: ConsumerConfig) -> Result<(Found, bool), CreateError> {
         let mut state = self.lock();
         let state = &mut *state;
-        if state.leaderless {
+        if self.down(state) {
             return Err(CreateError::ForNow("timed out".to_string()));
         }
         if let Some(existing) = state.consumers.get(&config.name) {
@@ -299,7 +341,7 @@ impl StreamModel {
     fn decide(&self, message: Outgoing) -> Result<PubAck, PublishError> {
         let mut state = self.lock();
         let state = &mut *state;
-        if state.leaderless || !Self::takes(state, &message.subject) {
+        if self.down(state) || !Self::takes(state, &message.subject) {
             return Err(PublishError::NoResponders);
         }
         let batch = header(&message, BATCH_ID).map(str::to_string);
@@ -356,7 +398,7 @@ impl StreamModel {
                 }
             }
         };
-        self.0.wake.notify_waiters();
+        self.shared.wake.notify_waiters();
         if state.lose_answers > 0 {
             state.lose_answers -= 1;
             return Err(PublishError::Unanswered(
@@ -385,6 +427,10 @@ impl JetStream for StreamModel {
 
     fn send(&self, message: Outgoing) -> BoxFuture<'_, Result<(), PublishError>> {
         Box::pin(async move {
+            if self.down(&self.lock()) {
+                // Nobody answers a message sent without a reply: lost.
+                return Ok(());
+            }
             match header(&message, BATCH_ID) {
                 Some(batch) => {
                     let batch = batch.to_string();
@@ -433,7 +479,7 @@ impl StreamModel {
             return Err(AckError::NoResponders);
         };
         let mut state = self.lock();
-        if state.leaderless {
+        if self.down(&state) {
             return Err(AckError::NoResponders);
         }
         if state.unanswering {
@@ -446,7 +492,7 @@ impl StreamModel {
             .ok_or(AckError::NoResponders)?;
         consumer.answer(sequence, answer, now);
         if matches!(answer, Answer::Nak(_)) {
-            self.0.wake.notify_waiters();
+            self.shared.wake.notify_waiters();
         }
         Ok(())
     }
@@ -486,7 +532,7 @@ impl Consumer for ModelConsumer {
         Box::pin(async move {
             let clock = {
                 let state = this.stream.lock();
-                if state.leaderless {
+                if this.stream.down(&state) {
                     return Err(PullError("no responders".to_string()));
                 }
                 // By name, as NATS pulls: a handle of a consumer deleted and made again under
@@ -500,7 +546,7 @@ impl Consumer for ModelConsumer {
             let deliveries: Deliveries = Box::pin(async_stream::stream! {
                 let mut brought = 0;
                 while brought < max_messages {
-                    let shared = this.stream.0.clone();
+                    let shared = this.stream.shared.clone();
                     let woken = shared.wake.notified();
                     tokio::pin!(woken);
                     woken.as_mut().enable();
@@ -508,7 +554,7 @@ impl Consumer for ModelConsumer {
                     let taken = {
                         let mut state = this.stream.lock();
                         let state = &mut *state;
-                        if state.leaderless {
+                        if this.stream.down(state) {
                             break;
                         }
                         let Some(consumer) = state.consumers.get_mut(&this.name) else {
@@ -554,13 +600,13 @@ impl Consumer for ModelConsumer {
 
 impl Stream for StreamModel {
     fn name(&self) -> &str {
-        &self.0.name
+        &self.shared.name
     }
 
     fn consumer(&self, name: &str) -> BoxFuture<'_, Result<Option<Found>, ConsumerError>> {
         let found = {
             let state = self.lock();
-            match state.leaderless {
+            match self.down(&state) {
                 true => Err(ConsumerError::Other("timed out".to_string())),
                 false => Ok(state
                     .consumers
@@ -580,7 +626,7 @@ impl Stream for StreamModel {
         let info = {
             let state = self.lock();
             match state.consumers.get(name) {
-                _ if state.leaderless => Err(ConsumerError::Other("timed out".to_string())),
+                _ if self.down(&state) => Err(ConsumerError::Other("timed out".to_string())),
                 Some(consumer) => Ok(consumer.info(&state.messages)),
                 None => Err(ConsumerError::NotFound),
             }
@@ -591,7 +637,7 @@ impl Stream for StreamModel {
     fn consumers(&self) -> BoxFuture<'_, Result<Vec<ConsumerInfo>, ConsumerError>> {
         let listed = {
             let state = self.lock();
-            match state.leaderless {
+            match self.down(&state) {
                 true => Err(ConsumerError::Other("timed out".to_string())),
                 false => Ok(state
                     .consumers
@@ -606,7 +652,7 @@ impl Stream for StreamModel {
     fn consumer_count(&self) -> BoxFuture<'_, Result<usize, ConsumerError>> {
         let count = {
             let state = self.lock();
-            match state.leaderless {
+            match self.down(&state) {
                 true => Err(ConsumerError::Other("timed out".to_string())),
                 false => Ok(state.consumers.len()),
             }
@@ -620,7 +666,7 @@ impl Stream for StreamModel {
     ) -> BoxFuture<'_, Result<Option<StoredMessage>, StreamError>> {
         let last = {
             let state = self.lock();
-            match state.leaderless {
+            match self.down(&state) {
                 true => Err(StreamError("timed out".to_string())),
                 false => Ok(state
                     .last_of_subject
@@ -640,7 +686,7 @@ impl Stream for StreamModel {
         let purged = {
             let mut state = self.lock();
             let state = &mut *state;
-            if state.leaderless {
+            if self.down(state) {
                 Err(StreamError("timed out".to_string()))
             } else {
                 state
@@ -670,7 +716,7 @@ impl Stream for StreamModel {
     fn delete_consumer(&self, name: &str) -> BoxFuture<'_, Result<(), ConsumerError>> {
         let deleted = {
             let mut state = self.lock();
-            match state.leaderless {
+            match self.down(&state) {
                 true => Err(ConsumerError::Other("timed out".to_string())),
                 false => state
                     .consumers

@@ -104,6 +104,9 @@ pub(in crate::cluster::gateway) async fn confirm(
                 };
             if !leased && !renewed {
                 if incarnation.is_some_and(|i| lease.incarnation() != i) {
+                    // Answered, never confirmed: its message goes to the member promoted
+                    // (docs/semantics.md#cluster-ack-final).
+                    shared.broker.count_unconfirmed_ack();
                     tracing::debug!(%subscription, sequence, ?kind, tries, "past this gateway's lease: the ack is not sent (again); JetStream redelivers to the member promoted");
                 } else {
                     // Still lapsed past the patience: the member is about to be ended.
