@@ -7,7 +7,8 @@
 //! off from its gateway for a while; JetStream without leaders for a while (publishes, pulls,
 //! answers and consumer requests fail meanwhile); the consumers' leaders lost for a while
 //! (answers and pulls vanish unanswered); the answers to the next few publishes lost once
-//! stored; a gateway cut off from NATS while its clients and the other gateways go on. What the clients saw is judged by `gateway_judge.rs`; that each publish request was
+//! stored; a gateway cut off from NATS while its clients and the other gateways go on. A
+//! watcher follows the leadership, judged by check (w). What the clients saw is judged by `gateway_judge.rs`; that each publish request was
 //! stored once, (g), is read off the model's stream here.
 
 use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
@@ -15,7 +16,7 @@ use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
 use tinybroker::pb::{self, subscription_frame::Frame};
 
 use crate::{
-    gateway_judge::{Seen, Settled, describe, judge, settled},
+    gateway_judge::{Seen, Settled, describe, judge, judge_watches, settled},
     gateway_models::Models,
     gateway_process::{Process, step},
     gateway_world::{client_with, singleton, world},
@@ -52,6 +53,8 @@ pub struct Outcome {
     /// Messages whose ack was sent but not answered, its member or gateway lost meanwhile.
     pub in_doubt: u64,
     pub activations: u64,
+    /// Leadership watch frames seen.
+    pub watched: u64,
     pub deliveries: u64,
     pub faults: Vec<String>,
     pub log: Vec<String>,
@@ -131,6 +134,7 @@ fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed:
                                         &log,
                                         Seen::Active {
                                             member: me.clone(),
+                                            member_id: c.member_id,
                                             epoch: c.epoch,
                                         },
                                     );
@@ -173,6 +177,42 @@ fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed:
     });
 }
 
+/// A watcher host: watches `jobs`' leadership at a gateway drawn from its seed, noting every
+/// frame, and watches again (at another drawn gateway) whenever a watch ends or cannot open.
+fn watcher_host(sim: &mut turmoil::Sim<'static>, gateways: &[String], seed: u64, log: &Log) {
+    let (gateways, log) = (gateways.to_vec(), log.clone());
+    sim.host("watcher", move || {
+        let (gateways, log) = (gateways.clone(), log.clone());
+        async move {
+            let mut rng = Rng::new(seed);
+            let mut watch = 0;
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let gateway = &gateways[rng.range(0, gateways.len() as u64 - 1) as usize];
+                let mut client = client_with(gateway, net::KEEPALIVE_TIMEOUT).await;
+                let request = pb::WatchLeadershipRequest {
+                    subscription_id: "jobs".into(),
+                };
+                let Ok(frames) = client.watch_leadership(request).await else {
+                    continue;
+                };
+                watch += 1;
+                let mut frames = frames.into_inner();
+                while let Ok(Some(frame)) = frames.message().await {
+                    note(
+                        &log,
+                        Seen::Watched {
+                            watch,
+                            active: frame.active_member_id,
+                            epoch: frame.epoch,
+                        },
+                    );
+                }
+            }
+        }
+    });
+}
+
 /// Runs seed `seed`.
 pub fn run(seed: u64) -> Outcome {
     let mut rng = Rng::new(seed);
@@ -200,6 +240,7 @@ pub fn run(seed: u64) -> Outcome {
     for (n, (member, gateway)) in members.iter().enumerate() {
         member_host(&mut sim, member, gateway, seed ^ (n as u64 + 1) << 32, &log);
     }
+    watcher_host(&mut sim, &gateways, rng.next_u64(), &log);
     let publisher_seed = rng.next_u64();
     let (plog, pgateways) = (log.clone(), gateways.clone());
     sim.client("publisher", async move {
@@ -429,6 +470,7 @@ pub fn run(seed: u64) -> Outcome {
     }
     let log = log.borrow().clone();
     let (mut judged, residue) = judge(&log);
+    violations.extend(judge_watches(&log));
     let in_doubt = log
         .iter()
         .filter_map(|(_, s)| match s {
@@ -451,6 +493,10 @@ pub fn run(seed: u64) -> Outcome {
         deliveries: log
             .iter()
             .filter(|(_, s)| matches!(s, Seen::Delivered { .. }))
+            .count() as u64,
+        watched: log
+            .iter()
+            .filter(|(_, s)| matches!(s, Seen::Watched { .. }))
             .count() as u64,
         faults: described,
         log: log
@@ -530,6 +576,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
             GatewayActsAfterLeaseExpiry,
             LapseResumesOnAnyAnswer,
             PublishWithoutMessageId,
+            WatchReportsStaleEpoch,
         ]
         .into_iter()
         .find(|bug| format!("{bug:?}") == name);
@@ -551,7 +598,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
     let base = env_u64("TINYBROKER_SIM_SEED_BASE").unwrap_or(0);
     let started = std::time::Instant::now();
     let (mut activations, mut deliveries, mut residue, mut in_doubt) = (0, 0, 0, 0);
-    let (mut frames, mut cut_acks) = (0, 0);
+    let (mut frames, mut cut_acks, mut watched) = (0, 0, 0);
     let mut failed = Vec::new();
     for seed in base..base + count {
         let outcome = run(seed);
@@ -560,6 +607,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
         residue += outcome.residue;
         frames += outcome.frames_on_thaw;
         cut_acks += outcome.cut_acks;
+        watched += outcome.watched;
         in_doubt += outcome.in_doubt;
         if !outcome.violations.is_empty() {
             println!("seed {seed} failed: {:?}", outcome.violations);
@@ -572,7 +620,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
         let done = seed - base + 1;
         if done.is_multiple_of(PROGRESS_EVERY) && done < count {
             println!(
-                "real-gateway campaign: seeds {base}..={seed} judged in {:.0?}: {} failed, {activations} activations, {deliveries} deliveries, {residue} in the ack residue, {cut_acks} answered cut off from NATS, {frames} frames on a thaw",
+                "real-gateway campaign: seeds {base}..={seed} judged in {:.0?}: {} failed, {activations} activations, {deliveries} deliveries, {watched} watch frames, {residue} in the ack residue, {cut_acks} answered cut off from NATS, {frames} frames on a thaw",
                 started.elapsed(),
                 failed.len(),
             );
@@ -580,7 +628,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
     }
     let elapsed = started.elapsed();
     println!(
-        "real-gateway campaign: {count} seeds in {elapsed:.1?} ({:.0} seeds a minute), {activations} activations, {deliveries} deliveries, {residue} acked messages delivered again within the documented residue, {in_doubt} acks in doubt (sent, their member or gateway lost before the answer), {frames} frames written on a thaw under their old epoch, {cut_acks} acks answered while their gateway was cut off from NATS and delivered again",
+        "real-gateway campaign: {count} seeds in {elapsed:.1?} ({:.0} seeds a minute), {activations} activations, {deliveries} deliveries, {watched} leadership watch frames, {residue} acked messages delivered again within the documented residue, {in_doubt} acks in doubt (sent, their member or gateway lost before the answer), {frames} frames written on a thaw under their old epoch, {cut_acks} acks answered while their gateway was cut off from NATS and delivered again",
         count as f64 * 60.0 / elapsed.as_secs_f64().max(1e-9)
     );
     assert!(
@@ -670,6 +718,17 @@ fn cluster_real_gateway_campaign_catches_a_publish_stored_twice() {
     campaigns_catch(
         tinybroker::core::planted::PlantedBug::PublishWithoutMessageId,
         &["(g)"],
+        500,
+    );
+}
+
+// The planted WatchReportsStaleEpoch (a gateway's leadership watch names a newly active member
+// with the epoch before it) is caught by check (w).
+#[test]
+fn cluster_real_gateway_campaign_catches_a_watch_naming_a_stale_epoch() {
+    campaigns_catch(
+        tinybroker::core::planted::PlantedBug::WatchReportsStaleEpoch,
+        &["(w)"],
         500,
     );
 }

@@ -46,6 +46,14 @@ pub const FRAME_RESIDUE: Duration = Duration::from_millis(100);
 pub enum Seen {
     Active {
         member: String,
+        member_id: u64,
+        epoch: u64,
+    },
+    /// A frame of leadership watch `watch` (each watch opened has its own number): the active
+    /// member's id (0: none) and the epoch.
+    Watched {
+        watch: u64,
+        active: u64,
         epoch: u64,
     },
     Delivered {
@@ -145,7 +153,16 @@ pub fn settled(log: &[(Duration, Seen)], id: u64) -> Settled {
 /// One line of a seed's log.
 pub fn describe(seen: &Seen) -> String {
     match seen {
-        Seen::Active { member, epoch } => format!("{member} active under epoch {epoch}"),
+        Seen::Active {
+            member,
+            member_id,
+            epoch,
+        } => format!("{member} (member {member_id}) active under epoch {epoch}"),
+        Seen::Watched {
+            watch,
+            active,
+            epoch,
+        } => format!("watch {watch}: member {active} active under epoch {epoch}"),
         Seen::Delivered {
             member,
             gateway,
@@ -356,7 +373,7 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
     let mut written: std::collections::BTreeSet<(String, Duration)> = Default::default();
     for (at, seen) in log {
         match seen {
-            Seen::Active { member, epoch } => {
+            Seen::Active { member, epoch, .. } => {
                 if let Some(other) = epochs.insert(*epoch, member.clone()) {
                     violations.push(format!(
                         "(a) epoch {epoch} confirmed to {other} and to {member} ({at:?})"
@@ -460,6 +477,61 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
     (violations, residue)
 }
 
+/// Check (w), on the leadership watches' frames (docs/semantics.md#watching-leadership): within
+/// one watch epochs never fall, and no frame names a member under an epoch confirmed to
+/// another, or that another frame named another member under.
+pub fn judge_watches(log: &[(Duration, Seen)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    let confirmed: BTreeMap<u64, (u64, &str)> = log
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Seen::Active {
+                member,
+                member_id,
+                epoch,
+            } => Some((*epoch, (*member_id, member.as_str()))),
+            _ => None,
+        })
+        .collect();
+    let mut last_of: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut named: BTreeMap<u64, u64> = BTreeMap::new();
+    for (at, seen) in log {
+        let Seen::Watched {
+            watch,
+            active,
+            epoch,
+        } = seen
+        else {
+            continue;
+        };
+        if let Some(last) = last_of.insert(*watch, *epoch)
+            && last > *epoch
+        {
+            violations.push(format!(
+                "(w) watch {watch} showed epoch {epoch} after {last} ({at:?})"
+            ));
+        }
+        if *active == 0 {
+            continue;
+        }
+        if let Some((id, member)) = confirmed.get(epoch)
+            && id != active
+        {
+            violations.push(format!(
+                "(w) watch {watch} named member {active} under epoch {epoch}, confirmed to {member} (member {id}) ({at:?})"
+            ));
+        }
+        if let Some(other) = named.insert(*epoch, *active)
+            && other != *active
+        {
+            violations.push(format!(
+                "(w) watch {watch} named member {active} under epoch {epoch}, which a frame gave member {other} ({at:?})"
+            ));
+        }
+    }
+    violations
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +560,7 @@ mod tests {
     fn cluster_real_gateway_judge_catches_a_message_in_flight_to_two_members_and_a_late_epoch() {
         let active = |member: &str, epoch| Seen::Active {
             member: member.into(),
+            member_id: 0,
             epoch,
         };
         let mut log = vec![
@@ -539,6 +612,36 @@ mod tests {
             "thawed within its lease"
         );
         assert!(checks(&frozen(1_000, 4_000)).is_empty(), "frozen 3 s");
+    }
+
+    // Check (w) can fail: a watch's epoch falling, and a frame naming another member under
+    // a confirmed epoch.
+    #[test]
+    fn cluster_real_gateway_judge_catches_a_watch_going_back_or_naming_another_member() {
+        let watched = |watch, active, epoch| Seen::Watched {
+            watch,
+            active,
+            epoch,
+        };
+        let mut log = vec![
+            (
+                ms(0),
+                Seen::Active {
+                    member: "m1".into(),
+                    member_id: 11,
+                    epoch: 3,
+                },
+            ),
+            (ms(1), watched(1, 11, 3)),
+            (ms(2), watched(2, 11, 3)),
+            (ms(3), watched(2, 0, 3)),
+            (ms(4), watched(1, 12, 6)),
+        ];
+        assert!(judge_watches(&log).is_empty(), "{:?}", judge_watches(&log));
+        log.push((ms(5), watched(1, 11, 3)));
+        assert_eq!(judge_watches(&log).len(), 1, "{:?}", judge_watches(&log));
+        log.push((ms(6), watched(3, 12, 3)));
+        assert_eq!(judge_watches(&log).len(), 3, "{:?}", judge_watches(&log));
     }
 
     // Check (c) can fail on a thaw: an ack sent while its gateway was frozen past its lease

@@ -45,7 +45,8 @@ pub enum PlantedBug {
     JoinWithoutLease,
     /// A leadership watch is told of a promotion with the epoch before it (breaks
     /// docs/semantics.md#watching-leadership: a frame names the active member with its epoch).
-    /// Planted in `broker::leadership`.
+    /// Planted in `broker::leadership` and in the gateway's watch
+    /// (`cluster::gateway::api::leadership`).
     WatchReportsStaleEpoch,
     /// A fenced publish is stored when it names the epoch just before the active one: a
     /// deposed leader's late publish gets through (breaks docs/semantics.md#fenced-publish).

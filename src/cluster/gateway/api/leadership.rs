@@ -318,6 +318,14 @@ async fn follow(
                         break;
                     }
                 }
+                let mut state = state;
+                if crate::core::planted::active(crate::core::planted::PlantedBug::WatchReportsStaleEpoch) {
+                    let before = sender.borrow();
+                    if before.active.is_some() && state.active.is_some() && before.active != state.active {
+                        // The planted bug: the new active member with the old epoch.
+                        state.epoch = before.epoch;
+                    }
+                }
                 sender.send_replace(state);
             }
             _ = check.tick() => {
