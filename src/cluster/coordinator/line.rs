@@ -41,6 +41,13 @@ impl Coordinator {
         // A value stays small: past this, attempts are JetStream's count (README).
         carry.truncate(MAX_CARRY);
         let active = self.subs.get(subscription).and_then(|(v, _)| v.active);
+        // Only the promotion that follows this gateway's active member may carry it: once the
+        // line shows no member of this gateway's active (others promoted past it, as after a
+        // pause past its lease), what it gave back comes with JetStream's count, and a carry
+        // riding with a later promotion would name an attempt below one already seen.
+        if active.is_none_or(|active| active.gateway != self.id()) {
+            return;
+        }
         self.carry
             .insert(subscription.to_string(), Carry { carry, active });
     }
@@ -78,9 +85,11 @@ impl Coordinator {
         // of it by the write's answer or by the watch (a write answered "unavailable" may have
         // landed), and also when a newer value came first. One written beside a standby's
         // leave, the active member unchanged, still rides with the promotion that follows.
+        // A newer value with another active member spends it too, whatever it carries:
+        // another gateway promoted past this one's member without it.
         if let Some(given) = self.carry.get(sub)
-            && given.carry == v.carry
             && given.active != v.active
+            && (given.carry == v.carry || newer)
         {
             self.carry.remove(sub);
         }

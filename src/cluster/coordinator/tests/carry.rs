@@ -259,3 +259,113 @@ fn a_join_appended_after_a_take_over_keeps_it_marked() {
         "8:1's gateway may activate it from this value"
     );
 }
+
+// A carry is for the promotion that follows this gateway's member. One given once the line
+// shows another gateway's member active (this gateway was taken for dead and others promoted
+// past it, as after a pause past its lease) is stale: riding with a later promotion, it named
+// a message's attempt below one a member had already seen (the real-gateway campaign's seed
+// 500272: attempt 1 after attempt 2).
+#[test]
+fn a_carry_given_after_another_gateway_promoted_past_this_one_rides_with_no_promotion() {
+    let v = SubValue {
+        line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
+        active: Some(uid(9, 5)),
+        epoch: 8,
+        carry: Vec::new(),
+        promoted: true,
+        took_over: true,
+        meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
+    };
+    let mut c = members_1_and_2_in(&v);
+    c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 1)]);
+    let (cmds, _) = drain(&mut c);
+    let leave = value(&cmds[0]);
+    assert_eq!(leave.line, vec![uid(7, 2), uid(9, 5)]);
+    assert_eq!(
+        leave.carry,
+        Vec::new(),
+        "a standby's leave carries nothing here"
+    );
+    written(&mut c, ms(6), &cmds[0], 10);
+    drain(&mut c);
+    // 9/5 goes; this gateway's 7/2 is promoted, with nothing carried.
+    let gone = SubValue {
+        line: vec![uid(7, 2)],
+        active: None,
+        ..v.clone()
+    };
+    see_line(&mut c, ms(7), &gone, 11);
+    let (cmds, _) = drain(&mut c);
+    let promoting = cmds
+        .iter()
+        .find(|cmd| cmd.key == "sub.jobs")
+        .map(value)
+        .expect("the write promoting 7/2");
+    assert_eq!(promoting.active, Some(uid(7, 2)));
+    assert_eq!(promoting.carry, Vec::new(), "no stale carry");
+}
+
+// Also when this gateway gave its carry while its view still showed its own member active, and
+// the watch then shows another gateway's promotion past it, without that carry: the promotion
+// it was for happened without it.
+#[test]
+fn a_carry_is_spent_by_another_gateways_promotion_past_this_ones_member() {
+    let v = SubValue {
+        line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
+        active: Some(uid(7, 1)),
+        epoch: 3,
+        carry: Vec::new(),
+        promoted: false,
+        took_over: false,
+        meta: Vec::new(),
+        prio: Vec::new(),
+        hand_over: 0,
+    };
+    let mut c = members_1_and_2_in(&v);
+    c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3)]);
+    let (cmds, _) = drain(&mut c);
+    assert_eq!(
+        value(&cmds[0]).carry,
+        vec![(41, 3)],
+        "this gateway's promotion carries it"
+    );
+    c.write_result(
+        ms(6),
+        cmds[0].id,
+        Err(KvError::WrongRevision {
+            expected: 9,
+            current: 10,
+        }),
+    );
+    // Another gateway's write came first: 9/5 promoted past 7/1, nothing carried.
+    let theirs = SubValue {
+        line: vec![uid(7, 2), uid(9, 5)],
+        active: Some(uid(9, 5)),
+        epoch: 10,
+        promoted: true,
+        took_over: true,
+        ..v.clone()
+    };
+    see_line(&mut c, ms(6), &theirs, 10);
+    let (cmds, _) = drain(&mut c);
+    assert!(
+        cmds.iter().all(|cmd| cmd.key != "sub.jobs"),
+        "the carry is not written onto 9/5's value: {cmds:?}"
+    );
+    let gone = SubValue {
+        line: vec![uid(7, 2)],
+        active: None,
+        ..theirs.clone()
+    };
+    see_line(&mut c, ms(7), &gone, 11);
+    let (cmds, _) = drain(&mut c);
+    let promoting = cmds
+        .iter()
+        .find(|cmd| cmd.key == "sub.jobs")
+        .map(value)
+        .expect("the write promoting 7/2");
+    assert_eq!(promoting.active, Some(uid(7, 2)));
+    assert_eq!(promoting.carry, Vec::new(), "spent by 9/5's promotion");
+}
