@@ -706,7 +706,7 @@ fn cluster_real_gateway_campaign_catches_a_gateway_delivering_past_its_lease_on_
     campaigns_catch(
         tinybroker::core::planted::PlantedBug::GatewaySkipsLeaseCheck,
         &["(b)", "(f)"],
-        500,
+        2_000,
     );
 }
 

@@ -292,6 +292,20 @@ fn frozen_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at: Duration) 
         .is_none_or(|(_, from, thawed)| thawed.is_none_or(|thawed| thawed >= from + LEASE_FLOOR))
 }
 
+/// Whether a frame that arrived at `t` from `gateway` came while that gateway was frozen (handed
+/// to the transport just before the freeze), by a freeze past its lease that began at least
+/// [`LEASE_FLOOR`] before `at`: its member holds nothing at `at`, as one whose gateway froze
+/// after the frame came.
+fn arrived_frozen(log: &[(Duration, Seen)], t: Duration, gateway: &str, at: Duration) -> bool {
+    freezes(log).any(|(g, from, thawed)| {
+        g == gateway
+            && from <= t
+            && thawed.is_none_or(|thawed| thawed > t)
+            && from + LEASE_FLOOR <= at
+            && frozen_past_the_lease(log, g, from)
+    })
+}
+
 /// Another member that holds message `id` when it is delivered to `member` at `at`: it got the
 /// message, sent no ack for it, and meanwhile neither its stream ended nor it, its gateway or
 /// its link to it was lost, nor its gateway's lease could have ended (a gateway frozen at `f`
@@ -316,7 +330,8 @@ fn held_elsewhere(
                 ..
             } if *system_id == id
                 && m != member
-                && written_on_thaw(log, *t, gateway, id).is_none() =>
+                && written_on_thaw(log, *t, gateway, id).is_none()
+                && !arrived_frozen(log, *t, gateway, at) =>
             {
                 holders.insert(m, (*t, gateway));
             }
@@ -612,6 +627,35 @@ mod tests {
             "thawed within its lease"
         );
         assert!(checks(&frozen(1_000, 4_000)).is_empty(), "frozen 3 s");
+    }
+
+    // A frame that arrives from a gateway already frozen (handed to the transport just before
+    // the freeze) leaves its member holding nothing once the freeze outlasted the lease; within
+    // the lease it still holds (seed 603745 of 29c7b52 flagged (h) here).
+    #[test]
+    fn cluster_real_gateway_judge_lets_a_frame_arriving_from_a_frozen_gateway_go_with_its_lease() {
+        let log = |thawed| {
+            vec![
+                (
+                    ms(6_513),
+                    Seen::Frozen {
+                        gateway: "gw2".into(),
+                    },
+                ),
+                (ms(6_519), delivered("m1", "gw2", 9, (1, 5))),
+                (
+                    ms(thawed),
+                    Seen::Thawed {
+                        gateway: "gw2".into(),
+                    },
+                ),
+                (ms(9_449), delivered("m3", "gw1", 9, (2, 12))),
+            ]
+        };
+        let mut past = log(11_119);
+        past.sort_by_key(|(t, _)| *t);
+        assert!(checks(&past).is_empty(), "{:?}", judge(&past).0);
+        assert_eq!(checks(&log(7_000)), ["(h)"], "thawed within its lease");
     }
 
     // Check (w) can fail: a watch's epoch falling, and a frame naming another member under
