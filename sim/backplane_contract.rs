@@ -21,6 +21,7 @@ macro_rules! every_contract_check {
         $run!(live_keys_name_every_key_holding_a_value);
         $run!(last_revision_is_the_latest_write_of_any_key);
         $run!(gateways_started_together_claim_routes_of_their_own_and_raise_the_floor);
+        $run!(a_start_over_a_deleted_identity_key_is_refused_naming_it);
     };
 }
 
@@ -178,6 +179,29 @@ pub async fn gateways_started_together_claim_routes_of_their_own_and_raise_the_f
     assert!(next + offset.epoch_offset > now);
 }
 
+/// A start over a bucket whose `routes` or `ids` key an operator deleted is refused with an
+/// error naming the key, at once, not after ten tries as if other gateways kept writing it.
+pub async fn a_start_over_a_deleted_identity_key_is_refused_naming_it(kv: &impl Backplane) {
+    use tinybroker::cluster::identity::{claim_route, raise_epoch_floor};
+    const SHIFT: u32 = tinybroker::broker::GATEWAY_ROUTE_SHIFT;
+    let now = tinybroker::clock::system_unix_micros() + 3_600_000_000;
+    claim_route(kv, now, SHIFT).await.unwrap();
+    raise_epoch_floor(kv, now).await.unwrap();
+    for key in ["ids", "routes"] {
+        let held = kv.get(key).await.unwrap().expect("written");
+        kv.delete(key, held.revision).await.unwrap();
+    }
+    for refused in [
+        claim_route(kv, now, SHIFT).await.map(|_| ()),
+        raise_epoch_floor(kv, now).await.map(|_| ()),
+    ] {
+        match refused {
+            Err(KvError::Unavailable(why)) => assert!(why.contains("was deleted"), "{why}"),
+            other => panic!("a start over a deleted key: {other:?}"),
+        }
+    }
+}
+
 /// A backplane whose every operation first yields to the other tasks polled with it.
 struct Interleaved<'a, K>(&'a K);
 
@@ -303,6 +327,11 @@ fn cluster_backplane_model_gateways_started_together_claim_routes_of_their_own()
     run(async |kv| {
         gateways_started_together_claim_routes_of_their_own_and_raise_the_floor(kv).await;
     });
+}
+
+#[test]
+fn cluster_backplane_model_a_start_over_a_deleted_identity_key_is_refused() {
+    run(async |kv| a_start_over_a_deleted_identity_key_is_refused_naming_it(kv).await);
 }
 
 #[test]

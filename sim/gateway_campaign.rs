@@ -278,14 +278,16 @@ pub fn run(seed: u64) -> Outcome {
         let at = Duration::from_millis(rng.range(2_500, 11_000));
         let mut lasting = Duration::from_millis(rng.range(300, 4_000));
         let gateway = gateways[rng.range(0, gateways.len() as u64 - 1) as usize].clone();
-        let fault = match rng.range(0, 7) {
+        // A freeze has two draws of nine: it takes a frozen active gateway, a member outlasting
+        // its lease and the thaw's order together to show a lease check missing.
+        let fault = match rng.range(0, 8) {
             5 => Fault::LostAnswers(rng.range(1, 3) as u32),
             6 => Fault::CutFromNats(gateway),
             0 => Fault::Crash(members[rng.range(0, 2) as usize].0.clone()),
             1 => Fault::Crash(gateway),
             2 => Fault::Leaderless,
             4 => Fault::ConsumersUnanswering,
-            3 => {
+            3 | 7 => {
                 // Frozen for up to 8 s, so often past the lease (3 s), and mostly the gateway of
                 // the member last confirmed active, as a pause hurts most there.
                 lasting = Duration::from_millis(rng.range(1_000, 8_000));

@@ -6,8 +6,8 @@
 //!   delivered under an earlier epoch): the deposed stay silent;
 //! - (c) a message whose ack was answered is not delivered again, unless the gateway that
 //!   answered it crashed, froze past its lease or was cut off from NATS before JetStream could
-//!   apply it (within [`ACK_RESIDUE`] of answering or of JetStream having leaders again, when
-//!   it had none), or answered it while cut off from NATS (docs/semantics.md#cluster-ack-final:
+//!   apply it (within [`ACK_RESIDUE`] of answering, or of the gateway's next try once JetStream
+//!   had leaders again, when it had none), or answered it while cut off from NATS (docs/semantics.md#cluster-ack-final:
 //!   such an ack is never confirmed; both counted apart, as the documented residue). An ack
 //!   sent while its gateway was frozen past its lease is refused when it thaws, not answered
 //!   (docs/semantics.md#cluster-lease-checks): answered and delivered again, it breaks (c);
@@ -32,6 +32,10 @@ use std::{collections::BTreeMap, time::Duration};
 /// How long after answering an ack a gateway's crash may still lose it (the ack's confirmation
 /// to JetStream not yet applied).
 pub const ACK_RESIDUE: Duration = Duration::from_millis(50);
+/// How long after JetStream's consumers answer again an ack that waited through their loss may
+/// still be on its way: the gateway sends each try again once the one before timed out (1 s,
+/// `ACK_TRY`), and one sent during the loss is answered by nobody.
+const ACK_TRY: Duration = Duration::from_secs(1);
 /// How long a frame may take from a gateway to its member (turmoil's latency is at most
 /// 20 ms, plus the gateway's network host).
 pub const IN_FLIGHT: Duration = Duration::from_millis(100);
@@ -452,8 +456,14 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
                 }
                 highest_delivery = highest_delivery.max(*epoch);
                 if let Some((acked_at, gateway)) = acked.get(system_id) {
-                    // JetStream could apply the ack once it had leaders again, if it had none.
-                    let applicable = leaders_back(log, *acked_at);
+                    // JetStream could apply the ack once it had leaders again, if it had none,
+                    // and the gateway's next try came.
+                    let back = leaders_back(log, *acked_at);
+                    let applicable = if back > *acked_at {
+                        back.saturating_add(ACK_TRY)
+                    } else {
+                        back
+                    };
                     let lost_soon = log.iter().any(|(t, s)| {
                         let lost = match s {
                             Seen::Crashed { host } => host == gateway,

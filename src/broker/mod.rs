@@ -769,7 +769,7 @@ impl Broker {
         let result = self
             .resolve_fence(state, fence, system_id, unsent)
             .and_then(|member| {
-                self.settle_gated(state, system_id, kind)?;
+                self.settle_gated(state, member, system_id, kind)?;
                 match kind {
                     Settlement::Ack => state.core.ack(member, system_id),
                     Settlement::Nack => state.core.nack(member, system_id),
@@ -819,13 +819,19 @@ impl Broker {
     fn settle_gated(
         &self,
         state: &SubState,
+        member: Option<MemberId>,
         system_id: SystemId,
         kind: Settlement,
     ) -> Result<(), Error> {
         let Some(gate) = self.inner.settle_gate.get() else {
             return Ok(());
         };
-        if !state.core.is_arbitrated() || state.core.holder(system_id).is_none() || gate() {
+        // Only the holder's settle would be applied: any other gets its usual answer.
+        if !state.core.is_arbitrated()
+            || member.is_none()
+            || state.core.holder(system_id) != member
+            || gate()
+        {
             return Ok(());
         }
         let what = match kind {
@@ -834,7 +840,7 @@ impl Broker {
             Settlement::Release => "release",
         };
         Err(Error::Unavailable(format!(
-            "this gateway's lease on {} ended (the gateway was paused or lost the coordination bucket): the {what} of message {system_id} was not applied; this member's stream ends, and the member promoted next gets the message",
+            "this gateway's cluster lease ended (the gateway was paused, or lost the coordination bucket): the {what} of message {system_id} of subscription {} was not applied; this member's stream ends, and the member promoted next gets the message",
             state.core.id()
         )))
     }

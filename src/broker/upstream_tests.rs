@@ -723,3 +723,37 @@ async fn past_the_lease_a_settle_of_a_held_message_is_refused_and_changes_nothin
     broker.ack("s", Fence::Member(member), 1).unwrap();
     assert!(s.settler().settle(&[2], &[], &[]).unwrap().is_empty());
 }
+
+// docs/semantics.md#cluster-lease-checks: past the lease, a settle by a member that does not
+// hold the message (a standby, or a member id nobody has) gets its usual answer, not the
+// lease's refusal.
+#[tokio::test(start_paused = true)]
+async fn past_the_lease_a_settle_by_a_member_not_holding_the_message_gets_its_usual_answer() {
+    let (broker, mut s, live) = promoted(4, Vec::new()).await;
+    let mut req = request("s", Mode::Singleton);
+    req.member.max_in_flight = 4;
+    let standby = broker.open(&req, None).unwrap();
+    broker.inject("s", message(1), 1, &live).unwrap();
+    assert_eq!(delivered(&mut s).await, Some((1, 1)));
+    let answers = || {
+        [standby.member_id(), 424_242].map(|member| {
+            match broker.ack("s", Fence::Member(member), 1) {
+                Err(e) => format!("{:?}", e.kind()),
+                Ok(()) => "OK".into(),
+            }
+        })
+    };
+    let before = answers();
+    let open = Arc::new(AtomicBool::new(false));
+    let gate = open.clone();
+    broker.gate_singleton_settles(Arc::new(move || gate.load(Ordering::SeqCst)));
+    assert_eq!(
+        answers(),
+        before,
+        "(standby, unknown member) past the lease"
+    );
+    assert!(
+        !before.iter().any(|a| a == "OK" || a == "Unavailable"),
+        "{before:?}"
+    );
+}

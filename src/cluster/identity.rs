@@ -81,6 +81,15 @@ async fn read_json<T: serde::de::DeserializeOwned + Default>(
     key: &str,
 ) -> Result<(T, Revision), KvError> {
     Ok(match kv.get(key).await? {
+        // Only an operator deletes these: named, not retried as if others kept writing it
+        // (recreating `routes` from the clock could hand out a route claimed within the last
+        // 2^shift µs again).
+        Some(entry) if entry.value.is_none() => {
+            return Err(KvError::Unavailable(format!(
+                "the coordination bucket's {key:?} key was deleted (revision {}): a gateway cannot claim its identity without it; restore it, or make a new bucket (a new stream name)",
+                entry.revision
+            )));
+        }
         Some(entry) => {
             let value = entry
                 .value

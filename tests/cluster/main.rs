@@ -43,6 +43,7 @@ mod registry;
 mod secured;
 mod singleton;
 mod singleton_acks;
+mod thaw_settles;
 
 /// The API suite's deployment here: two gateways over a fresh three-node NATS cluster,
 /// subscribers on the first, publishers (and unary acks, forwarded) on the second.

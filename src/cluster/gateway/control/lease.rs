@@ -102,6 +102,21 @@ impl LeaseGate {
             .then_some(incarnation)
     }
 
+    /// Whether a singleton's settle may be applied now: the lease is valid, or lapsed for less
+    /// than `patience` within the same incarnation (it may yet be renewed: the settle waits
+    /// for it, docs/semantics.md#cluster-lease-lapse). Past that, the lease ended for good.
+    pub(crate) fn valid_or_lapsed_within(&self, patience: Duration) -> bool {
+        if self.valid().is_some() {
+            return true;
+        }
+        let incarnation = self.incarnation.load(Ordering::SeqCst);
+        let until = self.until.load(Ordering::SeqCst);
+        let patience = u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX);
+        until != 0
+            && self.now_nanos() < until.saturating_add(patience)
+            && self.incarnation.load(Ordering::SeqCst) == incarnation
+    }
+
     /// Whether incarnation `incarnation`'s lease is valid at this instant.
     pub(crate) fn valid_for(&self, incarnation: u64) -> bool {
         self.valid() == Some(incarnation)

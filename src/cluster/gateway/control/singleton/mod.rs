@@ -301,13 +301,12 @@ pub(in crate::cluster::gateway) fn spawn(
     let lease = Arc::new(LeaseGate::new(start));
     let gate = lease.clone();
     broker.gate_singleton_deliveries(Arc::new(move || gate.valid_term()));
-    // Without a lapse patience, a lease past its end is over: a settle then would be answered
-    // and never sent to JetStream. With one, a settle made during a lapse waits for the
-    // renewal (docs/semantics.md#cluster-lease-lapse).
-    if config.lapse_patience.is_zero() {
-        let gate = lease.clone();
-        broker.gate_singleton_settles(Arc::new(move || gate.valid().is_some()));
-    }
+    // A lease past its end and the lapse patience is over: a settle then would be answered
+    // and never sent to JetStream. Within the patience, a settle waits for the renewal
+    // (docs/semantics.md#cluster-lease-lapse).
+    let gate = lease.clone();
+    let patience = config.lapse_patience;
+    broker.gate_singleton_settles(Arc::new(move || gate.valid_or_lapsed_within(patience)));
     let leased: Leased = Arc::default();
     let task = tokio::spawn(shell::run(
         backplane,
