@@ -331,6 +331,14 @@ pub fn run(seed: u64) -> Outcome {
     // Each fault as it started, its target named (a freeze of "the active member's gateway"
     // names the gateway then).
     let mut resolved: Vec<Option<Fault>> = vec![None; faults.len()];
+    let cut_from_nats = |gateway: &str, now, cut| {
+        let seen = Seen::CutFromNats {
+            gateway: gateway.to_string(),
+            cut,
+        };
+        note_at(&log, now, seen);
+        models.cut_from_nats(gateway_number(gateway), cut);
+    };
     loop {
         let now = sim.elapsed();
         for (i, (at, end, fault)) in faults.iter().enumerate() {
@@ -378,17 +386,7 @@ pub fn run(seed: u64) -> Outcome {
                             models.consumers_unanswering(true);
                         }
                         Fault::LostAnswers(n) => models.lose_answers(*n),
-                        Fault::CutFromNats(gateway) => {
-                            note_at(
-                                &log,
-                                now,
-                                Seen::CutFromNats {
-                                    gateway: gateway.clone(),
-                                    cut: true,
-                                },
-                            );
-                            models.cut_from_nats(gateway_number(gateway), true);
-                        }
+                        Fault::CutFromNats(gateway) => cut_from_nats(gateway, now, true),
                     }
                 }
                 resolved[i] = Some(fault);
@@ -427,17 +425,7 @@ pub fn run(seed: u64) -> Outcome {
                         }
                         // What was not lost by the end is not lost.
                         Fault::LostAnswers(_) => models.lose_answers(0),
-                        Fault::CutFromNats(gateway) => {
-                            note_at(
-                                &log,
-                                now,
-                                Seen::CutFromNats {
-                                    gateway: gateway.clone(),
-                                    cut: false,
-                                },
-                            );
-                            models.cut_from_nats(gateway_number(gateway), false);
-                        }
+                        Fault::CutFromNats(gateway) => cut_from_nats(gateway, now, false),
                     }
                 }
             }

@@ -82,45 +82,26 @@ async fn rounds(extra: &[&str], pause: Duration, rounds: usize) -> Vec<Outcome> 
                 };
                 let (sub, member) = (id.clone(), old.member_id);
                 settles.push(tokio::spawn(async move {
+                    let ack = |member_id| pb::Ack {
+                        subscription_id: sub.clone(),
+                        system_id,
+                        member_id,
+                    };
                     let (what, answer) = match i % 4 {
                         3 => (
                             "ack naming its member, forwarded from the other gateway",
-                            client
-                                .ack(pb::Ack {
-                                    subscription_id: sub,
-                                    system_id,
-                                    member_id: member,
-                                })
-                                .await
-                                .map(|_| ()),
+                            client.ack(ack(member)).await.map(|_| ()),
                         ),
                         0 => (
                             "ack naming its member",
-                            client
-                                .ack(pb::Ack {
-                                    subscription_id: sub,
-                                    system_id,
-                                    member_id: member,
-                                })
-                                .await
-                                .map(|_| ()),
+                            client.ack(ack(member)).await.map(|_| ()),
                         ),
-                        1 => (
-                            "two-field ack",
-                            client
-                                .ack(pb::Ack {
-                                    subscription_id: sub,
-                                    system_id,
-                                    member_id: 0,
-                                })
-                                .await
-                                .map(|_| ()),
-                        ),
+                        1 => ("two-field ack", client.ack(ack(0)).await.map(|_| ())),
                         2 => (
                             "nack naming its member",
                             client
                                 .nack(pb::Nack {
-                                    subscription_id: sub,
+                                    subscription_id: sub.clone(),
                                     system_id,
                                     member_id: member,
                                 })
