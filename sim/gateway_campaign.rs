@@ -8,8 +8,8 @@
 //! answers and consumer requests fail meanwhile); the consumers' leaders lost for a while
 //! (answers and pulls vanish unanswered); the answers to the next few publishes lost once
 //! stored; a gateway cut off from NATS while its clients and the other gateways go on. A
-//! watcher follows the leadership, judged by check (w). What the clients saw is judged by `gateway_judge.rs`; that each publish request was
-//! stored once, (g), is read off the model's stream here.
+//! watcher follows the leadership. What the clients saw is judged by `gateway_judge.rs`; that
+//! each publish request was stored once, (g), is read off the model's stream here.
 
 use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
 
@@ -470,24 +470,16 @@ pub fn run(seed: u64) -> Outcome {
         .filter(|&id| settled(&log, id) == Settled::InDoubt)
         .count() as u64;
     violations.append(&mut judged);
+    let count = |what: fn(&Seen) -> bool| log.iter().filter(|(_, s)| what(s)).count() as u64;
     Outcome {
         violations,
         residue: residue.acks,
         frames_on_thaw: residue.frames,
         cut_acks: residue.cut_acks,
         in_doubt,
-        activations: log
-            .iter()
-            .filter(|(_, s)| matches!(s, Seen::Active { .. }))
-            .count() as u64,
-        deliveries: log
-            .iter()
-            .filter(|(_, s)| matches!(s, Seen::Delivered { .. }))
-            .count() as u64,
-        watched: log
-            .iter()
-            .filter(|(_, s)| matches!(s, Seen::Watched { .. }))
-            .count() as u64,
+        activations: count(|s| matches!(s, Seen::Active { .. })),
+        deliveries: count(|s| matches!(s, Seen::Delivered { .. })),
+        watched: count(|s| matches!(s, Seen::Watched { .. })),
         faults: described,
         log: log
             .iter()

@@ -244,13 +244,7 @@ fn cluster_gateway_over_the_models_delivers_and_acks_a_queue_message() {
             )
             .await
             .unwrap();
-        let consumer = models
-            .stream
-            .stored()
-            .iter()
-            .filter(|m| m.subject == "tb.orders.new")
-            .count();
-        assert_eq!(consumer, 1, "stored once");
+        assert_eq!(models.stored_on("tb.orders.new").len(), 1, "stored once");
         tokio::time::timeout(SOON, async {
             use tinybroker::cluster::jetstream::Stream;
             loop {

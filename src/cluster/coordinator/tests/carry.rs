@@ -271,12 +271,9 @@ fn a_carry_given_after_another_gateway_promoted_past_this_one_rides_with_no_prom
         line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
         active: Some(uid(9, 5)),
         epoch: 8,
-        carry: Vec::new(),
         promoted: true,
         took_over: true,
-        meta: Vec::new(),
-        prio: Vec::new(),
-        hand_over: 0,
+        ..SubValue::default()
     };
     let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 1)]);
@@ -316,12 +313,7 @@ fn a_carry_is_spent_by_another_gateways_promotion_past_this_ones_member() {
         line: vec![uid(7, 1), uid(7, 2), uid(9, 5)],
         active: Some(uid(7, 1)),
         epoch: 3,
-        carry: Vec::new(),
-        promoted: false,
-        took_over: false,
-        meta: Vec::new(),
-        prio: Vec::new(),
-        hand_over: 0,
+        ..SubValue::default()
     };
     let mut c = members_1_and_2_in(&v);
     c.member_left_carrying(ms(5), "jobs", 1, vec![(41, 3)]);

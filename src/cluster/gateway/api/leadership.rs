@@ -308,7 +308,7 @@ async fn follow(
                 if changed.is_err() {
                     break;
                 }
-                let state = cluster.borrow_and_update().clone();
+                let mut state = cluster.borrow_and_update().clone();
                 // A member made active after none was: the subscription may have been deleted
                 // and made again meanwhile, which ends this watch rather than follow the new one.
                 if state.active.is_some() && sender.borrow().active.is_none() && !state.cut_off {
@@ -318,7 +318,6 @@ async fn follow(
                         break;
                     }
                 }
-                let mut state = state;
                 if crate::core::planted::active(crate::core::planted::PlantedBug::WatchReportsStaleEpoch) {
                     let before = sender.borrow();
                     if before.active.is_some() && state.active.is_some() && before.active != state.active {

@@ -94,27 +94,25 @@ impl LeaseGate {
 
     /// The incarnation whose lease is valid at this instant, by the monotonic clock read now.
     pub(crate) fn valid(&self) -> Option<u64> {
-        let incarnation = self.incarnation.load(Ordering::SeqCst);
-        let until = self.until.load(Ordering::SeqCst);
-        let now = self.now_nanos();
-        let in_time = now < until || planted(PlantedBug::GatewaySkipsLeaseCheck);
-        (until != 0 && in_time && self.incarnation.load(Ordering::SeqCst) == incarnation)
-            .then_some(incarnation)
+        self.valid_within(Duration::ZERO)
     }
 
     /// Whether a singleton's settle may be applied now: the lease is valid, or lapsed for less
     /// than `patience` within the same incarnation (it may yet be renewed: the settle waits
     /// for it, docs/semantics.md#cluster-lease-lapse). Past that, the lease ended for good.
     pub(crate) fn valid_or_lapsed_within(&self, patience: Duration) -> bool {
-        if self.valid().is_some() {
-            return true;
-        }
+        self.valid_within(patience).is_some()
+    }
+
+    /// The incarnation whose lease is valid, or lapsed for less than `slack`, at this instant.
+    fn valid_within(&self, slack: Duration) -> Option<u64> {
         let incarnation = self.incarnation.load(Ordering::SeqCst);
         let until = self.until.load(Ordering::SeqCst);
-        let patience = u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX);
-        until != 0
-            && self.now_nanos() < until.saturating_add(patience)
-            && self.incarnation.load(Ordering::SeqCst) == incarnation
+        let slack = u64::try_from(slack.as_nanos()).unwrap_or(u64::MAX);
+        let in_time = self.now_nanos() < until.saturating_add(slack)
+            || planted(PlantedBug::GatewaySkipsLeaseCheck);
+        (until != 0 && in_time && self.incarnation.load(Ordering::SeqCst) == incarnation)
+            .then_some(incarnation)
     }
 
     /// Whether incarnation `incarnation`'s lease is valid at this instant.
