@@ -7,15 +7,18 @@
 //! off from its gateway for a while; JetStream without leaders for a while (publishes, pulls,
 //! answers and consumer requests fail meanwhile); the consumers' leaders lost for a while
 //! (answers and pulls vanish unanswered); the answers to the next few publishes lost once
-//! stored; a gateway cut off from NATS while its clients and the other gateways go on. A
-//! watcher follows the leadership. What the clients saw is judged by `gateway_judge.rs`; that
-//! each publish request was stored once, (g), is read off the model's stream here.
+//! stored, and the confirmations of the next few acks lost once applied; a gateway cut off from
+//! NATS while its clients and the other gateways go on. A watcher follows the leadership. What
+//! the clients saw is judged by `gateway_judge.rs`, and its join order, (j), by
+//! `gateway_join_judge.rs`; that each publish request was stored once, (g), is read off the
+//! model's stream here.
 
 use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
 
 use tinybroker::pb::{self, subscription_frame::Frame};
 
 use crate::{
+    gateway_join_judge::judge_join_order,
     gateway_judge::{Seen, Settled, describe, judge, judge_watches, settled},
     gateway_models::Models,
     gateway_process::{Process, step},
@@ -64,7 +67,8 @@ pub struct Outcome {
 type Acking = std::pin::Pin<Box<dyn std::future::Future<Output = (u64, bool)>>>;
 
 /// A member host: joins `jobs` at `gateway` (again after its stream ends) with a window of 1
-/// to 3, acks each message after a delay, both drawn from its own seed.
+/// to 3, acks each message after a delay, and leaves after a few answered acks on every other
+/// stream, all drawn from its own seed.
 fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed: u64, log: &Log) {
     let (me, gateway, log) = (name.to_string(), gateway.to_string(), log.clone());
     sim.host(name, move || {
@@ -87,15 +91,27 @@ fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed:
                     max_in_flight: window,
                     ..singleton("jobs")
                 };
+                let joining = Seen::Joining {
+                    member: me.clone(),
+                    gateway: gateway.clone(),
+                };
+                note(&log, joining);
                 let mut frames = match client.subscribe(open).await {
-                    Ok(frames) => frames.into_inner(),
+                    Ok(frames) => {
+                        note(&log, Seen::Joined { member: me.clone() });
+                        frames.into_inner()
+                    }
                     Err(_) => {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         continue;
                     }
                 };
                 // Frames are noted as they arrive; messages are acked one at a time, in order,
-                // each after its delay, while later frames keep arriving.
+                // each after its delay, while later frames keep arriving. Every other stream
+                // closes (the member leaves, cleanly) once 1 to 5 of its acks were answered,
+                // with no ack under way: what it still holds goes to the member promoted.
+                let leave_after = (rng.range(0, 1) == 0).then(|| rng.range(1, 5));
+                let mut answered_acks = 0;
                 let mut member_id = 0;
                 let mut queue: std::collections::VecDeque<u64> = Default::default();
                 let mut acking: Option<Acking> = None;
@@ -166,12 +182,18 @@ fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed:
                                         system_id,
                                     },
                                 );
+                                answered_acks += 1;
+                                if leave_after == Some(answered_acks) {
+                                    break;
+                                }
                             }
                         }
                     }
                 }
+                // Dropping the stream closes it (or it ended).
+                drop(frames);
                 note(&log, Seen::Ended { member: me.clone() });
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(rng.range(200, 1_000))).await;
             }
         }
     });
@@ -461,6 +483,7 @@ pub fn run(seed: u64) -> Outcome {
     let log = log.borrow().clone();
     let (mut judged, residue) = judge(&log);
     violations.extend(judge_watches(&log));
+    violations.extend(judge_join_order(&log));
     let in_doubt = log
         .iter()
         .filter_map(|(_, s)| match s {
@@ -507,8 +530,8 @@ enum Fault {
     /// The consumers' leaders lost (the NATS node leading them gone) until the fault's end:
     /// answers and pulls vanish unanswered meanwhile.
     ConsumersUnanswering,
-    /// The answers to the next n publishes lost once their messages were stored (until the
-    /// fault's end).
+    /// The answers to the next n publishes lost once their messages were stored, and the
+    /// confirmations of the next n acks once applied (until the fault's end).
     LostAnswers(u32),
     /// A gateway cut off from NATS (bus, bucket and stream) while the others reach it, until
     /// the fault's end: its clients still reach it.
@@ -557,6 +580,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
             GatewaySkipsLeaseCheck,
             GatewayActsAfterLeaseExpiry,
             LapseResumesOnAnyAnswer,
+            PromoteNewestStandby,
             PublishWithoutMessageId,
             WatchReportsStaleEpoch,
         ]
@@ -711,6 +735,18 @@ fn cluster_real_gateway_campaign_catches_a_watch_naming_a_stale_epoch() {
     campaigns_catch(
         tinybroker::core::planted::PlantedBug::WatchReportsStaleEpoch,
         &["(w)"],
+        500,
+    );
+}
+
+// The planted PromoteNewestStandby (the cluster's line promotes its newest member, not its
+// first) is caught by check (j): a member confirmed active ahead of one whose join was answered
+// before its own was sent.
+#[test]
+fn cluster_real_gateway_campaign_catches_a_promotion_out_of_join_order() {
+    campaigns_catch(
+        tinybroker::core::planted::PlantedBug::PromoteNewestStandby,
+        &["(j)"],
         500,
     );
 }

@@ -21,6 +21,8 @@
 //!   every other member that got it acked it or let it go (its stream ended; it, its gateway
 //!   or its link was lost; or its gateway was frozen long enough for its lease to end).
 //!
+//! Join order, (j), is judged in `gateway_join_judge.rs`; the watches, (w), here.
+//!
 //! A frame under an old epoch breaking (b), (e), (f) or (h) right after its gateway thawed, of a
 //! message published before the freeze, one per member and thaw, is the documented residue of
 //! a pause
@@ -79,6 +81,15 @@ pub enum Seen {
         member: String,
         gateway: String,
         system_id: u64,
+    },
+    /// A member sends its join (`Subscribe`) to `gateway`.
+    Joining {
+        member: String,
+        gateway: String,
+    },
+    /// A member's join was answered (its stream's response headers came).
+    Joined {
+        member: String,
     },
     Ended {
         member: String,
@@ -200,6 +211,8 @@ pub fn describe(seen: &Seen) -> String {
             "the consumers' leaders lost: answers and pulls vanish".to_string()
         }
         Seen::ConsumersUnanswering(false) => "the consumers have leaders again".to_string(),
+        Seen::Joining { member, gateway } => format!("{member} sends its join to {gateway}"),
+        Seen::Joined { member } => format!("{member}'s join answered"),
         Seen::Ended { member } => format!("{member}'s stream ended"),
         Seen::Published { system_id } => format!("published #{system_id}"),
         Seen::Crashed { host } => format!("{host} crashed"),
@@ -290,7 +303,7 @@ fn written_on_thaw(
 
 /// Whether `gateway`, frozen at `at`, stayed frozen for at least [`LEASE_FLOOR`], so its lease
 /// may have ended meanwhile (a shorter freeze is within the lease: it renews on thawing).
-fn frozen_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at: Duration) -> bool {
+pub fn frozen_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at: Duration) -> bool {
     freezes(log)
         .find(|&(g, from, _)| g == gateway && from == at)
         .is_none_or(|(_, from, thawed)| thawed.is_none_or(|thawed| thawed >= from + LEASE_FLOOR))

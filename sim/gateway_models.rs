@@ -81,9 +81,12 @@ impl Models {
     }
 
     /// The next `n` publish answers are lost after their message was stored (the outcome
-    /// unknown to the gateway, which sends it again with its message id).
+    /// unknown to the gateway, which sends it again with its message id), and the
+    /// confirmations of the next `n` acks after they were applied (the gateway sends each again
+    /// until one is confirmed).
     pub fn lose_answers(&self, n: u32) {
         self.stream.lose_answers(n);
+        self.stream.lose_confirmations(n);
     }
 
     /// The payloads of the messages stored on `subject`, in stream order, with their sequences.
@@ -396,5 +399,57 @@ fn cluster_gateway_cut_off_from_nats_counts_the_ack_it_could_not_send() {
             (message.system_id(), epoch),
             (published.system_id, promoted)
         );
+    });
+}
+
+// docs/semantics.md#cluster-ack-final: an ack JetStream applied whose confirmation was lost is
+// sent again until one is confirmed. Nothing is counted unconfirmed, and the member promoted
+// next does not get the acked message again: its first message is the one after it.
+#[test]
+fn cluster_gateway_sends_an_ack_again_when_its_confirmation_is_lost() {
+    run(async || {
+        let models = Models::new();
+        let (one, two) = (models.gateway(1).await, models.gateway(2).await);
+        let jobs = request("jobs", Mode::Singleton, "jobs.>");
+        let mut first = one.open(&jobs, None).await.unwrap();
+        let Outbound::Confirm { member_id, .. } = next(&mut first).await else {
+            panic!("the first member is active");
+        };
+        let mut second = two.open(&jobs, None).await.unwrap();
+        let acked = two.publish(draft("jobs.run", "a")).await.unwrap();
+        let Outbound::Message { message, .. } = next(&mut first).await else {
+            panic!("the active member gets the message");
+        };
+        assert_eq!(message.system_id(), acked.system_id);
+        // The next confirmation is lost once the ack was applied.
+        models.stream.lose_confirmations(1);
+        one.settle("jobs", Fence::Member(member_id), acked.system_id, false)
+            .await
+            .expect("the ack is answered");
+        tokio::time::timeout(SOON, async {
+            while models.stream.confirmations_to_lose() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the ack was sent and its confirmation lost");
+        let after = two.publish(draft("jobs.run", "b")).await.unwrap();
+        drop(first);
+        let (message, epoch) = loop {
+            match next(&mut second).await {
+                Outbound::Message { message, epoch, .. } => break (message, epoch),
+                Outbound::Confirm { .. } | Outbound::Standby { .. } => continue,
+                other => panic!("unexpected before the first message: {other:?}"),
+            }
+        };
+        assert_eq!(
+            message.system_id(),
+            after.system_id,
+            "the promoted member's first message (epoch {epoch})"
+        );
+        // Past the gateway's patience for an ack (--nats-ack-wait), nothing was counted
+        // unconfirmed: the ack sent again was confirmed.
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(one.broker().list().1.unconfirmed_acks, 0);
     });
 }

@@ -71,6 +71,9 @@ struct State {
     unanswering: bool,
     /// Answers to lose (the message is stored, the sender hears nothing).
     lose_answers: u32,
+    /// Confirmations of acks (and terms, naks) to lose: the answer is applied, the sender's
+    /// wait for its confirmation times out.
+    lose_confirmations: u32,
     /// Connections cut off ([`StreamModel::cut_off`]).
     cut: BTreeSet<u64>,
 }
@@ -135,6 +138,7 @@ impl StreamModel {
                     leaderless: false,
                     unanswering: false,
                     lose_answers: 0,
+                    lose_confirmations: 0,
                     cut: BTreeSet::new(),
                 }),
                 wake: Notify::new(),
@@ -207,6 +211,17 @@ impl StreamModel {
     /// The next `n` answers are lost after their message was stored.
     pub fn lose_answers(&self, n: u32) {
         self.lock().lose_answers = n;
+    }
+
+    /// The next `n` confirmed answers (acks, terms, naks) are applied and their confirmations
+    /// lost: the sender's wait times out, its outcome unknown to it.
+    pub fn lose_confirmations(&self, n: u32) {
+        self.lock().lose_confirmations = n;
+    }
+
+    /// How many confirmations are still to be lost.
+    pub fn confirmations_to_lose(&self) -> u32 {
+        self.lock().lose_confirmations
     }
 
     /// Every stored message, in stream order.
@@ -463,7 +478,19 @@ impl JetStream for StreamModel {
             });
         }
         let applied = self.apply(reply, answer);
-        Box::pin(async move { applied })
+        let lost = applied.is_ok() && {
+            let mut state = self.lock();
+            let lose = state.lose_confirmations > 0;
+            state.lose_confirmations -= u32::from(lose);
+            lose
+        };
+        Box::pin(async move {
+            if lost {
+                tokio::time::sleep(timeout).await;
+                return Err(AckError::TimedOut);
+            }
+            applied
+        })
     }
 
     fn flush(&self) -> BoxFuture<'_, Result<(), AckError>> {

@@ -6,7 +6,9 @@
 /// A bug the checker must catch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlantedBug {
-    /// Promote the newest standby instead of the earliest-joined (breaks invariant 2).
+    /// Promote the newest standby instead of the earliest-joined (breaks invariant 2). Planted
+    /// in `core::subscription` and in the cluster's line (`cluster::coordinator`), where the
+    /// real-gateway campaign's join-order check catches it.
     PromoteNewestStandby,
     /// Drop a leaving member's in-flight messages instead of requeuing them (breaks invariant 3).
     ForgetRedelivery,

@@ -392,7 +392,11 @@ impl Coordinator {
                 // gateway's own write may be known from its answer first): its epoch needs
                 // every floor written before it.
                 Some(_) if !self.has_seen(revision) => return,
-                Some(first) => (Some(*first), self.epoch_after(revision)),
+                // Planted: the newest of the line, not the first.
+                Some(first) => match planted(PlantedBug::PromoteNewestStandby) {
+                    true => (line.last().copied(), self.epoch_after(revision)),
+                    false => (Some(*first), self.epoch_after(revision)),
+                },
                 None => (None, current.epoch),
             },
         };
