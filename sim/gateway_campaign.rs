@@ -1,29 +1,33 @@
 //! A seeded campaign of real gateways: two or three gateway processes (`gateway_process.rs`:
 //! the production gateway and tonic server on a runtime of their own, reached through a turmoil
-//! host), three SINGLETON members on gateways drawn from the seed (windows of 1 to 3, keepalives
-//! of 2 s or 10 s), a publisher, and faults drawn from the seed: a member's host crashed and
+//! host), three SINGLETON members of `jobs` and two QUEUE members of `work` on gateways drawn
+//! from the seed (`gateway_clients.rs`: windows of 1 to 3, keepalives of 2 s or 10 s, leaving
+//! now and then), a publisher, and faults drawn from the seed: a member's host crashed and
 //! restarted; a gateway's process crashed and restarted; a gateway's process frozen (SIGSTOP:
 //! none of its tasks runs, its clock stands still) and thawed, often past its lease; a member cut
 //! off from its gateway for a while; JetStream without leaders for a while (publishes, pulls,
 //! answers and consumer requests fail meanwhile); the consumers' leaders lost for a while
 //! (answers and pulls vanish unanswered); the answers to the next few publishes lost once
 //! stored, and the confirmations of the next few acks lost once applied; a gateway cut off from
-//! NATS while its clients and the other gateways go on. A watcher follows the leadership. What
-//! the clients saw is judged by `gateway_judge.rs`, and its join order, (j), by
-//! `gateway_join_judge.rs`; that each publish request was stored once, (g), is read off the
-//! model's stream here.
+//! NATS while its clients and the other gateways go on. A watcher follows `jobs`' leadership.
+//! What each subscription's members saw is judged by `gateway_judge.rs`, and `jobs`' join
+//! order, (j), by `gateway_join_judge.rs`; that each publish request was stored once, (g), is
+//! read off the model's stream here.
 
-use std::{cell::RefCell, collections::BTreeMap, rc::Rc, time::Duration};
+use std::{collections::BTreeMap, rc::Rc, time::Duration};
 
-use tinybroker::pb::{self, subscription_frame::Frame};
+use tinybroker::pb;
 
 use crate::{
+    gateway_clients::{Log, member_host, publisher, watcher_host},
     gateway_join_judge::judge_join_order,
-    gateway_judge::{Seen, Settled, describe, judge, judge_watches, settled},
+    gateway_judge::{
+        Residue, Seen, Settled, describe, judge, judge_queued_for, judge_watches, of_members,
+        published, settled,
+    },
     gateway_models::Models,
     gateway_process::{Process, step},
-    gateway_world::{client_with, singleton, world},
-    net,
+    gateway_world::{singleton, world},
     rng::Rng,
     true_time::TrueTime,
 };
@@ -34,13 +38,6 @@ const MESSAGES: usize = 12;
 const HEALED_BY: Duration = Duration::from_secs(16);
 /// How long after healing everything must be acked.
 const SETTLE: Duration = Duration::from_secs(60);
-
-type Log = Rc<RefCell<Vec<(Duration, Seen)>>>;
-
-fn note(log: &Log, seen: Seen) {
-    let at = turmoil::sim_elapsed().unwrap_or_default();
-    log.borrow_mut().push((at, seen));
-}
 
 /// What a seed did and what it broke.
 pub struct Outcome {
@@ -55,184 +52,17 @@ pub struct Outcome {
     pub cut_acks: u64,
     /// Messages whose ack was sent but not answered, its member or gateway lost meanwhile.
     pub in_doubt: u64,
+    /// QUEUE deliveries whose attempt was not above the one before, given back meanwhile by a
+    /// gateway left without members (JetStream's count: the documented residue).
+    pub recounted: u64,
     pub activations: u64,
     /// Leadership watch frames seen.
     pub watched: u64,
     pub deliveries: u64,
+    /// The highest attempt any delivery came with.
+    pub highest_attempt: u32,
     pub faults: Vec<String>,
     pub log: Vec<String>,
-}
-
-/// An ack under way: its message, and whether the gateway answered it.
-type Acking = std::pin::Pin<Box<dyn std::future::Future<Output = (u64, bool)>>>;
-
-/// A member host: joins `jobs` at `gateway` (again after its stream ends) with a window of 1
-/// to 3, acks each message after a delay, and leaves after a few answered acks on every other
-/// stream, all drawn from its own seed.
-fn member_host(sim: &mut turmoil::Sim<'static>, name: &str, gateway: &str, seed: u64, log: &Log) {
-    let (me, gateway, log) = (name.to_string(), gateway.to_string(), log.clone());
-    sim.host(name, move || {
-        let (me, gateway, log) = (me.clone(), gateway.clone(), log.clone());
-        async move {
-            let mut rng = Rng::new(seed);
-            // Its window: 1 to 3 messages in flight.
-            let window = rng.range(1, 3) as u32;
-            // Its keepalive: a gateway that does not answer is given up after 2 s (net's), or
-            // after 10 s, so a member may outlast a frozen gateway's lease.
-            let patience = if rng.range(0, 1) == 0 {
-                net::KEEPALIVE_TIMEOUT
-            } else {
-                Duration::from_secs(10)
-            };
-            tokio::time::sleep(Duration::from_millis(rng.range(0, 800))).await;
-            loop {
-                let mut client = client_with(&gateway, patience).await;
-                let open = pb::OpenSubscription {
-                    max_in_flight: window,
-                    ..singleton("jobs")
-                };
-                let joining = Seen::Joining {
-                    member: me.clone(),
-                    gateway: gateway.clone(),
-                };
-                note(&log, joining);
-                let mut frames = match client.subscribe(open).await {
-                    Ok(frames) => {
-                        note(&log, Seen::Joined { member: me.clone() });
-                        frames.into_inner()
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                };
-                // Frames are noted as they arrive; messages are acked one at a time, in order,
-                // each after its delay, while later frames keep arriving. Every other stream
-                // closes (the member leaves, cleanly) once 1 to 5 of its acks were answered,
-                // with no ack under way: what it still holds goes to the member promoted.
-                let leave_after = (rng.range(0, 1) == 0).then(|| rng.range(1, 5));
-                let mut answered_acks = 0;
-                let mut member_id = 0;
-                let mut queue: std::collections::VecDeque<u64> = Default::default();
-                let mut acking: Option<Acking> = None;
-                loop {
-                    if acking.is_none()
-                        && let Some(system_id) = queue.pop_front()
-                    {
-                        let delay = Duration::from_millis(rng.range(5, 150));
-                        let (mut client, log, me, gateway) =
-                            (client.clone(), log.clone(), me.clone(), gateway.clone());
-                        acking = Some(Box::pin(async move {
-                            tokio::time::sleep(delay).await;
-                            note(
-                                &log,
-                                Seen::AckSending {
-                                    member: me,
-                                    gateway,
-                                    system_id,
-                                },
-                            );
-                            let ack = pb::Ack {
-                                subscription_id: "jobs".into(),
-                                system_id,
-                                member_id,
-                            };
-                            (system_id, client.ack(ack).await.is_ok())
-                        }));
-                    }
-                    tokio::select! {
-                        frame = frames.message() => {
-                            let Ok(Some(frame)) = frame else { break };
-                            match frame.frame {
-                                Some(Frame::Confirmation(c)) => {
-                                    member_id = c.member_id;
-                                    note(
-                                        &log,
-                                        Seen::Active {
-                                            member: me.clone(),
-                                            member_id: c.member_id,
-                                            epoch: c.epoch,
-                                        },
-                                    );
-                                }
-                                Some(Frame::Message(m)) => {
-                                    note(
-                                        &log,
-                                        Seen::Delivered {
-                                            member: me.clone(),
-                                            gateway: gateway.clone(),
-                                            system_id: m.system_id,
-                                            attempt: m.delivery_attempt,
-                                            epoch: m.epoch,
-                                        },
-                                    );
-                                    queue.push_back(m.system_id);
-                                }
-                                _ => {}
-                            }
-                        }
-                        (system_id, answered) = async { acking.as_mut().expect("guarded").await }, if acking.is_some() => {
-                            acking = None;
-                            if answered {
-                                note(
-                                    &log,
-                                    Seen::Acked {
-                                        member: me.clone(),
-                                        gateway: gateway.clone(),
-                                        system_id,
-                                    },
-                                );
-                                answered_acks += 1;
-                                if leave_after == Some(answered_acks) {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                }
-                // Dropping the stream closes it (or it ended).
-                drop(frames);
-                note(&log, Seen::Ended { member: me.clone() });
-                tokio::time::sleep(Duration::from_millis(rng.range(200, 1_000))).await;
-            }
-        }
-    });
-}
-
-/// A watcher host: watches `jobs`' leadership at a gateway drawn from its seed, noting every
-/// frame, and watches again (at another drawn gateway) whenever a watch ends or cannot open.
-fn watcher_host(sim: &mut turmoil::Sim<'static>, gateways: &[String], seed: u64, log: &Log) {
-    let (gateways, log) = (gateways.to_vec(), log.clone());
-    sim.host("watcher", move || {
-        let (gateways, log) = (gateways.clone(), log.clone());
-        async move {
-            let mut rng = Rng::new(seed);
-            let mut watch = 0;
-            loop {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let gateway = &gateways[rng.range(0, gateways.len() as u64 - 1) as usize];
-                let mut client = client_with(gateway, net::KEEPALIVE_TIMEOUT).await;
-                let request = pb::WatchLeadershipRequest {
-                    subscription_id: "jobs".into(),
-                };
-                let Ok(frames) = client.watch_leadership(request).await else {
-                    continue;
-                };
-                watch += 1;
-                let mut frames = frames.into_inner();
-                while let Ok(Some(frame)) = frames.message().await {
-                    note(
-                        &log,
-                        Seen::Watched {
-                            watch,
-                            active: frame.active_member_id,
-                            epoch: frame.epoch,
-                        },
-                    );
-                }
-            }
-        }
-    });
 }
 
 /// Runs seed `seed`.
@@ -260,40 +90,33 @@ pub fn run(seed: u64) -> Outcome {
         })
         .collect();
     for (n, (member, gateway)) in members.iter().enumerate() {
-        member_host(&mut sim, member, gateway, seed ^ (n as u64 + 1) << 32, &log);
+        let host = (member.as_str(), gateway.as_str());
+        let seed = seed ^ (n as u64 + 1) << 32;
+        member_host(&mut sim, host, &singleton("jobs"), seed, &log);
     }
+    // QUEUE `work`, on the same topics: each message is queued for both subscriptions.
+    let workers: Vec<(String, String)> = (1..=2)
+        .map(|n| {
+            let gateway = gateways[rng.range(0, gateways.len() as u64 - 1) as usize].clone();
+            (format!("q{n}"), gateway)
+        })
+        .collect();
+    let work = pb::OpenSubscription {
+        subscription_id: "work".into(),
+        mode: pb::DeliveryMode::Queue.into(),
+        consumer_group: "workers".into(),
+        ..singleton("work")
+    };
+    for (n, (member, gateway)) in workers.iter().enumerate() {
+        let host = (member.as_str(), gateway.as_str());
+        let seed = seed ^ (n as u64 + 11) << 32;
+        member_host(&mut sim, host, &work, seed, &log);
+    }
+    // Faults on members pick any of them.
+    let everyone: Vec<(String, String)> = members.iter().chain(&workers).cloned().collect();
+    let anyone = |rng: &mut Rng| everyone[rng.range(0, everyone.len() as u64 - 1) as usize].clone();
     watcher_host(&mut sim, &gateways, rng.next_u64(), &log);
-    let publisher_seed = rng.next_u64();
-    let (plog, pgateways) = (log.clone(), gateways.clone());
-    sim.client("publisher", async move {
-        let mut rng = Rng::new(publisher_seed);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let mut sent = 0;
-        // Each request has a payload of its own (a try again after an error is another
-        // request), so check (g) can tell a request stored twice.
-        let mut tries = 0;
-        while sent < MESSAGES {
-            let gateway = &pgateways[rng.range(0, pgateways.len() as u64 - 1) as usize];
-            let mut client = client_with(gateway, net::KEEPALIVE_TIMEOUT).await;
-            tries += 1;
-            let request = pb::PublishRequest {
-                topic: "jobs.run".into(),
-                payload: format!("job {sent} request {tries}").into_bytes().into(),
-                ..Default::default()
-            };
-            if let Ok(reply) = client.publish(request).await {
-                note(
-                    &plog,
-                    Seen::Published {
-                        system_id: reply.into_inner().system_id,
-                    },
-                );
-                sent += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(rng.range(100, 600))).await;
-        }
-        Ok(())
-    });
+    publisher(&mut sim, &gateways, MESSAGES, rng.next_u64(), &log);
     // Faults: (start, end, what).
     let mut faults: Vec<(Duration, Duration, Fault)> = Vec::new();
     for _ in 0..rng.range(1, 3) {
@@ -305,7 +128,7 @@ pub fn run(seed: u64) -> Outcome {
         let fault = match rng.range(0, 8) {
             5 => Fault::LostAnswers(rng.range(1, 3) as u32),
             6 => Fault::CutFromNats(gateway),
-            0 => Fault::Crash(members[rng.range(0, 2) as usize].0.clone()),
+            0 => Fault::Crash(anyone(&mut rng).0),
             1 => Fault::Crash(gateway),
             2 => Fault::Leaderless,
             4 => Fault::ConsumersUnanswering,
@@ -320,7 +143,7 @@ pub fn run(seed: u64) -> Outcome {
                 })
             }
             _ => {
-                let (member, gateway) = members[rng.range(0, 2) as usize].clone();
+                let (member, gateway) = anyone(&mut rng);
                 Fault::Cut(member, gateway)
             }
         };
@@ -331,19 +154,24 @@ pub fn run(seed: u64) -> Outcome {
         .map(|(at, end, f)| format!("{f:?} {at:?}..{end:?}"))
         .collect();
     let mut ended = vec![false; faults.len()];
+    // Each subscription and its members' names: each is judged on what they saw.
+    let names = |members: &[(String, String)]| -> Vec<String> {
+        members.iter().map(|(member, _)| member.clone()).collect()
+    };
+    let subscriptions = [("jobs", names(&members)), ("work", names(&workers))];
+    // (d): the messages some subscription has not settled yet ("work #7").
     let open = |log: &Log| {
         let log = log.borrow();
-        let published: Vec<u64> = log
+        let published = published(&log);
+        let open: Vec<String> = subscriptions
             .iter()
-            .filter_map(|(_, s)| match s {
-                Seen::Published { system_id } => Some(*system_id),
-                _ => None,
+            .flat_map(|(subscription, members)| {
+                let theirs = of_members(&log, members);
+                published
+                    .iter()
+                    .filter(move |&&id| settled(&theirs, id) == Settled::Open)
+                    .map(move |id| format!("{subscription} #{id}"))
             })
-            .collect();
-        let open: Vec<u64> = published
-            .iter()
-            .copied()
-            .filter(|&id| settled(&log, id) == Settled::Open)
             .collect();
         (published.len() == MESSAGES).then_some(open)
     };
@@ -481,27 +309,41 @@ pub fn run(seed: u64) -> Outcome {
         ));
     }
     let log = log.borrow().clone();
-    let (mut judged, residue) = judge(&log);
-    violations.extend(judge_watches(&log));
-    violations.extend(judge_join_order(&log));
-    let in_doubt = log
-        .iter()
-        .filter_map(|(_, s)| match s {
-            Seen::Published { system_id } => Some(*system_id),
-            _ => None,
-        })
-        .filter(|&id| settled(&log, id) == Settled::InDoubt)
-        .count() as u64;
-    violations.append(&mut judged);
+    let (mut residue, mut in_doubt) = (Residue::default(), 0);
+    for (subscription, members) in &subscriptions {
+        let theirs = of_members(&log, members);
+        let (judged, found) = judge(&theirs, *subscription == "jobs");
+        violations.extend(judged.into_iter().map(|v| format!("{v} [{subscription}]")));
+        if *subscription == "jobs" {
+            violations.extend(judge_watches(&theirs));
+            violations.extend(judge_join_order(&theirs));
+        }
+        residue.add(found);
+        in_doubt += published(&log)
+            .into_iter()
+            .filter(|&id| settled(&theirs, id) == Settled::InDoubt)
+            .count() as u64;
+    }
+    let members: Vec<&[String]> = subscriptions.iter().map(|(_, m)| m.as_slice()).collect();
+    violations.extend(judge_queued_for(&log, &members));
     let count = |what: fn(&Seen) -> bool| log.iter().filter(|(_, s)| what(s)).count() as u64;
     Outcome {
         violations,
         residue: residue.acks,
         frames_on_thaw: residue.frames,
         cut_acks: residue.cut_acks,
+        recounted: residue.recounted,
         in_doubt,
         activations: count(|s| matches!(s, Seen::Active { .. })),
         deliveries: count(|s| matches!(s, Seen::Delivered { .. })),
+        highest_attempt: log
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Seen::Delivered { attempt, .. } => Some(*attempt),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0),
         watched: count(|s| matches!(s, Seen::Watched { .. })),
         faults: described,
         log: log
@@ -604,7 +446,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
     let base = env_u64("TINYBROKER_SIM_SEED_BASE").unwrap_or(0);
     let started = std::time::Instant::now();
     let (mut activations, mut deliveries, mut residue, mut in_doubt) = (0, 0, 0, 0);
-    let (mut frames, mut cut_acks, mut watched) = (0, 0, 0);
+    let (mut frames, mut cut_acks, mut watched, mut recounted) = (0, 0, 0, 0);
     let mut failed = Vec::new();
     for seed in base..base + count {
         let outcome = run(seed);
@@ -613,6 +455,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
         residue += outcome.residue;
         frames += outcome.frames_on_thaw;
         cut_acks += outcome.cut_acks;
+        recounted += outcome.recounted;
         watched += outcome.watched;
         in_doubt += outcome.in_doubt;
         if !outcome.violations.is_empty() {
@@ -634,7 +477,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
     }
     let elapsed = started.elapsed();
     println!(
-        "real-gateway campaign: {count} seeds in {elapsed:.1?} ({:.0} seeds a minute), {activations} activations, {deliveries} deliveries, {watched} leadership watch frames, {residue} acked messages delivered again within the documented residue, {in_doubt} acks in doubt (sent, their member or gateway lost before the answer), {frames} frames written on a thaw under their old epoch, {cut_acks} acks answered while their gateway was cut off from NATS and delivered again",
+        "real-gateway campaign: {count} seeds in {elapsed:.1?} ({:.0} seeds a minute), {activations} activations, {deliveries} deliveries, {watched} leadership watch frames, {residue} acked messages delivered again within the documented residue, {in_doubt} acks in doubt (sent, their member or gateway lost before the answer), {frames} frames written on a thaw under their old epoch, {cut_acks} acks answered while their gateway was cut off from NATS and delivered again, {recounted} QUEUE deliveries recounted by JetStream after a gateway gave them back",
         count as f64 * 60.0 / elapsed.as_secs_f64().max(1e-9)
     );
     assert!(
@@ -748,5 +591,23 @@ fn cluster_real_gateway_campaign_catches_a_promotion_out_of_join_order() {
         tinybroker::core::planted::PlantedBug::PromoteNewestStandby,
         &["(j)"],
         500,
+    );
+}
+
+// Regression seed 810385 (docs/semantics.md#cluster-attempts): a QUEUE gateway thawed past its
+// lease pulled before it had made sure of its consumer, and gave each message back at once into
+// the same open pull, which brought it again: JetStream counted 33 deliveries of one message no
+// member saw, and a member got it with attempt 33 (with `max_delivery_attempts` it would have
+// been dead-lettered unseen). What such a pull brings now goes back once the pull has ended.
+// In this seed no message goes to gateways more than three times.
+#[test]
+fn cluster_real_gateway_campaign_seed_810385_counts_no_delivery_it_did_not_make() {
+    let outcome = run(810_385);
+    assert!(
+        outcome.highest_attempt <= 3,
+        "a delivery came with attempt {}; faults {:?}\n{}",
+        outcome.highest_attempt,
+        outcome.faults,
+        outcome.log.join("\n")
     );
 }

@@ -94,8 +94,12 @@ pub enum Seen {
     Ended {
         member: String,
     },
+    /// A publish sent at `sent` was answered: its id, and how many subscriptions it was queued
+    /// for.
     Published {
         system_id: u64,
+        queued_for: u32,
+        sent: Duration,
     },
     Crashed {
         host: String,
@@ -214,11 +218,62 @@ pub fn describe(seen: &Seen) -> String {
         Seen::Joining { member, gateway } => format!("{member} sends its join to {gateway}"),
         Seen::Joined { member } => format!("{member}'s join answered"),
         Seen::Ended { member } => format!("{member}'s stream ended"),
-        Seen::Published { system_id } => format!("published #{system_id}"),
+        Seen::Published {
+            system_id,
+            queued_for,
+            sent,
+        } => format!("published #{system_id} (sent at {sent:?}), queued for {queued_for}"),
         Seen::Crashed { host } => format!("{host} crashed"),
         Seen::Frozen { gateway } => format!("{gateway} frozen"),
         Seen::Thawed { gateway } => format!("{gateway} thawed"),
     }
+}
+
+/// Whether `gateway` had, at some instant from `from` to `to`, no member of the subscription
+/// the log is of with its stream open (each ended, cut off or crashed), or was itself lost
+/// (crashed, frozen past its lease, cut off from NATS): a QUEUE gateway then gives back what it
+/// held, and what comes next carries JetStream's count, which saw none of the gateway's own
+/// redeliveries (docs/semantics.md#cluster-attempts).
+fn emptied(log: &[(Duration, Seen)], gateway: &str, from: Duration, to: Duration) -> bool {
+    let mut joined_at: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut open: std::collections::BTreeSet<&str> = Default::default();
+    for (t, seen) in log.iter().take_while(|(t, _)| *t <= to) {
+        let during = *t >= from;
+        match seen {
+            Seen::Joining { member, gateway: g } => {
+                joined_at.insert(member, g);
+            }
+            Seen::Joined { member } if joined_at.get(member.as_str()) == Some(&gateway) => {
+                open.insert(member);
+            }
+            Seen::Ended { member } | Seen::Cut { member } => {
+                open.remove(member.as_str());
+            }
+            Seen::Crashed { host } if host == gateway => {
+                if during {
+                    return true;
+                }
+                open.clear();
+            }
+            Seen::Crashed { host } => {
+                open.remove(host.as_str());
+            }
+            Seen::Frozen { gateway: g }
+                if during && g == gateway && frozen_past_the_lease(log, g, *t) =>
+            {
+                return true;
+            }
+            Seen::CutFromNats {
+                gateway: g,
+                cut: true,
+            } if during && g == gateway => return true,
+            _ => {}
+        }
+        if during && open.is_empty() {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether `gateway` was cut off from NATS at `at` (by the last change of its link before).
@@ -289,7 +344,7 @@ fn written_on_thaw(
 ) -> Option<Duration> {
     // Its publish answered at most a network's latency after the store.
     let published = log.iter().find_map(|(t, s)| match s {
-        Seen::Published { system_id } if *system_id == id => Some(*t),
+        Seen::Published { system_id, .. } if *system_id == id => Some(*t),
         _ => None,
     })?;
     freezes(log).find_map(|(g, from, thawed)| {
@@ -380,7 +435,7 @@ fn held_elsewhere(
 }
 
 /// What the judge found besides violations.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Residue {
     /// Acked messages delivered again within the documented residue.
     pub acks: u64,
@@ -388,10 +443,89 @@ pub struct Residue {
     pub frames: u64,
     /// Acks answered while their gateway was cut off from NATS, whose messages came again.
     pub cut_acks: u64,
+    /// QUEUE deliveries whose attempt was not above the one before, the message given back
+    /// by a gateway left without members meanwhile (JetStream's count does not see a
+    /// gateway's own redeliveries).
+    pub recounted: u64,
 }
 
-/// Checks (a) to (c), (e), (f) and (h) on what was seen.
-pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
+impl Residue {
+    /// Adds `other`'s counts (another subscription's).
+    pub fn add(&mut self, other: Residue) {
+        self.acks += other.acks;
+        self.frames += other.frames;
+        self.cut_acks += other.cut_acks;
+        self.recounted += other.recounted;
+    }
+}
+
+/// The ids of the messages published, in the order their publishes were answered.
+pub fn published(log: &[(Duration, Seen)]) -> Vec<u64> {
+    log.iter()
+        .filter_map(|(_, s)| match s {
+            Seen::Published { system_id, .. } => Some(*system_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What one subscription's members (named `members`) saw, with everything no member saw
+/// (faults, publishes, watches): the log one subscription is judged on.
+pub fn of_members(log: &[(Duration, Seen)], members: &[String]) -> Vec<(Duration, Seen)> {
+    log.iter()
+        .filter(|(_, seen)| match seen {
+            Seen::Active { member, .. }
+            | Seen::Joining { member, .. }
+            | Seen::Joined { member }
+            | Seen::Delivered { member, .. }
+            | Seen::AckSending { member, .. }
+            | Seen::Acked { member, .. }
+            | Seen::Ended { member }
+            | Seen::Cut { member } => members.contains(member),
+            _ => true,
+        })
+        .cloned()
+        .collect()
+}
+
+/// Check (q) (docs/semantics.md#cluster-durability: `queued_for` counts every subscription
+/// whose join was answered at any gateway before the publish was sent): a publish sent once
+/// a join of each subscription (its members named in `subscriptions`) was answered is queued
+/// for all of them. None is deleted here.
+pub fn judge_queued_for(log: &[(Duration, Seen)], subscriptions: &[&[String]]) -> Vec<String> {
+    let joined = |members: &[String]| {
+        log.iter().find_map(|(at, s)| match s {
+            Seen::Joined { member } if members.contains(member) => Some(*at),
+            _ => None,
+        })
+    };
+    let Some(all_joined) = subscriptions
+        .iter()
+        .map(|members| joined(members))
+        .collect::<Option<Vec<_>>>()
+        .and_then(|at| at.into_iter().max())
+    else {
+        return Vec::new();
+    };
+    log.iter()
+        .filter_map(|(at, s)| match s {
+            Seen::Published {
+                system_id,
+                queued_for,
+                sent,
+            } if *sent > all_joined && *queued_for as usize != subscriptions.len() => Some(format!(
+                "(q) #{system_id} sent at {sent:?}, answered at {at:?} queued for {queued_for}, with {} subscriptions joined by {all_joined:?}",
+                subscriptions.len()
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Checks (a) to (c), (e), (f) and (h) on what a SINGLETON subscription's members saw, or
+/// (c), (e) and (h) on what a QUEUE subscription's saw (`singleton` false: each of its members
+/// is active under an epoch of its own, docs/semantics.md#epochs).
+pub fn judge(log: &[(Duration, Seen)], singleton: bool) -> (Vec<String>, Residue) {
     let mut violations = Vec::new();
     let mut epochs: BTreeMap<u64, String> = BTreeMap::new();
     let mut last_of: BTreeMap<String, u64> = BTreeMap::new();
@@ -400,7 +534,8 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
     let mut highest_confirmed: Option<(u64, String, Duration)> = None;
     let mut acked: BTreeMap<u64, (Duration, String)> = BTreeMap::new();
     let mut residue = Residue::default();
-    let mut attempts: BTreeMap<u64, u32> = BTreeMap::new();
+    // Each message's last delivery: its attempt, its gateway, when.
+    let mut attempts: BTreeMap<u64, (u32, &str, Duration)> = BTreeMap::new();
     // (member, thaw) of the frames counted as written on a thaw.
     let mut written: std::collections::BTreeSet<(String, Duration)> = Default::default();
     for (at, seen) in log {
@@ -433,19 +568,27 @@ pub fn judge(log: &[(Duration, Seen)]) -> (Vec<String>, Residue) {
                 attempt,
             } => {
                 let mut broken = Vec::new();
-                if let Some(last) = attempts.insert(*system_id, *attempt)
+                let before = attempts.insert(*system_id, (*attempt, gateway.as_str(), *at));
+                if let Some((last, last_gateway, since)) = before
                     && last >= *attempt
                 {
-                    broken.push(format!(
-                        "(e) #{system_id} came to {member} with attempt {attempt} after attempt {last} ({at:?})"
-                    ));
+                    if !singleton && emptied(log, last_gateway, since, *at) {
+                        // docs/semantics.md#cluster-attempts: given back by a QUEUE gateway
+                        // left without members, it comes with JetStream's count.
+                        residue.recounted += 1;
+                    } else {
+                        broken.push(format!(
+                            "(e) #{system_id} came to {member} with attempt {attempt} after attempt {last} ({at:?})"
+                        ));
+                    }
                 }
-                if *epoch < highest_delivery {
+                if singleton && *epoch < highest_delivery {
                     broken.push(format!(
                         "(b) {member} got #{system_id} under epoch {epoch} after a delivery under {highest_delivery} ({at:?})"
                     ));
                 }
                 if let Some((confirmed, to, since)) = &highest_confirmed
+                    && singleton
                     && confirmed > epoch
                     && *at > *since + IN_FLIGHT
                 {
@@ -589,7 +732,11 @@ mod tests {
     }
 
     fn checks(log: &[(Duration, Seen)]) -> Vec<String> {
-        judge(log).0.iter().map(|v| v[..3].to_string()).collect()
+        judge(log, true)
+            .0
+            .iter()
+            .map(|v| v[..3].to_string())
+            .collect()
     }
 
     // Checks (f) and (h) can fail: a message to a second member while the first holds it, under
@@ -617,7 +764,11 @@ mod tests {
                 },
             ),
         );
-        assert!(checks(&log).is_empty(), "m1 let it go: {:?}", judge(&log).0);
+        assert!(
+            checks(&log).is_empty(),
+            "m1 let it go: {:?}",
+            judge(&log, true).0
+        );
         log.push((ms(6_000), delivered("m1", "gw1", 8, (1, 3))));
         assert_eq!(checks(&log), ["(b)", "(f)"], "m1 late, under epoch 3");
     }
@@ -677,7 +828,7 @@ mod tests {
         };
         let mut past = log(11_119);
         past.sort_by_key(|(t, _)| *t);
-        assert!(checks(&past).is_empty(), "{:?}", judge(&past).0);
+        assert!(checks(&past).is_empty(), "{:?}", judge(&past, true).0);
         assert_eq!(checks(&log(7_000)), ["(h)"], "thawed within its lease");
     }
 
@@ -738,7 +889,7 @@ mod tests {
             (ms(4_000), gw1(true)),
             (ms(5_000), delivered("m2", "gw2", 7, (2, 6))),
         ];
-        assert!(checks(&log).is_empty(), "{:?}", judge(&log).0);
+        assert!(checks(&log).is_empty(), "{:?}", judge(&log, true).0);
         log.insert(
             4,
             (
@@ -755,5 +906,96 @@ mod tests {
             ["(c)"],
             "answered on the thaw, delivered again"
         );
+    }
+
+    // Check (q) can fail: a publish sent once both subscriptions were joined, answered queued
+    // for one. One sent before the second subscription's first join was answered is not held
+    // to it.
+    #[test]
+    fn cluster_real_gateway_judge_catches_a_publish_not_queued_for_every_subscription() {
+        let joined = |member: &str| Seen::Joined {
+            member: member.into(),
+        };
+        let published = |id, queued_for, sent| Seen::Published {
+            system_id: id,
+            queued_for,
+            sent: ms(sent),
+        };
+        let (jobs, work) = (vec!["m1".to_string()], vec!["q1".to_string()]);
+        let subscriptions = [jobs.as_slice(), work.as_slice()];
+        let mut log = vec![
+            (ms(100), joined("m1")),
+            (ms(150), published(1, 1, 120)),
+            (ms(200), joined("q1")),
+            (ms(300), published(2, 2, 250)),
+        ];
+        assert!(judge_queued_for(&log, &subscriptions).is_empty());
+        log.push((ms(400), published(3, 1, 350)));
+        let found = judge_queued_for(&log, &subscriptions);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("(q) #3"), "{found:?}");
+    }
+
+    // A QUEUE subscription's members are each active under an epoch of their own: epochs that
+    // differ between them break nothing, while a message in flight to two of them still does.
+    #[test]
+    fn cluster_real_gateway_judge_holds_a_queue_to_its_own_checks() {
+        let mut log = vec![
+            (ms(10), delivered("q1", "gw1", 7, (1, 30))),
+            (ms(20), delivered("q2", "gw2", 8, (1, 20))),
+        ];
+        assert!(
+            judge(&log, false).0.is_empty(),
+            "{:?}",
+            judge(&log, false).0
+        );
+        assert_eq!(
+            checks(&log),
+            ["(b)"],
+            "held to a singleton's, it would break (b)"
+        );
+        log.push((ms(30), delivered("q2", "gw2", 7, (2, 20))));
+        let found: Vec<String> = judge(&log, false)
+            .0
+            .iter()
+            .map(|v| v[..3].to_string())
+            .collect();
+        assert_eq!(found, ["(h)"], "#7 still held by q1");
+    }
+
+    // docs/semantics.md#cluster-attempts: a QUEUE message given back by a gateway left without
+    // members comes with JetStream's count, which saw none of that gateway's own redeliveries:
+    // counted apart. While another member was open at that gateway, the message went from
+    // member to member there, and its attempt must rise (e).
+    #[test]
+    fn cluster_real_gateway_judge_counts_apart_only_an_attempt_recounted_after_a_give_back() {
+        let joining = |member: &str| Seen::Joining {
+            member: member.into(),
+            gateway: "gw1".into(),
+        };
+        let joined = |member: &str| Seen::Joined {
+            member: member.into(),
+        };
+        let ended = |member: &str| Seen::Ended {
+            member: member.into(),
+        };
+        let mut log = vec![
+            (ms(0), joining("q1")),
+            (ms(5), joined("q1")),
+            (ms(10), delivered("q1", "gw1", 7, (3, 30))),
+            (ms(20), ended("q1")),
+            (ms(500), joining("q1")),
+            (ms(505), joined("q1")),
+            (ms(510), delivered("q1", "gw1", 7, (3, 31))),
+        ];
+        let (found, residue) = judge(&log, false);
+        assert!(found.is_empty(), "{found:?}");
+        assert_eq!(residue.recounted, 1);
+        // q2, at the same gateway, open throughout: no give-back.
+        log.splice(0..0, [(ms(0), joining("q2")), (ms(1), joined("q2"))]);
+        let (found, residue) = judge(&log, false);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("(e)"), "{found:?}");
+        assert_eq!(residue.recounted, 0);
     }
 }

@@ -23,6 +23,7 @@ mod cluster_checker;
 mod cluster_tests;
 mod consumer_contract;
 mod gateway_campaign;
+mod gateway_clients;
 mod gateway_join_judge;
 mod gateway_judge;
 mod gateway_models;

@@ -137,6 +137,11 @@ enum Kind {
         /// The check found the consumer deleted (or made again): nothing is handed over any
         /// more.
         consumer_gone: bool,
+        /// Messages the open pull brought before that check, given back once it ends: naked at
+        /// once, each would come straight back to the same pull, JetStream counting one more
+        /// delivery each time, so a message no member saw could reach its last attempt.
+        /// Bounded by the pull's size.
+        unchecked: Vec<AckReply>,
     },
 }
 
@@ -225,6 +230,7 @@ impl Bridge {
                 verified: shared.singletons.lease().valid(),
                 await_lease: false,
                 consumer_gone: false,
+                unchecked: Vec::new(),
             }
         };
         let pull_expires = if spec.mode == Mode::Singleton {
@@ -419,11 +425,22 @@ impl Bridge {
             if vacating {
                 self.vacate().await;
             }
+            self.give_back_unchecked().await;
             if stopping {
                 break;
             }
         }
         self.give_back().await;
+    }
+
+    /// Gives back what the pull that just ended brought while the consumer was unchecked.
+    async fn give_back_unchecked(&mut self) {
+        let Kind::Shared { unchecked, .. } = &mut self.kind else {
+            return;
+        };
+        for reply in std::mem::take(unchecked) {
+            self.reply(reply, Answer::Nak(None)).await;
+        }
     }
 
     /// How long the next pull waits for messages: a singleton's doubles with each pull in a
@@ -582,6 +599,7 @@ impl Bridge {
 
     /// Gives back every message still held, so JetStream redelivers it (to any gateway) at once.
     async fn give_back(&mut self) {
+        self.give_back_unchecked().await;
         let held = std::mem::take(&mut self.held);
         self.refused.clear();
         let ahead = self.ahead.take();
@@ -671,12 +689,15 @@ impl Bridge {
             // have been deleted (and made again, with other settings, under the same name)
             // meanwhile (docs/semantics.md#cluster-delete). Nothing is handed over until the
             // bridge has made sure its consumer is the one its members joined: the message
-            // goes back at once.
-            if let Some(reply) = reply {
-                self.reply(reply, Answer::Nak(None)).await;
-            }
-            if let Kind::Shared { await_lease, .. } = &mut self.kind {
+            // goes back, once the open pull ended.
+            if let Kind::Shared {
+                await_lease,
+                unchecked,
+                ..
+            } = &mut self.kind
+            {
                 *await_lease = true;
+                unchecked.extend(reply);
             }
             return;
         }
