@@ -207,6 +207,24 @@ async fn next(member: &mut MemberStream) -> Outbound {
         .expect("the stream is open")
 }
 
+/// Two gateways over `models`, and a member of SINGLETON `jobs` at the first, active: the
+/// gateways, that member's stream, its id and its epoch.
+async fn first_active(models: &Models) -> (Gateway, Gateway, MemberStream, u64, u64) {
+    let (one, two) = (models.gateway(1).await, models.gateway(2).await);
+    let mut first = one.open(&jobs(), None).await.unwrap();
+    let Outbound::Confirm {
+        member_id, epoch, ..
+    } = next(&mut first).await
+    else {
+        panic!("the first member is active");
+    };
+    (one, two, first, member_id, epoch)
+}
+
+fn jobs() -> OpenRequest {
+    request("jobs", Mode::Singleton, "jobs.>")
+}
+
 fn run(test: impl AsyncFnOnce()) {
     let rt = crate::clock::paused_runtime();
     rt.block_on(test());
@@ -271,13 +289,8 @@ fn cluster_gateway_over_the_models_delivers_and_acks_a_queue_message() {
 fn cluster_gateways_over_the_models_promote_the_standby_with_the_unacked_message_first() {
     run(async || {
         let models = Models::new();
-        let (one, two) = (models.gateway(1).await, models.gateway(2).await);
-        let jobs = request("jobs", Mode::Singleton, "jobs.>");
-        let mut first = one.open(&jobs, None).await.unwrap();
-        let Outbound::Confirm { epoch: deposed, .. } = next(&mut first).await else {
-            panic!("the first member is active");
-        };
-        let mut second = two.open(&jobs, None).await.unwrap();
+        let (_one, two, mut first, _, deposed) = first_active(&models).await;
+        let mut second = two.open(&jobs(), None).await.unwrap();
         let published = two.publish(draft("jobs.run", "a")).await.unwrap();
         let Outbound::Message {
             message,
@@ -329,18 +342,8 @@ fn cluster_gateways_over_the_models_promote_the_standby_with_the_unacked_message
 fn cluster_gateway_cut_off_from_nats_counts_the_ack_it_could_not_send() {
     run(async || {
         let models = Models::new();
-        let (one, two) = (models.gateway(1).await, models.gateway(2).await);
-        let jobs = request("jobs", Mode::Singleton, "jobs.>");
-        let mut first = one.open(&jobs, None).await.unwrap();
-        let Outbound::Confirm {
-            member_id,
-            epoch: deposed,
-            ..
-        } = next(&mut first).await
-        else {
-            panic!("the first member is active");
-        };
-        let mut second = two.open(&jobs, None).await.unwrap();
+        let (one, two, mut first, member_id, deposed) = first_active(&models).await;
+        let mut second = two.open(&jobs(), None).await.unwrap();
         let published = two.publish(draft("jobs.run", "a")).await.unwrap();
         let second_message = two.publish(draft("jobs.run", "b")).await.unwrap();
         for expected in [published.system_id, second_message.system_id] {
@@ -409,13 +412,8 @@ fn cluster_gateway_cut_off_from_nats_counts_the_ack_it_could_not_send() {
 fn cluster_gateway_sends_an_ack_again_when_its_confirmation_is_lost() {
     run(async || {
         let models = Models::new();
-        let (one, two) = (models.gateway(1).await, models.gateway(2).await);
-        let jobs = request("jobs", Mode::Singleton, "jobs.>");
-        let mut first = one.open(&jobs, None).await.unwrap();
-        let Outbound::Confirm { member_id, .. } = next(&mut first).await else {
-            panic!("the first member is active");
-        };
-        let mut second = two.open(&jobs, None).await.unwrap();
+        let (one, two, mut first, member_id, _) = first_active(&models).await;
+        let mut second = two.open(&jobs(), None).await.unwrap();
         let acked = two.publish(draft("jobs.run", "a")).await.unwrap();
         let Outbound::Message { message, .. } = next(&mut first).await else {
             panic!("the active member gets the message");
