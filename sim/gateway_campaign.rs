@@ -421,6 +421,7 @@ fn cluster_real_gateway_campaign_holds_every_invariant() {
             AckGivenUpWithoutLeader,
             GatewaySkipsLeaseCheck,
             GatewayActsAfterLeaseExpiry,
+            GiveBackIntoOpenPull,
             LapseResumesOnAnyAnswer,
             PromoteNewestStandby,
             PublishWithoutMessageId,
@@ -609,5 +610,17 @@ fn cluster_real_gateway_campaign_seed_810385_counts_no_delivery_it_did_not_make(
         outcome.highest_attempt,
         outcome.faults,
         outcome.log.join("\n")
+    );
+}
+
+// The planted GiveBackIntoOpenPull (a QUEUE bridge not yet sure of its consumer after a lease
+// lapse pulls, and gives each message back at once into its open pull) is caught by check (k):
+// a member gets a message with an attempt JetStream counted for deliveries no member saw.
+#[test]
+fn cluster_real_gateway_campaign_catches_a_give_back_into_an_open_pull() {
+    campaigns_catch(
+        tinybroker::core::planted::PlantedBug::GiveBackIntoOpenPull,
+        &["(k)"],
+        500,
     );
 }

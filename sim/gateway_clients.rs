@@ -21,7 +21,7 @@ type Acking = std::pin::Pin<Box<dyn std::future::Future<Output = (u64, bool)>>>;
 
 /// A member host: joins `subscription` at `gateway` (again after its stream ends) with a
 /// window of 1 to 3, acks each message after a delay, and leaves after a few answered acks on
-/// every other stream, all drawn from its own seed.
+/// half its streams, all drawn from its own seed.
 pub fn member_host(
     sim: &mut turmoil::Sim<'static>,
     (name, gateway): (&str, &str),
@@ -69,9 +69,9 @@ pub fn member_host(
                     }
                 };
                 // Frames are noted as they arrive; messages are acked one at a time, in order,
-                // each after its delay, while later frames keep arriving. Every other stream
-                // closes (the member leaves, cleanly) once 1 to 5 of its acks were answered,
-                // with no ack under way: what it still holds goes to the member promoted.
+                // each after its delay, while later frames keep arriving. Half the streams
+                // (drawn) close (the member leaves, cleanly) once 1 to 5 of their acks were
+                // answered, with no ack under way: what the member still holds goes on.
                 let leave_after = (rng.range(0, 1) == 0).then(|| rng.range(1, 5));
                 let mut answered_acks = 0;
                 let mut member_id = 0;

@@ -5,16 +5,17 @@
 //!
 //! So when a member Y is confirmed active, every member X whose join was answered before Y's
 //! join was sent was active itself since its join, or was let go before Y's confirmation:
-//! - its stream ended, or it was cut off from its gateway, or its host crashed;
-//! - its gateway crashed, was cut off from NATS after the join was sent (its lease may end, its
-//!   members ended while others promote past them), or was frozen long enough for its lease
-//!   to end;
+//! - its stream ended (also after a cut from its gateway: the cut counts from its start), or
+//!   its host crashed;
+//! - its gateway crashed, or was cut off from NATS after the join was sent (its lease may end,
+//!   its members ended while others promote past them) or frozen, either long enough for its
+//!   lease to end;
 //! - or its join took 5 s or more to answer: NATS slow to take it into the line, it is
 //!   answered on standby all the same, without the promise (the same section).
 
 use std::time::Duration;
 
-use crate::gateway_judge::{Seen, frozen_past_the_lease};
+use crate::gateway_judge::{Seen, cut_ended, cut_from_nats_past_the_lease, frozen_past_the_lease};
 
 /// How long a gateway waits for a member's place in the line before it answers the join all
 /// the same (`JOIN_LEASE_PATIENCE`): a join answered that late promises nothing of its order.
@@ -83,9 +84,12 @@ fn let_go(log: &[(Duration, Seen)], x: &Join, answered: Duration, at: Duration) 
         .filter(|(t, _)| (x.sent..=at).contains(t))
         .any(|(t, seen)| match seen {
             Seen::Active { member, .. } => member == x.member && *t >= answered,
-            Seen::Ended { member } | Seen::Cut { member } => member == x.member,
+            Seen::Ended { member } => member == x.member,
+            Seen::Cut { member } => member == x.member && cut_ended(log, member, *t),
             Seen::Crashed { host } => host == x.member || host == x.gateway,
-            Seen::CutFromNats { gateway, cut: true } => gateway == x.gateway,
+            Seen::CutFromNats { gateway, cut: true } => {
+                gateway == x.gateway && cut_from_nats_past_the_lease(log, gateway, *t)
+            }
             Seen::Frozen { gateway } => {
                 gateway == x.gateway && frozen_past_the_lease(log, gateway, *t)
             }
@@ -197,13 +201,26 @@ mod tests {
             with(frozen(1_000, 3_500)).is_empty(),
             "frozen past the lease"
         );
-        let cut = vec![(
-            ms(300),
-            Seen::Cut {
-                member: "m2".into(),
-            },
-        )];
-        assert!(with(cut).is_empty(), "m2 cut off from gw2");
+        let cut = |ended| {
+            let mut events = vec![(
+                ms(300),
+                Seen::Cut {
+                    member: "m2".into(),
+                },
+            )];
+            if ended {
+                let end = Seen::Ended {
+                    member: "m2".into(),
+                };
+                events.push((ms(2_500), end));
+            }
+            events
+        };
+        assert!(
+            with(cut(true)).is_empty(),
+            "m2 cut off from gw2, its stream lost"
+        );
+        assert_eq!(with(cut(false)).len(), 1, "a cut m2's stream outlived");
         let from_nats = |at| {
             vec![(
                 ms(at),
@@ -217,6 +234,13 @@ mod tests {
             with(from_nats(300)).is_empty(),
             "gw2 cut off from NATS after m2 joined"
         );
+        let mut short = from_nats(300);
+        let healed = Seen::CutFromNats {
+            gateway: "gw2".into(),
+            cut: false,
+        };
+        short.push((ms(800), healed));
+        assert_eq!(with(short).len(), 1, "a cut from NATS within the lease");
         assert_eq!(
             with(from_nats(50)).len(),
             1,

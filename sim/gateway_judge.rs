@@ -14,9 +14,13 @@
 //! - (d) every published message is acked by the end, once the faults healed, or its ack was
 //!   sent and its member or that member's gateway lost (crashed, cut off, frozen past its
 //!   lease) before the answer came (an ack in doubt: it may have been applied; counted apart);
-//! - (e) each delivery of a message comes with a higher attempt than the one before;
+//! - (e) each delivery of a message comes with a higher attempt than the one before (of a QUEUE
+//!   message given back meanwhile by a gateway left without members, one that is not is
+//!   counted apart: it carries JetStream's count, docs/semantics.md#cluster-attempts);
 //! - (f) one active member at a time: once a member was confirmed active under epoch e, no
 //!   message arrives under an earlier epoch later than a frame's flight ([`IN_FLIGHT`]);
+//! - (k) a delivery's attempt is at most one more than the message's deliveries to members
+//!   before it, plus [`UNSEEN`] deliveries to gateways no member saw;
 //! - (h) no message in flight to two members at once: a message comes to a member only once
 //!   every other member that got it acked it or let it go (its stream ended; it, its gateway
 //!   or its link was lost; or its gateway was frozen long enough for its lease to end).
@@ -44,6 +48,12 @@ pub const IN_FLIGHT: Duration = Duration::from_millis(100);
 /// The least time a frozen gateway's lease lasts past the freeze: two thirds of the default
 /// 3 s lease (renewals go every third of a lease).
 const LEASE_FLOOR: Duration = Duration::from_secs(2);
+/// How many deliveries of a message to gateways that no member saw JetStream may count (a
+/// gateway giving back what it pulled for a member that left, read ahead, or brought while its
+/// consumer was unchecked after a lapse; a gateway crashed after a pull), check (k): at most a
+/// few in these worlds, where a gateway giving a message back into its own open pull counted
+/// dozens (seed 810385).
+const UNSEEN: u32 = 4;
 /// How soon after a thaw a frame handed to the transport before the freeze is written.
 pub const FRAME_RESIDUE: Duration = Duration::from_millis(100);
 
@@ -246,7 +256,10 @@ fn emptied(log: &[(Duration, Seen)], gateway: &str, from: Duration, to: Duration
             Seen::Joined { member } if joined_at.get(member.as_str()) == Some(&gateway) => {
                 open.insert(member);
             }
-            Seen::Ended { member } | Seen::Cut { member } => {
+            Seen::Ended { member } => {
+                open.remove(member.as_str());
+            }
+            Seen::Cut { member } if cut_ended(log, member, *t) => {
                 open.remove(member.as_str());
             }
             Seen::Crashed { host } if host == gateway => {
@@ -266,7 +279,9 @@ fn emptied(log: &[(Duration, Seen)], gateway: &str, from: Duration, to: Duration
             Seen::CutFromNats {
                 gateway: g,
                 cut: true,
-            } if during && g == gateway => return true,
+            } if during && g == gateway && cut_from_nats_past_the_lease(log, g, *t) => {
+                return true;
+            }
             _ => {}
         }
         if during && open.is_empty() {
@@ -362,6 +377,32 @@ pub fn frozen_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at: Durati
     freezes(log)
         .find(|&(g, from, _)| g == gateway && from == at)
         .is_none_or(|(_, from, thawed)| thawed.is_none_or(|thawed| thawed >= from + LEASE_FLOOR))
+}
+
+/// Whether `gateway`, cut off from NATS at `at`, stayed cut off for at least [`LEASE_FLOOR`],
+/// so its lease may have ended meanwhile (a shorter cut is within the lease).
+pub fn cut_from_nats_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at: Duration) -> bool {
+    let healed = log.iter().find_map(|(t, s)| match s {
+        Seen::CutFromNats {
+            gateway: g,
+            cut: false,
+        } if g == gateway && *t >= at => Some(*t),
+        _ => None,
+    });
+    healed.is_none_or(|healed| healed >= at + LEASE_FLOOR)
+}
+
+/// Whether member `member`, cut off from its gateway at `at`, lost its stream to it: an end of
+/// its stream is seen before it joins again (a short cut its stream outlives lets nothing go).
+pub fn cut_ended(log: &[(Duration, Seen)], member: &str, at: Duration) -> bool {
+    log.iter()
+        .filter(|(t, _)| *t >= at)
+        .find_map(|(_, s)| match s {
+            Seen::Ended { member: m } if m == member => Some(true),
+            Seen::Joining { member: m, .. } if m == member => Some(false),
+            _ => None,
+        })
+        .unwrap_or(false)
 }
 
 /// Whether a frame that arrived at `t` from `gateway` came while that gateway was frozen (handed
@@ -534,6 +575,8 @@ pub fn judge(log: &[(Duration, Seen)], singleton: bool) -> (Vec<String>, Residue
     let mut highest_confirmed: Option<(u64, String, Duration)> = None;
     let mut acked: BTreeMap<u64, (Duration, String)> = BTreeMap::new();
     let mut residue = Residue::default();
+    // Deliveries of each message to members so far (k).
+    let mut deliveries: BTreeMap<u64, u32> = BTreeMap::new();
     // Each message's last delivery: its attempt, its gateway, when.
     let mut attempts: BTreeMap<u64, (u32, &str, Duration)> = BTreeMap::new();
     // (member, thaw) of the frames counted as written on a thaw.
@@ -568,6 +611,13 @@ pub fn judge(log: &[(Duration, Seen)], singleton: bool) -> (Vec<String>, Residue
                 attempt,
             } => {
                 let mut broken = Vec::new();
+                let seen_before = deliveries.entry(*system_id).or_insert(0);
+                if *attempt > *seen_before + 1 + UNSEEN {
+                    broken.push(format!(
+                        "(k) #{system_id} came to {member} with attempt {attempt} after {seen_before} deliveries to members ({at:?})"
+                    ));
+                }
+                *seen_before += 1;
                 let before = attempts.insert(*system_id, (*attempt, gateway.as_str(), *at));
                 if let Some((last, last_gateway, since)) = before
                     && last >= *attempt

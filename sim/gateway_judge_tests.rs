@@ -284,3 +284,19 @@ fn cluster_real_gateway_judge_counts_apart_only_an_attempt_recounted_after_a_giv
     assert!(found[0].starts_with("(e)"), "{found:?}");
     assert_eq!(residue.recounted, 0);
 }
+
+// Check (k) can fail: a message's first delivery to a member with an attempt JetStream could
+// only have counted by giving it to gateways many times unseen (seed 810385's 33).
+#[test]
+fn cluster_real_gateway_judge_catches_an_attempt_no_member_saw_counted_many_times() {
+    let mut log = vec![(ms(10), delivered("q1", "gw1", 7, (1 + UNSEEN, 30)))];
+    assert!(
+        judge(&log, false).0.is_empty(),
+        "{:?}",
+        judge(&log, false).0
+    );
+    log.push((ms(20), delivered("q1", "gw1", 8, (2 + UNSEEN, 30))));
+    let found = judge(&log, false).0;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("(k) #8"), "{found:?}");
+}

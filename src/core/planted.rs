@@ -80,6 +80,13 @@ pub enum PlantedBug {
     /// wait (breaks docs/semantics.md#cluster-ack-final). Planted in the real gateway
     /// (`cluster::gateway::data::acks`), caught by the real-gateway campaign.
     AckGivenUpWithoutLeader,
+    /// Cluster mode: a QUEUE or BROADCAST bridge whose consumer is not yet checked again after a
+    /// lease lapse pulls all the same, and gives what its pull brings back at once, into that
+    /// same open pull: JetStream counts a delivery each time it brings it again, so a member
+    /// gets a message with an attempt no member saw (breaks docs/semantics.md#cluster-attempts).
+    /// Planted in the real gateway (`cluster::gateway::data::bridge`), caught by the
+    /// real-gateway campaign.
+    GiveBackIntoOpenPull,
     /// Cluster mode: a publish goes to JetStream without its message id, so one whose answer
     /// was lost and that the gateway sends again is stored twice (breaks "stored once",
     /// docs/semantics.md#cluster-mode). Planted in the real gateway

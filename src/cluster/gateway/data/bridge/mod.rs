@@ -31,6 +31,7 @@ use crate::cluster::gateway::{
     data::ahead::{Ahead, READ_AHEAD},
 };
 use crate::cluster::jetstream::{AckReply, Answer, Consumer, Delivery};
+use crate::core::planted::{PlantedBug, active as planted};
 use crate::core::{AckMode, Draft, Envelope, Error, ErrorKind, MemberId, Mode, SubscriptionSpec};
 
 /// How long one pull request waits for messages. A request asks for the room the members had
@@ -319,6 +320,23 @@ impl Bridge {
             if awaited || self.lapsed_since_verified() {
                 self.verify_consumer().await;
             }
+            if self.lapsed_since_verified() && !planted(PlantedBug::GiveBackIntoOpenPull) {
+                // Still unchecked (no lease yet, or JetStream did not say): no pull, which would
+                // bring messages only to give them back, JetStream counting each delivery.
+                tokio::select! {
+                    event = self.events.recv() => match self.handle(event).await {
+                        Flow::Stop => break,
+                        Flow::Vacated(why) => {
+                            self.note(why);
+                            self.vacate().await;
+                        }
+                        Flow::Go => {}
+                    },
+                    () = tokio::time::sleep(RETRY) => {}
+                    _ = progress.tick() => self.progress().await,
+                }
+                continue;
+            }
             let recount = self.count_owed().await;
             self.drain_ahead().await;
             let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
@@ -563,7 +581,11 @@ impl Bridge {
 
     async fn progress(&self) {
         let waiting = self.ahead.waiting().filter_map(Delivery::reply);
-        for reply in self.held.values().chain(waiting) {
+        let unchecked = match &self.kind {
+            Kind::Shared { unchecked, .. } => unchecked.as_slice(),
+            Kind::Singleton { .. } => &[],
+        };
+        for reply in self.held.values().chain(waiting).chain(unchecked) {
             self.reply(reply.clone(), Answer::Progress).await;
         }
     }
@@ -599,7 +621,6 @@ impl Bridge {
 
     /// Gives back every message still held, so JetStream redelivers it (to any gateway) at once.
     async fn give_back(&mut self) {
-        self.give_back_unchecked().await;
         let held = std::mem::take(&mut self.held);
         self.refused.clear();
         let ahead = self.ahead.take();
@@ -611,6 +632,8 @@ impl Bridge {
         for reply in replies {
             self.reply(reply, Answer::Nak(None)).await;
         }
+        // Then what came while the consumer was unchecked.
+        self.give_back_unchecked().await;
         if let Err(error) = self.shared.jetstream.flush().await {
             tracing::warn!(subscription = %self.subscription, %error, "could not flush the naks");
         }
@@ -690,6 +713,7 @@ impl Bridge {
             // meanwhile (docs/semantics.md#cluster-delete). Nothing is handed over until the
             // bridge has made sure its consumer is the one its members joined: the message
             // goes back, once the open pull ended.
+            let at_once = planted(PlantedBug::GiveBackIntoOpenPull);
             if let Kind::Shared {
                 await_lease,
                 unchecked,
@@ -697,7 +721,13 @@ impl Bridge {
             } = &mut self.kind
             {
                 *await_lease = true;
-                unchecked.extend(reply);
+                if !at_once {
+                    unchecked.extend(reply);
+                    return;
+                }
+            }
+            if let Some(reply) = reply {
+                self.reply(reply, Answer::Nak(None)).await;
             }
             return;
         }
