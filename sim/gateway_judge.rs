@@ -392,17 +392,27 @@ pub fn cut_from_nats_past_the_lease(log: &[(Duration, Seen)], gateway: &str, at:
     healed.is_none_or(|healed| healed >= at + LEASE_FLOOR)
 }
 
-/// Whether member `member`, cut off from its gateway at `at`, lost its stream to it: an end of
-/// its stream is seen before it joins again (a short cut its stream outlives lets nothing go).
+/// Whether member `member`, cut off from its gateway at `at`, may have lost its stream to it:
+/// unless its client shows that stream alive afterwards (a frame, or an ack answered, before
+/// the stream's end), the gateway may have ended it while the client, its keepalive patient,
+/// had not noticed yet.
 pub fn cut_ended(log: &[(Duration, Seen)], member: &str, at: Duration) -> bool {
     log.iter()
-        .filter(|(t, _)| *t >= at)
+        .filter(|(t, _)| *t > at)
         .find_map(|(_, s)| match s {
-            Seen::Ended { member: m } if m == member => Some(true),
-            Seen::Joining { member: m, .. } if m == member => Some(false),
+            Seen::Ended { member: m } | Seen::Joining { member: m, .. } if m == member => {
+                Some(true)
+            }
+            Seen::Delivered { member: m, .. }
+            | Seen::Active { member: m, .. }
+            | Seen::Acked { member: m, .. }
+                if m == member =>
+            {
+                Some(false)
+            }
             _ => None,
         })
-        .unwrap_or(false)
+        .unwrap_or(true)
 }
 
 /// Whether a frame that arrived at `t` from `gateway` came while that gateway was frozen (handed

@@ -300,3 +300,31 @@ fn cluster_real_gateway_judge_catches_an_attempt_no_member_saw_counted_many_time
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].starts_with("(k) #8"), "{found:?}");
 }
+
+// A cut lets a QUEUE member's stream go, for (e)'s give-back, only when that stream is not seen
+// alive after it: a delivery on it after the cut shows the gateway kept it.
+#[test]
+fn cluster_real_gateway_judge_lets_a_cut_go_only_when_its_stream_was_not_seen_since() {
+    let joining = Seen::Joining {
+        member: "q1".into(),
+        gateway: "gw1".into(),
+    };
+    let joined = Seen::Joined {
+        member: "q1".into(),
+    };
+    let cut = Seen::Cut {
+        member: "q1".into(),
+    };
+    let log = vec![
+        (ms(0), joining),
+        (ms(5), joined),
+        (ms(10), delivered("q1", "gw1", 7, (3, 30))),
+        (ms(20), cut),
+        (ms(900), delivered("q1", "gw1", 8, (1, 30))),
+        (ms(910), delivered("q1", "gw1", 7, (3, 30))),
+    ];
+    let (found, residue) = judge(&log, false);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("(e) #7"), "{found:?}");
+    assert_eq!(residue.recounted, 0);
+}
