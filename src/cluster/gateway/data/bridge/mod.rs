@@ -321,27 +321,19 @@ impl Bridge {
             if awaited || self.lapsed_since_verified() {
                 self.verify_consumer().await;
             }
-            if self.lapsed_since_verified() && !planted(PlantedBug::GiveBackIntoOpenPull) {
-                // Still unchecked (no lease yet, or JetStream did not say): no pull, which would
-                // bring messages only to give them back, JetStream counting each delivery.
-                tokio::select! {
-                    event = self.events.recv() => match self.handle(event).await {
-                        Flow::Stop => break,
-                        Flow::Vacated(why) => {
-                            self.note(why);
-                            self.vacate().await;
-                        }
-                        Flow::Go => {}
-                    },
-                    () = tokio::time::sleep(RETRY) => {}
-                    _ = progress.tick() => self.progress().await,
-                }
-                continue;
-            }
-            let recount = self.count_owed().await;
-            self.drain_ahead().await;
-            let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
-            let want = self.ahead.want(room);
+            // Still unchecked (no lease yet, or JetStream did not say): no pull, which would
+            // bring messages only to give them back, JetStream counting each delivery; the
+            // check is made again after a pause.
+            let unchecked =
+                self.lapsed_since_verified() && !planted(PlantedBug::GiveBackIntoOpenPull);
+            let (recount, want) = if unchecked {
+                (Some(RETRY), 0)
+            } else {
+                let recount = self.count_owed().await;
+                self.drain_ahead().await;
+                let room = self.shared.broker.room(&self.subscription).unwrap_or(0);
+                (recount, self.ahead.want(room))
+            };
             if want == 0 {
                 tokio::select! {
                     () = pause(recount) => {}
